@@ -1,0 +1,29 @@
+"""fxmem: the device memory of a PyTorch training or inference step as a formula of the
+batch size B, before anything runs on a GPU.
+
+The pipeline, one stage per module, each taking the previous stage's result:
+
+- :mod:`fxmem.trace`    run the step on fake tensors (B symbolic), record ops and frees;
+- :mod:`fxmem.graph`    a networkx graph of ops and the storages they create;
+- :mod:`fxmem.liveness` live bytes after each op and the peak as an exact ``Max`` in B;
+- :mod:`fxmem.allocator` what the device adds (CUDA block rounding);
+- :mod:`fxmem.result`   the :class:`Report` users read; :mod:`fxmem.report` renders it;
+- :mod:`fxmem.measure`  ground truth: a real eager step.
+
+>>> import torch, fxmem
+>>> r = fxmem.analyze(torch.nn.Linear(8, 2), torch.randn(4, 8), loss=lambda o: o.sum(),
+...                   optimizer=torch.optim.SGD, device="cpu")
+>>> r.peak_bytes(B=10) == fxmem.measure(torch.nn.Linear(8, 2), torch.randn(4, 8),
+...     loss=lambda o: o.sum(), optimizer=torch.optim.SGD, B=10).peak_bytes
+True
+"""
+
+from .analyze import analyze
+from .errors import (FxmemError, InfeasibleBudgetError, InputError, SpecializationError,
+                     TraceError)
+from .measure import Measurement, measure
+from .result import Breakdown, Report
+from .symbols import B
+
+__all__ = ["B", "analyze", "measure", "Report", "Breakdown", "Measurement", "FxmemError",
+           "InputError", "TraceError", "SpecializationError", "InfeasibleBudgetError"]

@@ -1,0 +1,50 @@
+"""Exceptions raised by fxmem.
+
+Every error fxmem raises on bad input is a :class:`FxmemError`, with a one-line message.
+Errors that happen while tracing name the aten op, the module path and the user's source
+line, so the user knows where to look.
+"""
+
+from __future__ import annotations
+
+
+class FxmemError(Exception):
+    """Base class of every error fxmem raises on purpose."""
+
+
+class InputError(FxmemError, ValueError):
+    """The arguments given to :func:`fxmem.analyze` or :func:`fxmem.measure` are unusable."""
+
+
+class TraceError(FxmemError):
+    """The step could not be traced on fake tensors.
+
+    Attributes name where it happened: ``op`` (aten op or ``None``), ``module`` (module path,
+    ``""`` for the root) and ``source`` (``"file.py:LINE in function"`` of the user's code).
+    """
+
+    def __init__(self, reason: str, *, op: str | None = None, module: str | None = None,
+                 source: str | None = None, phase: str | None = None):
+        self.reason, self.op, self.module, self.source, self.phase = reason, op, module, source, phase
+        where = []
+        if op:
+            where.append(f"op {op}")
+        if module is not None:
+            where.append(f"module {module or '(root)'}")
+        if phase:
+            where.append(f"during {phase}")
+        if source:
+            where.append(f"at {source}")
+        super().__init__(f"{reason} ({', '.join(where)})" if where else reason)
+
+
+class SpecializationError(TraceError):
+    """The batch size was fixed to a number while tracing, so no formula in B exists."""
+
+
+class InfeasibleBudgetError(FxmemError):
+    """No batch size fits the budget. ``minimum_bytes`` is the smallest peak reachable."""
+
+    def __init__(self, message: str, *, minimum_bytes: int):
+        self.minimum_bytes = minimum_bytes
+        super().__init__(message)

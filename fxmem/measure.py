@@ -1,0 +1,148 @@
+"""Ground truth: run the real step eagerly and measure its peak memory.
+
+On CPU, live bytes are tracked at storage level with :class:`fxmem.tracking.StorageTracker`
+(every storage's ``nbytes`` from its creation until eager PyTorch frees it). On CUDA, the
+figure is ``torch.cuda.max_memory_allocated`` after warm-up and a reset of the peak stats.
+
+Two steps run: the first creates optimizer state; the second, in steady state (gradients
+set to None, optimizer state present), is measured. The user's model is never modified: the
+step runs on a deep copy.
+
+>>> import torch, fxmem
+>>> m = torch.nn.Linear(4, 2)
+>>> r = fxmem.measure(m, torch.randn(3, 4), loss=lambda o: o.sum(), B=5)
+>>> r.peak_bytes >= 5 * 4 * 4   # at least the input batch
+True
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+from dataclasses import dataclass
+
+import torch
+
+from .errors import InputError
+from .step import PHASES, make_optimizer, make_spec, run_step
+from .tracking import StorageTracker
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Measured memory of one steady-state step, in bytes.
+
+    ``peak_bytes``: most bytes live at once during the step (CPU: live storage bytes;
+    CUDA: ``max_memory_allocated``). ``baseline_bytes``: live before the step (params,
+    buffers, optimizer state, batch). ``end_bytes``: live after it. ``phase_peak_bytes``:
+    the peak within each phase (CPU only).
+    """
+
+    peak_bytes: int
+    baseline_bytes: int
+    end_bytes: int
+    B: int
+    device: str
+    phase_peak_bytes: dict
+    peak_reserved_bytes: int | None = None
+
+
+def batch_of(t: torch.Tensor, b: int, device) -> torch.Tensor:
+    """A real tensor like ``t`` with dim 0 equal to ``b``: ``t`` tiled along dim 0, so that
+    values stay valid (class labels, token ids); zeros if ``t`` holds no data (meta)."""
+    if t.is_meta:
+        return torch.zeros((b, *t.shape[1:]), dtype=t.dtype, device=device)
+    idx = torch.arange(b, device=t.device) % t.shape[0]
+    return t.index_select(0, idx).to(device).contiguous()
+
+
+class _Tracker(StorageTracker):
+    def __init__(self):
+        super().__init__()
+        self.phase = "start"
+        self.deltas = []  # (op_index, phase) for each alloc, to attribute phase peaks
+
+    def on_op(self, index, func, args, kwargs, out, out_sids, new_sids):
+        if new_sids:
+            self.deltas.append((index, self.phase))
+
+
+def _tensors_in(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors_in(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors_in(v)
+
+
+def measure(model, inputs, targets=(), loss=None, optimizer=None, train=True, *, B: int,
+            device="cpu") -> Measurement:
+    """Peak memory of one real steady-state step at batch size ``B``."""
+    spec = make_spec(model, inputs, targets, loss, optimizer, train, device)
+    if not isinstance(B, int) or B < 1:
+        raise InputError(f"B must be a positive int, got {B!r}")
+    if any(p.is_meta for p in model.parameters()):
+        raise InputError("measure needs a model with real weights (this one is on meta)")
+    model = copy.deepcopy(model).to(device)
+    ins = [batch_of(t, B, device) for t in spec.inputs]
+    tgs = [batch_of(t, B, device) for t in spec.targets]
+    params = [p for p in model.parameters()]
+    opt = make_optimizer(spec.optimizer, params, device) if spec.optimizer else None
+    noop = lambda phase: None  # noqa: E731
+    if device == "cuda":
+        return _measure_cuda(model, spec, ins, tgs, params, opt, B)
+
+    out = run_step(model, spec, ins, tgs, params, opt, noop)  # warm-up: optimizer state
+    del out
+    for p in params:
+        p.grad = None
+    gc.collect()
+    tracker = _Tracker()
+    state = opt.state if opt is not None else {}
+    for t in [*params, *model.buffers(), *_tensors_in(list(state.values())), *ins, *tgs]:
+        tracker.register(t)
+    baseline = sum(int(s.nbytes) for s in tracker.storages)
+
+    def on_phase(name):
+        tracker.phase = name
+
+    with tracker:
+        out = run_step(model, spec, ins, tgs, params, opt, on_phase)
+    tracker.close()
+    del out
+
+    # replay the events: live bytes after each op's allocations, before later frees
+    live, peak = baseline, baseline
+    phase_peaks = {}
+    phase_of = dict(tracker.deltas)
+    for ev in tracker.events:
+        n = int(tracker.storages[ev.sid].nbytes)
+        live += n if ev.kind == "alloc" else -n
+        if ev.kind == "alloc":
+            peak = max(peak, live)
+            ph = phase_of.get(ev.op_index, "start")
+            phase_peaks[ph] = max(phase_peaks.get(ph, 0), live)
+    return Measurement(peak, baseline, live, B, device,
+                       {p: phase_peaks[p] for p in PHASES if p in phase_peaks})
+
+
+def _measure_cuda(model, spec, ins, tgs, params, opt, B) -> Measurement:
+    """CUDA protocol: warm up, collect, empty cache, reset peaks, measure the second step."""
+    noop = lambda phase: None  # noqa: E731
+    out = run_step(model, spec, ins, tgs, params, opt, noop)
+    del out
+    for p in params:
+        p.grad = None
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    baseline = torch.cuda.memory_allocated()
+    out = run_step(model, spec, ins, tgs, params, opt, noop)
+    torch.cuda.synchronize()
+    del out
+    return Measurement(torch.cuda.max_memory_allocated(), baseline, torch.cuda.memory_allocated(),
+                       B, "cuda", {}, torch.cuda.max_memory_reserved())

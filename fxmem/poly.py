@@ -1,0 +1,137 @@
+"""Exact univariate polynomials and their upper envelope over ``x >= 1``.
+
+Pure Python (no torch, no sympy in the hot path): a polynomial is a tuple of
+:class:`fractions.Fraction` coefficients, lowest degree first. The liveness stage uses
+:func:`upper_envelope` to find which live-byte polynomials can be the peak for some batch
+size, and :func:`le_on` to prove that a candidate never exceeds a set of others.
+
+>>> upper_envelope([(F(10), F(1)), (F(0), F(2))])   # 10 + x vs 2x: cross at x = 10
+[(Fraction(1, 1), 0), (Fraction(10, 1), 1)]
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction as F
+from typing import Sequence
+
+Poly = tuple  # tuple[Fraction, ...], lowest degree first, no trailing zeros (except (0,))
+
+ZERO: Poly = (F(0),)
+
+
+def norm(coeffs: Sequence) -> Poly:
+    """Coefficients as Fractions, trailing zeros removed."""
+    c = [F(x) for x in coeffs] or [F(0)]
+    while len(c) > 1 and c[-1] == 0:
+        c.pop()
+    return tuple(c)
+
+
+def add(p: Poly, q: Poly) -> Poly:
+    n = max(len(p), len(q))
+    return norm([(p[i] if i < len(p) else 0) + (q[i] if i < len(q) else 0) for i in range(n)])
+
+
+def sub(p: Poly, q: Poly) -> Poly:
+    return add(p, tuple(-c for c in q))
+
+
+def scale(p: Poly, k) -> Poly:
+    return norm([c * k for c in p])
+
+
+def evaluate(p: Poly, x):
+    """Horner evaluation; exact for int or Fraction ``x``."""
+    acc = 0
+    for c in reversed(p):
+        acc = acc * x + c
+    return acc
+
+
+def derivative(p: Poly) -> Poly:
+    return norm([c * i for i, c in enumerate(p)][1:])
+
+
+def _key(p: Poly, x) -> tuple:
+    """(p(x), p'(x), p''(x), ...): ordering this tuple orders polys just right of x."""
+    out = []
+    while True:
+        out.append(evaluate(p, x))
+        if len(p) == 1:
+            return tuple(out)
+        p = derivative(p)
+
+
+def _positive_after(p: Poly, x) -> bool:
+    """True when p > 0 on some interval (x, x + eps)."""
+    for v in _key(p, x):
+        if v != 0:
+            return v > 0
+    return False
+
+
+def _real_roots_above(p: Poly, x) -> list:
+    """Sorted real roots of p strictly greater than x (exact)."""
+    if len(p) <= 1:
+        return []
+    if len(p) == 2:
+        r = -p[0] / p[1]
+        return [r] if r > x else []
+    import sympy  # degree >= 2 is rare (B appears once per tensor); exact isolation
+
+    s = sympy.Symbol("x")
+    expr = sum(sympy.Rational(c.numerator, c.denominator) * s**i for i, c in enumerate(p))
+    roots = sorted(set(sympy.Poly(expr, s).real_roots()), key=lambda r: sympy.N(r, 50))
+    return [r for r in roots if r > x]
+
+
+def first_positive_at_or_after(p: Poly, x):
+    """Smallest r >= x such that p > 0 just right of r, or None if p <= 0 on [x, inf)."""
+    if _positive_after(p, x):
+        return x
+    for r in _real_roots_above(p, x):
+        if _positive_after(p, r):
+            return r
+    return None
+
+
+def upper_envelope(polys: Sequence[Poly], start=1) -> list:
+    """Pieces ``[(x0, i0), (x1, i1), ...]`` of max(polys) on [start, inf).
+
+    ``polys[i_k]`` is a maximum on ``[x_k, x_{k+1})``; ties go to the lowest index.
+    """
+    if not polys:
+        raise ValueError("upper_envelope of no polynomials")
+    x = F(start)
+
+    def best_at(pt):
+        return max(range(len(polys)), key=lambda i: (_key(polys[i], pt), -i))
+
+    cur = best_at(x)
+    pieces = [(x, cur)]
+    while True:
+        nxt = None
+        for j, q in enumerate(polys):
+            if j == cur or q == polys[cur]:
+                continue
+            r = first_positive_at_or_after(sub(q, polys[cur]), x)
+            if r is not None and (nxt is None or r < nxt):
+                nxt = r
+        if nxt is None:
+            return pieces
+        x = nxt
+        cur = best_at(x)
+        pieces.append((x, cur))
+
+
+def le_on(p: Poly, polys: Sequence[Poly], start=1) -> bool:
+    """True when ``p(x) <= max(polys)(x)`` for every real x >= start."""
+    if not polys:
+        return False
+    pieces = upper_envelope(polys, start)
+    for k, (x0, i) in enumerate(pieces):
+        x1 = pieces[k + 1][0] if k + 1 < len(pieces) else None
+        r = first_positive_at_or_after(sub(p, polys[i]), x0)
+        if r is not None and (x1 is None or r < x1):
+            return False
+    return True

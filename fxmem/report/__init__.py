@@ -1,0 +1,1 @@
+"""Renderers: they read a :class:`fxmem.Report` and never re-run analysis."""

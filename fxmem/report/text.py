@@ -1,0 +1,33 @@
+"""Plain-text rendering of a :class:`fxmem.Report` (used by ``str(report)``)."""
+
+from __future__ import annotations
+
+
+def fmt_bytes(n: int) -> str:
+    """``1536`` -> ``'1.50 KiB'``."""
+    for unit, k in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= k:
+            return f"{n / k:.2f} {unit}"
+    return f"{n} B"
+
+
+def render_text(report, B: int | None = None) -> str:  # noqa: N803
+    from ..result import PARTS
+
+    b = B or max(report.trace.batch_hint, report.min_batch_size)
+    lines = [f"fxmem report ({'training' if report.trace.train else 'inference'} step, "
+             f"device={report.device})",
+             f"peak bytes = {report.peak}",
+             "valid when: " + ", ".join(str(g) for g in report.valid_when)]
+    for r in report.regimes:
+        lines.append(f"  from B={r.B_from}: peak after {r.op} ({r.phase}, "
+                     f"{r.module or '(root)'})")
+    lines.append("parts:")
+    for p in PARTS:
+        e = report.parts[p]
+        if e != 0:
+            lines.append(f"  {p:<16} {str(e):<24} {fmt_bytes(int(e.subs('B', b)))} at B={b}")
+    bd = report.breakdown(b)
+    lines.append(f"peak at B={b}: {bd.peak_bytes:,} B ({fmt_bytes(bd.peak_bytes)}) after "
+                 f"{bd.op} ({bd.phase}, {bd.module or '(root)'})")
+    return "\n".join(lines)

@@ -1,0 +1,199 @@
+"""The result object users hold: :class:`Report`.
+
+A report only reads the analysis results (trace, graph, liveness); it never re-traces.
+Every number is in bytes; formulas are sympy expressions in :data:`fxmem.B`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from .errors import FxmemError, InfeasibleBudgetError, InputError
+from .liveness import Liveness
+from .symbols import B
+
+PARTS = ("params", "buffers", "inputs", "grads", "optimizer_state", "activations")
+_PART_OF = {"param": "params", "buffer": "buffers", "input": "inputs", "grad": "grads",
+            "optimizer_state": "optimizer_state", "activation": "activations"}
+
+
+@dataclass(frozen=True)
+class TimelinePoint:
+    """Live bytes right after one op allocated its outputs."""
+
+    index: int
+    op: str
+    phase: str
+    module: str
+    live_bytes: int
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """What is live at the peak for one batch size, in bytes.
+
+    ``by_category``: param, buffer, input, grad, optimizer_state, activation, temporary.
+    ``by_module``: top-level module (or ``(inputs)``, ``<loss>``, ``<optimizer>``).
+    ``op``/``phase``/``module``: where the peak happens (``op_index`` -1: before the step).
+    """
+
+    B: int
+    peak_bytes: int
+    op_index: int
+    op: str
+    phase: str
+    module: str
+    by_category: dict
+    by_module: dict
+
+
+@dataclass(frozen=True)
+class PeakRegime:
+    """From ``B_from`` on (until the next regime), the peak is right after this op."""
+
+    B_from: object
+    op_index: int
+    op: str
+    phase: str
+    module: str
+    expr: sympy.Expr
+
+
+def _top_module(storage) -> str:
+    if storage.category == "input":
+        return "(inputs)"
+    if storage.category in ("param", "buffer", "grad", "optimizer_state") and storage.name:
+        parts = storage.name.split(".")
+        return parts[0] if len(parts) > 1 else "(root)"
+    m = storage.module
+    if m.startswith("<"):
+        return m
+    return m.split(".")[0] if m else "(root)"
+
+
+@dataclass(frozen=True)
+class Report:
+    """Memory of one step as formulas in B. Build it with :func:`fxmem.analyze`.
+
+    >>> import torch, fxmem
+    >>> r = fxmem.analyze(torch.nn.Linear(8, 2), torch.randn(4, 8),
+    ...                   loss=lambda o: o.sum(), device="cpu")
+    >>> r.peak_bytes(B=64) == int(r.peak.subs(fxmem.B, 64))
+    True
+    """
+
+    liveness: Liveness
+    parts: dict = field(default_factory=dict)
+    valid_when: tuple = ()
+
+    @property
+    def device(self) -> str:
+        return self.liveness.device
+
+    @property
+    def trace(self):
+        return self.liveness.graph.trace
+
+    @property
+    def peak(self) -> sympy.Expr:
+        """Peak bytes of the step, a sympy expression in :data:`fxmem.B`."""
+        return self.liveness.peak
+
+    def peak_bytes(self, B: int) -> int:  # noqa: N803 - the batch size is B everywhere
+        """Peak bytes at batch size ``B`` (exact integer)."""
+        return self.liveness.peak_bytes(_check_b(B))
+
+    @property
+    def regimes(self) -> tuple:
+        """Where the peak is, by range of B: a tuple of :class:`PeakRegime`."""
+        out = []
+        for x, c in self.liveness.regimes:
+            op = self.trace.ops[c.op_index] if c.op_index >= 0 else None
+            out.append(PeakRegime(x, c.op_index, op.op if op else "(start)",
+                                  op.phase if op else "start", op.module if op else "",
+                                  c.expr))
+        return tuple(out)
+
+    def breakdown(self, B: int, top: int | None = None) -> Breakdown:  # noqa: N803
+        """What is live at the peak at batch size ``B``, by category and by module."""
+        b = _check_b(B)
+        cand = self.liveness.peak_candidate(b)
+        by_cat, by_mod = {}, {}
+        storages = self.liveness.graph.storages
+        for sid in self.liveness.live_sids(cand.op_index):
+            s, v = storages[sid], self.liveness.sizes[sid](b)
+            by_cat[s.category] = by_cat.get(s.category, 0) + v
+            m = _top_module(s)
+            by_mod[m] = by_mod.get(m, 0) + v
+        by_mod = dict(sorted(by_mod.items(), key=lambda kv: -kv[1])[:top])
+        by_cat = dict(sorted(by_cat.items(), key=lambda kv: -kv[1]))
+        op = self.trace.ops[cand.op_index] if cand.op_index >= 0 else None
+        return Breakdown(b, cand(b), cand.op_index, op.op if op else "(start)",
+                         op.phase if op else "start", op.module if op else "", by_cat, by_mod)
+
+    def timeline(self, B: int) -> tuple:  # noqa: N803
+        """Live bytes after every op at batch size ``B``: a tuple of :class:`TimelinePoint`."""
+        live = self.liveness.timeline(_check_b(B))
+        return tuple(TimelinePoint(o.index, o.op, o.phase, o.module, v)
+                     for o, v in zip(self.trace.ops, live))
+
+    @property
+    def min_batch_size(self) -> int:
+        """The smallest B the formula is valid for (from ``valid_when``)."""
+        for g in self.valid_when:
+            if isinstance(g, sympy.GreaterThan) and g.lhs == B:
+                return int(g.rhs)
+        return 1
+
+    def max_batch_size(self, budget_bytes: int) -> int:
+        """The largest integer B whose peak fits in ``budget_bytes``, solved from the formula.
+
+        Raises :class:`fxmem.InfeasibleBudgetError` if even the smallest valid B does not fit.
+        """
+        if not isinstance(budget_bytes, int) or isinstance(budget_bytes, bool):
+            raise InputError(f"budget_bytes must be an int, got {budget_bytes!r}")
+        lo = self.min_batch_size
+        fixed = self.fixed_bytes
+        if self.peak_bytes(lo) > budget_bytes:
+            raise InfeasibleBudgetError(
+                f"budget {budget_bytes:,} B is below the smallest peak {self.peak_bytes(lo):,} B "
+                f"(at B={lo}); memory that does not depend on B alone is {fixed:,} B",
+                minimum_bytes=self.peak_bytes(lo))
+        if self.peak_bytes(lo) == self.peak_bytes(2 * lo + 1) == self.peak_bytes(10**9):
+            raise FxmemError("the peak does not grow with B, so every batch size fits")
+        hi = lo
+        while self.peak_bytes(hi) <= budget_bytes:  # grow until it no longer fits
+            lo, hi = hi, hi * 2
+        while hi - lo > 1:  # peak_bytes(lo) fits, peak_bytes(hi) does not
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self.peak_bytes(mid) <= budget_bytes else (lo, mid)
+        return lo
+
+    @property
+    def fixed_bytes(self) -> int:
+        """Bytes that do not depend on B: params, buffers, grads, optimizer state."""
+        return sum(int(self.parts[p].subs(B, 0)) if p != "inputs" else 0
+                   for p in ("params", "buffers", "grads", "optimizer_state"))
+
+    def __str__(self) -> str:
+        from .report.text import render_text
+
+        return render_text(self)
+
+
+def _check_b(b) -> int:
+    if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+        raise InputError(f"B must be a positive int, got {b!r}")
+    return b
+
+
+def parts_of(lv: Liveness) -> dict:
+    """Bytes by part, as sympy expressions in B (device sizes)."""
+    out = {p: sympy.Integer(0) for p in PARTS}
+    for s, size in zip(lv.graph.storages, lv.sizes):
+        p = _PART_OF.get(s.category)
+        if p is not None:
+            out[p] += size.expr
+    return out

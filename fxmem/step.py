@@ -1,0 +1,139 @@
+"""The step being analysed, written once and run by both :mod:`fxmem.trace` (fake tensors)
+and :mod:`fxmem.measure` (real tensors), so that Python-level lifetimes are identical.
+
+A training step is, in this order (the idiomatic loop, with the model output not kept in a
+variable beyond the loss computation)::
+
+    optimizer.zero_grad(set_to_none=True)
+    loss = loss_fn(model(*inputs), *targets)
+    loss.backward()
+    optimizer.step()
+
+An inference step is ``out = model(*inputs)`` under ``torch.no_grad()``; ``out`` is kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .errors import InputError
+
+PHASES = ("zero_grad", "forward", "backward", "optimizer")
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """Validated user arguments describing the step (no tensors of the batch size kept)."""
+
+    inputs: tuple  # tuple[torch.Tensor, ...]; dim 0 is B
+    targets: tuple
+    loss: Callable | None
+    optimizer: Callable | None
+    train: bool
+    device: str
+    batch_size: int  # dim 0 of the example tensors
+
+
+def _as_tuple(x, what: str) -> tuple:
+    if x is None:
+        return ()
+    if isinstance(x, torch.Tensor):
+        return (x,)
+    if isinstance(x, (list, tuple)):
+        return tuple(x)
+    raise InputError(f"{what} must be a tensor or a tuple of tensors, got {type(x).__name__}")
+
+
+def make_spec(model, inputs, targets=(), loss=None, optimizer=None, train=True,
+              device="cuda") -> StepSpec:
+    """Check the user's arguments before any work starts."""
+    if not isinstance(model, torch.nn.Module):
+        raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    ins, tgs = _as_tuple(inputs, "inputs"), _as_tuple(targets, "targets")
+    if not ins:
+        raise InputError("inputs must contain at least one tensor")
+    sizes = []
+    for what, group in (("inputs", ins), ("targets", tgs)):
+        for i, t in enumerate(group):
+            if not isinstance(t, torch.Tensor):
+                raise InputError(f"{what}[{i}] is a {type(t).__name__}, not a tensor; "
+                                 f"pass non-tensor arguments by wrapping the model")
+            if t.dim() == 0:
+                raise InputError(f"{what}[{i}] is 0-dimensional; dim 0 must be the batch")
+            sizes.append((f"{what}[{i}]", int(t.shape[0])))
+    if len({s for _, s in sizes}) > 1:
+        listing = ", ".join(f"{n}={s}" for n, s in sizes)
+        raise InputError(f"dim 0 (the batch) differs between tensors: {listing}")
+    if loss is not None and not callable(loss):
+        raise InputError(f"loss must be callable(output, *targets), got {type(loss).__name__}")
+    if tgs and loss is None:
+        raise InputError("targets were given but no loss function to pass them to")
+    if optimizer is not None and not callable(optimizer):
+        raise InputError("optimizer must be an optimizer class or callable(params) -> Optimizer")
+    if device not in ("cpu", "cuda"):
+        raise InputError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if not train and optimizer is not None:
+        raise InputError("train=False runs no backward pass, so no optimizer step")
+    return StepSpec(ins, tgs, loss, optimizer, bool(train), device, sizes[0][1])
+
+
+def compute_loss(out, targets: Sequence, loss_fn: Callable | None) -> torch.Tensor:
+    """The loss tensor from the model output, as the training step uses it."""
+    if loss_fn is not None:
+        return loss_fn(out, *targets)
+    if isinstance(out, torch.Tensor):
+        if out.dim() != 0 and out.numel() != 1:
+            raise InputError("loss=None needs the model to return a scalar loss "
+                             f"(or an object with .loss); got shape {tuple(out.shape)}")
+        return out
+    lossval = getattr(out, "loss", None)
+    if lossval is None and isinstance(out, dict):
+        lossval = out.get("loss")
+    if not isinstance(lossval, torch.Tensor):
+        raise InputError("loss=None needs the model to return a scalar loss or an object "
+                         f"with .loss; got {type(out).__name__}")
+    return lossval
+
+
+def make_optimizer(factory: Callable, params: list, device: str) -> torch.optim.Optimizer:
+    """Build the optimizer the target device would run.
+
+    On CUDA torch.optim defaults to the foreach implementations; under fake CPU tensors it
+    cannot tell, so a group whose ``foreach`` is unset is set to True for ``device="cuda"``.
+    On CPU the per-parameter loop is the default and nothing is changed.
+    """
+    opt = factory(params)
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise InputError(f"optimizer(params) returned {type(opt).__name__}, not an Optimizer")
+    if device == "cuda":
+        for group in opt.param_groups:
+            if "foreach" in group and group["foreach"] is None and not group.get("fused"):
+                group["foreach"] = True
+    return opt
+
+
+def run_step(forward: Callable, spec: StepSpec, inputs: Sequence, targets: Sequence,
+             params: Sequence[torch.Tensor], optimizer, on_phase: Callable[[str], Any]):
+    """Run one step; call ``on_phase(name)`` as each phase starts. Returns the kept output."""
+    if not spec.train:
+        on_phase("forward")
+        with torch.no_grad():
+            out = forward(*inputs)
+        return out
+    on_phase("zero_grad")
+    if optimizer is not None:
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        for p in params:
+            p.grad = None
+    on_phase("forward")
+    loss = compute_loss(forward(*inputs), targets, spec.loss)
+    on_phase("backward")
+    loss.backward()
+    on_phase("optimizer")
+    if optimizer is not None:
+        optimizer.step()
+    return loss

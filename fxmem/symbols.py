@@ -1,0 +1,121 @@
+"""The batch-size symbol and exact size expressions.
+
+``fxmem.B`` is the one sympy Symbol for the batch size (integer, positive). Storage sizes are
+:class:`Size` objects: an exact sympy expression in B, polynomial bounds used to prune the
+peak formula, and a fast exact evaluator for a numeric B.
+
+>>> s = Size.of(12 * B + 4)
+>>> s(10), s.exact
+(124, True)
+>>> Size.of(12 * B + 4).rounded(512).expr
+512*ceiling(3*B/128 + 1/128)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Callable
+
+import sympy
+
+from . import poly as P
+
+B = sympy.Symbol("B", integer=True, positive=True)
+"""The batch size: dim 0 of every input and target."""
+
+
+def _to_fraction(c) -> Fraction:
+    c = sympy.Rational(c)
+    return Fraction(int(c.p), int(c.q))
+
+
+def as_poly(expr) -> P.Poly | None:
+    """Coefficients of ``expr`` as a polynomial in B with rational coefficients, or None."""
+    expr = sympy.sympify(expr)
+    if expr.free_symbols - {B}:
+        return None
+    try:
+        p = sympy.Poly(expr, B)
+    except sympy.PolynomialError:
+        return None
+    if not all(c.is_Rational for c in p.all_coeffs()):
+        return None
+    return P.norm([_to_fraction(c) for c in reversed(p.all_coeffs())])
+
+
+def bounds(expr) -> tuple[P.Poly, P.Poly] | None:
+    """Polynomials (lo, hi) with lo <= expr <= hi for every B >= 1, or None if unknown."""
+    p = as_poly(expr)
+    if p is not None:
+        return p, p
+    if isinstance(expr, sympy.Add):
+        lo, hi = P.ZERO, P.ZERO
+        for a in expr.args:
+            b = bounds(a)
+            if b is None:
+                return None
+            lo, hi = P.add(lo, b[0]), P.add(hi, b[1])
+        return lo, hi
+    if isinstance(expr, sympy.Mul):
+        const, rest = expr.as_coeff_Mul()
+        b = bounds(rest) if const.is_Rational and rest != expr else None
+        if b is None:
+            return None
+        k = _to_fraction(const)
+        lo, hi = P.scale(b[0], k), P.scale(b[1], k)
+        return (lo, hi) if k >= 0 else (hi, lo)
+    if isinstance(expr, (sympy.floor, sympy.ceiling)):
+        b = bounds(expr.args[0])
+        if b is None:
+            return None
+        if isinstance(expr, sympy.floor):
+            return P.add(b[0], (Fraction(-1),)), b[1]
+        return b[0], P.add(b[1], (Fraction(1),))
+    return None
+
+
+@dataclass(frozen=True, eq=False)
+class Size:
+    """Bytes of one storage as a function of B.
+
+    ``expr`` is exact; ``lo <= expr <= hi`` for B >= 1 (equal when ``exact``); calling the
+    object with an int returns the exact integer number of bytes.
+    """
+
+    expr: sympy.Expr
+    lo: P.Poly | None
+    hi: P.Poly | None
+    _fn: Callable[[int], int]
+
+    @property
+    def exact(self) -> bool:
+        return self.lo is not None and self.lo == self.hi
+
+    def __call__(self, b: int) -> int:
+        return self._fn(b)
+
+    @staticmethod
+    def of(expr) -> "Size":
+        expr = sympy.sympify(expr)
+        p = as_poly(expr)
+        if p is not None:
+            if all(c.denominator == 1 for c in p):
+                ints = tuple(int(c) for c in p)
+                return Size(expr, p, p, lambda b, ints=ints: P.evaluate(ints, b))
+            return Size(expr, p, p, lambda b, p=p: int(P.evaluate(p, b)))
+        bd = bounds(expr)
+        return Size(expr, bd[0] if bd else None, bd[1] if bd else None,
+                    lambda b, e=expr: int(e.xreplace({B: sympy.Integer(b)})))
+
+    def rounded(self, block: int) -> "Size":
+        """The size rounded up to a multiple of ``block`` bytes (e.g. CUDA's 512)."""
+        if self.exact and all(c.denominator == 1 and int(c) % block == 0 for c in self.lo):
+            return self
+        expr = block * sympy.ceiling(self.expr / block)
+        lo = self.lo
+        hi = P.add(self.hi, (Fraction(block - 1),)) if self.hi is not None else None
+        return Size(expr, lo, hi, lambda b, f=self._fn: -(-f(b) // block) * block)
+
+
+ZERO = Size.of(0)

@@ -1,0 +1,618 @@
+"""Stage 1: trace one whole step on fake tensors, with the batch size as a symbol.
+
+The step (:mod:`fxmem.step`) runs for real, in eager order, under ``FakeTensorMode`` with a
+``ShapeEnv``: dim 0 of every input and target is the symbol :data:`fxmem.B`, parameters and
+all other dims are static, and nothing the size of the model or the batch is allocated. A
+recorder (:class:`fxmem.tracking.StorageTracker`) sees every aten op, builds a
+``torch.fx.Graph`` of the step, and records when eager PyTorch frees each storage.
+
+The optimizer runs in steady state: before the recorded ``optimizer.step()``, one
+unrecorded step creates its state, which then counts as live from the start of the step.
+
+>>> import torch, fxmem
+>>> from fxmem.trace import trace
+>>> t = trace(torch.nn.Linear(8, 2), torch.randn(4, 8), loss=lambda o: o.sum(), device="cpu")
+>>> [s.size.expr for s in t.storages if s.category == "input"]
+[32*B]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+import os
+import traceback
+from dataclasses import dataclass, field
+
+import sympy
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+from torch.utils._pytree import tree_map
+from torch.utils.weak import WeakTensorKeyDictionary
+
+from .errors import FxmemError, InputError, SpecializationError, TraceError
+from .step import StepSpec, make_optimizer, make_spec, run_step
+from .symbols import B, Size
+from .tracking import StorageTracker
+
+aten = torch.ops.aten
+
+B_RANGE_MAX = 2**62  # the symbol's upper range; not reported as a condition
+
+CATEGORIES = ("param", "buffer", "input", "grad", "optimizer_state", "activation", "temporary")
+
+# --- per-op rules, in one place ---------------------------------------------------------
+# Fake kernels of these ops choose a backend (and so a memory format) by asking for concrete
+# sizes, which would add guards such as ``B < 16``. The choice changes strides, never the
+# number of bytes, so their guards are suppressed.
+LAYOUT_ONLY_GUARD_OPS = {
+    aten.convolution.default, aten.convolution_backward.default,
+    aten._convolution.default, aten.cudnn_convolution.default,
+}
+# These C++ kernels specialize symbolic sizes; their decompositions keep B symbolic and make
+# the same allocations (one output).
+DECOMPOSE_OPS = {aten.constant_pad_nd.default}
+# Metadata queries and profiler markers: they create nothing and are not recorded.
+SKIP_NAMESPACES = ("prim", "profiler")
+# Eager CPU kernels of these losses return the reduced loss as a view into the unreduced
+# buffer, so its storage keeps input.numel() elements; meta kernels say one element.
+# (reduction argument position; Reduction::None == 0 allocates that buffer anyway.)
+UNREDUCED_STORAGE_LOSSES = {
+    aten.mse_loss.default: 2, aten.smooth_l1_loss.default: 2,
+    aten.binary_cross_entropy.default: 3,
+}
+# torch._VF entry points whose C++ composite kernels read concrete sizes: they run
+# PyTorch's registered decomposition (aten.<name>.input / .data) instead.
+RNN_FUNCTIONS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+
+
+def _rnn_decomposition(name: str, args):
+    from torch._decomp import decomposition_table
+
+    packet = getattr(aten, name)
+    data = len(args) > 1 and isinstance(args[1], torch.Tensor) and args[1].dtype == torch.int64
+    if name == "lstm" and not data and _eager_uses_mkldnn(*args[:3]):
+        return _mkldnn_lstm
+    return decomposition_table[packet.data if data else packet.input]
+
+
+def _eager_uses_mkldnn(input, hx, params) -> bool:
+    """aten/src/ATen/native/RNN.cpp use_mkldnn(): what eager CPU LSTM runs."""
+    return (torch._C._get_mkldnn_enabled() and input.device.type == "cpu"
+            and all(t.device.type == "cpu" for t in (*hx, *params))
+            and input.dtype in (torch.float32, torch.bfloat16)
+            and hx[0].size(2) == hx[1].size(2))  # no projections
+
+
+def _mkldnn_lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirectional,
+                 batch_first):
+    """Eager CPU's mkldnn LSTM, one ``mkldnn_rnn_layer`` per layer and direction, with the
+    ``train`` flag eager passes (PyTorch's decomposition only covers inference)."""
+    from torch._decomp.decompositions import _rnn_helper, gather_params
+
+    def layer(inp, hidden, p, has_biases, reverse=False):
+        w2, w3 = (p[2], p[3]) if has_biases else (torch.zeros(p[0].size()), torch.zeros(p[1].size()))
+        hx0, cx0 = hidden[0].unsqueeze(0).contiguous(), hidden[1].unsqueeze(0).contiguous()
+        y, hy, cy, *_ = aten.mkldnn_rnn_layer.default(
+            inp.contiguous(), p[0], p[1], w2, w3, hx0, cx0, reverse, [], 2, hx0.size(2), 1,
+            has_biases, False, False, torch.is_grad_enabled())
+        return y, (hy.squeeze(0), cy.squeeze(0))
+
+    params = gather_params(params, has_biases, False)
+    hidden = list(zip(hx[0], hx[1]))
+    out, final = _rnn_helper(input, hidden, params, has_biases, num_layers, dropout, train,
+                             bidirectional, batch_first, layer)
+    final = list(zip(*final))
+    return out, torch.stack(final[0], 0), torch.stack(final[1], 0)
+
+
+class _RNNRouter(torch.overrides.TorchFunctionMode):
+    """Sends torch._VF.lstm/gru/rnn_* to their decompositions; everything else as is."""
+
+    def __init__(self):
+        super().__init__()
+        self.targets = {getattr(torch._VF, n): n for n in RNN_FUNCTIONS}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = self.targets.get(func)
+        if name is not None:
+            return _rnn_decomposition(name, args)(*args, **(kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+def _decomposition(func):
+    from torch._decomp import decomposition_table
+    from torch._refs import constant_pad_nd
+
+    return decomposition_table.get(func) or {aten.constant_pad_nd.default: constant_pad_nd}[func]
+
+
+@dataclass(frozen=True)
+class TensorDesc:
+    """What an op output looked like: shape (ints or sympy in B), dtype, storage id."""
+
+    shape: tuple
+    dtype: torch.dtype
+    sid: int
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """One aten op of the step, in execution order."""
+
+    index: int
+    op: str  # e.g. "aten.addmm.default"
+    phase: str  # zero_grad / forward / backward / optimizer
+    module: str  # owning module path ("" = root, "<loss>", "<optimizer>")
+    out_sids: tuple  # storages behind its outputs (aliases included)
+    new_sids: tuple  # storages it created
+    in_sids: tuple  # storages behind its tensor inputs
+    written_sids: tuple  # storages it writes in place (schema alias annotations)
+    autograd_node: str | None  # backward: the autograd node that ran it
+
+
+@dataclass(frozen=True)
+class StorageInfo:
+    """One storage live at some point of the step; ``size`` in bytes (a :class:`Size`)."""
+
+    sid: int
+    size: Size
+    category: str
+    name: str  # parameter / buffer / input name, else "" (see ``module``)
+    module: str  # module path of the op that created it
+    created_by: int  # op index; -1: live before the step
+    freed_after: int | None  # op index after which eager PyTorch freed it; None: alive at end
+    saved: bool  # saved for backward by autograd
+    dtype: torch.dtype | None
+    shape: tuple
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Result of :func:`trace`: the step as ops and storages, and the shape guards."""
+
+    graph: torch.fx.Graph
+    ops: tuple
+    storages: tuple
+    guards: tuple  # sympy relations in B that the trace assumed
+    batch_hint: int  # the value of B the trace used for decisions
+    train: bool
+    device: str
+    has_optimizer: bool
+
+
+def _user_frame(frames) -> str | None:
+    """``file:line in func`` of the innermost frame that is neither torch, fxmem nor stdlib."""
+    skip = (os.path.dirname(torch.__file__), os.path.dirname(__file__),
+            os.path.dirname(os.__file__), os.path.dirname(sympy.__file__))
+    for fr in reversed(frames):
+        if not fr.filename.startswith(skip) and not fr.filename.startswith("<"):
+            return f"{fr.filename}:{fr.lineno} in {fr.name}"
+    return None
+
+
+class _Recorder(StorageTracker):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace in SKIP_NAMESPACES:
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def __init__(self, shape_env: ShapeEnv, sym):
+        super().__init__()
+        self.shape_env, self.sym = shape_env, sym
+        self.phase = "setup"
+        self.module_stack = [""]
+        self.fn_module: dict[int, str] = {}
+        self.saved: set[int] = set()
+        self.graph = torch.fx.Graph()
+        self._node_of = WeakTensorKeyDictionary()
+        self._placeholders: dict[int, torch.fx.Node] = {}
+        self.names: dict[int, tuple[str, str]] = {}  # sid -> (category, name)
+        self.ops: list[OpInfo] = []
+        self.failed: tuple | None = None
+        self._n_repl = 0
+
+    # where are we -----------------------------------------------------------------
+    def module(self) -> str:
+        if self.phase == "backward":
+            node = torch._C._current_autograd_node()
+            if node is not None:
+                return self.fn_module.get(node._sequence_nr(), "")
+        if self.phase == "optimizer":
+            return "<optimizer>"
+        return self.module_stack[-1]
+
+    # registration of storages that exist before the step -------------------------------
+    def register_named(self, t: torch.Tensor, category: str, name: str) -> None:
+        sid, new = self.register(t)
+        if new or sid not in self.names:
+            self.names[sid] = (category, name)
+
+    # dispatch ---------------------------------------------------------------------
+    def run_op(self, func, args, kwargs):
+        try:
+            if func in DECOMPOSE_OPS:
+                with self:
+                    return _decomposition(func)(*args, **kwargs)
+            if func in LAYOUT_ONLY_GUARD_OPS:
+                with self.shape_env.suppress_guards():
+                    return func(*args, **kwargs)
+            return func(*args, **kwargs)
+        except Exception as e:
+            if self.failed is None:
+                self.failed = (str(func), self.module(), self.phase,
+                               _user_frame(traceback.extract_stack()), e)
+            raise
+
+    def output_nbytes(self, func, args, kwargs, t):
+        pos = UNREDUCED_STORAGE_LOSSES.get(func)
+        if pos is not None:
+            reduction = args[pos] if len(args) > pos else kwargs.get("reduction", 1)
+            if reduction != 0:
+                return args[0].numel() * t.element_size()
+        return None
+
+    def _node(self, t: torch.Tensor) -> torch.fx.Node:
+        node = self._node_of.get(t)
+        if node is not None:
+            return node
+        sid, _ = self.register(t)
+        if sid not in self._placeholders:
+            cat, name = self.names.get(sid, ("external", f"s{sid}"))
+            safe = "".join(c if c.isalnum() else "_" for c in f"{cat}_{name}")
+            ph = self.graph.placeholder(safe)
+            ph.meta["val"] = self._desc(t, sid)
+            self._placeholders[sid] = ph
+        return self._placeholders[sid]
+
+    def _desc(self, t, sid) -> TensorDesc:
+        shape = tuple(int(d) if isinstance(d, int) else d.node.expr.xreplace({self.sym: B})
+                      for d in t.shape)
+        return TensorDesc(shape, t.dtype, sid)
+
+    def on_op(self, index, func, args, kwargs, out, out_sids, new_sids):
+        module = self.module()
+        in_sids = []
+
+        def to_node(x):
+            if isinstance(x, torch.Tensor):
+                in_sids.append(self.register(x)[0])
+                return self._node(x)
+            if isinstance(x, torch.SymInt):
+                return x.node.expr.xreplace({self.sym: B})
+            return x
+
+        fargs, fkwargs = tree_map(to_node, (args, kwargs))
+        node = self.graph.call_function(func, tuple(fargs), dict(fkwargs))
+        node.meta.update(phase=self.phase, module=module, index=index)
+        grad_node = None
+        if self.phase == "backward":
+            n = torch._C._current_autograd_node()
+            grad_node = n.name() if n is not None else None
+        if isinstance(out, torch.Tensor):
+            self._node_of[out] = node
+            node.meta["val"] = self._desc(out, out_sids[0])
+            self._note_grad_fn(out, module)
+        elif isinstance(out, (tuple, list)):
+            vals = []
+            for i, o in enumerate(out):
+                if isinstance(o, torch.Tensor):
+                    g = self.graph.call_function(operator.getitem, (node, i))
+                    self._node_of[o] = g
+                    g.meta["val"] = self._desc(o, self.sid(o))
+                    vals.append(g.meta["val"])
+                    self._note_grad_fn(o, module)
+            node.meta["val"] = tuple(vals)
+        self.ops.append(OpInfo(index, str(func), self.phase, module, tuple(out_sids),
+                               tuple(new_sids), tuple(dict.fromkeys(in_sids)),
+                               self._written(func, args, kwargs), grad_node))
+        if len(self.shape_env.replacements) != self._n_repl:
+            self._n_repl = len(self.shape_env.replacements)
+            self.check_specialized(str(func), module)
+
+    def _written(self, func, args, kwargs) -> tuple:
+        out = []
+        for i, a in enumerate(func._schema.arguments):
+            if a.alias_info is None or not a.alias_info.is_write:
+                continue
+            v = args[i] if i < len(args) else kwargs.get(a.name)
+            for t in (v if isinstance(v, (list, tuple)) else (v,)):
+                if isinstance(t, torch.Tensor):
+                    out.append(self.sid(t))
+        return tuple(s for s in out if s is not None)
+
+    def _note_grad_fn(self, t, module):
+        if self.phase == "forward" and t.grad_fn is not None:
+            self.fn_module.setdefault(t.grad_fn._sequence_nr(), module)
+
+    def check_specialized(self, op=None, module=None) -> None:
+        val = self.shape_env.replacements.get(self.sym)
+        rng = self.shape_env.var_to_range.get(self.sym)
+        fixed = (val is not None and val.is_number) or (rng is not None and rng.lower == rng.upper)
+        if fixed:
+            source = None
+            for g in self.shape_env.guards:
+                if self.sym in g.expr.free_symbols:
+                    source = _guard_source(g) or source
+            source = source or _user_frame(traceback.extract_stack())
+            value = val if val is not None else rng.lower
+            raise SpecializationError(
+                f"the batch size was specialized to {value}, so memory is not a formula in B "
+                f"(compute sizes from x.shape[0] instead of constants or int())",
+                op=op, module=module, source=source, phase=self.phase)
+
+    # saved tensors ----------------------------------------------------------------
+    def pack(self, t):
+        sid = self.sid(t)
+        if sid is not None:
+            self.saved.add(sid)
+        return t
+
+
+def _guard_source(guard) -> str | None:
+    sloc = getattr(guard, "sloc", None)
+    user = getattr(sloc, "maybe_user_loc", None)
+    if user:
+        return str(user).strip()
+    text = str(sloc) if sloc is not None else ""
+    return text if text and "torch/" not in text and "fxmem" not in text else None
+
+
+def _fake_like(mode: FakeTensorMode, t: torch.Tensor, batch=None, param=False):
+    shape = tuple(t.shape) if batch is None else (batch, *t.shape[1:])
+    with mode:
+        f = torch.empty(shape, dtype=t.dtype, device="cpu")
+    if param:
+        f = torch.nn.Parameter(f, requires_grad=t.requires_grad)
+    return f
+
+
+def _tensors_in(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors_in(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors_in(v)
+
+
+def trace(model: torch.nn.Module, inputs, targets=(), loss=None, optimizer=None, train=True,
+          device="cuda", batch_hint: int | None = None) -> Trace:
+    """Trace one steady-state step of ``model``; see the module docstring."""
+    spec = make_spec(model, inputs, targets, loss, optimizer, train, device)
+    hint = batch_hint or (spec.batch_size if spec.batch_size >= 2 else 8)
+    shape_env = ShapeEnv(specialize_zero_one=False, duck_shape=False)
+    mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
+    from torch._dynamo.source import ConstantSource
+
+    sym = shape_env.create_symbol(hint, source=ConstantSource("B"),
+                                  dynamic_dim=DimDynamic.DYNAMIC)
+    # A finite range lets checks such as eager indexing's "skip a full slice" (B <= stop)
+    # be decided statically, as they are for concrete sizes; the bound itself is never hit.
+    shape_env.constrain_symbol_range(sym, compiler_min=1, compiler_max=B_RANGE_MAX)
+    batch = shape_env.create_symintnode(sym, hint=hint)
+    rec = _Recorder(shape_env, sym)
+    handles = []
+    try:
+        return _run(model, spec, mode, rec, sym, batch, hint, handles)
+    except FxmemError:
+        raise
+    except Exception as e:  # noqa: BLE001 - turned into one clear TraceError
+        raise _as_trace_error(e, rec) from e
+    finally:
+        rec.close()
+        for h in handles:
+            h.remove()
+
+
+def _as_trace_error(e: Exception, rec: _Recorder) -> TraceError:
+    reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    source = _user_frame(traceback.extract_tb(e.__traceback__))
+    if rec.failed is not None and rec.failed[4] is e or (rec.failed and _chained(e, rec.failed[4])):
+        op, module, phase, src, _ = rec.failed
+        return TraceError(f"cannot trace this op on fake tensors: {reason}", op=op,
+                          module=module, source=src or source, phase=phase)
+    return TraceError(f"cannot trace the step on fake tensors: {reason}", op=None,
+                      module=rec.module_stack[-1], source=source, phase=rec.phase)
+
+
+def _chained(e, inner) -> bool:
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if e is inner:
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles) -> Trace:
+    # fake parameters and buffers, registered under their names
+    named_p = list(model.named_parameters())
+    named_b = [(n, b) for n, b in model.named_buffers() if b is not None]
+    fparams = {n: _fake_like(mode, p, param=True) for n, p in named_p}
+    fbufs = {n: _fake_like(mode, b) for n, b in named_b}
+    fins = [_fake_like(mode, t, batch) for t in spec.inputs]
+    ftgs = [_fake_like(mode, t, batch) for t in spec.targets]
+    for n, p in fparams.items():
+        rec.register_named(p, "param", n)
+    for n, b in fbufs.items():
+        rec.register_named(b, "buffer", n)
+    for i, t in enumerate(fins):
+        rec.register_named(t, "input", f"inputs[{i}]")
+    for i, t in enumerate(ftgs):
+        rec.register_named(t, "input", f"targets[{i}]")
+
+    # Global module hooks (removed in trace()'s finally): per-module hooks would be seen by
+    # the model, e.g. nn.TransformerEncoderLayer turns its fused fast path off when it has any.
+    name_of = {id(m): n for n, m in model.named_modules()}
+
+    def enter(mod, args):
+        name = name_of.get(id(mod))
+        if name is not None:
+            rec.module_stack.append(name)  # returns None: inputs unchanged
+
+    def leave(mod, args, out):
+        if id(mod) in name_of and len(rec.module_stack) > 1:
+            rec.module_stack.pop()  # returns None: output unchanged
+
+    from torch.nn.modules.module import (register_module_forward_hook,
+                                         register_module_forward_pre_hook)
+
+    handles.append(register_module_forward_pre_hook(enter))
+    handles.append(register_module_forward_hook(leave))
+
+    state = {**fparams, **fbufs}
+    params = list(fparams.values())
+
+    def forward(*args):
+        return torch.func.functional_call(model, state, args)
+
+    with mode:
+        opt = make_optimizer(spec.optimizer, params, spec.device) if spec.optimizer else None
+
+    def on_phase(name):
+        if name == "forward":
+            rec.module_stack[:] = [""]
+        if name == "backward":
+            rec.module_stack[:] = ["<loss>"]
+        if name == "optimizer":
+            for n, p in fparams.items():
+                if p.grad is not None:
+                    sid = rec.sid(p.grad)
+                    if sid is not None and rec.storages[sid].created_by >= 0:
+                        rec.names[sid] = ("grad", n)
+            if opt is not None:  # one unrecorded step creates the optimizer state
+                rec.recording = False
+                opt.step()
+                rec.recording = True
+                for i, p in enumerate(params):
+                    for k, t in opt.state.get(p, {}).items():
+                        if isinstance(t, torch.Tensor):
+                            rec.register_named(t, "optimizer_state", f"{named_p[i][0]}.{k}")
+        rec.phase = name
+
+    def loss_fn_wrap(out, *tgs):
+        rec.module_stack.append("<loss>")
+        try:
+            return spec.loss(out, *tgs)
+        finally:
+            rec.module_stack.pop()
+
+    spec_run = spec if spec.loss is None else _replace_loss(spec, loss_fn_wrap)
+    # Only models with RNN modules get the router: any active torch-function mode turns off
+    # fast paths such as nn.TransformerEncoderLayer's fused inference kernel.
+    has_rnn = any(isinstance(m, torch.nn.RNNBase) for m in model.modules())
+    router = _RNNRouter() if has_rnn else contextlib.nullcontext()
+    with router, mode, rec, torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t):
+        out = run_step(forward, spec_run, fins, ftgs, params, opt, on_phase)
+    rec.close()
+    rec.check_specialized()
+    end_index = len(rec.ops)
+    del out
+    return _finish(rec, sym, hint, spec, end_index)
+
+
+def _replace_loss(spec: StepSpec, fn) -> StepSpec:
+    from dataclasses import replace
+
+    return replace(spec, loss=fn)
+
+
+def _finish(rec: _Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
+    env = rec.shape_env
+
+    def to_expr(v):
+        if isinstance(v, int):
+            return sympy.Integer(v)
+        e = env.replace(v.node.expr) if hasattr(env, "replace") else v.node.expr
+        e = e.xreplace({sym: B})
+        extra = e.free_symbols - {B}
+        if extra:
+            raise TraceError(f"a storage size depends on data ({sorted(map(str, extra))}), "
+                             "not only on the batch size")
+        return e
+
+    creator_module = {}
+    for op in rec.ops:
+        for s in op.new_sids:
+            creator_module[s] = op.module
+    phase_of_op = [op.phase for op in rec.ops]
+    storages = []
+    sizes: dict = {}
+    for s in rec.storages:
+        expr = to_expr(s.nbytes)
+        size = sizes.get(expr) or sizes.setdefault(expr, Size.of(expr))
+        cat, name = rec.names.get(s.sid, (None, ""))
+        if cat is None:
+            created_in_forward = s.created_by >= 0 and phase_of_op[s.created_by] == "forward"
+            cat = "activation" if (s.sid in rec.saved and created_in_forward) else "temporary"
+        storages.append(StorageInfo(
+            s.sid, size, cat, name, creator_module.get(s.sid, ""), s.created_by,
+            s.freed_after, s.sid in rec.saved, None, ()))
+    # dtype/shape of the first tensor seen on each storage, from the graph
+    first = {}
+    for node in rec.graph.nodes:
+        vals = node.meta.get("val")
+        for v in (vals if isinstance(vals, tuple) else (vals,)):
+            if isinstance(v, TensorDesc) and v.sid not in first:
+                first[v.sid] = v
+    storages = [s if s.sid not in first else
+                _with(s, dtype=first[s.sid].dtype, shape=first[s.sid].shape) for s in storages]
+    rng = env.var_to_range.get(sym)
+    guards = valid_when([g.expr.xreplace({sym: B}) for g in env.guards],
+                        int(rng.lower) if rng is not None else 1,
+                        int(rng.upper) if rng is not None and isinstance(rng.upper, sympy.Integer)
+                        and int(rng.upper) < B_RANGE_MAX else None)
+    rec.graph.output(None)
+    return Trace(rec.graph, tuple(rec.ops), tuple(storages), guards, hint, spec.train,
+                 spec.device, spec.optimizer is not None)
+
+
+def valid_when(guards, lower: int = 1, upper: int | None = None) -> tuple:
+    """Fold shape guards on B into short conditions, e.g. ``(B >= 2,)``.
+
+    >>> valid_when([sympy.Ne(B, 1), B < 16])
+    (B >= 2, B <= 15)
+    """
+    lower, excluded, other = max(lower, 1), set(), []
+    for g in guards:
+        g = sympy.simplify(g)
+        if g is sympy.true:
+            continue
+        if isinstance(g, sympy.Ne) and B in g.free_symbols and (g.lhs - g.rhs).is_polynomial(B):
+            sol = sympy.solve(g.lhs - g.rhs, B)
+            if len(sol) == 1 and sol[0].is_integer:
+                excluded.add(int(sol[0]))
+                continue
+        if isinstance(g, sympy.core.relational.Relational) and g.free_symbols == {B}:
+            try:
+                s = sympy.solve_univariate_inequality(g, B, relational=False)
+            except (NotImplementedError, ValueError):
+                s = None
+            if isinstance(s, sympy.Interval):
+                if s.left.is_finite:
+                    lower = max(lower, int(sympy.ceiling(s.left + (1 if s.left_open else 0)
+                                                         if s.left.is_integer else s.left)))
+                if s.right.is_finite:
+                    r = int(sympy.floor(s.right - (1 if s.right_open else 0)
+                                        if s.right.is_integer else s.right))
+                    upper = r if upper is None else min(upper, r)
+                continue
+        other.append(g)
+    while lower in excluded:
+        lower += 1
+    out = [B >= lower]
+    if upper is not None:
+        out.append(B <= upper)
+    out += [sympy.Ne(B, k) for k in sorted(excluded) if k > lower and (upper is None or k <= upper)]
+    return tuple(out + other)
+
+
+def _with(s: StorageInfo, **kw) -> StorageInfo:
+    from dataclasses import replace
+
+    return replace(s, **kw)

@@ -1,0 +1,115 @@
+"""Storage-level allocation tracking, shared by the tracer and the CPU measurement.
+
+:class:`StorageTracker` is a ``TorchDispatchMode``: every aten op that runs while it is
+active is recorded, with the storages its outputs create. Each storage gets a
+``weakref.finalize`` callback, so the moment eager PyTorch drops the last reference to it
+(a Python variable going away, autograd releasing saved tensors) is recorded in order. The
+tracker never holds a strong reference to a tensor or a storage: holding one would change
+the very lifetimes it measures.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
+
+
+@dataclass
+class StorageEvent:
+    """A storage created (``kind="alloc"``) or freed (``"free"``) after op ``op_index``.
+
+    Frees seen before the first op carry ``op_index = -1``.
+    """
+
+    kind: str
+    sid: int
+    op_index: int
+
+
+@dataclass
+class TrackedStorage:
+    sid: int
+    nbytes: object  # int, or torch.SymInt while tracing
+    created_by: int  # op index, -1 for storages registered before the step
+    freed_after: int | None = None  # op index after which it was freed; None: alive at end
+
+
+class StorageTracker(TorchDispatchMode):
+    """Records ops and storage lifetimes in eager order. Subclasses add what they need."""
+
+    def __init__(self):
+        super().__init__()
+        self._sid_of = WeakIdKeyDictionary()
+        self._finalizers: dict[int, weakref.finalize] = {}
+        self.storages: list[TrackedStorage] = []
+        self.events: list[StorageEvent] = []
+        self.op_count = 0
+        self.recording = True
+
+    # storages -------------------------------------------------------------------------
+    def sid(self, t: torch.Tensor) -> int | None:
+        """The id of the storage behind ``t``, or None if it was never seen."""
+        return self._sid_of.get(t.untyped_storage())
+
+    def register(self, t: torch.Tensor, created_by: int = -1, nbytes=None) -> tuple[int, bool]:
+        """The storage id of ``t``, registering its storage if new. Returns (sid, new).
+
+        ``nbytes`` overrides the storage's own size (a kernel rule knows better).
+        """
+        st = t.untyped_storage()
+        sid = self._sid_of.get(st)
+        if sid is not None:
+            return sid, False
+        sid = len(self.storages)
+        self._sid_of[st] = sid
+        self.storages.append(TrackedStorage(sid, st.nbytes() if nbytes is None else nbytes,
+                                            created_by))
+        self._finalizers[sid] = weakref.finalize(st, self._on_free, sid)
+        if created_by >= 0:
+            self.events.append(StorageEvent("alloc", sid, created_by))
+        return sid, True
+
+    def _on_free(self, sid: int) -> None:
+        if self.recording:
+            self.storages[sid].freed_after = self.op_count - 1
+            self.events.append(StorageEvent("free", sid, self.op_count - 1))
+
+    def close(self) -> None:
+        """Stop listening: later frees are not part of the step."""
+        self.recording = False
+        for f in self._finalizers.values():
+            f.detach()
+        self._finalizers.clear()
+
+    # dispatch -------------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not self.recording:
+            return func(*args, **kwargs)
+        out = self.run_op(func, args, kwargs)
+        index = self.op_count
+        self.op_count += 1
+        outs, new = [], []
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                sid, is_new = self.register(t, index, self.output_nbytes(func, args, kwargs, t))
+                outs.append(sid)
+                if is_new:
+                    new.append(sid)
+        self.on_op(index, func, args, kwargs, out, outs, new)
+        return out
+
+    def run_op(self, func, args, kwargs):
+        return func(*args, **kwargs)
+
+    def output_nbytes(self, func, args, kwargs, t):
+        """Bytes of a new output storage when they differ from its nbytes(); None: no rule."""
+        return None
+
+    def on_op(self, index, func, args, kwargs, out, out_sids, new_sids) -> None:
+        """Hook for subclasses: op ``index`` ran and produced these storages."""
