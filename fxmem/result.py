@@ -97,6 +97,12 @@ class Report:
         return self.liveness.graph.trace
 
     @property
+    def unmodelled(self) -> tuple:
+        """``(op, module, what)`` for allocations fxmem cannot size (e.g. oneDNN's RNN
+        workspace): the peak leaves them out, and says so here."""
+        return self.trace.unmodelled
+
+    @property
     def peak(self) -> sympy.Expr:
         """Peak bytes of the step, a sympy expression in :data:`fxmem.B`."""
         return self.liveness.peak

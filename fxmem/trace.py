@@ -62,6 +62,19 @@ UNREDUCED_STORAGE_LOSSES = {
     aten.mse_loss.default: 2, aten.smooth_l1_loss.default: 2,
     aten.binary_cross_entropy.default: 3,
 }
+# Kernels that allocate a backend workspace whose size fxmem cannot know (oneDNN sizes it
+# internally, in page-aligned pieces): reported in ``Trace.unmodelled``, never hidden.
+# op -> (does this call allocate one?, what it is)
+UNSIZED_WORKSPACE_OPS = {
+    aten.mkldnn_rnn_layer.default: (
+        lambda args: bool(args[15]),  # train=True keeps a workspace for backward
+        "oneDNN RNN workspace (sized inside oneDNN; "
+        "disable with torch.backends.mkldnn.flags(enabled=False))"),
+}
+# Meta kernels that return one storage for outputs eager returns separately:
+# op -> (i, j) output positions.
+SPLIT_ALIASED_OUTPUTS = {aten.mkldnn_rnn_layer_backward.default: (3, 4)}
+
 # torch._VF entry points whose C++ composite kernels read concrete sizes: they run
 # PyTorch's registered decomposition (aten.<name>.input / .data) instead.
 RNN_FUNCTIONS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
@@ -87,24 +100,34 @@ def _eager_uses_mkldnn(input, hx, params) -> bool:
 
 def _mkldnn_lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirectional,
                  batch_first):
-    """Eager CPU's mkldnn LSTM, one ``mkldnn_rnn_layer`` per layer and direction, with the
-    ``train`` flag eager passes (PyTorch's decomposition only covers inference)."""
-    from torch._decomp.decompositions import _rnn_helper, gather_params
-
-    def layer(inp, hidden, p, has_biases, reverse=False):
-        w2, w3 = (p[2], p[3]) if has_biases else (torch.zeros(p[0].size()), torch.zeros(p[1].size()))
-        hx0, cx0 = hidden[0].unsqueeze(0).contiguous(), hidden[1].unsqueeze(0).contiguous()
-        y, hy, cy, *_ = aten.mkldnn_rnn_layer.default(
-            inp.contiguous(), p[0], p[1], w2, w3, hx0, cx0, reverse, [], 2, hx0.size(2), 1,
-            has_biases, False, False, torch.is_grad_enabled())
-        return y, (hy.squeeze(0), cy.squeeze(0))
-
-    params = gather_params(params, has_biases, False)
-    hidden = list(zip(hx[0], hx[1]))
-    out, final = _rnn_helper(input, hidden, params, has_biases, num_layers, dropout, train,
-                             bidirectional, batch_first, layer)
-    final = list(zip(*final))
-    return out, torch.stack(final[0], 0), torch.stack(final[1], 0)
+    """Eager CPU's LSTM through oneDNN, written as aten/src/ATen/native/mkldnn/RNN.cpp's
+    ``mkldnn_rnn`` is: same ops, same order, and the same locals alive until it returns
+    (PyTorch's decomposition covers inference only and frees the input earlier)."""
+    x = input.transpose(0, 1) if batch_first else input
+    x = x.contiguous()
+    h0, c0 = hx[0].contiguous(), hx[1].contiguous()
+    dirs = 2 if bidirectional else 1
+    stride = len(params) // (num_layers * dirs)
+    layer_input, hys, cys = x, [], []
+    for layer in range(num_layers):
+        outs = []
+        for d in range(dirs):
+            i = layer * dirs + d
+            w = params[i * stride:(i + 1) * stride]
+            b_ih = w[2] if has_biases else torch.zeros(w[0].size())
+            b_hh = w[3] if has_biases else torch.zeros(w[1].size())
+            y, hy, cy, *_ = aten.mkldnn_rnn_layer.default(
+                layer_input, w[0], w[1], b_ih, b_hh, h0[i], c0[i], d > 0, [], 2,
+                h0.size(2), num_layers, has_biases, bidirectional, batch_first,
+                train and torch.is_grad_enabled())  # eager keeps no workspace under no_grad
+            outs.append(y)
+            hys.append(hy)
+            cys.append(cy)
+        layer_input = outs[0] if dirs == 1 else torch.cat(outs, -1)
+        if dropout != 0 and train and layer < num_layers - 1:
+            layer_input = torch.dropout(layer_input, dropout, train=True)
+    out = layer_input.transpose(0, 1) if batch_first else layer_input
+    return out, torch.stack(hys, 0), torch.stack(cys, 0)
 
 
 class _RNNRouter(torch.overrides.TorchFunctionMode):
@@ -180,6 +203,7 @@ class Trace:
     train: bool
     device: str
     has_optimizer: bool
+    unmodelled: tuple = ()  # (op, module, what) allocations fxmem cannot size
 
 
 def _user_frame(frames) -> str | None:
@@ -211,6 +235,7 @@ class _Recorder(StorageTracker):
         self.names: dict[int, tuple[str, str]] = {}  # sid -> (category, name)
         self.ops: list[OpInfo] = []
         self.failed: tuple | None = None
+        self.unmodelled: dict = {}  # (op, module) -> what is not modelled
         self._n_repl = 0
 
     # where are we -----------------------------------------------------------------
@@ -238,7 +263,14 @@ class _Recorder(StorageTracker):
             if func in LAYOUT_ONLY_GUARD_OPS:
                 with self.shape_env.suppress_guards():
                     return func(*args, **kwargs)
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            rule = UNSIZED_WORKSPACE_OPS.get(func)
+            if rule is not None and rule[0](args):
+                self.unmodelled.setdefault((func, self.module()), rule[1])
+            pair = SPLIT_ALIASED_OUTPUTS.get(func)
+            if pair and out[pair[0]].untyped_storage() is out[pair[1]].untyped_storage():
+                out = (*out[:pair[1]], torch.empty_like(out[pair[1]]), *out[pair[1] + 1:])
+            return out
         except Exception as e:
             if self.failed is None:
                 self.failed = (str(func), self.module(), self.phase,
@@ -568,8 +600,9 @@ def _finish(rec: _Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
                         int(rng.upper) if rng is not None and isinstance(rng.upper, sympy.Integer)
                         and int(rng.upper) < B_RANGE_MAX else None)
     rec.graph.output(None)
+    unmodelled = tuple((str(f), m, why) for (f, m), why in rec.unmodelled.items())
     return Trace(rec.graph, tuple(rec.ops), tuple(storages), guards, hint, spec.train,
-                 spec.device, spec.optimizer is not None)
+                 spec.device, spec.optimizer is not None, unmodelled)
 
 
 def valid_when(guards, lower: int = 1, upper: int | None = None) -> tuple:

@@ -13,6 +13,7 @@ def fmt_bytes(n: int) -> str:
 
 def render_text(report, B: int | None = None) -> str:  # noqa: N803
     from ..result import PARTS
+    from ..symbols import B as SYM_B
 
     b = B or max(report.trace.batch_hint, report.min_batch_size)
     lines = [f"fxmem report ({'training' if report.trace.train else 'inference'} step, "
@@ -26,8 +27,10 @@ def render_text(report, B: int | None = None) -> str:  # noqa: N803
     for p in PARTS:
         e = report.parts[p]
         if e != 0:
-            lines.append(f"  {p:<16} {str(e):<24} {fmt_bytes(int(e.subs('B', b)))} at B={b}")
+            lines.append(f"  {p:<16} {str(e):<24} {fmt_bytes(int(e.subs(SYM_B, b)))} at B={b}")
     bd = report.breakdown(b)
     lines.append(f"peak at B={b}: {bd.peak_bytes:,} B ({fmt_bytes(bd.peak_bytes)}) after "
                  f"{bd.op} ({bd.phase}, {bd.module or '(root)'})")
+    for op, module, what in report.unmodelled:
+        lines.append(f"not modelled: {what}, in {op} ({module or '(root)'})")
     return "\n".join(lines)
