@@ -70,19 +70,31 @@ def _positive_after(p: Poly, x) -> bool:
     return False
 
 
+ROOT_WIDTH = F(1, 10**30)  # irrational crossings are located to within this
+
+
 def _real_roots_above(p: Poly, x) -> list:
-    """Sorted real roots of p strictly greater than x (exact)."""
+    """Sorted real roots of p strictly greater than x, as Fractions.
+
+    Lines give exact roots. For degree >= 2 each root is isolated (sympy, exact) in an
+    interval narrower than ROOT_WIDTH and represented by its right end; p has no other root
+    between the true root and that point, so signs just right of it are exact.
+    """
     if len(p) <= 1:
         return []
     if len(p) == 2:
         r = -p[0] / p[1]
         return [r] if r > x else []
-    import sympy  # degree >= 2 is rare (B appears once per tensor); exact isolation
+    import sympy  # degree >= 2 is rare (B appears once per tensor)
 
     s = sympy.Symbol("x")
     expr = sum(sympy.Rational(c.numerator, c.denominator) * s**i for i, c in enumerate(p))
-    roots = sorted(set(sympy.Poly(expr, s).real_roots()), key=lambda r: sympy.N(r, 50))
-    return [r for r in roots if r > x]
+    out = []
+    for (a, b), _mult in sympy.Poly(expr, s).intervals(eps=sympy.Rational(1, 10**30)):
+        b = F(int(b.p), int(b.q))
+        if b > x:
+            out.append(b)
+    return sorted(out)
 
 
 def first_positive_at_or_after(p: Poly, x):

@@ -53,6 +53,9 @@ LAYOUT_ONLY_GUARD_OPS = {
 # These C++ kernels specialize symbolic sizes; their decompositions keep B symbolic and make
 # the same allocations (one output).
 DECOMPOSE_OPS = {aten.constant_pad_nd.default}
+# Reading a tensor's value: in the model (forward, loss, backward) memory would depend on
+# data, so it is an error; the optimizer's reads of its step counters are harmless.
+DATA_DEPENDENT_OPS = {aten._local_scalar_dense.default, aten.item.default}
 # Metadata queries and profiler markers: they create nothing and are not recorded.
 SKIP_NAMESPACES = ("prim", "profiler")
 # Eager CPU kernels of these losses return the reduced loss as a view into the unreduced
@@ -257,6 +260,12 @@ class _Recorder(StorageTracker):
     # dispatch ---------------------------------------------------------------------
     def run_op(self, func, args, kwargs):
         try:
+            if func in DATA_DEPENDENT_OPS and self.phase in ("forward", "backward"):
+                raise TraceError(
+                    "the model reads a tensor's value (.item(), bool(), int() or a Python "
+                    "condition on a tensor), so memory would depend on data",
+                    op=str(func), module=self.module(), phase=self.phase,
+                    source=_user_frame(traceback.extract_stack()))
             if func in DECOMPOSE_OPS:
                 with self:
                     return _decomposition(func)(*args, **kwargs)
@@ -271,6 +280,8 @@ class _Recorder(StorageTracker):
             if pair and out[pair[0]].untyped_storage() is out[pair[1]].untyped_storage():
                 out = (*out[:pair[1]], torch.empty_like(out[pair[1]]), *out[pair[1] + 1:])
             return out
+        except TraceError:
+            raise
         except Exception as e:
             if self.failed is None:
                 self.failed = (str(func), self.module(), self.phase,
@@ -311,7 +322,7 @@ class _Recorder(StorageTracker):
             if isinstance(x, torch.Tensor):
                 in_sids.append(self.register(x)[0])
                 return self._node(x)
-            if isinstance(x, torch.SymInt):
+            if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
                 return x.node.expr.xreplace({self.sym: B})
             return x
 
@@ -363,11 +374,10 @@ class _Recorder(StorageTracker):
         rng = self.shape_env.var_to_range.get(self.sym)
         fixed = (val is not None and val.is_number) or (rng is not None and rng.lower == rng.upper)
         if fixed:
-            source = None
+            source = _user_frame(traceback.extract_stack())
             for g in self.shape_env.guards:
-                if self.sym in g.expr.free_symbols:
-                    source = _guard_source(g) or source
-            source = source or _user_frame(traceback.extract_stack())
+                if source is None and self.sym in g.expr.free_symbols:
+                    source = _guard_source(g)
             value = val if val is not None else rng.lower
             raise SpecializationError(
                 f"the batch size was specialized to {value}, so memory is not a formula in B "
@@ -383,12 +393,9 @@ class _Recorder(StorageTracker):
 
 
 def _guard_source(guard) -> str | None:
-    sloc = getattr(guard, "sloc", None)
-    user = getattr(sloc, "maybe_user_loc", None)
-    if user:
-        return str(user).strip()
-    text = str(sloc) if sloc is not None else ""
-    return text if text and "torch/" not in text and "fxmem" not in text else None
+    """The user's line a guard was created at, if the ShapeEnv recorded one."""
+    user = getattr(getattr(guard, "sloc", None), "maybe_user_loc", None)
+    return str(user).strip() or None if user else None
 
 
 def _fake_like(mode: FakeTensorMode, t: torch.Tensor, batch=None, param=False):

@@ -1,0 +1,36 @@
+"""Hugging Face models built from config classes (random weights, no downloads)."""
+
+import pytest
+import torch
+
+import fxmem
+
+transformers = pytest.importorskip("transformers")
+
+
+class LM(torch.nn.Module):
+    """GPT-2 with labels: the loss is Hugging Face's own causal-LM loss (.loss)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, labels):
+        return self.model(input_ids=ids, labels=labels)
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128,
+                                  n_positions=64, bos_token_id=0, eos_token_id=0)
+    return LM(transformers.GPT2LMHeadModel(cfg))
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_gpt2_matches_measure(gpt2, train):
+    ids = torch.randint(0, 128, (4, 16))
+    kw = dict(optimizer=torch.optim.AdamW) if train else dict(train=False)
+    r = fxmem.analyze(gpt2, (ids, ids), **kw, device="cpu")
+    assert r.valid_when == (fxmem.B >= 2,)  # the label padding stayed symbolic
+    for b in (2, 3, 7):
+        assert r.peak_bytes(b) == fxmem.measure(gpt2, (ids, ids), **kw, B=b).peak_bytes
