@@ -51,14 +51,17 @@ class Breakdown:
 
 @dataclass(frozen=True)
 class PeakRegime:
-    """From ``B_from`` on (until the next regime), the peak is right after this op."""
+    """From batch size ``B_from`` (an int) until the next regime, the peak is right after this
+    op. ``crossing``: the exact real B where this op's live bytes overtake the previous
+    regime's (a sympy number; ``B_from`` is the first valid integer at or after it)."""
 
-    B_from: object
+    B_from: int
     op_index: int
     op: str
     phase: str
     module: str
     expr: sympy.Expr
+    crossing: object = None
 
 
 def _top_module(storage) -> str:
@@ -116,10 +119,13 @@ class Report:
         """Where the peak is, by range of B: a tuple of :class:`PeakRegime`."""
         out = []
         for x, c in self.liveness.regimes:
+            first = max(self.min_batch_size, int(sympy.ceiling(sympy.Rational(x))))
+            while out and out[-1].B_from >= first:  # a regime holding for no integer B
+                out.pop()
             op = self.trace.ops[c.op_index] if c.op_index >= 0 else None
-            out.append(PeakRegime(x, c.op_index, op.op if op else "(start)",
+            out.append(PeakRegime(first, c.op_index, op.op if op else "(start)",
                                   op.phase if op else "start", op.module if op else "",
-                                  c.expr))
+                                  c.expr, sympy.Rational(x)))
         return tuple(out)
 
     def breakdown(self, B: int, top: int | None = None) -> Breakdown:  # noqa: N803

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import sympy
 import torch
 from torch import nn
 
@@ -57,6 +58,18 @@ def test_peak_matches_measure_and_moves_with_B(report):
     assert report.breakdown(64).phase == "backward"
     assert report.breakdown(64).op == "aten.threshold_backward.default"
     assert [r.phase for r in report.regimes] == ["optimizer", "backward"]
+
+
+def test_regimes_start_at_integer_batch_sizes(report):
+    first, second = report.regimes
+    assert first.B_from == report.min_batch_size == 2
+    # the switch is where the two live-byte lines cross, the first integer after it
+    assert sympy.simplify(first.expr.subs(fxmem.B, second.crossing)
+                          - second.expr.subs(fxmem.B, second.crossing)) == 0
+    assert second.B_from == sympy.ceiling(second.crossing)
+    for b in range(2, 12):
+        regime = first if b < second.B_from else second
+        assert report.breakdown(b).op_index == regime.op_index
 
 
 def test_breakdown_adds_up(report):

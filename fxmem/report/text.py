@@ -19,7 +19,7 @@ def render_text(report, B: int | None = None) -> str:  # noqa: N803
     lines = [f"fxmem report ({'training' if report.trace.train else 'inference'} step, "
              f"device={report.device})",
              f"peak bytes = {report.peak}",
-             "valid when: " + ", ".join(str(g) for g in report.valid_when)]
+             "valid when: " + (", ".join(str(g) for g in report.valid_when) or "B >= 1")]
     for r in report.regimes:
         lines.append(f"  from B={r.B_from}: peak after {r.op} ({r.phase}, "
                      f"{r.module or '(root)'})")

@@ -1,0 +1,124 @@
+"""How fast is fxmem? GPT-2 small, one training step, against PyTorch's own MemTracker.
+
+    python benchmarks/speed.py [--batch 8] [--seq 512] [--repeat 3]
+
+fxmem: the whole symbolic analysis (trace on fake tensors with symbolic B, storage graph,
+liveness, peak envelope) of transformers' default GPT2Config (124M parameters) built on the
+meta device, sequence length 512, Adam (foreach, as CUDA runs it), ``device="cuda"``.
+Peer: ``torch.distributed._tools.mem_tracker.MemTracker`` under ``FakeTensorMode`` for the
+single point (B, L): one step of the same model and optimizer (the peer cannot trace fake
+CUDA tensors on a CPU build, so its tensors are CPU fakes). Both run in this process, fxmem
+first; resident memory is the process's peak RSS after each part. Also reported: evaluating
+the formula at a new B and solving the largest B for a budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import resource
+import statistics
+import time
+
+import torch
+
+
+def rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+class LM(torch.nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.model = m
+
+    def forward(self, ids, labels):
+        return self.model(input_ids=ids, labels=labels)
+
+
+def gpt2_small():
+    import transformers
+
+    return LM(transformers.GPT2LMHeadModel(transformers.GPT2Config()))
+
+
+def run_fxmem(batch, seq, repeat):
+    import fxmem
+
+    with torch.device("meta"):
+        model = gpt2_small()
+    ids = torch.zeros((batch, seq), dtype=torch.long, device="meta")
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        report = fxmem.analyze(model, (ids, ids), optimizer=torch.optim.Adam, device="cuda")
+        times.append(time.perf_counter() - t0)
+    n = 10_000
+    t0 = time.perf_counter()
+    for b in range(1, n + 1):
+        report.peak_bytes(b)
+    eval_us = (time.perf_counter() - t0) / n * 1e6
+    t0 = time.perf_counter()
+    max_b = report.max_batch_size(80 * 2**30)
+    solve_ms = (time.perf_counter() - t0) * 1e3
+    return report, times, eval_us, max_b, solve_ms
+
+
+def run_peer(batch, seq, repeat):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    times, peak = [], None
+    for _ in range(repeat):
+        with FakeTensorMode():
+            model = gpt2_small()
+            opt = torch.optim.Adam(model.parameters(), foreach=True)
+            ids = torch.zeros((batch, seq), dtype=torch.long)
+            t0 = time.perf_counter()
+            mt = MemTracker()
+            mt.track_external(model, opt)
+            with mt:
+                model(ids, ids).loss.backward()
+                opt.step()
+                opt.zero_grad()
+            times.append(time.perf_counter() - t0)
+            peak = mt.get_tracker_snapshot("peak")
+    total = sum(d["Total"] for d in peak.values())
+    return times, total
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args(argv)
+    import transformers
+
+    print(f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+          f"Python {platform.python_version()}, torch {torch.__version__}, "
+          f"transformers {transformers.__version__}")
+    print(f"GPT-2 small (124M), sequence {args.seq}, Adam, B={args.batch}\n")
+
+    report, t_fx, eval_us, max_b, solve_ms = run_fxmem(args.batch, args.seq, args.repeat)
+    rss_fx = rss_mib()
+    t_peer, peer_peak = run_peer(args.batch, args.seq, args.repeat)
+    rss_all = rss_mib()
+
+    def fmt(ts):
+        return f"first {ts[0]:.2f} s, median {statistics.median(ts):.2f} s, best {min(ts):.2f} s"
+
+    print(f"fxmem analyze (symbolic in B):  {fmt(t_fx)}")
+    print(f"MemTracker one point (B={args.batch}):  {fmt(t_peer)}")
+    print(f"ratio fxmem / peer (median):    {statistics.median(t_fx) / statistics.median(t_peer):.2f}")
+    print(f"peak RSS after fxmem:           {rss_fx:.0f} MiB (process, incl. torch and transformers)")
+    print(f"peak RSS after the peer too:    {rss_all:.0f} MiB")
+    print(f"evaluate peak_bytes(B):         {eval_us:.1f} us per new B (mean of 10,000)")
+    print(f"solve max_batch_size(80 GiB):   {solve_ms:.2f} ms -> B = {max_b:,}")
+    print(f"\nfxmem peak formula: {report.peak} bytes")
+    print(f"fxmem peak at B={args.batch} (CUDA blocks): {report.peak_bytes(args.batch):,} bytes")
+    print(f"MemTracker peak at B={args.batch} (CPU fakes): {peer_peak:,} bytes")
+
+
+if __name__ == "__main__":
+    main()
