@@ -21,15 +21,16 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 import fxmem  # noqa: E402
+from models import gpt2_small  # noqa: E402
 from zoo import OPTIMIZERS, ZOO  # noqa: E402
 
 
-def rows_for(label, analyze_kw, measure_kw, batches):
+def rows_for(label, kw, batches):
     t0 = time.perf_counter()
-    report = fxmem.analyze(**analyze_kw, device="cpu")
+    report = fxmem.analyze(**kw, device="cpu")
     t_analyze = time.perf_counter() - t0
     for b in batches:
-        measured = fxmem.measure(**measure_kw, B=b).peak_bytes
+        measured = fxmem.measure(**kw, B=b).peak_bytes
         predicted = report.peak_bytes(b)
         note = "; ".join(f"not modelled: {what}" for _, _, what in report.unmodelled)
         yield (label, b, predicted, measured, (predicted - measured) / measured, t_analyze, note)
@@ -40,27 +41,17 @@ def zoo_rows(batches):
         model, x, y, loss = ZOO[name]()
         for opt in sorted(OPTIMIZERS):
             kw = dict(model=model, inputs=x, targets=y, loss=loss, optimizer=OPTIMIZERS[opt])
-            yield from rows_for(f"{name} / train / {opt}", kw, kw, batches)
+            yield from rows_for(f"{name} / train / {opt}", kw, batches)
         kw = dict(model=model, inputs=x, train=False)
-        yield from rows_for(f"{name} / inference", kw, kw, batches)
+        yield from rows_for(f"{name} / inference", kw, batches)
 
 
 def gpt2_small_rows():
-    import transformers
-
-    class LM(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.model = m
-
-        def forward(self, ids, labels):
-            return self.model(input_ids=ids, labels=labels)
-
     torch.manual_seed(0)
-    model = LM(transformers.GPT2LMHeadModel(transformers.GPT2Config()))
+    model = gpt2_small()
     ids = torch.randint(0, 50257, (2, 512))
     kw = dict(model=model, inputs=(ids, ids), optimizer=torch.optim.AdamW)
-    yield from rows_for("gpt2-small L=512 / train / adamw", kw, kw, (1, 2))
+    yield from rows_for("gpt2-small L=512 / train / adamw", kw, (1, 2))
 
 
 def main(argv=None):

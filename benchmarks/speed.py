@@ -22,24 +22,11 @@ import time
 
 import torch
 
+from models import gpt2_small
+
 
 def rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-
-
-class LM(torch.nn.Module):
-    def __init__(self, m):
-        super().__init__()
-        self.model = m
-
-    def forward(self, ids, labels):
-        return self.model(input_ids=ids, labels=labels)
-
-
-def gpt2_small():
-    import transformers
-
-    return LM(transformers.GPT2LMHeadModel(transformers.GPT2Config()))
 
 
 def run_fxmem(batch, seq, repeat):

@@ -22,6 +22,7 @@ import gc
 from dataclasses import dataclass
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from .errors import InputError
 from .step import PHASES, make_optimizer, make_spec, run_step
@@ -56,6 +57,11 @@ def batch_of(t: torch.Tensor, b: int, device) -> torch.Tensor:
     return t.index_select(0, idx).to(device).contiguous()
 
 
+def _tensors(obj) -> list:
+    """The tensors inside nested dicts, lists and tuples (e.g. optimizer state)."""
+    return [x for x in tree_leaves(obj) if isinstance(x, torch.Tensor)]
+
+
 class _Tracker(StorageTracker):
     def __init__(self):
         super().__init__()
@@ -65,17 +71,6 @@ class _Tracker(StorageTracker):
     def on_op(self, index, func, args, kwargs, out, out_sids, new_sids):
         if new_sids:
             self.deltas.append((index, self.phase))
-
-
-def _tensors_in(obj):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _tensors_in(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from _tensors_in(v)
 
 
 def measure(model, inputs, targets=(), loss=None, optimizer=None, train=True, *, B: int,
@@ -102,7 +97,7 @@ def measure(model, inputs, targets=(), loss=None, optimizer=None, train=True, *,
     gc.collect()
     tracker = _Tracker()
     state = opt.state if opt is not None else {}
-    for t in [*params, *model.buffers(), *_tensors_in(list(state.values())), *ins, *tgs]:
+    for t in [*params, *model.buffers(), *_tensors(state), *ins, *tgs]:
         tracker.register(t)
     baseline = sum(int(s.nbytes) for s in tracker.storages)
 

@@ -407,17 +407,6 @@ def _fake_like(mode: FakeTensorMode, t: torch.Tensor, batch=None, param=False):
     return f
 
 
-def _tensors_in(obj):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _tensors_in(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from _tensors_in(v)
-
-
 def trace(model: torch.nn.Module, inputs, targets=(), loss=None, optimizer=None, train=True,
           device="cuda", batch_hint: int | None = None) -> Trace:
     """Trace one steady-state step of ``model``; see the module docstring."""
