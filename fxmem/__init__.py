@@ -19,11 +19,12 @@ True
 """
 
 from .analyze import analyze
+from .checkpoint import apply_checkpoints
 from .errors import (FxmemError, InfeasibleBudgetError, InputError, SpecializationError,
                      TraceError)
 from .measure import Measurement, measure
 from .result import Breakdown, Report
 from .symbols import B
 
-__all__ = ["B", "analyze", "measure", "Report", "Breakdown", "Measurement", "FxmemError",
+__all__ = ["B", "analyze", "apply_checkpoints", "measure", "Report", "Breakdown", "Measurement", "FxmemError",
            "InputError", "TraceError", "SpecializationError", "InfeasibleBudgetError"]

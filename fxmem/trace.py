@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import sympy
 import torch
+from torch.nn.utils.stateless import _reparametrize_module
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 from torch.utils._pytree import tree_map
@@ -34,6 +35,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from .errors import FxmemError, InputError, SpecializationError, TraceError
 from .step import StepSpec, make_optimizer, make_spec, run_step
 from .symbols import B, Size
+from .checkpoint import checkpointing, normalize_plan, user_path
 from .tracking import StorageTracker
 
 aten = torch.ops.aten
@@ -176,6 +178,7 @@ class OpInfo:
     in_sids: tuple  # storages behind its tensor inputs
     written_sids: tuple  # storages it writes in place (schema alias annotations)
     autograd_node: str | None  # backward: the autograd node that ran it
+    recompute: bool = False  # backward: re-running a checkpointed forward
 
 
 @dataclass(frozen=True)
@@ -207,6 +210,7 @@ class Trace:
     device: str
     has_optimizer: bool
     unmodelled: tuple = ()  # (op, module, what) allocations fxmem cannot size
+    plan: tuple = ()  # module paths whose forward ran under activation checkpointing
 
 
 def _user_frame(frames) -> str | None:
@@ -240,9 +244,13 @@ class _Recorder(StorageTracker):
         self.failed: tuple | None = None
         self.unmodelled: dict = {}  # (op, module) -> what is not modelled
         self._n_repl = 0
+        self.plan: tuple = ()
+        self.recomputing = 0  # > 0 while a checkpointed forward re-runs in backward
 
     # where are we -----------------------------------------------------------------
     def module(self) -> str:
+        if self.phase == "backward" and self.recomputing:
+            return self.module_stack[-1]
         if self.phase == "backward":
             node = torch._C._current_autograd_node()
             if node is not None:
@@ -349,7 +357,8 @@ class _Recorder(StorageTracker):
             node.meta["val"] = tuple(vals)
         self.ops.append(OpInfo(index, str(func), self.phase, module, tuple(out_sids),
                                tuple(new_sids), tuple(dict.fromkeys(in_sids)),
-                               self._written(func, args, kwargs), grad_node))
+                               self._written(func, args, kwargs), grad_node,
+                               self.phase == "backward" and self.recomputing > 0))
         if len(self.shape_env.replacements) != self._n_repl:
             self._n_repl = len(self.shape_env.replacements)
             self.check_specialized(str(func), module)
@@ -408,9 +417,11 @@ def _fake_like(mode: FakeTensorMode, t: torch.Tensor, batch=None, param=False):
 
 
 def trace(model: torch.nn.Module, inputs, targets=(), loss=None, optimizer=None, train=True,
-          device="cuda", batch_hint: int | None = None) -> Trace:
-    """Trace one steady-state step of ``model``; see the module docstring."""
+          device="cuda", batch_hint: int | None = None, checkpoint=None) -> Trace:
+    """Trace one steady-state step of ``model``; see the module docstring. ``checkpoint``:
+    a plan (module paths) whose forwards run under ``torch.utils.checkpoint`` for real."""
     spec = make_spec(model, inputs, targets, loss, optimizer, train, device)
+    plan = normalize_plan(model, checkpoint)
     hint = batch_hint or (spec.batch_size if spec.batch_size >= 2 else 8)
     shape_env = ShapeEnv(specialize_zero_one=False, duck_shape=False)
     mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
@@ -425,7 +436,7 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=None, optimizer=None,
     rec = _Recorder(shape_env, sym)
     handles = []
     try:
-        return _run(model, spec, mode, rec, sym, batch, hint, handles)
+        return _run(model, spec, mode, rec, sym, batch, hint, handles, plan)
     except FxmemError:
         raise
     except Exception as e:  # noqa: BLE001 - turned into one clear TraceError
@@ -457,7 +468,8 @@ def _chained(e, inner) -> bool:
     return False
 
 
-def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles) -> Trace:
+def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles,
+         plan=()) -> Trace:
     # fake parameters and buffers, registered under their names
     named_p = list(model.named_parameters())
     named_b = [(n, b) for n, b in model.named_buffers() if b is not None]
@@ -466,9 +478,9 @@ def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles)
     fins = [_fake_like(mode, t, batch) for t in spec.inputs]
     ftgs = [_fake_like(mode, t, batch) for t in spec.targets]
     for n, p in fparams.items():
-        rec.register_named(p, "param", n)
+        rec.register_named(p, "param", user_path(n))
     for n, b in fbufs.items():
-        rec.register_named(b, "buffer", n)
+        rec.register_named(b, "buffer", user_path(n))
     for i, t in enumerate(fins):
         rec.register_named(t, "input", f"inputs[{i}]")
     for i, t in enumerate(ftgs):
@@ -476,7 +488,7 @@ def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles)
 
     # Global module hooks (removed in trace()'s finally): per-module hooks would be seen by
     # the model, e.g. nn.TransformerEncoderLayer turns its fused fast path off when it has any.
-    name_of = {id(m): n for n, m in model.named_modules()}
+    name_of = {id(m): user_path(n) for n, m in model.named_modules()}
 
     def enter(mod, args):
         name = name_of.get(id(mod))
@@ -497,7 +509,7 @@ def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles)
     params = list(fparams.values())
 
     def forward(*args):
-        return torch.func.functional_call(model, state, args)
+        return model(*args)
 
     with mode:
         opt = make_optimizer(spec.optimizer, params, spec.device) if spec.optimizer else None
@@ -535,7 +547,25 @@ def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles)
     # fast paths such as nn.TransformerEncoderLayer's fused inference kernel.
     has_rnn = any(isinstance(m, torch.nn.RNNBase) for m in model.modules())
     router = _RNNRouter() if has_rnn else contextlib.nullcontext()
-    with router, mode, rec, torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t):
+    # The fake parameters stay in place for the whole step, not just the forward: a
+    # checkpointed module's forward runs again during backward.
+    swap = _reparametrize_module(model, state, tie_weights=True)
+
+    def region(path, fn):  # what checkpoint runs, and re-runs in backward
+        def run(*args, **kwargs):
+            depth, again = len(rec.module_stack), rec.phase == "backward"
+            if again:
+                rec.module_stack.append(path)
+                rec.recomputing += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:  # early stop raises out of the region: drop its stack entries
+                del rec.module_stack[depth:]
+                rec.recomputing -= again
+        return run
+
+    hooks = torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t)
+    with checkpointing(model, plan, region) as rec.plan, swap, router, mode, rec, hooks:
         out = run_step(forward, spec_run, fins, ftgs, params, opt, on_phase)
     rec.close()
     rec.check_specialized()
@@ -598,7 +628,7 @@ def _finish(rec: _Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
     rec.graph.output(None)
     unmodelled = tuple((str(f), m, why) for (f, m), why in rec.unmodelled.items())
     return Trace(rec.graph, tuple(rec.ops), tuple(storages), guards, hint, spec.train,
-                 spec.device, spec.optimizer is not None, unmodelled)
+                 spec.device, spec.optimizer is not None, unmodelled, rec.plan)
 
 
 def valid_when(guards, lower: int = 1, upper: int | None = None) -> tuple:
