@@ -12,7 +12,7 @@ the candidates that are the maximum for some B >= 1 (proved with :mod:`fxmem.pol
 >>> lv = liveness(build_graph(trace(torch.nn.Linear(8, 2), torch.randn(4, 8),
 ...                                 loss=lambda o: o.sum(), device="cpu")))
 >>> lv.peak
-48*B + 76
+Max(32*B + 152, 40*B + 76)
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from .errors import FxmemError, InfeasibleBudgetError, InputError
+from .flops import FlopCount
 from .liveness import Liveness
 from .symbols import B
 
@@ -90,6 +91,17 @@ class Report:
     liveness: Liveness
     parts: dict = field(default_factory=dict)
     valid_when: tuple = ()
+    flop_count: FlopCount | None = None
+
+    @property
+    def plan(self) -> tuple:
+        """Module paths whose forward is checkpointed (recomputed in backward)."""
+        return self.trace.plan
+
+    @property
+    def recompute_flops(self) -> sympy.Expr:
+        """FLOPs spent re-running checkpointed forwards, a sympy expression in B."""
+        return self.flop_count.recompute
 
     @property
     def device(self) -> str:

@@ -354,6 +354,8 @@ class _Recorder(StorageTracker):
                     g.meta["val"] = self._desc(o, self.sid(o))
                     vals.append(g.meta["val"])
                     self._note_grad_fn(o, module)
+                else:
+                    vals.append(None)  # keep positions (e.g. a gradient not asked for)
             node.meta["val"] = tuple(vals)
         self.ops.append(OpInfo(index, str(func), self.phase, module, tuple(out_sids),
                                tuple(new_sids), tuple(dict.fromkeys(in_sids)),
