@@ -99,6 +99,14 @@ class Report:
         return self.trace.plan
 
     @property
+    def segments(self) -> tuple:
+        """Checkpoint candidates: every submodule as a :class:`fxmem.segments.Segment`, with
+        whether it is a valid segment and, if not, why."""
+        from .segments import segments
+
+        return segments(self.liveness.graph)
+
+    @property
     def recompute_flops(self) -> sympy.Expr:
         """FLOPs spent re-running checkpointed forwards, a sympy expression in B."""
         return self.flop_count.recompute

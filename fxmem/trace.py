@@ -182,6 +182,16 @@ class OpInfo:
 
 
 @dataclass(frozen=True)
+class ModuleCall:
+    """One forward call of a submodule: its ops are ``first_op..last_op`` (none if
+    ``last_op < first_op``)."""
+
+    path: str
+    first_op: int
+    last_op: int
+
+
+@dataclass(frozen=True)
 class StorageInfo:
     """One storage live at some point of the step; ``size`` in bytes (a :class:`Size`)."""
 
@@ -195,6 +205,7 @@ class StorageInfo:
     saved: bool  # saved for backward by autograd
     dtype: torch.dtype | None
     shape: tuple
+    saved_by: tuple = ()  # module paths whose forward saved it for backward
 
 
 @dataclass(frozen=True)
@@ -211,6 +222,7 @@ class Trace:
     has_optimizer: bool
     unmodelled: tuple = ()  # (op, module, what) allocations fxmem cannot size
     plan: tuple = ()  # module paths whose forward ran under activation checkpointing
+    calls: tuple = ()  # ModuleCall per forward call of a submodule
 
 
 def _user_frame(frames) -> str | None:
@@ -236,6 +248,7 @@ class _Recorder(StorageTracker):
         self.module_stack = [""]
         self.fn_module: dict[int, str] = {}
         self.saved: set[int] = set()
+        self.saved_by: dict[int, set] = {}  # sid -> module paths whose forward saved it
         self.graph = torch.fx.Graph()
         self._node_of = WeakTensorKeyDictionary()
         self._placeholders: dict[int, torch.fx.Node] = {}
@@ -245,6 +258,8 @@ class _Recorder(StorageTracker):
         self.unmodelled: dict = {}  # (op, module) -> what is not modelled
         self._n_repl = 0
         self.plan: tuple = ()
+        self.calls: list[ModuleCall] = []  # forward module calls, in the order they ended
+        self.call_starts: list[int] = []
         self.recomputing = 0  # > 0 while a checkpointed forward re-runs in backward
 
     # where are we -----------------------------------------------------------------
@@ -400,6 +415,8 @@ class _Recorder(StorageTracker):
         sid = self.sid(t)
         if sid is not None:
             self.saved.add(sid)
+            if self.phase == "forward":
+                self.saved_by.setdefault(sid, set()).add(self.module_stack[-1])
         return t
 
 
@@ -496,10 +513,14 @@ def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles,
         name = name_of.get(id(mod))
         if name is not None:
             rec.module_stack.append(name)  # returns None: inputs unchanged
+            rec.call_starts.append(rec.op_count)
 
     def leave(mod, args, out):
         if id(mod) in name_of and len(rec.module_stack) > 1:
-            rec.module_stack.pop()  # returns None: output unchanged
+            name = rec.module_stack.pop()  # returns None: output unchanged
+            start = rec.call_starts.pop() if rec.call_starts else rec.op_count
+            if rec.phase == "forward" and name:
+                rec.calls.append(ModuleCall(name, start, rec.op_count - 1))
 
     from torch.nn.modules.module import (register_module_forward_hook,
                                          register_module_forward_pre_hook)
@@ -519,6 +540,7 @@ def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles,
     def on_phase(name):
         if name == "forward":
             rec.module_stack[:] = [""]
+            rec.call_starts.clear()
         if name == "backward":
             rec.module_stack[:] = ["<loss>"]
         if name == "optimizer":
@@ -556,6 +578,7 @@ def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles,
     def region(path, fn):  # what checkpoint runs, and re-runs in backward
         def run(*args, **kwargs):
             depth, again = len(rec.module_stack), rec.phase == "backward"
+            cdepth = len(rec.call_starts)
             if again:
                 rec.module_stack.append(path)
                 rec.recomputing += 1
@@ -563,6 +586,7 @@ def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles,
                 return fn(*args, **kwargs)
             finally:  # early stop raises out of the region: drop its stack entries
                 del rec.module_stack[depth:]
+                del rec.call_starts[cdepth:]
                 rec.recomputing -= again
         return run
 
@@ -612,7 +636,8 @@ def _finish(rec: _Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
             cat = "activation" if (s.sid in rec.saved and created_in_forward) else "temporary"
         storages.append(StorageInfo(
             s.sid, size, cat, name, creator_module.get(s.sid, ""), s.created_by,
-            s.freed_after, s.sid in rec.saved, None, ()))
+            s.freed_after, s.sid in rec.saved, None, (),
+            tuple(sorted(rec.saved_by.get(s.sid, ())))))
     # dtype/shape of the first tensor seen on each storage, from the graph
     first = {}
     for node in rec.graph.nodes:
@@ -630,7 +655,8 @@ def _finish(rec: _Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
     rec.graph.output(None)
     unmodelled = tuple((str(f), m, why) for (f, m), why in rec.unmodelled.items())
     return Trace(rec.graph, tuple(rec.ops), tuple(storages), guards, hint, spec.train,
-                 spec.device, spec.optimizer is not None, unmodelled, rec.plan)
+                 spec.device, spec.optimizer is not None, unmodelled, rec.plan,
+                 tuple(sorted(rec.calls, key=lambda c: (c.first_op, -c.last_op))))
 
 
 def valid_when(guards, lower: int = 1, upper: int | None = None) -> tuple:
