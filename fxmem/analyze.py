@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from .flops import count_flops
 from .graph import build_graph
 from .liveness import liveness
 from .result import Report, parts_of
@@ -37,4 +36,4 @@ def analyze(model, inputs, targets=(), loss=None, optimizer=None, train=True,
     t = trace(model, inputs, targets, loss, optimizer, train, device, batch_hint=batch_hint,
               checkpoint=checkpoint)
     lv = liveness(build_graph(t))
-    return Report(lv, parts_of(lv), t.guards, count_flops(t))
+    return Report(lv, parts_of(lv), t.guards)

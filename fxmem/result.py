@@ -6,12 +6,13 @@ Every number is in bytes; formulas are sympy expressions in :data:`fxmem.B`.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import sympy
 
 from .errors import FxmemError, InfeasibleBudgetError, InputError
-from .flops import FlopCount
+from .flops import FlopCount, count_flops
 from .liveness import Liveness
 from .symbols import B
 
@@ -91,7 +92,11 @@ class Report:
     liveness: Liveness
     parts: dict = field(default_factory=dict)
     valid_when: tuple = ()
-    flop_count: FlopCount | None = None
+
+    @functools.cached_property
+    def flop_count(self) -> FlopCount:
+        """FLOPs of the step (:class:`fxmem.flops.FlopCount`), counted on first use."""
+        return count_flops(self.trace)
 
     @property
     def plan(self) -> tuple:
