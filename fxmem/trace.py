@@ -26,16 +26,16 @@ from dataclasses import dataclass, field
 
 import sympy
 import torch
-from torch.nn.utils.stateless import _reparametrize_module
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._pytree import tree_map
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from .checkpoint import checkpointing, normalize_plan, user_path
 from .errors import FxmemError, InputError, SpecializationError, TraceError
 from .step import StepSpec, make_optimizer, make_spec, run_step
 from .symbols import B, Size
-from .checkpoint import checkpointing, normalize_plan, user_path
 from .tracking import StorageTracker
 
 aten = torch.ops.aten
