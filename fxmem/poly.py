@@ -11,6 +11,7 @@ size, and :func:`le_on` to prove that a candidate never exceeds a set of others.
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction as F
 from typing import Sequence
 
@@ -76,7 +77,8 @@ ROOT_WIDTH = F(1, 10**30)  # irrational crossings are located to within this
 def _real_roots_above(p: Poly, x) -> list:
     """Sorted real roots of p strictly greater than x, as Fractions.
 
-    Lines give exact roots. For degree >= 2 each root is isolated (sympy, exact) in an
+    Lines give exact roots; quadratics exact or via integer square roots. For degree >= 3
+    each root is isolated (sympy, exact) in an
     interval narrower than ROOT_WIDTH and represented by its right end; p has no other root
     between the true root and that point, so signs just right of it are exact.
     """
@@ -85,7 +87,9 @@ def _real_roots_above(p: Poly, x) -> list:
     if len(p) == 2:
         r = -p[0] / p[1]
         return [r] if r > x else []
-    import sympy  # degree >= 2 is rare (B appears once per tensor)
+    if len(p) == 3:
+        return [r for r in _quadratic_roots(p) if r > x]
+    import sympy  # degree >= 3 is rare (B appears once per tensor)
 
     s = sympy.Symbol("x")
     expr = sum(sympy.Rational(c.numerator, c.denominator) * s**i for i, c in enumerate(p))
@@ -95,6 +99,31 @@ def _real_roots_above(p: Poly, x) -> list:
         if b > x:
             out.append(b)
     return sorted(out)
+
+
+def _quadratic_roots(p: Poly) -> list:
+    """Real roots of c0 + c1 x + c2 x^2: exact when rational, else the rational just above
+    the root on a grid of ROOT_WIDTH (integer square roots, no iteration)."""
+    c0, c1, c2 = p
+    if c2 == 0:
+        return [-c0 / c1] if c1 != 0 else []
+    disc = c1 * c1 - 4 * c2 * c0
+    if disc < 0:
+        return []
+    n, d = disc.numerator, disc.denominator
+    r = math.isqrt(n * d)
+    if r * r == n * d:  # rational square root: exact roots
+        sq = F(r, d)
+        return sorted({(-c1 - sq) / (2 * c2), (-c1 + sq) / (2 * c2)})
+    scale = ROOT_WIDTH.denominator
+    lo = F(math.isqrt(n * d * scale * scale), d * scale)  # sqrt(disc) in [lo, lo + 1/(d scale)]
+    hi = lo + F(1, d * scale)
+    # the root's right neighbour on the grid: (-c1 +- sqrt) / (2 c2) is monotone in sqrt
+    roots = []
+    for sign in (-1, 1):
+        ends = ((-c1 + sign * lo) / (2 * c2), (-c1 + sign * hi) / (2 * c2))
+        roots.append(max(ends))
+    return sorted(roots)
 
 
 def first_positive_at_or_after(p: Poly, x):
