@@ -21,8 +21,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 import fxmem  # noqa: E402
-from models import gpt2_small  # noqa: E402
-from zoo import OPTIMIZERS, ZOO  # noqa: E402
+from zoo import OPTIMIZERS, ZOO, gpt2  # noqa: E402
 
 
 def rows_for(label, kw, batches):
@@ -48,7 +47,7 @@ def zoo_rows(batches):
 
 def gpt2_small_rows():
     torch.manual_seed(0)
-    model = gpt2_small()
+    model = gpt2()
     ids = torch.randint(0, 50257, (2, 512))
     kw = dict(model=model, inputs=(ids, ids), optimizer=torch.optim.AdamW)
     yield from rows_for("gpt2-small L=512 / train / adamw", kw, (1, 2))

@@ -15,14 +15,17 @@ the formula at a new B and solving the largest B for a budget.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import resource
 import statistics
+import sys
 import time
 
 import torch
 
-from models import gpt2_small
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from zoo import gpt2  # noqa: E402
 
 
 def rss_mib() -> float:
@@ -33,7 +36,7 @@ def run_fxmem(batch, seq, repeat):
     import fxmem
 
     with torch.device("meta"):
-        model = gpt2_small()
+        model = gpt2()
     ids = torch.zeros((batch, seq), dtype=torch.long, device="meta")
     times = []
     for _ in range(repeat):
@@ -58,7 +61,7 @@ def run_peer(batch, seq, repeat):
     times, peak = [], None
     for _ in range(repeat):
         with FakeTensorMode():
-            model = gpt2_small()
+            model = gpt2()
             opt = torch.optim.Adam(model.parameters(), foreach=True)
             ids = torch.zeros((batch, seq), dtype=torch.long)
             t0 = time.perf_counter()

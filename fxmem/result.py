@@ -103,7 +103,7 @@ class Report:
         """Module paths whose forward is checkpointed (recomputed in backward)."""
         return self.trace.plan
 
-    @property
+    @functools.cached_property
     def segments(self) -> tuple:
         """Checkpoint candidates: every submodule as a :class:`fxmem.segments.Segment`, with
         whether it is a valid segment and, if not, why."""

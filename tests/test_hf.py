@@ -4,26 +4,15 @@ import pytest
 import torch
 
 import fxmem
+from zoo import gpt2 as zoo_gpt2
 
 transformers = pytest.importorskip("transformers")
 
 
-class LM(torch.nn.Module):
-    """GPT-2 with labels: the loss is Hugging Face's own causal-LM loss (.loss)."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids, labels):
-        return self.model(input_ids=ids, labels=labels)
-
-
 @pytest.fixture(scope="module")
 def gpt2():
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128,
-                                  n_positions=64, bos_token_id=0, eos_token_id=0)
-    return LM(transformers.GPT2LMHeadModel(cfg))
+    return zoo_gpt2(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64,
+                    bos_token_id=0, eos_token_id=0)
 
 
 @pytest.mark.parametrize("train", [True, False])

@@ -156,6 +156,24 @@ def _seg(out, y):
 
 
 # name -> builder() -> (model, inputs, targets, loss); batch of the examples is 4
+class LM(nn.Module):
+    """A Hugging Face causal LM called with labels: the loss is its own (``.loss``)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, labels):
+        return self.model(input_ids=ids, labels=labels)
+
+
+def gpt2(**config):
+    """GPT-2 with random weights from transformers' GPT2Config (default: 124M parameters)."""
+    import transformers
+
+    return LM(transformers.GPT2LMHeadModel(transformers.GPT2Config(**config)))
+
+
 ZOO = {
     "mlp": lambda: (MLP(), (torch.randn(4, 32),), (torch.randint(0, 10, (4,)),), _ce),
     "seed_cnn": lambda: (SeedCNN(), (torch.randn(4, 3, 12, 12),), (torch.randint(0, 10, (4,)),), _ce),
