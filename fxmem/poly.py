@@ -53,13 +53,16 @@ def derivative(p: Poly) -> Poly:
     return norm([c * i for i, c in enumerate(p)][1:])
 
 
-def _key(p: Poly, x) -> tuple:
-    """(p(x), p'(x), p''(x), ...): ordering this tuple orders polys just right of x."""
+def _key(p: Poly, x, length: int = 0) -> tuple:
+    """(p(x), p'(x), p''(x), ...), zero-padded to ``length`` entries: ordering these tuples
+    orders polys just right of x. Compare keys of one common length only: an unpadded
+    line's key is a prefix of a tangent parabola's and would rank below it even when the
+    parabola bends down."""
     out = []
     while True:
         out.append(evaluate(p, x))
         if len(p) == 1:
-            return tuple(out)
+            return tuple(out) + (0,) * (length - len(out))
         p = derivative(p)
 
 
@@ -145,8 +148,10 @@ def upper_envelope(polys: Sequence[Poly], start=1) -> list:
         raise ValueError("upper_envelope of no polynomials")
     x = F(start)
 
+    degree = max(len(p) for p in polys)
+
     def best_at(pt):
-        return max(range(len(polys)), key=lambda i: (_key(polys[i], pt), -i))
+        return max(range(len(polys)), key=lambda i: (_key(polys[i], pt, degree), -i))
 
     cur = best_at(x)
     pieces = [(x, cur)]

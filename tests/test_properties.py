@@ -93,3 +93,12 @@ def test_le_on_agrees_with_sampling(cs, q):
         assert any(x >= 1 and P.evaluate(q, x) > max(P.evaluate(p, x) for p in ps) for x in xs
                    ) or any(P.evaluate(q, F(x, 8)) > max(P.evaluate(p, F(x, 8)) for p in ps)
                             for x in range(8, 800))
+
+
+def test_envelope_of_a_line_tangent_to_a_parabola_terminates():
+    # 4x touches -x^2 + 8x - 4 at x = 2 (both 8, slope 4); the parabola bends below after it.
+    # Unpadded derivative keys ranked the parabola first there, and the search never moved on.
+    line, parabola = (F(0), F(4)), (F(-4), F(8), F(-1))
+    assert P.upper_envelope([parabola, line], start=2) == [(F(2), 1)]
+    assert P.le_on(parabola, [line], start=2)
+    assert not P.le_on(line, [parabola], start=1)
