@@ -48,12 +48,17 @@ def normalize_plan(model: torch.nn.Module, plan: Iterable[str] | None) -> tuple[
     a path inside another path of the plan (nested checkpoints are not plans: checkpoint the
     outer module, or the inner ones).
     """
+    return check_plan({user_path(m) for m in _named_modules(model)}, plan)
+
+
+def check_plan(paths, plan: Iterable[str] | None) -> tuple[str, ...]:
+    """``plan`` as a sorted tuple, checked against the module paths ``paths`` (see
+    :func:`normalize_plan`)."""
     if plan is None:
         return ()
     if isinstance(plan, str):
         raise InputError(f"a checkpoint plan is a collection of module paths, got the string "
                          f"{plan!r} (write [{plan!r}])")
-    paths = {user_path(m): m for m in _named_modules(model)}
     out = []
     for p in plan:
         if not isinstance(p, str) or not p:

@@ -88,20 +88,32 @@ def _node_flops(node) -> tuple[sympy.Expr | None, bool]:
     return None, False
 
 
-def count_flops(trace: Trace) -> FlopCount:
-    """Count the FLOPs of every op of ``trace`` (see the module docstring)."""
+def op_flops(trace: Trace) -> dict:
+    """FLOPs of each traced op with a formula: ``{op index in trace.graph: (expr, from
+    PyTorch's registry)}``; ops missing from it have no formula."""
+    out = {}
+    for node in trace.graph.nodes:
+        if node.op == "call_function" and "index" in node.meta:
+            f, registered = _node_flops(node)
+            if f is not None:
+                out[node.meta["index"]] = (f, registered)
+    return out
+
+
+def count_flops(trace: Trace, per_op: dict | None = None) -> FlopCount:
+    """Count the FLOPs of every op of ``trace`` (see the module docstring). An op derived
+    from another (``op.source``, e.g. a recomputation) costs what that op costs."""
+    per_op = op_flops(trace) if per_op is None else per_op
     by_phase: dict = {}
     recompute = from_pytorch = sympy.Integer(0)
     uncounted: Counter = Counter()
-    for node in trace.graph.nodes:
-        if node.op != "call_function" or "index" not in node.meta:
-            continue
-        op = trace.ops[node.meta["index"]]
-        f, registered = _node_flops(node)
-        if f is None:
+    for op in trace.ops:
+        got = per_op.get(op.index if op.source is None else op.source)
+        if got is None:
             if op.new_sids or op.written_sids:
                 uncounted[op.op] += 1
             continue
+        f, registered = got
         by_phase[op.phase] = by_phase.get(op.phase, sympy.Integer(0)) + f
         if op.recompute:
             recompute += f

@@ -111,6 +111,27 @@ class Report:
 
         return segments(self.liveness.graph)
 
+    def with_plan(self, plan) -> "Report":
+        """This step under checkpoint ``plan`` (module paths), derived from this report's
+        trace without tracing again (:mod:`fxmem.plans`). The report must have no plan.
+
+        >>> import torch, fxmem
+        >>> block = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.GELU(),
+        ...                             torch.nn.Linear(64, 8))
+        >>> m = torch.nn.Sequential(block, torch.nn.Linear(8, 2))
+        >>> r = fxmem.analyze(m, torch.randn(4, 8), loss=lambda o: o.sum(), device="cpu")
+        >>> r.with_plan(["0"]).peak_bytes(256) < r.peak_bytes(256)
+        True
+        """
+        from .checkpoint import check_plan
+        from .graph import build_graph
+        from .liveness import liveness
+        from .plans import derive
+
+        plan = check_plan({c.path for c in self.trace.calls}, plan)
+        lv = liveness(build_graph(derive(self.trace, plan)), self.device)
+        return Report(lv, parts_of(lv), self.valid_when)
+
     @property
     def recompute_flops(self) -> sympy.Expr:
         """FLOPs spent re-running checkpointed forwards, a sympy expression in B."""

@@ -34,6 +34,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from .checkpoint import checkpointing, normalize_plan, user_path
 from .errors import FxmemError, InputError, SpecializationError, TraceError
+from .saved import SavedTensors
 from .step import StepSpec, make_optimizer, make_spec, run_step
 from .symbols import B, Size
 from .tracking import StorageTracker
@@ -179,6 +180,7 @@ class OpInfo:
     written_sids: tuple  # storages it writes in place (schema alias annotations)
     autograd_node: str | None  # backward: the autograd node that ran it
     recompute: bool = False  # backward: re-running a checkpointed forward
+    source: int | None = None  # the traced op this one repeats (plans derived from a trace)
 
 
 @dataclass(frozen=True)
@@ -206,6 +208,8 @@ class StorageInfo:
     dtype: torch.dtype | None
     shape: tuple
     saved_by: tuple = ()  # module paths whose forward saved it for backward
+    unref_after: int | None = None  # op index after which no Python reference held it
+    # (autograd's saved copies aside: ``freed_after`` is the later of the two)
 
 
 @dataclass(frozen=True)
@@ -223,6 +227,7 @@ class Trace:
     unmodelled: tuple = ()  # (op, module, what) allocations fxmem cannot size
     plan: tuple = ()  # module paths whose forward ran under activation checkpointing
     calls: tuple = ()  # ModuleCall per forward call of a submodule
+    packs: tuple = ()  # fxmem.saved.Pack per tensor saved for backward in the forward
 
 
 def _user_frame(frames) -> str | None:
@@ -261,6 +266,8 @@ class _Recorder(StorageTracker):
         self.calls: list[ModuleCall] = []  # forward module calls, in the order they ended
         self.call_starts: list[int] = []
         self.recomputing = 0  # > 0 while a checkpointed forward re-runs in backward
+        self.saved_tensors = SavedTensors(self, lambda: (self.phase, self.module_stack[-1]),
+                                          self._node_of)
 
     # where are we -----------------------------------------------------------------
     def module(self) -> str:
@@ -417,7 +424,11 @@ class _Recorder(StorageTracker):
             self.saved.add(sid)
             if self.phase == "forward":
                 self.saved_by.setdefault(sid, set()).add(self.module_stack[-1])
-        return t
+        return self.saved_tensors.pack(t)
+
+    def close(self) -> None:
+        super().close()
+        self.saved_tensors.close()
 
 
 def _guard_source(guard) -> str | None:
@@ -590,7 +601,7 @@ def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles,
                 rec.recomputing -= again
         return run
 
-    hooks = torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t)
+    hooks = torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.saved_tensors.unpack)
     with checkpointing(model, plan, region) as rec.plan, swap, router, mode, rec, hooks:
         out = run_step(forward, spec_run, fins, ftgs, params, opt, on_phase)
     rec.close()
@@ -627,6 +638,7 @@ def _finish(rec: _Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
     phase_of_op = [op.phase for op in rec.ops]
     storages = []
     sizes: dict = {}
+    released = rec.saved_tensors.release_times()
     for s in rec.storages:
         expr = to_expr(s.nbytes)
         size = sizes.get(expr) or sizes.setdefault(expr, Size.of(expr))
@@ -634,10 +646,14 @@ def _finish(rec: _Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
         if cat is None:
             created_in_forward = s.created_by >= 0 and phase_of_op[s.created_by] == "forward"
             cat = "activation" if (s.sid in rec.saved and created_in_forward) else "temporary"
+        freed = s.freed_after  # while autograd holds no copy of it: its unref time
+        if s.created_by >= 0 and s.sid in released:
+            r = released[s.sid]
+            freed = None if freed is None or r is None else max(freed, r)
         storages.append(StorageInfo(
             s.sid, size, cat, name, creator_module.get(s.sid, ""), s.created_by,
-            s.freed_after, s.sid in rec.saved, None, (),
-            tuple(sorted(rec.saved_by.get(s.sid, ())))))
+            freed, s.sid in rec.saved, None, (),
+            tuple(sorted(rec.saved_by.get(s.sid, ()))), s.freed_after))
     # dtype/shape of the first tensor seen on each storage, from the graph
     first = {}
     for node in rec.graph.nodes:
@@ -656,7 +672,8 @@ def _finish(rec: _Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
     unmodelled = tuple((str(f), m, why) for (f, m), why in rec.unmodelled.items())
     return Trace(rec.graph, tuple(rec.ops), tuple(storages), guards, hint, spec.train,
                  spec.device, spec.optimizer is not None, unmodelled, rec.plan,
-                 tuple(sorted(rec.calls, key=lambda c: (c.first_op, -c.last_op))))
+                 tuple(sorted(rec.calls, key=lambda c: (c.first_op, -c.last_op))),
+                 rec.saved_tensors.packs)
 
 
 def valid_when(guards, lower: int = 1, upper: int | None = None) -> tuple:

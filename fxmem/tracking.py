@@ -74,6 +74,10 @@ class StorageTracker(TorchDispatchMode):
             self.events.append(StorageEvent("alloc", sid, created_by))
         return sid, True
 
+    def alias(self, t: torch.Tensor, sid: int) -> None:
+        """Count ``t``'s storage as storage ``sid`` (a stand-in for it: no free is recorded)."""
+        self._sid_of[t.untyped_storage()] = sid
+
     def _on_free(self, sid: int) -> None:
         if self.recording:
             self.storages[sid].freed_after = self.op_count - 1
