@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
+from .checkpoint import normalize_plan
 from .graph import build_graph
 from .liveness import liveness
+from .plans import derive
 from .result import Report, parts_of
 from .trace import trace
 
 
 def analyze(model, inputs, targets=(), loss=None, optimizer=None, train=True,
-            device="cuda", *, checkpoint=None, batch_hint: int | None = None) -> Report:
+            device="cuda", *, checkpoint=None, retrace: bool = False,
+            batch_hint: int | None = None) -> Report:
     """Analyse one step of ``model`` and return its memory as formulas in :data:`fxmem.B`.
 
     ``inputs``: a tensor or tuple of tensors, dim 0 of each is B (only shapes and dtypes are
@@ -20,8 +25,11 @@ def analyze(model, inputs, targets=(), loss=None, optimizer=None, train=True,
     allocator blocks (512-byte rounding) and CUDA's optimizer defaults; ``"cpu"``: live bytes.
     ``checkpoint``: a plan, module paths whose forward is recomputed in backward
     (``torch.utils.checkpoint``, non-reentrant); modules already wrapped with
-    ``checkpoint_wrapper`` count too. ``batch_hint``: the value of B used where the trace
-    must decide something (default: the inputs' dim 0, or 8).
+    ``checkpoint_wrapper`` count too. The plan's schedule is derived from one trace of the
+    step without it (:meth:`Report.with_plan`); it is traced with ``torch.utils.checkpoint``
+    really running when ``retrace=True``, when a module of the plan runs more than once
+    per step, or when the model already has checkpointed modules. ``batch_hint``: the value
+    of B used where the trace must decide something (default: the inputs' dim 0, or 8).
 
     >>> import torch, fxmem
     >>> m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
@@ -33,7 +41,14 @@ def analyze(model, inputs, targets=(), loss=None, optimizer=None, train=True,
     >>> r.peak_bytes(B=64) > r.peak_bytes(B=8)
     True
     """
+    plan = normalize_plan(model, checkpoint)
     t = trace(model, inputs, targets, loss, optimizer, train, device, batch_hint=batch_hint,
-              checkpoint=checkpoint)
+              checkpoint=None if plan and not retrace else plan)
+    if plan and not retrace:
+        runs = Counter(c.path for c in t.calls)
+        if t.plan or any(runs[p] > 1 for p in plan):
+            return analyze(model, inputs, targets, loss, optimizer, train, device,
+                           checkpoint=plan, retrace=True, batch_hint=batch_hint)
+        t = derive(t, plan)
     lv = liveness(build_graph(t))
     return Report(lv, parts_of(lv), t.guards)

