@@ -18,13 +18,15 @@ The pipeline, one stage per module, each taking the previous stage's result:
 True
 """
 
-from .analyze import analyze
+from .analyze import analyze, plan_checkpoints
 from .checkpoint import apply_checkpoints
+from .choose import FrontierPoint, PlanChoice
 from .errors import (FxmemError, InfeasibleBudgetError, InputError, SpecializationError,
                      TraceError)
 from .measure import Measurement, measure
 from .result import Breakdown, Report
 from .symbols import B
 
-__all__ = ["B", "analyze", "apply_checkpoints", "measure", "Report", "Breakdown", "Measurement", "FxmemError",
+__all__ = ["B", "analyze", "apply_checkpoints", "plan_checkpoints", "measure", "PlanChoice",
+           "FrontierPoint", "Report", "Breakdown", "Measurement", "FxmemError",
            "InputError", "TraceError", "SpecializationError", "InfeasibleBudgetError"]

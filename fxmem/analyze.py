@@ -52,3 +52,26 @@ def analyze(model, inputs, targets=(), loss=None, optimizer=None, train=True,
         t = derive(t, plan)
     lv = liveness(build_graph(t))
     return Report(lv, parts_of(lv), t.guards)
+
+
+def plan_checkpoints(model, inputs, targets=(), loss=None, optimizer=None, train=True,
+                     device="cuda", *, budget_bytes: int, B: int, candidates=None,  # noqa: N803
+                     batch_hint: int | None = None):
+    """The checkpoint plan with the least recompute FLOPs whose peak at batch size ``B``
+    fits ``budget_bytes``, with its report: a :class:`fxmem.PlanChoice`. Arguments as for
+    :func:`analyze`; ``candidates``: module paths to choose from (default: the blocks of
+    the model's stacks, :func:`fxmem.choose.default_candidates`). Apply the plan with
+    :func:`fxmem.apply_checkpoints`. Raises :class:`fxmem.InfeasibleBudgetError` stating the
+    smallest reachable peak when no plan fits.
+
+    >>> import torch, fxmem
+    >>> m = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(),
+    ...                                               torch.nn.Linear(64, 16)) for _ in range(3)])
+    >>> c = fxmem.plan_checkpoints(m, torch.randn(4, 16), loss=lambda o: o.sum(),
+    ...                            device="cpu", budget_bytes=350_000, B=256)
+    >>> c.plan, c.peak_bytes <= 350_000, c.recompute_flops > 0
+    (('0',), True, True)
+    """
+    report = analyze(model, inputs, targets, loss, optimizer, train, device,
+                     batch_hint=batch_hint)
+    return report.plan_for(budget_bytes, B, candidates)

@@ -48,6 +48,10 @@ def normalize_plan(model: torch.nn.Module, plan: Iterable[str] | None) -> tuple[
     a path inside another path of the plan (nested checkpoints are not plans: checkpoint the
     outer module, or the inner ones).
     """
+    if plan is None:
+        return ()
+    if not isinstance(model, torch.nn.Module):
+        raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     return check_plan({user_path(m) for m in _named_modules(model)}, plan)
 
 

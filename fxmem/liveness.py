@@ -92,23 +92,27 @@ class Liveness:
 
     def timeline(self, b: int) -> list[int]:
         """Live bytes right after each op's allocations, at batch size b."""
-        n = len(self.graph.ops)
-        delta = [0] * (n + 1)
-        base = 0
-        for s, size in zip(self.graph.storages, self.sizes):
-            v = size(b)
-            if s.created_by < 0:
-                base += v
-            else:
-                delta[s.created_by] += v
-            if s.freed_after is not None and s.freed_after + 1 <= n:
-                delta[max(s.freed_after + 1, 0)] -= v
-        out, live = [], base + (delta[0] if False else 0)
-        live = base
-        for i in range(n):
-            live += delta[i]
-            out.append(live)
-        return out
+        return timeline(self.graph.storages, self.sizes, len(self.graph.ops), b)
+
+
+def timeline(storages, sizes, n_ops: int, b: int) -> list[int]:
+    """Live bytes right after each of ``n_ops`` ops' allocations at batch size b, for
+    ``storages`` of device sizes ``sizes`` (storages freed "after op -1" never count)."""
+    delta = [0] * (n_ops + 1)
+    live = 0
+    for s, size in zip(storages, sizes):
+        v = size(b)
+        if s.created_by < 0:
+            live += v
+        else:
+            delta[s.created_by] += v
+        if s.freed_after is not None and s.freed_after + 1 <= n_ops:
+            delta[max(s.freed_after + 1, 0)] -= v
+    out = []
+    for i in range(n_ops):
+        live += delta[i]
+        out.append(live)
+    return out
 
 
 def _events(graph: StorageGraph):

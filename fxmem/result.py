@@ -132,6 +132,32 @@ class Report:
         lv = liveness(build_graph(derive(self.trace, plan)), self.device)
         return Report(lv, parts_of(lv), self.valid_when)
 
+    def plan_for(self, budget_bytes: int, B: int, candidates=None):  # noqa: N803
+        """The checkpoint plan with the least recompute FLOPs whose peak at batch size ``B``
+        fits ``budget_bytes``, as a :class:`fxmem.PlanChoice` (see :mod:`fxmem.choose`).
+        Raises :class:`fxmem.InfeasibleBudgetError` (with the smallest reachable peak) when
+        no plan fits."""
+        if not isinstance(budget_bytes, int) or isinstance(budget_bytes, bool):
+            raise InputError(f"budget_bytes must be an int, got {budget_bytes!r}")
+        return self._chooser(candidates).choose(budget_bytes, _check_b(B))
+
+    def frontier(self, B: int, candidates=None) -> tuple:  # noqa: N803
+        """Pareto-optimal checkpoint plans at batch size ``B``: a tuple of
+        :class:`fxmem.FrontierPoint` (peak bytes, recompute FLOPs, plan), from no plan
+        (largest peak, no recompute) to the smallest peak; at most 256 points from the
+        cheap end, then a sample down to the smallest peak (:meth:`Chooser.frontier
+        <fxmem.choose.Chooser.frontier>`)."""
+        return self._chooser(candidates).frontier(_check_b(B))
+
+    def _chooser(self, candidates=None):
+        from .choose import Chooser
+
+        if candidates is not None:
+            return Chooser(self, candidates)
+        if "_default_chooser" not in self.__dict__:
+            object.__setattr__(self, "_default_chooser", Chooser(self))
+        return self.__dict__["_default_chooser"]
+
     @property
     def recompute_flops(self) -> sympy.Expr:
         """FLOPs spent re-running checkpointed forwards, a sympy expression in B."""
@@ -205,13 +231,24 @@ class Report:
                 return int(g.rhs)
         return 1
 
-    def max_batch_size(self, budget_bytes: int) -> int:
+    def max_batch_size(self, budget_bytes: int, max_recompute: float | None = None,
+                       candidates=None):
         """The largest integer B whose peak fits in ``budget_bytes``, solved from the formula.
+
+        With ``max_recompute`` (a fraction, e.g. ``0.25``): the largest B that fits with a
+        checkpoint plan re-running at most that share of the step's FLOPs, returned as a
+        :class:`fxmem.PlanChoice` (``.B``, ``.plan``, ``.peak_bytes``, ``.recompute_flops``,
+        ``.report``); ``candidates``: module paths to choose from (default:
+        :func:`fxmem.choose.default_candidates`).
 
         Raises :class:`fxmem.InfeasibleBudgetError` if even the smallest valid B does not fit.
         """
         if not isinstance(budget_bytes, int) or isinstance(budget_bytes, bool):
             raise InputError(f"budget_bytes must be an int, got {budget_bytes!r}")
+        if max_recompute is not None:
+            from .choose import max_batch_size
+
+            return max_batch_size(self, budget_bytes, max_recompute, candidates)
         lo = self.min_batch_size
         fixed = self.fixed_bytes
         if self.peak_bytes(lo) > budget_bytes:
