@@ -2,7 +2,8 @@
 
 A module call is a forward range of ops (``Trace.calls``). It is a *valid segment* when
 exactly one activation tensor enters it and exactly one leaves it in the forward graph
-(parameters and buffers do not count), and the module runs once per step — the blocks of an
+(parameters and buffers do not count, nor masks and indices: bool or integer tensors such
+as the attention mask every Hugging Face layer receives), and the module runs once per step — the blocks of an
 ``nn.Sequential`` / ``nn.ModuleList`` stack or a Hugging Face layer list. The crossings are
 the edge boundary of the call's ops in the storage graph (``networkx.edge_boundary``), plus
 tensors that existed before the step (the batch) read inside it.
@@ -73,8 +74,8 @@ def segments(graph: StorageGraph) -> tuple[Segment, ...]:
         leaving = {d["sid"] for _, _, d in nx.edge_boundary(forward, inside, data=True)}
         if not leaving and call.last_op >= call.first_op:  # the model's output: read by nothing
             leaving = {s for i in ops for s in trace.ops[i].out_sids} & _used_later(trace, call)
-        entering = tuple(sorted(s for s in entering if storages[s].category not in _STATIC))
-        leaving = tuple(sorted(s for s in leaving if storages[s].category not in _STATIC))
+        entering = tuple(sorted(s for s in entering if _activation(storages[s])))
+        leaving = tuple(sorted(s for s in leaving if _activation(storages[s])))
         saved = sum((storages[s].size.expr for i in ops for s in trace.ops[i].new_sids
                      if storages[s].saved_by and all(_within(m, call.path)
                                                      for m in storages[s].saved_by)),
@@ -86,6 +87,14 @@ def segments(graph: StorageGraph) -> tuple[Segment, ...]:
         out.append(Segment(call.path, n_calls[call.path], call.first_op, call.last_op,
                            entering, leaving, saved, saved - kept, not reason, reason))
     return tuple(out)
+
+
+def _activation(storage) -> bool:
+    """A tensor of the activation chain: made or fed during the step, and floating point
+    (masks and indices, bool or integer, carry no gradient: side inputs, not the chain)."""
+    return (storage.category not in _STATIC
+            and (storage.dtype is None or storage.dtype.is_floating_point
+                 or storage.dtype.is_complex))
 
 
 def _within(module: str, path: str) -> bool:
