@@ -104,18 +104,11 @@ def derive(trace: Trace, plan) -> Trace:
         return replace(trace, plan=tuple(plan))  # no_grad: checkpoint saves nothing
     scheds = [s for s in (schedule(trace, p) for p in plan) if s is not None]
     ops, storages = trace.ops, trace.storages
-    holds: dict = {}  # sid -> [(module, released_after)]
     packs_of: dict = {}  # sid -> [Pack]
     for p in trace.packs:
-        holds.setdefault(p.sid, []).append((p.module, p.released_after))
         packs_of.setdefault(p.sid, []).append(p)
 
     # 1. forward copies: autograd holds from inside a plan segment are gone; inputs wait
-    owner = {}  # sid -> the schedule of the segment it was made in
-    for sc in scheds:
-        for i in range(sc.first_op, sc.last_op + 1):
-            for s in ops[i].new_sids:
-                owner[s] = sc
     keep_until: dict = {}
     for sc in scheds:
         if sc.recompute_at is not None:
@@ -123,9 +116,10 @@ def derive(trace: Trace, plan) -> Trace:
                 keep_until.setdefault(s, []).append(sc.done_after)
     new_storages = []
     for st in storages:
-        kept = [r for m, r in holds.get(st.sid, ())
-                if not any(_inside(m, sc.path) for sc in scheds)]
-        if len(kept) == len(holds.get(st.sid, ())) and st.sid not in keep_until:
+        held = packs_of.get(st.sid, ())
+        kept = [p.released_after for p in held
+                if not any(_inside(p.module, sc.path) for sc in scheds)]
+        if len(kept) == len(held) and st.sid not in keep_until:
             new_storages.append(st)
             continue
         free = _latest(st.unref_after if st.created_by >= 0 else None, *kept,
