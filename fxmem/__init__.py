@@ -10,6 +10,12 @@ The pipeline, one stage per module, each taking the previous stage's result:
 - :mod:`fxmem.result`   the :class:`Report` users read; :mod:`fxmem.report` renders it;
 - :mod:`fxmem.measure`  ground truth: a real eager step.
 
+Activation checkpointing, on the same trace: :mod:`fxmem.saved` (who holds saved tensors,
+until when), :mod:`fxmem.segments` (candidate modules), :mod:`fxmem.plans` (a plan's schedule
+derived from the trace), :mod:`fxmem.solve` (the plan solver, plain numbers, no torch),
+:mod:`fxmem.choose` (the solver's numbers from a report, and the exact check of its answer),
+:mod:`fxmem.checkpoint` (plans applied with PyTorch's ``checkpoint_wrapper``).
+
 >>> import torch, fxmem
 >>> r = fxmem.analyze(torch.nn.Linear(8, 2), torch.randn(4, 8), loss=lambda o: o.sum(),
 ...                   optimizer=torch.optim.SGD, device="cpu")
