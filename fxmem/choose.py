@@ -152,8 +152,7 @@ class Chooser:
             if v > points.get(key, -1):
                 points[key] = v
 
-        add(sum(z(b) for s, z in zip(self.report.trace.storages, self.report.liveness.sizes)
-                if s.created_by < 0), 0)  # the start of the step
+        add(_start_bytes(self.report.trace.storages, self.report.liveness.sizes, b), 0)
         for t, v in enumerate(base):
             devs = sorted(differs.get(t, ()), key=lambda d: (-abs(d[0] - v), d[1]))
             if not devs:
@@ -236,8 +235,8 @@ class Chooser:
         if key not in self._peaks:
             t = derive(self.report.trace, self.paths(idx)) if idx else self.report.trace
             sizes = device_sizes(t.storages, self.report.device)
-            start = sum(z(b) for s, z in zip(t.storages, sizes) if s.created_by < 0)
-            self._peaks[key] = max([start, *timeline(t.storages, sizes, len(t.ops), b)])
+            self._peaks[key] = max([_start_bytes(t.storages, sizes, b),
+                                    *timeline(t.storages, sizes, len(t.ops), b)])
         return self._peaks[key]
 
     def _choice(self, idx, b: int, exact: bool) -> PlanChoice:
@@ -245,6 +244,11 @@ class Chooser:
         rep = self.report.with_plan(plan) if plan else self.report
         return PlanChoice(b, plan, rep.peak_bytes(b), self.costs(idx, b), self.step_flops(b),
                           rep, exact)
+
+
+def _start_bytes(storages, sizes, b: int) -> int:
+    """Live bytes before the step's first op: what exists before the step."""
+    return sum(z(b) for s, z in zip(storages, sizes) if s.created_by < 0)
 
 
 def max_batch_size(report, budget_bytes: int, max_recompute: float,
