@@ -38,7 +38,7 @@ from .errors import FxmemError, InfeasibleBudgetError, InputError
 from .flops import op_flops
 from .liveness import timeline
 from .plans import derive, schedule
-from .symbols import Size
+from .symbols import B, Size
 
 MAX_TIGHTENINGS = 6  # re-solves with a smaller budget when the exact peak is over it
 MAX_FRONTIER = 256  # Pareto points asked of the solver (each is then derived exactly)
@@ -83,7 +83,8 @@ def default_candidates(report) -> tuple:
     that release memory and are blocks of a stack (an ``nn.Sequential`` / ``nn.ModuleList``
     child, i.e. a numbered path such as ``layer1.0`` or ``transformer.h.3``), outermost
     first; without any, the valid segments that release memory and contain no other."""
-    good = [s for s in report.segments if s.valid and s.released_bytes != 0]
+    b = report.trace.batch_hint
+    good = [s for s in report.segments if s.valid and s.released_bytes.subs(B, b) > 0]
     stacked = [s.path for s in good if s.path.rsplit(".", 1)[-1].isdigit()]
     out = [p for p in stacked if not any(p.startswith(q + ".") for q in stacked)]
     if not out:
