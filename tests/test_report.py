@@ -102,3 +102,12 @@ def test_cuda_peak_is_exact_over_rounded_storages():
     for b in (1, 2, 3, 17, 100, 1000):
         assert r.peak_bytes(b) == max(p.live_bytes for p in r.timeline(b))
         assert int(r.peak.subs(B, b)) == r.peak_bytes(b)
+
+
+def test_str_names_the_checkpoint_plan():
+    model, x, y, loss = ZOO["resnet"]()
+    r = fxmem.analyze(model, x, y, loss=loss, device="cpu", checkpoint=["layer1.0"])
+    text = str(r)
+    assert "checkpoint plan: layer1.0; recompute FLOPs = " in text
+    assert str(r.recompute_flops) in text
+    assert "checkpoint plan" not in str(fxmem.analyze(model, x, y, loss=loss, device="cpu"))

@@ -20,6 +20,9 @@ def render_text(report, B: int | None = None) -> str:  # noqa: N803
              f"device={report.device})",
              f"peak bytes = {report.peak}",
              "valid when: " + (", ".join(str(g) for g in report.valid_when) or "B >= 1")]
+    if report.plan:
+        lines.append(f"checkpoint plan: {', '.join(report.plan)}; recompute FLOPs = "
+                     f"{report.recompute_flops}")
     for r in report.regimes:
         lines.append(f"  from B={r.B_from}: peak after {r.op} ({r.phase}, "
                      f"{r.module or '(root)'})")
