@@ -3,7 +3,8 @@ batch size B, before anything runs on a GPU.
 
 The pipeline, one stage per module, each taking the previous stage's result:
 
-- :mod:`fxmem.trace`    run the step on fake tensors (B symbolic), record ops and frees;
+- :mod:`fxmem.trace`    run the step on fake tensors (B symbolic), record ops and frees,
+  applying :mod:`fxmem.rules` where eager kernels differ from their fake ones;
 - :mod:`fxmem.graph`    a networkx graph of ops and the storages they create;
 - :mod:`fxmem.liveness` live bytes after each op and the peak as an exact ``Max`` in B;
 - :mod:`fxmem.allocator` what the device adds (CUDA block rounding);

@@ -26,7 +26,7 @@ import sympy
 from . import poly as P
 from .allocator import device_sizes
 from .graph import StorageGraph
-from .symbols import B, Size
+from .symbols import B
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import contextlib
 import operator
 import os
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import sympy
 import torch
@@ -33,129 +33,19 @@ from torch.utils._pytree import tree_map
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from .checkpoint import checkpointing, normalize_plan, user_path
-from .errors import FxmemError, InputError, SpecializationError, TraceError
+from .errors import FxmemError, SpecializationError, TraceError
+from .rules import (DATA_DEPENDENT_OPS, DECOMPOSE_OPS, LAYOUT_ONLY_GUARD_OPS, SKIP_NAMESPACES,
+                    SPLIT_ALIASED_OUTPUTS, UNREDUCED_STORAGE_LOSSES, UNSIZED_WORKSPACE_OPS,
+                    RNNRouter, decomposition)
 from .saved import SavedTensors
 from .step import StepSpec, make_optimizer, make_spec, run_step
 from .symbols import B, Size
 from .tracking import StorageTracker
 
-aten = torch.ops.aten
 
 B_RANGE_MAX = 2**62  # the symbol's upper range; not reported as a condition
 
 CATEGORIES = ("param", "buffer", "input", "grad", "optimizer_state", "activation", "temporary")
-
-# --- per-op rules, in one place ---------------------------------------------------------
-# Fake kernels of these ops choose a backend (and so a memory format) by asking for concrete
-# sizes, which would add guards such as ``B < 16``. The choice changes strides, never the
-# number of bytes, so their guards are suppressed.
-LAYOUT_ONLY_GUARD_OPS = {
-    aten.convolution.default, aten.convolution_backward.default,
-    aten._convolution.default, aten.cudnn_convolution.default,
-}
-# These C++ kernels specialize symbolic sizes; their decompositions keep B symbolic and make
-# the same allocations (one output).
-DECOMPOSE_OPS = {aten.constant_pad_nd.default}
-# Reading a tensor's value: in the model (forward, loss, backward) memory would depend on
-# data, so it is an error; the optimizer's reads of its step counters are harmless.
-DATA_DEPENDENT_OPS = {aten._local_scalar_dense.default, aten.item.default}
-# Metadata queries and profiler markers: they create nothing and are not recorded.
-SKIP_NAMESPACES = ("prim", "profiler")
-# Eager CPU kernels of these losses return the reduced loss as a view into the unreduced
-# buffer, so its storage keeps input.numel() elements; meta kernels say one element.
-# (reduction argument position; Reduction::None == 0 allocates that buffer anyway.)
-UNREDUCED_STORAGE_LOSSES = {
-    aten.mse_loss.default: 2, aten.smooth_l1_loss.default: 2,
-    aten.binary_cross_entropy.default: 3,
-}
-# Kernels that allocate a backend workspace whose size fxmem cannot know (oneDNN sizes it
-# internally, in page-aligned pieces): reported in ``Trace.unmodelled``, never hidden.
-# op -> (does this call allocate one?, what it is)
-UNSIZED_WORKSPACE_OPS = {
-    aten.mkldnn_rnn_layer.default: (
-        lambda args: bool(args[15]),  # train=True keeps a workspace for backward
-        "oneDNN RNN workspace (sized inside oneDNN; "
-        "disable with torch.backends.mkldnn.flags(enabled=False))"),
-}
-# Meta kernels that return one storage for outputs eager returns separately:
-# op -> (i, j) output positions.
-SPLIT_ALIASED_OUTPUTS = {aten.mkldnn_rnn_layer_backward.default: (3, 4)}
-
-# torch._VF entry points whose C++ composite kernels read concrete sizes: they run
-# PyTorch's registered decomposition (aten.<name>.input / .data) instead.
-RNN_FUNCTIONS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
-
-
-def _rnn_decomposition(name: str, args):
-    from torch._decomp import decomposition_table
-
-    packet = getattr(aten, name)
-    data = len(args) > 1 and isinstance(args[1], torch.Tensor) and args[1].dtype == torch.int64
-    if name == "lstm" and not data and _eager_uses_mkldnn(*args[:3]):
-        return _mkldnn_lstm
-    return decomposition_table[packet.data if data else packet.input]
-
-
-def _eager_uses_mkldnn(input, hx, params) -> bool:
-    """aten/src/ATen/native/RNN.cpp use_mkldnn(): what eager CPU LSTM runs."""
-    return (torch._C._get_mkldnn_enabled() and input.device.type == "cpu"
-            and all(t.device.type == "cpu" for t in (*hx, *params))
-            and input.dtype in (torch.float32, torch.bfloat16)
-            and hx[0].size(2) == hx[1].size(2))  # no projections
-
-
-def _mkldnn_lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirectional,
-                 batch_first):
-    """Eager CPU's LSTM through oneDNN, written as aten/src/ATen/native/mkldnn/RNN.cpp's
-    ``mkldnn_rnn`` is: same ops, same order, and the same locals alive until it returns
-    (PyTorch's decomposition covers inference only and frees the input earlier)."""
-    x = input.transpose(0, 1) if batch_first else input
-    x = x.contiguous()
-    h0, c0 = hx[0].contiguous(), hx[1].contiguous()
-    dirs = 2 if bidirectional else 1
-    stride = len(params) // (num_layers * dirs)
-    layer_input, hys, cys = x, [], []
-    for layer in range(num_layers):
-        outs = []
-        for d in range(dirs):
-            i = layer * dirs + d
-            w = params[i * stride:(i + 1) * stride]
-            b_ih = w[2] if has_biases else torch.zeros(w[0].size())
-            b_hh = w[3] if has_biases else torch.zeros(w[1].size())
-            y, hy, cy, *_ = aten.mkldnn_rnn_layer.default(
-                layer_input, w[0], w[1], b_ih, b_hh, h0[i], c0[i], d > 0, [], 2,
-                h0.size(2), num_layers, has_biases, bidirectional, batch_first,
-                train and torch.is_grad_enabled())  # eager keeps no workspace under no_grad
-            outs.append(y)
-            hys.append(hy)
-            cys.append(cy)
-        layer_input = outs[0] if dirs == 1 else torch.cat(outs, -1)
-        if dropout != 0 and train and layer < num_layers - 1:
-            layer_input = torch.dropout(layer_input, dropout, train=True)
-    out = layer_input.transpose(0, 1) if batch_first else layer_input
-    return out, torch.stack(hys, 0), torch.stack(cys, 0)
-
-
-class _RNNRouter(torch.overrides.TorchFunctionMode):
-    """Sends torch._VF.lstm/gru/rnn_* to their decompositions; everything else as is."""
-
-    def __init__(self):
-        super().__init__()
-        self.targets = {getattr(torch._VF, n): n for n in RNN_FUNCTIONS}
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = self.targets.get(func)
-        if name is not None:
-            return _rnn_decomposition(name, args)(*args, **(kwargs or {}))
-        return func(*args, **(kwargs or {}))
-
-
-def _decomposition(func):
-    from torch._decomp import decomposition_table
-    from torch._refs import constant_pad_nd
-
-    return decomposition_table.get(func) or {aten.constant_pad_nd.default: constant_pad_nd}[func]
-
 
 @dataclass(frozen=True)
 class TensorDesc:
@@ -298,7 +188,7 @@ class _Recorder(StorageTracker):
                     source=_user_frame(traceback.extract_stack()))
             if func in DECOMPOSE_OPS:
                 with self:
-                    return _decomposition(func)(*args, **kwargs)
+                    return decomposition(func)(*args, **kwargs)
             if func in LAYOUT_ONLY_GUARD_OPS:
                 with self.shape_env.suppress_guards():
                     return func(*args, **kwargs)
@@ -581,7 +471,7 @@ def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles,
     # Only models with RNN modules get the router: any active torch-function mode turns off
     # fast paths such as nn.TransformerEncoderLayer's fused inference kernel.
     has_rnn = any(isinstance(m, torch.nn.RNNBase) for m in model.modules())
-    router = _RNNRouter() if has_rnn else contextlib.nullcontext()
+    router = RNNRouter() if has_rnn else contextlib.nullcontext()
     # The fake parameters stay in place for the whole step, not just the forward: a
     # checkpointed module's forward runs again during backward.
     swap = _reparametrize_module(model, state, tie_weights=True)
