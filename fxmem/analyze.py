@@ -14,7 +14,7 @@ from .trace import trace
 
 def analyze(model, inputs, targets=(), loss=None, optimizer=None, train=True,
             device="cuda", *, checkpoint=None, retrace: bool = False,
-            batch_hint: int | None = None) -> Report:
+            set_to_none: bool = True, batch_hint: int | None = None) -> Report:
     """Analyse one step of ``model`` and return its memory as formulas in :data:`fxmem.B`.
 
     ``inputs``: a tensor or tuple of tensors, dim 0 of each is B (only shapes and dtypes are
@@ -28,8 +28,10 @@ def analyze(model, inputs, targets=(), loss=None, optimizer=None, train=True,
     ``checkpoint_wrapper`` count too. The plan's schedule is derived from one trace of the
     step without it (:meth:`Report.with_plan`); it is traced with ``torch.utils.checkpoint``
     really running when ``retrace=True``, when a module of the plan runs more than once
-    per step, or when the model already has checkpointed modules. ``batch_hint``: the value
-    of B used where the trace must decide something (default: the inputs' dim 0, or 8).
+    per step, or when the model already has checkpointed modules. ``set_to_none=False``:
+    ``zero_grad`` zeroes gradients in place, so they stay allocated between steps (counted
+    from the start of the step). ``batch_hint``: the value of B used where the trace must
+    decide something (default: the inputs' dim 0, or 8).
 
     >>> import torch, fxmem
     >>> m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
@@ -43,12 +45,13 @@ def analyze(model, inputs, targets=(), loss=None, optimizer=None, train=True,
     """
     plan = normalize_plan(model, checkpoint)
     t = trace(model, inputs, targets, loss, optimizer, train, device, batch_hint=batch_hint,
-              checkpoint=None if plan and not retrace else plan)
+              checkpoint=None if plan and not retrace else plan, set_to_none=set_to_none)
     if plan and not retrace:
         runs = Counter(c.path for c in t.calls)
         if t.plan or any(runs[p] > 1 for p in plan):
             return analyze(model, inputs, targets, loss, optimizer, train, device,
-                           checkpoint=plan, retrace=True, batch_hint=batch_hint)
+                           checkpoint=plan, retrace=True, set_to_none=set_to_none,
+                           batch_hint=batch_hint)
         t = derive(t, plan)
     lv = liveness(build_graph(t))
     return Report(lv, parts_of(lv), t.guards)

@@ -62,6 +62,13 @@ def _tensors(obj) -> list:
     return [x for x in tree_leaves(obj) if isinstance(x, torch.Tensor)]
 
 
+def _steady_grads(spec, params) -> None:
+    """Gradients as the previous step leaves them: gone, unless ``set_to_none=False``."""
+    if spec.set_to_none:
+        for p in params:
+            p.grad = None
+
+
 class _Tracker(StorageTracker):
     def __init__(self):
         super().__init__()
@@ -74,9 +81,10 @@ class _Tracker(StorageTracker):
 
 
 def measure(model, inputs, targets=(), loss=None, optimizer=None, train=True, *, B: int,
-            device="cpu") -> Measurement:
-    """Peak memory of one real steady-state step at batch size ``B``."""
-    spec = make_spec(model, inputs, targets, loss, optimizer, train, device)
+            device="cpu", set_to_none=True) -> Measurement:
+    """Peak memory of one real steady-state step at batch size ``B``. ``set_to_none=False``:
+    ``zero_grad`` zeroes the gradients in place, so they stay allocated between steps."""
+    spec = make_spec(model, inputs, targets, loss, optimizer, train, device, set_to_none)
     if not isinstance(B, int) or B < 1:
         raise InputError(f"B must be a positive int, got {B!r}")
     if any(p.is_meta for p in model.parameters()):
@@ -92,12 +100,12 @@ def measure(model, inputs, targets=(), loss=None, optimizer=None, train=True, *,
 
     out = run_step(model, spec, ins, tgs, params, opt, noop)  # warm-up: optimizer state
     del out
-    for p in params:
-        p.grad = None
+    _steady_grads(spec, params)
     gc.collect()
     tracker = _Tracker()
     state = opt.state if opt is not None else {}
-    for t in [*params, *model.buffers(), *_tensors(state), *ins, *tgs]:
+    grads = [p.grad for p in params if p.grad is not None]
+    for t in [*params, *model.buffers(), *_tensors(state), *grads, *ins, *tgs]:
         tracker.register(t)
     baseline = sum(int(s.nbytes) for s in tracker.storages)
 
@@ -129,8 +137,7 @@ def _measure_cuda(model, spec, ins, tgs, params, opt, B) -> Measurement:
     noop = lambda phase: None  # noqa: E731
     out = run_step(model, spec, ins, tgs, params, opt, noop)
     del out
-    for p in params:
-        p.grad = None
+    _steady_grads(spec, params)
     gc.collect()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()

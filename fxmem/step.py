@@ -4,7 +4,7 @@ and :mod:`fxmem.measure` (real tensors), so that Python-level lifetimes are iden
 A training step is, in this order (the idiomatic loop, with the model output not kept in a
 variable beyond the loss computation)::
 
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad(set_to_none=True)      # or set_to_none=False: gradients stay allocated
     loss = loss_fn(model(*inputs), *targets)
     loss.backward()
     optimizer.step()
@@ -35,6 +35,7 @@ class StepSpec:
     train: bool
     device: str
     batch_size: int  # dim 0 of the example tensors
+    set_to_none: bool = True  # zero_grad drops gradients (False: zeroes them in place)
 
 
 def _as_tuple(x, what: str) -> tuple:
@@ -48,7 +49,7 @@ def _as_tuple(x, what: str) -> tuple:
 
 
 def make_spec(model, inputs, targets=(), loss=None, optimizer=None, train=True,
-              device="cuda") -> StepSpec:
+              device="cuda", set_to_none=True) -> StepSpec:
     """Check the user's arguments before any work starts."""
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -77,7 +78,9 @@ def make_spec(model, inputs, targets=(), loss=None, optimizer=None, train=True,
         raise InputError(f"device must be 'cpu' or 'cuda', got {device!r}")
     if not train and optimizer is not None:
         raise InputError("train=False runs no backward pass, so no optimizer step")
-    return StepSpec(ins, tgs, loss, optimizer, bool(train), device, sizes[0][1])
+    if not isinstance(set_to_none, bool):
+        raise InputError(f"set_to_none must be True or False, got {set_to_none!r}")
+    return StepSpec(ins, tgs, loss, optimizer, bool(train), device, sizes[0][1], set_to_none)
 
 
 def compute_loss(out, targets: Sequence, loss_fn: Callable | None) -> torch.Tensor:
@@ -125,10 +128,13 @@ def run_step(forward: Callable, spec: StepSpec, inputs: Sequence, targets: Seque
         return out
     on_phase("zero_grad")
     if optimizer is not None:
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=spec.set_to_none)
     else:
         for p in params:
-            p.grad = None
+            if spec.set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
     on_phase("forward")
     loss = compute_loss(forward(*inputs), targets, spec.loss)
     on_phase("backward")

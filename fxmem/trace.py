@@ -337,10 +337,11 @@ def _fake_like(mode: FakeTensorMode, t: torch.Tensor, batch=None, param=False):
 
 
 def trace(model: torch.nn.Module, inputs, targets=(), loss=None, optimizer=None, train=True,
-          device="cuda", batch_hint: int | None = None, checkpoint=None) -> Trace:
+          device="cuda", batch_hint: int | None = None, checkpoint=None,
+          set_to_none: bool = True) -> Trace:
     """Trace one steady-state step of ``model``; see the module docstring. ``checkpoint``:
     a plan (module paths) whose forwards run under ``torch.utils.checkpoint`` for real."""
-    spec = make_spec(model, inputs, targets, loss, optimizer, train, device)
+    spec = make_spec(model, inputs, targets, loss, optimizer, train, device, set_to_none)
     plan = normalize_plan(model, checkpoint)
     hint = batch_hint or (spec.batch_size if spec.batch_size >= 2 else 8)
     shape_env = ShapeEnv(specialize_zero_one=False, duck_shape=False)
@@ -493,6 +494,15 @@ def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles,
 
     hooks = torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.saved_tensors.unpack)
     with checkpointing(model, plan, region) as rec.plan, swap, router, mode, rec, hooks:
+        if spec.train and not spec.set_to_none:
+            # steady state: the previous step left every gradient allocated. One unrecorded
+            # forward and backward makes them (as fxmem.measure's warm-up step does).
+            rec.recording = False
+            run_step(forward, spec_run, fins, ftgs, params, None, lambda name: None)
+            rec.recording = True
+            for n, p in fparams.items():
+                if p.grad is not None:
+                    rec.register_named(p.grad, "grad", user_path(n))
         out = run_step(forward, spec_run, fins, ftgs, params, opt, on_phase)
     rec.close()
     rec.check_specialized()

@@ -1,0 +1,91 @@
+"""Every torch.optim optimizer fxmem traces, foreach on and off, parameter groups, and
+zero_grad(set_to_none=False), against a real eager CPU step with the same implementation."""
+
+import pytest
+import torch
+
+import fxmem
+from zoo import ZOO
+
+O = torch.optim
+OPTIMIZERS = {
+    "sgd": lambda p, **k: O.SGD(p, lr=0.1, **k),
+    "sgd_momentum": lambda p, **k: O.SGD(p, lr=0.1, momentum=0.9, **k),
+    "sgd_nesterov": lambda p, **k: O.SGD(p, lr=0.1, momentum=0.9, nesterov=True, **k),
+    "adam": lambda p, **k: O.Adam(p, **k),
+    "adam_amsgrad": lambda p, **k: O.Adam(p, amsgrad=True, **k),
+    "adamw": lambda p, **k: O.AdamW(p, **k),
+    "adamw_amsgrad": lambda p, **k: O.AdamW(p, amsgrad=True, **k),
+    "adagrad": lambda p, **k: O.Adagrad(p, **k),
+    "rmsprop": lambda p, **k: O.RMSprop(p, **k),
+    "rmsprop_centered_momentum": lambda p, **k: O.RMSprop(p, centered=True, momentum=0.9, **k),
+    "adamax": lambda p, **k: O.Adamax(p, **k),
+    "nadam": lambda p, **k: O.NAdam(p, **k),
+    "radam": lambda p, **k: O.RAdam(p, **k),
+    "adadelta": lambda p, **k: O.Adadelta(p, **k),
+    "rprop": lambda p, **k: O.Rprop(p, **k),
+}
+
+
+def _check(name, opt, batches=(2, 13), **kw):
+    model, x, y, loss = ZOO[name]()
+    r = fxmem.analyze(model, x, y, loss=loss, optimizer=opt, device="cpu", **kw)
+    for b in batches:
+        m = fxmem.measure(model, x, y, loss=loss, optimizer=opt, B=b, **kw)
+        assert r.peak_bytes(b) == m.peak_bytes, (name, b)
+    return r
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+@pytest.mark.parametrize("opt", sorted(OPTIMIZERS))
+def test_every_optimizer_mlp(opt, foreach):
+    if opt == "rprop" and not foreach:
+        pytest.skip("single-tensor Rprop's masked assignments allocate data-dependent indices")
+    _check("mlp", lambda p: OPTIMIZERS[opt](p, foreach=foreach))
+
+
+@pytest.mark.parametrize("opt", sorted(set(OPTIMIZERS) - {"rprop"}))
+def test_every_optimizer_per_parameter_loop_resnet(opt):
+    _check("resnet", lambda p: OPTIMIZERS[opt](p, foreach=False))
+
+
+@pytest.mark.xfail(strict=True, reason="measured +4 bytes: a 4-byte tensor counted from the "
+                   "start of the step that the eager step does not show (foreach optimizers "
+                   "other than SGD on the ResNet; cause not found yet)")
+def test_foreach_adam_resnet():
+    _check("resnet", lambda p: O.Adam(p, foreach=True))
+
+
+def test_parameter_groups_with_different_options():
+    def groups(params):
+        params = list(params)
+        return O.AdamW([{"params": params[:2], "lr": 1e-2, "amsgrad": True},
+                        {"params": params[2:], "weight_decay": 0.1}], foreach=False)
+    r = _check("mlp", groups)
+    state = sum(1 for s in r.trace.storages if s.category == "optimizer_state")
+    assert state == 2 * 4 + 4 * 3  # 6 params; amsgrad keeps max_exp_avg_sq too: step, m, v (, vmax)
+
+
+@pytest.mark.parametrize("name", ["mlp", "resnet", "transformer_train_mode", "seed_cnn"])
+@pytest.mark.parametrize("opt", ["adam", "sgd_momentum", None])
+def test_zero_grad_without_set_to_none_keeps_gradients(name, opt):
+    optim = (lambda p: OPTIMIZERS[opt](p, foreach=False)) if opt else None
+    r = _check(name, optim, set_to_none=False)
+    assert all(s.created_by < 0 for s in r.trace.storages if s.category == "grad")
+    base = fxmem.analyze(*ZOO[name]()[:2], ZOO[name]()[2], loss=ZOO[name]()[3],
+                         optimizer=optim, device="cpu")
+    assert r.parts["grads"] == base.parts["grads"]
+    assert r.peak_bytes(13) >= base.peak_bytes(13)  # gradients live from the start
+
+
+def test_optimizers_fxmem_cannot_trace_say_so():
+    model, x, y, loss = ZOO["mlp"]()
+    with pytest.raises(fxmem.TraceError, match="data-dependent"):
+        fxmem.analyze(model, x, y, loss=loss, optimizer=lambda p: O.ASGD(p, foreach=False),
+                      device="cpu")
+
+
+def test_set_to_none_is_checked():
+    model, x, y, loss = ZOO["mlp"]()
+    with pytest.raises(fxmem.InputError, match="set_to_none"):
+        fxmem.analyze(model, x, y, loss=loss, device="cpu", set_to_none="no")
