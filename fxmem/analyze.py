@@ -14,7 +14,8 @@ from .trace import trace
 
 def analyze(model, inputs, targets=(), loss=None, optimizer=None, train=True,
             device="cuda", *, checkpoint=None, retrace: bool = False,
-            set_to_none: bool = True, batch_hint: int | None = None) -> Report:
+            set_to_none: bool = True, grad_accum: int = 1,
+            batch_hint: int | None = None) -> Report:
     """Analyse one step of ``model`` and return its memory as formulas in :data:`fxmem.B`.
 
     ``inputs``: a tensor or tuple of tensors, dim 0 of each is B (only shapes and dtypes are
@@ -30,8 +31,10 @@ def analyze(model, inputs, targets=(), loss=None, optimizer=None, train=True,
     really running when ``retrace=True``, when a module of the plan runs more than once
     per step, or when the model already has checkpointed modules. ``set_to_none=False``:
     ``zero_grad`` zeroes gradients in place, so they stay allocated between steps (counted
-    from the start of the step). ``batch_hint``: the value of B used where the trace must
-    decide something (default: the inputs' dim 0, or 8).
+    from the start of the step). ``grad_accum=k``: k forward-backward passes on micro-batches
+    of B (loss divided by k) accumulate gradients before one optimizer step; the effective
+    batch is k·B (:meth:`Report.effective_batch_size`). ``batch_hint``: the value of B used
+    where the trace must decide something (default: the inputs' dim 0, or 8).
 
     >>> import torch, fxmem
     >>> m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
@@ -45,13 +48,14 @@ def analyze(model, inputs, targets=(), loss=None, optimizer=None, train=True,
     """
     plan = normalize_plan(model, checkpoint)
     t = trace(model, inputs, targets, loss, optimizer, train, device, batch_hint=batch_hint,
-              checkpoint=None if plan and not retrace else plan, set_to_none=set_to_none)
+              checkpoint=None if plan and not retrace else plan, set_to_none=set_to_none,
+              grad_accum=grad_accum)
     if plan and not retrace:
         runs = Counter(c.path for c in t.calls)
         if t.plan or any(runs[p] > 1 for p in plan):
             return analyze(model, inputs, targets, loss, optimizer, train, device,
                            checkpoint=plan, retrace=True, set_to_none=set_to_none,
-                           batch_hint=batch_hint)
+                           grad_accum=grad_accum, batch_hint=batch_hint)
         t = derive(t, plan)
     lv = liveness(build_graph(t))
     return Report(lv, parts_of(lv), t.guards)

@@ -224,6 +224,22 @@ class Report:
                      for o, v in zip(self.trace.ops, live))
 
     @property
+    def grad_accum(self) -> int:
+        """Micro-batches per optimizer step (``analyze(..., grad_accum=k)``); B is one of them."""
+        return self.trace.grad_accum
+
+    def effective_batch_size(self, B: int) -> int:  # noqa: N803
+        """Samples per optimizer step at micro-batch ``B``: ``grad_accum * B``.
+
+        >>> import torch, fxmem
+        >>> r = fxmem.analyze(torch.nn.Linear(8, 2), torch.randn(4, 8), loss=lambda o: o.sum(),
+        ...                   optimizer=torch.optim.SGD, device="cpu", grad_accum=4)
+        >>> r.grad_accum, r.effective_batch_size(16)
+        (4, 64)
+        """
+        return self.grad_accum * _check_b(B)
+
+    @property
     def min_batch_size(self) -> int:
         """The smallest B the formula is valid for (from ``valid_when``)."""
         for g in self.valid_when:

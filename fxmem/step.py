@@ -5,8 +5,11 @@ A training step is, in this order (the idiomatic loop, with the model output not
 variable beyond the loss computation)::
 
     optimizer.zero_grad(set_to_none=True)      # or set_to_none=False: gradients stay allocated
-    loss = loss_fn(model(*inputs), *targets)
-    loss.backward()
+    for _ in range(grad_accum):                # gradient accumulation: k micro-batches of B
+        loss = loss_fn(model(*inputs), *targets)
+        if grad_accum > 1:
+            loss = loss / grad_accum
+        loss.backward()
     optimizer.step()
 
 An inference step is ``out = model(*inputs)`` under ``torch.no_grad()``; ``out`` is kept.
@@ -36,6 +39,7 @@ class StepSpec:
     device: str
     batch_size: int  # dim 0 of the example tensors
     set_to_none: bool = True  # zero_grad drops gradients (False: zeroes them in place)
+    grad_accum: int = 1  # micro-batches per optimizer step (B is the micro-batch)
 
 
 def _as_tuple(x, what: str) -> tuple:
@@ -49,7 +53,7 @@ def _as_tuple(x, what: str) -> tuple:
 
 
 def make_spec(model, inputs, targets=(), loss=None, optimizer=None, train=True,
-              device="cuda", set_to_none=True) -> StepSpec:
+              device="cuda", set_to_none=True, grad_accum=1) -> StepSpec:
     """Check the user's arguments before any work starts."""
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -80,7 +84,12 @@ def make_spec(model, inputs, targets=(), loss=None, optimizer=None, train=True,
         raise InputError("train=False runs no backward pass, so no optimizer step")
     if not isinstance(set_to_none, bool):
         raise InputError(f"set_to_none must be True or False, got {set_to_none!r}")
-    return StepSpec(ins, tgs, loss, optimizer, bool(train), device, sizes[0][1], set_to_none)
+    if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
+        raise InputError(f"grad_accum must be a positive int, got {grad_accum!r}")
+    if not train and grad_accum != 1:
+        raise InputError("train=False runs no backward pass, so nothing to accumulate")
+    return StepSpec(ins, tgs, loss, optimizer, bool(train), device, sizes[0][1], set_to_none,
+                    grad_accum)
 
 
 def compute_loss(out, targets: Sequence, loss_fn: Callable | None) -> torch.Tensor:
@@ -119,8 +128,11 @@ def make_optimizer(factory: Callable, params: list, device: str) -> torch.optim.
 
 
 def run_step(forward: Callable, spec: StepSpec, inputs: Sequence, targets: Sequence,
-             params: Sequence[torch.Tensor], optimizer, on_phase: Callable[[str], Any]):
-    """Run one step; call ``on_phase(name)`` as each phase starts. Returns the kept output."""
+             params: Sequence[torch.Tensor], optimizer, on_phase: Callable[[str], Any],
+             micro_steps: int | None = None):
+    """Run one step; call ``on_phase(name)`` as each phase starts. Returns the kept output.
+    ``micro_steps``: forward-backward passes to run (default ``spec.grad_accum``; the
+    tracer runs 2, since every micro-step after the first sees the same memory)."""
     if not spec.train:
         on_phase("forward")
         with torch.no_grad():
@@ -135,10 +147,13 @@ def run_step(forward: Callable, spec: StepSpec, inputs: Sequence, targets: Seque
                 p.grad = None
             elif p.grad is not None:
                 p.grad.zero_()
-    on_phase("forward")
-    loss = compute_loss(forward(*inputs), targets, spec.loss)
-    on_phase("backward")
-    loss.backward()
+    for _ in range(spec.grad_accum if micro_steps is None else micro_steps):
+        on_phase("forward")
+        loss = compute_loss(forward(*inputs), targets, spec.loss)
+        if spec.grad_accum > 1:
+            loss = loss / spec.grad_accum
+        on_phase("backward")
+        loss.backward()
     on_phase("optimizer")
     if optimizer is not None:
         optimizer.step()

@@ -118,6 +118,7 @@ class Trace:
     plan: tuple = ()  # module paths whose forward ran under activation checkpointing
     calls: tuple = ()  # ModuleCall per forward call of a submodule
     packs: tuple = ()  # fxmem.saved.Pack per tensor saved for backward in the forward
+    grad_accum: int = 1  # micro-batches of B per optimizer step
 
 
 def _user_frame(frames) -> str | None:
@@ -338,10 +339,11 @@ def _fake_like(mode: FakeTensorMode, t: torch.Tensor, batch=None, param=False):
 
 def trace(model: torch.nn.Module, inputs, targets=(), loss=None, optimizer=None, train=True,
           device="cuda", batch_hint: int | None = None, checkpoint=None,
-          set_to_none: bool = True) -> Trace:
+          set_to_none: bool = True, grad_accum: int = 1) -> Trace:
     """Trace one steady-state step of ``model``; see the module docstring. ``checkpoint``:
     a plan (module paths) whose forwards run under ``torch.utils.checkpoint`` for real."""
-    spec = make_spec(model, inputs, targets, loss, optimizer, train, device, set_to_none)
+    spec = make_spec(model, inputs, targets, loss, optimizer, train, device, set_to_none,
+                     grad_accum)
     plan = normalize_plan(model, checkpoint)
     hint = batch_hint or (spec.batch_size if spec.batch_size >= 2 else 8)
     shape_env = ShapeEnv(specialize_zero_one=False, duck_shape=False)
@@ -498,12 +500,14 @@ def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles,
             # steady state: the previous step left every gradient allocated. One unrecorded
             # forward and backward makes them (as fxmem.measure's warm-up step does).
             rec.recording = False
-            run_step(forward, spec_run, fins, ftgs, params, None, lambda name: None)
+            run_step(forward, spec_run, fins, ftgs, params, None, lambda name: None,
+                     micro_steps=1)
             rec.recording = True
             for n, p in fparams.items():
                 if p.grad is not None:
                     rec.register_named(p.grad, "grad", user_path(n))
-        out = run_step(forward, spec_run, fins, ftgs, params, opt, on_phase)
+        out = run_step(forward, spec_run, fins, ftgs, params, opt, on_phase,
+                       micro_steps=min(spec.grad_accum, 2))
     rec.close()
     rec.check_specialized()
     end_index = len(rec.ops)
@@ -573,7 +577,7 @@ def _finish(rec: _Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
     return Trace(rec.graph, tuple(rec.ops), tuple(storages), guards, hint, spec.train,
                  spec.device, spec.optimizer is not None, unmodelled, rec.plan,
                  tuple(sorted(rec.calls, key=lambda c: (c.first_op, -c.last_op))),
-                 rec.saved_tensors.packs)
+                 rec.saved_tensors.packs, spec.grad_accum)
 
 
 def valid_when(guards, lower: int = 1, upper: int | None = None) -> tuple:

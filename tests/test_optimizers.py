@@ -89,3 +89,37 @@ def test_set_to_none_is_checked():
     model, x, y, loss = ZOO["mlp"]()
     with pytest.raises(fxmem.InputError, match="set_to_none"):
         fxmem.analyze(model, x, y, loss=loss, device="cpu", set_to_none="no")
+
+
+@pytest.mark.parametrize("name", ["mlp", "resnet", "transformer_train_mode", "seed_cnn",
+                                  "keeps_locals"])
+@pytest.mark.parametrize("k", [2, 3])
+def test_gradient_accumulation(name, k):
+    # the trace runs 2 micro-steps (the first without gradients, one with them); the real
+    # step runs all k
+    model, x, y, loss = ZOO[name]()
+    opt = OPTIMIZERS["adam"]
+    r = _check(name, lambda p: opt(p, foreach=False), grad_accum=k)
+    assert r.grad_accum == k and r.effective_batch_size(5) == 5 * k
+    assert f"gradient accumulation: {k} micro-batches" in str(r)
+
+
+def test_gradient_accumulation_is_checked():
+    model, x, y, loss = ZOO["mlp"]()
+    for bad in (0, 1.5, True):
+        with pytest.raises(fxmem.InputError, match="grad_accum"):
+            fxmem.analyze(model, x, y, loss=loss, device="cpu", grad_accum=bad)
+    with pytest.raises(fxmem.InputError, match="nothing to accumulate"):
+        fxmem.analyze(model, x, train=False, device="cpu", grad_accum=2)
+
+
+def test_gradient_accumulation_with_a_checkpoint_plan():
+    import copy
+
+    model, x, y, loss = ZOO["resnet"]()
+    kw = dict(loss=loss, optimizer=lambda p: OPTIMIZERS["adam"](p, foreach=False))
+    plan = ["layer1.0", "layer1.1"]
+    r = fxmem.analyze(model, x, y, **kw, device="cpu", checkpoint=plan, grad_accum=2)
+    wrapped = fxmem.apply_checkpoints(copy.deepcopy(model), plan)
+    for b in (2, 13):
+        assert r.peak_bytes(b) == fxmem.measure(wrapped, x, y, **kw, B=b, grad_accum=2).peak_bytes

@@ -20,6 +20,9 @@ def render_text(report, B: int | None = None) -> str:  # noqa: N803
              f"device={report.device})",
              f"peak bytes = {report.peak}",
              "valid when: " + (", ".join(str(g) for g in report.valid_when) or "B >= 1")]
+    if report.grad_accum > 1:
+        lines.append(f"gradient accumulation: {report.grad_accum} micro-batches of B per "
+                     f"optimizer step (effective batch {report.grad_accum}*B)")
     if report.plan:
         lines.append(f"checkpoint plan: {', '.join(report.plan)}; recompute FLOPs = "
                      f"{report.recompute_flops}")
