@@ -12,7 +12,8 @@ variable beyond the loss computation)::
         loss.backward()
     optimizer.step()
 
-An inference step is ``out = model(*inputs)`` under ``torch.no_grad()``; ``out`` is kept.
+An inference step is ``out = model(*inputs)`` under ``torch.no_grad()`` (or
+``torch.inference_mode()``); ``out`` is kept.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class StepSpec:
     batch_size: int  # dim 0 of the example tensors
     set_to_none: bool = True  # zero_grad drops gradients (False: zeroes them in place)
     grad_accum: int = 1  # micro-batches per optimizer step (B is the micro-batch)
+    inference_mode: bool = False  # inference under torch.inference_mode(), not no_grad()
 
 
 def _as_tuple(x, what: str) -> tuple:
@@ -53,7 +55,8 @@ def _as_tuple(x, what: str) -> tuple:
 
 
 def make_spec(model, inputs, targets=(), loss=None, optimizer=None, train=True,
-              device="cuda", set_to_none=True, grad_accum=1) -> StepSpec:
+              device="cuda", set_to_none=True, grad_accum=1,
+              inference_mode=False) -> StepSpec:
     """Check the user's arguments before any work starts."""
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -88,8 +91,10 @@ def make_spec(model, inputs, targets=(), loss=None, optimizer=None, train=True,
         raise InputError(f"grad_accum must be a positive int, got {grad_accum!r}")
     if not train and grad_accum != 1:
         raise InputError("train=False runs no backward pass, so nothing to accumulate")
+    if inference_mode and train:
+        raise InputError("inference_mode=True is for inference: pass train=False too")
     return StepSpec(ins, tgs, loss, optimizer, bool(train), device, sizes[0][1], set_to_none,
-                    grad_accum)
+                    grad_accum, bool(inference_mode))
 
 
 def compute_loss(out, targets: Sequence, loss_fn: Callable | None) -> torch.Tensor:
@@ -135,7 +140,7 @@ def run_step(forward: Callable, spec: StepSpec, inputs: Sequence, targets: Seque
     tracer runs 2, since every micro-step after the first sees the same memory)."""
     if not spec.train:
         on_phase("forward")
-        with torch.no_grad():
+        with torch.inference_mode() if spec.inference_mode else torch.no_grad():
             out = forward(*inputs)
         return out
     on_phase("zero_grad")
