@@ -81,13 +81,14 @@ class _Tracker(StorageTracker):
 
 
 def measure(model, inputs, targets=(), loss=None, optimizer=None, train=True, *, B: int,
-            device="cpu", set_to_none=True, grad_accum=1, inference_mode=False) -> Measurement:
+            device="cpu", set_to_none=True, grad_accum=1, inference_mode=False,
+            amp=None) -> Measurement:
     """Peak memory of one real steady-state step at batch size ``B``. ``set_to_none=False``:
     ``zero_grad`` zeroes the gradients in place, so they stay allocated between steps.
     ``grad_accum=k``: k micro-batches of ``B`` per optimizer step. ``inference_mode=True``
     (with ``train=False``): under ``torch.inference_mode()`` instead of ``torch.no_grad()``."""
     spec = make_spec(model, inputs, targets, loss, optimizer, train, device, set_to_none,
-                     grad_accum, inference_mode)
+                     grad_accum, inference_mode, amp)
     if not isinstance(B, int) or B < 1:
         raise InputError(f"B must be a positive int, got {B!r}")
     if any(p.is_meta for p in model.parameters()):

@@ -18,6 +18,7 @@ An inference step is ``out = model(*inputs)`` under ``torch.no_grad()`` (or
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -42,6 +43,7 @@ class StepSpec:
     set_to_none: bool = True  # zero_grad drops gradients (False: zeroes them in place)
     grad_accum: int = 1  # micro-batches per optimizer step (B is the micro-batch)
     inference_mode: bool = False  # inference under torch.inference_mode(), not no_grad()
+    amp: Any = None  # torch.autocast dtype for the forward and the loss (None: no autocast)
 
 
 def _as_tuple(x, what: str) -> tuple:
@@ -56,7 +58,7 @@ def _as_tuple(x, what: str) -> tuple:
 
 def make_spec(model, inputs, targets=(), loss=None, optimizer=None, train=True,
               device="cuda", set_to_none=True, grad_accum=1,
-              inference_mode=False) -> StepSpec:
+              inference_mode=False, amp=None) -> StepSpec:
     """Check the user's arguments before any work starts."""
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -93,8 +95,14 @@ def make_spec(model, inputs, targets=(), loss=None, optimizer=None, train=True,
         raise InputError("train=False runs no backward pass, so nothing to accumulate")
     if inference_mode and train:
         raise InputError("inference_mode=True is for inference: pass train=False too")
+    if amp is not None:
+        if amp not in (torch.bfloat16, torch.float16):
+            raise InputError(f"amp is torch.bfloat16 or torch.float16, got {amp!r}")
+        if device != "cpu":
+            raise InputError("amp is modelled for device='cpu' (CPU autocast) only; CUDA's "
+                             "autocast op lists are not emulated yet")
     return StepSpec(ins, tgs, loss, optimizer, bool(train), device, sizes[0][1], set_to_none,
-                    grad_accum, bool(inference_mode))
+                    grad_accum, bool(inference_mode), amp)
 
 
 def compute_loss(out, targets: Sequence, loss_fn: Callable | None) -> torch.Tensor:
@@ -132,6 +140,13 @@ def make_optimizer(factory: Callable, params: list, device: str) -> torch.optim.
     return opt
 
 
+def _autocast(spec: StepSpec):
+    """The autocast region of the step: forward and loss, as the AMP recipe writes it."""
+    if spec.amp is None:
+        return contextlib.nullcontext()
+    return torch.autocast(spec.device, dtype=spec.amp)
+
+
 def run_step(forward: Callable, spec: StepSpec, inputs: Sequence, targets: Sequence,
              params: Sequence[torch.Tensor], optimizer, on_phase: Callable[[str], Any],
              micro_steps: int | None = None):
@@ -140,7 +155,7 @@ def run_step(forward: Callable, spec: StepSpec, inputs: Sequence, targets: Seque
     tracer runs 2, since every micro-step after the first sees the same memory)."""
     if not spec.train:
         on_phase("forward")
-        with torch.inference_mode() if spec.inference_mode else torch.no_grad():
+        with torch.inference_mode() if spec.inference_mode else torch.no_grad(), _autocast(spec):
             out = forward(*inputs)
         return out
     on_phase("zero_grad")
@@ -154,7 +169,8 @@ def run_step(forward: Callable, spec: StepSpec, inputs: Sequence, targets: Seque
                 p.grad.zero_()
     for _ in range(spec.grad_accum if micro_steps is None else micro_steps):
         on_phase("forward")
-        loss = compute_loss(forward(*inputs), targets, spec.loss)
+        with _autocast(spec):
+            loss = compute_loss(forward(*inputs), targets, spec.loss)
         if spec.grad_accum > 1:
             loss = loss / spec.grad_accum
         on_phase("backward")

@@ -339,11 +339,12 @@ def _fake_like(mode: FakeTensorMode, t: torch.Tensor, batch=None, param=False):
 
 def trace(model: torch.nn.Module, inputs, targets=(), loss=None, optimizer=None, train=True,
           device="cuda", batch_hint: int | None = None, checkpoint=None,
-          set_to_none: bool = True, grad_accum: int = 1, inference_mode: bool = False) -> Trace:
+          set_to_none: bool = True, grad_accum: int = 1, inference_mode: bool = False,
+          amp=None) -> Trace:
     """Trace one steady-state step of ``model``; see the module docstring. ``checkpoint``:
     a plan (module paths) whose forwards run under ``torch.utils.checkpoint`` for real."""
     spec = make_spec(model, inputs, targets, loss, optimizer, train, device, set_to_none,
-                     grad_accum, inference_mode)
+                     grad_accum, inference_mode, amp)
     plan = normalize_plan(model, checkpoint)
     hint = batch_hint or (spec.batch_size if spec.batch_size >= 2 else 8)
     shape_env = ShapeEnv(specialize_zero_one=False, duck_shape=False)
