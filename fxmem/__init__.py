@@ -33,7 +33,8 @@ from .errors import (FxmemError, InfeasibleBudgetError, InputError, Specializati
 from .measure import Measurement, measure
 from .result import Breakdown, Report
 from .symbols import B
+from .whatif import WhatIf, whatif
 
 __all__ = ["B", "analyze", "apply_checkpoints", "plan_checkpoints", "measure", "PlanChoice",
-           "FrontierPoint", "Report", "Breakdown", "Measurement", "FxmemError",
+           "FrontierPoint", "whatif", "WhatIf", "Report", "Breakdown", "Measurement", "FxmemError",
            "InputError", "TraceError", "SpecializationError", "InfeasibleBudgetError"]

@@ -1,0 +1,96 @@
+"""The seed article's six ways to save memory, each answered as a formula in B.
+
+:func:`whatif` analyses the user's step once as it is (the baseline) and once per method,
+with the same API a user would call for each, and returns one :class:`WhatIf` row per method:
+its peak formula, its peak at the user's batch size, the largest batch size for a budget,
+and the change against the baseline. :func:`fxmem.report.whatif.render_markdown` prints them.
+
+>>> import torch, fxmem
+>>> m = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+>>> rows = fxmem.whatif(m, torch.randn(8, 16), torch.randint(0, 4, (8,)),
+...                     loss=torch.nn.functional.cross_entropy, optimizer=torch.optim.Adam,
+...                     B=64, budget_bytes=2**20, device="cpu")
+>>> [r.method for r in rows]
+['baseline', 'smaller batch', 'mixed precision', 'gradient accumulation', 'no_grad evaluation', 'checkpointing']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+import torch
+
+from .analyze import analyze
+from .errors import FxmemError, InputError
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """One way to save memory, at the user's batch size ``B``.
+
+    ``peak``: peak bytes as a formula in B (the micro-batch for gradient accumulation);
+    ``peak_bytes``: at the batch size the row evaluates (``B_used``); ``max_batch_size``: the
+    largest batch (samples per optimizer step) within the budget, ``None`` when no batch
+    size fits; ``change_bytes``: ``peak_bytes`` minus the baseline's at ``B``;
+    ``note``: what the row assumes.
+    """
+
+    method: str
+    peak: sympy.Expr
+    B_used: int
+    peak_bytes: int
+    max_batch_size: int | None
+    change_bytes: int
+    note: str
+
+
+def whatif(model, inputs, targets=(), loss=None, optimizer=None, *, B: int,  # noqa: N803
+           budget_bytes: int, device="cuda", smaller_model=None, amp=torch.bfloat16,
+           grad_accum: int = 4, checkpoint=None) -> tuple:
+    """The seed's six methods for the user's step, as :class:`WhatIf` rows.
+
+    ``smaller_model``: a smaller version of ``model`` to compare (row left out if None).
+    ``amp``: the autocast dtype (CPU rules: the row is left out for ``device="cuda"``).
+    ``grad_accum``: k micro-batches of ``B // k`` keep the effective batch ``B``.
+    ``checkpoint``: a plan; default: the plan with the smallest peak at ``B`` among the
+    candidates (:meth:`fxmem.Report.frontier`).
+    """
+    if isinstance(B, bool) or not isinstance(B, int) or B < 1:
+        raise InputError(f"B must be a positive int, got {B!r}")
+    kw = dict(loss=loss, optimizer=optimizer, device=device)
+    base = analyze(model, inputs, targets, **kw)
+    b0 = base.peak_bytes(B)
+    rows = []
+
+    def row(method, report, b, note, scale=1):
+        try:
+            most = scale * report.max_batch_size(budget_bytes)
+        except FxmemError:
+            most = None
+        rows.append(WhatIf(method, report.peak, b, report.peak_bytes(b), most,
+                           report.peak_bytes(b) - b0, note))
+
+    row("baseline", base, B, "the step as given")
+    half = max(base.min_batch_size, B // 2)
+    row("smaller batch", base, half, f"B = {half} instead of {B}: the same formula")
+    if smaller_model is not None:
+        row("smaller model", analyze(smaller_model, inputs, targets, **kw), B,
+            "the model passed as smaller_model")
+    if device == "cpu":
+        row("mixed precision", analyze(model, inputs, targets, **kw, amp=amp), B,
+            f"forward and loss under torch.autocast('cpu', {amp})")
+    k = grad_accum
+    micro = max(1, B // k)
+    row("gradient accumulation", analyze(model, inputs, targets, **kw, grad_accum=k), micro,
+        f"{k} micro-batches of {micro}; largest batch = {k} x the largest micro-batch", k)
+    row("no_grad evaluation", analyze(model, inputs, loss=None, device=device, train=False), B,
+        "inference under torch.no_grad(): no backward, no optimizer")
+    plan = checkpoint
+    if plan is None:
+        front = base.frontier(B)
+        plan = front[-1].plan if front else ()
+    planned = base.with_plan(plan)
+    row("checkpointing", planned, B,
+        f"plan {list(plan)}" if plan else "no checkpoint plan lowers the peak")
+    return tuple(rows)
