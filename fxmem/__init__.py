@@ -17,6 +17,10 @@ derived from the trace), :mod:`fxmem.solve` (the plan solver, plain numbers, no 
 :mod:`fxmem.choose` (the solver's numbers from a report, and the exact check of its answer),
 :mod:`fxmem.checkpoint` (plans applied with PyTorch's ``checkpoint_wrapper``).
 
+:mod:`fxmem.whatif` answers the seed article's six ways to save memory for a step, each as
+its own analysis (:mod:`fxmem.step` holds the training-loop options they use: ``grad_accum``,
+``set_to_none``, ``amp``, ``inference_mode``).
+
 >>> import torch, fxmem
 >>> r = fxmem.analyze(torch.nn.Linear(8, 2), torch.randn(4, 8), loss=lambda o: o.sum(),
 ...                   optimizer=torch.optim.SGD, device="cpu")
