@@ -123,3 +123,18 @@ def test_gradient_accumulation_with_a_checkpoint_plan():
     wrapped = fxmem.apply_checkpoints(copy.deepcopy(model), plan)
     for b in (2, 13):
         assert r.peak_bytes(b) == fxmem.measure(wrapped, x, y, **kw, B=b, grad_accum=2).peak_bytes
+
+
+FUSED = {
+    "adam": lambda p: O.Adam(p, fused=True),
+    "adam_amsgrad": lambda p: O.Adam(p, fused=True, amsgrad=True),
+    "adamw": lambda p: O.AdamW(p, fused=True),
+    "sgd_momentum": lambda p: O.SGD(p, lr=0.1, momentum=0.9, fused=True),
+    "adagrad": lambda p: O.Adagrad(p, fused=True),
+}
+
+
+@pytest.mark.parametrize("name", ["mlp", "resnet"])
+@pytest.mark.parametrize("opt", sorted(FUSED))
+def test_fused_optimizers_on_cpu(opt, name):
+    _check(name, FUSED[opt])
