@@ -41,6 +41,10 @@ UNSIZED_WORKSPACE_OPS = {
         "oneDNN RNN workspace (sized inside oneDNN; "
         "disable with torch.backends.mkldnn.flags(enabled=False))"),
 }
+# torch.tensor(...) inside the step makes a real constant outside dispatch, then lifts it:
+# on fake tensors the real constant is this op's input and a fake copy its output; in eager
+# they are one storage, allocated here. The real input is counted as the output's storage.
+CONSTANT_LIFT_OPS = {aten.lift_fresh.default, aten.lift.default}
 # Meta kernels that return one storage for outputs eager returns separately:
 # op -> (i, j) output positions.
 SPLIT_ALIASED_OUTPUTS = {aten.mkldnn_rnn_layer_backward.default: (3, 4)}

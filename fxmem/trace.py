@@ -34,9 +34,9 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from .checkpoint import checkpointing, normalize_plan, user_path
 from .errors import FxmemError, SpecializationError, TraceError
-from .rules import (DATA_DEPENDENT_OPS, DECOMPOSE_OPS, LAYOUT_ONLY_GUARD_OPS, SKIP_NAMESPACES,
-                    SPLIT_ALIASED_OUTPUTS, UNREDUCED_STORAGE_LOSSES, UNSIZED_WORKSPACE_OPS,
-                    RNNRouter, decomposition)
+from .rules import (CONSTANT_LIFT_OPS, DATA_DEPENDENT_OPS, DECOMPOSE_OPS, LAYOUT_ONLY_GUARD_OPS,
+                    SKIP_NAMESPACES, SPLIT_ALIASED_OUTPUTS, UNREDUCED_STORAGE_LOSSES,
+                    UNSIZED_WORKSPACE_OPS, RNNRouter, decomposition)
 from .saved import SavedTensors
 from .step import StepSpec, make_optimizer, make_spec, run_step
 from .symbols import B, Size
@@ -238,6 +238,8 @@ class _Recorder(StorageTracker):
     def on_op(self, index, func, args, kwargs, out, out_sids, new_sids):
         module = self.module()
         in_sids = []
+        if func in CONSTANT_LIFT_OPS and out_sids and self.sid(args[0]) is None:
+            self.alias(args[0], out_sids[0])
 
         def to_node(x):
             if isinstance(x, torch.Tensor):
