@@ -41,6 +41,10 @@ UNSIZED_WORKSPACE_OPS = {
         "oneDNN RNN workspace (sized inside oneDNN; "
         "disable with torch.backends.mkldnn.flags(enabled=False))"),
 }
+# Batch norm on a reduced-precision input with float32 weights (autocast leaves batch_norm
+# alone): eager keeps the saved mean and inverse std (outputs 1 and 2, one value per
+# channel) in the weights' dtype, the meta kernel in the input's.
+STATS_IN_WEIGHT_DTYPE_OPS = {aten.native_batch_norm.default}
 # torch.tensor(...) inside the step makes a real constant outside dispatch, then lifts it:
 # on fake tensors the real constant is this op's input and a fake copy its output; in eager
 # they are one storage, allocated here. The real input is counted as the output's storage.

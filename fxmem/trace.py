@@ -35,8 +35,8 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from .checkpoint import checkpointing, normalize_plan, user_path
 from .errors import FxmemError, SpecializationError, TraceError
 from .rules import (CONSTANT_LIFT_OPS, DATA_DEPENDENT_OPS, DECOMPOSE_OPS, LAYOUT_ONLY_GUARD_OPS,
-                    SKIP_NAMESPACES, SPLIT_ALIASED_OUTPUTS, UNREDUCED_STORAGE_LOSSES,
-                    UNSIZED_WORKSPACE_OPS, RNNRouter, decomposition)
+                    SKIP_NAMESPACES, SPLIT_ALIASED_OUTPUTS, STATS_IN_WEIGHT_DTYPE_OPS,
+                    UNREDUCED_STORAGE_LOSSES, UNSIZED_WORKSPACE_OPS, RNNRouter, decomposition)
 from .saved import SavedTensors
 from .step import StepSpec, make_optimizer, make_spec, run_step
 from .symbols import B, Size
@@ -210,6 +210,11 @@ class _Recorder(StorageTracker):
             raise
 
     def output_nbytes(self, func, args, kwargs, t):
+        if func in STATS_IN_WEIGHT_DTYPE_OPS:
+            x, w = args[0], args[1]
+            if w is not None and w.dtype != x.dtype and t.dim() == 1 and x.dim() > 1:
+                return t.numel() * w.element_size()  # a per-channel statistic
+            return None
         pos = UNREDUCED_STORAGE_LOSSES.get(func)
         if pos is not None:
             reduction = args[pos] if len(args) > pos else kwargs.get("reduction", 1)

@@ -7,7 +7,9 @@ import torch
 import fxmem
 from zoo import ZOO
 
-MODELS = ["mlp", "transformer_train_mode", "seed_cnn", "unet", "tied_reuse", "keeps_locals"]
+# resnet: batch norm on bf16 inputs keeps its saved statistics in float32 (a rule)
+MODELS = ["mlp", "resnet", "transformer_train_mode", "seed_cnn", "unet", "tied_reuse",
+          "keeps_locals"]
 
 
 def _check(name, amp, train=True, batches=(2, 13)):
@@ -33,12 +35,6 @@ def test_autocast_lowers_the_activation_slope():
     r16 = _check("seed_cnn", torch.bfloat16)
     assert r16.peak_bytes(256) < r32.peak_bytes(256)
     assert r16.parts["params"] == r32.parts["params"]  # weights stay fp32 under autocast
-
-
-@pytest.mark.xfail(strict=True, reason="measured -160 bytes (training) / -32 (inference): the "
-                   "bf16 copy of the fc weight lives longer in eager than in the trace")
-def test_autocast_resnet():
-    _check("resnet", torch.bfloat16)
 
 
 def test_amp_arguments_are_checked():
