@@ -86,7 +86,8 @@ def measure(model, inputs, targets=(), loss=None, optimizer=None, train=True, *,
     """Peak memory of one real steady-state step at batch size ``B``. ``set_to_none=False``:
     ``zero_grad`` zeroes the gradients in place, so they stay allocated between steps.
     ``grad_accum=k``: k micro-batches of ``B`` per optimizer step. ``inference_mode=True``
-    (with ``train=False``): under ``torch.inference_mode()`` instead of ``torch.no_grad()``."""
+    (with ``train=False``): under ``torch.inference_mode()`` instead of ``torch.no_grad()``.
+    ``amp=torch.bfloat16`` (or float16): forward and loss under ``torch.autocast``."""
     spec = make_spec(model, inputs, targets, loss, optimizer, train, device, set_to_none,
                      grad_accum, inference_mode, amp)
     if not isinstance(B, int) or B < 1:

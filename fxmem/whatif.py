@@ -22,7 +22,7 @@ import sympy
 import torch
 
 from .analyze import analyze
-from .errors import FxmemError, InputError
+from .errors import InfeasibleBudgetError, InputError
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def whatif(model, inputs, targets=(), loss=None, optimizer=None, *, B: int,  # n
     def row(method, report, b, note, scale=1):
         try:
             most = scale * report.max_batch_size(budget_bytes)
-        except FxmemError:
+        except InfeasibleBudgetError:
             most = None
         rows.append(WhatIf(method, report.peak, b, report.peak_bytes(b), most,
                            report.peak_bytes(b) - b0, note))
