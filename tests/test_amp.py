@@ -43,3 +43,16 @@ def test_amp_arguments_are_checked():
         fxmem.analyze(model, x, y, loss=loss, device="cpu", amp=torch.float64)
     with pytest.raises(fxmem.InputError, match="CUDA's autocast op lists"):
         fxmem.analyze(model, x, y, loss=loss, device="cuda", amp=torch.float16)
+
+
+def test_checkpoint_plan_under_autocast():
+    import copy
+
+    model, x, y, loss = ZOO["resnet"]()
+    kw = dict(loss=loss, optimizer=lambda p: torch.optim.Adam(p, foreach=False))
+    plan = ["layer1.0", "layer1.1"]  # derived: the re-run repeats the weight casts too
+    r = fxmem.analyze(model, x, y, **kw, device="cpu", amp=torch.bfloat16, checkpoint=plan)
+    wrapped = fxmem.apply_checkpoints(copy.deepcopy(model), plan)
+    for b in (2, 13):
+        assert r.peak_bytes(b) == fxmem.measure(wrapped, x, y, **kw, B=b,
+                                                amp=torch.bfloat16).peak_bytes
