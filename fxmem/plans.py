@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .errors import InputError
+from .saved import latest
 from .trace import Trace
 
 _STATIC = ("param", "buffer", "grad", "optimizer_state")
@@ -65,11 +66,6 @@ def _inside(module: str, path: str) -> bool:
     return module == path or module.startswith(path + ".")
 
 
-def _latest(*xs):
-    """Max of op indices where ``None`` means "never freed"."""
-    return None if any(x is None for x in xs) else max(xs, default=-1)
-
-
 def schedule(trace: Trace, path: str) -> SegmentSchedule | None:
     """Where the checkpoint of module ``path`` acts in ``trace``; ``None`` if it saves
     nothing (checkpointing it changes nothing)."""
@@ -92,7 +88,7 @@ def schedule(trace: Trace, path: str) -> SegmentSchedule | None:
     return SegmentSchedule(path, call.first_op, call.last_op, max(p.at for p in packs),
                            first.unpacked_at if first else None,
                            first.unpack_order if first else 0,
-                           _latest(*(p.released_after for p in packs)), tuple(inputs))
+                           latest(*(p.released_after for p in packs)), tuple(inputs))
 
 
 def derive(trace: Trace, plan) -> Trace:
@@ -122,7 +118,7 @@ def derive(trace: Trace, plan) -> Trace:
         if len(kept) == len(held) and st.sid not in keep_until:
             new_storages.append(st)
             continue
-        free = _latest(st.unref_after if st.created_by >= 0 else None, *kept,
+        free = latest(st.unref_after if st.created_by >= 0 else None, *kept,
                        *keep_until.get(st.sid, ()))
         new_storages.append(replace(st, freed_after=free, saved=bool(kept),
                                     category=st.category if kept else _unsaved(st)))
@@ -154,7 +150,7 @@ def derive(trace: Trace, plan) -> Trace:
                 inner = [p.dropped_after if p.unpacked_at is not None else p.released_after
                          for p in packs_of.get(s, ()) if _inside(p.module, sc.path)]
                 if inner:  # kept until each saver's backward is done with it
-                    free = moved(_latest(*inner))
+                    free = moved(latest(*inner))
                 else:  # dropped by Python in the re-run, or when it stops
                     end = sc.stop - 1
                     u = st.unref_after

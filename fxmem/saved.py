@@ -22,7 +22,7 @@ module; per unpack: the first position at which each pack was read back.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 import torch
 
@@ -49,6 +49,28 @@ class Pack:
     dropped_after: int | None = None
 
 
+@dataclass
+class _Record:
+    """A :class:`Pack` while it is being recorded (same fields, mutable)."""
+
+    at: int
+    sid: int
+    module: str
+    released_after: int | None = None
+    unpacked_at: int | None = None
+    unpack_order: int | None = None
+    dropped_after: int | None = None
+
+
+def latest(*op_indices):
+    """The last of some "freed after op i" indices, where ``None`` means never freed.
+
+    >>> latest(3, 7), latest(3, None), latest()
+    (7, None, -1)
+    """
+    return None if any(i is None for i in op_indices) else max(op_indices, default=-1)
+
+
 class Held:
     """What the pack hook stores in place of a saved tensor (see the module docstring)."""
 
@@ -68,8 +90,7 @@ class SavedTensors:
 
     def __init__(self, tracker, where, node_of):
         self.tracker, self.where, self.node_of = tracker, where, node_of
-        # [at, sid, module, released_after, unpacked_at, unpack_order, dropped_after]
-        self._packs: list[list] = []
+        self._packs: list[_Record] = []
         self._unpacks = 0
         self._finalizers: list[weakref.finalize] = []
 
@@ -80,7 +101,7 @@ class SavedTensors:
         if sid is None or not tr.recording or phase != "forward":
             return _Plain(t)
         index = len(self._packs)
-        self._packs.append([tr.op_count, sid, module, None, None, None, None])
+        self._packs.append(_Record(tr.op_count, sid, module))
         if tr.storages[sid].created_by < 0:  # lives through the step anyway
             held = Held(index, sid, t, None, None)
         else:
@@ -96,8 +117,8 @@ class SavedTensors:
             return held.tensor
         tr = self.tracker
         rec = self._packs[held.index]
-        if rec[4] is None and tr.recording:
-            rec[4], rec[5] = tr.op_count, self._unpacks
+        if rec.unpacked_at is None and tr.recording:
+            rec.unpacked_at, rec.unpack_order = tr.op_count, self._unpacks
             self._unpacks += 1
         if held.tensor is not None:
             return held.tensor
@@ -109,7 +130,7 @@ class SavedTensors:
         finally:
             tr.recording = was
         tr.alias(t, held.sid)
-        rec[6] = None  # alive until this stand-in dies
+        rec.dropped_after = None  # alive until this stand-in dies
         self._finalizers.append(weakref.finalize(base.untyped_storage(), self._on_drop,
                                                  held.index))
         if held.node is not None:
@@ -119,12 +140,12 @@ class SavedTensors:
     def _on_drop(self, index: int) -> None:
         tr = self.tracker
         if tr.recording:
-            self._packs[index][6] = tr.op_count - 1
+            self._packs[index].dropped_after = tr.op_count - 1
 
     def _on_release(self, index: int) -> None:
         tr = self.tracker
         if tr.recording:
-            self._packs[index][3] = tr.op_count - 1
+            self._packs[index].released_after = tr.op_count - 1
 
     def close(self) -> None:
         for f in self._finalizers:
@@ -133,16 +154,21 @@ class SavedTensors:
 
     @property
     def packs(self) -> tuple:
-        return tuple(Pack(*p) for p in self._packs)
+        return tuple(Pack(*astuple(p)) for p in self._packs)
 
     def release_times(self) -> dict:
         """sid -> op index after which autograd's last saved copy went away (None: never)."""
-        out: dict = {}
-        for at, sid, module, released, *_ in self._packs:
-            if sid in out and out[sid] is None:
-                continue
-            out[sid] = None if released is None else max(out.get(sid, -1), released)
-        return out
+        by_sid: dict = {}
+        for p in self._packs:
+            by_sid.setdefault(p.sid, []).append(p.released_after)
+        return {sid: latest(*times) for sid, times in by_sid.items()}
+
+    def saved_by(self) -> dict:
+        """sid -> sorted module paths whose forward saved it."""
+        by_sid: dict = {}
+        for p in self._packs:
+            by_sid.setdefault(p.sid, set()).add(p.module)
+        return {sid: tuple(sorted(mods)) for sid, mods in by_sid.items()}
 
 
 class _Plain:

@@ -37,7 +37,7 @@ from .errors import FxmemError, SpecializationError, TraceError
 from .rules import (CONSTANT_LIFT_OPS, DATA_DEPENDENT_OPS, DECOMPOSE_OPS, LAYOUT_ONLY_GUARD_OPS,
                     SKIP_NAMESPACES, SPLIT_ALIASED_OUTPUTS, STATS_IN_WEIGHT_DTYPE_OPS,
                     UNREDUCED_STORAGE_LOSSES, UNSIZED_WORKSPACE_OPS, RNNRouter, decomposition)
-from .saved import SavedTensors
+from .saved import SavedTensors, latest
 from .step import StepSpec, make_optimizer, make_spec, run_step
 from .symbols import B, Size
 from .tracking import StorageTracker
@@ -144,7 +144,6 @@ class _Recorder(StorageTracker):
         self.module_stack = [""]
         self.fn_module: dict[int, str] = {}
         self.saved: set[int] = set()
-        self.saved_by: dict[int, set] = {}  # sid -> module paths whose forward saved it
         self.graph = torch.fx.Graph()
         self._node_of = WeakTensorKeyDictionary()
         self._placeholders: dict[int, torch.fx.Node] = {}
@@ -320,8 +319,6 @@ class _Recorder(StorageTracker):
         sid = self.sid(t)
         if sid is not None:
             self.saved.add(sid)
-            if self.phase == "forward":
-                self.saved_by.setdefault(sid, set()).add(self.module_stack[-1])
         return self.saved_tensors.pack(t)
 
     def close(self) -> None:
@@ -551,6 +548,7 @@ def _finish(rec: _Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
     storages = []
     sizes: dict = {}
     released = rec.saved_tensors.release_times()
+    saved_by = rec.saved_tensors.saved_by()
     for s in rec.storages:
         expr = to_expr(s.nbytes)
         size = sizes.get(expr) or sizes.setdefault(expr, Size.of(expr))
@@ -560,12 +558,11 @@ def _finish(rec: _Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
             cat = "activation" if (s.sid in rec.saved and created_in_forward) else "temporary"
         freed = s.freed_after  # while autograd holds no copy of it: its unref time
         if s.created_by >= 0 and s.sid in released:
-            r = released[s.sid]
-            freed = None if freed is None or r is None else max(freed, r)
+            freed = latest(freed, released[s.sid])
         storages.append(StorageInfo(
             s.sid, size, cat, name, creator_module.get(s.sid, ""), s.created_by,
             freed, s.sid in rec.saved, None, (),
-            tuple(sorted(rec.saved_by.get(s.sid, ()))), s.freed_after))
+            saved_by.get(s.sid, ()), s.freed_after))
     # dtype/shape of the first tensor seen on each storage, from the graph
     first = {}
     for node in rec.graph.nodes:
