@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from . import solve as S
 from .allocator import device_sizes
 from .errors import FxmemError, InfeasibleBudgetError, InputError
-from .flops import op_flops
 from .liveness import timeline
 from .plans import derive, schedule
 from .symbols import B, Size
@@ -113,8 +112,7 @@ class Chooser:
                                        key=lambda p: scheds[p].first_op))
         self.scheds = [scheds[p] for p in self.candidates]
         self.derived = [derive(trace, (p,)) for p in self.candidates]
-        per_op = op_flops(trace)
-        self._flops = {i: Size.of(f) for i, (f, _) in per_op.items()}
+        self._flops = {i: Size.of(f) for i, (f, _) in report._op_flops.items()}
         self._step = Size.of(report.flop_count.total)
         self._sizes = [device_sizes(t.storages, report.device) for t in self.derived]
         self._peaks: dict = {}

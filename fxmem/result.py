@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from .errors import FxmemError, InfeasibleBudgetError, InputError
-from .flops import FlopCount, count_flops
+from .flops import FlopCount, count_flops, op_flops
 from .liveness import Liveness
 from .symbols import B
 
@@ -96,7 +96,12 @@ class Report:
     @functools.cached_property
     def flop_count(self) -> FlopCount:
         """FLOPs of the step (:class:`fxmem.flops.FlopCount`), counted on first use."""
-        return count_flops(self.trace)
+        return count_flops(self.trace, self._op_flops)
+
+    @functools.cached_property
+    def _op_flops(self) -> dict:
+        """FLOPs per traced op (:func:`fxmem.flops.op_flops`), shared with the plan chooser."""
+        return op_flops(self.trace)
 
     @property
     def plan(self) -> tuple:
@@ -152,11 +157,13 @@ class Report:
     def _chooser(self, candidates=None):
         from .choose import Chooser
 
-        if candidates is not None:
-            return Chooser(self, candidates)
-        if "_default_chooser" not in self.__dict__:
-            object.__setattr__(self, "_default_chooser", Chooser(self))
-        return self.__dict__["_default_chooser"]
+        return self._default_chooser if candidates is None else Chooser(self, candidates)
+
+    @functools.cached_property
+    def _default_chooser(self):
+        from .choose import Chooser
+
+        return Chooser(self)
 
     @property
     def recompute_flops(self) -> sympy.Expr:
