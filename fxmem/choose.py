@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from . import solve as S
 from .allocator import device_sizes
-from .errors import FxmemError, InfeasibleBudgetError, InputError
+from .errors import InfeasibleBudgetError, InputError
 from .liveness import timeline
 from .plans import derive, schedule
 from .symbols import B, Size
@@ -256,33 +256,21 @@ def max_batch_size(report, budget_bytes: int, max_recompute: float,
     ``max_recompute`` of the step's FLOPs, with that plan (see :meth:`Report.max_batch_size`)."""
     if not 0 <= max_recompute:
         raise InputError(f"max_recompute is a fraction of the step's FLOPs, got {max_recompute!r}")
-    ch = Chooser(report, candidates)
+    from .result import largest
+
+    ch = report._chooser(candidates)
+    choices: dict = {}
 
     def at(b):
-        return ch.choose(budget_bytes, b, int(max_recompute * ch.step_flops(b)))
+        if b not in choices:
+            choices[b] = ch.choose(budget_bytes, b, int(max_recompute * ch.step_flops(b)))
+        return choices[b]
 
     lo = report.min_batch_size
-    best = at(lo)
-    if best is None:
+    if at(lo) is None:
         low = ch.smallest(lo)
         raise InfeasibleBudgetError(
             f"budget {budget_bytes:,} B is below the smallest peak at B={lo} within "
             f"{max_recompute:.0%} recompute; the smallest with any plan is "
             f"{low.peak_bytes:,} B", minimum_bytes=low.peak_bytes)
-    hi = lo
-    while True:  # grow until it no longer fits
-        nxt = at(hi * 2)
-        if nxt is None:
-            break
-        best, hi = nxt, hi * 2
-        if hi > 2**40:
-            raise FxmemError("the peak does not grow with B, so every batch size fits")
-    lo_b, hi_b = hi, hi * 2  # lo_b fits, hi_b does not
-    while hi_b - lo_b > 1:
-        mid = (lo_b + hi_b) // 2
-        got = at(mid)
-        if got is not None:
-            best, lo_b = got, mid
-        else:
-            hi_b = mid
-    return best
+    return at(largest(lambda b: at(b) is not None, lo, limit=2**40))

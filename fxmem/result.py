@@ -281,13 +281,7 @@ class Report:
                 minimum_bytes=self.peak_bytes(lo))
         if self.peak_bytes(lo) == self.peak_bytes(2 * lo + 1) == self.peak_bytes(10**9):
             raise FxmemError("the peak does not grow with B, so every batch size fits")
-        hi = lo
-        while self.peak_bytes(hi) <= budget_bytes:  # grow until it no longer fits
-            lo, hi = hi, hi * 2
-        while hi - lo > 1:  # peak_bytes(lo) fits, peak_bytes(hi) does not
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if self.peak_bytes(mid) <= budget_bytes else (lo, mid)
-        return lo
+        return largest(lambda b: self.peak_bytes(b) <= budget_bytes, lo)
 
     @property
     def fixed_bytes(self) -> int:
@@ -299,6 +293,25 @@ class Report:
         from .report.text import render_text
 
         return render_text(self)
+
+
+def largest(fits, lo: int, limit: int | None = None) -> int:
+    """The largest integer B >= ``lo`` with ``fits(B)``, for ``fits`` true at ``lo`` and false
+    from some B on: doubling until it fails, then bisection. ``limit``: give up (FxmemError)
+    once a fitting B passes it.
+
+    >>> largest(lambda b: b * b <= 1000, 1)
+    31
+    """
+    hi = lo
+    while fits(hi):  # grow until it no longer fits
+        lo, hi = hi, hi * 2
+        if limit is not None and lo > limit:
+            raise FxmemError("the peak does not grow with B, so every batch size fits")
+    while hi - lo > 1:  # fits(lo), not fits(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
 
 
 def _check_b(b) -> int:
