@@ -15,7 +15,8 @@ from .trace import trace
 def analyze(model, inputs, targets=(), loss=None, optimizer=None, train=True,
             device="cuda", *, checkpoint=None, retrace: bool = False,
             set_to_none: bool = True, grad_accum: int = 1, inference_mode: bool = False,
-            amp=None, batch_hint: int | None = None) -> Report:
+            amp=None, grad_scaler: bool | None = None,
+            batch_hint: int | None = None) -> Report:
     """Analyse one step of ``model`` and return its memory as formulas in :data:`fxmem.B`.
 
     ``inputs``: a tensor or tuple of tensors, dim 0 of each is B (only shapes and dtypes are
@@ -36,8 +37,10 @@ def analyze(model, inputs, targets=(), loss=None, optimizer=None, train=True,
     batch is k·B (:meth:`Report.effective_batch_size`). ``batch_hint``: the value of B used
     where the trace must decide something (default: the inputs' dim 0, or 8).
     ``inference_mode=True`` (with ``train=False``): under ``torch.inference_mode()``.
-    ``amp=torch.bfloat16`` (or float16): forward and loss under ``torch.autocast`` (CPU
-    autocast, ``device="cpu"`` only for now).
+    ``amp=torch.bfloat16`` (or float16): forward and loss under ``torch.autocast`` with the
+    target device's op lists (CUDA's are emulated: :mod:`fxmem.amp`). ``grad_scaler``: the
+    loss is scaled and the optimizer stepped through ``torch.amp.GradScaler`` (default:
+    with ``amp=torch.float16`` and an optimizer, as the AMP recipe does).
 
     >>> import torch, fxmem
     >>> m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
@@ -52,14 +55,15 @@ def analyze(model, inputs, targets=(), loss=None, optimizer=None, train=True,
     plan = normalize_plan(model, checkpoint)
     t = trace(model, inputs, targets, loss, optimizer, train, device, batch_hint=batch_hint,
               checkpoint=None if plan and not retrace else plan, set_to_none=set_to_none,
-              grad_accum=grad_accum, inference_mode=inference_mode, amp=amp)
+              grad_accum=grad_accum, inference_mode=inference_mode, amp=amp,
+              grad_scaler=grad_scaler)
     if plan and not retrace:
         runs = Counter(c.path for c in t.calls)
         if t.plan or any(runs[p] > 1 for p in plan):
             return analyze(model, inputs, targets, loss, optimizer, train, device,
                            checkpoint=plan, retrace=True, set_to_none=set_to_none,
                            grad_accum=grad_accum, inference_mode=inference_mode,
-                           amp=amp, batch_hint=batch_hint)
+                           amp=amp, grad_scaler=grad_scaler, batch_hint=batch_hint)
         t = derive(t, plan)
     lv = liveness(build_graph(t))
     return Report(lv, parts_of(lv), t.guards)

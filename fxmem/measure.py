@@ -25,7 +25,8 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from .errors import InputError
-from .step import PHASES, make_optimizer, make_spec, run_step
+from .step import (PHASES, make_grad_scaler, make_optimizer, make_spec, run_step,
+                   scaler_tensors)
 from .tracking import StorageTracker
 
 
@@ -69,6 +70,28 @@ def _steady_grads(spec, params) -> None:
             p.grad = None
 
 
+MAX_WARMUP_STEPS = 64
+
+
+def _warm_up(model, spec, ins, tgs, params, opt, scaler) -> None:
+    """Steps until the state is steady: one, or with a GradScaler, until one is not skipped
+    (the scale starts at 2**16 and halves at each step whose gradients overflow)."""
+    for _ in range(MAX_WARMUP_STEPS):
+        scale = scaler.get_scale() if scaler is not None else None
+        out = run_step(model, spec, ins, tgs, params, opt, lambda phase: None, scaler=scaler)
+        del out
+        if scaler is None or scaler.get_scale() >= scale:
+            return
+    raise InputError(f"the GradScaler skipped all {MAX_WARMUP_STEPS} warm-up steps: the "
+                     "gradients are inf or nan at every scale")
+
+
+def _check_not_skipped(scaler, scale) -> None:
+    if scaler is not None and scaler.get_scale() < scale:
+        raise InputError("the measured step's gradients overflowed and the GradScaler skipped "
+                         "its optimizer step; measure again")
+
+
 class _Tracker(StorageTracker):
     def __init__(self):
         super().__init__()
@@ -82,14 +105,17 @@ class _Tracker(StorageTracker):
 
 def measure(model, inputs, targets=(), loss=None, optimizer=None, train=True, *, B: int,
             device="cpu", set_to_none=True, grad_accum=1, inference_mode=False,
-            amp=None) -> Measurement:
+            amp=None, grad_scaler=None) -> Measurement:
     """Peak memory of one real steady-state step at batch size ``B``. ``set_to_none=False``:
     ``zero_grad`` zeroes the gradients in place, so they stay allocated between steps.
     ``grad_accum=k``: k micro-batches of ``B`` per optimizer step. ``inference_mode=True``
     (with ``train=False``): under ``torch.inference_mode()`` instead of ``torch.no_grad()``.
-    ``amp=torch.bfloat16`` (or float16): forward and loss under ``torch.autocast``."""
+    ``amp=torch.bfloat16`` (or float16): forward and loss under ``torch.autocast``.
+    ``grad_scaler``: the step goes through a ``torch.amp.GradScaler`` (default: with
+    ``amp=torch.float16`` and an optimizer). To run a CPU step with CUDA's autocast rules,
+    call this inside :func:`fxmem.amp.emulate`."""
     spec = make_spec(model, inputs, targets, loss, optimizer, train, device, set_to_none,
-                     grad_accum, inference_mode, amp)
+                     grad_accum, inference_mode, amp, grad_scaler)
     if not isinstance(B, int) or B < 1:
         raise InputError(f"B must be a positive int, got {B!r}")
     if any(p.is_meta for p in model.parameters()):
@@ -99,28 +125,31 @@ def measure(model, inputs, targets=(), loss=None, optimizer=None, train=True, *,
     tgs = [batch_of(t, B, device) for t in spec.targets]
     params = [p for p in model.parameters()]
     opt = make_optimizer(spec.optimizer, params, device) if spec.optimizer else None
+    scaler = make_grad_scaler(spec, device)
     noop = lambda phase: None  # noqa: E731
     if device == "cuda":
-        return _measure_cuda(model, spec, ins, tgs, params, opt, B)
+        return _measure_cuda(model, spec, ins, tgs, params, opt, B, scaler)
 
-    out = run_step(model, spec, ins, tgs, params, opt, noop)  # warm-up: optimizer state
-    del out
+    _warm_up(model, spec, ins, tgs, params, opt, scaler)
     _steady_grads(spec, params)
     gc.collect()
     tracker = _Tracker()
     state = opt.state if opt is not None else {}
     grads = [p.grad for p in params if p.grad is not None]
-    for t in [*params, *model.buffers(), *_tensors(state), *grads, *ins, *tgs]:
+    for t in [*params, *model.buffers(), *_tensors(state), *grads, *ins, *tgs,
+              *scaler_tensors(scaler).values()]:
         tracker.register(t)
     baseline = sum(int(s.nbytes) for s in tracker.storages)
 
     def on_phase(name):
         tracker.phase = name
 
+    scale = scaler.get_scale() if scaler is not None else None
     with tracker:
-        out = run_step(model, spec, ins, tgs, params, opt, on_phase)
+        out = run_step(model, spec, ins, tgs, params, opt, on_phase, scaler=scaler)
     tracker.close()
     del out
+    _check_not_skipped(scaler, scale)
 
     # replay the events: live bytes after each op's allocations, before later frees
     live, peak = baseline, baseline
@@ -137,19 +166,20 @@ def measure(model, inputs, targets=(), loss=None, optimizer=None, train=True, *,
                        {p: phase_peaks[p] for p in PHASES if p in phase_peaks})
 
 
-def _measure_cuda(model, spec, ins, tgs, params, opt, B) -> Measurement:
+def _measure_cuda(model, spec, ins, tgs, params, opt, B, scaler) -> Measurement:
     """CUDA protocol: warm up, collect, empty cache, reset peaks, measure the second step."""
     noop = lambda phase: None  # noqa: E731
-    out = run_step(model, spec, ins, tgs, params, opt, noop)
-    del out
+    _warm_up(model, spec, ins, tgs, params, opt, scaler)
     _steady_grads(spec, params)
     gc.collect()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     baseline = torch.cuda.memory_allocated()
-    out = run_step(model, spec, ins, tgs, params, opt, noop)
+    scale = scaler.get_scale() if scaler is not None else None
+    out = run_step(model, spec, ins, tgs, params, opt, noop, scaler=scaler)
     torch.cuda.synchronize()
     del out
+    _check_not_skipped(scaler, scale)
     return Measurement(torch.cuda.max_memory_allocated(), baseline, torch.cuda.memory_allocated(),
                        B, "cuda", {}, torch.cuda.max_memory_reserved())

@@ -6,11 +6,12 @@ variable beyond the loss computation)::
 
     optimizer.zero_grad(set_to_none=True)      # or set_to_none=False: gradients stay allocated
     for _ in range(grad_accum):                # gradient accumulation: k micro-batches of B
-        loss = loss_fn(model(*inputs), *targets)
+        with torch.autocast(device, dtype=amp):    # when amp is set
+            loss = loss_fn(model(*inputs), *targets)
         if grad_accum > 1:
             loss = loss / grad_accum
-        loss.backward()
-    optimizer.step()
+        scaler.scale(loss).backward()          # with a GradScaler; else loss.backward()
+    scaler.step(optimizer); scaler.update()    # with a GradScaler; else optimizer.step()
 
 An inference step is ``out = model(*inputs)`` under ``torch.no_grad()`` (or
 ``torch.inference_mode()``); ``out`` is kept.
@@ -44,6 +45,7 @@ class StepSpec:
     grad_accum: int = 1  # micro-batches per optimizer step (B is the micro-batch)
     inference_mode: bool = False  # inference under torch.inference_mode(), not no_grad()
     amp: Any = None  # torch.autocast dtype for the forward and the loss (None: no autocast)
+    grad_scaler: bool = False  # torch.amp.GradScaler scales the loss and steps the optimizer
 
 
 def _as_tuple(x, what: str) -> tuple:
@@ -58,7 +60,7 @@ def _as_tuple(x, what: str) -> tuple:
 
 def make_spec(model, inputs, targets=(), loss=None, optimizer=None, train=True,
               device="cuda", set_to_none=True, grad_accum=1,
-              inference_mode=False, amp=None) -> StepSpec:
+              inference_mode=False, amp=None, grad_scaler=None) -> StepSpec:
     """Check the user's arguments before any work starts."""
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -98,11 +100,14 @@ def make_spec(model, inputs, targets=(), loss=None, optimizer=None, train=True,
     if amp is not None:
         if amp not in (torch.bfloat16, torch.float16):
             raise InputError(f"amp is torch.bfloat16 or torch.float16, got {amp!r}")
-        if device != "cpu":
-            raise InputError("amp is modelled for device='cpu' (CPU autocast) only; CUDA's "
-                             "autocast op lists are not emulated yet")
+    if grad_scaler is None:  # the AMP recipe: float16 training steps through a GradScaler
+        grad_scaler = amp is torch.float16 and train and optimizer is not None
+    if not isinstance(grad_scaler, bool):
+        raise InputError(f"grad_scaler must be True, False or None, got {grad_scaler!r}")
+    if grad_scaler and (not train or optimizer is None):
+        raise InputError("grad_scaler=True needs a training step with an optimizer")
     return StepSpec(ins, tgs, loss, optimizer, bool(train), device, sizes[0][1], set_to_none,
-                    grad_accum, bool(inference_mode), amp)
+                    grad_accum, bool(inference_mode), amp, grad_scaler)
 
 
 def compute_loss(out, targets: Sequence, loss_fn: Callable | None) -> torch.Tensor:
@@ -140,22 +145,53 @@ def make_optimizer(factory: Callable, params: list, device: str) -> torch.optim.
     return opt
 
 
-def _autocast(spec: StepSpec):
-    """The autocast region of the step: forward and loss, as the AMP recipe writes it."""
+class _FiniteStepScaler(torch.amp.GradScaler):
+    """A GradScaler that takes every step as finite. ``GradScaler.step`` reads its inf
+    check's result (``found_inf.item()``), which fake tensors do not have; fxmem analyses the
+    step that does run the optimizer. Everything else (scale, unscale, inf checks, update)
+    runs as written."""
+
+    def _maybe_opt_step(self, optimizer, optimizer_state, *args, **kwargs):
+        return optimizer.step(*args, **kwargs)
+
+
+def make_grad_scaler(spec: StepSpec, device: str, fake: bool = False):
+    """The step's ``torch.amp.GradScaler`` on ``device`` (None without one); ``fake``: for
+    fake tensors (see :class:`_FiniteStepScaler`). Its scale and growth tracker are made
+    now, as the first step of a training run leaves them."""
+    if not spec.grad_scaler:
+        return None
+    scaler = (_FiniteStepScaler if fake else torch.amp.GradScaler)(device)
+    scaler._lazy_init_scale_growth_tracker(torch.device(device))
+    return scaler
+
+
+def scaler_tensors(scaler) -> dict:
+    """The tensors a GradScaler keeps between steps, by name."""
+    if scaler is None:
+        return {}
+    return {"grad_scaler.scale": scaler._scale, "grad_scaler.growth_tracker": scaler._growth_tracker}
+
+
+def _autocast(spec: StepSpec, inputs: Sequence):
+    """The autocast region of the step: forward and loss, as the AMP recipe writes it, for
+    the device the tensors are on (fake tensors are CPU tensors: for ``device="cuda"`` the
+    tracer emulates CUDA's rules there, :mod:`fxmem.amp`)."""
     if spec.amp is None:
         return contextlib.nullcontext()
-    return torch.autocast(spec.device, dtype=spec.amp)
+    return torch.autocast(inputs[0].device.type, dtype=spec.amp)
 
 
 def run_step(forward: Callable, spec: StepSpec, inputs: Sequence, targets: Sequence,
              params: Sequence[torch.Tensor], optimizer, on_phase: Callable[[str], Any],
-             micro_steps: int | None = None):
+             micro_steps: int | None = None, scaler=None):
     """Run one step; call ``on_phase(name)`` as each phase starts. Returns the kept output.
     ``micro_steps``: forward-backward passes to run (default ``spec.grad_accum``; the
-    tracer runs 2, since every micro-step after the first sees the same memory)."""
+    tracer runs 2, since every micro-step after the first sees the same memory).
+    ``scaler``: the GradScaler of a ``grad_scaler`` step (see :func:`make_grad_scaler`)."""
     if not spec.train:
         on_phase("forward")
-        with torch.inference_mode() if spec.inference_mode else torch.no_grad(), _autocast(spec):
+        with torch.inference_mode() if spec.inference_mode else torch.no_grad(), _autocast(spec, inputs):
             out = forward(*inputs)
         return out
     on_phase("zero_grad")
@@ -169,13 +205,19 @@ def run_step(forward: Callable, spec: StepSpec, inputs: Sequence, targets: Seque
                 p.grad.zero_()
     for _ in range(spec.grad_accum if micro_steps is None else micro_steps):
         on_phase("forward")
-        with _autocast(spec):
+        with _autocast(spec, inputs):
             loss = compute_loss(forward(*inputs), targets, spec.loss)
         if spec.grad_accum > 1:
             loss = loss / spec.grad_accum
         on_phase("backward")
-        loss.backward()
+        if scaler is not None:
+            scaler.scale(loss).backward()
+        else:
+            loss.backward()
     on_phase("optimizer")
-    if optimizer is not None:
+    if optimizer is not None and scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    elif optimizer is not None:
         optimizer.step()
     return loss

@@ -38,7 +38,9 @@ from .rules import (CONSTANT_LIFT_OPS, DATA_DEPENDENT_OPS, DECOMPOSE_OPS, LAYOUT
                     SKIP_NAMESPACES, SPLIT_ALIASED_OUTPUTS, STATS_IN_WEIGHT_DTYPE_OPS,
                     UNREDUCED_STORAGE_LOSSES, UNSIZED_WORKSPACE_OPS, RNNRouter, decomposition)
 from .saved import SavedTensors, latest
-from .step import StepSpec, make_optimizer, make_spec, run_step
+from .amp import emulate
+from .step import (StepSpec, make_grad_scaler, make_optimizer, make_spec, run_step,
+                   scaler_tensors)
 from .symbols import B, Size
 from .tracking import StorageTracker
 
@@ -344,11 +346,13 @@ def _fake_like(mode: FakeTensorMode, t: torch.Tensor, batch=None, param=False):
 def trace(model: torch.nn.Module, inputs, targets=(), loss=None, optimizer=None, train=True,
           device="cuda", batch_hint: int | None = None, checkpoint=None,
           set_to_none: bool = True, grad_accum: int = 1, inference_mode: bool = False,
-          amp=None) -> Trace:
+          amp=None, grad_scaler=None) -> Trace:
     """Trace one steady-state step of ``model``; see the module docstring. ``checkpoint``:
-    a plan (module paths) whose forwards run under ``torch.utils.checkpoint`` for real."""
+    a plan (module paths) whose forwards run under ``torch.utils.checkpoint`` for real.
+    With ``amp`` and ``device="cuda"``, autocast follows CUDA's op lists
+    (:func:`fxmem.amp.emulate`)."""
     spec = make_spec(model, inputs, targets, loss, optimizer, train, device, set_to_none,
-                     grad_accum, inference_mode, amp)
+                     grad_accum, inference_mode, amp, grad_scaler)
     plan = normalize_plan(model, checkpoint)
     hint = batch_hint or (spec.batch_size if spec.batch_size >= 2 else 8)
     shape_env = ShapeEnv(specialize_zero_one=False, duck_shape=False)
@@ -445,6 +449,9 @@ def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles,
 
     with mode:
         opt = make_optimizer(spec.optimizer, params, spec.device) if spec.optimizer else None
+        scaler = make_grad_scaler(spec, "cpu", fake=True)
+    for name, t in scaler_tensors(scaler).items():
+        rec.register_named(t, "optimizer_state", name)
 
     def on_phase(name):
         if name == "forward":
@@ -500,7 +507,11 @@ def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles,
         return run
 
     hooks = torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.saved_tensors.unpack)
-    with checkpointing(model, plan, region) as rec.plan, swap, router, mode, rec, hooks:
+    # CUDA's autocast rules on the fake CPU tensors, for the whole step (a checkpointed
+    # module's re-run in backward enters autocast again)
+    rules = emulate("cuda") if spec.amp is not None and spec.device == "cuda" else \
+        contextlib.nullcontext()
+    with checkpointing(model, plan, region) as rec.plan, swap, router, rules, mode, rec, hooks:
         if spec.train and not spec.set_to_none:
             # steady state: the previous step left every gradient allocated. One unrecorded
             # forward and backward makes them (as fxmem.measure's warm-up step does).
@@ -512,7 +523,7 @@ def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles,
                 if p.grad is not None:
                     rec.register_named(p.grad, "grad", user_path(n))
         out = run_step(forward, spec_run, fins, ftgs, params, opt, on_phase,
-                       micro_steps=min(spec.grad_accum, 2))
+                       micro_steps=min(spec.grad_accum, 2), scaler=scaler)
     rec.close()
     rec.check_specialized()
     end_index = len(rec.ops)

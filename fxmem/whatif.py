@@ -51,7 +51,8 @@ def whatif(model, inputs, targets=(), loss=None, optimizer=None, *, B: int,  # n
     """The seed's six methods for the user's step, as :class:`WhatIf` rows.
 
     ``smaller_model``: a smaller version of ``model`` to compare (row left out if None).
-    ``amp``: the autocast dtype (CPU rules: the row is left out for ``device="cuda"``).
+    ``amp``: the autocast dtype, with the device's op lists (float16 training steps through
+    a GradScaler).
     ``grad_accum``: k micro-batches of ``B // k`` keep the effective batch ``B``.
     ``checkpoint``: a plan; default: the plan with the smallest peak at ``B`` among the
     candidates (:meth:`fxmem.Report.frontier`).
@@ -77,9 +78,10 @@ def whatif(model, inputs, targets=(), loss=None, optimizer=None, *, B: int,  # n
     if smaller_model is not None:
         row("smaller model", analyze(smaller_model, inputs, targets, **kw), B,
             "the model passed as smaller_model")
-    if device == "cpu":
+    if amp is not None:
+        scaler = " with a GradScaler" if amp is torch.float16 and optimizer is not None else ""
         row("mixed precision", analyze(model, inputs, targets, **kw, amp=amp), B,
-            f"forward and loss under torch.autocast('cpu', {amp})")
+            f"forward and loss under torch.autocast('{device}', {amp}){scaler}")
     k = grad_accum
     micro = max(1, B // k)
     row("gradient accumulation", analyze(model, inputs, targets, **kw, grad_accum=k), micro,

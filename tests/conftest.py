@@ -21,11 +21,13 @@ def _global_state_unchanged():
     from torch.overrides import _get_current_function_mode_stack
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-    before = (torch.get_default_dtype(), torch.is_grad_enabled(),
+    before = (torch.get_default_dtype(), torch.is_grad_enabled(), torch.clear_autocast_cache,
+              torch._C._dispatch_dump("aten::softmax.int"), torch.is_autocast_enabled("cpu"),
               len(_get_current_dispatch_mode_stack()), len(_get_current_function_mode_stack()),
               len(m._global_forward_hooks), len(m._global_forward_pre_hooks))
     yield
-    after = (torch.get_default_dtype(), torch.is_grad_enabled(),
+    after = (torch.get_default_dtype(), torch.is_grad_enabled(), torch.clear_autocast_cache,
+              torch._C._dispatch_dump("aten::softmax.int"), torch.is_autocast_enabled("cpu"),
              len(_get_current_dispatch_mode_stack()), len(_get_current_function_mode_stack()),
              len(m._global_forward_hooks), len(m._global_forward_pre_hooks))
     assert after == before, "global state changed"

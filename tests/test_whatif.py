@@ -43,8 +43,13 @@ def test_every_row_matches_a_real_step():
     assert text.count("\n") == len(rows) + 1 and "| mixed precision |" in text
 
 
-def test_cuda_leaves_out_the_cpu_autocast_row():
+def test_cuda_mixed_precision_row_follows_cuda_rules():
     model, x, y, loss = ZOO["mlp"]()
-    rows = fxmem.whatif(model, x, y, loss=loss, optimizer=torch.optim.SGD, B=8,
-                        budget_bytes=2**24, device="cuda")
-    assert "mixed precision" not in [r.method for r in rows]
+    rows = {r.method: r for r in fxmem.whatif(
+        model, x, y, loss=loss, optimizer=torch.optim.SGD, B=8, budget_bytes=2**24,
+        device="cuda", amp=torch.float16)}
+    amp = rows["mixed precision"]
+    assert amp.note == "forward and loss under torch.autocast('cuda', torch.float16) with a GradScaler"
+    cuda = fxmem.analyze(model, x, y, loss=loss, optimizer=torch.optim.SGD, device="cuda",
+                         amp=torch.float16)
+    assert amp.peak_bytes == cuda.peak_bytes(8) and amp.peak == cuda.peak
