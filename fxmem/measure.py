@@ -26,7 +26,7 @@ from torch.utils._pytree import tree_leaves
 
 from .errors import InputError
 from .step import (PHASES, make_grad_scaler, make_optimizer, make_spec, run_step,
-                   scaler_tensors)
+                   scaler_tensors, warmup_steps)
 from .tracking import StorageTracker
 
 
@@ -74,8 +74,12 @@ MAX_WARMUP_STEPS = 64
 
 
 def _warm_up(model, spec, ins, tgs, params, opt, scaler) -> None:
-    """Steps until the state is steady: one, or with a GradScaler, until one is not skipped
-    (the scale starts at 2**16 and halves at each step whose gradients overflow)."""
+    """Steps until the state is steady: one (LBFGS: until its history is full), and with a
+    GradScaler, until one is not skipped (the scale starts at 2**16 and halves at each step
+    whose gradients overflow)."""
+    for _ in range(warmup_steps(opt) - 1):
+        out = run_step(model, spec, ins, tgs, params, opt, lambda phase: None, scaler=scaler)
+        del out
     for _ in range(MAX_WARMUP_STEPS):
         scale = scaler.get_scale() if scaler is not None else None
         out = run_step(model, spec, ins, tgs, params, opt, lambda phase: None, scaler=scaler)
@@ -124,7 +128,7 @@ def measure(model, inputs, targets=(), loss=None, optimizer=None, train=True, *,
     ins = [batch_of(t, B, device) for t in spec.inputs]
     tgs = [batch_of(t, B, device) for t in spec.targets]
     params = [p for p in model.parameters()]
-    opt = make_optimizer(spec.optimizer, params, device) if spec.optimizer else None
+    opt = make_optimizer(spec.optimizer, params, device, spec) if spec.optimizer else None
     scaler = make_grad_scaler(spec, device)
     noop = lambda phase: None  # noqa: E731
     if device == "cuda":

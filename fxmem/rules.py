@@ -6,6 +6,9 @@ Each rule says why it exists; an op with no rule is traced as PyTorch's fake ker
 
 from __future__ import annotations
 
+import os
+import traceback
+
 import torch
 
 aten = torch.ops.aten
@@ -23,6 +26,24 @@ DECOMPOSE_OPS = {aten.constant_pad_nd.default}
 # Reading a tensor's value: in the model (forward, loss, backward) memory would depend on
 # data, so it is an error; the optimizer's reads of its step counters are harmless.
 DATA_DEPENDENT_OPS = {aten._local_scalar_dense.default, aten.item.default}
+# LBFGS decides in Python, reading values, whether to stop iterating. Fake tensors have no
+# values, so the tracer answers for the steady state of a long run, the most memory: every
+# one of ``max_iter`` iterations runs and stores its curvature pair. Keyed by the source
+# line of torch/optim/lbfgs.py that reads (a value read elsewhere in it is an error);
+# numbers it reads (losses, step sizes) get distinct values, so no "loss unchanged" stop.
+LBFGS_SOURCE = ("torch", "optim", "lbfgs.py")
+LBFGS_DECISIONS = {
+    "if opt_cond:": False,  # gradient below tolerance_grad
+    "if ys > 1e-10:": True,  # curvature pair accepted into the history
+    "if gtd > -tolerance_change:": False,  # not a descent direction
+    "if d.mul(t).abs().max() <= tolerance_change:": False,  # step below tolerance_change
+    # first iteration ever: t = min(1, 1/|g|_1) * lr, a tensor when |g|_1 > 1
+    "t = min(1.0, 1.0 / flat_grad.abs().sum()) * lr": True,
+}
+# ASGD reads its step size and averaging weight (``eta.item()``, ``mu.item() != 1``). The
+# weight mu = 1 / max(1, step - t0) is 1 for the first t0 steps (10^6 by default), when the
+# average is a copy; the tracer answers 1 to every read.
+ASGD_SOURCE = ("torch", "optim", "asgd.py")
 # Metadata queries and profiler markers: they create nothing and are not recorded.
 SKIP_NAMESPACES = ("prim", "profiler")
 # Eager CPU kernels of these losses return the reduced loss as a view into the unreduced
@@ -127,3 +148,29 @@ def decomposition(func):
     from torch._refs import constant_pad_nd
 
     return decomposition_table.get(func) or {aten.constant_pad_nd.default: constant_pad_nd}[func]
+
+
+class ValueOracle:
+    """Values for the reads LBFGS and ASGD make in ``step()`` (see
+    :data:`LBFGS_DECISIONS`, :data:`ASGD_SOURCE`)."""
+
+    def __init__(self):
+        self.reads = 0
+
+    def __call__(self, t: torch.Tensor):
+        """The value to return for ``t.item()``, or ``NotImplemented`` when the read is not
+        one of theirs (the fake kernel then answers, or fails, as it would)."""
+        stack = traceback.extract_stack()
+        lbfgs = [f for f in stack if f.filename.endswith(os.path.join(*LBFGS_SOURCE))]
+        if not lbfgs:
+            asgd = any(f.filename.endswith(os.path.join(*ASGD_SOURCE)) for f in stack)
+            return 1.0 if asgd and t.dtype != torch.bool else NotImplemented
+        self.reads += 1
+        if t.dtype != torch.bool:
+            return 1.0 + self.reads  # distinct: never "loss unchanged"
+        line = (lbfgs[-1].line or "").strip()
+        if line not in LBFGS_DECISIONS:
+            raise ValueError(f"LBFGS reads a value at torch/optim/lbfgs.py line "
+                             f"{lbfgs[-1].lineno} ({line!r}) that fxmem has no steady-state "
+                             "answer for")
+        return LBFGS_DECISIONS[line]

@@ -64,6 +64,11 @@ def make_spec(model, inputs, targets=(), loss=None, optimizer=None, train=True,
     """Check the user's arguments before any work starts."""
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    for path, m in model.named_modules():
+        if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse and train:
+            raise InputError(f"{path or '(root)'} makes sparse gradients (sparse=True): not "
+                             "modelled, since their size after coalescing depends on which "
+                             "rows the batch touches; use sparse=False (and not SparseAdam)")
     ins, tgs = _as_tuple(inputs, "inputs"), _as_tuple(targets, "targets")
     if not ins:
         raise InputError("inputs must contain at least one tensor")
@@ -128,7 +133,8 @@ def compute_loss(out, targets: Sequence, loss_fn: Callable | None) -> torch.Tens
     return lossval
 
 
-def make_optimizer(factory: Callable, params: list, device: str) -> torch.optim.Optimizer:
+def make_optimizer(factory: Callable, params: list, device: str,
+                   spec: StepSpec | None = None) -> torch.optim.Optimizer:
     """Build the optimizer the target device would run.
 
     On CUDA torch.optim defaults to the foreach implementations; under fake CPU tensors it
@@ -138,6 +144,8 @@ def make_optimizer(factory: Callable, params: list, device: str) -> torch.optim.
     opt = factory(params)
     if not isinstance(opt, torch.optim.Optimizer):
         raise InputError(f"optimizer(params) returned {type(opt).__name__}, not an Optimizer")
+    if spec is not None:
+        check_optimizer(spec, opt)
     if device == "cuda":
         for group in opt.param_groups:
             if "foreach" in group and group["foreach"] is None and not group.get("fused"):
@@ -173,6 +181,54 @@ def scaler_tensors(scaler) -> dict:
     return {"grad_scaler.scale": scaler._scale, "grad_scaler.growth_tracker": scaler._growth_tracker}
 
 
+def needs_closure(optimizer) -> bool:
+    """LBFGS re-evaluates the loss itself: its step takes a closure."""
+    return isinstance(optimizer, torch.optim.LBFGS)
+
+
+def warmup_steps(optimizer) -> int:
+    """Steps before the optimizer's state is steady. LBFGS keeps the last ``history_size``
+    curvature pairs, one per iteration after its very first: full after this many steps
+    (when every iteration runs and is accepted)."""
+    if needs_closure(optimizer):
+        group = optimizer.param_groups[0]
+        return -(-(group["history_size"] + 1) // group["max_iter"])
+    return 1
+
+
+def check_optimizer(spec: StepSpec, optimizer) -> None:
+    """What a closure optimizer cannot be combined with."""
+    if not needs_closure(optimizer):
+        return
+    if spec.grad_accum != 1:
+        raise InputError(f"{type(optimizer).__name__} evaluates the loss itself in step(); "
+                         "grad_accum does not apply")
+    if spec.grad_scaler:
+        raise InputError("GradScaler.step does not support closures (LBFGS): pass "
+                         "grad_scaler=False")
+    if optimizer.param_groups[0]["line_search_fn"] is not None:
+        raise InputError("LBFGS with a line search evaluates the loss a data-dependent "
+                         "number of times; fxmem models line_search_fn=None")
+
+
+def _closure_step(forward, spec, inputs, targets, optimizer, on_phase):
+    """``optimizer.step(closure)``, the closure being the usual zero_grad, forward, loss and
+    backward; each evaluation goes through the phases again."""
+    def closure():
+        on_phase("zero_grad")
+        optimizer.zero_grad(set_to_none=spec.set_to_none)
+        on_phase("forward")
+        with _autocast(spec, inputs):
+            loss = compute_loss(forward(*inputs), targets, spec.loss)
+        on_phase("backward")
+        loss.backward()
+        on_phase("optimizer")
+        return loss
+
+    on_phase("optimizer")
+    return optimizer.step(closure)
+
+
 def _autocast(spec: StepSpec, inputs: Sequence):
     """The autocast region of the step: forward and loss, as the AMP recipe writes it, for
     the device the tensors are on (fake tensors are CPU tensors: for ``device="cuda"`` the
@@ -194,6 +250,8 @@ def run_step(forward: Callable, spec: StepSpec, inputs: Sequence, targets: Seque
         with torch.inference_mode() if spec.inference_mode else torch.no_grad(), _autocast(spec, inputs):
             out = forward(*inputs)
         return out
+    if needs_closure(optimizer):
+        return _closure_step(forward, spec, inputs, targets, optimizer, on_phase)
     on_phase("zero_grad")
     if optimizer is not None:
         optimizer.zero_grad(set_to_none=spec.set_to_none)

@@ -29,18 +29,19 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 from torch.nn.utils.stateless import _reparametrize_module
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from .checkpoint import checkpointing, normalize_plan, user_path
 from .errors import FxmemError, SpecializationError, TraceError
 from .rules import (CONSTANT_LIFT_OPS, DATA_DEPENDENT_OPS, DECOMPOSE_OPS, LAYOUT_ONLY_GUARD_OPS,
                     SKIP_NAMESPACES, SPLIT_ALIASED_OUTPUTS, STATS_IN_WEIGHT_DTYPE_OPS,
-                    UNREDUCED_STORAGE_LOSSES, UNSIZED_WORKSPACE_OPS, RNNRouter, decomposition)
+                    UNREDUCED_STORAGE_LOSSES, UNSIZED_WORKSPACE_OPS, RNNRouter, ValueOracle,
+                    decomposition)
 from .saved import SavedTensors, latest
 from .amp import emulate
-from .step import (StepSpec, make_grad_scaler, make_optimizer, make_spec, run_step,
-                   scaler_tensors)
+from .step import (StepSpec, make_grad_scaler, make_optimizer, make_spec, needs_closure,
+                   run_step, scaler_tensors, warmup_steps)
 from .symbols import B, Size
 from .tracking import StorageTracker
 
@@ -152,6 +153,7 @@ class _Recorder(StorageTracker):
         self.names: dict[int, tuple[str, str]] = {}  # sid -> (category, name)
         self.ops: list[OpInfo] = []
         self.failed: tuple | None = None
+        self.oracle = ValueOracle()
         self.unmodelled: dict = {}  # (op, module) -> what is not modelled
         self._n_repl = 0
         self.plan: tuple = ()
@@ -188,6 +190,10 @@ class _Recorder(StorageTracker):
                     "condition on a tensor), so memory would depend on data",
                     op=str(func), module=self.module(), phase=self.phase,
                     source=_user_frame(traceback.extract_stack()))
+            if func in DATA_DEPENDENT_OPS and self.phase == "optimizer":
+                value = self.oracle(args[0])
+                if value is not NotImplemented:
+                    return value
             if func in DECOMPOSE_OPS:
                 with self:
                     return decomposition(func)(*args, **kwargs)
@@ -448,7 +454,8 @@ def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles,
         return model(*args)
 
     with mode:
-        opt = make_optimizer(spec.optimizer, params, spec.device) if spec.optimizer else None
+        opt = make_optimizer(spec.optimizer, params, spec.device, spec) \
+            if spec.optimizer else None
         scaler = make_grad_scaler(spec, "cpu", fake=True)
     for name, t in scaler_tensors(scaler).items():
         rec.register_named(t, "optimizer_state", name)
@@ -460,12 +467,13 @@ def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles,
         if name == "backward":
             rec.module_stack[:] = ["<loss>"]
         if name == "optimizer":
+            rec.phase = name  # the unrecorded step below reads as the optimizer's
             for n, p in fparams.items():
                 if p.grad is not None:
                     sid = rec.sid(p.grad)
                     if sid is not None and rec.storages[sid].created_by >= 0:
                         rec.names[sid] = ("grad", n)
-            if opt is not None:  # one unrecorded step creates the optimizer state
+            if opt is not None and not needs_closure(opt):  # state: one unrecorded step
                 rec.recording = False
                 opt.step()
                 rec.recording = True
@@ -522,6 +530,18 @@ def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles,
             for n, p in fparams.items():
                 if p.grad is not None:
                     rec.register_named(p.grad, "grad", user_path(n))
+        if needs_closure(opt):
+            # steady state: LBFGS's history is full after some steps; run them unrecorded
+            rec.recording = False
+            for _ in range(warmup_steps(opt)):
+                run_step(forward, spec_run, fins, ftgs, params, opt,
+                         lambda name: setattr(rec, "phase", name))
+            rec.recording = True
+            for k, v in opt.state[params[0]].items():
+                leaves = [t for t in tree_leaves(v) if isinstance(t, torch.Tensor)]
+                for i, t in enumerate(leaves):
+                    rec.register_named(t, "optimizer_state",
+                                       f"{k}[{i}]" if len(leaves) > 1 else k)
         out = run_step(forward, spec_run, fins, ftgs, params, opt, on_phase,
                        micro_steps=min(spec.grad_accum, 2), scaler=scaler)
     rec.close()

@@ -93,8 +93,8 @@ class StorageTracker(TorchDispatchMode):
     # dispatch -------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not self.recording:
-            return func(*args, **kwargs)
+        if not self.recording:  # still run through run_op's rules
+            return self.run_op(func, args, kwargs)
         out = self.run_op(func, args, kwargs)
         index = self.op_count
         self.op_count += 1

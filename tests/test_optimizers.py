@@ -24,6 +24,8 @@ OPTIMIZERS = {
     "radam": lambda p, **k: O.RAdam(p, **k),
     "adadelta": lambda p, **k: O.Adadelta(p, **k),
     "rprop": lambda p, **k: O.Rprop(p, **k),
+    # reads eta and mu in step(): fxmem answers mu = 1 (before averaging starts, t0 steps)
+    "asgd": lambda p, **k: O.ASGD(p, **k),
 }
 
 
@@ -72,11 +74,46 @@ def test_zero_grad_without_set_to_none_keeps_gradients(name, opt):
     assert r.peak_bytes(13) >= base.peak_bytes(13)  # gradients live from the start
 
 
-def test_optimizers_fxmem_cannot_trace_say_so():
+@pytest.mark.parametrize("name,history,max_iter", [("mlp", 7, 4), ("seed_cnn", 10, 5),
+                                                  ("keeps_locals", 6, 4)])
+def test_lbfgs_with_its_history(name, history, max_iter):
+    # the steady state: a full history, every iteration run (the real step takes this path
+    # on these models; see docs/training-setups.md for when it does not)
+    opt = lambda p: O.LBFGS(p, lr=0.01, history_size=history, max_iter=max_iter)  # noqa: E731
+    r = _check(name, opt)
+    pairs = [s for s in r.trace.storages if s.category == "optimizer_state"
+             and s.name.startswith(("old_dirs", "old_stps"))]
+    assert len(pairs) == 2 * history
+    n = sum(p.numel() for p in ZOO[name]()[0].parameters())
+    assert all(int(s.size.expr) == 4 * n for s in pairs)  # one flat copy of the parameters
+
+
+def test_lbfgs_combinations_that_do_not_apply_are_refused():
     model, x, y, loss = ZOO["mlp"]()
-    with pytest.raises(fxmem.TraceError, match="data-dependent"):
-        fxmem.analyze(model, x, y, loss=loss, optimizer=lambda p: O.ASGD(p, foreach=False),
-                      device="cpu")
+    kw = dict(loss=loss, device="cpu")
+    with pytest.raises(fxmem.InputError, match="grad_accum does not apply"):
+        fxmem.analyze(model, x, y, **kw, optimizer=O.LBFGS, grad_accum=2)
+    with pytest.raises(fxmem.InputError, match="line search"):
+        fxmem.analyze(model, x, y, **kw,
+                      optimizer=lambda p: O.LBFGS(p, line_search_fn="strong_wolfe"))
+    with pytest.raises(fxmem.InputError, match="GradScaler.step does not support closures"):
+        fxmem.analyze(model, x, y, **kw, optimizer=O.LBFGS, amp=torch.float16)
+
+
+def test_sparse_gradients_are_refused():
+    class Bag(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(100, 16, sparse=True)
+
+        def forward(self, ids):
+            return self.emb(ids).sum(1)
+
+    x, y = torch.randint(0, 100, (4, 5)), torch.randn(4, 16)
+    for run in (fxmem.analyze, lambda *a, **k: fxmem.measure(*a, **k, B=2)):
+        with pytest.raises(fxmem.InputError, match="emb makes sparse gradients"):
+            run(Bag(), x, y, loss=torch.nn.functional.mse_loss, optimizer=O.SparseAdam)
+    assert fxmem.analyze(Bag(), x, train=False).peak_bytes(4) > 0  # inference is fine
 
 
 def test_set_to_none_is_checked():
