@@ -91,9 +91,13 @@ def _rnn_decomposition(name: str, args):
 
 def _eager_uses_mkldnn(input, hx, params) -> bool:
     """aten/src/ATen/native/RNN.cpp use_mkldnn(): what eager CPU LSTM runs."""
+    mkldnn = torch.ops.mkldnn
+    dtype_ok = (input.dtype == torch.float32
+                or (input.dtype == torch.bfloat16 and mkldnn._is_mkldnn_bf16_supported())
+                or (input.dtype == torch.float16 and not torch.is_grad_enabled()
+                    and mkldnn._is_mkldnn_fp16_supported()))  # CPU ISA checks, as in C++
     return (torch._C._get_mkldnn_enabled() and input.device.type == "cpu"
-            and all(t.device.type == "cpu" for t in (*hx, *params))
-            and input.dtype in (torch.float32, torch.bfloat16)
+            and all(t.device.type == "cpu" for t in (*hx, *params)) and dtype_ok
             and hx[0].size(2) == hx[1].size(2))  # no projections
 
 

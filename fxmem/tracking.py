@@ -14,6 +14,7 @@ import weakref
 from dataclasses import dataclass
 
 import torch
+from torch._C import DispatchKey
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
@@ -37,6 +38,18 @@ class TrackedStorage:
     nbytes: object  # int, or torch.SymInt while tracing
     created_by: int  # op index, -1 for storages registered before the step
     freed_after: int | None = None  # op index after which it was freed; None: alive at end
+
+
+def _composite(func) -> bool:
+    """Is ``func`` implemented by a CompositeImplicitAutograd kernel (calls to other ops)?"""
+    cached = _COMPOSITE.get(func)
+    if cached is None:
+        cached = _COMPOSITE[func] = torch._C._dispatch_has_kernel_for_dispatch_key(
+            func.name(), "CompositeImplicitAutograd")
+    return cached
+
+
+_COMPOSITE: dict = {}
 
 
 class StorageTracker(TorchDispatchMode):
@@ -93,6 +106,13 @@ class StorageTracker(TorchDispatchMode):
     # dispatch -------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if _composite(func):
+            # Only under inference_mode (autograd's keys excluded) does a composite op such
+            # as aten.lstm.input reach this mode whole; its C++ body would then allocate
+            # unseen. Run that body (not a Python decomposition registered for it) with this
+            # mode active, so its ops and their storages are seen one by one.
+            with self:
+                return func._op_dk(DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
         if not self.recording:  # still run through run_op's rules
             return self.run_op(func, args, kwargs)
         out = self.run_op(func, args, kwargs)

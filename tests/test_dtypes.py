@@ -33,6 +33,19 @@ def test_low_precision_models(name, dtype):
     _same(model, x, (), None, train=False)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_lstm_inference(dtype):
+    # eager takes oneDNN when this CPU supports the dtype (fp16: only without grad), as
+    # fxmem.rules._eager_uses_mkldnn asks
+    model, x, y, loss = _to(dtype, "lstm")
+    _same(model, x, (), None, train=False)
+
+
+def test_fp16_lstm_training_without_onednn():
+    model, x, y, loss = _to(torch.float16, "lstm")  # grad mode: no oneDNN for fp16
+    _same(model, x, y, loss, optimizer=lambda p: torch.optim.SGD(p, lr=0.1, foreach=False))
+
+
 def test_bf16_lstm_training_reports_the_onednn_workspace():
     model, x, y, loss = _to(torch.bfloat16, "lstm")
     r = fxmem.analyze(model, x, y, loss=loss, optimizer=torch.optim.SGD, device="cpu")
@@ -62,8 +75,10 @@ def test_mixed_dtypes_inside_a_model():
                                                                              torch.bfloat16}
 
 
-@pytest.mark.parametrize("name", sorted(set(ZOO) - {"lstm"}))
+@pytest.mark.parametrize("name", sorted(ZOO))
 def test_inference_mode(name):
+    # the LSTM reaches the tracker as one composite aten.lstm.input under inference_mode:
+    # fxmem.tracking runs its C++ body with the tracker active, so measure sees inside it
     model, x, _, _ = ZOO[name]()
     _same(model, x, (), None, train=False, inference_mode=True)
 
