@@ -31,3 +31,29 @@ def _global_state_unchanged():
              len(_get_current_dispatch_mode_stack()), len(_get_current_function_mode_stack()),
              len(m._global_forward_hooks), len(m._global_forward_pre_hooks))
     assert after == before, "global state changed"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="rewrite tests/golden/* from the current output instead of comparing")
+
+
+@pytest.fixture
+def golden(request):
+    """``golden(name, text)``: compare ``text`` with tests/golden/<name>, or rewrite it with
+    ``pytest --update-golden``."""
+    update = request.config.getoption("--update-golden")
+
+    def check(name, text):
+        path = os.path.join(os.path.dirname(__file__), "golden", name)
+        if update:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+            return
+        with open(path, encoding="utf-8") as f:
+            expected = f.read()
+        assert text == expected, (f"{name} differs from tests/golden/{name}; if the change is "
+                                  "intended, run pytest --update-golden")
+
+    return check

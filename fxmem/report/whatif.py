@@ -5,14 +5,26 @@ from __future__ import annotations
 from .text import fmt_bytes
 
 
-def render_markdown(rows) -> str:
-    """A Markdown table: method, peak formula, peak at its B, change, largest batch, note."""
+def as_dict(row) -> dict:
+    """A :class:`fxmem.WhatIf` as the plain dict reports carry (formula as text)."""
+    return dict(method=row.method, peak_formula=str(row.peak), B=row.B_used,
+                peak_bytes=row.peak_bytes, max_batch_size=row.max_batch_size,
+                change_bytes=row.change_bytes, note=row.note)
+
+
+def table(rows: list[dict]) -> str:
+    """A Markdown table of what-if rows given as dicts (see :func:`as_dict`)."""
     out = ["| method | peak (bytes, formula in B) | B | peak | change | largest batch | note |",
            "|---|---|---:|---:|---:|---:|---|"]
     for r in rows:
-        change = "" if r.method == "baseline" else \
-            f"{'+' if r.change_bytes > 0 else ''}{fmt_bytes(r.change_bytes)}"
-        most = "none fits" if r.max_batch_size is None else f"{r.max_batch_size:,}"
-        out.append(f"| {r.method} | `{r.peak}` | {r.B_used} | {fmt_bytes(r.peak_bytes)} | "
-                   f"{change} | {most} | {r.note} |")
+        change = "" if r["method"] == "baseline" else \
+            f"{'+' if r['change_bytes'] > 0 else ''}{fmt_bytes(r['change_bytes'])}"
+        most = "none fits" if r["max_batch_size"] is None else f"{r['max_batch_size']:,}"
+        out.append(f"| {r['method']} | `{r['peak_formula']}` | {r['B']} | "
+                   f"{fmt_bytes(r['peak_bytes'])} | {change} | {most} | {r['note']} |")
     return "\n".join(out)
+
+
+def render_markdown(rows) -> str:
+    """A Markdown table: method, peak formula, peak at its B, change, largest batch, note."""
+    return table([as_dict(r) for r in rows])

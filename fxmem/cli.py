@@ -1,0 +1,211 @@
+"""The ``fxmem`` command (also ``python -m fxmem``).
+
+``fxmem analyze TARGET ...`` traces one step of the model and prints or writes its report.
+Errors are one line on stderr with an exit code: 2 bad usage or input, 3 the step could not
+be traced, 4 nothing fits the budget, 1 a bug in fxmem (``--debug`` shows the traceback).
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+import click
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from .errors import FxmemError, InfeasibleBudgetError, InputError, TraceError
+
+EXIT_INTERNAL, EXIT_USAGE, EXIT_TRACE, EXIT_BUDGET = 1, 2, 3, 4
+LOSSES = {"cross_entropy": F.cross_entropy, "mse": F.mse_loss, "none": None}
+OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "adagrad": "Adagrad",
+              "rmsprop": "RMSprop", "adamax": "Adamax", "nadam": "NAdam", "radam": "RAdam",
+              "adadelta": "Adadelta", "rprop": "Rprop", "asgd": "ASGD", "lbfgs": "LBFGS",
+              "none": None}
+AMP = {"fp16": torch.float16, "bf16": torch.bfloat16, "none": None}
+FORMATS = ("table", "json", "md", "html")
+
+
+class _Exit(Exception):
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def _code(e: BaseException) -> int:
+    if isinstance(e, InfeasibleBudgetError):
+        return EXIT_BUDGET
+    if isinstance(e, TraceError):
+        return EXIT_TRACE
+    return EXIT_USAGE
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="fxmem")
+def cli():
+    """fxmem: the device memory of a PyTorch step as a formula of the batch size B."""
+
+
+@cli.command()
+@click.argument("target")
+@click.option("--input", "inputs", multiple=True, metavar="SPEC",
+              help="An input tensor, DIMS[:DTYPE[:HIGH]] with B for the batch: B,3,32,32 or "
+                   "B,128:int64:50257. Repeat for several inputs.")
+@click.option("--target", "targets", multiple=True, metavar="SPEC",
+              help="A target tensor passed to the loss after the output, e.g. B:int64:10.")
+@click.option("--loss", type=click.Choice(sorted(LOSSES)), default=None,
+              help="Loss of (output, *targets); none: the model returns the loss (or .loss). "
+                   "Default: cross_entropy with --target, else none.")
+@click.option("--optimizer", type=click.Choice(sorted(OPTIMIZERS)), default="none",
+              show_default=True, help="torch.optim optimizer stepped after backward.")
+@click.option("--amp", type=click.Choice(sorted(AMP)), default="none", show_default=True,
+              help="Forward and loss under autocast with the device's rules (fp16 training "
+                   "steps through a GradScaler).")
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda",
+              show_default=True, help="cuda: allocator blocks and CUDA's defaults; cpu: "
+                                      "live bytes.")
+@click.option("--inference", is_flag=True, help="An inference step under no_grad.")
+@click.option("--grad-accum", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Micro-batches per optimizer step (B is one micro-batch).")
+@click.option("--batch", type=click.IntRange(min=1), default=32, show_default=True,
+              help="The B the report's numbers are given at.")
+@click.option("--budget", metavar="SIZE", default=None,
+              help="Device memory budget (24GiB, 500MB, bytes): the largest B that fits.")
+@click.option("--checkpoint", metavar="auto|none|PATH,...", default="none",
+              show_default=True,
+              help="Activation checkpointing: auto (the cheapest plan that fits --budget at "
+                   "--batch, else the smallest peak), none, or module paths.")
+@click.option("--config", "config", multiple=True, metavar="KEY=VALUE",
+              help="Keyword arguments for the model's class or factory (hf: presets: for "
+                   "the config class), e.g. n_layer=6.")
+@click.option("--seq", type=click.IntRange(min=1), default=None,
+              help="Sequence length of hf: presets (default: min(512, max positions)).")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table",
+              show_default=True, help="Output format.")
+@click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write the report here instead of stdout.")
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Modules listed in the breakdown at the peak.")
+@click.option("--debug", is_flag=True, help="Show the traceback of an error.")
+def analyze(target, inputs, targets, loss, optimizer, amp, device, inference, grad_accum,
+            batch, budget, checkpoint, config, seq, fmt, out, top, debug):
+    """Analyse one step of the model TARGET: path/to/file.py:ClassOrFactory,
+    package.module:ClassOrFactory, or a preset such as hf:gpt2 or hf:llama (built from
+    transformers' config classes, on the meta device: nothing is downloaded)."""
+    try:
+        text = _analyze(target, inputs, targets, loss, optimizer, amp, device, inference,
+                        grad_accum, batch, budget, checkpoint, config, seq, fmt, top)
+    except (FxmemError, _Exit) as e:
+        _fail(e, debug)
+    except Exception as e:  # noqa: BLE001 - a bug in fxmem: still one line, exit 1
+        _fail(_Exit(EXIT_INTERNAL, f"internal error, {type(e).__name__}: {e} (--debug shows "
+                                   "the traceback; please report it)"), debug, e)
+    if out:
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(text)
+        click.echo(f"wrote {out}", err=True)
+    elif fmt == "table":
+        from rich.console import Console
+
+        Console().print(text)
+    else:
+        click.echo(text, nl=False)
+
+
+def _fail(e, debug: bool, cause: BaseException | None = None):
+    if debug:
+        traceback.print_exception(cause or e, file=sys.stderr)
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    click.echo(f"fxmem: error: {msg}", err=True)
+    sys.exit(e.code if isinstance(e, _Exit) else _code(e))
+
+
+def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, grad_accum,
+             batch, budget, checkpoint, config, seq, fmt, top):
+    from rich.console import Console
+
+    from .analyze import analyze as run_analysis
+    from .report.summary import summarize
+    from .targets import load_target, parse_config, parse_size, parse_tensor
+
+    budget_bytes = parse_size(budget) if budget is not None else None
+    t = load_target(target, parse_config(config), seq)
+    specs = inputs or t.inputs
+    if not specs:
+        raise InputError("give the model's inputs with --input (e.g. --input B,3,32,32)")
+    tgt_specs = targets
+    hint = 8
+    xs = tuple(parse_tensor(s, hint) for s in specs)
+    ys = tuple(parse_tensor(s, hint) for s in tgt_specs)
+    loss_name = loss or t.loss or ("cross_entropy" if ys else "none")
+    if inference:
+        ys, loss_name = (), "none"
+    opt_name = OPTIMIZERS[optimizer]
+    if inference and opt_name:
+        raise InputError("--inference runs no backward pass: drop --optimizer")
+    opt = getattr(torch.optim, opt_name) if opt_name else None
+    plan = () if checkpoint in ("none", "auto") else tuple(
+        p.strip() for p in checkpoint.split(",") if p.strip())
+    status = Console(stderr=True).status(f"tracing {t.name} on fake tensors ...")
+    with status:
+        report = run_analysis(t.model, xs, ys, loss=LOSSES[loss_name], optimizer=opt,
+                              train=not inference, device=device, amp=AMP[amp],
+                              grad_accum=grad_accum, checkpoint=plan or None)
+        frontier = ()
+        if checkpoint == "auto" and not inference:
+            status.update("choosing a checkpoint plan ...")
+            frontier = report.frontier(batch)
+            if budget_bytes is not None:
+                choice = report.plan_for(budget_bytes, batch)
+                report = choice.report
+            elif frontier:
+                report = report.with_plan(frontier[-1].plan)
+        if budget_bytes is not None:
+            report.max_batch_size(budget_bytes)  # raises InfeasibleBudgetError (exit 4)
+    setup = {"model": target, "inputs": " ".join(specs),
+             **({"targets": " ".join(tgt_specs)} if ys else {}),
+             "loss": loss_name if not inference else "(inference)",
+             "optimizer": optimizer, "amp": amp,
+             **({"checkpoint": checkpoint} if checkpoint != "none" else {})}
+    s = summarize(report, B=batch, budget_bytes=budget_bytes, top=top, setup=setup,
+                  title=f"fxmem report: {t.name}", frontier=frontier)
+    return _render(s, fmt)
+
+
+def _render(s, fmt: str):
+    if fmt == "json":
+        from .report.jsonout import render_json
+
+        return render_json(s)
+    if fmt == "md":
+        from .report.markdown import render_markdown
+
+        return render_markdown(s)
+    if fmt == "html":
+        from .report.html import render_html
+
+        return render_html(s)
+    from .report.terminal import render_terminal
+
+    return render_terminal(s)
+
+
+def main(argv=None):
+    """Entry point of the ``fxmem`` console script: click's usage errors become one line
+    too (exit 2)."""
+    try:
+        code = cli.main(args=argv, prog_name="fxmem", standalone_mode=False)
+    except click.UsageError as e:
+        if type(e).__name__ == "NoArgsIsHelpError":  # bare `fxmem`: the help, as --help
+            click.echo(e.ctx.get_help())
+            sys.exit(0)
+        where = f"fxmem {e.ctx.info_name} --help" if e.ctx and e.ctx.parent else "fxmem --help"
+        click.echo(f"fxmem: error: {e.format_message()} (see {where})", err=True)
+        sys.exit(EXIT_USAGE)
+    except click.ClickException as e:
+        click.echo(f"fxmem: error: {e.format_message()}", err=True)
+        sys.exit(e.exit_code)
+    except click.Abort:
+        click.echo("fxmem: aborted", err=True)
+        sys.exit(EXIT_INTERNAL)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,122 @@
+"""One self-contained HTML page from a :class:`~fxmem.report.summary.Summary`: inline CSS,
+plots as base64 SVG images, formulas as text and MathML; nothing is fetched when it opens.
+
+>>> import torch, fxmem
+>>> from fxmem.report.summary import summarize
+>>> r = fxmem.analyze(torch.nn.Linear(8, 2), torch.randn(4, 8), loss=lambda o: o.sum(),
+...                   optimizer=torch.optim.SGD, device="cpu")
+>>> page = render_html(summarize(r, B=16, budget_bytes=2**20))
+>>> page.startswith("<!DOCTYPE html>"), page.count('src="data:image/svg+xml;base64,')
+(True, 3)
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+
+import sympy
+from jinja2 import Environment, PackageLoader, StrictUndefined
+from markupsafe import Markup
+from sympy.printing.mathml import mathml
+
+from . import plots
+from .text import fmt_bytes
+
+
+@dataclass(frozen=True)
+class Plot:
+    """A figure embedded as ``<img src="data:image/svg+xml;base64,...">``."""
+
+    key: str
+    alt: str
+    src: str
+
+
+def fmt_flops(n: int) -> str:
+    """``9535490`` -> ``'9.54 MFLOP'``."""
+    unit, k = plots.unit_for(n, plots.FLOP_UNITS)
+    return f"{n / k:.2f} {unit}" if k > 1 else f"{n:,} {unit}"
+
+
+def fmt_change(n: int) -> str:
+    """``-1536`` -> ``'−1.50 KiB'``, ``0`` -> ``'±0'``."""
+    if n == 0:
+        return "\u00b10"
+    return ("+" if n > 0 else "\u2212") + fmt_bytes(abs(n))
+
+
+def share(n: int, total: int) -> str:
+    """``n`` as a percentage of ``total``: ``'12.5%'``."""
+    return f"{100 * n / total:.1f}%" if total else ""
+
+
+def _plot(key: str, fig, alt: str) -> Plot:
+    data = base64.b64encode(plots.svg(fig).encode("utf-8")).decode("ascii")
+    return Plot(key, alt, "data:image/svg+xml;base64," + data)
+
+
+def _plots(s) -> list[Plot]:
+    out = [_plot("peak-vs-batch", plots.peak_vs_batch(s),
+                 f"Peak memory against batch size; {fmt_bytes(s.peak_bytes)} at B = {s.B}"),
+           _plot("timeline", plots.timeline(s),
+                 f"Live memory after every op at B = {s.B}, coloured by phase"),
+           _plot("categories", plots.categories(s),
+                 f"Memory at the peak by category and seed-style parts at B = {s.B}")]
+    fig = plots.frontier(s)
+    if fig is not None:
+        out.append(_plot("frontier", fig, "Checkpoint frontier: peak memory against "
+                                          "recompute FLOPs"))
+    return out
+
+
+def _formula(text: str) -> tuple[str, Markup | None]:
+    """The peak formula laid out one ``Max`` branch a line, and its MathML (``None`` when
+    sympy cannot parse the text)."""
+    try:
+        expr = sympy.sympify(text)
+    except (sympy.SympifyError, SyntaxError, TypeError):
+        return text, None
+    math = Markup('<math display="block">{}</math>').format(
+        Markup(mathml(expr, printer="presentation")))
+    if isinstance(expr, sympy.Max):
+        return "max(\n" + ",\n".join(f"    {a}" for a in expr.args) + "\n)", math
+    return text, math
+
+
+def _budget_line(s) -> str:
+    if s.budget_bytes is None:
+        return "No memory budget given."
+    if s.max_batch_size is None:
+        return (f"No batch size fits the budget of {fmt_bytes(s.budget_bytes)}: the smallest "
+                f"peak is {fmt_bytes(s.min_peak_bytes)} ({s.min_peak_bytes:,} bytes), at "
+                f"B = {s.curve[0][0]:,}.")
+    most = dict(s.curve).get(s.max_batch_size)
+    at = f" (peak {fmt_bytes(most)})" if most is not None else ""
+    return (f"The largest batch size within the budget of {fmt_bytes(s.budget_bytes)} is "
+            f"B = {s.max_batch_size:,}{at}.")
+
+
+def _context(s) -> dict:
+    text, math = _formula(s.peak_formula)
+    return dict(s=s, plots=_plots(s), formula_text=text, formula_mathml=math,
+                budget_line=_budget_line(s), parts_total=sum(s.parts_bytes.values()),
+                frontier=[dict(n=i + 1, peak=p, flops=f, plan=plan,
+                               used=set(plan) == set(s.plan))
+                          for i, (p, f, plan) in enumerate(plots.frontier_points(s))])
+
+
+def _env() -> Environment:
+    env = Environment(loader=PackageLoader("fxmem.report", "templates"), autoescape=True,
+                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                      keep_trailing_newline=True)
+    env.filters.update(bytes=fmt_bytes, flops=fmt_flops, change=fmt_change, share=share,
+                       num="{:,}".format, op=plots.short_op,
+                       module=lambda m: m or "(root)")
+    return env
+
+
+def render_html(s) -> str:
+    """The report page of summary ``s`` as one HTML document (a string); it references no
+    file or URL, so it can be mailed or opened offline."""
+    return _env().get_template("report.html.j2").render(**_context(s))

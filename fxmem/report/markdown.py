@@ -1,0 +1,71 @@
+"""Markdown rendering of a :class:`fxmem.report.summary.Summary` (the gallery in ``docs/``,
+``fxmem analyze --format md``).
+
+>>> import torch, fxmem
+>>> from fxmem.report.summary import summarize
+>>> r = fxmem.analyze(torch.nn.Linear(8, 2), torch.randn(4, 8), loss=lambda o: o.sum(),
+...                   device="cpu")
+>>> print(render_markdown(summarize(r, B=16)).splitlines()[0])
+# fxmem report
+"""
+
+from __future__ import annotations
+
+from .text import fmt_bytes
+from .whatif import table as whatif_table
+
+
+def _module(m: str) -> str:
+    """A module path as Markdown code (``<loss>`` would otherwise read as an HTML tag)."""
+    return f"`{m or '(root)'}`"
+
+
+def _rows(header: str, align: str, rows) -> list[str]:
+    return [header, align, *rows]
+
+
+def render_markdown(s) -> str:
+    """The report as Markdown: formula, where it holds, numbers at ``s.B``, the largest B for
+    the budget, parts, what is live at the peak, checkpointing and what-ifs when present."""
+    out = [f"# {s.title}", ""]
+    out += _rows("| setup | |", "|---|---|", (f"| {k} | {v} |" for k, v in s.setup.items()))
+    out += ["", "## Peak memory as a formula of B", "",
+            f"`{s.peak_formula}` bytes, valid when {', '.join(s.valid_when) or 'B >= 1'}.", ""]
+    out += _rows("| from B | the peak is after | phase | module | bytes |",
+                 "|---:|---|---|---|---|",
+                 (f"| {r.B_from} | `{r.op}` | {r.phase} | {_module(r.module)} | `{r.formula}` |"
+                  for r in s.regimes))
+    out += ["", f"## At B = {s.B}", "",
+            f"Peak: **{fmt_bytes(s.peak_bytes)}** ({s.peak_bytes:,} bytes), after `{s.peak_op}` "
+            f"in {_module(s.peak_module)} ({s.peak_phase})."]
+    if s.budget_bytes is not None:
+        budget = f"{fmt_bytes(s.budget_bytes)} ({s.budget_bytes:,} bytes)"
+        out += ["", f"Largest B within {budget}: **{s.max_batch_size:,}**."
+                if s.max_batch_size is not None else
+                f"No B fits {budget}: the smallest peak is {fmt_bytes(s.min_peak_bytes)}."]
+    out += ["", "## Parts", ""]
+    out += _rows(f"| part | bytes (formula in B) | at B = {s.B} |", "|---|---|---:|",
+                 (f"| {k} | `{s.parts_formulas[k]}` | {fmt_bytes(v)} |"
+                  for k, v in s.parts_bytes.items()))
+    out += ["", "## Live at the peak", "", "By category:", ""]
+    out += _rows("| category | bytes |", "|---|---:|",
+                 (f"| {k} | {fmt_bytes(v)} |" for k, v in s.by_category.items()))
+    out += ["", "By module (top level):", ""]
+    out += _rows("| module | bytes |", "|---|---:|",
+                 (f"| {_module(k)} | {fmt_bytes(v)} |" for k, v in s.by_module.items()))
+    if s.plan or s.frontier:
+        out += ["", "## Activation checkpointing", ""]
+        if s.plan:
+            out += [f"Plan applied: {', '.join(s.plan)}; it recomputes "
+                    f"{s.recompute_flops:,} FLOPs at B = {s.B}.", ""]
+        if s.frontier:
+            out += [f"Pareto plans at B = {s.B} (no plan has a lower peak for fewer FLOPs):",
+                    ""]
+            out += _rows("| peak | recompute FLOPs | plan |", "|---:|---:|---|",
+                         (f"| {fmt_bytes(p)} | {f:,} | {', '.join(pl) or '(none)'} |"
+                          for p, f, pl in s.frontier))
+    if s.whatifs:
+        out += ["", "## What-ifs", "", whatif_table(list(s.whatifs))]
+    if s.unmodelled:
+        out += ["", "## Not modelled", "", *(f"- {u}" for u in s.unmodelled)]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,149 @@
+"""What a rendered report shows, computed once from a :class:`fxmem.Report`: every renderer
+(terminal, Markdown, HTML, JSON) and every plot reads a :class:`Summary`, never the trace.
+
+``Summary.to_dict()`` is the JSON document, versioned by :data:`SCHEMA` (documented in
+``docs/json-schema.md``; a change to a field's meaning bumps the version).
+
+>>> import torch, fxmem
+>>> from fxmem.report.summary import summarize
+>>> r = fxmem.analyze(torch.nn.Linear(8, 2), torch.randn(4, 8), loss=lambda o: o.sum(),
+...                   optimizer=torch.optim.SGD, device="cpu")
+>>> s = summarize(r, B=16, budget_bytes=2**20)
+>>> s.peak_bytes == r.peak_bytes(16), s.max_batch_size == r.max_batch_size(2**20)
+(True, True)
+>>> s.to_dict()["schema"]
+'fxmem.report/1'
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import sympy
+
+from ..errors import InfeasibleBudgetError
+from ..symbols import B as SYM_B
+from .whatif import as_dict
+
+SCHEMA = "fxmem.report/1"
+CURVE_POINTS = 64  # batch sizes sampled for the peak-vs-B plot
+
+
+@dataclass(frozen=True)
+class Regime:
+    """From batch size ``B_from`` on, the peak is right after ``op`` in ``module``."""
+
+    B_from: int
+    op: str
+    phase: str
+    module: str
+    formula: str  # bytes, in B
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A report's contents, numbers in bytes.
+
+    ``peak_formula``: the peak as a formula in B (sympy's text), valid where ``valid_when``
+    holds; ``regimes``: which op is the peak for which range of B. ``B``/``peak_bytes``: the
+    chosen batch size and its peak; ``parts_bytes``: the seed-style parts at ``B`` (and
+    ``parts_formulas`` in B). ``budget_bytes``/``max_batch_size``: the largest B within the
+    budget (``None`` when no budget was given or none fits; ``min_peak_bytes`` is then the
+    smallest peak, at the smallest valid B). ``by_category``/``by_module``: what is live at
+    the peak at ``B``. ``curve``: (B, peak bytes) samples; ``timeline``: live bytes after
+    every op at ``B`` (index, op, phase, module, bytes). ``plan``/``frontier``: the
+    checkpoint plan applied, and Pareto points (peak bytes, recompute FLOPs, plan) at ``B``.
+    ``whatifs``: rows of :func:`fxmem.whatif` (dicts), when given.
+    """
+
+    title: str
+    setup: dict
+    peak_formula: str
+    peak_latex: str
+    valid_when: tuple
+    regimes: tuple
+    B: int
+    peak_bytes: int
+    peak_op: str
+    peak_phase: str
+    peak_module: str
+    parts_formulas: dict
+    parts_bytes: dict
+    budget_bytes: int | None
+    max_batch_size: int | None
+    min_peak_bytes: int
+    by_category: dict
+    by_module: dict
+    curve: tuple
+    timeline: tuple = field(repr=False)
+    plan: tuple = ()
+    recompute_flops: int = 0
+    frontier: tuple = ()
+    whatifs: tuple = ()
+    unmodelled: tuple = ()
+
+    def to_dict(self, timeline: bool = False) -> dict:
+        """The JSON document (see ``docs/json-schema.md``); ``timeline=True`` adds the
+        per-op live bytes, which can be long."""
+        d = {"schema": SCHEMA, **asdict(self)}
+        d["regimes"] = [asdict(r) for r in self.regimes]
+        d["curve"] = [list(p) for p in self.curve]
+        d["frontier"] = [dict(peak_bytes=p, recompute_flops=f, plan=list(pl))
+                         for p, f, pl in self.frontier]
+        d["plan"] = list(self.plan)
+        d["valid_when"] = list(self.valid_when)
+        d["whatifs"] = [dict(w) for w in self.whatifs]
+        d["unmodelled"] = list(self.unmodelled)
+        if timeline:
+            d["timeline"] = [list(t) for t in self.timeline]
+        else:
+            del d["timeline"]
+        return d
+
+
+def _at(expr, b: int) -> int:
+    return int(sympy.sympify(expr).subs(SYM_B, b))
+
+
+def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,  # noqa: N803
+              title: str = "fxmem report", setup: dict | None = None, frontier=None,
+              whatifs=None) -> Summary:
+    """The :class:`Summary` of ``report`` at batch size ``B``. ``setup``: what the step is
+    (model, optimizer, ...; shown as given); ``frontier``: checkpoint Pareto points at ``B``
+    (:meth:`fxmem.Report.frontier`); ``whatifs``: :class:`fxmem.WhatIf` rows."""
+    from ..result import PARTS
+
+    bd = report.breakdown(B, top=top)
+    most = None
+    if budget_bytes is not None:
+        try:
+            most = report.max_batch_size(budget_bytes)
+        except InfeasibleBudgetError:
+            most = None
+    b_min = report.min_batch_size
+    hi = max(2 * B, 2 * most if most else 0, b_min + 1)
+    step = max(1, (hi - b_min) // (CURVE_POINTS - 1))
+    bs = sorted({*range(b_min, hi + 1, step), B, *((most, most + 1) if most else ())})
+    curve = tuple((b, report.peak_bytes(b)) for b in bs)
+    info = {"device": report.device, "step": "training" if report.trace.train else "inference",
+            **({"grad_accum": report.grad_accum} if report.grad_accum > 1 else {}),
+            **(setup or {})}
+    parts = {p: report.parts[p] for p in PARTS if report.parts[p] != 0}
+    rows = tuple(as_dict(w) for w in (whatifs or ()))
+    return Summary(
+        title=title, setup=info, peak_formula=str(report.peak),
+        peak_latex=sympy.latex(report.peak), valid_when=tuple(str(g) for g in report.valid_when),
+        regimes=tuple(Regime(r.B_from, r.op, r.phase, r.module, str(r.expr))
+                      for r in report.regimes),
+        B=B, peak_bytes=bd.peak_bytes, peak_op=bd.op, peak_phase=bd.phase,
+        peak_module=bd.module, parts_formulas={k: str(v) for k, v in parts.items()},
+        parts_bytes={k: _at(v, B) for k, v in parts.items()}, budget_bytes=budget_bytes,
+        max_batch_size=most, min_peak_bytes=report.peak_bytes(b_min),
+        by_category=dict(bd.by_category), by_module=dict(bd.by_module), curve=curve,
+        timeline=tuple((t.index, t.op, t.phase, t.module, t.live_bytes)
+                       for t in report.timeline(B)),
+        plan=tuple(report.plan), recompute_flops=_at(report.recompute_flops, B) if report.plan
+        else 0, frontier=tuple((p.peak_bytes, p.recompute_flops, tuple(p.plan))
+                               for p in (frontier or ())),
+        whatifs=rows, unmodelled=tuple(f"{what}, in {op} ({module or '(root)'})"
+                                       for op, module, what in report.unmodelled))

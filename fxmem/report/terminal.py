@@ -1,0 +1,88 @@
+"""Terminal rendering of a :class:`fxmem.report.summary.Summary` with rich (``fxmem analyze``'s
+default ``--format table``). Returns renderables; the caller's console prints them.
+
+>>> import torch, fxmem
+>>> from rich.console import Console
+>>> from fxmem.report.summary import summarize
+>>> r = fxmem.analyze(torch.nn.Linear(8, 2), torch.randn(4, 8), train=False, device="cpu")
+>>> console = Console(record=True, width=100, file=open("/dev/null", "w"))
+>>> console.print(render_terminal(summarize(r, B=3)))
+>>> "Peak memory" in console.export_text()
+True
+"""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from .text import fmt_bytes
+
+
+def _table(title: str, *columns: str, right=()) -> Table:
+    t = Table(title=title, title_justify="left", title_style="bold")
+    for c in columns:
+        t.add_column(c, justify="right" if c in right else "left", overflow="fold")
+    return t
+
+
+def render_terminal(s) -> Group:
+    """Setup, formula and regimes, numbers at B, budget, parts, live at the peak, plan and
+    frontier, what-ifs: rich tables in one group."""
+    items = []
+    setup = _table(s.title, "setup", "")
+    for k, v in s.setup.items():
+        setup.add_row(k, str(v))
+    items.append(setup)
+    items.append(Text.assemble(("Peak memory (bytes): ", "bold"), (s.peak_formula, "cyan"),
+                               f"   valid when {', '.join(s.valid_when) or 'B >= 1'}"))
+    reg = _table("Where the peak is", "from B", "after op", "phase", "module", "bytes",
+                 right=("from B",))
+    for r in s.regimes:
+        reg.add_row(str(r.B_from), r.op, r.phase, r.module or "(root)", r.formula)
+    items.append(reg)
+    at = Text.assemble((f"At B = {s.B}: ", "bold"), (fmt_bytes(s.peak_bytes), "bold green"),
+                       f" ({s.peak_bytes:,} bytes) after {s.peak_op} in "
+                       f"{s.peak_module or '(root)'} ({s.peak_phase})")
+    items.append(at)
+    if s.budget_bytes is not None:
+        items.append(Text.assemble(("Largest B within ", "bold"), fmt_bytes(s.budget_bytes), ": ",
+                                   (f"{s.max_batch_size:,}", "bold green"))
+                     if s.max_batch_size is not None else
+                     Text(f"No B fits {fmt_bytes(s.budget_bytes)}: the smallest peak is "
+                          f"{fmt_bytes(s.min_peak_bytes)}", style="bold red"))
+    parts = _table("Parts", "part", "formula in B", f"at B = {s.B}", right=(f"at B = {s.B}",))
+    for k, v in s.parts_bytes.items():
+        parts.add_row(k, s.parts_formulas[k], fmt_bytes(v))
+    items.append(parts)
+    live = _table("Live at the peak", "category", "bytes", "module", "bytes ", right=(
+        "bytes", "bytes "))
+    cats, mods = list(s.by_category.items()), list(s.by_module.items())
+    for i in range(max(len(cats), len(mods))):
+        c = cats[i] if i < len(cats) else ("", None)
+        m = mods[i] if i < len(mods) else ("", None)
+        live.add_row(c[0], fmt_bytes(c[1]) if c[1] is not None else "",
+                     m[0], fmt_bytes(m[1]) if m[1] is not None else "")
+    items.append(live)
+    if s.plan:
+        items.append(Text(f"Checkpoint plan: {', '.join(s.plan)} "
+                          f"({s.recompute_flops:,} recompute FLOPs at B = {s.B})"))
+    if s.frontier:
+        fr = _table(f"Checkpoint frontier at B = {s.B}", "peak", "recompute FLOPs", "plan",
+                    right=("peak", "recompute FLOPs"))
+        for p, f, pl in s.frontier:
+            fr.add_row(fmt_bytes(p), f"{f:,}", ", ".join(pl) or "(none)")
+        items.append(fr)
+    if s.whatifs:
+        wi = _table("What-ifs", "method", "B", "peak", "change", "largest batch", "note",
+                    right=("B", "peak", "change", "largest batch"))
+        for w in s.whatifs:
+            most = "none fits" if w["max_batch_size"] is None else f"{w['max_batch_size']:,}"
+            wi.add_row(w["method"], str(w["B"]), fmt_bytes(w["peak_bytes"]),
+                       "" if w["method"] == "baseline" else fmt_bytes(w["change_bytes"]),
+                       most, w["note"])
+        items.append(wi)
+    for u in s.unmodelled:
+        items.append(Text(f"not modelled: {u}", style="yellow"))
+    return Group(*items)

@@ -1,0 +1,185 @@
+"""What the command line names, turned into Python objects: the model (``TARGET``), example
+tensors (``--input``/``--target``), sizes (``--budget``) and presets (``hf:gpt2``).
+
+Models are built on the meta device (fxmem only reads shapes), so a preset with billions of
+parameters costs no memory.
+
+>>> parse_size("24GiB"), parse_size("500MB"), parse_size("4096")
+(25769803776, 500000000, 4096)
+>>> t = parse_tensor("B,3,32,32", batch=8)
+>>> tuple(t.shape), t.dtype, t.device.type
+((8, 3, 32, 32), torch.float32, 'meta')
+>>> parse_tensor("B:int64:10", batch=8).dtype
+torch.int64
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import re
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .errors import InputError
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
+          "half": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
+          "int64": torch.int64, "long": torch.int64, "int32": torch.int32, "bool": torch.bool}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``24GiB``, ``500MB``, ``1.5GiB`` or plain ``4096`` (units: B, KB, MB, GB,
+    TB in powers of 1000; KiB, MiB, GiB, TiB in powers of 1024; any case)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise InputError(f"not a size: {text!r} (write e.g. 24GiB, 500MB or 4096)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def parse_tensor(spec: str, batch: int) -> torch.Tensor:
+    """A meta tensor from ``DIMS[:DTYPE[:HIGH]]``: DIMS are comma-separated sizes, ``B`` the
+    batch (dim 0); DTYPE defaults to float32; HIGH (integer tensors: values in [0, HIGH)) is
+    accepted for documentation, values are never read."""
+    dims, _, rest = spec.partition(":")
+    dtype_name, _, high = rest.partition(":")
+    try:
+        shape = tuple(batch if d.strip() == "B" else int(d) for d in dims.split(","))
+    except ValueError:
+        raise InputError(f"bad tensor spec {spec!r}: dims are integers or B, e.g. "
+                         "B,3,32,32 or B:int64:10") from None
+    if not shape or shape[0] != batch or "B" not in dims.split(",")[0]:
+        raise InputError(f"bad tensor spec {spec!r}: dim 0 must be B (the batch)")
+    dtype = DTYPES.get(dtype_name or "float32")
+    if dtype is None:
+        raise InputError(f"bad tensor spec {spec!r}: unknown dtype {dtype_name!r}; known: "
+                         f"{', '.join(sorted(DTYPES))}")
+    if high and not high.isdigit():
+        raise InputError(f"bad tensor spec {spec!r}: HIGH must be an integer")
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def parse_config(pairs) -> dict:
+    """``key=value`` overrides; values read as int, float, true/false, or text."""
+    out = {}
+    for p in pairs:
+        key, eq, value = p.partition("=")
+        if not eq or not key:
+            raise InputError(f"--config takes key=value, got {p!r}")
+        low = value.lower()
+        if low in ("true", "false"):
+            out[key] = low == "true"
+            continue
+        for kind in (int, float):
+            try:
+                out[key] = kind(value)
+                break
+            except ValueError:
+                pass
+        else:
+            out[key] = value
+    return out
+
+
+@dataclass(frozen=True)
+class Target:
+    """A model to analyse and how to call it. ``inputs``: default ``--input`` specs
+    (presets); ``loss``: default loss name (``none``: the model returns its loss)."""
+
+    model: torch.nn.Module
+    name: str
+    inputs: tuple = ()
+    loss: str | None = None
+
+
+class CausalLM(torch.nn.Module):
+    """A Hugging Face causal LM called as ``model(ids, labels)``: its output has ``.loss``."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, labels=None):
+        return self.model(input_ids=ids, labels=labels)
+
+
+# preset -> (config class, model class, sequence length key)
+HF_PRESETS = {
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", "n_positions"),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", "max_position_embeddings"),
+    "mistral": ("MistralConfig", "MistralForCausalLM", "max_position_embeddings"),
+    "bert": ("BertConfig", "BertForMaskedLM", "max_position_embeddings"),
+}
+
+
+def _hf(name: str, config: dict, seq: int | None) -> Target:
+    if name not in HF_PRESETS:
+        raise InputError(f"unknown preset hf:{name}; known: "
+                         f"{', '.join('hf:' + k for k in HF_PRESETS)}")
+    try:
+        import transformers
+    except ImportError:
+        raise InputError("hf: presets need transformers (pip install transformers)") from None
+    cfg_name, model_name, pos_key = HF_PRESETS[name]
+    try:
+        cfg = getattr(transformers, cfg_name)(**config)
+    except (TypeError, ValueError) as e:
+        raise InputError(f"hf:{name}: bad --config: {e}") from None
+    length = seq or min(int(getattr(cfg, pos_key, 512) or 512), 512)
+    with torch.device("meta"):
+        model = CausalLM(getattr(transformers, model_name)(cfg))
+    spec = f"B,{length}:int64:{cfg.vocab_size}"
+    return Target(model, f"hf:{name}", (spec, spec), "none")
+
+
+def _load_object(target: str):
+    where, sep, attr = target.rpartition(":")
+    if not sep or not where or not attr:
+        raise InputError(f"TARGET is path/to/file.py:Name, package.module:Name or hf:PRESET, "
+                         f"got {target!r}")
+    if where.endswith(".py") or os.sep in where:
+        if not os.path.exists(where):
+            raise InputError(f"no such file: {where}")
+        mod_name = "fxmem_target_" + re.sub(r"\W", "_", os.path.abspath(where))
+        spec = importlib.util.spec_from_file_location(mod_name, where)
+        module = importlib.util.module_from_spec(spec)
+        folder = os.path.dirname(os.path.abspath(where))
+        sys.path.insert(0, folder)  # the file's own imports (examples import each other)
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            sys.path.remove(folder)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as e:
+            raise InputError(f"cannot import {where}: {e}") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise InputError(f"{where} has no {attr}") from None
+
+
+def load_target(target: str, config: dict | None = None, seq: int | None = None) -> Target:
+    """The model named by ``target``, built on the meta device. ``config``: keyword
+    arguments for the class or factory (presets: for the config class)."""
+    config = config or {}
+    if target.startswith("hf:"):
+        return _hf(target[3:], config, seq)
+    obj: Callable = _load_object(target)
+    if not callable(obj):
+        raise InputError(f"{target} is not a class or factory")
+    try:
+        with torch.device("meta"):
+            model = obj(**config)
+    except TypeError as e:
+        raise InputError(f"cannot build {target}: {e}") from None
+    if not isinstance(model, torch.nn.Module):
+        raise InputError(f"{target} made a {type(model).__name__}, not a torch.nn.Module")
+    return Target(model, target.rpartition(":")[2])

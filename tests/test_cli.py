@@ -1,0 +1,119 @@
+"""The fxmem command through its real entry points (the console script and python -m fxmem),
+its outputs against golden files (pytest --update-golden rewrites them), and every error
+path with its exit code."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FXMEM = os.path.join(os.path.dirname(sys.executable), "fxmem")
+SEED = ["examples/seed_convnet.py:SimpleConvNet", "--input", "B,3,32,32", "--target",
+        "B:int64:10", "--optimizer", "adam", "--batch", "64"]
+
+
+def run(*args, module=False, **kw):
+    cmd = [sys.executable, "-m", "fxmem", *args] if module else [FXMEM, *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, **kw)
+
+
+def test_markdown_report_is_golden(golden):
+    r = run("analyze", *SEED, "--budget", "8GiB", "--format", "md")
+    assert r.returncode == 0, r.stderr
+    golden("seed_cnn.md", r.stdout)
+
+
+def test_json_report_is_golden_and_matches_the_library(golden):
+    import torch
+    import torch.nn.functional as F
+
+    import fxmem
+
+    r = run("analyze", *SEED, "--budget", "8GiB", "--format", "json", module=True)
+    assert r.returncode == 0, r.stderr
+    golden("seed_cnn.json", r.stdout)
+    doc = json.loads(r.stdout)
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    from seed_convnet import seed_step
+
+    model, x, y = seed_step()
+    rep = fxmem.analyze(model, x, y, loss=F.cross_entropy, optimizer=torch.optim.Adam)
+    assert doc["schema"] == "fxmem.report/1"
+    assert doc["peak_formula"] == str(rep.peak)
+    assert doc["peak_bytes"] == rep.peak_bytes(64)
+    assert doc["max_batch_size"] == rep.max_batch_size(8 * 2**30)
+
+
+def test_table_html_and_out_file(tmp_path):
+    r = run("analyze", *SEED, "--budget", "24GiB")
+    assert r.returncode == 0, r.stderr
+    assert "Largest B within 24.00 GiB" in r.stdout and "Peak memory" in r.stdout
+    out = tmp_path / "report.html"
+    r = run("analyze", *SEED, "--budget", "8GiB", "--format", "html", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert out.read_text().lstrip().lower().startswith("<!doctype html")
+    assert f"wrote {out}" in r.stderr
+
+
+def test_checkpoint_auto_and_paths():
+    args = ["tests/zoo.py:ResNetish", "--input", "B,3,8,8", "--target", "B:int64:10",
+            "--optimizer", "sgd", "--device", "cpu", "--batch", "64", "--format", "json"]
+    auto = json.loads(run("analyze", *args, "--checkpoint", "auto").stdout)
+    assert auto["plan"] and auto["frontier"]
+    given = json.loads(run("analyze", *args, "--checkpoint", "layer1.0,layer1.1").stdout)
+    assert given["plan"] == ["layer1.0", "layer1.1"]
+    assert given["peak_bytes"] <= json.loads(run("analyze", *args).stdout)["peak_bytes"]
+
+
+def test_hf_preset_with_config_overrides():
+    r = run("analyze", "hf:gpt2", "--config", "n_layer=1", "--config", "n_embd=64",
+            "--config", "n_head=2", "--seq", "32", "--optimizer", "adamw", "--batch", "4",
+            "--format", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["setup"]["inputs"] == "B,32:int64:50257 B,32:int64:50257"
+    assert doc["parts_bytes"]["params"] > 0 and doc["peak_bytes"] > 0
+
+
+@pytest.mark.parametrize("args,code,message", [
+    (["analyze", "nope.py:Model", "--input", "B,3"], 2, "no such file: nope.py"),
+    (["analyze", "examples/seed_convnet.py:Nope", "--input", "B,3"], 2, "has no Nope"),
+    (["analyze", "justaname"], 2, "TARGET is path/to/file.py:Name"),
+    (["analyze", "hf:nosuch"], 2, "unknown preset hf:nosuch"),
+    (["analyze", "hf:gpt2", "--config", "n_layer"], 2, "--config takes key=value"),
+    (["analyze", *SEED, "--budget", "3XB"], 2, "not a size: '3XB'"),
+    (["analyze", "examples/seed_convnet.py:SimpleConvNet", "--input", "3,B"], 2,
+     "dim 0 must be B"),
+    (["analyze", "examples/seed_convnet.py:SimpleConvNet", "--input", "B,3:float7"], 2,
+     "unknown dtype 'float7'"),
+    (["analyze", "examples/seed_convnet.py:SimpleConvNet"], 2, "give the model's inputs"),
+    (["analyze", *SEED, "--inference"], 2, "--inference runs no backward pass"),
+    (["analyze", *SEED, "--bogus"], 2, "No such option '--bogus'"),
+    (["analyze", *SEED, "--optimizer", "adamx"], 2, "Invalid value for '--optimizer'"),
+    (["analyze"], 2, "Missing argument 'TARGET'"),
+    (["analyze", "examples/seed_convnet.py:SimpleConvNet", "--input", "B,3,31"], 3,
+     "cannot trace this op on fake tensors"),
+    (["analyze", *SEED, "--budget", "1MiB"], 4, "below the smallest peak"),
+])
+def test_errors_are_one_line_with_an_exit_code(args, code, message):
+    r = run(*args)
+    assert r.returncode == code, (r.returncode, r.stderr)
+    assert message in r.stderr
+    assert r.stderr.strip().count("\n") == 0, r.stderr
+    assert r.stderr.startswith("fxmem: error: ")
+
+
+def test_debug_shows_the_traceback():
+    r = run("analyze", "examples/seed_convnet.py:SimpleConvNet", "--input", "B,3,31", "--debug")
+    assert r.returncode == 3
+    assert "Traceback" in r.stderr and "fxmem: error:" in r.stderr.strip().splitlines()[-1]
+
+
+def test_help_and_version():
+    r = run("--help", module=True)
+    assert r.returncode == 0 and "analyze" in r.stdout
+    r = run("--version")
+    assert r.returncode == 0 and "0.1.0" in r.stdout
