@@ -84,17 +84,21 @@ def cli():
               show_default=True, help="Output format.")
 @click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write the report here instead of stdout.")
+@click.option("--whatif", is_flag=True,
+              help="Add the seed article's ways to save memory (smaller batch, mixed "
+                   "precision, gradient accumulation, no_grad, checkpointing) as rows; needs "
+                   "--budget and a training step.")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
               help="Modules listed in the breakdown at the peak.")
 @click.option("--debug", is_flag=True, help="Show the traceback of an error.")
 def analyze(target, inputs, targets, loss, optimizer, amp, device, inference, grad_accum,
-            batch, budget, checkpoint, config, seq, fmt, out, top, debug):
+            batch, budget, checkpoint, config, seq, fmt, out, whatif, top, debug):
     """Analyse one step of the model TARGET: path/to/file.py:ClassOrFactory,
     package.module:ClassOrFactory, or a preset such as hf:gpt2 or hf:llama (built from
     transformers' config classes, on the meta device: nothing is downloaded)."""
     try:
         text = _analyze(target, inputs, targets, loss, optimizer, amp, device, inference,
-                        grad_accum, batch, budget, checkpoint, config, seq, fmt, top)
+                        grad_accum, batch, budget, checkpoint, config, seq, fmt, top, whatif)
     except (FxmemError, _Exit) as e:
         _fail(e, debug)
     except Exception as e:  # noqa: BLE001 - a bug in fxmem: still one line, exit 1
@@ -121,7 +125,7 @@ def _fail(e, debug: bool, cause: BaseException | None = None):
 
 
 def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, grad_accum,
-             batch, budget, checkpoint, config, seq, fmt, top):
+             batch, budget, checkpoint, config, seq, fmt, top, whatif=False):
     from rich.console import Console
 
     from .analyze import analyze as run_analysis
@@ -144,6 +148,9 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
     if inference and opt_name:
         raise InputError("--inference runs no backward pass: drop --optimizer")
     opt = getattr(torch.optim, opt_name) if opt_name else None
+    if whatif and (inference or budget_bytes is None):
+        raise InputError("--whatif compares training setups within a budget: give --budget "
+                         "(and no --inference)")
     plan = () if checkpoint in ("none", "auto") else tuple(
         p.strip() for p in checkpoint.split(",") if p.strip())
     status = Console(stderr=True).status(f"tracing {t.name} on fake tensors ...")
@@ -162,13 +169,21 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                 report = report.with_plan(frontier[-1].plan)
         if budget_bytes is not None:
             report.max_batch_size(budget_bytes)  # raises InfeasibleBudgetError (exit 4)
+        rows = ()
+        if whatif:
+            from .whatif import whatif as whatifs
+
+            status.update("answering the what-ifs ...")
+            rows = whatifs(t.model, xs, ys, loss=LOSSES[loss_name], optimizer=opt, B=batch,
+                           budget_bytes=budget_bytes, device=device,
+                           amp=torch.float16 if device == "cuda" else torch.bfloat16)
     setup = {"model": target, "inputs": " ".join(specs),
              **({"targets": " ".join(tgt_specs)} if ys else {}),
              "loss": loss_name if not inference else "(inference)",
              "optimizer": optimizer, "amp": amp,
              **({"checkpoint": checkpoint} if checkpoint != "none" else {})}
     s = summarize(report, B=batch, budget_bytes=budget_bytes, top=top, setup=setup,
-                  title=f"fxmem report: {t.name}", frontier=frontier)
+                  title=f"fxmem report: {t.name}", frontier=frontier, whatifs=rows)
     return _render(s, fmt)
 
 

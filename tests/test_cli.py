@@ -68,6 +68,17 @@ def test_checkpoint_auto_and_paths():
     assert given["peak_bytes"] <= json.loads(run("analyze", *args).stdout)["peak_bytes"]
 
 
+def test_whatif_rows():
+    r = run("analyze", *SEED, "--budget", "8GiB", "--whatif", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    rows = {w["method"]: w for w in json.loads(r.stdout)["whatifs"]}
+    assert list(rows) == ["baseline", "smaller batch", "mixed precision",
+                          "gradient accumulation", "no_grad evaluation", "checkpointing"]
+    assert rows["mixed precision"]["peak_bytes"] < rows["baseline"]["peak_bytes"]
+    r = run("analyze", *SEED, "--whatif")
+    assert r.returncode == 2 and "--whatif compares training setups" in r.stderr
+
+
 def test_hf_preset_with_config_overrides():
     r = run("analyze", "hf:gpt2", "--config", "n_layer=1", "--config", "n_embd=64",
             "--config", "n_head=2", "--seq", "32", "--optimizer", "adamw", "--batch", "4",
