@@ -5,10 +5,18 @@
 ``device="cuda"``: each storage is a block of the caching allocator, rounded up to a
 multiple of 512 bytes (``kMinBlockSize``), and 0-byte storages take no block. torch.optim
 keeps the ``step`` counters of non-capturable, non-fused optimizers on the host, so they do
-not count. Segment rounding, block splitting and library workspaces are not modelled yet.
+not count. That is the formula of ``Report.peak``.
+
+What ``torch.cuda.max_memory_allocated()`` and ``max_memory_reserved()`` report on top, at
+one batch size, is a replay of the step's allocations through the caching allocator
+(:mod:`fxmem.caching_allocator`: segments, block splitting and the slack of unsplit large
+blocks) with the cuBLAS workspaces that PyTorch keeps: :func:`cuda_memory`
+(``Report.cuda_memory(B)``).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from .symbols import ZERO, Size
 
@@ -36,3 +44,132 @@ def device_sizes(storages, device: str) -> list[Size]:
             r = cache[id(s.size)] = s.size.rounded(CUDA_BLOCK_BYTES)
         out.append(r)
     return out
+
+
+# --- the caching allocator, replayed over a step -------------------------------------------
+
+# ops that run through cuBLAS (each thread's handle gets its own workspace on first use)
+CUBLAS_OPS = frozenset(f"aten.{n}.default" for n in (
+    "mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot",
+    "_addmm_activation"))
+
+
+def cublas_workspace_bytes(compute_capability=(9, 0), env: str | None = None) -> int:
+    """PyTorch's cuBLAS workspace (``parseChosenWorkspaceSize`` in
+    ``aten/src/ATen/cuda/CublasHandlePool.cpp``): ``CUBLAS_WORKSPACE_CONFIG`` (``:SIZE:COUNT``
+    pairs, SIZE in KiB) summed, else 32 MiB on compute capability 9.x (Hopper), 10.x and
+    12.x (Blackwell), else 4096 KiB x 2 + 16 KiB x 8. cuBLASLt shares it by default
+    (``TORCH_CUBLASLT_UNIFIED_WORKSPACE``).
+
+    >>> cublas_workspace_bytes((9, 0)), cublas_workspace_bytes((8, 0))
+    (33554432, 8519680)
+    >>> cublas_workspace_bytes((8, 0), ":4096:8")
+    33554432
+    """
+    import re
+
+    if env:
+        pairs = re.findall(r":([0-9]+):([0-9]+)", env)
+        if pairs:
+            return sum(int(s) * int(c) * 1024 for s, c in pairs)
+    major = compute_capability[0] if compute_capability else 0
+    return 4096 * 8 * 1024 if major in (9, 10, 12) else 4096 * 1024 * 2 + 16 * 1024 * 8
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """What ``torch.cuda`` reports for one steady-state step at batch size ``B``, predicted
+    by replaying the step's allocations through the caching allocator (bytes).
+
+    ``max_allocated`` / ``max_reserved``: ``max_memory_allocated()`` /
+    ``max_memory_reserved()`` over the step, after ``fxmem.measure``'s protocol (a warm-up
+    step, ``empty_cache()``, ``reset_peak_memory_stats()``); ``baseline_*``: before the
+    step; ``phase_max_*``: per phase. ``workspaces``: library buffers that go through the
+    allocator and stay (what, bytes). The CUDA context is in neither figure.
+    """
+
+    B: int
+    max_allocated: int
+    max_reserved: int
+    baseline_allocated: int
+    baseline_reserved: int
+    phase_max_allocated: dict
+    phase_max_reserved: dict
+    workspaces: tuple
+
+
+def cuda_memory(liveness, B: int, config=None, compute_capability=(9, 0),  # noqa: N803
+                cublas_workspace: int | None = None) -> DeviceMemory:
+    """Replay ``liveness``'s step at batch size ``B`` through
+    :class:`fxmem.caching_allocator.CachingAllocator`, as ``fxmem.measure`` runs it on a GPU:
+    parameters, buffers and the batch first, then a warm-up step in which the optimizer
+    state appears at the optimizer phase and each thread's cuBLAS workspace at its first
+    matmul (forward: the main thread; backward: autograd's), then ``empty_cache()``, a reset
+    of the peaks, and the measured step. Storages keep the order of the trace; kernels'
+    internal workspaces that PyTorch does not keep (cuDNN's) are not in the trace."""
+    from .caching_allocator import CachingAllocator
+    from .liveness import _events
+
+    graph = liveness.graph
+    storages, ops = graph.storages, graph.ops
+    allocs, frees = _events(graph)
+    on_device = [not _host_resident(s) for s in storages]
+    size = [s.size(B) if on_device[s.sid] else 0 for s in storages]
+    ws = cublas_workspace_bytes(compute_capability) if cublas_workspace is None \
+        else cublas_workspace
+    a = CachingAllocator(config)
+    handles: dict = {}
+
+    def alloc(key, n):
+        handles[key] = a.malloc(n)
+
+    def free(key):
+        h = handles.pop(key, None)
+        if h is not None:
+            a.free(h)
+
+    before = [s for s in storages if s.created_by < 0]
+    late = {"optimizer_state", "grad"}
+    for s in before:
+        if s.category not in late or s.name.startswith("grad_scaler."):
+            alloc(s.sid, size[s.sid])
+    workspaces = []
+    # warm-up step
+    for i, op in enumerate(ops):
+        if op.phase == "optimizer" and (i == 0 or ops[i - 1].phase != "optimizer"):
+            for s in before:
+                if s.sid not in handles:
+                    alloc(s.sid, size[s.sid])
+        if op.op in CUBLAS_OPS and ws:
+            thread = "backward" if op.phase == "backward" else "main"
+            if ("ws", thread) not in handles:
+                alloc(("ws", thread), ws)
+                workspaces.append((f"cuBLAS workspace ({thread} thread)", ws))
+        for sid in allocs[i]:
+            alloc(sid, size[sid])
+        for sid in frees[i + 1]:
+            free(sid)
+    for s in storages:  # the step's leftovers: the output, set_to_none gradients
+        if s.created_by >= 0:
+            free(s.sid)
+    a.empty_cache()
+    a.reset_peak()
+    base_alloc, base_res = a.allocated, a.reserved
+    phase_alloc, phase_res, phase = {}, {}, None
+    for i, op in enumerate(ops):
+        if op.phase != phase:
+            if phase is not None:
+                phase_alloc[phase] = max(phase_alloc.get(phase, 0), a.max_allocated)
+                phase_res[phase] = max(phase_res.get(phase, 0), a.max_reserved)
+            a.reset_peak()
+            phase = op.phase
+        for sid in allocs[i]:
+            alloc(sid, size[sid])
+        for sid in frees[i + 1]:
+            free(sid)
+    if phase is not None:
+        phase_alloc[phase] = max(phase_alloc.get(phase, 0), a.max_allocated)
+        phase_res[phase] = max(phase_res.get(phase, 0), a.max_reserved)
+    return DeviceMemory(B, max(phase_alloc.values(), default=base_alloc),
+                        max(phase_res.values(), default=base_res), base_alloc, base_res,
+                        phase_alloc, phase_res, tuple(workspaces))

@@ -116,6 +116,16 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, inference, gr
         click.echo(text, nl=False)
 
 
+@cli.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def validate(args):
+    """Run the validation zoo on a device and write its table (python -m fxmem.validate;
+    fxmem validate --help lists its options)."""
+    from .validate import main as validate_main
+
+    sys.exit(validate_main(list(args)))
+
+
 def _fail(e, debug: bool, cause: BaseException | None = None):
     if debug:
         traceback.print_exception(cause or e, file=sys.stderr)

@@ -37,7 +37,8 @@ class Measurement:
     ``peak_bytes``: most bytes live at once during the step (CPU: live storage bytes;
     CUDA: ``max_memory_allocated``). ``baseline_bytes``: live before the step (params,
     buffers, optimizer state, batch). ``end_bytes``: live after it. ``phase_peak_bytes``:
-    the peak within each phase (CPU only).
+    the peak within each phase. CUDA only: ``peak_reserved_bytes`` (``max_memory_reserved``),
+    its peak within each phase, and ``baseline_reserved_bytes``.
     """
 
     peak_bytes: int
@@ -47,6 +48,8 @@ class Measurement:
     device: str
     phase_peak_bytes: dict
     peak_reserved_bytes: int | None = None
+    phase_peak_reserved_bytes: dict | None = None
+    baseline_reserved_bytes: int | None = None
 
 
 def batch_of(t: torch.Tensor, b: int, device) -> torch.Tensor:
@@ -171,19 +174,35 @@ def measure(model, inputs, targets=(), loss=None, optimizer=None, train=True, *,
 
 
 def _measure_cuda(model, spec, ins, tgs, params, opt, B, scaler) -> Measurement:
-    """CUDA protocol: warm up, collect, empty cache, reset peaks, measure the second step."""
-    noop = lambda phase: None  # noqa: E731
+    """CUDA protocol: warm up, collect, empty cache, reset peaks, measure the next step, the
+    peaks of ``memory_allocated`` and ``memory_reserved`` read at the end of each phase
+    (and reset at its start)."""
     _warm_up(model, spec, ins, tgs, params, opt, scaler)
     _steady_grads(spec, params)
     gc.collect()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    baseline = torch.cuda.memory_allocated()
+    baseline, baseline_reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    allocated, reserved, current = {}, {}, ["start"]
+
+    def on_phase(name):
+        torch.cuda.synchronize()
+        ph = current[0]
+        allocated[ph] = max(allocated.get(ph, 0), torch.cuda.max_memory_allocated())
+        reserved[ph] = max(reserved.get(ph, 0), torch.cuda.max_memory_reserved())
+        torch.cuda.reset_peak_memory_stats()
+        current[0] = name
+
     scale = scaler.get_scale() if scaler is not None else None
-    out = run_step(model, spec, ins, tgs, params, opt, noop, scaler=scaler)
-    torch.cuda.synchronize()
+    out = run_step(model, spec, ins, tgs, params, opt, on_phase, scaler=scaler)
     del out
+    on_phase("end")
     _check_not_skipped(scaler, scale)
-    return Measurement(torch.cuda.max_memory_allocated(), baseline, torch.cuda.memory_allocated(),
-                       B, "cuda", {}, torch.cuda.max_memory_reserved())
+    allocated.pop("start", None)
+    reserved.pop("start", None)
+    return Measurement(max(allocated.values(), default=baseline), baseline,
+                       torch.cuda.memory_allocated(), B, "cuda",
+                       {p: allocated[p] for p in PHASES if p in allocated},
+                       max(reserved.values(), default=baseline_reserved),
+                       {p: reserved[p] for p in PHASES if p in reserved}, baseline_reserved)

@@ -193,6 +193,29 @@ class Report:
         """Peak bytes at batch size ``B`` (exact integer)."""
         return self.liveness.peak_bytes(_check_b(B))
 
+    def cuda_memory(self, B: int, config=None, compute_capability=(9, 0),  # noqa: N803
+                    cublas_workspace: int | None = None):
+        """What ``torch.cuda.max_memory_allocated()`` and ``max_memory_reserved()`` would
+        report for the step at batch size ``B``: the step replayed through the CUDA caching
+        allocator (``config``: a :class:`fxmem.caching_allocator.AllocatorConfig`, e.g.
+        ``AllocatorConfig.from_string("expandable_segments:True")``) with the cuBLAS
+        workspaces PyTorch keeps (32 MiB per thread on compute capability 9.x). A
+        :class:`fxmem.allocator.DeviceMemory`; see :func:`fxmem.allocator.cuda_memory`.
+
+        >>> import torch, fxmem
+        >>> r = fxmem.analyze(torch.nn.Linear(1024, 1024), torch.randn(4, 1024),
+        ...                   loss=lambda o: o.sum(), optimizer=torch.optim.SGD)
+        >>> d = r.cuda_memory(64)
+        >>> d.max_allocated - r.peak_bytes(64) == 2 * 32 * 2**20   # two cuBLAS workspaces
+        True
+        >>> d.max_reserved >= d.max_allocated
+        True
+        """
+        from .allocator import cuda_memory
+
+        return cuda_memory(self.liveness, _check_b(B), config, compute_capability,
+                           cublas_workspace)
+
     @property
     def regimes(self) -> tuple:
         """Where the peak is, by range of B: a tuple of :class:`PeakRegime`."""

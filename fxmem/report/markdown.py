@@ -38,6 +38,14 @@ def render_markdown(s) -> str:
     out += ["", f"## At B = {s.B}", "",
             f"Peak: **{fmt_bytes(s.peak_bytes)}** ({s.peak_bytes:,} bytes), after `{s.peak_op}` "
             f"in {_module(s.peak_module)} ({s.peak_phase})."]
+    if s.cuda is not None:
+        c = s.cuda
+        kept = " and ".join(f"{what} {fmt_bytes(n)}" for what, n in c["workspaces"]) or "none"
+        out += ["", f"On a GPU of compute capability {c['compute_capability']}, "
+                f"`torch.cuda.max_memory_allocated()` would read {fmt_bytes(c['max_allocated'])} "
+                f"({c['max_allocated']:,} bytes) and `max_memory_reserved()` "
+                f"{fmt_bytes(c['max_reserved'])} (the caching allocator's blocks and segments; "
+                f"library workspaces kept: {kept}; the CUDA context comes on top)."]
     if s.budget_bytes is not None:
         budget = f"{fmt_bytes(s.budget_bytes)} ({s.budget_bytes:,} bytes)"
         out += ["", f"Largest B within {budget}: **{s.max_batch_size:,}**."

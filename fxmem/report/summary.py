@@ -53,7 +53,9 @@ class Summary:
     the peak at ``B``. ``curve``: (B, peak bytes) samples; ``timeline``: live bytes after
     every op at ``B`` (index, op, phase, module, bytes). ``plan``/``frontier``: the
     checkpoint plan applied, and Pareto points (peak bytes, recompute FLOPs, plan) at ``B``.
-    ``whatifs``: rows of :func:`fxmem.whatif` (dicts), when given.
+    ``whatifs``: rows of :func:`fxmem.whatif` (dicts), when given. ``cuda`` (``device="cuda"``
+    only): what ``torch.cuda`` would report at ``B``, from :meth:`fxmem.Report.cuda_memory`:
+    ``max_allocated``, ``max_reserved`` and the cuBLAS ``workspaces`` kept ([what, bytes]).
     """
 
     title: str
@@ -81,6 +83,7 @@ class Summary:
     frontier: tuple = ()
     whatifs: tuple = ()
     unmodelled: tuple = ()
+    cuda: dict | None = None
 
     def to_dict(self, timeline: bool = False) -> dict:
         """The JSON document (see ``docs/json-schema.md``); ``timeline=True`` adds the
@@ -146,4 +149,14 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
         else 0, frontier=tuple((p.peak_bytes, p.recompute_flops, tuple(p.plan))
                                for p in (frontier or ())),
         whatifs=rows, unmodelled=tuple(f"{what}, in {op} ({module or '(root)'})"
-                                       for op, module, what in report.unmodelled))
+                                       for op, module, what in report.unmodelled),
+        cuda=_cuda(report, B))
+
+
+def _cuda(report, b: int) -> dict | None:
+    if report.device != "cuda":
+        return None
+    d = report.cuda_memory(b)
+    return {"max_allocated": d.max_allocated, "max_reserved": d.max_reserved,
+            "workspaces": [[what, n] for what, n in d.workspaces],
+            "compute_capability": "9.0"}

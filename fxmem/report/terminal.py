@@ -46,6 +46,12 @@ def render_terminal(s) -> Group:
                        f" ({s.peak_bytes:,} bytes) after {s.peak_op} in "
                        f"{s.peak_module or '(root)'} ({s.peak_phase})")
     items.append(at)
+    if s.cuda is not None:
+        c = s.cuda
+        items.append(Text(f"On the GPU (compute capability {c['compute_capability']}): "
+                          f"max_memory_allocated {fmt_bytes(c['max_allocated'])}, "
+                          f"max_memory_reserved {fmt_bytes(c['max_reserved'])} (cuBLAS "
+                          f"workspaces included; the CUDA context comes on top)"))
     if s.budget_bytes is not None:
         items.append(Text.assemble(("Largest B within ", "bold"), fmt_bytes(s.budget_bytes), ": ",
                                    (f"{s.max_batch_size:,}", "bold green"))

@@ -1,0 +1,70 @@
+"""Report.cuda_memory: the step replayed through the caching allocator model, with the cuBLAS
+workspaces PyTorch keeps. Checked here against the formula where the allocator adds nothing
+but its 512-byte rounding (every block in the small pool), and for what it adds otherwise;
+against a GPU by fxmem.validate."""
+
+import torch
+from torch import nn
+
+import fxmem
+from fxmem.allocator import cublas_workspace_bytes
+from fxmem.caching_allocator import AllocatorConfig
+from zoo import ZOO
+
+MiB = 2**20
+
+
+def _report(name="mlp", **kw):
+    model, x, y, loss = ZOO[name]()
+    return fxmem.analyze(model, x, y, loss=loss, optimizer=torch.optim.Adam, **kw)
+
+
+def test_small_blocks_only_add_the_workspaces():
+    r = _report()  # every storage under 1 MiB at these B: small pool, 512-byte blocks
+    ws = cublas_workspace_bytes((9, 0))
+    for b in (2, 13, 100):
+        d = r.cuda_memory(b)
+        assert [n for _, n in d.workspaces] == [ws, ws]  # forward thread, autograd's thread
+        assert d.max_allocated == r.peak_bytes(b) + 2 * ws
+        assert d.max_reserved >= d.max_allocated
+        assert max(d.phase_max_allocated.values()) == d.max_allocated
+
+
+def test_workspace_sizes_follow_the_gpu_and_the_environment():
+    r = _report()
+    a100 = r.cuda_memory(8, compute_capability=(8, 0))
+    assert [n for _, n in a100.workspaces] == [8 * MiB + 128 * 1024] * 2
+    none = r.cuda_memory(8, cublas_workspace=0)
+    assert none.workspaces == () and none.max_allocated == r.peak_bytes(8)
+
+
+def test_inference_and_matmul_free_models():
+    model, x, _, _ = ZOO["mlp"]()
+    inf = fxmem.analyze(model, x, train=False).cuda_memory(8)
+    assert [w for w, _ in inf.workspaces] == ["cuBLAS workspace (main thread)"]
+    conv = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())
+    r = fxmem.analyze(conv, torch.randn(2, 3, 16, 16), loss=lambda o: o.sum(),
+                      optimizer=torch.optim.SGD)
+    assert r.cuda_memory(8).workspaces == ()  # convolutions use cuDNN, not cuBLAS
+
+
+def test_large_blocks_and_segments():
+    # 1.5 MiB activations get 20 MiB segments: reserved well above allocated, and
+    # allocated never below the formula's block sum
+    model = nn.Sequential(nn.Linear(1024, 3 * 1024), nn.ReLU(), nn.Linear(3 * 1024, 10))
+    r = fxmem.analyze(model, torch.randn(4, 1024), torch.randint(0, 10, (4,)),
+                      loss=nn.functional.cross_entropy, optimizer=torch.optim.Adam)
+    d = r.cuda_memory(128, cublas_workspace=0)
+    assert d.max_allocated >= r.peak_bytes(128)
+    assert d.max_reserved % (2 * MiB) == 0 and d.max_reserved > d.max_allocated
+    exp = r.cuda_memory(128, AllocatorConfig(expandable_segments=True), cublas_workspace=0)
+    assert exp.max_allocated >= r.peak_bytes(128)
+    assert exp.baseline_allocated == d.baseline_allocated
+
+
+def test_baseline_is_the_persistent_state():
+    r = _report()
+    d = r.cuda_memory(8, cublas_workspace=0)
+    persistent = sum(-(-int(s.size(8)) // 512) * 512 for s in r.trace.storages
+                     if s.created_by < 0 and not s.name.endswith(".step"))
+    assert d.baseline_allocated == persistent
