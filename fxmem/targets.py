@@ -99,7 +99,8 @@ class Target:
 
 
 class CausalLM(torch.nn.Module):
-    """A Hugging Face causal LM called as ``model(ids, labels)``: its output has ``.loss``."""
+    """A Hugging Face language model called as ``model(ids, labels)``: its output has
+    ``.loss`` (causal LMs shift the labels themselves; masked LMs take them as given)."""
 
     def __init__(self, model):
         super().__init__()

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
+from .targets import CausalLM
+
 
 @dataclass(frozen=True)
 class Case:
@@ -118,17 +120,6 @@ class LSTMClassifier(nn.Module):
         return self.fc(out[:, -1])
 
 
-class HFModel(nn.Module):
-    """A transformers model called as ``model(ids, labels)``; its output has ``.loss``."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids, labels):
-        return self.model(input_ids=ids, labels=labels)
-
-
 def _images(b, size, classes):
     return (torch.randn(b, 3, size, size),), (torch.randint(0, classes, (b,)),)
 
@@ -176,7 +167,7 @@ def _hf(config_name, model_name, full: dict, small: dict, seq_full, seq_small):
         import transformers
 
         cfg = getattr(transformers, config_name)(**(full if scale == "full" else small))
-        m = HFModel(getattr(transformers, model_name)(cfg))
+        m = CausalLM(getattr(transformers, model_name)(cfg))
         seq = seq_full if scale == "full" else seq_small
         ids = torch.randint(0, cfg.vocab_size, (4, seq))
         return m, (ids, ids.clone()), ()

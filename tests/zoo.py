@@ -156,15 +156,7 @@ def _seg(out, y):
 
 
 # name -> builder() -> (model, inputs, targets, loss); batch of the examples is 4
-class LM(nn.Module):
-    """A Hugging Face causal LM called with labels: the loss is its own (``.loss``)."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids, labels):
-        return self.model(input_ids=ids, labels=labels)
+from fxmem.targets import CausalLM as LM  # noqa: E402 - a HF causal LM called with labels
 
 
 def gpt2(**config):
