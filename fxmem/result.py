@@ -306,6 +306,30 @@ class Report:
             raise FxmemError("the peak does not grow with B, so every batch size fits")
         return largest(lambda b: self.peak_bytes(b) <= budget_bytes, lo)
 
+    def cuda_max_batch_size(self, budget_bytes: int, config=None,
+                            compute_capability=(9, 0)) -> int:
+        """The largest B whose predicted ``torch.cuda.max_memory_allocated()``
+        (:meth:`cuda_memory`: allocator blocks, their slack, the cuBLAS workspaces) fits in
+        ``budget_bytes``. Raises :class:`fxmem.InfeasibleBudgetError` when none does.
+
+        >>> import torch, fxmem
+        >>> r = fxmem.analyze(torch.nn.Linear(1024, 1024), torch.randn(4, 1024),
+        ...                   loss=lambda o: o.sum(), optimizer=torch.optim.SGD)
+        >>> r.cuda_max_batch_size(2**30) < r.max_batch_size(2**30)   # 64 MiB of workspaces
+        True
+        """
+        def fits(b):
+            return self.cuda_memory(b, config, compute_capability).max_allocated <= budget_bytes
+
+        lo = self.min_batch_size
+        if not fits(lo):
+            least = self.cuda_memory(lo, config, compute_capability).max_allocated
+            raise InfeasibleBudgetError(
+                f"budget {budget_bytes:,} B is below the smallest max_memory_allocated "
+                f"{least:,} B (at B={lo})", minimum_bytes=least)
+        self.max_batch_size(budget_bytes)  # the formula's checks (a peak that grows with B)
+        return largest(fits, lo)
+
     @property
     def fixed_bytes(self) -> int:
         """Bytes that do not depend on B: params, buffers, grads, optimizer state."""

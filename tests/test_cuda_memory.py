@@ -68,3 +68,15 @@ def test_baseline_is_the_persistent_state():
     persistent = sum(-(-int(s.size(8)) // 512) * 512 for s in r.trace.storages
                      if s.created_by < 0 and not s.name.endswith(".step"))
     assert d.baseline_allocated == persistent
+
+
+def test_largest_batch_by_max_memory_allocated():
+    r = _report("seed_cnn")
+    budget = 300 * MiB
+    b = r.cuda_max_batch_size(budget)
+    assert r.cuda_memory(b).max_allocated <= budget < r.cuda_memory(b + 1).max_allocated
+    assert b < r.max_batch_size(budget)  # the workspaces take room the formula leaves out
+    import pytest
+
+    with pytest.raises(fxmem.InfeasibleBudgetError, match="smallest max_memory_allocated"):
+        r.cuda_max_batch_size(MiB)

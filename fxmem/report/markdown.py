@@ -48,7 +48,10 @@ def render_markdown(s) -> str:
                 f"library workspaces kept: {kept}; the CUDA context comes on top)."]
     if s.budget_bytes is not None:
         budget = f"{fmt_bytes(s.budget_bytes)} ({s.budget_bytes:,} bytes)"
-        out += ["", f"Largest B within {budget}: **{s.max_batch_size:,}**."
+        gpu = (f" Counting the caching allocator's blocks and the cuBLAS workspaces "
+               f"(`max_memory_allocated`): **{s.cuda['max_batch_size']:,}**."
+               if s.cuda and s.cuda.get("max_batch_size") is not None else "")
+        out += ["", f"Largest B within {budget}: **{s.max_batch_size:,}**.{gpu}"
                 if s.max_batch_size is not None else
                 f"No B fits {budget}: the smallest peak is {fmt_bytes(s.min_peak_bytes)}."]
     out += ["", "## Parts", ""]

@@ -55,7 +55,8 @@ class Summary:
     checkpoint plan applied, and Pareto points (peak bytes, recompute FLOPs, plan) at ``B``.
     ``whatifs``: rows of :func:`fxmem.whatif` (dicts), when given. ``cuda`` (``device="cuda"``
     only): what ``torch.cuda`` would report at ``B``, from :meth:`fxmem.Report.cuda_memory`:
-    ``max_allocated``, ``max_reserved`` and the cuBLAS ``workspaces`` kept ([what, bytes]).
+    ``max_allocated``, ``max_reserved``, the cuBLAS ``workspaces`` kept ([what, bytes]) and
+    ``max_batch_size``: the largest B whose ``max_allocated`` fits the budget.
     """
 
     title: str
@@ -150,13 +151,14 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
                                for p in (frontier or ())),
         whatifs=rows, unmodelled=tuple(f"{what}, in {op} ({module or '(root)'})"
                                        for op, module, what in report.unmodelled),
-        cuda=_cuda(report, B))
+        cuda=_cuda(report, B, budget_bytes if most is not None else None))
 
 
-def _cuda(report, b: int) -> dict | None:
+def _cuda(report, b: int, budget: int | None) -> dict | None:
     if report.device != "cuda":
         return None
     d = report.cuda_memory(b)
+    most = report.cuda_max_batch_size(budget) if budget is not None else None
     return {"max_allocated": d.max_allocated, "max_reserved": d.max_reserved,
             "workspaces": [[what, n] for what, n in d.workspaces],
-            "compute_capability": "9.0"}
+            "compute_capability": "9.0", "max_batch_size": most}

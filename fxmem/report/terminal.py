@@ -53,8 +53,11 @@ def render_terminal(s) -> Group:
                           f"max_memory_reserved {fmt_bytes(c['max_reserved'])} (cuBLAS "
                           f"workspaces included; the CUDA context comes on top)"))
     if s.budget_bytes is not None:
+        gpu = ((f"  (by max_memory_allocated, workspaces included: "
+                f"{s.cuda['max_batch_size']:,})") if s.cuda and s.cuda.get("max_batch_size")
+               is not None else "")
         items.append(Text.assemble(("Largest B within ", "bold"), fmt_bytes(s.budget_bytes), ": ",
-                                   (f"{s.max_batch_size:,}", "bold green"))
+                                   (f"{s.max_batch_size:,}", "bold green"), gpu)
                      if s.max_batch_size is not None else
                      Text(f"No B fits {fmt_bytes(s.budget_bytes)}: the smallest peak is "
                           f"{fmt_bytes(s.min_peak_bytes)}", style="bold red"))
