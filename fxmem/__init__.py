@@ -7,9 +7,12 @@ The pipeline, one stage per module, each taking the previous stage's result:
   applying :mod:`fxmem.rules` where eager kernels differ from their fake ones;
 - :mod:`fxmem.graph`    a networkx graph of ops and the storages they create;
 - :mod:`fxmem.liveness` live bytes after each op and the peak as an exact ``Max`` in B;
-- :mod:`fxmem.allocator` what the device adds (CUDA block rounding);
-- :mod:`fxmem.result`   the :class:`Report` users read; :mod:`fxmem.report` renders it;
-- :mod:`fxmem.measure`  ground truth: a real eager step.
+- :mod:`fxmem.allocator` what the device adds (CUDA block rounding; the step replayed
+  through :mod:`fxmem.caching_allocator` with cuBLAS's workspaces: ``Report.cuda_memory``);
+- :mod:`fxmem.result`   the :class:`Report` users read; :mod:`fxmem.report` renders it
+  (terminal, Markdown, JSON, HTML with plots) and :mod:`fxmem.cli` is the ``fxmem`` command;
+- :mod:`fxmem.measure`  ground truth: a real eager step; :mod:`fxmem.validate` runs the zoo
+  (:mod:`fxmem.zoo`) on a device against it.
 
 Activation checkpointing, on the same trace: :mod:`fxmem.saved` (who holds saved tensors,
 until when), :mod:`fxmem.segments` (candidate modules), :mod:`fxmem.plans` (a plan's schedule
@@ -19,7 +22,8 @@ derived from the trace), :mod:`fxmem.solve` (the plan solver, plain numbers, no 
 
 :mod:`fxmem.whatif` answers the seed article's six ways to save memory for a step, each as
 its own analysis (:mod:`fxmem.step` holds the training-loop options they use: ``grad_accum``,
-``set_to_none``, ``amp``, ``inference_mode``).
+``set_to_none``, ``amp``, ``inference_mode``, ``grad_scaler``); :mod:`fxmem.amp` emulates
+CUDA's autocast rules on CPU tensors.
 
 >>> import torch, fxmem
 >>> r = fxmem.analyze(torch.nn.Linear(8, 2), torch.randn(4, 8), loss=lambda o: o.sum(),
