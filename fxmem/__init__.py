@@ -23,7 +23,8 @@ derived from the trace), :mod:`fxmem.solve` (the plan solver, plain numbers, no 
 :mod:`fxmem.whatif` answers the seed article's six ways to save memory for a step, each as
 its own analysis (:mod:`fxmem.step` holds the training-loop options they use: ``grad_accum``,
 ``set_to_none``, ``amp``, ``inference_mode``, ``grad_scaler``); :mod:`fxmem.amp` emulates
-CUDA's autocast rules on CPU tensors.
+CUDA's autocast rules on CPU tensors; :mod:`fxmem.dims` makes input dims beyond the batch
+(the sequence length L) symbols too.
 
 >>> import torch, fxmem
 >>> r = fxmem.analyze(torch.nn.Linear(8, 2), torch.randn(4, 8), loss=lambda o: o.sum(),
@@ -40,9 +41,10 @@ from .errors import (FxmemError, InfeasibleBudgetError, InputError, Specializati
                      TraceError)
 from .measure import Measurement, measure
 from .result import Breakdown, Report
-from .symbols import B
+from .dims import DimsReport
+from .symbols import B, L
 from .whatif import WhatIf, whatif
 
-__all__ = ["B", "analyze", "apply_checkpoints", "plan_checkpoints", "measure", "PlanChoice",
+__all__ = ["B", "L", "DimsReport", "analyze", "apply_checkpoints", "plan_checkpoints", "measure", "PlanChoice",
            "FrontierPoint", "whatif", "WhatIf", "Report", "Breakdown", "Measurement", "FxmemError",
            "InputError", "TraceError", "SpecializationError", "InfeasibleBudgetError"]

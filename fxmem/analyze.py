@@ -16,7 +16,7 @@ def analyze(model, inputs, targets=(), loss=None, optimizer=None, train=True,
             device="cuda", *, checkpoint=None, retrace: bool = False,
             set_to_none: bool = True, grad_accum: int = 1, inference_mode: bool = False,
             amp=None, grad_scaler: bool | None = None,
-            batch_hint: int | None = None) -> Report:
+            batch_hint: int | None = None, dims=None):
     """Analyse one step of ``model`` and return its memory as formulas in :data:`fxmem.B`.
 
     ``inputs``: a tensor or tuple of tensors, dim 0 of each is B (only shapes and dtypes are
@@ -40,7 +40,10 @@ def analyze(model, inputs, targets=(), loss=None, optimizer=None, train=True,
     ``amp=torch.bfloat16`` (or float16): forward and loss under ``torch.autocast`` with the
     target device's op lists (CUDA's are emulated: :mod:`fxmem.amp`). ``grad_scaler``: the
     loss is scaled and the optimizer stepped through ``torch.amp.GradScaler`` (default:
-    with ``amp=torch.float16`` and an optimizer, as the AMP recipe does).
+    with ``amp=torch.float16`` and an optimizer, as the AMP recipe does). ``dims``: other
+    input dims as symbols, e.g. ``{"L": [(0, 1)]}`` (dim 1 of tensor 0; tensors are the
+    inputs, then the targets): returns a :class:`fxmem.dims.DimsReport` in B and L (a
+    checkpoint plan is then traced for real).
 
     >>> import torch, fxmem
     >>> m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
@@ -52,6 +55,14 @@ def analyze(model, inputs, targets=(), loss=None, optimizer=None, train=True,
     >>> r.peak_bytes(B=64) > r.peak_bytes(B=8)
     True
     """
+    if dims:
+        from .dims import DimsReport
+
+        t = trace(model, inputs, targets, loss, optimizer, train, device,
+                  batch_hint=batch_hint, checkpoint=checkpoint, set_to_none=set_to_none,
+                  grad_accum=grad_accum, inference_mode=inference_mode, amp=amp,
+                  grad_scaler=grad_scaler, dims=dims)
+        return DimsReport(t, device)
     plan = normalize_plan(model, checkpoint)
     t = trace(model, inputs, targets, loss, optimizer, train, device, batch_hint=batch_hint,
               checkpoint=None if plan and not retrace else plan, set_to_none=set_to_none,

@@ -78,6 +78,9 @@ def cli():
 @click.option("--config", "config", multiple=True, metavar="KEY=VALUE",
               help="Keyword arguments for the model's class or factory (hf: presets: for "
                    "the config class), e.g. n_layer=6.")
+@click.option("--dim", "dim_sizes", multiple=True, metavar="NAME=SIZE",
+              help="A named dim used in --input/--target specs (B,L:int64:50257), e.g. "
+                   "L=512: a symbol like B; the report's numbers are at this size.")
 @click.option("--seq", type=click.IntRange(min=1), default=None,
               help="Sequence length of hf: presets (default: min(512, max positions)).")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table",
@@ -92,13 +95,14 @@ def cli():
               help="Modules listed in the breakdown at the peak.")
 @click.option("--debug", is_flag=True, help="Show the traceback of an error.")
 def analyze(target, inputs, targets, loss, optimizer, amp, device, inference, grad_accum,
-            batch, budget, checkpoint, config, seq, fmt, out, whatif, top, debug):
+            batch, budget, checkpoint, config, dim_sizes, seq, fmt, out, whatif, top, debug):
     """Analyse one step of the model TARGET: path/to/file.py:ClassOrFactory,
     package.module:ClassOrFactory, or a preset such as hf:gpt2 or hf:llama (built from
     transformers' config classes, on the meta device: nothing is downloaded)."""
     try:
         text = _analyze(target, inputs, targets, loss, optimizer, amp, device, inference,
-                        grad_accum, batch, budget, checkpoint, config, seq, fmt, top, whatif)
+                        grad_accum, batch, budget, checkpoint, config, seq, fmt, top, whatif,
+                        dim_sizes)
     except (FxmemError, _Exit) as e:
         _fail(e, debug)
     except Exception as e:  # noqa: BLE001 - a bug in fxmem: still one line, exit 1
@@ -135,12 +139,12 @@ def _fail(e, debug: bool, cause: BaseException | None = None):
 
 
 def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, grad_accum,
-             batch, budget, checkpoint, config, seq, fmt, top, whatif=False):
+             batch, budget, checkpoint, config, seq, fmt, top, whatif=False, dim_sizes=()):
     from rich.console import Console
 
     from .analyze import analyze as run_analysis
     from .report.summary import summarize
-    from .targets import load_target, parse_config, parse_size, parse_tensor
+    from .targets import load_target, named_dims, parse_config, parse_size, parse_tensor
 
     budget_bytes = parse_size(budget) if budget is not None else None
     t = load_target(target, parse_config(config), seq)
@@ -149,8 +153,15 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
         raise InputError("give the model's inputs with --input (e.g. --input B,3,32,32)")
     tgt_specs = targets
     hint = 8
-    xs = tuple(parse_tensor(s, hint) for s in specs)
-    ys = tuple(parse_tensor(s, hint) for s in tgt_specs)
+    sizes = {k: int(v) if isinstance(v, int) else v for k, v in parse_config(dim_sizes).items()}
+    if any(not isinstance(v, int) or v < 1 for v in sizes.values()):
+        raise InputError(f"--dim takes NAME=SIZE with a positive integer size, got {dim_sizes}")
+    xs = tuple(parse_tensor(s, hint, sizes) for s in specs)
+    ys = tuple(parse_tensor(s, hint, sizes) for s in tgt_specs)
+    dims = named_dims([*specs, *tgt_specs])
+    unused = set(sizes) - set(dims)
+    if unused:
+        raise InputError(f"--dim {sorted(unused)[0]} is not used by any --input/--target spec")
     loss_name = loss or t.loss or ("cross_entropy" if ys else "none")
     if inference:
         ys, loss_name = (), "none"
@@ -167,7 +178,19 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
     with status:
         report = run_analysis(t.model, xs, ys, loss=LOSSES[loss_name], optimizer=opt,
                               train=not inference, device=device, amp=AMP[amp],
-                              grad_accum=grad_accum, checkpoint=plan or None)
+                              grad_accum=grad_accum, checkpoint=plan or None,
+                              dims=dims or None)
+        extra = {}
+        if dims:  # the formula in B and the named dims; numbers at the --dim sizes
+            extra[f"peak in B, {', '.join(dims)}"] = str(report.peak)
+            if budget_bytes is not None and len(dims) == 1:
+                (name,) = dims
+                try:
+                    extra[f"largest {name} within the budget at B={batch}"] = \
+                        report.max_length(budget_bytes, batch)
+                except InfeasibleBudgetError:
+                    extra[f"largest {name} within the budget at B={batch}"] = "none fits"
+            report = report.at(**{n: sizes[n] for n in dims})
         frontier = ()
         if checkpoint == "auto" and not inference:
             status.update("choosing a checkpoint plan ...")
@@ -191,7 +214,8 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
              **({"targets": " ".join(tgt_specs)} if ys else {}),
              "loss": loss_name if not inference else "(inference)",
              "optimizer": optimizer, "amp": amp,
-             **({"checkpoint": checkpoint} if checkpoint != "none" else {})}
+             **({"checkpoint": checkpoint} if checkpoint != "none" else {}),
+             **{f"dim {n}": sizes[n] for n in dims}, **extra}
     s = summarize(report, B=batch, budget_bytes=budget_bytes, top=top, setup=setup,
                   title=f"fxmem report: {t.name}", frontier=frontier, whatifs=rows)
     return _render(s, fmt)

@@ -22,6 +22,19 @@ import sympy
 from . import poly as P
 
 B = sympy.Symbol("B", integer=True, positive=True)
+
+
+def dim_symbol(name: str) -> sympy.Symbol:
+    """The symbol of a named input dim beyond the batch (``analyze(..., dims={"L": ...})``):
+    a positive integer, like :data:`B`.
+
+    >>> dim_symbol("L") is dim_symbol("L"), dim_symbol("L").is_positive
+    (True, True)
+    """
+    return sympy.Symbol(name, integer=True, positive=True)
+
+
+L = dim_symbol("L")
 """The batch size: dim 0 of every input and target."""
 
 

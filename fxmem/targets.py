@@ -43,18 +43,30 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
-def parse_tensor(spec: str, batch: int) -> torch.Tensor:
+def parse_tensor(spec: str, batch: int, named: dict | None = None) -> torch.Tensor:
     """A meta tensor from ``DIMS[:DTYPE[:HIGH]]``: DIMS are comma-separated sizes, ``B`` the
-    batch (dim 0); DTYPE defaults to float32; HIGH (integer tensors: values in [0, HIGH)) is
-    accepted for documentation, values are never read."""
+    batch (dim 0), or other names whose sizes ``named`` gives (``{"L": 512}``: a named dim,
+    a symbol like B); DTYPE defaults to float32; HIGH (integer tensors: values in
+    [0, HIGH)) is accepted for documentation, values are never read."""
+    named = named or {}
     dims, _, rest = spec.partition(":")
     dtype_name, _, high = rest.partition(":")
-    try:
-        shape = tuple(batch if d.strip() == "B" else int(d) for d in dims.split(","))
-    except ValueError:
-        raise InputError(f"bad tensor spec {spec!r}: dims are integers or B, e.g. "
-                         "B,3,32,32 or B:int64:10") from None
-    if not shape or shape[0] != batch or "B" not in dims.split(",")[0]:
+    shape = []
+    for d in (x.strip() for x in dims.split(",")):
+        if d == "B":
+            shape.append(batch)
+        elif d.isidentifier():
+            if d not in named:
+                raise InputError(f"bad tensor spec {spec!r}: give the size of dim {d} with "
+                                 f"--dim {d}=SIZE")
+            shape.append(named[d])
+        else:
+            try:
+                shape.append(int(d))
+            except ValueError:
+                raise InputError(f"bad tensor spec {spec!r}: dims are integers, B or names, "
+                                 "e.g. B,3,32,32, B,L:int64:50257 or B:int64:10") from None
+    if not shape or dims.split(",")[0].strip() != "B":
         raise InputError(f"bad tensor spec {spec!r}: dim 0 must be B (the batch)")
     dtype = DTYPES.get(dtype_name or "float32")
     if dtype is None:
@@ -62,7 +74,21 @@ def parse_tensor(spec: str, batch: int) -> torch.Tensor:
                          f"{', '.join(sorted(DTYPES))}")
     if high and not high.isdigit():
         raise InputError(f"bad tensor spec {spec!r}: HIGH must be an integer")
-    return torch.empty(shape, dtype=dtype, device="meta")
+    return torch.empty(tuple(shape), dtype=dtype, device="meta")
+
+
+def named_dims(specs) -> dict:
+    """The named dims of tensor specs (inputs then targets): name -> [(tensor, dim), ...].
+
+    >>> named_dims(["B,L:int64:100", "B,L,8"])
+    {'L': [(0, 1), (1, 1)]}
+    """
+    out: dict = {}
+    for i, spec in enumerate(specs):
+        for d, name in enumerate(x.strip() for x in spec.partition(":")[0].split(",")):
+            if d > 0 and name.isidentifier() and name != "B":
+                out.setdefault(name, []).append((i, d))
+    return out
 
 
 def parse_config(pairs) -> dict:

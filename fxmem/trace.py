@@ -33,7 +33,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from .checkpoint import checkpointing, normalize_plan, user_path
-from .errors import FxmemError, SpecializationError, TraceError
+from .errors import FxmemError, InputError, SpecializationError, TraceError
 from .rules import (CONSTANT_LIFT_OPS, DATA_DEPENDENT_OPS, DECOMPOSE_OPS, LAYOUT_ONLY_GUARD_OPS,
                     SKIP_NAMESPACES, SPLIT_ALIASED_OUTPUTS, STATS_IN_WEIGHT_DTYPE_OPS,
                     UNREDUCED_STORAGE_LOSSES, UNSIZED_WORKSPACE_OPS, RNNRouter, ValueOracle,
@@ -42,7 +42,7 @@ from .saved import SavedTensors, latest
 from .amp import emulate
 from .step import (StepSpec, make_grad_scaler, make_optimizer, make_spec, needs_closure,
                    run_step, scaler_tensors, warmup_steps)
-from .symbols import B, Size
+from .symbols import B, Size, dim_symbol
 from .tracking import StorageTracker
 
 
@@ -122,6 +122,7 @@ class Trace:
     calls: tuple = ()  # ModuleCall per forward call of a submodule
     packs: tuple = ()  # fxmem.saved.Pack per tensor saved for backward in the forward
     grad_accum: int = 1  # micro-batches of B per optimizer step
+    dims: tuple = ()  # names of input dims beyond B that are symbols too (e.g. ("L",))
 
 
 def _user_frame(frames) -> str | None:
@@ -140,9 +141,11 @@ class _Recorder(StorageTracker):
             return func(*args, **(kwargs or {}))
         return super().__torch_dispatch__(func, types, args, kwargs)
 
-    def __init__(self, shape_env: ShapeEnv, sym):
+    def __init__(self, shape_env: ShapeEnv, sym, dim_syms: dict | None = None):
         super().__init__()
         self.shape_env, self.sym = shape_env, sym
+        self.dim_syms = dim_syms or {}  # name -> ShapeEnv symbol of the other named dims
+        self.subs = {sym: B, **{v: dim_symbol(n) for n, v in self.dim_syms.items()}}
         self.phase = "setup"
         self.module_stack = [""]
         self.fn_module: dict[int, str] = {}
@@ -243,7 +246,7 @@ class _Recorder(StorageTracker):
         return self._placeholders[sid]
 
     def _desc(self, t, sid) -> TensorDesc:
-        shape = tuple(int(d) if isinstance(d, int) else d.node.expr.xreplace({self.sym: B})
+        shape = tuple(int(d) if isinstance(d, int) else d.node.expr.xreplace(self.subs)
                       for d in t.shape)
         return TensorDesc(shape, t.dtype, sid)
 
@@ -258,7 +261,7 @@ class _Recorder(StorageTracker):
                 in_sids.append(self.register(x)[0])
                 return self._node(x)
             if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-                return x.node.expr.xreplace({self.sym: B})
+                return x.node.expr.xreplace(self.subs)
             return x
 
         fargs, fkwargs = tree_map(to_node, (args, kwargs))
@@ -308,19 +311,23 @@ class _Recorder(StorageTracker):
             self.fn_module.setdefault(t.grad_fn._sequence_nr(), module)
 
     def check_specialized(self, op=None, module=None) -> None:
-        val = self.shape_env.replacements.get(self.sym)
-        rng = self.shape_env.var_to_range.get(self.sym)
-        fixed = (val is not None and val.is_number) or (rng is not None and rng.lower == rng.upper)
-        if fixed:
+        for name, sym in (("B", self.sym), *self.dim_syms.items()):
+            val = self.shape_env.replacements.get(sym)
+            rng = self.shape_env.var_to_range.get(sym)
+            if not ((val is not None and val.is_number)
+                    or (rng is not None and rng.lower == rng.upper)):
+                continue
             source = _user_frame(traceback.extract_stack())
             for g in self.shape_env.guards:
-                if source is None and self.sym in g.expr.free_symbols:
+                if source is None and sym in g.expr.free_symbols:
                     source = _guard_source(g)
             value = val if val is not None else rng.lower
+            what = "the batch size" if name == "B" else f"dim {name}"
+            hint = ("compute sizes from x.shape[0] instead of constants or int()" if name == "B"
+                    else f"compute sizes from the tensor's shape instead of constants or int()")
             raise SpecializationError(
-                f"the batch size was specialized to {value}, so memory is not a formula in B "
-                f"(compute sizes from x.shape[0] instead of constants or int())",
-                op=op, module=module, source=source, phase=self.phase)
+                f"{what} was specialized to {value}, so memory is not a formula in {name} "
+                f"({hint})", op=op, module=module, source=source, phase=self.phase)
 
     # saved tensors ----------------------------------------------------------------
     def pack(self, t):
@@ -340,8 +347,45 @@ def _guard_source(guard) -> str | None:
     return str(user).strip() or None if user else None
 
 
-def _fake_like(mode: FakeTensorMode, t: torch.Tensor, batch=None, param=False):
-    shape = tuple(t.shape) if batch is None else (batch, *t.shape[1:])
+def check_dims(dims, spec: StepSpec) -> dict:
+    """``dims``: name -> [(tensor, dim), ...], where tensor indexes the inputs followed by
+    the targets and dim >= 1 (dim 0 is B). Each place of a name must have the same size in
+    the example tensors. Returns the mapping with lists of int pairs."""
+    if not dims:
+        return {}
+    if not isinstance(dims, dict):
+        raise InputError(f"dims must be a dict name -> [(tensor, dim), ...], got {dims!r}")
+    tensors = spec.inputs + spec.targets
+    out = {}
+    for name, places in dims.items():
+        if not isinstance(name, str) or not name.isidentifier() or name == "B":
+            raise InputError(f"a dim name is an identifier other than B, got {name!r}")
+        places = [places] if isinstance(places, tuple) else list(places or ())
+        if not places:
+            raise InputError(f"dim {name} names no (tensor, dim) place")
+        sizes = set()
+        for place in places:
+            if (not isinstance(place, tuple) or len(place) != 2
+                    or not all(isinstance(v, int) for v in place)):
+                raise InputError(f"dim {name}: a place is (tensor index, dim), got {place!r}")
+            t_i, d = place
+            if not 0 <= t_i < len(tensors):
+                raise InputError(f"dim {name}: tensor {t_i} does not exist (inputs then "
+                                 f"targets: {len(tensors)} tensors)")
+            if not 1 <= d < tensors[t_i].dim():
+                raise InputError(f"dim {name}: tensor {t_i} has no dim {d} (dim 0 is B)")
+            sizes.add(int(tensors[t_i].shape[d]))
+        if len(sizes) > 1:
+            raise InputError(f"dim {name} has different sizes in the example tensors: "
+                             f"{sorted(sizes)}")
+        out[name] = places
+    return out
+
+
+def _fake_like(mode: FakeTensorMode, t: torch.Tensor, batch=None, param=False, named=None):
+    shape = list(t.shape) if batch is None else [batch, *t.shape[1:]]
+    for d, v in (named or {}).items():
+        shape[d] = v
     with mode:
         f = torch.empty(shape, dtype=t.dtype, device="cpu")
     if param:
@@ -352,11 +396,12 @@ def _fake_like(mode: FakeTensorMode, t: torch.Tensor, batch=None, param=False):
 def trace(model: torch.nn.Module, inputs, targets=(), loss=None, optimizer=None, train=True,
           device="cuda", batch_hint: int | None = None, checkpoint=None,
           set_to_none: bool = True, grad_accum: int = 1, inference_mode: bool = False,
-          amp=None, grad_scaler=None) -> Trace:
+          amp=None, grad_scaler=None, dims=None) -> Trace:
     """Trace one steady-state step of ``model``; see the module docstring. ``checkpoint``:
     a plan (module paths) whose forwards run under ``torch.utils.checkpoint`` for real.
     With ``amp`` and ``device="cuda"``, autocast follows CUDA's op lists
-    (:func:`fxmem.amp.emulate`)."""
+    (:func:`fxmem.amp.emulate`). ``dims``: other input dims that are symbols too, e.g.
+    ``{"L": [(0, 1)]}`` (:func:`check_dims`)."""
     spec = make_spec(model, inputs, targets, loss, optimizer, train, device, set_to_none,
                      grad_accum, inference_mode, amp, grad_scaler)
     plan = normalize_plan(model, checkpoint)
@@ -371,10 +416,22 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=None, optimizer=None,
     # be decided statically, as they are for concrete sizes; the bound itself is never hit.
     shape_env.constrain_symbol_range(sym, compiler_min=1, compiler_max=B_RANGE_MAX)
     batch = shape_env.create_symintnode(sym, hint=hint)
-    rec = _Recorder(shape_env, sym)
+    positions = check_dims(dims, spec)
+    dim_syms, named = {}, {}
+    for name, places in positions.items():
+        t_i, d = places[0]
+        size = int((spec.inputs + spec.targets)[t_i].shape[d])
+        s_ = shape_env.create_symbol(size, source=ConstantSource(name),
+                                     dynamic_dim=DimDynamic.DYNAMIC)
+        shape_env.constrain_symbol_range(s_, compiler_min=1, compiler_max=B_RANGE_MAX)
+        dim_syms[name] = s_
+        node = shape_env.create_symintnode(s_, hint=size)
+        for t_i, d in places:
+            named.setdefault(t_i, {})[d] = node
+    rec = _Recorder(shape_env, sym, dim_syms)
     handles = []
     try:
-        return _run(model, spec, mode, rec, sym, batch, hint, handles, plan)
+        return _run(model, spec, mode, rec, sym, batch, hint, handles, plan, named)
     except FxmemError:
         raise
     except Exception as e:  # noqa: BLE001 - turned into one clear TraceError
@@ -407,14 +464,16 @@ def _chained(e, inner) -> bool:
 
 
 def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles,
-         plan=()) -> Trace:
+         plan=(), named=None) -> Trace:
     # fake parameters and buffers, registered under their names
     named_p = list(model.named_parameters())
     named_b = [(n, b) for n, b in model.named_buffers() if b is not None]
     fparams = {n: _fake_like(mode, p, param=True) for n, p in named_p}
     fbufs = {n: _fake_like(mode, b) for n, b in named_b}
-    fins = [_fake_like(mode, t, batch) for t in spec.inputs]
-    ftgs = [_fake_like(mode, t, batch) for t in spec.targets]
+    named, n_in = named or {}, len(spec.inputs)
+    fins = [_fake_like(mode, t, batch, named=named.get(i)) for i, t in enumerate(spec.inputs)]
+    ftgs = [_fake_like(mode, t, batch, named=named.get(n_in + i))
+            for i, t in enumerate(spec.targets)]
     for n, p in fparams.items():
         rec.register_named(p, "param", user_path(n))
     for n, b in fbufs.items():
@@ -564,8 +623,8 @@ def _finish(rec: _Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
         if isinstance(v, int):
             return sympy.Integer(v)
         e = env.replace(v.node.expr) if hasattr(env, "replace") else v.node.expr
-        e = e.xreplace({sym: B})
-        extra = e.free_symbols - {B}
+        e = e.xreplace(rec.subs)
+        extra = e.free_symbols - {B, *(dim_symbol(n) for n in rec.dim_syms)}
         if extra:
             raise TraceError(f"a storage size depends on data ({sorted(map(str, extra))}), "
                              "not only on the batch size")
@@ -582,6 +641,8 @@ def _finish(rec: _Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
     saved_by = rec.saved_tensors.saved_by()
     for s in rec.storages:
         expr = to_expr(s.nbytes)
+        if rec.dim_syms:
+            expr = sympy.expand(expr)
         size = sizes.get(expr) or sizes.setdefault(expr, Size.of(expr))
         cat, name = rec.names.get(s.sid, (None, ""))
         if cat is None:
@@ -604,24 +665,32 @@ def _finish(rec: _Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
     storages = [s if s.sid not in first else
                 _with(s, dtype=first[s.sid].dtype, shape=first[s.sid].shape) for s in storages]
     rng = env.var_to_range.get(sym)
-    guards = valid_when([g.expr.xreplace({sym: B}) for g in env.guards],
+    all_guards = [g.expr.xreplace(rec.subs) for g in env.guards]
+    guards = valid_when([g for g in all_guards if g.free_symbols <= {B}],
                         int(rng.lower) if rng is not None else 1,
                         int(rng.upper) if rng is not None and isinstance(rng.upper, sympy.Integer)
                         and int(rng.upper) < B_RANGE_MAX else None)
+    for name in rec.dim_syms:  # a named dim's own conditions, then the mixed ones
+        x = dim_symbol(name)
+        guards += valid_when([g for g in all_guards if g.free_symbols == {x}], symbol=x)
+    guards += tuple(g for g in all_guards if len(g.free_symbols) > 1
+                    and sympy.simplify(g) is not sympy.true)
     rec.graph.output(None)
     unmodelled = tuple((str(f), m, why) for (f, m), why in rec.unmodelled.items())
     return Trace(rec.graph, tuple(rec.ops), tuple(storages), guards, hint, spec.train,
                  spec.device, spec.optimizer is not None, unmodelled, rec.plan,
                  tuple(sorted(rec.calls, key=lambda c: (c.first_op, -c.last_op))),
-                 rec.saved_tensors.packs, spec.grad_accum)
+                 rec.saved_tensors.packs, spec.grad_accum, tuple(rec.dim_syms))
 
 
-def valid_when(guards, lower: int = 1, upper: int | None = None) -> tuple:
-    """Fold shape guards on B into short conditions, e.g. ``(B >= 2,)``.
+def valid_when(guards, lower: int = 1, upper: int | None = None, symbol=B) -> tuple:
+    """Fold shape guards on B (or another ``symbol``) into short conditions, e.g.
+    ``(B >= 2,)``.
 
     >>> valid_when([sympy.Ne(B, 1), B < 16])
     (B >= 2, B <= 15)
     """
+    B = symbol  # noqa: N806 - the same folding for every named dim
     lower, excluded, other = max(lower, 1), set(), []
     for g in guards:
         g = sympy.simplify(g)

@@ -1,0 +1,113 @@
+"""Named dims beyond B (fxmem.analyze(..., dims=...)): formulas in B and L, against real
+eager steps at lengths and batch sizes other than the traced ones."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import sympy
+import torch
+from torch import nn
+
+import fxmem
+from fxmem.symbols import L
+from zoo import gpt2
+
+pytest.importorskip("transformers")
+
+
+def _seq_mlp():
+    return nn.Sequential(nn.Linear(16, 16), nn.ReLU())
+
+
+def test_a_per_token_model_is_linear_in_b_times_l():
+    m = _seq_mlp()
+    step = dict(loss=lambda o: o.sum(), optimizer=torch.optim.SGD)
+    r = fxmem.analyze(m, torch.randn(4, 10, 16), **step, device="cpu", dims={"L": [(0, 1)]})
+    assert r.dims == ("L",)
+    assert sympy.Poly(r.peak.args[0], fxmem.B, L).total_degree() == 2  # B*L terms
+    for b, n in [(2, 2), (3, 7), (8, 100), (13, 50)]:
+        real = fxmem.measure(m, torch.randn(4, n, 16), **step, B=b).peak_bytes
+        assert r.peak_bytes(b, L=n) == real
+        assert int(r.peak.subs({fxmem.B: b, L: n})) == real
+
+
+@pytest.fixture(scope="module")
+def lm():
+    m = gpt2(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64,
+             bos_token_id=0, eos_token_id=0, attn_implementation="eager")
+    ids = torch.randint(0, 128, (4, 16))
+    r = fxmem.analyze(m, (ids, ids), optimizer=torch.optim.AdamW, device="cpu",
+                      dims={"L": [(0, 1), (1, 1)]})
+    return m, r
+
+
+def test_gpt2_attention_has_b_l_squared_terms_and_is_exact(lm):
+    m, r = lm
+    assert any(sympy.Poly(a, fxmem.B, L).degree(L) == 2 for a in r.peak.args)  # B*L**2
+    for b, n in [(2, 8), (5, 24), (3, 33)]:  # traced at B=4, L=16
+        x = torch.randint(0, 128, (4, n))
+        real = fxmem.measure(m, (x, x), optimizer=torch.optim.AdamW, B=b).peak_bytes
+        assert r.peak_bytes(b, L=n) == real == int(r.peak.subs({fxmem.B: b, L: n}))
+
+
+def test_largest_batch_and_length(lm):
+    _, r = lm
+    budget = 3 * 2**20
+    b = r.max_batch_size(budget, L=32)
+    assert r.peak_bytes(b, L=32) <= budget < r.peak_bytes(b + 1, L=32)
+    n = r.max_length(budget, B=4)
+    assert r.peak_bytes(4, L=n) <= budget < r.peak_bytes(4, L=n + 1)
+    with pytest.raises(fxmem.InfeasibleBudgetError):
+        r.max_length(2**20, B=4)
+    at = r.at(L=32)  # an ordinary Report: regimes, breakdown, plans
+    assert at.peak_bytes(b) == r.peak_bytes(b, L=32) and at.regimes
+
+
+def test_dims_are_checked():
+    x = torch.randn(4, 10, 16)
+    kw = dict(loss=lambda o: o.sum(), device="cpu")
+    for dims, msg in [({"B": [(0, 1)]}, "identifier other than B"),
+                      ({"L": [(1, 1)]}, "tensor 1 does not exist"),
+                      ({"L": [(0, 0)]}, "has no dim 0"),
+                      ({"L": [(0, 1), (0, 2)]}, "different sizes"),
+                      ({"L": ["x"]}, "a place is (tensor index, dim)")]:
+        with pytest.raises(fxmem.InputError, match=msg.replace("(", r"\(").replace(")", r"\)")):
+            fxmem.analyze(_seq_mlp(), x, **kw, dims=dims)
+    r = fxmem.analyze(_seq_mlp(), x, **kw, dims={"L": [(0, 1)]})
+    with pytest.raises(fxmem.InputError, match="L=1 is outside where the trace holds"):
+        r.peak_bytes(4, L=1)
+    with pytest.raises(fxmem.InputError, match="a value for every named dim"):
+        r.peak_bytes(4)
+
+
+def test_a_model_that_fixes_the_length_is_reported():
+    class Fixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(16, 16)
+
+        def forward(self, x):
+            return self.lin(x).reshape(x.shape[0], 10 * 16)  # assumes L == 10
+
+    with pytest.raises(fxmem.SpecializationError, match="dim L was specialized to 10"):
+        fxmem.analyze(Fixed(), torch.randn(4, 10, 16), loss=lambda o: o.sum(), device="cpu",
+                      dims={"L": [(0, 1)]})
+
+
+def test_cli_named_dims():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    fx = os.path.join(os.path.dirname(sys.executable), "fxmem")
+    args = [fx, "analyze", "tests/zoo.py:KeepsLocals", "--input", "B,L,32", "--target",
+            "B,L,8", "--loss", "mse", "--device", "cpu", "--dim", "L=12", "--budget", "1MiB",
+            "--format", "json"]
+    r = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert "B*L" in doc["setup"]["peak in B, L"] and doc["setup"]["dim L"] == 12
+    assert isinstance(doc["setup"]["largest L within the budget at B=32"], int)
+    bad = subprocess.run(args[:5] + ["--target", "B,L,8", "--loss", "mse"], cwd=root,
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "give the size of dim L with --dim L=SIZE" in bad.stderr
