@@ -24,6 +24,7 @@ import functools
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import sympy
 import torch
 
@@ -31,8 +32,7 @@ from .allocator import device_sizes
 from .errors import InfeasibleBudgetError, InputError
 from .symbols import B, Size, dim_symbol
 
-SAMPLES = (2, 8, 64, 512, 4096)  # B and L values where candidates are compared
-
+B_SYM = B
 
 def _subs(e, values: dict):
     return e.xreplace(values) if isinstance(e, sympy.Basic) else e
@@ -131,8 +131,39 @@ class DimsReport:
         return self._cache[key]
 
     def peak_bytes(self, B: int, **values) -> int:  # noqa: N803
-        """Peak bytes at batch size ``B`` and the named dims' ``values``."""
-        return self.at(**values).peak_bytes(B)
+        """Peak bytes at batch size ``B`` and the named dims' ``values``: the largest live
+        total among the candidate ops, each size evaluated with integer arithmetic (no
+        re-derivation, so a new point costs well under a millisecond)."""
+        point = self._point(B, values)
+        exprs, counts = self._candidates
+        sizes = np.array([self._compiled[e](*point) for e in exprs], dtype=object)
+        return int(max(counts.dot(sizes)))
+
+    def _point(self, b, values) -> tuple:
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            raise InputError(f"B must be a positive int, got {b!r}")
+        if set(values) != set(self.dims):
+            raise InputError(f"give a value for every named dim {list(self.dims)}")
+        for name, v in values.items():
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InputError(f"{name} must be a positive int, got {v!r}")
+        subs = {B_SYM: sympy.Integer(b), **{dim_symbol(n): sympy.Integer(v)
+                                             for n, v in values.items()}}
+        for g in self.valid_when:
+            if g.xreplace(subs) is sympy.false:
+                where = ", ".join(f"{k}={v}" for k, v in {"B": b, **values}.items())
+                raise InputError(f"{where} is outside where the trace holds ({g})")
+        return (b, *(values[n] for n in self.dims))
+
+    @functools.cached_property
+    def _candidates(self) -> tuple:
+        return _candidates(self.trace, self._sizes)
+
+    @functools.cached_property
+    def _compiled(self) -> dict:
+        """Each distinct size as a function of (B, *dims) in exact integer arithmetic."""
+        args = (B_SYM, *(dim_symbol(n) for n in self.dims))
+        return {e: compile_size(e, args) for e in self._candidates[0]}
 
     def max_batch_size(self, budget_bytes: int, **values) -> int:
         """The largest B within ``budget_bytes`` at fixed named dims (``L=512``)."""
@@ -169,10 +200,11 @@ class DimsReport:
         """The peak as an exact ``Max`` over the ops that can be the maximum: candidates
         whose live set another candidate's covers (size by size) are dropped, and so are
         polynomials another one bounds coefficient by coefficient."""
-        cands = _candidates(self.trace, self._sizes)
-        exprs = [sum((n * e for e, n in c.items()), sympy.Integer(0)) for c in cands]
-        exprs = _drop_bounded([sympy.expand(e) for e in exprs])
-        return exprs[0] if len(exprs) == 1 else sympy.Max(*exprs)
+        sizes, counts = self._candidates
+        exprs = [sympy.Add(*[int(n) * e for e, n in zip(sizes, row) if n])
+                 for row in counts]
+        exprs = _drop_bounded(exprs)
+        return exprs[0] if len(exprs) == 1 else sympy.Max(*exprs, evaluate=False)
 
     @functools.cached_property
     def parts(self) -> dict:
@@ -193,71 +225,119 @@ class DimsReport:
                 f"valid when: {', '.join(map(str, self.valid_when))}")
 
 
-def _candidates(trace, sizes) -> list:
-    """Live storage sizes (a Counter expr -> count) right after each op that can be a peak
-    (the last of a run of allocations), with covered live sets dropped."""
+def compile_size(expr, args):
+    """A Python function of ``args`` computing the integer ``expr`` exactly: polynomials
+    with integer coefficients, and ``ceiling`` / ``floor`` of polynomials over an integer.
+
+    >>> from fxmem.symbols import L
+    >>> f = compile_size(512 * sympy.ceiling(3 * B * L**2 / 32) + 8 * L, (B, L))
+    >>> f(3, 7), int((512 * sympy.ceiling(3 * B * L**2 / 32) + 8 * L).subs({B: 3, L: 7}))
+    (7224, 7224)
+    """
+    names = {a: f"a{i}" for i, a in enumerate(args)}
+
+    def code(e) -> str:
+        if e.is_Integer:
+            return str(int(e))
+        if e.is_Symbol:
+            return names[e]
+        if e.is_Add:
+            return "(" + " + ".join(code(a) for a in e.args) + ")"
+        if e.is_Mul:
+            num, den = sympy.fraction(e)
+            if den != 1:
+                raise ValueError(f"not an integer expression: {e}")
+            return "(" + " * ".join(code(a) for a in e.args) + ")"
+        if e.is_Pow and e.exp.is_Integer and e.exp > 0:
+            return f"({code(e.base)} ** {int(e.exp)})"
+        if isinstance(e, (sympy.ceiling, sympy.floor)):
+            num, den = sympy.fraction(sympy.together(e.args[0]))
+            if not den.is_Integer:
+                raise ValueError(f"not an integer expression: {e}")
+            q = f"({code(sympy.expand(num))}) // {int(den)}"
+            return f"(-((-{code(sympy.expand(num))}) // {int(den)}))" \
+                if isinstance(e, sympy.ceiling) else f"({q})"
+        raise ValueError(f"not an integer expression: {e}")
+
+    try:
+        src = f"lambda {', '.join(names.values())}: {code(sympy.expand(expr))}"
+    except ValueError:
+        return lambda *vals: int(expr.xreplace(dict(zip(args, map(sympy.Integer, vals)))))
+    return eval(src)  # noqa: S307 - code generated above from a sympy expression
+
+
+def _candidates(trace, sizes) -> tuple:
+    """The distinct sizes, and a matrix of counts (one row per op that can be a peak: the
+    last of a run of allocations) of the storages of each size live right after it. Rows
+    that another row covers (every count at least as large) are dropped: sizes are never
+    negative, so such an op is never above the one covering it."""
     from .graph import build_graph
     from .liveness import _events
 
     graph = build_graph(trace)
     allocs, frees = _events(graph)
-    live: Counter = Counter()
+    index = {e: i for i, e in enumerate(dict.fromkeys(sizes))}
+    col = [index[e] for e in sizes]
+    live = np.zeros(len(index), dtype=np.int64)
     for s in graph.storages:
         if s.created_by < 0:
-            live[sizes[s.sid]] += 1
-    snaps = [+live]
+            live[col[s.sid]] += 1
+    rows = [live.copy()]
     for sid in frees[0]:
-        live[sizes[sid]] -= 1
+        live[col[sid]] -= 1
     last = None
     for i in range(len(graph.ops)):
         for sid in allocs[i]:
-            live[sizes[sid]] += 1
+            live[col[sid]] += 1
             last = i
         if frees[i + 1] and last is not None:
-            snaps.append(+live)
+            rows.append(live.copy())
             last = None
         for sid in frees[i + 1]:
-            live[sizes[sid]] -= 1
+            live[col[sid]] -= 1
     if last is not None:
-        snaps.append(+live)
-    unique = list({tuple(sorted(c.items(), key=str)): c for c in snaps}.values())
-    # leaders: the largest at sample points; anything whose live set one of them covers goes
-    points = [{B: b, **{dim_symbol(n): v for n in trace.dims}} for b in SAMPLES
-              for v in SAMPLES]
-    at = {e: [int(e.xreplace(p)) for p in points] for e in set(sizes)}
-    value = [[sum(n * at[e][k] for e, n in c.items()) for k in range(len(points))]
-             for c in unique]
-    leaders = {max(range(len(unique)), key=lambda i: value[i][k]) for k in range(len(points))}
-    kept = []
-    for i, c in enumerate(unique):
-        if i not in leaders and any(all(unique[j][e] >= n for e, n in c.items())
-                                    for j in leaders):
+        rows.append(live.copy())
+    m = np.unique(np.array(rows), axis=0)
+    # drop covered rows: compare each row with all others (in chunks to bound memory)
+    keep = np.ones(len(m), dtype=bool)
+    order = np.argsort(-m.sum(axis=1), kind="stable")  # big rows first: early coverers
+    m = m[order]
+    for i in range(len(m)):
+        if not keep[i]:
             continue
-        kept.append(c)
-    return kept
+        covered = np.all(m <= m[i], axis=1)  # rows that row i covers
+        covered[i] = False
+        keep &= ~covered
+    m = m[keep]
+    used = np.flatnonzero(m.any(axis=0))
+    exprs = list(index)
+    return [exprs[j] for j in used], m[:, used].astype(object)
 
 
 def _drop_bounded(exprs: list) -> list:
-    """Drop polynomials that another one bounds coefficient by coefficient (all symbols are
-    positive integers, so a difference with no negative coefficient is >= 0)."""
+    """Drop polynomials that another one bounds coefficient by coefficient. Every generator
+    is positive (B, the named dims, and ``ceiling`` of positive sizes), so a difference with
+    no negative coefficient is >= 0 everywhere."""
     out = list(dict.fromkeys(exprs))
-    syms = sorted(set().union(*(e.free_symbols for e in out)), key=str)
-    polys = []
+    terms = []
     for e in out:
-        try:
-            polys.append(sympy.Poly(e, *syms) if syms else None)
-        except sympy.PolynomialError:
-            polys.append(None)
+        d: dict = {}
+        for t in sympy.Add.make_args(sympy.expand(e)):
+            c, rest = t.as_coeff_Mul()
+            d[rest] = d.get(rest, 0) + c
+        terms.append(d)
     keep = []
-    for i, e in enumerate(out):
+    for i, di in enumerate(out):
         bounded = False
-        for j, f in enumerate(out):
-            if i == j or polys[i] is None or polys[j] is None:
+        for j in range(len(out)):
+            if i == j:
                 continue
-            diff = polys[j] - polys[i]
-            if all(c >= 0 for c in diff.coeffs()) and (not diff.is_zero or j < i):
+            dj = terms[j]
+            if all(dj.get(k, 0) >= v for k, v in terms[i].items()) and all(
+                    v >= 0 or k in terms[i] and v >= terms[i][k] for k, v in dj.items()) and (
+                    terms[i] != dj or j < i):
                 bounded = True
                 break
         if not bounded:
-            keep.append(e)
+            keep.append(di)
     return keep
