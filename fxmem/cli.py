@@ -120,14 +120,33 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, inference, gr
         click.echo(text, nl=False)
 
 
-@cli.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def validate(args):
-    """Run the validation zoo on a device and write its table (python -m fxmem.validate;
-    fxmem validate --help lists its options)."""
-    from .validate import main as validate_main
+@cli.command()
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
+              help="cpu: the same protocol on this machine's CPU, small models, live bytes.")
+@click.option("--scale", type=click.Choice(["full", "small"]), default=None,
+              help="Model sizes (default: full on CUDA, small on CPU).")
+@click.option("--only", multiple=True, metavar="CASE", help="A case name (repeatable).")
+@click.option("--out-md", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write the Markdown table here.")
+@click.option("--out-json", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write the JSON table here.")
+@click.option("--debug", is_flag=True, help="Show the traceback of an error.")
+def validate(device, scale, only, out_md, out_json, debug):
+    """Run the validation zoo (fxmem.zoo) on a device: fxmem's predictions against measured
+    steps, as a Markdown table (also python -m fxmem.validate)."""
+    from .validate import to_json, to_markdown
+    from .validate import validate as run_validation
 
-    sys.exit(validate_main(list(args)))
+    try:
+        v = run_validation(device, scale, list(only) or None)
+    except FxmemError as e:
+        _fail(e, debug)
+    md = to_markdown(v)
+    for path, text in ((out_md, md), (out_json, to_json(v))):
+        if path:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+    click.echo(md, nl=False)
 
 
 def _fail(e, debug: bool, cause: BaseException | None = None):

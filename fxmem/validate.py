@@ -14,7 +14,6 @@ models): it is how the harness itself is tested without a GPU.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import platform
@@ -227,30 +226,7 @@ def to_json(v: Validation) -> str:
     return json.dumps(d, indent=2) + "\n"
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fxmem.validate", description=__doc__.split(
-        "\n\n")[0])
-    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    p.add_argument("--scale", choices=["full", "small"], default=None)
-    p.add_argument("--only", action="append", default=None, help="a case name (repeatable)")
-    p.add_argument("--out-md", default=None, help="write the Markdown table here")
-    p.add_argument("--out-json", default=None, help="write the JSON table here")
-    a = p.parse_args(argv)
-    from .errors import FxmemError
+if __name__ == "__main__":  # the same command as `fxmem validate` (fxmem.cli renders it)
+    from .cli import main
 
-    try:
-        v = validate(a.device, a.scale, a.only)
-    except FxmemError as e:
-        print(f"fxmem validate: error: {e}", file=sys.stderr)
-        return 2
-    md = to_markdown(v)
-    for path, text in ((a.out_md, md), (a.out_json, to_json(v))):
-        if path:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
-    print(md)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    main(["validate", *sys.argv[1:]])

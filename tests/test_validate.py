@@ -40,7 +40,11 @@ def test_goal_arithmetic():
 def test_cli_without_a_gpu_says_so(capsys):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    assert V.main(["--device", "cuda"]) == 2
+    from fxmem.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["validate", "--device", "cuda"])
+    assert exit_.value.code == 2
     assert "no CUDA device" in capsys.readouterr().err
 
 
