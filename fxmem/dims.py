@@ -272,31 +272,18 @@ def _candidates(trace, sizes) -> tuple:
     that another row covers (every count at least as large) are dropped: sizes are never
     negative, so such an op is never above the one covering it."""
     from .graph import build_graph
-    from .liveness import _events
+    from .liveness import sweep
 
     graph = build_graph(trace)
-    allocs, frees = _events(graph)
     index = {e: i for i, e in enumerate(dict.fromkeys(sizes))}
     col = [index[e] for e in sizes]
     live = np.zeros(len(index), dtype=np.int64)
-    for s in graph.storages:
-        if s.created_by < 0:
-            live[col[s.sid]] += 1
-    rows = [live.copy()]
-    for sid in frees[0]:
-        live[col[sid]] -= 1
-    last = None
-    for i in range(len(graph.ops)):
-        for sid in allocs[i]:
-            live[col[sid]] += 1
-            last = i
-        if frees[i + 1] and last is not None:
+    rows = []
+    for kind, x in sweep(graph):
+        if kind == "peak":
             rows.append(live.copy())
-            last = None
-        for sid in frees[i + 1]:
-            live[col[sid]] -= 1
-    if last is not None:
-        rows.append(live.copy())
+        else:
+            live[col[x]] += 1 if kind == "+" else -1
     m = np.unique(np.array(rows), axis=0)
     # drop covered rows: compare each row with all others (in chunks to bound memory)
     keep = np.ones(len(m), dtype=bool)

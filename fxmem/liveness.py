@@ -128,11 +128,34 @@ def _events(graph: StorageGraph):
     return allocs, frees
 
 
+def sweep(graph: StorageGraph):
+    """The step's live set, change by change: ``("+", sid)`` / ``("-", sid)`` as storages
+    appear and go, and ``("peak", i)`` where the live bytes right after op ``i`` (-1: the
+    start) may be a maximum, i.e. after the last op of a run of allocations."""
+    allocs, frees = _events(graph)
+    for s in graph.storages:
+        if s.created_by < 0:
+            yield "+", s.sid
+    yield "peak", -1  # the start is always a candidate, as a fallback
+    for sid in frees[0]:
+        yield "-", sid
+    last_alloc = None
+    for i in range(len(graph.ops)):
+        for sid in allocs[i]:
+            yield "+", sid
+            last_alloc = i
+        if frees[i + 1] and last_alloc is not None:
+            yield "peak", last_alloc
+            last_alloc = None
+        for sid in frees[i + 1]:
+            yield "-", sid
+    if last_alloc is not None:
+        yield "peak", last_alloc
+
+
 def liveness(graph: StorageGraph, device: str | None = None) -> Liveness:
     device = device or graph.trace.device
     sizes = device_sizes(graph.storages, device)
-    allocs, frees = _events(graph)
-    n = len(graph.ops)
 
     poly = P.ZERO
     extras: Counter = Counter()
@@ -147,9 +170,6 @@ def liveness(graph: StorageGraph, device: str | None = None) -> Liveness:
             if extras[s] == 0:
                 del extras[s]
 
-    for s in graph.storages:
-        if s.created_by < 0:
-            add(s.sid, +1)
     raw: list[Candidate] = []
 
     def snapshot(i):
@@ -163,27 +183,11 @@ def liveness(graph: StorageGraph, device: str | None = None) -> Liveness:
             lo, hi = P.add(lo, P.scale(s.lo, cnt)), P.add(hi, P.scale(s.hi, cnt))
         raw.append(Candidate(i, poly, ex, lo, hi))
 
-    pending = True  # the start (-1) is a candidate until something is allocated
-    for sid in frees[0]:
-        if pending:
-            snapshot(-1)
-            pending = False
-        add(sid, -1)
-    if pending:
-        snapshot(-1)  # start state is always kept as a fallback candidate
-    last_alloc = None
-    for i in range(n):
-        if allocs[i]:
-            for sid in allocs[i]:
-                add(sid, +1)
-            last_alloc = i
-        if frees[i + 1] and last_alloc is not None:
-            snapshot(last_alloc)
-            last_alloc = None
-        for sid in frees[i + 1]:
-            add(sid, -1)
-    if last_alloc is not None:
-        snapshot(last_alloc)
+    for kind, x in sweep(graph):
+        if kind == "peak":
+            snapshot(x)
+        else:
+            add(x, +1 if kind == "+" else -1)
     kept, regimes = prune(raw)
     return Liveness(graph, device, tuple(sizes), tuple(kept), tuple(regimes), len(raw))
 
