@@ -6,8 +6,9 @@ Each rule says why it exists; an op with no rule is traced as PyTorch's fake ker
 
 from __future__ import annotations
 
+import linecache
 import os
-import traceback
+import sys
 
 import torch
 
@@ -164,17 +165,25 @@ class ValueOracle:
     def __call__(self, t: torch.Tensor):
         """The value to return for ``t.item()``, or ``NotImplemented`` when the read is not
         one of theirs (the fake kernel then answers, or fails, as it would)."""
-        stack = traceback.extract_stack()
-        lbfgs = [f for f in stack if f.filename.endswith(os.path.join(*LBFGS_SOURCE))]
-        if not lbfgs:
-            asgd = any(f.filename.endswith(os.path.join(*ASGD_SOURCE)) for f in stack)
+        lbfgs_end = os.path.join(*LBFGS_SOURCE)
+        asgd_end = os.path.join(*ASGD_SOURCE)
+        lbfgs, asgd = None, False
+        frame = sys._getframe(1)  # not traceback.extract_stack(): reads every source line
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if lbfgs is None and name.endswith(lbfgs_end):
+                lbfgs = frame  # the innermost
+            asgd = asgd or name.endswith(asgd_end)
+            frame = frame.f_back
+        if lbfgs is None:
             return 1.0 if asgd and t.dtype != torch.bool else NotImplemented
         self.reads += 1
         if t.dtype != torch.bool:
             return 1.0 + self.reads  # distinct: never "loss unchanged"
-        line = (lbfgs[-1].line or "").strip()
+        lineno = lbfgs.f_lineno
+        line = linecache.getline(lbfgs.f_code.co_filename, lineno).strip()
         if line not in LBFGS_DECISIONS:
             raise ValueError(f"LBFGS reads a value at torch/optim/lbfgs.py line "
-                             f"{lbfgs[-1].lineno} ({line!r}) that fxmem has no steady-state "
+                             f"{lineno} ({line!r}) that fxmem has no steady-state "
                              "answer for")
         return LBFGS_DECISIONS[line]

@@ -125,8 +125,11 @@ class SavedTensors:
         shape, stride, offset, dtype, device, numel = held.meta
         was, tr.recording = tr.recording, False
         try:
-            base = torch.empty((numel,), dtype=dtype, device=device)
-            t = base.as_strided(shape, stride, offset)
+            if isinstance(offset, int) and offset == 0:  # as_strided on symbolic sizes costs more
+                t = base = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+            else:
+                base = torch.empty((numel,), dtype=dtype, device=device)
+                t = base.as_strided(shape, stride, offset)
         finally:
             tr.recording = was
         tr.alias(t, held.sid)

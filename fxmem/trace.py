@@ -19,6 +19,7 @@ unrecorded step creates its state, which then counts as live from the start of t
 from __future__ import annotations
 
 import contextlib
+import gc
 import operator
 import os
 import traceback
@@ -38,6 +39,7 @@ from .rules import (CONSTANT_LIFT_OPS, DATA_DEPENDENT_OPS, DECOMPOSE_OPS, LAYOUT
                     SKIP_NAMESPACES, SPLIT_ALIASED_OUTPUTS, STATS_IN_WEIGHT_DTYPE_OPS,
                     UNREDUCED_STORAGE_LOSSES, UNSIZED_WORKSPACE_OPS, RNNRouter, ValueOracle,
                     decomposition)
+from .reuse import NoReuse, Reuse, find_runs, splice
 from .saved import SavedTensors, latest
 from .amp import emulate
 from .step import (StepSpec, make_grad_scaler, make_optimizer, make_spec, needs_closure,
@@ -123,6 +125,7 @@ class Trace:
     packs: tuple = ()  # fxmem.saved.Pack per tensor saved for backward in the forward
     grad_accum: int = 1  # micro-batches of B per optimizer step
     dims: tuple = ()  # names of input dims beyond B that are symbols too (e.g. ("L",))
+    reused: tuple = ()  # blocks whose ops are copies of an identical block's (fxmem.reuse)
 
 
 def _user_frame(frames) -> str | None:
@@ -146,6 +149,7 @@ class _Recorder(StorageTracker):
         self.shape_env, self.sym = shape_env, sym
         self.dim_syms = dim_syms or {}  # name -> ShapeEnv symbol of the other named dims
         self.subs = {sym: B, **{v: dim_symbol(n) for n, v in self.dim_syms.items()}}
+        self._subbed: dict = {}
         self.phase = "setup"
         self.module_stack = [""]
         self.fn_module: dict[int, str] = {}
@@ -197,6 +201,9 @@ class _Recorder(StorageTracker):
                 value = self.oracle(args[0])
                 if value is not NotImplemented:
                     return value
+                const = getattr(args[0], "constant", None)  # what the fake kernel returns
+                if func is torch.ops.aten._local_scalar_dense.default and const is not None:
+                    return const.item()  # e.g. Adam's step count, read per parameter
             if func in DECOMPOSE_OPS:
                 with self:
                     return decomposition(func)(*args, **kwargs)
@@ -246,9 +253,15 @@ class _Recorder(StorageTracker):
         return self._placeholders[sid]
 
     def _desc(self, t, sid) -> TensorDesc:
-        shape = tuple(int(d) if isinstance(d, int) else d.node.expr.xreplace(self.subs)
-                      for d in t.shape)
+        shape = tuple(d if isinstance(d, int) else self._sub(d.node.expr) for d in t.shape)
         return TensorDesc(shape, t.dtype, sid)
+
+    def _sub(self, expr):
+        """``expr`` with the ShapeEnv's symbols replaced by B and the named dims (cached)."""
+        got = self._subbed.get(expr)
+        if got is None:
+            got = self._subbed[expr] = expr.xreplace(self.subs)
+        return got
 
     def on_op(self, index, func, args, kwargs, out, out_sids, new_sids):
         module = self.module()
@@ -261,7 +274,7 @@ class _Recorder(StorageTracker):
                 in_sids.append(self.register(x)[0])
                 return self._node(x)
             if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-                return x.node.expr.xreplace(self.subs)
+                return self._sub(x.node.expr)
             return x
 
         fargs, fkwargs = tree_map(to_node, (args, kwargs))
@@ -396,12 +409,14 @@ def _fake_like(mode: FakeTensorMode, t: torch.Tensor, batch=None, param=False, n
 def trace(model: torch.nn.Module, inputs, targets=(), loss=None, optimizer=None, train=True,
           device="cuda", batch_hint: int | None = None, checkpoint=None,
           set_to_none: bool = True, grad_accum: int = 1, inference_mode: bool = False,
-          amp=None, grad_scaler=None, dims=None) -> Trace:
+          amp=None, grad_scaler=None, dims=None, reuse_blocks: bool = True) -> Trace:
     """Trace one steady-state step of ``model``; see the module docstring. ``checkpoint``:
     a plan (module paths) whose forwards run under ``torch.utils.checkpoint`` for real.
     With ``amp`` and ``device="cuda"``, autocast follows CUDA's op lists
     (:func:`fxmem.amp.emulate`). ``dims``: other input dims that are symbols too, e.g.
-    ``{"L": [(0, 1)]}`` (:func:`check_dims`)."""
+    ``{"L": [(0, 1)]}`` (:func:`check_dims`). ``reuse_blocks``: trace two blocks of each
+    run of identical blocks and copy them for the rest (:mod:`fxmem.reuse`); the step is
+    traced again block by block when the blocks turn out not to behave alike."""
     spec = make_spec(model, inputs, targets, loss, optimizer, train, device, set_to_none,
                      grad_accum, inference_mode, amp, grad_scaler)
     plan = normalize_plan(model, checkpoint)
@@ -430,16 +445,32 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=None, optimizer=None,
             named.setdefault(t_i, {})[d] = node
     rec = _Recorder(shape_env, sym, dim_syms)
     handles = []
+    # The cyclic collector's full passes over every object of torch, transformers and the
+    # model cost about a sixth of a trace; objects made before it are exempt while it runs
+    # (garbage it makes is still collected). Not done if the caller froze objects already.
+    frozen = gc.get_freeze_count() == 0
+    if frozen:
+        gc.freeze()
     try:
-        return _run(model, spec, mode, rec, sym, batch, hint, handles, plan, named)
+        return _run(model, spec, mode, rec, sym, batch, hint, handles, plan, named,
+                    reuse_blocks)
     except FxmemError:
         raise
     except Exception as e:  # noqa: BLE001 - turned into one clear TraceError
-        raise _as_trace_error(e, rec) from e
+        if _caused_by(e, NoReuse):
+            retry = True
+        else:
+            raise _as_trace_error(e, rec) from e
     finally:
         rec.close()
         for h in handles:
             h.remove()
+        if frozen:
+            gc.unfreeze()
+    if retry:  # the blocks did not behave alike: trace each one
+        return trace(model, inputs, targets, loss, optimizer, train, device, batch_hint,
+                     checkpoint, set_to_none, grad_accum, inference_mode, amp, grad_scaler,
+                     dims, reuse_blocks=False)
 
 
 def _as_trace_error(e: Exception, rec: _Recorder) -> TraceError:
@@ -453,6 +484,16 @@ def _as_trace_error(e: Exception, rec: _Recorder) -> TraceError:
                       module=rec.module_stack[-1], source=source, phase=rec.phase)
 
 
+def _caused_by(e, kind) -> bool:
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, kind):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def _chained(e, inner) -> bool:
     seen = set()
     while e is not None and id(e) not in seen:
@@ -464,7 +505,7 @@ def _chained(e, inner) -> bool:
 
 
 def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles,
-         plan=(), named=None) -> Trace:
+         plan=(), named=None, reuse_blocks=False) -> Trace:
     # fake parameters and buffers, registered under their names
     named_p = list(model.named_parameters())
     named_b = [(n, b) for n, b in model.named_buffers() if b is not None]
@@ -573,6 +614,14 @@ def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles,
                 rec.recomputing -= again
         return run
 
+    reuse = None
+    if (reuse_blocks and not plan and spec.grad_accum == 1 and (spec.set_to_none or not spec.train)
+            and not needs_closure(opt)):
+        runs = find_runs(model)
+        if runs:
+            reuse = Reuse(rec, runs, fparams, fbufs)
+            handles.append(reuse)  # removed in trace()'s finally
+            reuse.install()
     hooks = torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.saved_tensors.unpack)
     # CUDA's autocast rules on the fake CPU tensors, for the whole step (a checkpointed
     # module's re-run in backward enters autocast again)
@@ -605,6 +654,9 @@ def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles,
                        micro_steps=min(spec.grad_accum, 2), scaler=scaler)
     rec.close()
     rec.check_specialized()
+    if reuse is not None:
+        reuse.finish()
+        splice(rec, reuse)
     end_index = len(rec.ops)
     del out
     return _finish(rec, sym, hint, spec, end_index)
@@ -619,11 +671,16 @@ def _replace_loss(spec: StepSpec, fn) -> StepSpec:
 def _finish(rec: _Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
     env = rec.shape_env
 
+    done: dict = {}
+
     def to_expr(v):
         if isinstance(v, int):
             return sympy.Integer(v)
-        e = env.replace(v.node.expr) if hasattr(env, "replace") else v.node.expr
-        e = e.xreplace(rec.subs)
+        raw = v.node.expr
+        if raw in done:
+            return done[raw]
+        e = env.replace(raw) if hasattr(env, "replace") else raw
+        e = done[raw] = e.xreplace(rec.subs)
         extra = e.free_symbols - {B, *(dim_symbol(n) for n in rec.dim_syms)}
         if extra:
             raise TraceError(f"a storage size depends on data ({sorted(map(str, extra))}), "
@@ -680,7 +737,8 @@ def _finish(rec: _Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
     return Trace(rec.graph, tuple(rec.ops), tuple(storages), guards, hint, spec.train,
                  spec.device, spec.optimizer is not None, unmodelled, rec.plan,
                  tuple(sorted(rec.calls, key=lambda c: (c.first_op, -c.last_op))),
-                 rec.saved_tensors.packs, spec.grad_accum, tuple(rec.dim_syms))
+                 rec.saved_tensors.packs, spec.grad_accum, tuple(rec.dim_syms),
+                 getattr(rec, "reused", ()))
 
 
 def valid_when(guards, lower: int = 1, upper: int | None = None, symbol=B) -> tuple:

@@ -28,24 +28,24 @@ def test_gpt2_matches_measure(gpt2, train):
 V = 100
 
 
-def _family(name, attn):
+def _family(name, attn, layers=2):
     """A small config of each family, random weights, with the given attention path."""
     T = transformers
     kw = dict(attn_implementation=attn)
     ids = torch.randint(0, V, (4, 16))
     if name == "llama_gqa":  # grouped-query attention: 4 query heads share 2 key/value heads
-        cfg = T.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        cfg = T.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                             num_attention_heads=4, num_key_value_heads=2, vocab_size=V, **kw)
         return LM(T.LlamaForCausalLM(cfg)), (ids, ids)
     if name == "bert":
-        cfg = T.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        cfg = T.BertConfig(hidden_size=64, num_hidden_layers=layers, num_attention_heads=4,
                            intermediate_size=128, vocab_size=V, **kw)
         return LM(T.BertForMaskedLM(cfg)), (ids, ids)
     if name == "t5":  # encoder-decoder
-        cfg = T.T5Config(d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16,
+        cfg = T.T5Config(d_model=64, d_ff=128, num_layers=layers, num_heads=4, d_kv=16,
                          vocab_size=V, decoder_start_token_id=0, **kw)
         return LM(T.T5ForConditionalGeneration(cfg)), (ids, ids)
-    cfg = T.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+    cfg = T.ViTConfig(hidden_size=64, num_hidden_layers=layers, num_attention_heads=4,
                       intermediate_size=128, image_size=32, patch_size=8, num_labels=10, **kw)
     return ViT(T.ViTForImageClassification(cfg)), (torch.randn(4, 3, 32, 32),
                                                     torch.randint(0, 10, (4,)))

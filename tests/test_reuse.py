@@ -1,0 +1,164 @@
+"""Repeated blocks traced once and copied (fxmem.reuse) read exactly as a block-by-block trace
+and as a real step."""
+
+import gc
+
+import pytest
+import torch
+
+import fxmem
+from fxmem.reuse import find_runs
+from fxmem.trace import trace
+from zoo import gpt2 as zoo_gpt2
+
+transformers = pytest.importorskip("transformers")
+
+
+def _shape(t):
+    """A trace without its storage ids: what liveness, plans and FLOPs read."""
+    def n(v):
+        return -1 if v is None else v
+    ops = [(o.op, o.phase, o.module, o.autograd_node, o.recompute, len(o.out_sids),
+            len(o.new_sids), len(o.in_sids), len(o.written_sids)) for o in t.ops]
+    st = sorted((s.created_by, str(s.size.expr), n(s.freed_after), s.category, s.name, s.module,
+                 s.saved, n(s.unref_after), s.saved_by, str(s.dtype), str(s.shape))
+                for s in t.storages)
+    packs = sorted((p.at, p.module, n(p.released_after), n(p.unpacked_at), n(p.unpack_order),
+                    n(p.dropped_after), t.storages[p.sid].created_by) for p in t.packs)
+    calls = sorted((c.path, c.first_op, c.last_op) for c in t.calls)
+    # which op reads which storage, by creator op
+    reads = [tuple(sorted(t.storages[s].created_by for s in o.in_sids)) for o in t.ops]
+    return ops, st, packs, calls, reads, t.guards
+
+
+def _both(model, inputs, **kw):
+    a = trace(model, inputs, **kw)
+    b = trace(model, inputs, reuse_blocks=False, **kw)
+    return a, b
+
+
+def _flops(t):
+    from fxmem.flops import count_flops
+    return count_flops(t)
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return zoo_gpt2(n_layer=5, n_embd=64, n_head=4, vocab_size=128, n_positions=64,
+                    bos_token_id=0, eos_token_id=0)
+
+
+@pytest.mark.parametrize("setup", ["adam", "sgd_no_optimizer", "inference", "bf16", "dims"])
+def test_gpt2_copies_equal_a_block_by_block_trace(gpt2, setup):
+    ids = torch.randint(0, 128, (4, 16))
+    kw = {"adam": dict(optimizer=torch.optim.Adam, device="cuda"),
+          "sgd_no_optimizer": dict(device="cpu"),
+          "inference": dict(train=False, device="cuda"),
+          "bf16": dict(optimizer=torch.optim.AdamW, amp=torch.bfloat16, device="cuda"),
+          "dims": dict(optimizer=torch.optim.Adam, device="cuda", dims={"L": [(0, 1), (1, 1)]}),
+          }[setup]
+    a, b = _both(gpt2, (ids, ids), **kw)
+    assert a.reused == tuple(f"model.transformer.h.{i}" for i in (2, 3, 4))
+    assert b.reused == ()
+    assert _shape(a) == _shape(b)
+    assert _flops(a) == _flops(b)
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("name", ["llama_gqa", "bert", "vit"])
+def test_families_with_copied_blocks_match_measure(name, attn):
+    from test_hf import _family
+
+    model, inputs = _family(name, attn, layers=4)
+    a, b = _both(model, inputs, optimizer=torch.optim.AdamW, device="cpu")
+    assert len(a.reused) == 2
+    assert _shape(a) == _shape(b)
+    r = fxmem.analyze(model, inputs, optimizer=torch.optim.AdamW, device="cpu")  # traced at 4
+    for bs in (2, 5):
+        assert r.peak_bytes(bs) == fxmem.measure(model, inputs, optimizer=torch.optim.AdamW,
+                                                 B=bs).peak_bytes, bs
+
+
+def test_t5_shared_position_bias_is_traced_block_by_block():
+    # T5's blocks after the first share one position bias that needs a gradient: the
+    # stand-in's gradient for it is not the whole one, so the step is traced again
+    from test_hf import _family
+
+    model, inputs = _family("t5", "eager", layers=4)
+    t = trace(model, inputs, optimizer=torch.optim.AdamW, device="cpu")
+    assert t.reused == ()
+    r = fxmem.analyze(model, inputs, optimizer=torch.optim.AdamW, device="cpu")
+    assert r.peak_bytes(3) == fxmem.measure(model, inputs, optimizer=torch.optim.AdamW,
+                                            B=3).peak_bytes
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, idx, odd_wider=False):
+        super().__init__()
+        self.layer_idx = idx
+        self.odd_wider = odd_wider
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        y = torch.tanh(self.fc(x))
+        if self.odd_wider and self.layer_idx % 2:  # index-dependent: not a copy of block 1
+            y = torch.cat([y, y], 1)[:, :16].contiguous()
+        return x + y
+
+
+class _Stack(torch.nn.Module):
+    def __init__(self, n=5, odd_wider=False, keep=False, proj=True):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16) if proj else torch.nn.Identity()
+        self.blocks = torch.nn.ModuleList(_Block(i, odd_wider) for i in range(n))
+        self.keep = keep
+
+    def forward(self, x):
+        kept = []
+        x = self.proj(x)
+        for b in self.blocks:
+            x = b(x)
+            if self.keep:
+                kept.append(x * 2)  # reads each block's output outside the next block
+        return x.sum() + sum(k.sum() for k in kept) if kept else x.sum()
+
+
+@pytest.mark.parametrize("kind", ["plain", "index_dependent", "output_read_outside",
+                                  "first_input_needs_no_grad"])
+def test_blocks_that_differ_fall_back_and_stay_exact(kind):
+    # the first block of a stack fed the model's input computes no input gradient, so it
+    # does not run the ops the second does: traced block by block
+    model = _Stack(odd_wider=kind == "index_dependent", keep=kind == "output_read_outside",
+                   proj=kind != "first_input_needs_no_grad")
+    x = torch.randn(4, 16)
+    a, b = _both(model, (x,), loss=None, optimizer=torch.optim.SGD, device="cpu")
+    assert a.reused == (() if kind != "plain" else ("blocks.2", "blocks.3", "blocks.4"))
+    assert _shape(a) == _shape(b)
+    r = fxmem.analyze(model, x, optimizer=torch.optim.SGD, device="cpu")
+    for bs in (2, 7):
+        assert r.peak_bytes(bs) == fxmem.measure(model, x, optimizer=torch.optim.SGD,
+                                                 B=bs).peak_bytes
+
+
+def test_find_runs_groups_identical_siblings_only():
+    seq = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(3)], torch.nn.Linear(4, 8),
+                              *[torch.nn.Linear(8, 8) for _ in range(2)])
+    assert [r.paths for r in find_runs(seq)] == [("0", "1", "2")]
+    stack = _Stack(4)
+    assert [r.paths for r in find_runs(stack)] == [tuple(f"blocks.{i}" for i in range(4))]
+    stack.blocks[3].register_forward_hook(lambda *a: None)  # a hook makes a block different
+    assert [r.paths for r in find_runs(stack)] == [("blocks.0", "blocks.1", "blocks.2")]
+    shared = torch.nn.Linear(4, 4)
+    assert find_runs(torch.nn.Sequential(shared, shared, shared)) == []  # one module thrice
+
+
+def test_tracing_leaves_the_model_and_the_collector_as_they_were(gpt2):
+    ids = torch.randint(0, 128, (4, 16))
+    freeze = gc.get_freeze_count()
+    trace(gpt2, (ids, ids), optimizer=torch.optim.Adam, device="cpu")
+    assert all("forward" not in vars(m) for m in gpt2.modules())
+    assert gc.get_freeze_count() == freeze
+    model = _Stack(odd_wider=True)  # the fall-back path too
+    trace(model, (torch.randn(4, 16),), optimizer=torch.optim.SGD, device="cpu")
+    assert all("forward" not in vars(m) for m in model.modules())
+    assert gc.get_freeze_count() == freeze
