@@ -1,6 +1,6 @@
 """How fast is fxmem? GPT-2 small, one training step, against PyTorch's own MemTracker.
 
-    python benchmarks/speed.py [--batch 8] [--seq 512] [--repeat 3]
+    python benchmarks/speed.py [--batch 8] [--seq 512] [--repeat 3] [--depths 12,24,48]
 
 fxmem: the whole symbolic analysis (trace on fake tensors with symbolic B, storage graph,
 liveness, peak envelope) of transformers' default GPT2Config (124M parameters) built on the
@@ -9,7 +9,9 @@ Peer: ``torch.distributed._tools.mem_tracker.MemTracker`` under ``FakeTensorMode
 single point (B, L): one step of the same model and optimizer (the peer cannot trace fake
 CUDA tensors on a CPU build, so its tensors are CPU fakes). Both run in this process, fxmem
 first; resident memory is the process's peak RSS after each part. Also reported: evaluating
-the formula at a new B and solving the largest B for a budget.
+the formula at a new B and solving the largest B for a budget; the analysis symbolic in B
+and the sequence length L (``dims``); the analysis with every block traced
+(``reuse_blocks=False``); and the analysis time of GPT-2 configs 12, 24 and 48 layers deep.
 """
 
 from __future__ import annotations
@@ -54,6 +56,21 @@ def run_fxmem(batch, seq, repeat):
     return report, times, eval_us, max_b, solve_ms
 
 
+def time_fxmem(batch, seq, repeat, n_layer=12, **kw):
+    """Median seconds of ``fxmem.analyze`` (``repeat`` runs after one warm-up run)."""
+    import fxmem
+
+    with torch.device("meta"):
+        model = gpt2(n_layer=n_layer)
+    ids = torch.zeros((batch, seq), dtype=torch.long, device="meta")
+    times = []
+    for _ in range(repeat + 1):
+        t0 = time.perf_counter()
+        fxmem.analyze(model, (ids, ids), optimizer=torch.optim.Adam, device="cuda", **kw)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
 def run_peer(batch, seq, repeat):
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -82,6 +99,7 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--depths", default="12,24,48", help="GPT-2 depths for the scaling line")
     args = ap.parse_args(argv)
     import transformers
 
@@ -105,6 +123,18 @@ def main(argv=None):
     print(f"peak RSS after the peer too:    {rss_all:.0f} MiB")
     print(f"evaluate peak_bytes(B):         {eval_us:.1f} us per new B (mean of 10,000)")
     print(f"solve max_batch_size(80 GiB):   {solve_ms:.2f} ms -> B = {max_b:,}")
+    t_bl = time_fxmem(args.batch, args.seq, args.repeat, dims={"L": [(0, 1), (1, 1)]})
+    print(f"fxmem analyze (symbolic in B and L): median {t_bl:.2f} s, "
+          f"ratio to peer {t_bl / statistics.median(t_peer):.2f}")
+    t_full = time_fxmem(args.batch, args.seq, 1, reuse_blocks=False)
+    print(f"fxmem analyze, every block traced (reuse_blocks=False): {t_full:.2f} s")
+    depths = [int(d) for d in args.depths.split(",") if d]
+    if depths:
+        ts = {d: time_fxmem(args.batch, args.seq, args.repeat, n_layer=d) for d in depths}
+        base = depths[0]
+        print("analysis time by depth:         " + ", ".join(
+            f"{d} layers {t:.2f} s ({t / ts[base]:.2f}x, depth {d / base:.0f}x)"
+            for d, t in ts.items()))
     print(f"\nfxmem peak formula: {report.peak} bytes")
     print(f"fxmem peak at B={args.batch} (CUDA blocks): {report.peak_bytes(args.batch):,} bytes")
     print(f"MemTracker peak at B={args.batch} (CPU fakes): {peer_peak:,} bytes")

@@ -16,7 +16,7 @@ def analyze(model, inputs, targets=(), loss=None, optimizer=None, train=True,
             device="cuda", *, checkpoint=None, retrace: bool = False,
             set_to_none: bool = True, grad_accum: int = 1, inference_mode: bool = False,
             amp=None, grad_scaler: bool | None = None,
-            batch_hint: int | None = None, dims=None):
+            batch_hint: int | None = None, dims=None, reuse_blocks: bool = True):
     """Analyse one step of ``model`` and return its memory as formulas in :data:`fxmem.B`.
 
     ``inputs``: a tensor or tuple of tensors, dim 0 of each is B (only shapes and dtypes are
@@ -43,7 +43,9 @@ def analyze(model, inputs, targets=(), loss=None, optimizer=None, train=True,
     with ``amp=torch.float16`` and an optimizer, as the AMP recipe does). ``dims``: other
     input dims as symbols, e.g. ``{"L": [(0, 1)]}`` (dim 1 of tensor 0; tensors are the
     inputs, then the targets): returns a :class:`fxmem.dims.DimsReport` in B and L (a
-    checkpoint plan is then traced for real).
+    checkpoint plan is then traced for real). ``reuse_blocks=False``: trace every block of a
+    stack of identical blocks instead of copying the second one's trace (:mod:`fxmem.reuse`;
+    the result is the same, it only takes longer).
 
     >>> import torch, fxmem
     >>> m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
@@ -61,20 +63,21 @@ def analyze(model, inputs, targets=(), loss=None, optimizer=None, train=True,
         t = trace(model, inputs, targets, loss, optimizer, train, device,
                   batch_hint=batch_hint, checkpoint=checkpoint, set_to_none=set_to_none,
                   grad_accum=grad_accum, inference_mode=inference_mode, amp=amp,
-                  grad_scaler=grad_scaler, dims=dims)
+                  grad_scaler=grad_scaler, dims=dims, reuse_blocks=reuse_blocks)
         return DimsReport(t, device)
     plan = normalize_plan(model, checkpoint)
     t = trace(model, inputs, targets, loss, optimizer, train, device, batch_hint=batch_hint,
               checkpoint=None if plan and not retrace else plan, set_to_none=set_to_none,
               grad_accum=grad_accum, inference_mode=inference_mode, amp=amp,
-              grad_scaler=grad_scaler)
+              grad_scaler=grad_scaler, reuse_blocks=reuse_blocks)
     if plan and not retrace:
         runs = Counter(c.path for c in t.calls)
         if t.plan or any(runs[p] > 1 for p in plan):
             return analyze(model, inputs, targets, loss, optimizer, train, device,
                            checkpoint=plan, retrace=True, set_to_none=set_to_none,
                            grad_accum=grad_accum, inference_mode=inference_mode,
-                           amp=amp, grad_scaler=grad_scaler, batch_hint=batch_hint)
+                           amp=amp, grad_scaler=grad_scaler, batch_hint=batch_hint,
+                           reuse_blocks=reuse_blocks)
         t = derive(t, plan)
     lv = liveness(build_graph(t))
     return Report(lv, parts_of(lv), t.guards)

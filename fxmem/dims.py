@@ -170,9 +170,11 @@ class DimsReport:
         return self.at(**values).max_batch_size(budget_bytes)
 
     def max_length(self, budget_bytes: int, B: int, name: str | None = None,  # noqa: N803
-                   **values) -> int:
+                   limit: int | None = None, **values) -> int:
         """The largest value of the named dim ``name`` (the only one by default) whose peak
-        at batch size ``B`` fits in ``budget_bytes``; other named dims in ``values``."""
+        at batch size ``B`` fits in ``budget_bytes``; other named dims in ``values``.
+        ``limit``: the model's own maximum, which no shape shows (e.g. GPT-2's
+        ``config.n_positions``): the answer is never above it."""
         from .result import largest
 
         name = name or (self.dims[0] if len(self.dims) == 1 else None)
@@ -189,6 +191,8 @@ class DimsReport:
             raise InfeasibleBudgetError(
                 f"budget {budget_bytes:,} B is below the peak {least:,} B at B={B}, "
                 f"{name}={lo}", minimum_bytes=least)
+        if limit is not None and fits(limit):
+            return max(limit, lo)
         return largest(fits, lo, limit=2**40)
 
     @functools.cached_property

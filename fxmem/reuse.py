@@ -156,6 +156,11 @@ class _Call:
     out_leaves: tuple = ()  # non-tensor output leaves (tensors: None)
     out_meta: tuple = ()  # (shape, stride, dtype, requires_grad, device) per tensor output
     final_gx: dict = field(default_factory=dict)  # input i -> sid of its whole gradient
+    out_meta_raw: tuple = ()  # the same with SymInts, to make a stand-in's outputs
+    grad_inputs: list = field(default_factory=list)  # a stand-in's inputs that need a gradient
+    rec: object = field(default=None, repr=False)
+    tensors: list = field(default_factory=list, repr=False)  # during the call only
+    pattern: object = field(default=None, repr=False)  # a stand-in's pattern block
 
 
 class _StandIn(torch.autograd.Function):
@@ -193,6 +198,7 @@ class Reuse:
         self.rec, self.runs = rec, runs
         self.fparams, self.fbufs = fparams, fbufs
         self.calls: dict = {r.paths: [] for r in runs}
+        self.skip: dict = {}  # run -> 1 when its first block is fed the model's input
         self._saved: list = []
 
     def install(self) -> None:
@@ -200,9 +206,29 @@ class Reuse:
             for k, (path, mod) in enumerate(zip(run.paths, run.modules)):
                 had = "forward" in vars(mod)
                 self._saved.append((mod, had, vars(mod).get("forward")))
-                orig = mod.forward
-                mod.forward = (self._traced(run, k, path, orig) if k < 2
-                               else self._standin(run, k, path))
+                mod.forward = self._block(run, k, path, mod.forward)
+
+    def _block(self, run, k, path, orig):
+        traced, standin = self._traced(run, path, orig), self._standin(run, path)
+
+        def forward(*args, **kwargs):
+            if k == 0 and self._fed_input(path, args, kwargs):
+                # the model's input, no gradient: the first block's backward differs from
+                # the others' (no input gradient); the run starts at the second block
+                self.skip[run.paths] = 1
+                return orig(*args, **kwargs)
+            i = k - self.skip.get(run.paths, 0)
+            if i < 0:
+                raise NoReuse(f"{user_path(path)} is called more than once")
+            return (traced if i < 2 else standin)(i, *args, **kwargs)
+        return forward
+
+    def _fed_input(self, path, args, kwargs) -> bool:
+        if self.rec.phase != "forward" or not torch.is_grad_enabled():
+            return False
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        return not any(t.requires_grad for t in tensors) and \
+            any(p.requires_grad for _, p in self._own(path, self.fparams))
 
     def remove(self) -> None:
         for mod, had, fwd in reversed(self._saved):
@@ -218,8 +244,7 @@ class Reuse:
         calls = self.calls[run.paths]
         if rec.phase != "forward" or not rec.recording or len(calls) != k:
             raise NoReuse(f"{user_path(path)} is not called once, in order, in the forward")
-        c = _Call(k, user_path(path), standin)
-        c.rec = rec
+        c = _Call(k, user_path(path), standin, rec=rec)
         leaves, c.spec = tree_flatten((args, kwargs))
         # non-tensor arguments by value, or by identity (holding them would keep, e.g., a
         # KV cache alive)
@@ -261,8 +286,8 @@ class Reuse:
             raise NoReuse(f"{c.path}: an output shares storage with an input or parameter")
         return outs
 
-    def _traced(self, run, k, path, orig):
-        def forward(*args, **kwargs):
+    def _traced(self, run, path, orig):
+        def forward(k, *args, **kwargs):
             c = self._begin(run, k, path, args, kwargs, False)
             out = orig(*args, **kwargs)
             outs = self._end(c, out)
@@ -272,7 +297,7 @@ class Reuse:
             for i, t in enumerate(c.tensors):
                 if t.requires_grad:
                     t.register_hook(self._in_hook(c, i))
-            del c.tensors
+            c.tensors = []
             return out
         return forward
 
@@ -293,8 +318,8 @@ class Reuse:
             c.bwd[1] = rec.op_count if c.bwd[1] is None else min(c.bwd[1], rec.op_count)
         return hook
 
-    def _standin(self, run, k, path):
-        def forward(*args, **kwargs):
+    def _standin(self, run, path):
+        def forward(k, *args, **kwargs):
             c = self._begin(run, k, path, args, kwargs, True)
             calls = self.calls[run.paths]
             p = calls[1]
@@ -308,7 +333,7 @@ class Reuse:
                                   *(c.tensors[i] for i in grad_in), *params)
             for i in grad_in:
                 c.tensors[i].register_hook(self._in_hook(c, i))
-            del c.tensors
+            c.tensors = []
             leaves = list(p.out_leaves)
             it = iter(outs)
             leaves = [next(it) if v is None else v for v in leaves]
@@ -321,7 +346,8 @@ class Reuse:
         """After the step: each block's parameters' ``.grad`` storages."""
         rec = self.rec
         for run in self.runs:
-            for path, c in zip(run.paths, self.calls[run.paths]):
+            paths = run.paths[self.skip.get(run.paths, 0):]
+            for path, c in zip(paths, self.calls[run.paths]):
                 for name, p in self._own(path, self.fparams):
                     if p.grad is not None:
                         c.roles[("g", name)] = rec.register(p.grad)[0]
@@ -338,10 +364,11 @@ def splice(rec, reuse: Reuse) -> None:
     runs = []
     for run in reuse.runs:
         calls = reuse.calls[run.paths]
-        if len(calls) != len(run.paths):
+        if len(calls) != len(run.paths) - reuse.skip.get(run.paths, 0):
             raise NoReuse(f"{calls[-1].path if calls else run.paths[0]}: not every block "
                           "of the run was called")
-        runs.append(calls)
+        if len(calls) > 2:
+            runs.append(calls)
     if not runs:
         return
     _Splice(rec, runs).apply()

@@ -62,6 +62,9 @@ def test_largest_batch_and_length(lm):
     assert r.peak_bytes(4, L=n) <= budget < r.peak_bytes(4, L=n + 1)
     with pytest.raises(fxmem.InfeasibleBudgetError):
         r.max_length(2**20, B=4)
+    # the model's own maximum length caps the answer; below it, it changes nothing
+    assert r.max_length(budget, B=4, limit=n - 3) == n - 3
+    assert r.max_length(budget, B=4, limit=n + 50) == n
     at = r.at(L=32)  # an ordinary Report: regimes, breakdown, plans
     assert at.peak_bytes(b) == r.peak_bytes(b, L=32) and at.regimes
 
