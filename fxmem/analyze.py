@@ -9,9 +9,10 @@ from .graph import build_graph
 from .liveness import liveness
 from .plans import derive
 from .result import Report, parts_of
-from .trace import trace
+from .trace import frozen_gc, trace
 
 
+@frozen_gc()
 def analyze(model, inputs, targets=(), loss=None, optimizer=None, train=True,
             device="cuda", *, checkpoint=None, retrace: bool = False,
             set_to_none: bool = True, grad_accum: int = 1, inference_mode: bool = False,

@@ -79,7 +79,7 @@ def specialize(trace, **values):
         new.kwargs = _tree_subs(new.kwargs, vals)
     lower = [g for g in guards if g.free_symbols <= {B}]
     rest = [g for g in guards if not g.free_symbols <= {B}]
-    return replace(trace, graph=graph, storages=tuple(storages),
+    return replace(trace, graph_source=graph, storages=tuple(storages),
                    guards=valid_when(lower) + tuple(rest), dims=())
 
 

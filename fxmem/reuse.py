@@ -377,6 +377,7 @@ def splice(rec, reuse: Reuse) -> None:
 class _Splice:
     def __init__(self, rec, runs):
         self.rec, self.runs = rec, runs
+        self.old_graph = rec.graph
         self.ops = rec.ops
         self.n = len(rec.ops)
 
@@ -689,7 +690,10 @@ class _Splice:
             for c in calls[2:]:
                 for (f, mod), why in rec.unmodelled.items():
                     unmodelled.setdefault((f, rename(c, mod)), why)
-        graph = self._graph(order, new_real, final, sid_in, rename)
+        rec.first_desc = self._first_desc(order, final, sid_in)
+
+        def graph():  # built when first asked for (FLOPs, named dims): a sixth of a splice
+            return self._graph(order, new_real, final, sid_in, rename)
         rec.ops, rec.storages, rec.calls = new_ops, new_st, calls_new
         rec.saved_tensors._packs = [r for r, _ in packs]
         rec.saved, rec.names, rec.unmodelled, rec.graph = saved, names, unmodelled, graph
@@ -697,11 +701,53 @@ class _Splice:
         rec.op_count = n_new
         rec.reused = tuple(c.path for calls in self.runs for c in calls[2:])
 
+    def _first_desc(self, order, final, sid_in) -> dict:
+        """sid -> the first TensorDesc seen on it, in the new order (what the graph holds)."""
+        from .trace import TensorDesc
+
+        old = self.old_graph
+        by_index, first = {}, {}
+        for node in old.nodes:
+            vals = node.meta.get("val")
+            if node.op == "placeholder":
+                if isinstance(vals, TensorDesc) and vals.sid in final:
+                    first.setdefault(final[vals.sid], replace(vals, sid=final[vals.sid]))
+                continue
+            src = node.args[0] if node.target is operator.getitem else node
+            idx = src.meta.get("index") if isinstance(src, torch.fx.Node) else None
+            if idx is not None:
+                if src is node:  # the storages it reads first (a copy's parameters)
+                    by_index.setdefault(idx, []).extend(
+                        a.meta.get("val") for a in node.all_input_nodes
+                        if a.op == "placeholder")
+                by_index.setdefault(idx, []).append(vals)
+        for item in order:
+            if item[0] == "r":
+                def fs(s):
+                    return final.get(s)
+                vals_list = by_index.get(item[1], ())
+            else:
+                c = item[1]
+
+                def fs(s, c=c):
+                    try:
+                        return sid_in(c, s)
+                    except NoReuse:
+                        return None
+                vals_list = by_index.get(item[3], ())
+            for vals in vals_list:
+                for v in (vals if isinstance(vals, tuple) else (vals,)):
+                    if isinstance(v, TensorDesc):
+                        s = fs(v.sid)
+                        if s is not None and s not in first:
+                            first[s] = replace(v, sid=s)
+        return first
+
     # the fx graph, in the new order --------------------------------------------------------
     def _graph(self, order, new_real, final, sid_in, rename):
         from .trace import TensorDesc
 
-        old = self.rec.graph
+        old = self.old_graph
         groups, placeholders = {}, []
         for node in old.nodes:
             if node.op == "placeholder":

@@ -30,7 +30,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 from torch.nn.utils.stateless import _reparametrize_module
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from .checkpoint import checkpointing, normalize_plan, user_path
@@ -111,7 +111,7 @@ class StorageInfo:
 class Trace:
     """Result of :func:`trace`: the step as ops and storages, and the shape guards."""
 
-    graph: torch.fx.Graph
+    graph_source: object  # the torch.fx.Graph, or a function that builds it (see ``graph``)
     ops: tuple
     storages: tuple
     guards: tuple  # sympy relations in B that the trace assumed
@@ -126,6 +126,19 @@ class Trace:
     grad_accum: int = 1  # micro-batches of B per optimizer step
     dims: tuple = ()  # names of input dims beyond B that are symbols too (e.g. ("L",))
     reused: tuple = ()  # blocks whose ops are copies of an identical block's (fxmem.reuse)
+
+
+def _graph(self) -> torch.fx.Graph:
+    """The step as a ``torch.fx.Graph`` (one node per op; built on first use when blocks were
+    copied, see :mod:`fxmem.reuse`)."""
+    g = self.graph_source
+    if not isinstance(g, torch.fx.Graph):
+        g = g()
+        object.__setattr__(self, "graph_source", g)
+    return g
+
+
+Trace.graph = property(_graph)
 
 
 def _user_frame(frames) -> str | None:
@@ -277,7 +290,13 @@ class _Recorder(StorageTracker):
                 return self._sub(x.node.expr)
             return x
 
-        fargs, fkwargs = tree_map(to_node, (args, kwargs))
+        def walk(x):  # aten arguments: tensors, scalars and lists of them (no pytree cost)
+            if type(x) in (list, tuple):  # what pytree maps (a torch.Size is a leaf)
+                return type(x)(walk(v) for v in x)
+            return to_node(x)
+
+        fargs = walk(args)
+        fkwargs = {k: walk(v) for k, v in kwargs.items()}
         node = self.graph.call_function(func, tuple(fargs), dict(fkwargs))
         node.meta.update(phase=self.phase, module=module, index=index)
         grad_node = None
@@ -309,11 +328,14 @@ class _Recorder(StorageTracker):
             self.check_specialized(str(func), module)
 
     def _written(self, func, args, kwargs) -> tuple:
+        writes = _WRITES.get(func)
+        if writes is None:
+            writes = _WRITES[func] = tuple(
+                (i, a.name) for i, a in enumerate(func._schema.arguments)
+                if a.alias_info is not None and a.alias_info.is_write)
         out = []
-        for i, a in enumerate(func._schema.arguments):
-            if a.alias_info is None or not a.alias_info.is_write:
-                continue
-            v = args[i] if i < len(args) else kwargs.get(a.name)
+        for i, name in writes:
+            v = args[i] if i < len(args) else kwargs.get(name)
             for t in (v if isinstance(v, (list, tuple)) else (v,)):
                 if isinstance(t, torch.Tensor):
                     out.append(self.sid(t))
@@ -352,6 +374,9 @@ class _Recorder(StorageTracker):
     def close(self) -> None:
         super().close()
         self.saved_tensors.close()
+
+
+_WRITES: dict = {}  # op -> (position, name) of the arguments it writes in place
 
 
 def _guard_source(guard) -> str | None:
@@ -445,12 +470,7 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=None, optimizer=None,
             named.setdefault(t_i, {})[d] = node
     rec = _Recorder(shape_env, sym, dim_syms)
     handles = []
-    # The cyclic collector's full passes over every object of torch, transformers and the
-    # model cost about a sixth of a trace; objects made before it are exempt while it runs
-    # (garbage it makes is still collected). Not done if the caller froze objects already.
-    frozen = gc.get_freeze_count() == 0
-    if frozen:
-        gc.freeze()
+    frozen = _freeze_gc()
     try:
         return _run(model, spec, mode, rec, sym, batch, hint, handles, plan, named,
                     reuse_blocks)
@@ -482,6 +502,28 @@ def _as_trace_error(e: Exception, rec: _Recorder) -> TraceError:
                           module=module, source=src or source, phase=phase)
     return TraceError(f"cannot trace the step on fake tensors: {reason}", op=None,
                       module=rec.module_stack[-1], source=source, phase=rec.phase)
+
+
+def _freeze_gc() -> bool:
+    """The cyclic collector's full passes over every object of torch, transformers and the
+    model cost about a sixth of an analysis: exempt the objects made before it (``gc.freeze``;
+    garbage it makes is still collected) until ``gc.unfreeze()``. Returns whether it froze:
+    not when the caller froze objects already."""
+    if gc.get_freeze_count():
+        return False
+    gc.freeze()
+    return True
+
+
+@contextlib.contextmanager
+def frozen_gc():
+    """:func:`_freeze_gc` for a block of code, undone on exit."""
+    frozen = _freeze_gc()
+    try:
+        yield
+    finally:
+        if frozen:
+            gc.unfreeze()
 
 
 def _caused_by(e, kind) -> bool:
@@ -713,12 +755,14 @@ def _finish(rec: _Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
             freed, s.sid in rec.saved, None, (),
             saved_by.get(s.sid, ()), s.freed_after))
     # dtype/shape of the first tensor seen on each storage, from the graph
-    first = {}
-    for node in rec.graph.nodes:
-        vals = node.meta.get("val")
-        for v in (vals if isinstance(vals, tuple) else (vals,)):
-            if isinstance(v, TensorDesc) and v.sid not in first:
-                first[v.sid] = v
+    first = getattr(rec, "first_desc", None)
+    if first is None:
+        first = {}
+        for node in rec.graph.nodes:
+            vals = node.meta.get("val")
+            for v in (vals if isinstance(vals, tuple) else (vals,)):
+                if isinstance(v, TensorDesc) and v.sid not in first:
+                    first[v.sid] = v
     storages = [s if s.sid not in first else
                 _with(s, dtype=first[s.sid].dtype, shape=first[s.sid].shape) for s in storages]
     rng = env.var_to_range.get(sym)
@@ -732,9 +776,16 @@ def _finish(rec: _Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
         guards += valid_when([g for g in all_guards if g.free_symbols == {x}], symbol=x)
     guards += tuple(g for g in all_guards if len(g.free_symbols) > 1
                     and sympy.simplify(g) is not sympy.true)
-    rec.graph.output(None)
+    graph = rec.graph
+    if isinstance(graph, torch.fx.Graph):
+        graph.output(None)
+    else:
+        def graph(build=graph):
+            g = build()
+            g.output(None)
+            return g
     unmodelled = tuple((str(f), m, why) for (f, m), why in rec.unmodelled.items())
-    return Trace(rec.graph, tuple(rec.ops), tuple(storages), guards, hint, spec.train,
+    return Trace(graph, tuple(rec.ops), tuple(storages), guards, hint, spec.train,
                  spec.device, spec.optimizer is not None, unmodelled, rec.plan,
                  tuple(sorted(rec.calls, key=lambda c: (c.first_op, -c.last_op))),
                  rec.saved_tensors.packs, spec.grad_accum, tuple(rec.dim_syms),
