@@ -4,7 +4,8 @@ batch size B, before anything runs on a GPU.
 The pipeline, one stage per module, each taking the previous stage's result:
 
 - :mod:`fxmem.trace`    run the step on fake tensors (B symbolic), record ops and frees,
-  applying :mod:`fxmem.rules` where eager kernels differ from their fake ones;
+  applying :mod:`fxmem.rules` where eager kernels differ from their fake ones, and
+  :mod:`fxmem.reuse` to trace a stack of identical blocks as two and copy the rest;
 - :mod:`fxmem.graph`    a networkx graph of ops and the storages they create;
 - :mod:`fxmem.liveness` live bytes after each op and the peak as an exact ``Max`` in B;
 - :mod:`fxmem.allocator` what the device adds (CUDA block rounding; the step replayed
