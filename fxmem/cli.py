@@ -163,7 +163,8 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
 
     from .analyze import analyze as run_analysis
     from .report.summary import summarize
-    from .targets import load_target, named_dims, parse_config, parse_size, parse_tensor
+    from .targets import (load_target, named_dims, parse_config, parse_size, parse_tensor,
+                          position_limit)
 
     budget_bytes = parse_size(budget) if budget is not None else None
     t = load_target(target, parse_config(config), seq)
@@ -204,11 +205,14 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
             extra[f"peak in B, {', '.join(dims)}"] = str(report.peak)
             if budget_bytes is not None and len(dims) == 1:
                 (name,) = dims
+                limit = position_limit(t.model)
+                key = f"largest {name} within the budget at B={batch}"
                 try:
-                    extra[f"largest {name} within the budget at B={batch}"] = \
-                        report.max_length(budget_bytes, batch)
+                    extra[key] = report.max_length(budget_bytes, batch, limit=limit)
                 except InfeasibleBudgetError:
-                    extra[f"largest {name} within the budget at B={batch}"] = "none fits"
+                    extra[key] = "none fits"
+                if limit is not None:
+                    extra[f"{name} limit (the model's positions)"] = limit
             report = report.at(**{n: sizes[n] for n in dims})
         frontier = ()
         if checkpoint == "auto" and not inference:

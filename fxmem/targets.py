@@ -193,6 +193,23 @@ def _load_object(target: str):
         raise InputError(f"{where} has no {attr}") from None
 
 
+def position_limit(model: torch.nn.Module) -> int | None:
+    """The longest sequence a Hugging Face model takes (its config's
+    ``max_position_embeddings`` or ``n_positions``), which no tensor shape shows; None for
+    other models.
+
+    >>> position_limit(torch.nn.Linear(2, 2)) is None
+    True
+    """
+    for m in model.modules():
+        config = getattr(m, "config", None)
+        for key in ("max_position_embeddings", "n_positions"):
+            value = getattr(config, key, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
 def load_target(target: str, config: dict | None = None, seq: int | None = None) -> Target:
     """The model named by ``target``, built on the meta device. ``config``: keyword
     arguments for the class or factory (presets: for the config class)."""

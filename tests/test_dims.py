@@ -114,3 +114,19 @@ def test_cli_named_dims():
     bad = subprocess.run(args[:5] + ["--target", "B,L,8", "--loss", "mse"], cwd=root,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "give the size of dim L with --dim L=SIZE" in bad.stderr
+
+
+def test_cli_caps_the_largest_length_at_the_models_positions():
+    # a Hugging Face model's position limit is no shape: the CLI reads it from the config
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    fx = os.path.join(os.path.dirname(sys.executable), "fxmem")
+    cfg = [a for kv in ("n_layer=1", "n_embd=32", "n_head=2", "vocab_size=64", "n_positions=40")
+           for a in ("--config", kv)]
+    r = subprocess.run([fx, "analyze", "tests/zoo.py:gpt2", *cfg, "--input", "B,L:int64:64",
+                        "--input", "B,L:int64:64", "--dim", "L=8", "--device", "cpu",
+                        "--budget", "1GiB", "--format", "json"],
+                       cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    setup = json.loads(r.stdout)["setup"]
+    assert setup["largest L within the budget at B=32"] == 40  # 1 GiB fits far longer
+    assert setup["L limit (the model's positions)"] == 40
