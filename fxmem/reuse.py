@@ -25,6 +25,7 @@ Anything else raises :class:`NoReuse` and the step is traced again block by bloc
 from __future__ import annotations
 
 import operator
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
 import sympy
@@ -323,7 +324,7 @@ class Reuse:
             c = self._begin(run, k, path, args, kwargs, True)
             calls = self.calls[run.paths]
             p = calls[1]
-            if c.spec != p.spec or c.consts != p.consts or not _meta_eq(c.in_meta, p.in_meta):
+            if c.spec != p.spec or c.consts != p.consts or c.in_meta != p.in_meta:
                 raise NoReuse(f"{c.path} is called with other arguments than "
                               f"{p.path}")
             grad_in = [i for i, t in enumerate(c.tensors) if t.requires_grad]
@@ -351,10 +352,6 @@ class Reuse:
                 for name, p in self._own(path, self.fparams):
                     if p.grad is not None:
                         c.roles[("g", name)] = rec.register(p.grad)[0]
-
-
-def _meta_eq(a, b) -> bool:
-    return len(a) == len(b) and all(x == y for x, y in zip(a, b))
 
 
 # -- splicing ----------------------------------------------------------------------------
@@ -794,7 +791,7 @@ class _Splice:
             elif n in env:
                 return env[n]
             first = next(iter(g.nodes), None)
-            with g.inserting_before(first) if first is not None else _null():
+            with g.inserting_before(first) if first is not None else nullcontext():
                 ph = g.placeholder(f"copied_{len(env)}_{len(by_sid)}")
             ph.meta["val"] = desc(v, fs)
             if target is not None:
@@ -830,11 +827,3 @@ class _Splice:
                     if isinstance(v, TensorDesc):
                         by_sid[v.sid] = new
         return g
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False

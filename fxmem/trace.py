@@ -526,24 +526,21 @@ def frozen_gc():
             gc.unfreeze()
 
 
-def _caused_by(e, kind) -> bool:
+def _causes(e):
+    """``e`` and the exceptions it was raised from or during, innermost last."""
     seen = set()
     while e is not None and id(e) not in seen:
-        if isinstance(e, kind):
-            return True
+        yield e
         seen.add(id(e))
         e = e.__cause__ or e.__context__
-    return False
+
+
+def _caused_by(e, kind) -> bool:
+    return any(isinstance(x, kind) for x in _causes(e))
 
 
 def _chained(e, inner) -> bool:
-    seen = set()
-    while e is not None and id(e) not in seen:
-        if e is inner:
-            return True
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-    return False
+    return any(x is inner for x in _causes(e))
 
 
 def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles,
