@@ -21,7 +21,6 @@ True
 from __future__ import annotations
 
 import functools
-from collections import Counter
 from dataclasses import dataclass, field, replace
 
 import numpy as np

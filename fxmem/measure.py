@@ -133,7 +133,6 @@ def measure(model, inputs, targets=(), loss=None, optimizer=None, train=True, *,
     params = [p for p in model.parameters()]
     opt = make_optimizer(spec.optimizer, params, device, spec) if spec.optimizer else None
     scaler = make_grad_scaler(spec, device)
-    noop = lambda phase: None  # noqa: E731
     if device == "cuda":
         return _measure_cuda(model, spec, ins, tgs, params, opt, B, scaler)
 

@@ -359,7 +359,7 @@ class _Recorder(StorageTracker):
             value = val if val is not None else rng.lower
             what = "the batch size" if name == "B" else f"dim {name}"
             hint = ("compute sizes from x.shape[0] instead of constants or int()" if name == "B"
-                    else f"compute sizes from the tensor's shape instead of constants or int()")
+                    else "compute sizes from the tensor's shape instead of constants or int()")
             raise SpecializationError(
                 f"{what} was specialized to {value}, so memory is not a formula in {name} "
                 f"({hint})", op=op, module=module, source=source, phase=self.phase)
@@ -470,10 +470,10 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=None, optimizer=None,
             named.setdefault(t_i, {})[d] = node
     rec = _Recorder(shape_env, sym, dim_syms)
     handles = []
-    frozen = _freeze_gc()
     try:
-        return _run(model, spec, mode, rec, sym, batch, hint, handles, plan, named,
-                    reuse_blocks)
+        with frozen_gc():
+            return _run(model, spec, mode, rec, sym, batch, hint, handles, plan, named,
+                        reuse_blocks)
     except FxmemError:
         raise
     except Exception as e:  # noqa: BLE001 - turned into one clear TraceError
@@ -485,8 +485,6 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=None, optimizer=None,
         rec.close()
         for h in handles:
             h.remove()
-        if frozen:
-            gc.unfreeze()
     if retry:  # the blocks did not behave alike: trace each one
         return trace(model, inputs, targets, loss, optimizer, train, device, batch_hint,
                      checkpoint, set_to_none, grad_accum, inference_mode, amp, grad_scaler,
@@ -504,24 +502,25 @@ def _as_trace_error(e: Exception, rec: _Recorder) -> TraceError:
                       module=rec.module_stack[-1], source=source, phase=rec.phase)
 
 
-def _freeze_gc() -> bool:
-    """The cyclic collector's full passes over every object of torch, transformers and the
-    model cost about a sixth of an analysis: exempt the objects made before it (``gc.freeze``;
-    garbage it makes is still collected) until ``gc.unfreeze()``. Returns whether it froze:
-    not when the caller froze objects already."""
-    if gc.get_freeze_count():
-        return False
-    gc.freeze()
-    return True
+_gc_frozen_here = 0  # depth of fxmem's own frozen_gc blocks on this process
 
 
 @contextlib.contextmanager
 def frozen_gc():
-    """:func:`_freeze_gc` for a block of code, undone on exit."""
-    frozen = _freeze_gc()
+    """The cyclic collector's full passes over every object of torch, transformers and the
+    model cost about a sixth of an analysis: exempt the objects made before the block
+    (``gc.freeze``; garbage it makes is still collected), undone on exit. Not when the
+    caller froze objects already, and only once when such blocks nest (``analyze`` runs
+    ``trace``): ``gc.get_freeze_count`` walks every frozen object."""
+    global _gc_frozen_here
+    frozen = not _gc_frozen_here and not gc.get_freeze_count()
+    if frozen:
+        gc.freeze()
+    _gc_frozen_here += 1
     try:
         yield
     finally:
+        _gc_frozen_here -= 1
         if frozen:
             gc.unfreeze()
 
@@ -599,7 +598,15 @@ def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles,
     for name, t in scaler_tensors(scaler).items():
         rec.register_named(t, "optimizer_state", name)
 
+    cache = mode.cache_enabled
+
     def on_phase(name):
+        # FakeTensorMode's dispatch cache pays when an op repeats with the same sizes many
+        # times: Adam's foreach ops, and a stack whose every block is traced. With blocks
+        # reused, a forward or backward op repeats about twice, and with symbolic sizes
+        # making and checking an entry costs more than it saves (GPT-2 small, B and L
+        # symbolic: 1.19 s with it off there, 1.67 s on; benchmarks/speed.py).
+        mode.cache_enabled = cache and (reuse is None or name == "optimizer")
         if name == "forward":
             rec.module_stack[:] = [""]
             rec.call_starts.clear()

@@ -71,7 +71,7 @@ def test_untraceable_models_raise_trace_error(model, op):
     assert err.source is not None and err.source.startswith(__file__), msg
     if op is not None:
         assert err.op == op, msg
-    assert f"test_errors.py:" in msg
+    assert "test_errors.py:" in msg
 
 
 def test_item_error_names_the_module():

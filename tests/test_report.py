@@ -3,7 +3,6 @@
 import pytest
 import sympy
 import torch
-from torch import nn
 
 import fxmem
 from fxmem.symbols import B, Size
