@@ -9,7 +9,8 @@ from .graph import build_graph
 from .liveness import liveness
 from .plans import derive
 from .result import Report, parts_of
-from .trace import frozen_gc, trace
+from .trace import trace
+from .tracking import frozen_gc
 
 
 @frozen_gc()

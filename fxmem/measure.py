@@ -27,7 +27,7 @@ from torch.utils._pytree import tree_leaves
 from .errors import InputError
 from .step import (PHASES, make_grad_scaler, make_optimizer, make_spec, run_step,
                    scaler_tensors, warmup_steps)
-from .tracking import StorageTracker
+from .tracking import StorageTracker, frozen_gc
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,16 @@ def measure(model, inputs, targets=(), loss=None, optimizer=None, train=True, *,
     scaler = make_grad_scaler(spec, device)
     if device == "cuda":
         return _measure_cuda(model, spec, ins, tgs, params, opt, B, scaler)
+    # On CPU only the storages the step makes count, so the collection before it need only
+    # look at objects made here: the collector's objects from before are frozen meanwhile
+    # (a full pass over torch and a test session's models costs more than a small step).
+    with frozen_gc():
+        return _measure_cpu(model, spec, ins, tgs, params, opt, B, device, scaler)
 
+
+def _measure_cpu(model, spec, ins, tgs, params, opt, B, device, scaler) -> Measurement:
+    """CPU protocol: warm up, collect, then the live bytes of the storages the next step
+    makes, replayed from the tracker's events."""
     _warm_up(model, spec, ins, tgs, params, opt, scaler)
     _steady_grads(spec, params)
     gc.collect()

@@ -19,7 +19,6 @@ unrecorded step creates its state, which then counts as live from the start of t
 from __future__ import annotations
 
 import contextlib
-import gc
 import operator
 import os
 import traceback
@@ -45,7 +44,7 @@ from .amp import emulate
 from .step import (StepSpec, make_grad_scaler, make_optimizer, make_spec, needs_closure,
                    run_step, scaler_tensors, warmup_steps)
 from .symbols import B, Size, dim_symbol
-from .tracking import StorageTracker
+from .tracking import StorageTracker, frozen_gc
 
 
 B_RANGE_MAX = 2**62  # the symbol's upper range; not reported as a condition
@@ -500,29 +499,6 @@ def _as_trace_error(e: Exception, rec: _Recorder) -> TraceError:
                           module=module, source=src or source, phase=phase)
     return TraceError(f"cannot trace the step on fake tensors: {reason}", op=None,
                       module=rec.module_stack[-1], source=source, phase=rec.phase)
-
-
-_gc_frozen_here = 0  # depth of fxmem's own frozen_gc blocks on this process
-
-
-@contextlib.contextmanager
-def frozen_gc():
-    """The cyclic collector's full passes over every object of torch, transformers and the
-    model cost about a sixth of an analysis: exempt the objects made before the block
-    (``gc.freeze``; garbage it makes is still collected), undone on exit. Not when the
-    caller froze objects already, and only once when such blocks nest (``analyze`` runs
-    ``trace``): ``gc.get_freeze_count`` walks every frozen object."""
-    global _gc_frozen_here
-    frozen = not _gc_frozen_here and not gc.get_freeze_count()
-    if frozen:
-        gc.freeze()
-    _gc_frozen_here += 1
-    try:
-        yield
-    finally:
-        _gc_frozen_here -= 1
-        if frozen:
-            gc.unfreeze()
 
 
 def _causes(e):
