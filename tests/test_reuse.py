@@ -9,6 +9,7 @@ import torch
 import fxmem
 from fxmem.reuse import find_runs
 from fxmem.trace import trace
+from fxmem.tracking import frozen_gc
 from zoo import gpt2 as zoo_gpt2
 
 transformers = pytest.importorskip("transformers")
@@ -151,6 +152,25 @@ def test_find_runs_groups_identical_siblings_only():
     assert [r.paths for r in find_runs(stack)] == [("blocks.0", "blocks.1", "blocks.2")]
     shared = torch.nn.Linear(4, 4)
     assert find_runs(torch.nn.Sequential(shared, shared, shared)) == []  # one module thrice
+
+
+def test_frozen_gc_freezes_once_when_nested_and_still_collects_new_garbage():
+    freeze = gc.get_freeze_count()
+    with frozen_gc():
+        inner = gc.get_freeze_count()
+        assert inner >= freeze
+        made = [[] for _ in range(100)]  # a second freeze would take these too
+        with frozen_gc():  # analyze runs trace: one freeze, one unfreeze
+            assert gc.get_freeze_count() == inner
+        del made
+        cycle = []
+        cycle.append(cycle)
+        del cycle
+        assert gc.collect() >= 1  # garbage made inside the block is collected
+        assert gc.get_freeze_count() == inner
+    assert gc.get_freeze_count() == freeze
+    fxmem.measure(torch.nn.Linear(4, 2), torch.randn(3, 4), loss=lambda o: o.sum(), B=2)
+    assert gc.get_freeze_count() == freeze
 
 
 def test_tracing_leaves_the_model_and_the_collector_as_they_were(gpt2):
