@@ -39,6 +39,9 @@ class Breakdown:
     ``by_category``: param, buffer, input, grad, optimizer_state, activation, temporary.
     ``by_module``: top-level module (or ``(inputs)``, ``<loss>``, ``<optimizer>``).
     ``op``/``phase``/``module``: where the peak happens (``op_index`` -1: before the step).
+    A storage counts for the module of the op that made it; in backward that is the module
+    whose forward made the autograd node running the op (``fc``'s weight gradient counts for
+    ``fc``).
     """
 
     B: int

@@ -67,7 +67,9 @@ class OpInfo:
     index: int
     op: str  # e.g. "aten.addmm.default"
     phase: str  # zero_grad / forward / backward / optimizer
-    module: str  # owning module path ("" = root, "<loss>", "<optimizer>")
+    # owning module path ("" = root, "<loss>", "<optimizer>"); in backward, the module whose
+    # forward made the autograd node that runs it (AccumulateGrad: the parameter's module)
+    module: str
     out_sids: tuple  # storages behind its outputs (aliases included)
     new_sids: tuple  # storages it created
     in_sids: tuple  # storages behind its tensor inputs
@@ -164,7 +166,8 @@ class _Recorder(StorageTracker):
         self._subbed: dict = {}
         self.phase = "setup"
         self.module_stack = [""]
-        self.fn_module: dict[int, str] = {}
+        self.fn_module: dict[int, str] = {}  # autograd node sequence_nr -> forward module
+        self._seq_next = 0  # autograd sequence numbers below this are in fn_module
         self.saved: set[int] = set()
         self.graph = torch.fx.Graph()
         self._node_of = WeakTensorKeyDictionary()
@@ -189,7 +192,11 @@ class _Recorder(StorageTracker):
         if self.phase == "backward":
             node = torch._C._current_autograd_node()
             if node is not None:
-                return self.fn_module.get(node._sequence_nr(), "")
+                module = self.fn_module.get(node._sequence_nr())
+                if module is None and hasattr(node, "variable"):  # AccumulateGrad
+                    cat, name = self.names.get(self.sid(node.variable), (None, ""))
+                    module = name.rpartition(".")[0] if cat == "param" else ""
+                return module or ""
         if self.phase == "optimizer":
             return "<optimizer>"
         return self.module_stack[-1]
@@ -299,13 +306,20 @@ class _Recorder(StorageTracker):
         node = self.graph.call_function(func, tuple(fargs), dict(fkwargs))
         node.meta.update(phase=self.phase, module=module, index=index)
         grad_node = None
+        if self.phase == "forward":
+            # Autograd numbers each node it makes, and makes an op's node before the op
+            # reaches this mode (its output's grad_fn is set only later): the nodes made
+            # since the last op belong to this op's module, whose backward they will run.
+            seq = torch._C._autograd._get_sequence_nr()
+            for k in range(self._seq_next, seq):
+                self.fn_module[k] = module
+            self._seq_next = max(self._seq_next, seq)
         if self.phase == "backward":
             n = torch._C._current_autograd_node()
             grad_node = n.name() if n is not None else None
         if isinstance(out, torch.Tensor):
             self._node_of[out] = node
             node.meta["val"] = self._desc(out, out_sids[0])
-            self._note_grad_fn(out, module)
         elif isinstance(out, (tuple, list)):
             vals = []
             for i, o in enumerate(out):
@@ -314,7 +328,6 @@ class _Recorder(StorageTracker):
                     self._node_of[o] = g
                     g.meta["val"] = self._desc(o, self.sid(o))
                     vals.append(g.meta["val"])
-                    self._note_grad_fn(o, module)
                 else:
                     vals.append(None)  # keep positions (e.g. a gradient not asked for)
             node.meta["val"] = tuple(vals)
@@ -339,10 +352,6 @@ class _Recorder(StorageTracker):
                 if isinstance(t, torch.Tensor):
                     out.append(self.sid(t))
         return tuple(s for s in out if s is not None)
-
-    def _note_grad_fn(self, t, module):
-        if self.phase == "forward" and t.grad_fn is not None:
-            self.fn_module.setdefault(t.grad_fn._sequence_nr(), module)
 
     def check_specialized(self, op=None, module=None) -> None:
         for name, sym in (("B", self.sym), *self.dim_syms.items()):

@@ -71,3 +71,21 @@ def test_cuda_target_uses_foreach_and_block_rounding():
         for b in (1, 7, 64):
             assert size(b) % 512 == 0 and size(b) >= s.size(b) * (not s.name.endswith(".step"))
     assert cuda.peak_bytes(13) >= cpu.peak_bytes(13)
+
+
+def test_backward_ops_belong_to_the_module_whose_forward_made_their_node():
+    from fxmem.trace import trace
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    t = trace(model, (torch.randn(4, 8),), (torch.randint(0, 4, (4,)),),
+              loss=torch.nn.functional.cross_entropy, optimizer=torch.optim.SGD, device="cpu")
+    back = [o for o in t.ops if o.phase == "backward"]
+    by_node = {}
+    for o in back:
+        by_node.setdefault(o.autograd_node, set()).add(o.module)
+    assert by_node["NllLossBackward0"] == by_node["LogSoftmaxBackward0"] == {"<loss>"}
+    assert by_node["AddmmBackward0"] == {"0", "2"}
+    assert by_node["ReluBackward0"] == {"1"}
+    assert by_node["torch::autograd::AccumulateGrad"] == {"0", "2"}  # the parameter's module
+    grads = {s.name: s.module for s in t.storages if s.category == "grad"}
+    assert grads == {"0.weight": "0", "0.bias": "0", "2.weight": "2", "2.bias": "2"}
