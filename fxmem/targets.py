@@ -160,7 +160,12 @@ def _hf(name: str, config: dict, seq: int | None) -> Target:
         raise InputError(f"hf:{name}: bad --config: {e}") from None
     length = seq or min(int(getattr(cfg, pos_key, 512) or 512), 512)
     with torch.device("meta"):
-        model = CausalLM(getattr(transformers, model_name)(cfg))
+        hf = getattr(transformers, model_name)(cfg)
+    if getattr(hf, "loss_type", "") is None:
+        # GPT2LMHeadModel's name names no loss: transformers warns on stderr, then uses the
+        # causal-LM loss. Name that loss, so the CLI's output is the report alone.
+        hf.loss_type = "ForCausalLM"
+    model = CausalLM(hf)
     spec = f"B,{length}:int64:{cfg.vocab_size}"
     return Target(model, f"hf:{name}", (spec, spec), "none")
 

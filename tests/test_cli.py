@@ -87,6 +87,7 @@ def test_hf_preset_with_config_overrides():
     doc = json.loads(r.stdout)
     assert doc["setup"]["inputs"] == "B,32:int64:50257 B,32:int64:50257"
     assert doc["parts_bytes"]["params"] > 0 and doc["peak_bytes"] > 0
+    assert "loss_type" not in r.stderr  # transformers' warning: the preset names its loss
 
 
 @pytest.mark.parametrize("args,code,message", [
