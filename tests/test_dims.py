@@ -130,3 +130,18 @@ def test_cli_caps_the_largest_length_at_the_models_positions():
     setup = json.loads(r.stdout)["setup"]
     assert setup["largest L within the budget at B=32"] == 40  # 1 GiB fits far longer
     assert setup["L limit (the model's positions)"] == 40
+
+
+def test_mixed_guards_implied_by_the_bounds_are_dropped_soundly():
+    from fxmem.trace import _implied
+
+    T = fxmem.symbols.dim_symbol("T")
+    lows = {fxmem.B: 2, L: 2, T: 3}
+    B = fxmem.B
+    for g in [sympy.Ne(B * L, B), B * L >= 4, B * (T - 1) >= 4, sympy.Ne(sympy.Mod(B, B * L), 0),
+              B * L / 2 >= 2, sympy.Ne(sympy.Mod(1, L), 0)]:
+        assert _implied(g, lows), g
+    # false somewhere at or above the bounds: kept (B*L = 4 at B = L = 2; Mod(2, 2) = 0)
+    for g in [B * L >= 5, B * L > 4, sympy.Ne(B * L, 4), sympy.Ne(sympy.Mod(2, L), 0),
+              B * L / 2 > 2, L <= B, sympy.Ne(B * T, 6)]:
+        assert not _implied(g, lows), g

@@ -86,3 +86,31 @@ def test_llama_7b_width_on_meta_matches_closed_forms():
     for part, (got, want) in closed_forms(r, n).items():
         assert got == want, part
     assert r.peak_bytes(1) > 16 * n  # weights, grads and state, plus the step's own
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("name,valid", [
+    ("llama_gqa", "(B >= 2, L >= 2)"),
+    ("bert", "(B >= 2, L >= 2, L <= 512)"),  # BERT's learned positions end at 512
+    ("t5", "(B >= 2, L >= 3)"),
+])
+def test_families_in_b_and_l_match_measure_at_other_lengths(name, attn, valid):
+    model, inputs = _family(name, attn)  # traced at B = 4, L = 16
+    step = dict(optimizer=torch.optim.AdamW)
+    r = fxmem.analyze(model, inputs, **step, device="cpu", dims={"L": [(0, 1), (1, 1)]})
+    # mixed guards that the bounds imply (B*L >= 2, Mod(B, B*L) != 0, ...) are left out
+    assert str(r.valid_when) == valid
+    for b, n in [(2, 8), (5, 24), (3, 33)]:
+        x = torch.randint(0, V, (4, n))
+        assert r.peak_bytes(b, L=n) == fxmem.measure(model, (x, x), **step, B=b).peak_bytes
+
+
+def test_t5_encoder_and_decoder_lengths_as_two_dims():
+    model, inputs = _family("t5", "sdpa")
+    step = dict(optimizer=torch.optim.AdamW)
+    r = fxmem.analyze(model, inputs, **step, device="cpu", dims={"L": [(0, 1)], "T": [(1, 1)]})
+    assert r.dims == ("L", "T")
+    assert str(r.valid_when) == "(B >= 2, L >= 2, T >= 3)"
+    for b, n, m in [(2, 8, 5), (5, 24, 40), (3, 33, 7)]:
+        x, y = torch.randint(0, V, (4, n)), torch.randint(0, V, (4, m))
+        assert r.peak_bytes(b, L=n, T=m) == fxmem.measure(model, (x, y), **step, B=b).peak_bytes
