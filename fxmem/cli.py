@@ -82,7 +82,8 @@ def cli():
               help="A named dim used in --input/--target specs (B,L:int64:50257), e.g. "
                    "L=512: a symbol like B; the report's numbers are at this size.")
 @click.option("--seq", type=click.IntRange(min=1), default=None,
-              help="Sequence length of hf: presets (default: min(512, max positions)).")
+              help="Sequence length of hf: presets, which trace it as a symbol L: the "
+                   "report's numbers are at this L (default: min(512, max positions)).")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table",
               show_default=True, help="Output format.")
 @click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None,
@@ -173,13 +174,14 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
         raise InputError("give the model's inputs with --input (e.g. --input B,3,32,32)")
     tgt_specs = targets
     hint = 8
-    sizes = {k: int(v) if isinstance(v, int) else v for k, v in parse_config(dim_sizes).items()}
-    if any(not isinstance(v, int) or v < 1 for v in sizes.values()):
+    given = parse_config(dim_sizes)
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in given.values()):
         raise InputError(f"--dim takes NAME=SIZE with a positive integer size, got {dim_sizes}")
+    sizes = {**t.dims, **given}
     xs = tuple(parse_tensor(s, hint, sizes) for s in specs)
     ys = tuple(parse_tensor(s, hint, sizes) for s in tgt_specs)
     dims = named_dims([*specs, *tgt_specs])
-    unused = set(sizes) - set(dims)
+    unused = set(given) - set(dims)
     if unused:
         raise InputError(f"--dim {sorted(unused)[0]} is not used by any --input/--target spec")
     loss_name = loss or t.loss or ("cross_entropy" if ys else "none")

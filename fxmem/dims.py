@@ -29,6 +29,7 @@ import torch
 
 from .allocator import device_sizes
 from .errors import InfeasibleBudgetError, InputError
+from .prune import prune_rows
 from .symbols import B, Size, dim_symbol
 
 B_SYM = B
@@ -179,8 +180,7 @@ class DimsReport:
         name = name or (self.dims[0] if len(self.dims) == 1 else None)
         if name not in self.dims:
             raise InputError(f"name the dim to solve for, one of {list(self.dims)}")
-        lo = next((int(g.rhs) for g in self.valid_when if isinstance(g, sympy.GreaterThan)
-                   and g.lhs == dim_symbol(name)), 1)
+        lo = self._lower_bounds[dim_symbol(name)]
 
         def fits(n):
             return self.peak_bytes(B, **values, **{name: n}) <= budget_bytes
@@ -202,12 +202,22 @@ class DimsReport:
     def peak(self) -> sympy.Expr:
         """The peak as an exact ``Max`` over the ops that can be the maximum: candidates
         whose live set another candidate's covers (size by size) are dropped, and so are
-        polynomials another one bounds coefficient by coefficient."""
+        those proved at most one other, or a convex combination of two others, wherever the
+        trace holds (:func:`fxmem.prune.prune_rows`)."""
         sizes, counts = self._candidates
-        exprs = [sympy.Add(*[int(n) * e for e, n in zip(sizes, row) if n])
-                 for row in counts]
-        exprs = _drop_bounded(exprs)
+        keep = prune_rows(sizes, counts, self._lower_bounds)
+        exprs = [sympy.Add(*[int(n) * e for e, n in zip(sizes, counts[i]) if n])
+                 for i in keep]
         return exprs[0] if len(exprs) == 1 else sympy.Max(*exprs, evaluate=False)
+
+    @property
+    def _lower_bounds(self) -> dict:
+        """Each symbol's least value where the trace holds (``B >= 2`` in ``valid_when``)."""
+        lows = {s: 1 for s in (B_SYM, *(dim_symbol(n) for n in self.dims))}
+        for g in self.valid_when:
+            if isinstance(g, sympy.GreaterThan) and g.lhs in lows and g.rhs.is_Integer:
+                lows[g.lhs] = max(lows[g.lhs], int(g.rhs))
+        return lows
 
     @functools.cached_property
     def parts(self) -> dict:
@@ -302,32 +312,3 @@ def _candidates(trace, sizes) -> tuple:
     used = np.flatnonzero(m.any(axis=0))
     exprs = list(index)
     return [exprs[j] for j in used], m[:, used].astype(object)
-
-
-def _drop_bounded(exprs: list) -> list:
-    """Drop polynomials that another one bounds coefficient by coefficient. Every generator
-    is positive (B, the named dims, and ``ceiling`` of positive sizes), so a difference with
-    no negative coefficient is >= 0 everywhere."""
-    out = list(dict.fromkeys(exprs))
-    terms = []
-    for e in out:
-        d: dict = {}
-        for t in sympy.Add.make_args(sympy.expand(e)):
-            c, rest = t.as_coeff_Mul()
-            d[rest] = d.get(rest, 0) + c
-        terms.append(d)
-    keep = []
-    for i, di in enumerate(out):
-        bounded = False
-        for j in range(len(out)):
-            if i == j:
-                continue
-            dj = terms[j]
-            if all(dj.get(k, 0) >= v for k, v in terms[i].items()) and all(
-                    v >= 0 or k in terms[i] and v >= terms[i][k] for k, v in dj.items()) and (
-                    terms[i] != dj or j < i):
-                bounded = True
-                break
-        if not bounded:
-            keep.append(di)
-    return keep

@@ -20,7 +20,7 @@ import importlib.util
 import os
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -116,12 +116,14 @@ def parse_config(pairs) -> dict:
 @dataclass(frozen=True)
 class Target:
     """A model to analyse and how to call it. ``inputs``: default ``--input`` specs
-    (presets); ``loss``: default loss name (``none``: the model returns its loss)."""
+    (presets); ``loss``: default loss name (``none``: the model returns its loss);
+    ``dims``: default sizes of the named dims those specs use (presets: ``{"L": 512}``)."""
 
     model: torch.nn.Module
     name: str
     inputs: tuple = ()
     loss: str | None = None
+    dims: dict = field(default_factory=dict)
 
 
 class CausalLM(torch.nn.Module):
@@ -166,8 +168,8 @@ def _hf(name: str, config: dict, seq: int | None) -> Target:
         # causal-LM loss. Name that loss, so the CLI's output is the report alone.
         hf.loss_type = "ForCausalLM"
     model = CausalLM(hf)
-    spec = f"B,{length}:int64:{cfg.vocab_size}"
-    return Target(model, f"hf:{name}", (spec, spec), "none")
+    spec = f"B,L:int64:{cfg.vocab_size}"  # the length is a symbol too; numbers at L=length
+    return Target(model, f"hf:{name}", (spec, spec), "none", {"L": length})
 
 
 def _load_object(target: str):

@@ -85,9 +85,15 @@ def test_hf_preset_with_config_overrides():
             "--format", "json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["setup"]["inputs"] == "B,32:int64:50257 B,32:int64:50257"
+    # the preset traces the length as a symbol L; the numbers are at --seq
+    assert doc["setup"]["inputs"] == "B,L:int64:50257 B,L:int64:50257"
+    assert doc["setup"]["dim L"] == 32 and "B*L" in doc["setup"]["peak in B, L"]
     assert doc["parts_bytes"]["params"] > 0 and doc["peak_bytes"] > 0
     assert "loss_type" not in r.stderr  # transformers' warning: the preset names its loss
+    fixed = run(*r.args[r.args.index("analyze"):], "--input", "B,32:int64:50257",
+                "--input", "B,32:int64:50257")  # the same step traced at a fixed length
+    assert fixed.returncode == 0, fixed.stderr
+    assert json.loads(fixed.stdout)["peak_bytes"] == doc["peak_bytes"]
 
 
 @pytest.mark.parametrize("args,code,message", [

@@ -53,6 +53,21 @@ def test_gpt2_attention_has_b_l_squared_terms_and_is_exact(lm):
         assert r.peak_bytes(b, L=n) == real == int(r.peak.subs({fxmem.B: b, L: n}))
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_formula_keeps_the_terms_that_can_be_the_peak(lm, device):
+    m, r = lm
+    if device == "cuda":  # 512-byte blocks: ceiling terms, bounded in the proofs
+        ids = torch.randint(0, 128, (4, 16))
+        r = fxmem.analyze(m, (ids, ids), optimizer=torch.optim.AdamW, device=device,
+                          dims={"L": [(0, 1), (1, 1)]})
+    rows = len(r._candidates[1])
+    assert 1 < len(r.peak.args) < rows  # pruned, and still piecewise
+    # peak_bytes takes the maximum over every candidate row: the pruned Max agrees with it
+    for b in (2, 3, 5, 17, 64, 1000):
+        for n in (2, 3, 7, 31, 64, 65, 129, 1000, 5000):
+            assert int(r.peak.xreplace({fxmem.B: b, L: n})) == r.peak_bytes(b, L=n)
+
+
 def test_largest_batch_and_length(lm):
     _, r = lm
     budget = 3 * 2**20

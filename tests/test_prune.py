@@ -1,0 +1,54 @@
+"""fxmem.prune: dropping live totals that are never the peak, over B and named dims. The
+kept rows' maximum must equal all rows' maximum at every point of the domain."""
+
+import itertools
+
+import sympy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fxmem.prune import prune_rows
+from fxmem.symbols import B, L
+
+SIZES = [B * L, B * L**2, L, sympy.Integer(1), 512 * sympy.ceiling(3 * B * L / 512),
+         512 * sympy.ceiling((B * L**2 + 7) / 512), sympy.floor(B * L / 3)]
+
+
+def _value(sizes, row, b, n):
+    return sum(c * int(s.xreplace({B: b, L: n})) for s, c in zip(sizes, row))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 6), min_size=len(SIZES), max_size=len(SIZES)),
+                min_size=1, max_size=9),
+       st.integers(1, 3), st.integers(1, 3))
+def test_the_maximum_is_unchanged_everywhere(rows, low_b, low_l):
+    keep = prune_rows(SIZES, rows, {B: low_b, L: low_l})
+    assert keep and keep == sorted(set(keep))
+    points = itertools.product(range(low_b, low_b + 9), [low_l, low_l + 1, 5, 17, 64, 300])
+    for b, n in points:
+        if n < low_l:
+            continue
+        values = [_value(SIZES, r, b, n) for r in rows]
+        assert max(values[i] for i in keep) == max(values)
+
+
+def test_one_row_or_a_mix_of_two_bounds_it():
+    sizes = [B * L, sympy.Integer(1)]
+    # 7BL+50 <= 0.4*10BL + 0.6*(5BL+100); 7BL+70 is above both at BL = 20 (210 > 200)
+    assert prune_rows(sizes, [[10, 0], [5, 100], [7, 50], [7, 70]], {B: 1, L: 1}) == [0, 1, 3]
+    assert prune_rows(sizes, [[10, 0], [9, 0], [10, 0]], {B: 1, L: 1}) == [0]  # ties: first
+    # the bounds matter: 3BL vs BL + 8 is decided only from B*L >= 4
+    assert prune_rows(sizes, [[3, 0], [1, 8]], {B: 1, L: 1}) == [0, 1]
+    assert prune_rows(sizes, [[3, 0], [1, 8]], {B: 2, L: 2}) == [0]
+
+
+def test_rounding_is_bounded_not_ignored():
+    c = 512 * sympy.ceiling(B * L / 512)  # between B*L and B*L + 511
+    sizes = [c, B * L, sympy.Integer(1)]
+    assert prune_rows(sizes, [[1, 0, 0], [0, 1, 511]], {B: 1, L: 1}) == [1]
+    assert prune_rows(sizes, [[1, 0, 0], [0, 1, 510]], {B: 1, L: 1}) == [0, 1]
+    # a size with no polynomial bound is only known to be >= 0
+    odd = sympy.Mod(B, 7)
+    assert prune_rows([odd, sympy.Integer(1)], [[1, 0], [0, 6]], {B: 1}) == [0, 1]
+    assert prune_rows([odd, sympy.Integer(1)], [[1, 5], [0, 1]], {B: 1}) == [0]
