@@ -54,6 +54,14 @@ CUBLAS_OPS = frozenset(f"aten.{n}.default" for n in (
     "_addmm_activation"))
 
 
+# ops that run through cuDNN on CUDA: each call allocates a workspace through the caching
+# allocator and frees it when the call returns (convolution_backward: one call for the input's
+# gradient, then one for the weight's; never both at once)
+CUDNN_CONV_OPS = frozenset(f"aten.{n}.default" for n in (
+    "convolution", "convolution_backward", "_convolution", "cudnn_convolution",
+    "cudnn_convolution_transpose"))
+
+
 def cublas_workspace_bytes(compute_capability=(9, 0), env: str | None = None) -> int:
     """PyTorch's cuBLAS workspace (``parseChosenWorkspaceSize`` in
     ``aten/src/ATen/cuda/CublasHandlePool.cpp``): ``CUBLAS_WORKSPACE_CONFIG`` (``:SIZE:COUNT``
@@ -99,14 +107,19 @@ class DeviceMemory:
 
 
 def cuda_memory(liveness, B: int, config=None, compute_capability=(9, 0),  # noqa: N803
-                cublas_workspace: int | None = None) -> DeviceMemory:
+                cublas_workspace: int | None = None, cudnn_workspace: int = 0) -> DeviceMemory:
     """Replay ``liveness``'s step at batch size ``B`` through
     :class:`fxmem.caching_allocator.CachingAllocator`, as ``fxmem.measure`` runs it on a GPU:
     parameters, buffers and the batch first, then a warm-up step in which the optimizer
     state appears at the optimizer phase and each thread's cuBLAS workspace at its first
     matmul (forward: the main thread; backward: autograd's), then ``empty_cache()``, a reset
-    of the peaks, and the measured step. Storages keep the order of the trace; kernels'
-    internal workspaces that PyTorch does not keep (cuDNN's) are not in the trace."""
+    of the peaks, and the measured step. Storages keep the order of the trace.
+
+    cuDNN's convolution workspaces are not in the trace: their size is the algorithm's that
+    cuDNN picks. ``cudnn_workspace`` (bytes) allocates that much at every convolution, after
+    its outputs, and frees it when the op ends. Under ``CUDNN_CONV_WSCAP_DBG=N`` (MiB), cuDNN
+    offers no configuration with a larger workspace, so ``N * 2**20`` bounds what each call
+    adds; 0 (the default) leaves the workspaces out."""
     from .caching_allocator import CachingAllocator
     from .liveness import _events
 
@@ -128,6 +141,14 @@ def cuda_memory(liveness, B: int, config=None, compute_capability=(9, 0),  # noq
         if h is not None:
             a.free(h)
 
+    def run_op(i, op):
+        for sid in allocs[i]:
+            alloc(sid, size[sid])
+        if cudnn_workspace and op.op in CUDNN_CONV_OPS:  # held while the kernel runs
+            a.free(a.malloc(cudnn_workspace))
+        for sid in frees[i + 1]:
+            free(sid)
+
     before = [s for s in storages if s.created_by < 0]
     late = {"optimizer_state", "grad"}
     for s in before:
@@ -145,10 +166,10 @@ def cuda_memory(liveness, B: int, config=None, compute_capability=(9, 0),  # noq
             if ("ws", thread) not in handles:
                 alloc(("ws", thread), ws)
                 workspaces.append((f"cuBLAS workspace ({thread} thread)", ws))
-        for sid in allocs[i]:
-            alloc(sid, size[sid])
-        for sid in frees[i + 1]:
-            free(sid)
+        run_op(i, op)
+    if cudnn_workspace and any(op.op in CUDNN_CONV_OPS for op in ops):
+        workspaces.append(("cuDNN workspace per convolution call (freed after it)",
+                           cudnn_workspace))
     for s in storages:  # the step's leftovers: the output, set_to_none gradients
         if s.created_by >= 0:
             free(s.sid)
@@ -163,10 +184,7 @@ def cuda_memory(liveness, B: int, config=None, compute_capability=(9, 0),  # noq
                 phase_res[phase] = max(phase_res.get(phase, 0), a.max_reserved)
             a.reset_peak()
             phase = op.phase
-        for sid in allocs[i]:
-            alloc(sid, size[sid])
-        for sid in frees[i + 1]:
-            free(sid)
+        run_op(i, op)
     if phase is not None:
         phase_alloc[phase] = max(phase_alloc.get(phase, 0), a.max_allocated)
         phase_res[phase] = max(phase_res.get(phase, 0), a.max_reserved)

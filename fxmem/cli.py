@@ -84,6 +84,10 @@ def cli():
 @click.option("--seq", type=click.IntRange(min=1), default=None,
               help="Sequence length of hf: presets, which trace it as a symbol L: the "
                    "report's numbers are at this L (default: min(512, max positions)).")
+@click.option("--cudnn-workspace", default=None, metavar="SIZE",
+              help="Workspace each cuDNN convolution holds while it runs (device cuda), "
+                   "e.g. 256MiB: a bound when the job sets CUDNN_CONV_WSCAP_DBG=256 (MiB). "
+                   "Default: left out.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table",
               show_default=True, help="Output format.")
 @click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None,
@@ -96,14 +100,15 @@ def cli():
               help="Modules listed in the breakdown at the peak.")
 @click.option("--debug", is_flag=True, help="Show the traceback of an error.")
 def analyze(target, inputs, targets, loss, optimizer, amp, device, inference, grad_accum,
-            batch, budget, checkpoint, config, dim_sizes, seq, fmt, out, whatif, top, debug):
+            batch, budget, checkpoint, config, dim_sizes, seq, cudnn_workspace, fmt, out, whatif,
+            top, debug):
     """Analyse one step of the model TARGET: path/to/file.py:ClassOrFactory,
     package.module:ClassOrFactory, or a preset such as hf:gpt2 or hf:llama (built from
     transformers' config classes, on the meta device: nothing is downloaded)."""
     try:
         text = _analyze(target, inputs, targets, loss, optimizer, amp, device, inference,
                         grad_accum, batch, budget, checkpoint, config, seq, fmt, top, whatif,
-                        dim_sizes)
+                        dim_sizes, cudnn_workspace=cudnn_workspace)
     except (FxmemError, _Exit) as e:
         _fail(e, debug)
     except Exception as e:  # noqa: BLE001 - a bug in fxmem: still one line, exit 1
@@ -159,7 +164,8 @@ def _fail(e, debug: bool, cause: BaseException | None = None):
 
 
 def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, grad_accum,
-             batch, budget, checkpoint, config, seq, fmt, top, whatif=False, dim_sizes=()):
+             batch, budget, checkpoint, config, seq, fmt, top, whatif=False, dim_sizes=(),
+             cudnn_workspace=None):
     from rich.console import Console
 
     from .analyze import analyze as run_analysis
@@ -168,6 +174,9 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                           position_limit)
 
     budget_bytes = parse_size(budget) if budget is not None else None
+    conv_ws = parse_size(cudnn_workspace) if cudnn_workspace is not None else 0
+    if conv_ws and device != "cuda":
+        raise InputError("--cudnn-workspace is a CUDA figure: it needs --device cuda")
     t = load_target(target, parse_config(config), seq)
     specs = inputs or t.inputs
     if not specs:
@@ -242,7 +251,8 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
              **({"checkpoint": checkpoint} if checkpoint != "none" else {}),
              **{f"dim {n}": sizes[n] for n in dims}, **extra}
     s = summarize(report, B=batch, budget_bytes=budget_bytes, top=top, setup=setup,
-                  title=f"fxmem report: {t.name}", frontier=frontier, whatifs=rows)
+                  title=f"fxmem report: {t.name}", frontier=frontier, whatifs=rows,
+                  cudnn_workspace=conv_ws)
     return _render(s, fmt)
 
 

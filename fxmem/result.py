@@ -197,13 +197,15 @@ class Report:
         return self.liveness.peak_bytes(_check_b(B))
 
     def cuda_memory(self, B: int, config=None, compute_capability=(9, 0),  # noqa: N803
-                    cublas_workspace: int | None = None):
+                    cublas_workspace: int | None = None, cudnn_workspace: int = 0):
         """What ``torch.cuda.max_memory_allocated()`` and ``max_memory_reserved()`` would
         report for the step at batch size ``B``: the step replayed through the CUDA caching
         allocator (``config``: a :class:`fxmem.caching_allocator.AllocatorConfig`, e.g.
         ``AllocatorConfig.from_string("expandable_segments:True")``) with the cuBLAS
         workspaces PyTorch keeps (32 MiB per thread on compute capability 9.x). A
         :class:`fxmem.allocator.DeviceMemory`; see :func:`fxmem.allocator.cuda_memory`.
+        ``cudnn_workspace``: bytes each cuDNN convolution call holds while it runs (a bound
+        when the job sets ``CUDNN_CONV_WSCAP_DBG``, in MiB); 0 leaves them out.
 
         >>> import torch, fxmem
         >>> r = fxmem.analyze(torch.nn.Linear(1024, 1024), torch.randn(4, 1024),
@@ -217,7 +219,7 @@ class Report:
         from .allocator import cuda_memory
 
         return cuda_memory(self.liveness, _check_b(B), config, compute_capability,
-                           cublas_workspace)
+                           cublas_workspace, cudnn_workspace)
 
     @property
     def regimes(self) -> tuple:
@@ -310,10 +312,11 @@ class Report:
         return largest(lambda b: self.peak_bytes(b) <= budget_bytes, lo)
 
     def cuda_max_batch_size(self, budget_bytes: int, config=None,
-                            compute_capability=(9, 0)) -> int:
+                            compute_capability=(9, 0), cudnn_workspace: int = 0) -> int:
         """The largest B whose predicted ``torch.cuda.max_memory_allocated()``
-        (:meth:`cuda_memory`: allocator blocks, their slack, the cuBLAS workspaces) fits in
-        ``budget_bytes``. Raises :class:`fxmem.InfeasibleBudgetError` when none does.
+        (:meth:`cuda_memory`: allocator blocks, their slack, the cuBLAS workspaces, and
+        ``cudnn_workspace`` bytes held by each convolution) fits in ``budget_bytes``. Raises
+        :class:`fxmem.InfeasibleBudgetError` when none does.
 
         >>> import torch, fxmem
         >>> r = fxmem.analyze(torch.nn.Linear(1024, 1024), torch.randn(4, 1024),
@@ -321,12 +324,16 @@ class Report:
         >>> r.cuda_max_batch_size(2**30) < r.max_batch_size(2**30)   # 64 MiB of workspaces
         True
         """
+        def allocated(b):
+            return self.cuda_memory(b, config, compute_capability,
+                                    cudnn_workspace=cudnn_workspace).max_allocated
+
         def fits(b):
-            return self.cuda_memory(b, config, compute_capability).max_allocated <= budget_bytes
+            return allocated(b) <= budget_bytes
 
         lo = self.min_batch_size
         if not fits(lo):
-            least = self.cuda_memory(lo, config, compute_capability).max_allocated
+            least = allocated(lo)
             raise InfeasibleBudgetError(
                 f"budget {budget_bytes:,} B is below the smallest max_memory_allocated "
                 f"{least:,} B (at B={lo})", minimum_bytes=least)

@@ -79,6 +79,18 @@ def test_whatif_rows():
     assert r.returncode == 2 and "--whatif compares training setups" in r.stderr
 
 
+def test_cudnn_workspace_is_held_by_each_convolution():
+    plain = json.loads(run("analyze", *SEED, "--format", "json").stdout)["cuda"]
+    r = run("analyze", *SEED, "--cudnn-workspace", "256MiB", "--budget", "8GiB",
+            "--format", "json")
+    assert r.returncode == 0, r.stderr
+    capped = json.loads(r.stdout)["cuda"]
+    assert capped["workspaces"][-1] == ["cuDNN workspace per convolution call (freed after it)",
+                                        256 * 2**20]
+    assert plain["max_allocated"] < capped["max_allocated"] <= plain["max_allocated"] + 256 * 2**20
+    assert capped["max_batch_size"] is not None
+
+
 def test_hf_preset_with_config_overrides():
     r = run("analyze", "hf:gpt2", "--config", "n_layer=1", "--config", "n_embd=64",
             "--config", "n_head=2", "--seq", "32", "--optimizer", "adamw", "--batch", "4",
@@ -115,6 +127,8 @@ def test_hf_preset_with_config_overrides():
     (["analyze", "examples/seed_convnet.py:SimpleConvNet", "--input", "B,3,31"], 3,
      "cannot trace this op on fake tensors"),
     (["analyze", *SEED, "--budget", "1MiB"], 4, "below the smallest peak"),
+    (["analyze", *SEED, "--device", "cpu", "--cudnn-workspace", "1MiB"], 2,
+     "--cudnn-workspace is a CUDA figure"),
 ])
 def test_errors_are_one_line_with_an_exit_code(args, code, message):
     r = run(*args)

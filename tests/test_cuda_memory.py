@@ -80,3 +80,22 @@ def test_largest_batch_by_max_memory_allocated():
 
     with pytest.raises(fxmem.InfeasibleBudgetError, match="smallest max_memory_allocated"):
         r.cuda_max_batch_size(MiB)
+
+
+def test_cudnn_workspace_is_held_during_each_convolution():
+    # each convolution (forward, and each half of its backward) holds the workspace on top of
+    # what is live after the op; computed here from the timeline, independently of the replay
+    from fxmem.allocator import CUDNN_CONV_OPS
+
+    r = _report("seed_cnn")
+    for b in (2, 13):
+        assert r.cuda_memory(b, cublas_workspace=0).max_allocated == r.peak_bytes(b)
+        for w in (512, 3 * MiB, 2**30):
+            d = r.cuda_memory(b, cublas_workspace=0, cudnn_workspace=w)
+            at_convs = [t.live_bytes + w for t in r.timeline(b) if t.op in CUDNN_CONV_OPS]
+            assert len(at_convs) == 4  # conv1, conv2, and their backward
+            assert d.max_allocated == max(r.peak_bytes(b), *at_convs)
+            assert d.workspaces == (("cuDNN workspace per convolution call (freed after it)", w),)
+    # a model without convolutions is unchanged, and lists no cuDNN workspace
+    mlp = _report()
+    assert mlp.cuda_memory(8, cudnn_workspace=2**30) == mlp.cuda_memory(8)

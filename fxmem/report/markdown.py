@@ -40,15 +40,15 @@ def render_markdown(s) -> str:
             f"in {_module(s.peak_module)} ({s.peak_phase})."]
     if s.cuda is not None:
         c = s.cuda
-        kept = " and ".join(f"{what} {fmt_bytes(n)}" for what, n in c["workspaces"]) or "none"
+        used = " and ".join(f"{what} {fmt_bytes(n)}" for what, n in c["workspaces"]) or "none"
         out += ["", f"On a GPU of compute capability {c['compute_capability']}, "
                 f"`torch.cuda.max_memory_allocated()` would read {fmt_bytes(c['max_allocated'])} "
                 f"({c['max_allocated']:,} bytes) and `max_memory_reserved()` "
                 f"{fmt_bytes(c['max_reserved'])} (the caching allocator's blocks and segments; "
-                f"library workspaces kept: {kept}; the CUDA context comes on top)."]
+                f"library workspaces: {used}; the CUDA context comes on top)."]
     if s.budget_bytes is not None:
         budget = f"{fmt_bytes(s.budget_bytes)} ({s.budget_bytes:,} bytes)"
-        gpu = (f" Counting the caching allocator's blocks and the cuBLAS workspaces "
+        gpu = (f" Counting the caching allocator's blocks and the library workspaces "
                f"(`max_memory_allocated`): **{s.cuda['max_batch_size']:,}**."
                if s.cuda and s.cuda.get("max_batch_size") is not None else "")
         out += ["", f"Largest B within {budget}: **{s.max_batch_size:,}**.{gpu}"

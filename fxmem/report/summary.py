@@ -55,7 +55,7 @@ class Summary:
     checkpoint plan applied, and Pareto points (peak bytes, recompute FLOPs, plan) at ``B``.
     ``whatifs``: rows of :func:`fxmem.whatif` (dicts), when given. ``cuda`` (``device="cuda"``
     only): what ``torch.cuda`` would report at ``B``, from :meth:`fxmem.Report.cuda_memory`:
-    ``max_allocated``, ``max_reserved``, the cuBLAS ``workspaces`` kept ([what, bytes]) and
+    ``max_allocated``, ``max_reserved``, the library ``workspaces`` ([what, bytes]) and
     ``max_batch_size``: the largest B whose ``max_allocated`` fits the budget.
     """
 
@@ -111,10 +111,11 @@ def _at(expr, b: int) -> int:
 
 def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,  # noqa: N803
               title: str = "fxmem report", setup: dict | None = None, frontier=None,
-              whatifs=None) -> Summary:
+              whatifs=None, cudnn_workspace: int = 0) -> Summary:
     """The :class:`Summary` of ``report`` at batch size ``B``. ``setup``: what the step is
     (model, optimizer, ...; shown as given); ``frontier``: checkpoint Pareto points at ``B``
-    (:meth:`fxmem.Report.frontier`); ``whatifs``: :class:`fxmem.WhatIf` rows."""
+    (:meth:`fxmem.Report.frontier`); ``whatifs``: :class:`fxmem.WhatIf` rows;
+    ``cudnn_workspace``: bytes each convolution holds on CUDA (:meth:`fxmem.Report.cuda_memory`)."""
     from ..result import PARTS
 
     bd = report.breakdown(B, top=top)
@@ -151,14 +152,15 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
                                for p in (frontier or ())),
         whatifs=rows, unmodelled=tuple(f"{what}, in {op} ({module or '(root)'})"
                                        for op, module, what in report.unmodelled),
-        cuda=_cuda(report, B, budget_bytes if most is not None else None))
+        cuda=_cuda(report, B, budget_bytes if most is not None else None, cudnn_workspace))
 
 
-def _cuda(report, b: int, budget: int | None) -> dict | None:
+def _cuda(report, b: int, budget: int | None, cudnn_workspace: int) -> dict | None:
     if report.device != "cuda":
         return None
-    d = report.cuda_memory(b)
-    most = report.cuda_max_batch_size(budget) if budget is not None else None
+    d = report.cuda_memory(b, cudnn_workspace=cudnn_workspace)
+    most = (report.cuda_max_batch_size(budget, cudnn_workspace=cudnn_workspace)
+            if budget is not None else None)
     return {"max_allocated": d.max_allocated, "max_reserved": d.max_reserved,
             "workspaces": [[what, n] for what, n in d.workspaces],
             "compute_capability": "9.0", "max_batch_size": most}

@@ -50,7 +50,7 @@ def render_terminal(s) -> Group:
         c = s.cuda
         items.append(Text(f"On the GPU (compute capability {c['compute_capability']}): "
                           f"max_memory_allocated {fmt_bytes(c['max_allocated'])}, "
-                          f"max_memory_reserved {fmt_bytes(c['max_reserved'])} (cuBLAS "
+                          f"max_memory_reserved {fmt_bytes(c['max_reserved'])} (library "
                           f"workspaces included; the CUDA context comes on top)"))
     if s.budget_bytes is not None:
         gpu = ((f"  (by max_memory_allocated, workspaces included: "
