@@ -38,19 +38,24 @@ def prune_rows(sizes, rows, lows: dict) -> list:
     ``>= lows[x]``. Of rows equal everywhere, the first is kept."""
     rows = np.array(rows, dtype=object).reshape(len(rows), len(sizes))
     lo, hi, unbounded = _bound_matrices(sizes, lows)
+    # exact either way: machine integers when no sum of products can overflow them
+    biggest = max((abs(int(x)) for x in (*lo.flat, *hi.flat, *rows.flat)), default=0)
+    if 2 * biggest * biggest * max(len(sizes), 1) < 2**62:
+        rows, lo, hi = rows.astype(np.int64), lo.astype(np.int64), hi.astype(np.int64)
     n = len(rows)
     # one row bounds another (vectorized per row); ties keep the lower index
     dominated = np.zeros((n, n), dtype=bool)  # [i, j]: row j >= row i everywhere
     for i in range(n):
-        dominated[i] = _proved(_difference_bounds(rows - rows[i], lo, hi, unbounded))
+        bounds, bad = _difference_bounds(rows - rows[i], lo, hi, unbounded)
+        dominated[i] = (bounds >= 0).all(axis=1) & ~bad
         dominated[i, i] = False
     alive = [i for i in range(n)
              if not any(dominated[i, j] and not (dominated[j, i] and i < j) for j in range(n))]
     # a convex combination of two others bounds it
     for i in list(alive):
         others = [j for j in alive if j != i]
-        if len(others) >= 2 and _pair_bounds(
-                _difference_bounds(rows[others] - rows[i], lo, hi, unbounded)):
+        bounds, bad = _difference_bounds(rows[others] - rows[i], lo, hi, unbounded)
+        if len(others) >= 2 and _pair_bounds(bounds[~bad].tolist()):
             alive.remove(i)
     return alive
 
@@ -114,21 +119,17 @@ def _lo_hi(e):
 
 def _difference_bounds(diff, lo, hi, unbounded):
     """For each row of count differences ``other - row``: the coefficients of a polynomial
-    that bounds ``other - row`` from below (None where a size without an upper bound is
-    subtracted)."""
+    that bounds ``other - row`` from below, and whether that bound is void (a size without
+    an upper bound is subtracted)."""
     out = np.maximum(diff, 0).dot(lo) + np.minimum(diff, 0).dot(hi)
     bad = (diff < 0)[:, unbounded].any(axis=1) if unbounded.any() else np.zeros(len(diff), bool)
-    return [None if b else row for row, b in zip(out, bad)]
+    return out, bad
 
 
-def _proved(bounds) -> np.ndarray:
-    return np.array([b is not None and all(c >= 0 for c in b) for b in bounds], dtype=bool)
-
-
-def _pair_bounds(bounds) -> bool:
-    """Is there a pair (a, b) and lam in [0, 1] with lam*a + (1 - lam)*b >= 0 coefficient by
-    coefficient? Then the row is at most the larger of the two others."""
-    usable = [b for b in bounds if b is not None]
+def _pair_bounds(usable: list) -> bool:
+    """Is there a pair (a, b) of coefficient lists and lam in [0, 1] with
+    lam*a + (1 - lam)*b >= 0 coefficient by coefficient? Then the row is at most the larger
+    of the two others."""
     signs = [np.array([c < 0 for c in b]) for b in usable]
     for x in range(len(usable)):
         for y in range(x + 1, len(usable)):

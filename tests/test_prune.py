@@ -41,6 +41,10 @@ def test_one_row_or_a_mix_of_two_bounds_it():
     # the bounds matter: 3BL vs BL + 8 is decided only from B*L >= 4
     assert prune_rows(sizes, [[3, 0], [1, 8]], {B: 1, L: 1}) == [0, 1]
     assert prune_rows(sizes, [[3, 0], [1, 8]], {B: 2, L: 2}) == [0]
+    # sums past 64-bit integers stay exact (Python integers)
+    big = [2**40 * B, sympy.Integer(1)]
+    assert prune_rows(big, [[2**30, 0], [1, 2**45]], {B: 1}) == [0]
+    assert prune_rows(big, [[2**30, 0], [1, 2**71]], {B: 1}) == [0, 1]
 
 
 def test_rounding_is_bounded_not_ignored():
