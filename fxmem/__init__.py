@@ -5,11 +5,13 @@ The pipeline, one stage per module, each taking the previous stage's result:
 
 - :mod:`fxmem.trace`    run the step on fake tensors (B symbolic), record ops and frees,
   applying :mod:`fxmem.rules` where eager kernels differ from their fake ones, and
-  :mod:`fxmem.reuse` to trace a stack of identical blocks as two and copy the rest;
+  :mod:`fxmem.reuse` to trace a stack of identical blocks as two and copy the rest, and
+  :mod:`fxmem.guards` to fold shape guards into where the formula holds (``B >= 2``);
 - :mod:`fxmem.graph`    a networkx graph of ops and the storages they create;
 - :mod:`fxmem.liveness` live bytes after each op and the peak as an exact ``Max`` in B;
 - :mod:`fxmem.allocator` what the device adds (CUDA block rounding; the step replayed
-  through :mod:`fxmem.caching_allocator` with cuBLAS's workspaces: ``Report.cuda_memory``);
+  through :mod:`fxmem.caching_allocator` with cuBLAS's workspaces, and cuDNN's on request:
+  ``Report.cuda_memory``);
 - :mod:`fxmem.result`   the :class:`Report` users read; :mod:`fxmem.report` renders it
   (terminal, Markdown, JSON, HTML with plots) and :mod:`fxmem.cli` is the ``fxmem`` command;
 - :mod:`fxmem.measure`  ground truth: a real eager step; :mod:`fxmem.validate` runs the zoo
@@ -25,7 +27,8 @@ derived from the trace), :mod:`fxmem.solve` (the plan solver, plain numbers, no 
 its own analysis (:mod:`fxmem.step` holds the training-loop options they use: ``grad_accum``,
 ``set_to_none``, ``amp``, ``inference_mode``, ``grad_scaler``); :mod:`fxmem.amp` emulates
 CUDA's autocast rules on CPU tensors; :mod:`fxmem.dims` makes input dims beyond the batch
-(the sequence length L) symbols too.
+(the sequence length L) symbols too, its peak in B and L kept short by :mod:`fxmem.prune`
+(the ops proved never above the others dropped).
 
 >>> import torch, fxmem
 >>> r = fxmem.analyze(torch.nn.Linear(8, 2), torch.randn(4, 8), loss=lambda o: o.sum(),

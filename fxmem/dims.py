@@ -29,6 +29,7 @@ import torch
 
 from .allocator import device_sizes
 from .errors import InfeasibleBudgetError, InputError
+from .guards import lower_bounds, valid_when
 from .prune import prune_rows
 from .symbols import B, Size, dim_symbol
 
@@ -51,7 +52,7 @@ def specialize(trace, **values):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise InputError(f"{name} must be a positive int, got {v!r}")
         vals[dim_symbol(name)] = sympy.Integer(v)
-    from .trace import TensorDesc, valid_when
+    from .trace import TensorDesc
 
     guards = []
     for g in trace.guards:
@@ -213,11 +214,7 @@ class DimsReport:
     @property
     def _lower_bounds(self) -> dict:
         """Each symbol's least value where the trace holds (``B >= 2`` in ``valid_when``)."""
-        lows = {s: 1 for s in (B_SYM, *(dim_symbol(n) for n in self.dims))}
-        for g in self.valid_when:
-            if isinstance(g, sympy.GreaterThan) and g.lhs in lows and g.rhs.is_Integer:
-                lows[g.lhs] = max(lows[g.lhs], int(g.rhs))
-        return lows
+        return lower_bounds(self.valid_when, [B_SYM, *map(dim_symbol, self.dims)])
 
     @functools.cached_property
     def parts(self) -> dict:

@@ -31,6 +31,8 @@ from math import lcm
 import numpy as np
 import sympy
 
+from .guards import shifted
+
 
 def prune_rows(sizes, rows, lows: dict) -> list:
     """Indices of the ``rows`` (counts over ``sizes``) that are kept: every dropped row is
@@ -63,9 +65,7 @@ def prune_rows(sizes, rows, lows: dict) -> list:
 def _bound_matrices(sizes, lows):
     """Integer matrices (size x monomial in the shifted symbols): lower and upper bounds of
     each size, scaled by one common denominator; and which sizes have no upper bound."""
-    symbols = sorted(lows, key=str)
-    ts = [sympy.Symbol(f"_t{i}", integer=True, nonnegative=True) for i in range(len(symbols))]
-    shift = {x: t + lows[x] for x, t in zip(symbols, ts)}
+    shift, ts = shifted(lows)
     polys, unbounded = [], []
     for s in sizes:
         b = _lo_hi(sympy.sympify(s))

@@ -148,7 +148,7 @@ def test_cli_caps_the_largest_length_at_the_models_positions():
 
 
 def test_mixed_guards_implied_by_the_bounds_are_dropped_soundly():
-    from fxmem.trace import _implied
+    from fxmem.guards import implied as _implied
 
     T = fxmem.symbols.dim_symbol("T")
     lows = {fxmem.B: 2, L: 2, T: 3}

@@ -6,7 +6,7 @@ import torch
 
 import fxmem
 from fxmem.symbols import B, Size
-from fxmem.trace import valid_when
+from fxmem.guards import valid_when
 from zoo import ZOO, adam
 
 
