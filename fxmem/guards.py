@@ -59,7 +59,7 @@ def valid_when(guards, lower: int = 1, upper: int | None = None, symbol=B) -> tu
             try:
                 s = sympy.solve_univariate_inequality(g, B, relational=False)
             except (NotImplementedError, ValueError):
-                s = None
+                s = None  # sympy cannot solve it: the guard is reported as it is (below)
             if isinstance(s, sympy.Interval):
                 if s.left.is_finite:
                     lower = max(lower, int(sympy.ceiling(s.left + (1 if s.left_open else 0)
