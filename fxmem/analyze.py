@@ -18,7 +18,8 @@ def analyze(model, inputs, targets=(), loss=None, optimizer=None, train=True,
             device="cuda", *, checkpoint=None, retrace: bool = False,
             set_to_none: bool = True, grad_accum: int = 1, inference_mode: bool = False,
             amp=None, grad_scaler: bool | None = None,
-            batch_hint: int | None = None, dims=None, reuse_blocks: bool = True):
+            batch_hint: int | None = None, dims=None, reuse_blocks: bool = True,
+            compute_capability=(9, 0)):
     """Analyse one step of ``model`` and return its memory as formulas in :data:`fxmem.B`.
 
     ``inputs``: a tensor or tuple of tensors, dim 0 of each is B (only shapes and dtypes are
@@ -47,7 +48,10 @@ def analyze(model, inputs, targets=(), loss=None, optimizer=None, train=True,
     inputs, then the targets): returns a :class:`fxmem.dims.DimsReport` in B and L (a
     checkpoint plan is then traced for real). ``reuse_blocks=False``: trace every block of a
     stack of identical blocks instead of copying the second one's trace (:mod:`fxmem.reuse`;
-    the result is the same, it only takes longer).
+    the result is the same, it only takes longer). ``compute_capability``: the GPU whose
+    kernels ``device="cuda"`` follows, ``(major, minor)`` (default ``(9, 0)``, an H100):
+    which attention kernel ``scaled_dot_product_attention`` runs depends on it
+    (:mod:`fxmem.kernels`).
 
     >>> import torch, fxmem
     >>> m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
@@ -65,13 +69,15 @@ def analyze(model, inputs, targets=(), loss=None, optimizer=None, train=True,
         t = trace(model, inputs, targets, loss, optimizer, train, device,
                   batch_hint=batch_hint, checkpoint=checkpoint, set_to_none=set_to_none,
                   grad_accum=grad_accum, inference_mode=inference_mode, amp=amp,
-                  grad_scaler=grad_scaler, dims=dims, reuse_blocks=reuse_blocks)
+                  grad_scaler=grad_scaler, dims=dims, reuse_blocks=reuse_blocks,
+                  compute_capability=compute_capability)
         return DimsReport(t, device)
     plan = normalize_plan(model, checkpoint)
     t = trace(model, inputs, targets, loss, optimizer, train, device, batch_hint=batch_hint,
               checkpoint=None if plan and not retrace else plan, set_to_none=set_to_none,
               grad_accum=grad_accum, inference_mode=inference_mode, amp=amp,
-              grad_scaler=grad_scaler, reuse_blocks=reuse_blocks)
+              grad_scaler=grad_scaler, reuse_blocks=reuse_blocks,
+              compute_capability=compute_capability)
     if plan and not retrace:
         runs = Counter(c.path for c in t.calls)
         if t.plan or any(runs[p] > 1 for p in plan):
@@ -79,7 +85,8 @@ def analyze(model, inputs, targets=(), loss=None, optimizer=None, train=True,
                            checkpoint=plan, retrace=True, set_to_none=set_to_none,
                            grad_accum=grad_accum, inference_mode=inference_mode,
                            amp=amp, grad_scaler=grad_scaler, batch_hint=batch_hint,
-                           reuse_blocks=reuse_blocks)
+                           reuse_blocks=reuse_blocks,
+                           compute_capability=compute_capability)
         t = derive(t, plan)
     lv = liveness(build_graph(t))
     return Report(lv, parts_of(lv), t.guards)

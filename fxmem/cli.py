@@ -64,6 +64,11 @@ def cli():
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda",
               show_default=True, help="cuda: allocator blocks and CUDA's defaults; cpu: "
                                       "live bytes.")
+@click.option("--compute-capability", "capability", default="9.0", show_default=True,
+              metavar="MAJOR.MINOR",
+              help="The GPU whose kernels --device cuda follows (9.0 H100, 8.0 A100, 8.6 "
+                   "RTX 30xx, 8.9 L4/RTX 40xx, 7.5 T4, 10.0 B200): attention backends "
+                   "and workspace sizes depend on it.")
 @click.option("--inference", is_flag=True, help="An inference step under no_grad.")
 @click.option("--grad-accum", type=click.IntRange(min=1), default=1, show_default=True,
               help="Micro-batches per optimizer step (B is one micro-batch).")
@@ -99,16 +104,16 @@ def cli():
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
               help="Modules listed in the breakdown at the peak.")
 @click.option("--debug", is_flag=True, help="Show the traceback of an error.")
-def analyze(target, inputs, targets, loss, optimizer, amp, device, inference, grad_accum,
-            batch, budget, checkpoint, config, dim_sizes, seq, cudnn_workspace, fmt, out, whatif,
-            top, debug):
+def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, inference,
+            grad_accum, batch, budget, checkpoint, config, dim_sizes, seq, cudnn_workspace, fmt,
+            out, whatif, top, debug):
     """Analyse one step of the model TARGET: path/to/file.py:ClassOrFactory,
     package.module:ClassOrFactory, or a preset such as hf:gpt2 or hf:llama (built from
     transformers' config classes, on the meta device: nothing is downloaded)."""
     try:
         text = _analyze(target, inputs, targets, loss, optimizer, amp, device, inference,
                         grad_accum, batch, budget, checkpoint, config, seq, fmt, top, whatif,
-                        dim_sizes, cudnn_workspace=cudnn_workspace)
+                        dim_sizes, cudnn_workspace=cudnn_workspace, capability=capability)
     except (FxmemError, _Exit) as e:
         _fail(e, debug)
     except Exception as e:  # noqa: BLE001 - a bug in fxmem: still one line, exit 1
@@ -165,16 +170,17 @@ def _fail(e, debug: bool, cause: BaseException | None = None):
 
 def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, grad_accum,
              batch, budget, checkpoint, config, seq, fmt, top, whatif=False, dim_sizes=(),
-             cudnn_workspace=None):
+             cudnn_workspace=None, capability="9.0"):
     from rich.console import Console
 
     from .analyze import analyze as run_analysis
     from .report.summary import summarize
-    from .targets import (load_target, named_dims, parse_config, parse_size, parse_tensor,
-                          position_limit)
+    from .targets import (load_target, named_dims, parse_capability, parse_config, parse_size,
+                          parse_tensor, position_limit)
 
     budget_bytes = parse_size(budget) if budget is not None else None
     conv_ws = parse_size(cudnn_workspace) if cudnn_workspace is not None else 0
+    cc = parse_capability(capability)
     if conv_ws and device != "cuda":
         raise InputError("--cudnn-workspace is a CUDA figure: it needs --device cuda")
     t = load_target(target, parse_config(config), seq)
@@ -210,7 +216,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
         report = run_analysis(t.model, xs, ys, loss=LOSSES[loss_name], optimizer=opt,
                               train=not inference, device=device, amp=AMP[amp],
                               grad_accum=grad_accum, checkpoint=plan or None,
-                              dims=dims or None)
+                              dims=dims or None, compute_capability=cc)
         extra = {}
         if dims:  # the formula in B and the named dims; numbers at the --dim sizes
             extra[f"peak in B, {', '.join(dims)}"] = str(report.peak)
@@ -243,11 +249,13 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
             status.update("answering the what-ifs ...")
             rows = whatifs(t.model, xs, ys, loss=LOSSES[loss_name], optimizer=opt, B=batch,
                            budget_bytes=budget_bytes, device=device,
-                           amp=torch.float16 if device == "cuda" else torch.bfloat16)
+                           amp=torch.float16 if device == "cuda" else torch.bfloat16,
+                           compute_capability=cc)
     setup = {"model": target, "inputs": " ".join(specs),
              **({"targets": " ".join(tgt_specs)} if ys else {}),
              "loss": loss_name if not inference else "(inference)",
              "optimizer": optimizer, "amp": amp,
+             **({"GPU compute capability": f"{cc[0]}.{cc[1]}"} if device == "cuda" else {}),
              **({"checkpoint": checkpoint} if checkpoint != "none" else {}),
              **{f"dim {n}": sizes[n] for n in dims}, **extra}
     s = summarize(report, B=batch, budget_bytes=budget_bytes, top=top, setup=setup,

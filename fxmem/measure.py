@@ -38,7 +38,9 @@ class Measurement:
     CUDA: ``max_memory_allocated``). ``baseline_bytes``: live before the step (params,
     buffers, optimizer state, batch). ``end_bytes``: live after it. ``phase_peak_bytes``:
     the peak within each phase. CUDA only: ``peak_reserved_bytes`` (``max_memory_reserved``),
-    its peak within each phase, and ``baseline_reserved_bytes``.
+    its peak within each phase, and ``baseline_reserved_bytes``; with ``record_history``,
+    ``allocations``: ``(bytes requested, innermost Python frame)`` of every allocation the
+    step made, in order (:mod:`fxmem.divergence`).
     """
 
     peak_bytes: int
@@ -50,6 +52,7 @@ class Measurement:
     peak_reserved_bytes: int | None = None
     phase_peak_reserved_bytes: dict | None = None
     baseline_reserved_bytes: int | None = None
+    allocations: tuple = ()
 
 
 def batch_of(t: torch.Tensor, b: int, device) -> torch.Tensor:
@@ -112,7 +115,7 @@ class _Tracker(StorageTracker):
 
 def measure(model, inputs, targets=(), loss=None, optimizer=None, train=True, *, B: int,
             device="cpu", set_to_none=True, grad_accum=1, inference_mode=False,
-            amp=None, grad_scaler=None) -> Measurement:
+            amp=None, grad_scaler=None, record_history: bool = False) -> Measurement:
     """Peak memory of one real steady-state step at batch size ``B``. ``set_to_none=False``:
     ``zero_grad`` zeroes the gradients in place, so they stay allocated between steps.
     ``grad_accum=k``: k micro-batches of ``B`` per optimizer step. ``inference_mode=True``
@@ -120,7 +123,8 @@ def measure(model, inputs, targets=(), loss=None, optimizer=None, train=True, *,
     ``amp=torch.bfloat16`` (or float16): forward and loss under ``torch.autocast``.
     ``grad_scaler``: the step goes through a ``torch.amp.GradScaler`` (default: with
     ``amp=torch.float16`` and an optimizer). To run a CPU step with CUDA's autocast rules,
-    call this inside :func:`fxmem.amp.emulate`."""
+    call this inside :func:`fxmem.amp.emulate`. ``record_history=True`` (CUDA): the
+    measured step's allocations are kept too, from ``torch.cuda.memory._snapshot()``."""
     spec = make_spec(model, inputs, targets, loss, optimizer, train, device, set_to_none,
                      grad_accum, inference_mode, amp, grad_scaler)
     if not isinstance(B, int) or B < 1:
@@ -134,7 +138,9 @@ def measure(model, inputs, targets=(), loss=None, optimizer=None, train=True, *,
     opt = make_optimizer(spec.optimizer, params, device, spec) if spec.optimizer else None
     scaler = make_grad_scaler(spec, device)
     if device == "cuda":
-        return _measure_cuda(model, spec, ins, tgs, params, opt, B, scaler)
+        return _measure_cuda(model, spec, ins, tgs, params, opt, B, scaler, record_history)
+    if record_history:
+        raise InputError("record_history reads the CUDA allocator's snapshot: device='cuda'")
     # On CPU only the storages the step makes count, so the collection before it need only
     # look at objects made here: the collector's objects from before are frozen meanwhile
     # (a full pass over torch and a test session's models costs more than a small step).
@@ -181,7 +187,8 @@ def _measure_cpu(model, spec, ins, tgs, params, opt, B, device, scaler) -> Measu
                        {p: phase_peaks[p] for p in PHASES if p in phase_peaks})
 
 
-def _measure_cuda(model, spec, ins, tgs, params, opt, B, scaler) -> Measurement:
+def _measure_cuda(model, spec, ins, tgs, params, opt, B, scaler,
+                  record_history=False) -> Measurement:
     """CUDA protocol: warm up, collect, empty cache, reset peaks, measure the next step, the
     peaks of ``memory_allocated`` and ``memory_reserved`` read at the end of each phase
     (and reset at its start)."""
@@ -203,9 +210,19 @@ def _measure_cuda(model, spec, ins, tgs, params, opt, B, scaler) -> Measurement:
         current[0] = name
 
     scale = scaler.get_scale() if scaler is not None else None
-    out = run_step(model, spec, ins, tgs, params, opt, on_phase, scaler=scaler)
-    del out
-    on_phase("end")
+    if record_history:
+        torch.cuda.memory._record_memory_history(max_entries=10**7)
+    try:
+        out = run_step(model, spec, ins, tgs, params, opt, on_phase, scaler=scaler)
+        del out
+        on_phase("end")
+        snapshot = torch.cuda.memory._snapshot() if record_history else {}
+    finally:
+        if record_history:
+            torch.cuda.memory._record_memory_history(enabled=None)
+    from .divergence import snapshot_allocations
+
+    allocations = snapshot_allocations(snapshot, torch.cuda.current_device())
     _check_not_skipped(scaler, scale)
     allocated.pop("start", None)
     reserved.pop("start", None)
@@ -213,4 +230,5 @@ def _measure_cuda(model, spec, ins, tgs, params, opt, B, scaler) -> Measurement:
                        torch.cuda.memory_allocated(), B, "cuda",
                        {p: allocated[p] for p in PHASES if p in allocated},
                        max(reserved.values(), default=baseline_reserved),
-                       {p: reserved[p] for p in PHASES if p in reserved}, baseline_reserved)
+                       {p: reserved[p] for p in PHASES if p in reserved}, baseline_reserved,
+                       tuple(allocations))

@@ -196,7 +196,7 @@ class Report:
         """Peak bytes at batch size ``B`` (exact integer)."""
         return self.liveness.peak_bytes(_check_b(B))
 
-    def cuda_memory(self, B: int, config=None, compute_capability=(9, 0),  # noqa: N803
+    def cuda_memory(self, B: int, config=None, compute_capability=None,  # noqa: N803
                     cublas_workspace: int | None = None, cudnn_workspace: int = 0):
         """What ``torch.cuda.max_memory_allocated()`` and ``max_memory_reserved()`` would
         report for the step at batch size ``B``: the step replayed through the CUDA caching
@@ -206,6 +206,8 @@ class Report:
         :class:`fxmem.allocator.DeviceMemory`; see :func:`fxmem.allocator.cuda_memory`.
         ``cudnn_workspace``: bytes each cuDNN convolution call holds while it runs (a bound
         when the job sets ``CUDNN_CONV_WSCAP_DBG``, in MiB); 0 leaves them out.
+        ``compute_capability``: the GPU's, for the workspace sizes (default: the one the step
+        was traced for, ``analyze(..., compute_capability=)``).
 
         >>> import torch, fxmem
         >>> r = fxmem.analyze(torch.nn.Linear(1024, 1024), torch.randn(4, 1024),
@@ -218,6 +220,8 @@ class Report:
         """
         from .allocator import cuda_memory
 
+        if compute_capability is None:
+            compute_capability = self.liveness.graph.trace.compute_capability
         return cuda_memory(self.liveness, _check_b(B), config, compute_capability,
                            cublas_workspace, cudnn_workspace)
 
@@ -312,7 +316,7 @@ class Report:
         return largest(lambda b: self.peak_bytes(b) <= budget_bytes, lo)
 
     def cuda_max_batch_size(self, budget_bytes: int, config=None,
-                            compute_capability=(9, 0), cudnn_workspace: int = 0) -> int:
+                            compute_capability=None, cudnn_workspace: int = 0) -> int:
         """The largest B whose predicted ``torch.cuda.max_memory_allocated()``
         (:meth:`cuda_memory`: allocator blocks, their slack, the cuBLAS workspaces, and
         ``cudnn_workspace`` bytes held by each convolution) fits in ``budget_bytes``. Raises

@@ -682,6 +682,9 @@ class _Splice:
                 saved |= {sid_in(c, s) for s in rec.saved
                           if (id(c), s) in copies or s in role_of}
         names = {final[s]: v for s, v in rec.names.items() if s not in dropped}
+        for (cid, ps), sid in copies.items():  # kernels' named temporaries (fxmem.kernels)
+            if rec.names.get(ps, ("",))[0] == "temporary":
+                names[sid] = rec.names[ps]
         unmodelled = dict(rec.unmodelled)
         for calls in self.runs:
             for c in calls[2:]:

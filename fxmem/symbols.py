@@ -57,6 +57,26 @@ def as_poly(expr) -> P.Poly | None:
     return P.norm([_to_fraction(c) for c in reversed(p.all_coeffs())])
 
 
+def plain(expr) -> sympy.Expr:
+    """``expr`` with PyTorch's integer functions (``torch.utils._sympy.functions``: what
+    ``ceil(L / 32)`` or ``L // 64`` on a SymInt make) written as sympy's own ``floor`` and
+    ``ceiling`` of rationals, which :func:`bounds` and the formulas understand.
+
+    >>> from torch.utils._sympy.functions import CeilToInt, FloorDiv, IntTrueDiv
+    >>> plain(32 * CeilToInt(IntTrueDiv(L, 32)) + FloorDiv(L + 63, 64))
+    32*ceiling(L/32) + floor(L/64 + 63/64)
+    """
+    from torch.utils._sympy import functions as F
+
+    rules = {F.FloorDiv: lambda a, b: sympy.floor(a / b),
+             F.CeilDiv: lambda a, b: sympy.ceiling(a / b),
+             F.IntTrueDiv: lambda a, b: a / b,
+             F.CeilToInt: sympy.ceiling, F.FloorToInt: sympy.floor}
+    if not any(expr.has(f) for f in rules):
+        return expr
+    return expr.replace(lambda e: type(e) in rules, lambda e: rules[type(e)](*e.args))
+
+
 def bounds(expr) -> tuple[P.Poly, P.Poly] | None:
     """Polynomials (lo, hi) with lo <= expr <= hi for every B >= 1, or None if unknown."""
     p = as_poly(expr)

@@ -43,6 +43,20 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+def parse_capability(text: str) -> tuple:
+    """``(major, minor)`` from ``9.0`` or ``8.6`` (a GPU's compute capability).
+
+    >>> parse_capability("8.6")
+    (8, 6)
+    """
+    from .kernels import check_capability
+
+    m = re.fullmatch(r"\s*(\d+)\.(\d)\s*", str(text))
+    if not m:
+        raise InputError(f"not a compute capability: {text!r} (write MAJOR.MINOR, e.g. 9.0)")
+    return check_capability((int(m.group(1)), int(m.group(2))))
+
+
 def parse_tensor(spec: str, batch: int, named: dict | None = None) -> torch.Tensor:
     """A meta tensor from ``DIMS[:DTYPE[:HIGH]]``: DIMS are comma-separated sizes, ``B`` the
     batch (dim 0), or other names whose sizes ``named`` gives (``{"L": 512}``: a named dim,

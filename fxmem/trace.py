@@ -42,9 +42,10 @@ from .rules import (CONSTANT_LIFT_OPS, DATA_DEPENDENT_OPS, DECOMPOSE_OPS, LAYOUT
 from .reuse import NoReuse, Reuse, find_runs, splice
 from .saved import SavedTensors, latest
 from .amp import emulate
+from .kernels import cuda_kernels
 from .step import (StepSpec, make_grad_scaler, make_optimizer, make_spec, needs_closure,
                    run_step, scaler_tensors, warmup_steps)
-from .symbols import B, Size, dim_symbol
+from .symbols import B, Size, dim_symbol, plain
 from .tracking import StorageTracker, frozen_gc
 
 
@@ -128,6 +129,8 @@ class Trace:
     grad_accum: int = 1  # micro-batches of B per optimizer step
     dims: tuple = ()  # names of input dims beyond B that are symbols too (e.g. ("L",))
     reused: tuple = ()  # blocks whose ops are copies of an identical block's (fxmem.reuse)
+    compute_capability: tuple = (9, 0)  # the GPU whose kernels device="cuda" follows
+    kernel_choices: tuple = ()  # (op, what CUDA runs) the routed kernels chose (fxmem.kernels)
 
 
 def _graph(self) -> torch.fx.Graph:
@@ -176,6 +179,8 @@ class _Recorder(StorageTracker):
         self.names: dict[int, tuple[str, str]] = {}  # sid -> (category, name)
         self.ops: list[OpInfo] = []
         self.failed: tuple | None = None
+        self.kernels = None  # fxmem.kernels.CudaKernels for device="cuda"
+        self._host: tuple = ()  # outputs of the running op that CUDA keeps in host memory
         self.oracle = ValueOracle()
         self.unmodelled: dict = {}  # (op, module) -> what is not modelled
         self._n_repl = 0
@@ -208,6 +213,9 @@ class _Recorder(StorageTracker):
         if new or sid not in self.names:
             self.names[sid] = (category, name)
 
+    def name_workspace(self, sid: int, what: str) -> None:
+        self.names[sid] = ("temporary", what)
+
     # dispatch ---------------------------------------------------------------------
     def run_op(self, func, args, kwargs):
         try:
@@ -231,9 +239,17 @@ class _Recorder(StorageTracker):
                 with self.shape_env.suppress_guards():
                     return func(*args, **kwargs)
             out = func(*args, **kwargs)
+            if self.kernels is not None:
+                out = self.kernels.outputs(func, args, kwargs, out)
+                host = self.kernels.host_outputs(func)
+                self._host = tuple(out[i] for i in host)
             rule = UNSIZED_WORKSPACE_OPS.get(func)
             if rule is not None and rule[0](args):
                 self.unmodelled.setdefault((func, self.module()), rule[1])
+            if self.kernels is not None:
+                what = self.kernels.unmodelled(func, args, kwargs, out)
+                if what is not None:
+                    self.unmodelled.setdefault((func, self.module()), what)
             pair = SPLIT_ALIASED_OUTPUTS.get(func)
             if pair and out[pair[0]].untyped_storage() is out[pair[1]].untyped_storage():
                 out = (*out[:pair[1]], torch.empty_like(out[pair[1]]), *out[pair[1] + 1:])
@@ -246,8 +262,18 @@ class _Recorder(StorageTracker):
                                _user_frame(traceback.extract_stack()), e)
             raise
 
+    def workspaces(self, func, args, kwargs, out) -> list:
+        if self.kernels is None:
+            return []
+        made = []
+        for what, nbytes in self.kernels.workspaces(func, args, kwargs, out):
+            made.append((torch.empty(nbytes, dtype=torch.uint8), what))
+        return made
+
     def output_nbytes(self, func, args, kwargs, t):
-        if func in STATS_IN_WEIGHT_DTYPE_OPS:
+        if self._host and any(t is h for h in self._host):
+            return 0  # a host tensor: no device memory (fxmem.kernels)
+        if func in STATS_IN_WEIGHT_DTYPE_OPS and self.kernels is None:  # CPU kernels only
             x, w = args[0], args[1]
             if w is not None and w.dtype != x.dtype and t.dim() == 1 and x.dim() > 1:
                 return t.numel() * w.element_size()  # a per-channel statistic
@@ -443,14 +469,19 @@ def _fake_like(mode: FakeTensorMode, t: torch.Tensor, batch=None, param=False, n
 def trace(model: torch.nn.Module, inputs, targets=(), loss=None, optimizer=None, train=True,
           device="cuda", batch_hint: int | None = None, checkpoint=None,
           set_to_none: bool = True, grad_accum: int = 1, inference_mode: bool = False,
-          amp=None, grad_scaler=None, dims=None, reuse_blocks: bool = True) -> Trace:
+          amp=None, grad_scaler=None, dims=None, reuse_blocks: bool = True,
+          compute_capability=(9, 0), kernel_semantics: bool = True) -> Trace:
     """Trace one steady-state step of ``model``; see the module docstring. ``checkpoint``:
     a plan (module paths) whose forwards run under ``torch.utils.checkpoint`` for real.
     With ``amp`` and ``device="cuda"``, autocast follows CUDA's op lists
     (:func:`fxmem.amp.emulate`). ``dims``: other input dims that are symbols too, e.g.
     ``{"L": [(0, 1)]}`` (:func:`check_dims`). ``reuse_blocks``: trace two blocks of each
     run of identical blocks and copy them for the rest (:mod:`fxmem.reuse`); the step is
-    traced again block by block when the blocks turn out not to behave alike."""
+    traced again block by block when the blocks turn out not to behave alike.
+    ``device="cuda"`` follows CUDA's kernels (:mod:`fxmem.kernels`) for a GPU of
+    ``compute_capability``; ``kernel_semantics=False`` keeps the CPU's (with CUDA's autocast
+    lists still emulated): only to compare with a real CPU step run under
+    :func:`fxmem.amp.emulate`."""
     spec = make_spec(model, inputs, targets, loss, optimizer, train, device, set_to_none,
                      grad_accum, inference_mode, amp, grad_scaler)
     plan = normalize_plan(model, checkpoint)
@@ -478,6 +509,8 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=None, optimizer=None,
         for t_i, d in places:
             named.setdefault(t_i, {})[d] = node
     rec = _Recorder(shape_env, sym, dim_syms)
+    if spec.device == "cuda" and kernel_semantics:  # CUDA's kernels (checked before any work)
+        rec.kernels = cuda_kernels(compute_capability)
     handles = []
     try:
         with frozen_gc():
@@ -497,7 +530,8 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=None, optimizer=None,
     if retry:  # the blocks did not behave alike: trace each one
         return trace(model, inputs, targets, loss, optimizer, train, device, batch_hint,
                      checkpoint, set_to_none, grad_accum, inference_mode, amp, grad_scaler,
-                     dims, reuse_blocks=False)
+                     dims, reuse_blocks=False, compute_capability=compute_capability,
+                     kernel_semantics=kernel_semantics)
 
 
 def _as_trace_error(e: Exception, rec: _Recorder) -> TraceError:
@@ -659,7 +693,9 @@ def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles,
     # module's re-run in backward enters autocast again)
     rules = emulate("cuda") if spec.amp is not None and spec.device == "cuda" else \
         contextlib.nullcontext()
-    with checkpointing(model, plan, region) as rec.plan, swap, router, rules, mode, rec, hooks:
+    kernels = rec.kernels if rec.kernels is not None else contextlib.nullcontext()
+    with checkpointing(model, plan, region) as rec.plan, swap, router, rules, kernels, mode, \
+            rec, hooks:
         if spec.train and not spec.set_to_none:
             # steady state: the previous step left every gradient allocated. One unrecorded
             # forward and backward makes them (as fxmem.measure's warm-up step does).
@@ -712,7 +748,7 @@ def _finish(rec: _Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
         if raw in done:
             return done[raw]
         e = env.replace(raw) if hasattr(env, "replace") else raw
-        e = done[raw] = e.xreplace(rec.subs)
+        e = done[raw] = plain(e.xreplace(rec.subs))
         extra = e.free_symbols - {B, *(dim_symbol(n) for n in rec.dim_syms)}
         if extra:
             raise TraceError(f"a storage size depends on data ({sorted(map(str, extra))}), "
@@ -780,7 +816,9 @@ def _finish(rec: _Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
                  spec.device, spec.optimizer is not None, unmodelled, rec.plan,
                  tuple(sorted(rec.calls, key=lambda c: (c.first_op, -c.last_op))),
                  rec.saved_tensors.packs, spec.grad_accum, tuple(rec.dim_syms),
-                 getattr(rec, "reused", ()))
+                 getattr(rec, "reused", ()),
+                 rec.kernels.capability if rec.kernels is not None else (9, 0),
+                 rec.kernels.choices if rec.kernels is not None else ())
 
 
 def _with(s: StorageInfo, **kw) -> StorageInfo:

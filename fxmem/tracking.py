@@ -127,6 +127,11 @@ class StorageTracker(TorchDispatchMode):
                 outs.append(sid)
                 if is_new:
                     new.append(sid)
+        temporaries = self.workspaces(func, args, kwargs, out)
+        for t, what in temporaries:  # made by the kernel, freed when it ends (after this op)
+            sid, _ = self.register(t, index)
+            self.name_workspace(sid, what)
+            new.append(sid)
         self.on_op(index, func, args, kwargs, out, outs, new)
         return out
 
@@ -136,6 +141,14 @@ class StorageTracker(TorchDispatchMode):
     def output_nbytes(self, func, args, kwargs, t):
         """Bytes of a new output storage when they differ from its nbytes(); None: no rule."""
         return None
+
+    def workspaces(self, func, args, kwargs, out) -> list:
+        """``(tensor, what)`` for each temporary the real kernel of ``func`` allocates while
+        it runs (beyond its outputs): recorded as storages the op creates, freed after it."""
+        return []
+
+    def name_workspace(self, sid: int, what: str) -> None:
+        """Hook for subclasses: storage ``sid`` is a kernel's temporary, ``what``."""
 
     def on_op(self, index, func, args, kwargs, out, out_sids, new_sids) -> None:
         """Hook for subclasses: op ``index`` ran and produced these storages."""

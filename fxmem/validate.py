@@ -18,12 +18,13 @@ import copy
 import json
 import platform
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
 from .analyze import analyze
 from .checkpoint import apply_checkpoints
+from .divergence import first_divergence, predicted_allocations
 from .measure import measure
 from .zoo import Case, cases
 
@@ -42,6 +43,7 @@ class Row:
     predicted_reserved: int | None
     measured_reserved: int | None
     reserved_error: float | None
+    diverges: str | None = None  # a missed CUDA row: the first allocation that differs
 
     @property
     def meets_goal(self) -> bool:
@@ -90,15 +92,17 @@ def _predict(case: Case, model, inputs, targets, device):
     kw = dict(case.options)
     train = kw.pop("train", True)
     step = dict(loss=case.loss, optimizer=case.optimizer) if train else dict(train=False)
+    cc = torch.cuda.get_device_capability() if device == "cuda" else (9, 0)
     report = analyze(model, inputs, targets if train else (), **step, device=device,
-                     checkpoint=case.plan or None, **kw)
+                     checkpoint=case.plan or None, compute_capability=cc, **kw)
     return report, step, kw
 
 
-def _measure(case, model, inputs, targets, step, kw, b, device):
+def _measure(case, model, inputs, targets, step, kw, b, device, record_history=False):
     real = apply_checkpoints(copy.deepcopy(model), case.plan) if case.plan else model
     train = step.get("train", True)
-    return measure(real, inputs, targets if train else (), **step, B=b, device=device, **kw)
+    return measure(real, inputs, targets if train else (), **step, B=b, device=device,
+                   record_history=record_history, **kw)
 
 
 def run_case(case: Case, scale: str, device: str) -> tuple:
@@ -114,9 +118,14 @@ def run_case(case: Case, scale: str, device: str) -> tuple:
             p, pr = d.max_allocated, d.max_reserved
         else:
             p, pr = report.peak_bytes(b), None
-        rows.append(Row(case.name, b, p, m.peak_bytes, _error(p, m.peak_bytes), pr,
-                        m.peak_reserved_bytes,
-                        None if pr is None else _error(pr, m.peak_reserved_bytes)))
+        row = Row(case.name, b, p, m.peak_bytes, _error(p, m.peak_bytes), pr,
+                  m.peak_reserved_bytes,
+                  None if pr is None else _error(pr, m.peak_reserved_bytes))
+        if device == "cuda" and not row.meets_goal:  # where do they part ways?
+            again = _measure(case, model, inputs, targets, step, kw, b, device, True)
+            d = first_divergence(predicted_allocations(report, b), again.allocations)
+            row = replace(row, diverges=d.describe() if d else "no allocation differs")
+        rows.append(row)
     return tuple(rows)
 
 
@@ -208,6 +217,11 @@ def to_markdown(v: Validation) -> str:
         out.append(f"| {r.case} | {r.B} | {r.predicted_allocated:,} | {r.measured_allocated:,} "
                    f"| {_pct(r.allocated_error)} | {pr} | {mr} | {_pct(r.reserved_error)} | "
                    f"{'met' if r.meets_goal else 'missed'} |")
+    missed = [r for r in v.rows if r.diverges]
+    if missed:
+        out += ["", "Where each missed row's step first allocated something else than "
+                "predicted (`torch.cuda.memory._record_memory_history`):", ""]
+        out += [f"- {r.case}, B={r.B}: {r.diverges}" for r in missed]
     if v.budget_checks:
         out += ["", "| model | budget | predicted largest B | measured at B | measured at B+1 "
                 "| fits, and B+1 does not |", "|---|---:|---:|---:|---:|---|"]

@@ -47,7 +47,7 @@ class WhatIf:
 
 def whatif(model, inputs, targets=(), loss=None, optimizer=None, *, B: int,  # noqa: N803
            budget_bytes: int, device="cuda", smaller_model=None, amp=torch.bfloat16,
-           grad_accum: int = 4, checkpoint=None) -> tuple:
+           grad_accum: int = 4, checkpoint=None, compute_capability=(9, 0)) -> tuple:
     """The seed's six methods for the user's step, as :class:`WhatIf` rows.
 
     ``smaller_model``: a smaller version of ``model`` to compare (row left out if None).
@@ -55,11 +55,13 @@ def whatif(model, inputs, targets=(), loss=None, optimizer=None, *, B: int,  # n
     a GradScaler).
     ``grad_accum``: k micro-batches of ``B // k`` keep the effective batch ``B``.
     ``checkpoint``: a plan; default: the plan with the smallest peak at ``B`` among the
-    candidates (:meth:`fxmem.Report.frontier`).
+    candidates (:meth:`fxmem.Report.frontier`). ``compute_capability``: the GPU whose
+    kernels ``device="cuda"`` follows (:func:`fxmem.analyze`).
     """
     if isinstance(B, bool) or not isinstance(B, int) or B < 1:
         raise InputError(f"B must be a positive int, got {B!r}")
-    kw = dict(loss=loss, optimizer=optimizer, device=device)
+    kw = dict(loss=loss, optimizer=optimizer, device=device,
+              compute_capability=compute_capability)
     base = analyze(model, inputs, targets, **kw)
     b0 = base.peak_bytes(B)
     rows = []
@@ -86,7 +88,8 @@ def whatif(model, inputs, targets=(), loss=None, optimizer=None, *, B: int,  # n
     micro = max(1, B // k)
     row("gradient accumulation", analyze(model, inputs, targets, **kw, grad_accum=k), micro,
         f"{k} micro-batches of {micro}; largest batch = {k} x the largest micro-batch", k)
-    row("no_grad evaluation", analyze(model, inputs, loss=None, device=device, train=False), B,
+    row("no_grad evaluation", analyze(model, inputs, loss=None, device=device, train=False,
+                                      compute_capability=compute_capability), B,
         "inference under torch.no_grad(): no backward, no optimizer")
     plan = checkpoint
     if plan is None:

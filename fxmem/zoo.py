@@ -120,6 +120,50 @@ class LSTMClassifier(nn.Module):
         return self.fc(out[:, -1])
 
 
+class MegatronLayer(nn.Module):
+    """A transformer layer as Megatron-LM writes it (Korthikanti et al. 2022, "Reducing
+    Activation Recomputation in Large Transformer Models", section 4.1): activations
+    ``[s, b, h]``, LayerNorm, one QKV linear, ``baddbmm`` for the scores, softmax, dropout,
+    ``bmm`` with the values, the output projection, dropout, residual; LayerNorm, a 4h MLP with
+    GELU, dropout, residual. Without tensor parallelism."""
+
+    def __init__(self, h=1024, heads=16, p=0.1):
+        super().__init__()
+        self.heads, self.p = heads, p
+        self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
+        self.qkv, self.proj = nn.Linear(h, 3 * h), nn.Linear(h, h)
+        self.fc1, self.fc2 = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+
+    def forward(self, x):
+        s, b, h = x.shape
+        a = self.heads
+        hn = h // a
+        q, k, v = self.qkv(self.ln1(x)).view(s, b * a, 3 * hn).split(hn, dim=-1)
+        scores = torch.baddbmm(q.new_empty(b * a, s, s), q.transpose(0, 1),
+                               k.transpose(0, 1).transpose(1, 2), beta=0.0, alpha=hn ** -0.5)
+        probs = F.dropout(F.softmax(scores, dim=-1), self.p, self.training)
+        ctx = torch.bmm(probs, v.transpose(0, 1))  # [b*a, s, hn]
+        ctx = ctx.view(b, a, s, hn).permute(2, 0, 1, 3).reshape(s, b, h)
+        x = x + F.dropout(self.proj(ctx), self.p, self.training)
+        y = self.fc2(F.gelu(self.fc1(self.ln2(x))))
+        return x + F.dropout(y, self.p, self.training)
+
+
+class MegatronStack(nn.Module):
+    """Layers of :class:`MegatronLayer` on inputs ``[b, s, h]`` (fxmem's batch is dim 0),
+    moved once to Megatron's ``[s, b, h]`` layout."""
+
+    def __init__(self, layers=2, h=1024, heads=16, p=0.1):
+        super().__init__()
+        self.layers = nn.ModuleList(MegatronLayer(h, heads, p) for _ in range(layers))
+
+    def forward(self, x):
+        x = x.transpose(0, 1).contiguous()
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
 def _images(b, size, classes):
     return (torch.randn(b, 3, size, size),), (torch.randint(0, classes, (b,)),)
 
@@ -190,6 +234,37 @@ _llama = _hf("LlamaConfig", "LlamaForCausalLM",
                   num_attention_heads=4, num_key_value_heads=2, vocab_size=500), 1024, 32)
 
 
+# GPT-2 small with SDPA (transformers' default) and its dropout 0.1, at a long sequence: the
+# attention backend CUDA picks decides whether a B·H·L² term exists (fxmem.sdpa)
+_gpt2_long = _hf("GPT2Config", "GPT2LMHeadModel", dict(n_positions=2048),
+                 dict(n_layer=2, n_embd=64, n_head=4, vocab_size=500, n_positions=64,
+                      bos_token_id=0, eos_token_id=0), 2048, 48)
+
+
+def _megatron(scale):
+    h, heads, layers, seq = (1024, 16, 4, 1024) if scale == "full" else (64, 4, 2, 16)
+    m = MegatronStack(layers, h, heads).half()
+    return m, (torch.randn(4, seq, h, dtype=torch.float16),), ()
+
+
+class EmbeddingBag(nn.Module):
+    """Token embeddings averaged, then a linear head: training's cost is the embedding's
+    backward (on CUDA: sorting the indices, a kernel with temporaries of its own)."""
+
+    def __init__(self, vocab=50000, d=512, classes=10):
+        super().__init__()
+        self.emb, self.fc = nn.Embedding(vocab, d), nn.Linear(d, classes)
+
+    def forward(self, ids):
+        return self.fc(self.emb(ids).mean(1))
+
+
+def _embedding(scale):
+    vocab, d, seq = (50000, 512, 256) if scale == "full" else (300, 16, 9)
+    return (EmbeddingBag(vocab, d), (torch.randint(0, vocab, (4, seq)),),
+            (torch.randint(0, 10, (4,)),))
+
+
 def _adam(p):
     return torch.optim.Adam(p, lr=1e-4)
 
@@ -217,6 +292,12 @@ def cases(scale: str = "full") -> tuple:
              (16, 64) if big else (2, 13), plan=tuple(f"blocks.{i}" for i in range(6))
              if big else ("blocks.0", "blocks.1")),
         Case("GPT-2 small, seq 512, AdamW", _gpt2, None, _adamw, (4, 8) if big else (2, 5)),
+        Case("GPT-2 small, seq 512, AMP bf16, AdamW", _gpt2, None, _adamw,
+             (4, 8) if big else (2, 5), {"amp": torch.bfloat16}),
+        Case("GPT-2 small, seq 2048, AdamW", _gpt2_long, None, _adamw,
+             (1, 2) if big else (2, 5)),
+        Case("GPT-2 small, seq 2048, AMP bf16, AdamW", _gpt2_long, None, _adamw,
+             (1, 2) if big else (2, 5), {"amp": torch.bfloat16}),
         Case("GPT-2 small, every block checkpointed", _gpt2_nocache, None, _adamw,
              (4, 8) if big else (2, 5),
              plan=tuple(f"model.transformer.h.{i}" for i in range(12 if big else 2))),
@@ -224,6 +305,9 @@ def cases(scale: str = "full") -> tuple:
         Case("Llama (8 layers, GQA), seq 1024, AdamW", _llama, None, _adamw,
              (2, 4) if big else (2, 5)),
         Case("LSTM classifier, Adam", _lstm, ce, _adam, (32, 128) if big else (2, 13)),
+        Case("Megatron layers, fp16 weights, Adam", _megatron, lambda o: o.float().square().mean(),
+             _adam, (2, 8) if big else (2, 5)),
+        Case("Embedding classifier, Adam", _embedding, ce, _adam, (64, 512) if big else (2, 13)),
         Case("U-Net, Adam", _unet, ce, _adam, (4, 16) if big else (2, 13)),
         Case("MLP, Adam", _mlp, ce, _adam, (64, 512) if big else (2, 13)),
         Case("Transformer encoder, Adam", _encoder, ce, _adam, (16, 64) if big else (2, 13)),

@@ -14,6 +14,13 @@ def _seed():
     torch.manual_seed(0)
 
 
+def _routes():
+    """The kernels fxmem.kernels replaces while it traces for CUDA."""
+    return tuple(torch._C._dispatch_dump(f"aten::{n}")
+                 for n in ("dropout", "scaled_dot_product_attention", "log_softmax.int",
+                           "_fused_rms_norm"))
+
+
 @pytest.fixture(autouse=True)
 def _global_state_unchanged():
     """Every test, passing or failing, must leave PyTorch's global state as it found it."""
@@ -22,12 +29,12 @@ def _global_state_unchanged():
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
     before = (torch.get_default_dtype(), torch.is_grad_enabled(), torch.clear_autocast_cache,
-              torch._C._dispatch_dump("aten::softmax.int"), torch.is_autocast_enabled("cpu"),
+              torch._C._dispatch_dump("aten::softmax.int"), _routes(), torch.is_autocast_enabled("cpu"),
               len(_get_current_dispatch_mode_stack()), len(_get_current_function_mode_stack()),
               len(m._global_forward_hooks), len(m._global_forward_pre_hooks))
     yield
     after = (torch.get_default_dtype(), torch.is_grad_enabled(), torch.clear_autocast_cache,
-              torch._C._dispatch_dump("aten::softmax.int"), torch.is_autocast_enabled("cpu"),
+              torch._C._dispatch_dump("aten::softmax.int"), _routes(), torch.is_autocast_enabled("cpu"),
              len(_get_current_dispatch_mode_stack()), len(_get_current_function_mode_stack()),
              len(m._global_forward_hooks), len(m._global_forward_pre_hooks))
     assert after == before, "global state changed"

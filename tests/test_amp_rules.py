@@ -161,12 +161,15 @@ def _cpu_report(t):
 
 def _cuda_check(name, dtype, train, optimizer=None, batches=(2, 13), **extra):
     """fxmem with CUDA's rules (device="cuda"), its live bytes without the allocator's
-    rounding, against a real CPU step under the same emulated rules."""
+    rounding, against a real CPU step under the same emulated autocast lists. The trace keeps
+    the CPU's kernels (kernel_semantics=False), which a CPU step runs; what CUDA's kernels
+    allocate instead (fxmem.kernels) is checked in test_kernels.py and test_sdpa.py."""
     model, x, y, loss = ZOO[name]()
     opt = optimizer or (lambda p: torch.optim.Adam(p, foreach=True))
     kw = dict(loss=loss, optimizer=opt, **extra) if train else dict(train=False)
     yy = y if train else ()
-    r = _cpu_report(trace(model, x, yy, **kw, device="cuda", amp=dtype))
+    r = _cpu_report(trace(model, x, yy, **kw, device="cuda", amp=dtype,
+                          kernel_semantics=False))
     for b in batches:
         with emulate("cuda"):
             m = fxmem.measure(model, x, yy, **kw, B=b, amp=dtype)
@@ -187,14 +190,20 @@ def test_cuda_rules_other_dtype(dtype, train):
 
 
 def test_cuda_rules_differ_from_cpu_rules_in_the_analysis():
-    # the lists differ (CUDA: sum, softmax, layer_norm, ... in float32), and so do the
-    # encoder's activations
-    model, x, y, loss = ZOO["transformer_train_mode"]()
-    kw = dict(loss=loss, optimizer=lambda p: torch.optim.Adam(p, foreach=True))
-    cuda = _cpu_report(trace(model, x, y, **kw, device="cuda", amp=torch.bfloat16))
-    cpu = fxmem.analyze(model, x, y, **kw, device="cpu", amp=torch.bfloat16)
+    # the lists differ (CUDA: layer_norm and softmax in float32, the CPU: in bfloat16), and so
+    # do the activations: LayerNorm saves a float32 copy of its input, softmax its float32 result
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32),
+                                torch.nn.Softmax(-1))
+    kw = dict(loss=lambda o: o.float().sum(), optimizer=lambda p: torch.optim.Adam(p, foreach=True))
+    x = torch.randn(4, 16)
+    cuda = _cpu_report(trace(model, x, **kw, device="cuda", amp=torch.bfloat16))
+    cpu = fxmem.analyze(model, x, **kw, device="cpu", amp=torch.bfloat16)
     slope = lambda r: r.parts["activations"].coeff(fxmem.B)  # noqa: E731
-    assert slope(cuda) > slope(cpu)
+    # saved per sample: the linear's bf16 copy of its input (16 values, 32 B) on both; then
+    # CUDA: LayerNorm's fp32 copy of its input 128 B (32 values), fp32 mean and rstd 8 B,
+    # softmax's fp32 result 128 B; the CPU: LayerNorm's bf16 input 64 B, bf16 statistics 4 B,
+    # softmax's bf16 result 64 B
+    assert (slope(cuda), slope(cpu)) == (32 + 128 + 8 + 128, 32 + 64 + 4 + 64)
 
 
 def test_checkpoint_plan_under_cuda_rules():
@@ -203,10 +212,11 @@ def test_checkpoint_plan_under_cuda_rules():
     model, x, y, loss = ZOO["resnet"]()
     kw = dict(loss=loss, optimizer=lambda p: torch.optim.Adam(p, foreach=True))
     plan = ["layer1.0", "layer1.1"]
-    t = trace(model, x, y, **kw, device="cuda", amp=torch.float16)
+    t = trace(model, x, y, **kw, device="cuda", amp=torch.float16, kernel_semantics=False)
     derived = _cpu_report(derive(t, plan))  # the re-run repeats the weight casts
     wrapped = fxmem.apply_checkpoints(copy.deepcopy(model), plan)
-    retraced = _cpu_report(trace(wrapped, x, y, **kw, device="cuda", amp=torch.float16))
+    retraced = _cpu_report(trace(wrapped, x, y, **kw, device="cuda", amp=torch.float16,
+                                 kernel_semantics=False))
     for b in (2, 13):
         with emulate("cuda"):
             m = fxmem.measure(wrapped, x, y, **kw, B=b, amp=torch.float16)

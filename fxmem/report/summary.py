@@ -130,7 +130,9 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
     step = max(1, (hi - b_min) // (CURVE_POINTS - 1))
     bs = sorted({*range(b_min, hi + 1, step), B, *((most, most + 1) if most else ())})
     curve = tuple((b, report.peak_bytes(b)) for b in bs)
+    kernels = "; ".join(what for _, what in report.trace.kernel_choices)
     info = {"device": report.device, "step": "training" if report.trace.train else "inference",
+            **({"CUDA kernels": kernels} if kernels else {}),
             **({"grad_accum": report.grad_accum} if report.grad_accum > 1 else {}),
             **(setup or {})}
     parts = {p: report.parts[p] for p in PARTS if report.parts[p] != 0}
@@ -150,9 +152,20 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
         plan=tuple(report.plan), recompute_flops=_at(report.recompute_flops, B) if report.plan
         else 0, frontier=tuple((p.peak_bytes, p.recompute_flops, tuple(p.plan))
                                for p in (frontier or ())),
-        whatifs=rows, unmodelled=tuple(f"{what}, in {op} ({module or '(root)'})"
-                                       for op, module, what in report.unmodelled),
+        whatifs=rows, unmodelled=_unmodelled(report.unmodelled),
         cuda=_cuda(report, B, budget_bytes if most is not None else None, cudnn_workspace))
+
+
+def _unmodelled(entries, shown: int = 3) -> tuple:
+    """One line per (op, what), naming the first ``shown`` modules it happens in."""
+    where: dict = {}
+    for op, module, what in entries:
+        where.setdefault((op, what), []).append(module or "(root)")
+    out = []
+    for (op, what), mods in where.items():
+        more = f" and {len(mods) - shown} more" if len(mods) > shown else ""
+        out.append(f"{what}, in {op} ({', '.join(mods[:shown])}{more})")
+    return tuple(out)
 
 
 def _cuda(report, b: int, budget: int | None, cudnn_workspace: int) -> dict | None:
@@ -163,4 +176,6 @@ def _cuda(report, b: int, budget: int | None, cudnn_workspace: int) -> dict | No
             if budget is not None else None)
     return {"max_allocated": d.max_allocated, "max_reserved": d.max_reserved,
             "workspaces": [[what, n] for what, n in d.workspaces],
-            "compute_capability": "9.0", "max_batch_size": most}
+            "compute_capability": "{}.{}".format(*report.trace.compute_capability),
+            "kernels": [what for _, what in report.trace.kernel_choices],
+            "max_batch_size": most}

@@ -1,0 +1,190 @@
+"""CUDA kernel semantics (fxmem.kernels): each rule against PyTorch's meta kernel for the CUDA
+op or a derivation from the source, and a whole transformer layer against the published
+formula of Korthikanti et al. 2022."""
+
+import pytest
+import sympy
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import fxmem
+from fxmem import kernels
+from fxmem.symbols import B, L
+from fxmem.trace import trace
+from fxmem.zoo import MegatronStack
+
+aten = torch.ops.aten
+
+
+def _ops(t, phase=None):
+    return [o.op for o in t.ops if phase is None or o.phase == phase]
+
+
+def _created(t, op):
+    """(dtype, shape, bytes) of the storages each call of ``op`` created, in order."""
+    out = []
+    for o in t.ops:
+        if o.op == op:
+            out.append([(t.storages[s].dtype, t.storages[s].shape, t.storages[s].size.expr)
+                        for s in o.new_sids])
+    return out
+
+
+# --- rules table ------------------------------------------------------------------------------
+
+def test_every_rule_names_its_source_and_releases():
+    assert kernels.RULES
+    for r in kernels.RULES:
+        assert r.kind in ("route", "outputs", "workspace", "host", "unmodelled"), r
+        assert ".c" in r.follows or ".py" in r.follows or ".h" in r.follows, r
+        assert set(r.checked) >= {"2.11", "2.13"}, r
+        assert r.cuda, r
+
+
+def test_routes_are_restored_on_exit_and_not_reentrant():
+    before = {n: torch._C._dispatch_dump(f"aten::{n}") for n in ("dropout",
+                                                                 "scaled_dot_product_attention")}
+    with kernels.cuda_kernels():
+        assert torch._C._dispatch_dump("aten::dropout") != before["dropout"]
+        with pytest.raises(fxmem.InputError, match="not re-entrant"):
+            with kernels.cuda_kernels():
+                pass
+    assert {n: torch._C._dispatch_dump(f"aten::{n}") for n in before} == before
+
+
+@pytest.mark.parametrize("bad", [(9,), "9.0", (9, 0, 1), (True, 0), (2, 0), (9, 10)])
+def test_compute_capability_is_checked_before_any_work(bad):
+    with pytest.raises(fxmem.InputError, match="compute_capability"):
+        fxmem.analyze(torch.nn.Linear(2, 2), torch.randn(2, 2), loss=lambda o: o.sum(),
+                      compute_capability=bad)
+
+
+def test_compute_capability_accepts_a_number():
+    assert kernels.check_capability(8.6) == (8, 6)
+    assert kernels.check_capability((9, 0)) == (9, 0)
+
+
+# --- dropout ----------------------------------------------------------------------------------
+
+def test_dropout_on_cuda_is_native_dropout_with_a_bool_mask():
+    """Dropout.cpp dropout(): a CUDA tensor with 0 < p < 1 takes native_dropout; its mask is
+    what PyTorch's meta kernel for native_dropout says (bool, the input's shape)."""
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(0.1))
+    cpu = trace(m, torch.randn(4, 16), loss=lambda o: o.sum(), device="cpu")
+    cuda = trace(m, torch.randn(4, 16), loss=lambda o: o.sum(), device="cuda")
+    assert "aten.bernoulli_.float" in _ops(cpu, "forward")
+    assert "aten.native_dropout.default" not in _ops(cpu)
+    assert "aten.bernoulli_.float" not in _ops(cuda)
+    assert _ops(cuda, "backward").count("aten.native_dropout_backward.default") == 1
+    out, mask = aten.native_dropout.default(torch.empty(7, 32, device="meta"), 0.1, True)
+    (made,) = _created(cuda, "aten.native_dropout.default")
+    assert [(d, sh) for d, sh, _ in made] == [(out.dtype, (B, 32)), (mask.dtype, (B, 32))]
+    assert mask.dtype == torch.bool and [n for *_, n in made] == [128 * B, 32 * B]
+    saved = [s for s in cuda.storages if s.saved and s.dtype == torch.bool]
+    assert [s.size.expr for s in saved] == [32 * B]
+
+
+@pytest.mark.parametrize("p,train", [(0.0, True), (1.0, True), (0.3, False)])
+def test_dropout_without_the_fused_kernel_is_the_composite(p, train):
+    """p == 0, p == 1 or eval: _dropout_impl, the same on both devices."""
+    x = torch.randn(4, 8)
+    with kernels.cuda_kernels():
+        got = F.dropout(x, p, train)
+    want = F.dropout(x, p, train)
+    assert torch.equal(got, want)
+    assert (got is x) == (want is x)
+
+
+def test_dropout_probability_is_checked():
+    with kernels.cuda_kernels(), pytest.raises(RuntimeError, match="between 0 and 1"):
+        torch.dropout(torch.randn(2), 1.5, True)
+
+
+# --- layer norm -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype,acc", [(torch.float16, torch.float32),
+                                       (torch.bfloat16, torch.float32),
+                                       (torch.float32, torch.float32),
+                                       (torch.float64, torch.float64)])
+def test_layer_norm_statistics_are_in_the_accumulate_type(dtype, acc):
+    """layer_norm_kernel.cu layer_norm_cuda: mean and rstd in acc_type (fp32 for 16-bit
+    inputs), in the meta kernel's shape; the CPU keeps the input's dtype."""
+    m = torch.nn.LayerNorm(24).to(dtype)
+    x = torch.randn(3, 5, 24, dtype=dtype)
+    with FakeTensorMode():
+        meta = aten.native_layer_norm.default(torch.empty(7, 5, 24, dtype=dtype), [24],
+                                              None, None, 1e-5)
+    for device, want in (("cpu", meta[1].dtype), ("cuda", acc)):
+        t = trace(m, x, loss=lambda o: o.float().sum(), device=device)
+        (made,) = _created(t, "aten.native_layer_norm.default")
+        size = torch.empty((), dtype=want).element_size()
+        assert made[1:] == [(want, (B, 5, 1), 5 * size * B)] * 2, device
+    assert meta[1].dtype == dtype  # what the CPU build (and its meta kernel) allocates
+
+
+# --- a whole layer: Korthikanti et al. 2022 ----------------------------------------------------
+
+H, HEADS = 64, 4
+
+
+def _saved_by_layer(t, i):
+    """Bytes a layer's forward saves for backward: every storage saved by it or a submodule,
+    parameters (and their autocast copies' sources) aside."""
+    inside = f"layers.{i}"
+    return sympy.expand(sum((s.size.expr for s in t.storages if s.saved and s.category != "param"
+                             and any(p == inside or p.startswith(inside + ".")
+                                     for p in s.saved_by)), sympy.Integer(0)))
+
+
+def _megatron(device, dtype=torch.float16, amp=None):
+    m = MegatronStack(3, H, HEADS)
+    if amp is None:
+        m = m.to(dtype)
+    return trace(m, torch.randn(2, 16, H, dtype=dtype if amp is None else torch.float32),
+                 loss=lambda o: o.float().pow(2).mean(), device=device, amp=amp,
+                 dims={"L": [(0, 1)]})
+
+
+# s, b, h, a as the paper writes them: sequence, batch, hidden, heads
+s_, b_, h_, a_ = L, B, H, HEADS
+PAPER = s_ * b_ * h_ * (34 + sympy.Rational(5 * a_) * s_ / h_)  # eq. 1, 16-bit, 1-byte masks
+
+
+def test_megatron_layer_is_the_papers_formula_plus_fp32_layernorm_statistics_on_cuda():
+    """fp16 weights and activations: eq. 1 of the paper to the byte, plus what the paper
+    leaves out, LayerNorm's mean and rstd, 2 per token per LayerNorm in float32 (16·s·b)."""
+    t = _megatron("cuda")
+    for i in range(3):
+        assert sympy.expand(_saved_by_layer(t, i) - PAPER - 16 * s_ * b_) == 0
+
+
+def test_megatron_layer_on_cpu_keeps_cpu_kernels():
+    """device="cpu" (checked against fxmem.measure elsewhere): dropout masks in the input's
+    dtype (2 bytes: +a·s²·b for the attention mask, +2·s·b·h for the two others) and
+    LayerNorm statistics in fp16 (8·s·b)."""
+    t = _megatron("cpu")
+    assert sympy.expand(_saved_by_layer(t, 1) - PAPER
+                        - (a_ * s_**2 * b_ + 2 * s_ * b_ * h_ + 8 * s_ * b_)) == 0
+
+
+@pytest.mark.parametrize("amp", [torch.float16, torch.bfloat16])
+def test_megatron_layer_under_cuda_autocast(amp):
+    """fp32 weights under CUDA autocast (fxmem.amp): layer_norm is on the fp32 list, so both
+    LayerNorms save their fp32 input (+2·s·b·h each) and return fp32 statistics (16·s·b);
+    softmax is on the fp32_set_opt_dtype list, so the probabilities are fp32 (+2·a·s²·b) and
+    dropout's output is fp32 too, its fp16 copy for bmm being the paper's 2·a·s²·b; the rest is
+    16-bit as the paper counts it. bf16 and fp16 follow the same lists. The linears also
+    save the 16-bit copies of their weights that autocast's cache makes (2·12·h² bytes)."""
+    t = _megatron("cuda", amp=amp)
+    derived = (PAPER + 4 * s_ * b_ * h_ + 2 * a_ * s_**2 * b_ + 16 * s_ * b_
+               + 2 * 12 * h_**2)
+    assert sympy.expand(_saved_by_layer(t, 1) - derived) == 0
+
+
+def test_megatron_layer_in_fp32_on_cuda():
+    """fp32 everything: twice the paper's 16-bit tensors, the three masks still 1 byte
+    (2·eq.1 - a·s²·b - 2·s·b·h), plus the statistics."""
+    t = _megatron("cuda", dtype=torch.float32)
+    derived = 2 * PAPER - a_ * s_**2 * b_ - 2 * s_ * b_ * h_ + 16 * s_ * b_
+    assert sympy.expand(_saved_by_layer(t, 1) - derived) == 0
