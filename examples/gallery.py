@@ -67,10 +67,9 @@ EXAMPLE_MODELS = (
                    "loss": "the model's own (output.loss)"}),
     Example("lstm_classifier", "lstm_classifier.py", "example", "LSTMClassifier",
             "A text classifier: embedding, two-layer LSTM over 32 tokens, linear head. "
-            "The trace runs the LSTM kernel of the CPU build (oneDNN's), whose workspace is "
-            "listed under *Not modelled*; on a GPU PyTorch runs cuDNN's LSTM kernel instead, "
-            "with its own workspace and autocast rules, so the LSTM layers' own figures are "
-            "approximate for CUDA.",
+            "On CUDA the LSTM runs cuDNN's kernel (`_cudnn_rnn`, fxmem.cuda_rnn), whose "
+            "reserve space (kept for backward) and workspaces only cuDNN sizes: they are "
+            "listed under *Not modelled*, so leave headroom for them.",
             B=64, loss="cross_entropy", optimizer="Adam",
             setup={"input": "B x 32 token ids, int64", "target": "B labels, int64 (4 classes)"}),
 )

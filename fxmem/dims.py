@@ -260,6 +260,19 @@ def compile_size(expr, args):
             return "(" + " * ".join(code(a) for a in e.args) + ")"
         if e.is_Pow and e.exp.is_Integer and e.exp > 0:
             return f"({code(e.base)} ** {int(e.exp)})"
+        if isinstance(e, sympy.Piecewise):
+            out = "0"
+            for value, cond in reversed(e.args):
+                out = code(value) if cond is sympy.true else \
+                    f"({code(value)} if {code(cond)} else {out})"
+            return out
+        if isinstance(e, (sympy.Min, sympy.Max)):
+            return f"{'min' if isinstance(e, sympy.Min) else 'max'}(" + \
+                ", ".join(code(a) for a in e.args) + ")"
+        if isinstance(e, sympy.core.relational.Relational):
+            return f"({code(sympy.expand(e.lhs))} {e.rel_op} {code(sympy.expand(e.rhs))})"
+        if isinstance(e, (sympy.And, sympy.Or)):
+            return "(" + f" {type(e).__name__.lower()} ".join(code(a) for a in e.args) + ")"
         if isinstance(e, (sympy.ceiling, sympy.floor)):
             num, den = sympy.fraction(sympy.together(e.args[0]))
             if not den.is_Integer:

@@ -57,7 +57,10 @@ from .errors import InputError
 
 aten = torch.ops.aten
 
-CHECKED_ON = ("2.11", "2.13")  # PyTorch releases whose sources the rules were read from
+# PyTorch releases each rule was read on: 2.13's sources and binary for every rule; the SDPA
+# rules also against 2.11's and 2.12's binaries (fxmem.sdpa gates what differs)
+CHECKED_ON = ("2.13",)
+SDPA_CHECKED_ON = ("2.11", "2.12", "2.13")
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ class KernelRule:
     ``op``: the aten op; ``kind``: ``"route"``, ``"outputs"`` or ``"workspace"`` (see the
     module docstring); ``cuda``: what the CUDA build does, in a sentence; ``follows``: the
     PyTorch source (file and function) the rule transcribes; ``checked``: the releases it was
-    read on."""
+    read on (every rule on 2.13, the one CI runs)."""
 
     op: str
     kind: str
@@ -109,9 +112,10 @@ def _routes(capability, cudnn_version, on_choice) -> dict[str, Callable]:
     """aten op name -> the Python kernel that replaces its CompositeImplicitAutograd one."""
     from functools import partial
 
-    from . import sdpa
+    from . import cuda_rnn, sdpa
 
     return {
+        **cuda_rnn.routes(capability),
         "dropout": _dropout,
         "softmax.int": _softmax(aten._softmax.default),
         "log_softmax.int": _softmax(aten._log_softmax.default),
@@ -173,6 +177,16 @@ def _batch_norm_stats(args, out):
     return (out[0], *(torch.empty(want[0], dtype=acc) for _ in (1, 2)), *out[3:])
 
 
+def _contiguous_grad_input(args, out):
+    """cuda/layer_norm_kernel.cu ``layer_norm_backward_cuda``: ``dX`` is
+    ``at::native::empty_like(*X, ..., MemoryFormat::Contiguous)``; the fake kernel gives it
+    ``dY``'s strides (a later ``.contiguous()`` would then copy it on fake tensors only)."""
+    dx = out[0]
+    if dx is None or dx.is_contiguous():
+        return out
+    return (torch.empty(dx.shape, dtype=dx.dtype), *out[1:])
+
+
 def _no_buffer(args, out):
     """cuda/Activation.cpp ``log_sigmoid_forward_cuda``: the buffer "is only used by CPU
     dispatch", so CUDA returns ``empty({0})``; the CPU a full-size one that backward keeps."""
@@ -188,6 +202,7 @@ OUTPUT_RULES: dict = {
     aten.native_layer_norm.default: _stats_in_acc_type((1, 2)),
     aten.native_batch_norm.default: _batch_norm_stats,
     aten.log_sigmoid_forward.default: _no_buffer,
+    aten.native_layer_norm_backward.default: _contiguous_grad_input,
 }
 
 
@@ -233,6 +248,8 @@ class CudaKernels:
         self._host = dict(sdpa.HOST_OUTPUTS)
         self._stack = contextlib.ExitStack()
         self._choices: dict = {}
+        # the stubbed ops' overloads: kernels on CUDA, not composites to take apart
+        self.stubbed = frozenset(getattr(aten, n).default for n in STUBS)
 
     @property
     def choices(self) -> tuple:
@@ -242,19 +259,25 @@ class CudaKernels:
         self._choices.setdefault(("aten.scaled_dot_product_attention", what), None)
 
     def __enter__(self):
-        routes = _routes(self.capability, self.cudnn_version, self._on_attention)
-        self._stack.enter_context(_installed(routes, STUBS))
+        from . import cuda_rnn
+
+        kernels = {"CompositeImplicitAutograd": _routes(self.capability, self.cudnn_version,
+                                                        self._on_attention),
+                   "CPU": {name: _stub(name) for name in STUBS},
+                   "Meta": cuda_rnn.META, "AutocastCPU": cuda_rnn.autocast_routes()}
+        self._stack.enter_context(_installed(kernels, cuda_rnn.forget_cached))
         return self
 
     def __exit__(self, *exc):
         return self._stack.__exit__(*exc)
 
     def outputs(self, func, args, kwargs, out):
-        from . import sdpa
+        from . import cuda_rnn, sdpa
 
         rule = OUTPUT_RULES.get(func)
         if rule is not None:
             out = rule(args, out)
+        out = cuda_rnn.outputs(func, args, kwargs, out)
         real = sdpa.cuda_outputs(func, args, out, kwargs)
         if real is not None:  # what the CUDA kernel allocates, where its meta kernel differs
             out = tuple(o if r is None else torch.empty(r[0], dtype=r[1])
@@ -265,14 +288,22 @@ class CudaKernels:
         return self._host.get(func, ())
 
     def workspaces(self, func, args, kwargs, out) -> list:
-        from . import sdpa
+        from . import cuda_rnn, cuda_workspaces, sdpa
 
-        return sdpa.workspace_bytes(func, args, out, kwargs, capability=self.capability)
+        return (sdpa.workspace_bytes(func, args, out, kwargs, capability=self.capability)
+                + cuda_rnn.workspace_bytes(func, args, kwargs, out)
+                + cuda_workspaces.workspace_bytes(func, args, kwargs, out,
+                                                  capability=self.capability))
 
     def unmodelled(self, func, args, kwargs, out) -> str | None:
         """What the CUDA kernel of ``func`` allocates that no formula sizes, or None."""
+        from . import cuda_rnn, cuda_workspaces
+
         rule = UNMODELLED.get(func)
-        return None if rule is None else rule(args, kwargs, out)
+        what = None if rule is None else rule(args, kwargs, out)
+        return (what or cuda_rnn.unmodelled(func, args, kwargs, out)
+                or cuda_workspaces.unmodelled(func, args, kwargs, out,
+                                              capability=self.capability))
 
 
 def cuda_kernels(capability=(9, 0), cudnn_version: int | None = None) -> CudaKernels:
@@ -305,9 +336,11 @@ def _stub(name):
 
 
 @contextlib.contextmanager
-def _installed(routes: dict, stubs=()) -> Iterator[None]:
-    """Replace the CompositeImplicitAutograd kernels of ``routes``' ops and give the CUDA-only
-    ops ``stubs`` a CPU kernel; restore everything on exit. Process-wide while active (like
+def _installed(kernels: dict, forget: Callable = lambda: None) -> Iterator[None]:
+    """Register ``kernels`` (dispatch key -> {aten op name: kernel}): routes replace
+    CompositeImplicitAutograd kernels, stubs give CUDA-only ops a CPU kernel, meta kernels
+    and CUDA's autocast kernels fill in; restore everything on exit, then ``forget`` what
+    the fake tensor mode cached from them. Process-wide while active (like
     :func:`fxmem.amp.emulate`), so not re-entrant."""
     if not _lock.acquire(blocking=False):
         raise InputError("fxmem's CUDA kernel semantics are already active (not re-entrant)")
@@ -316,14 +349,14 @@ def _installed(routes: dict, stubs=()) -> Iterator[None]:
         lib = torch.library.Library("aten", "IMPL")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
-            for name, kernel in routes.items():
-                lib.impl(name, kernel, "CompositeImplicitAutograd")
-            for name in stubs:
-                lib.impl(name, _stub(name), "CPU")
+            for key, table in kernels.items():
+                for name, kernel in table.items():
+                    lib.impl(name, kernel, key)
         yield
     finally:
         if lib is not None:
             lib._destroy()
+            forget()
         _lock.release()
 
 
@@ -341,7 +374,64 @@ RULES: tuple = (
                "B·H·L² probabilities or dropout mask for the fused ones",
                "aten/src/ATen/native/transformers/attention.cpp: scaled_dot_product_attention; "
                "aten/src/ATen/native/transformers/cuda/sdp_utils.cpp: select_sdp_backend "
-               "(fxmem/sdpa.py)"),
+               "(fxmem/sdpa.py)",
+               checked=SDPA_CHECKED_ON),
+    KernelRule("softmax.int, log_softmax.int", "route",
+               "a float16 input asked for float32 runs _softmax(half_to_float=True): no float32 "
+               "copy of the input first, a float16 gradient (CUDA autocast asks this of every "
+               "float16 softmax)",
+               "aten/src/ATen/native/SoftMax.cpp: softmax, log_softmax"),
+    KernelRule("_fused_rms_norm", "stub",
+               "rms_norm runs CUDA's fused kernel, which saves the input, the weight and a "
+               "float32 rstd per row; the CPU decomposes it above autograd (float32 copies saved)",
+               "aten/src/ATen/native/layer_norm.cpp: rms_norm_symint; "
+               "aten/src/ATen/native/cuda/layer_norm_kernel.cu: _fused_rms_norm_cuda"),
+    KernelRule("native_batch_norm", "outputs",
+               "save_mean and save_invstd {C} in the accumulate type, in eval too (native "
+               "kernel); cuDNN's are float32 in training and empty in eval",
+               "aten/src/ATen/native/cuda/Normalization.cu: batch_norm_cuda; "
+               "aten/src/ATen/native/cudnn/BatchNorm.cpp: cudnn_batch_norm"),
+    KernelRule("native_batch_norm", "unmodelled",
+               "cuDNN's reserve space (kept for backward) and workspaces, when cuDNN runs",
+               "aten/src/ATen/native/Normalization.cpp: _select_batch_norm_backend"),
+    KernelRule("log_sigmoid_forward", "outputs",
+               "the buffer is empty on CUDA (only the CPU kernel uses it)",
+               "aten/src/ATen/native/cuda/Activation.cpp: log_sigmoid_forward_cuda"),
+    KernelRule("lstm, gru, rnn_tanh, rnn_relu (.input, .data); lstm_cell, gru_cell", "route",
+               "cuDNN's _cudnn_rnn when use_cudnn (else matmul and the fused cells per step); "
+               "the cells: _thnn_fused_lstm_cell / _thnn_fused_gru_cell (fxmem/cuda_rnn.py)",
+               "aten/src/ATen/native/RNN.cpp: use_cudnn, _cudnn_impl, LSTMCell, GRUCell; "
+               "aten/src/ATen/native/cudnn/RNN.cpp: _cudnn_rnn"),
+    KernelRule("_cudnn_rnn, _cudnn_rnn_backward", "workspace",
+               "the batch_first input made time-major, backward's copies of the input and the "
+               "gradients (fxmem.cuda_rnn.workspace_bytes)",
+               "aten/src/ATen/native/cudnn/RNN.cpp: _cudnn_rnn, _cudnn_rnn_backward_input"),
+    KernelRule("_cudnn_rnn", "unmodelled",
+               "the training reserve space (kept for backward), workspaces and the dropout "
+               "state: sized inside cuDNN",
+               "aten/src/ATen/native/cudnn/RNN.cpp: _cudnn_rnn, get_dropout_state"),
+    KernelRule("embedding_dense_backward", "workspace",
+               "above 3,072 indices (or with scale_grad_by_freq): the sorted and original "
+               "indices, CUB's radix-sort storage, segment offsets and the per-segment "
+               "partial sums (P×D in the accumulate type, or the fused path's V×D float32 for "
+               "16-bit gradients) while the kernel runs (fxmem/cuda_workspaces.py)",
+               "aten/src/ATen/native/cuda/Embedding.cu: embedding_dense_backward_cuda; "
+               "EmbeddingBackwardKernel.cu: embedding_backward_cuda_kernel"),
+    KernelRule("index_put (accumulate), index_add_ (deterministic)", "workspace",
+               "the sort-based kernel: linear indices, sorted and original indices, the "
+               "expanded values, CUB's radix-sort storage (fxmem/cuda_workspaces.py)",
+               "aten/src/ATen/native/cuda/Indexing.cu: index_put_with_sort_kernel"),
+    KernelRule("native_group_norm, native_group_norm_backward", "workspace",
+               "{N, C} and {N, G} temporaries in the accumulate type",
+               "aten/src/ATen/native/cuda/group_norm_kernel.cu"),
+    KernelRule("native_layer_norm_backward, _fused_rms_norm_backward", "workspace",
+               "above 65,536 rows with few columns, per-block partial sums for the weight "
+               "gradients; dY made contiguous",
+               "aten/src/ATen/native/cuda/layer_norm_kernel.cu: "
+               "LaunchGammaBetaBackwardCUDAKernel"),
+    KernelRule("native_layer_norm_backward", "outputs",
+               "dX is contiguous (the fake kernel gives it dY's strides)",
+               "aten/src/ATen/native/cuda/layer_norm_kernel.cu: layer_norm_backward_cuda"),
     KernelRule("native_layer_norm", "outputs",
                "mean and rstd in the accumulate type (float32 for float16 and bfloat16 "
                "inputs); the CPU kernel keeps the input's dtype",
@@ -351,14 +441,16 @@ RULES: tuple = (
                "CUDA-graph capture: no device memory (fxmem.sdpa.HOST_OUTPUTS); flash's "
                "rng_state and cuDNN's seed and offset are CUDA tensors",
                "aten/src/ATen/native/transformers/cuda/attention.cu: "
-               "_efficient_attention_forward (Note [Seed and Offset Device])"),
+               "_efficient_attention_forward (Note [Seed and Offset Device])",
+               checked=SDPA_CHECKED_ON),
     KernelRule("_scaled_dot_product_flash_attention, _scaled_dot_product_cudnn_attention",
                "outputs",
                "flash's rng_state (2 uint64) and its unused scalar, cuDNN's seed and offset are "
                "CUDA tensors; cuDNN's logsumexp exists only when it is needed for backward "
                "(the meta kernels say otherwise: fxmem.sdpa.META_CORRECTIONS)",
                "aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp: mha_fwd; "
-               "attention.cu: _cudnn_attention_forward"),
+               "attention.cu: _cudnn_attention_forward",
+               checked=SDPA_CHECKED_ON),
     KernelRule("_scaled_dot_product_flash_attention(_backward), "
                "_scaled_dot_product_efficient_attention(_backward), "
                "_scaled_dot_product_cudnn_attention_backward", "workspace",
@@ -367,5 +459,6 @@ RULES: tuple = (
                "backward's delta and kernel workspace, ... (fxmem.sdpa.WORKSPACES, "
                "workspace_bytes); cuDNN's own graph workspace is sized inside cuDNN",
                "aten/src/ATen/native/transformers/cuda/attention_backward.cu; "
-               "flash_api.cpp: mha_bwd; mem_eff_attention/kernel_backward.h: workspace_size"),
+               "flash_api.cpp: mha_bwd; mem_eff_attention/kernel_backward.h: workspace_size",
+               checked=SDPA_CHECKED_ON),
 )

@@ -26,7 +26,7 @@ import sympy
 from . import poly as P
 from .allocator import device_sizes
 from .graph import StorageGraph
-from .symbols import B
+from .symbols import B, Size
 
 
 @dataclass(frozen=True)
@@ -209,9 +209,10 @@ def prune(cands: list[Candidate]) -> tuple[list[Candidate], list]:
     for i, c in enumerate(bounded):
         if i in on_env:
             kept.append(c)
-        elif c.lo != c.hi and not _le_pieces(c.hi, lows, pieces):
+        elif c.lo != c.hi and not _le_pieces(c.hi, lows, pieces) \
+                and not _below_by_branch(c, lows, pieces):
             kept.append(c)
-    kept += unbounded
+    kept += [c for c in unbounded if not _below_by_branch(c, lows, pieces)]
     for k in [c for c in kept if c.lo is None or c.lo != c.hi]:
         if any(j is not k and _dominates(j, k) for j in kept):
             kept.remove(k)  # one at a time, so one of two equal functions always stays
@@ -237,11 +238,75 @@ def _dominates(j: Candidate, k: Candidate) -> bool:
     return P.first_positive_at_or_after(P.scale(diff, -1), 1) is None
 
 
-def _le_pieces(p, lows, pieces) -> bool:
-    """p <= the envelope given by ``pieces`` over [1, inf)."""
+def _branch_points(c: Candidate) -> list:
+    """Integers where a branch of the candidate's sizes may change (a kernel's ``Piecewise``
+    condition, ``Min`` / ``Max`` arguments crossing), from 1 up; [] when a branch is not a
+    threshold in B."""
+    points = {1}
+    for _, size in c.extras:
+        for node in sympy.preorder_traversal(size.expr):
+            if isinstance(node, sympy.Piecewise):
+                exprs = [cond.lhs - cond.rhs for _, cond in node.args
+                         if isinstance(cond, sympy.core.relational.Relational)]
+            elif isinstance(node, (sympy.Min, sympy.Max)):
+                exprs = [a - b for a, b in zip(node.args, node.args[1:])]
+            else:
+                continue
+            for e in exprs:  # floor(x) and ceiling(x) cross where x does, within 1
+                e = e.replace(lambda x: isinstance(x, (sympy.floor, sympy.ceiling)),
+                              lambda x: x.args[0])
+                if e.free_symbols != {B} or not e.is_polynomial(B) or sympy.degree(e, B) != 1:
+                    return []
+                x = sympy.Symbol("x", real=True)
+                for root in sympy.solve(e.xreplace({B: x}), x):
+                    r = int(sympy.floor(root))
+                    points |= {max(1, r + k) for k in (-1, 0, 1, 2)}
+    return sorted(points)
+
+
+def _at_branch(e, b: int):
+    """``e`` with each ``Piecewise``, ``Min`` and ``Max`` replaced by the argument it takes
+    at B = ``b``."""
+    def piece(x):
+        return next(v for v, cond in x.args if bool(cond.subs(B, b)))
+
+    def extreme(x):
+        vals = [arg.subs(B, b) for arg in x.args]
+        pick = min if isinstance(x, sympy.Min) else max
+        return x.args[pick(range(len(vals)), key=vals.__getitem__)]
+
+    e = e.replace(lambda x: isinstance(x, sympy.Piecewise), piece)
+    return e.replace(lambda x: isinstance(x, (sympy.Min, sympy.Max)), extreme)
+
+
+def _below_by_branch(c: Candidate, lows, pieces) -> bool:
+    """``c`` <= the envelope on [1, inf), shown interval by interval between the points where
+    its sizes' branches change: on each, every ``Piecewise``, ``Min`` and ``Max`` is one of its
+    arguments, so the bounds are that argument's (a kernel's workspace that exists only above
+    some size bounds nothing below it)."""
+    points = _branch_points(c)
+    if len(points) < 2:
+        return False
+    for a, b in zip(points, points[1:] + [None]):
+        hi = c.poly
+        for n, size in c.extras:
+            bd = Size.of(_at_branch(size.expr, a))
+            if bd.hi is None:
+                return False
+            hi = P.add(hi, P.scale(bd.hi, n))
+        if not _le_pieces(hi, lows, pieces, a, b):
+            return False
+    return True
+
+
+def _le_pieces(p, lows, pieces, start=1, stop=None) -> bool:
+    """p <= the envelope given by ``pieces`` over [start, stop) (stop None: infinity)."""
     for k, (x0, i) in enumerate(pieces):
         x1 = pieces[k + 1][0] if k + 1 < len(pieces) else None
-        r = P.first_positive_at_or_after(P.sub(p, lows[i]), x0)
-        if r is not None and (x1 is None or r < x1):
+        if (stop is not None and x0 >= stop) or (x1 is not None and x1 <= start):
+            continue
+        r = P.first_positive_at_or_after(P.sub(p, lows[i]), max(x0, start))
+        end = x1 if stop is None else stop if x1 is None else min(x1, stop)
+        if r is not None and (end is None or r < end):
             return False
     return True

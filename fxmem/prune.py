@@ -32,6 +32,7 @@ import numpy as np
 import sympy
 
 from .guards import shifted
+from .symbols import choice_parts
 
 
 def prune_rows(sizes, rows, lows: dict) -> list:
@@ -56,8 +57,11 @@ def prune_rows(sizes, rows, lows: dict) -> list:
     # a convex combination of two others bounds it
     for i in list(alive):
         others = [j for j in alive if j != i]
-        bounds, bad = _difference_bounds(rows[others] - rows[i], lo, hi, unbounded)
-        if len(others) >= 2 and _pair_bounds(bounds[~bad].tolist()):
+        if len(others) < 2:
+            continue
+        diff = rows[others] - rows[i]
+        bounds, bad = _difference_bounds(diff, lo, hi, unbounded)
+        if _pair_bounds(bounds[~bad].tolist()) or _exact_pair(diff, lo, hi, unbounded):
             alive.remove(i)
     return alive
 
@@ -93,7 +97,7 @@ def _bound_matrices(sizes, lows):
 
 def _lo_hi(e):
     """Polynomials (lo, hi) with lo <= e <= hi for integer symbols, or None."""
-    if not e.has(sympy.ceiling, sympy.floor):
+    if not e.has(sympy.ceiling, sympy.floor, sympy.Piecewise, sympy.Min, sympy.Max):
         return (e, e) if e.is_polynomial() else None
     if e.is_Add:
         parts = [_lo_hi(a) for a in e.args]
@@ -114,7 +118,28 @@ def _lo_hi(e):
         # the argument is p/q with p an integer: ceiling adds at most (q - 1)/q
         slack = sympy.Rational(den - 1, den) if den.is_Integer else sympy.Integer(1)
         return (b[0], b[1] + slack) if isinstance(e, sympy.ceiling) else (b[0] - slack, b[1])
+    choices = choice_parts(e)
+    if choices is not None:  # a kernel's size chosen by a branch: 0 <= it <= a polynomial
+        parts = [_lo_hi(c) for c in choices[0]]
+        if any(p is None or not _nonnegative(p[0]) for p in parts):
+            return None
+        his = [p[1] for p in parts]
+        if choices[1] == "min":
+            return sympy.Integer(0), min(his, key=lambda h: (_degree(h), len(h.args)))
+        return sympy.Integer(0), sympy.Add(*his)
     return None
+
+
+def _degree(p) -> int:
+    p = sympy.expand(p)
+    return 0 if p.is_number else sympy.Poly(p).total_degree()
+
+
+def _nonnegative(p) -> bool:
+    """A polynomial with no negative coefficient: >= 0 for non-negative symbols."""
+    p = sympy.expand(p)
+    return p.is_number and p >= 0 or (p.is_polynomial() and
+                                      all(c >= 0 for c in sympy.Poly(p).coeffs()))
 
 
 def _difference_bounds(diff, lo, hi, unbounded):
@@ -124,6 +149,66 @@ def _difference_bounds(diff, lo, hi, unbounded):
     out = np.maximum(diff, 0).dot(lo) + np.minimum(diff, 0).dot(hi)
     bad = (diff < 0)[:, unbounded].any(axis=1) if unbounded.any() else np.zeros(len(diff), bool)
     return out, bad
+
+
+def _exact_pair(diff, lo, hi, unbounded) -> bool:
+    """Like :func:`_pair_bounds`, but the counts are mixed before they are bounded: for rows
+    ``j``, ``k`` and ``lam``, ``c = lam*(j - i) + (1 - lam)*(k - i)`` counts each size, and
+    ``c.lo + min(c, 0).(hi - lo)`` bounds ``lam*j + (1 - lam)*k - i`` below. A size the three
+    rows hold alike (the same transient workspace, the same rounded mask) then costs no slack,
+    where bounding each difference first costs it twice. Each coefficient is concave and
+    piecewise linear in ``lam``, linear between the points where some ``c_s`` changes sign:
+    a feasible ``lam`` is found segment by segment, exactly."""
+    diff = np.asarray(diff, dtype=object)
+    lin = diff.dot(np.asarray(lo, dtype=object))  # the exact part of each difference
+    width = np.asarray(hi, dtype=object) - np.asarray(lo, dtype=object)
+    loose = [s for s in range(diff.shape[1]) if unbounded[s] or any(width[s])]
+    loose = [s for s in loose if (diff[:, s] < 0).any()]  # a size never short costs nothing
+    n = len(diff)
+    for x in range(n):
+        for y in range(x + 1, n):
+            if not _lam_exists(lin[x], lin[y]):
+                continue  # not even the exact parts mix to >= 0: slack only subtracts
+            if _lam_on_segments(diff[x], diff[y], lin[x], lin[y], width, loose, unbounded):
+                return True
+    return False
+
+
+def _lam_on_segments(dx, dy, lx, ly, width, loose, unbounded) -> bool:
+    # each loose size's count c_s(lam) = lam*a + (1 - lam)*b: always negative, or negative
+    # past (or before) the point z where it crosses 0
+    always, falling, rising, cuts = [], [], [], {Fraction(0), Fraction(1)}
+    for s in loose:
+        a, b = dx[s], dy[s]
+        if a < 0 and b < 0:
+            always.append(s)
+        elif a < 0 <= b or b < 0 <= a:
+            z = Fraction(b, b - a)
+            cuts.add(z)
+            (falling if a < 0 else rising).append((z, s))  # falling: negative for lam > z
+    if any(unbounded[s] for s in always):
+        return False
+    cuts = sorted(cuts)
+    for p, q in zip(cuts, cuts[1:]):
+        neg = always + [s for z, s in falling if z <= p] + [s for z, s in rising if z >= q]
+        if any(unbounded[s] for s in neg):
+            continue
+        least, most = p, q
+        for m in range(len(lx)):
+            # g(lam) = base + lam*slope on [p, q]
+            base = ly[m] + sum(dy[s] * width[s][m] for s in neg)
+            slope = lx[m] - ly[m] + sum((dx[s] - dy[s]) * width[s][m] for s in neg)
+            if slope > 0:
+                least = max(least, Fraction(-base, slope))
+            elif slope < 0:
+                most = min(most, Fraction(base, -slope))
+            elif base < 0:
+                least, most = Fraction(1), Fraction(0)
+            if least > most:
+                break
+        if least <= most:
+            return True
+    return False
 
 
 def _pair_bounds(usable: list) -> bool:

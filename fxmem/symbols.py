@@ -71,7 +71,9 @@ def plain(expr) -> sympy.Expr:
     rules = {F.FloorDiv: lambda a, b: sympy.floor(a / b),
              F.CeilDiv: lambda a, b: sympy.ceiling(a / b),
              F.IntTrueDiv: lambda a, b: a / b,
-             F.CeilToInt: sympy.ceiling, F.FloorToInt: sympy.floor}
+             F.CeilToInt: sympy.ceiling, F.FloorToInt: sympy.floor,
+             F.Min: sympy.Min, F.Max: sympy.Max,  # torch's own classes, sympy's names
+             F.Where: lambda c, a, b: sympy.Piecewise((a, c), (b, True))}
     if not any(expr.has(f) for f in rules):
         return expr
     return expr.replace(lambda e: type(e) in rules, lambda e: rules[type(e)](*e.args))
@@ -105,6 +107,31 @@ def bounds(expr) -> tuple[P.Poly, P.Poly] | None:
         if isinstance(expr, sympy.floor):
             return P.add(b[0], (Fraction(-1),)), b[1]
         return b[0], P.add(b[1], (Fraction(1),))
+    choices = choice_parts(expr)
+    if choices is not None:  # a kernel's size that depends on a branch: >= 0, <= one poly
+        parts = [bounds(c) for c in choices[0]]
+        if any(p is None or any(c < 0 for c in p[0]) for p in parts):
+            return None
+        his = [p[1] for p in parts]
+        if choices[1] == "min":  # at most any of them: the one of least degree
+            return P.ZERO, min(his, key=lambda h: (len(h), h))
+        hi = P.ZERO
+        for h in his:
+            hi = P.add(hi, h)
+        return P.ZERO, hi
+    return None
+
+
+def choice_parts(expr):
+    """``(values, kind)`` when ``expr`` picks one of several values (``Piecewise``, ``Min``,
+    ``Max``: what a kernel's size is when it branches on a symbolic size), else None; kind is
+    ``"min"`` for ``Min`` (at most any value) and ``"one"`` otherwise (one of them)."""
+    if isinstance(expr, sympy.Piecewise):
+        return [v for v, _ in expr.args], "one"
+    if isinstance(expr, sympy.Min):
+        return list(expr.args), "min"
+    if isinstance(expr, sympy.Max):
+        return list(expr.args), "one"
     return None
 
 
@@ -145,7 +172,11 @@ class Size:
         """The size rounded up to a multiple of ``block`` bytes (e.g. CUDA's 512)."""
         if self.exact and all(c.denominator == 1 and int(c) % block == 0 for c in self.lo):
             return self
-        expr = block * sympy.ceiling(self.expr / block)
+        if isinstance(self.expr, sympy.Piecewise):  # round each branch: a readable formula
+            expr = sympy.Piecewise(*((block * sympy.ceiling(v / block), c)
+                                     for v, c in self.expr.args))
+        else:
+            expr = block * sympy.ceiling(self.expr / block)
         lo = self.lo
         hi = P.add(self.hi, (Fraction(block - 1),)) if self.hi is not None else None
         return Size(expr, lo, hi, lambda b, f=self._fn: -(-f(b) // block) * block)

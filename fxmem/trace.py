@@ -213,6 +213,11 @@ class _Recorder(StorageTracker):
         if new or sid not in self.names:
             self.names[sid] = (category, name)
 
+    def composite(self, func) -> bool:
+        # a CUDA-only op given a stub CPU kernel (fxmem.kernels) is a kernel, as on CUDA
+        return super().composite(func) and not (self.kernels is not None
+                                                and func in self.kernels.stubbed)
+
     def name_workspace(self, sid: int, what: str) -> None:
         self.names[sid] = ("temporary", what)
 
@@ -265,10 +270,10 @@ class _Recorder(StorageTracker):
     def workspaces(self, func, args, kwargs, out) -> list:
         if self.kernels is None:
             return []
-        made = []
-        for what, nbytes in self.kernels.workspaces(func, args, kwargs, out):
-            made.append((torch.empty(nbytes, dtype=torch.uint8), what))
-        return made
+        # an empty tensor stands for each (a storage of its own), its size given as is: a
+        # symbolic size through torch.empty could meet the fake mode's dispatch cache
+        return [(torch.empty(0, dtype=torch.uint8), what, nbytes)
+                for what, nbytes in self.kernels.workspaces(func, args, kwargs, out)]
 
     def output_nbytes(self, func, args, kwargs, t):
         if self._host and any(t is h for h in self._host):
@@ -660,7 +665,8 @@ def _run(model, spec: StepSpec, mode, rec: _Recorder, sym, batch, hint, handles,
     # Only models with RNN modules get the router: any active torch-function mode turns off
     # fast paths such as nn.TransformerEncoderLayer's fused inference kernel.
     has_rnn = any(isinstance(m, torch.nn.RNNBase) for m in model.modules())
-    router = RNNRouter() if has_rnn else contextlib.nullcontext()
+    # On CUDA, fxmem.kernels routes the RNNs to what the CUDA build runs instead.
+    router = RNNRouter() if has_rnn and rec.kernels is None else contextlib.nullcontext()
     # The fake parameters stay in place for the whole step, not just the forward: a
     # checkpointed module's forward runs again during backward.
     swap = _reparametrize_module(model, state, tie_weights=True)

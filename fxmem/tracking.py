@@ -108,7 +108,7 @@ class StorageTracker(TorchDispatchMode):
     # dispatch -------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if _composite(func):
+        if self.composite(func):
             # Only under inference_mode (autograd's keys excluded) does a composite op such
             # as aten.lstm.input reach this mode whole; its C++ body would then allocate
             # unseen. Run that body (not a Python decomposition registered for it) with this
@@ -128,12 +128,16 @@ class StorageTracker(TorchDispatchMode):
                 if is_new:
                     new.append(sid)
         temporaries = self.workspaces(func, args, kwargs, out)
-        for t, what in temporaries:  # made by the kernel, freed when it ends (after this op)
-            sid, _ = self.register(t, index)
+        for t, what, nbytes in temporaries:  # made by the kernel, freed when it ends
+            sid, _ = self.register(t, index, nbytes)
             self.name_workspace(sid, what)
             new.append(sid)
         self.on_op(index, func, args, kwargs, out, outs, new)
         return out
+
+    def composite(self, func) -> bool:
+        """Does ``func`` reach this mode whole although its kernel is a composite?"""
+        return _composite(func)
 
     def run_op(self, func, args, kwargs):
         return func(*args, **kwargs)
@@ -143,8 +147,9 @@ class StorageTracker(TorchDispatchMode):
         return None
 
     def workspaces(self, func, args, kwargs, out) -> list:
-        """``(tensor, what)`` for each temporary the real kernel of ``func`` allocates while
-        it runs (beyond its outputs): recorded as storages the op creates, freed after it."""
+        """``(tensor, what, nbytes)`` for each temporary the real kernel of ``func``
+        allocates while it runs (beyond its outputs): recorded as storages of ``nbytes`` the op
+        creates (``tensor`` stands for it), freed after it."""
         return []
 
     def name_workspace(self, sid: int, what: str) -> None:

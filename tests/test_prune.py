@@ -11,7 +11,10 @@ from fxmem.prune import prune_rows
 from fxmem.symbols import B, L
 
 SIZES = [B * L, B * L**2, L, sympy.Integer(1), 512 * sympy.ceiling(3 * B * L / 512),
-         512 * sympy.ceiling((B * L**2 + 7) / 512), sympy.floor(B * L / 3)]
+         512 * sympy.ceiling((B * L**2 + 7) / 512), sympy.floor(B * L / 3),
+         # a CUDA kernel's temporary that depends on a branch (fxmem.cuda_workspaces)
+         sympy.Piecewise((8 * B * L, B * L > 20), (0, True)),
+         3 * sympy.Min(50, sympy.floor(B * L / 2))]
 
 
 def _value(sizes, row, b, n):
@@ -56,3 +59,18 @@ def test_rounding_is_bounded_not_ignored():
     odd = sympy.Mod(B, 7)
     assert prune_rows([odd, sympy.Integer(1)], [[1, 0], [0, 6]], {B: 1}) == [0, 1]
     assert prune_rows([odd, sympy.Integer(1)], [[1, 5], [0, 1]], {B: 1}) == [0]
+
+
+def test_rounded_sizes_mixed_before_they_are_bounded():
+    """7BL-ish midway between two rows, with a rounded mask (768 BL bytes rounded to 512) held
+    1, 2 and 0 times: the exact mix at lam = 1/2 holds no mask, so no rounding slack."""
+    mask = 512 * sympy.ceiling(3 * B * L / 2)
+    rows = [[10, 2, 0], [5, 1, 5000], [0, 0, 10000]]
+    assert prune_rows([B * L, mask, sympy.Integer(1)], rows, {B: 1, L: 1}) == [0, 2]
+
+
+def test_a_branching_size_is_bounded_by_its_branches():
+    ws = sympy.Piecewise((8 * B * L, B * L > 3072), (0, True))
+    # 8BL >= the workspace everywhere; the workspace alone bounds nothing
+    assert prune_rows([ws, B * L], [[1, 0], [0, 8]], {B: 1, L: 1}) == [1]
+    assert prune_rows([ws, B * L], [[1, 0], [0, 7]], {B: 1, L: 1}) == [0, 1]

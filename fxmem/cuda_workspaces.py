@@ -1,0 +1,400 @@
+"""Temporaries that PyTorch's CUDA kernels allocate and free inside one op (beyond SDPA).
+
+:func:`workspace_bytes` gives, for the ops in :data:`OPS`, the ``(what, nbytes)`` the CUDA
+kernel has alive together at its peak (allocated through the caching allocator, freed before
+it returns): their sum is the op's peak extra bytes. ``nbytes`` is an int or a SymInt in the
+op's symbolic sizes; a size-dependent branch of the kernel becomes ``torch.sym_ite``, never a
+guard. :func:`unmodelled` names what the formulas leave out.
+
+Read for torch 2.13.0 (git cf30153c), whose cu130 libtorch_cuda.so has the fused embedding
+kernel (``compute_grad_weight_atomic_accumulate``), no NHWC GroupNorm, and CCCL 3.0.1. Sources
+(not stored at that commit): copies of recent main's EmbeddingBackwardKernel.cu, Embedding.cu,
+Indexing.cu, TensorAdvancedIndexing.cpp, layer_norm_kernel.cu and group_norm_kernel.cu; the
+installed ATen/cuda/cub.cuh, cub.h, cub-RadixSortPairs.cuh; CCCL 3.0.1's cub/device/dispatch.
+:func:`radix_sort_temp_bytes` equals what CCCL 3.0.1's host code returns (run without a GPU)
+for n up to 3e8, 4- and 8-byte keys, 8 to 64 bits, sm75 to sm120.
+
+>>> import torch
+>>> aten = torch.ops.aten
+>>> grad, ids = torch.empty(4096, 768), torch.zeros(4096, dtype=torch.long)
+>>> ws = dict(workspace_bytes(aten.embedding_dense_backward.default,
+...                           (grad, ids, 50257, -1, False), {}, None))
+>>> ws["grad_weight_per_segment (two-pass path)"] == (4096 // 10 + 4096) * 768 * 4
+True
+>>> workspace_bytes(aten.embedding_dense_backward.default,  # n <= 3072: no temporaries
+...                 (grad[:3072], ids[:3072], 50257, -1, False), {}, None)
+[]
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from fractions import Fraction
+from functools import reduce
+
+import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true as _known
+
+from .sdpa import _DEFAULT_SMS, _by_name
+
+aten = torch.ops.aten
+_HALF = (torch.float16, torch.bfloat16)
+
+
+# --- symbolic helpers: decided without guards when the ShapeEnv can, else exact expressions -------
+
+_cdiv = lambda a, b: (a + b - 1) // b  # ceil_div, SymInt-friendly
+_r256 = lambda x: _cdiv(x, 256) * 256  # cub/util_temporary_storage.cuh AliasTemporaries slots
+_masked = lambda indices: any(t is not None and t.dtype in (torch.bool, torch.uint8)
+                              for t in indices)
+_acc = lambda t: 4 if t.dtype in _HALF else t.element_size()  # acc type: fp32 for fp16/bf16
+
+
+def _decide(c):
+    if isinstance(c, torch.SymBool):
+        return True if _known(c) else False if _known(torch.sym_not(c)) else c
+    return c
+
+
+def _and(*conds):
+    conds = [c for c in map(_decide, conds) if c is not True]
+    return False if any(c is False for c in conds) else reduce(operator.and_, conds, True)
+
+
+def _ite(cond, a, b):
+    cond = _decide(cond)
+    if isinstance(cond, bool):
+        return a if cond else b
+    wrap = lambda x: x if isinstance(x, torch.SymInt) else torch.SymInt(cond.node.wrap_int(x))
+    return torch.sym_ite(cond, wrap(a), wrap(b))
+
+
+def _peak(phases: dict) -> list:
+    """The temporaries of the phase with the largest sum; when that depends on the symbols,
+    the phase largest at the size hints plus ``Max(0, the others' sum - its sum)``."""
+    totals = {k: sum(n for _, n in v) for k, v in phases.items()}
+    main = max(totals, key=lambda k: (totals[k] if isinstance(totals[k], int)
+                                      else totals[k].node.hint) or 0)
+    rest = [k for k in totals if k != main and not _known(totals[k] <= totals[main])]
+    other = reduce(torch.sym_max, [totals[k] for k in rest], 0)
+    return phases[main] + ([(f"kernel's {'/'.join(rest)} phase peak above this set",
+                             torch.sym_max(0, other - totals[main]))] if rest else [])
+
+
+def _contiguous(sizes, strides=None) -> bool:
+    """Contiguous for all values of the symbols; False when not provable, and no guards
+    (torch._prims_common.is_contiguous_or_false guards backed symbols)."""
+    if strides is None:
+        sizes, strides = sizes.shape, sizes.stride()
+    if _known(math.prod(sizes) < 2):
+        return True
+    expected = 1
+    for size, stride in reversed(list(zip(sizes, strides))):
+        if not _known(size == 1):
+            if not _known(stride == expected):
+                return False
+            expected = expected * size
+    return True
+
+
+# at::globalContext().deterministicAlgorithms(), true with warn_only too
+_deterministic = torch.are_deterministic_algorithms_enabled
+_clean = lambda ws: [(w, n) for w, n in ws if not _known(n == 0)]
+
+
+# --- CUB radix sort (CCCL 3.0.1, as in the 2.13.0+cu130 wheel) -----------------------------------
+
+# tuning_radix_sort.cuh for key = value = int32 / int64 and the unsigned long long offsets that
+# DeviceRadixSort::SortPairs takes for an int64 num_items: OnesweepPolicy threads x items after
+# RegBoundScaling (items * 4 / sizeof(key); threads capped by 48 KiB of shared memory):
+# Policy700 <256, 46 | 23>, Policy800 <384, 17 | 21>, Policy900/1000 (OnesweepLargeKeyPolicy)
+# <384, 17 | 24>. The policy is the one of the wheel's cubin for the device (sm75, 80, 86, 90,
+# 100, 120): 700 below sm80, 800 for sm8x, 900 from sm90 (Policy1000's tiles are the same).
+_ONESWEEP_TILE = {700: {4: 256 * 46, 8: 256 * 11}, 800: {4: 384 * 17, 8: 384 * 10},
+                  900: {4: 384 * 17, 8: 384 * 12}}
+
+
+def _tile(capability, key_size):
+    cap = tuple(capability)
+    return _ONESWEEP_TILE[700 if cap < (8, 0) else 800 if cap < (9, 0) else 900][key_size]
+
+
+def radix_sort_temp_bytes(n, key_size, passes, capability=(9, 0), n_lo=0):
+    """``temp_storage_bytes`` of ``cub::DeviceRadixSort::SortPairs`` (keys and values of
+    ``key_size`` bytes, not overwritable; ``passes`` = ceil(bits / 8)) that
+    at::cuda::cub::radix_sort_pairs allocates (cub.cuh CUB_WRAPPER); ``n_lo``: known n >= n_lo.
+    dispatch_radix_sort.cuh ``Invoke``: 1 byte when n fits one SingleTilePolicy tile (256
+    threads x 19 * 4 / key_size items); else ``InvokeOnesweep``: bins, lookback, the alternate
+    keys and values (when passes > 1), counters, each 256-aligned, plus 255."""
+    tile = _tile(capability, key_size)
+    portion = ((1 << 28) - 1) // tile * tile
+    portions, blocks = _cdiv(n, portion), _cdiv(torch.sym_min(n, portion), tile)
+    onesweep = (_r256(portions * passes * 256 * 8) + _r256(blocks * 256 * 4)
+                + _ite(passes > 1, 2 * _r256(n * key_size), 0)
+                + _r256(portions * passes * 4) + 255)
+    single = 256 * (19 * 4 // key_size)
+    return onesweep if n_lo > single else _ite(n > single, onesweep, 1)
+
+
+# --- 1. embedding_dense_backward ---------------------------------------------------------------
+
+def _embedding_dense_backward(a, cap, sms):
+    """Embedding.cu ``embedding_dense_backward_cuda``, EmbeddingBackwardKernel.cu
+    ``embedding_backward_cuda_kernel``. n = indices.numel(), s = sizeof(index), m = min(n, V),
+    P = n // 10 + m. Path A (n <= 3072, no scale_grad_by_freq): nothing. Path B, alive
+    together in each phase: sort: sorted/orig indices, range, CUB's sort storage;
+    unique_by_key: sorted/orig, [count], segment_offsets, num_of_segments, keys_out (n);
+    segments: sorted/orig, [count], segment_offsets, num_of_segments, partials_per_segment
+    and its offsets (m each), num_of_partial_segments, partial_segment_offset (P), then the
+    fused atomic path's partial_to_segment_idx (P) and fp32 grad_weight_acc (V*D, fp16/bf16)
+    or the two-pass path's grad_weight_per_segment (P*D*opmath)."""
+    g, idx, V, scale = a["grad_output"], a["indices"], a["num_weights"], a["scale_grad_by_freq"]
+    n, D, s = idx.numel(), g.size(-1), idx.element_size()
+    ws = [] if _contiguous(idx) else [("indices.contiguous()", n * s)]
+    if not _contiguous(g):  # grad_.contiguous().view({n, D})
+        ws.append(("grad.contiguous()", n * D * g.element_size()))
+    path_b = _decide(True if scale else n > 3072)
+    if path_b is False:
+        return ws
+    lo = 1 if scale else 3073  # the least n of path B
+    m = torch.sym_min(n, V)
+    P = n // 10 + m  # max_partial_segment (NROWS_PER_THREAD = 10)
+    common = [("sorted_indices", n * s), ("orig_indices", n * s)]
+    segs = ([("count (scale_grad_by_freq)", n * s)] if scale else []) + [
+        ("segment_offsets", n * s), ("num_of_segments", 8)]
+    warped = _cdiv(D, 32) * 32  # stride_warped
+    block = torch.sym_min(warped, 1024)  # SortingCommon.cuh MAX_BLOCK_SIZE (CUDA)
+    grid = _cdiv(m * warped, block)  # sum_scatter_grid: non-decreasing in n
+    fused = not (_deterministic() or _known(_cdiv(torch.sym_min(lo, V) * warped, block)
+                                            >= sms * 4)) and _and(grid < sms * 4, P > grid * 4)
+    opmath = 8 if g.dtype == torch.float64 else 4
+    phases = {
+        "sort": common + [("range = arange(n), until the sort ends", n * s),
+                          ("CUB radix-sort temp storage",
+                           radix_sort_temp_bytes(n, s, s, cap, lo))],  # all 8*s key bits
+        "segments": common + segs + [
+            ("partials_per_segment", m * s), ("partials_per_segment_offset", m * s),
+            ("num_of_partial_segments", 8), ("partial_segment_offset", P * s),
+            ("partial_to_segment_idx (fused atomic path)", _ite(fused, P * s, 0)),
+            ("grad_weight_acc fp32 (fused atomic path)",
+             _ite(fused, V * D * 4, 0) if g.dtype in _HALF else 0),
+            ("grad_weight_per_segment (two-pass path)", _ite(fused, 0, P * D * opmath))]}
+    if lo <= 256 * (19 * 4 // s):  # else sort (>= 3*n*s + 2 KiB) > unique_by_key (<= 3*n*s + 8)
+        phases["unique_by_key"] = common + segs + [("unique_by_key keys_out", n * s)]
+    # sort - segments <= n*(2s + 1024/tile + 2052s/portion - (s + D*opmath)/10) + 2052s + 2044
+    # (the CUB storage's terms bounded, P >= n/10): if <= 0 for n >= lo, segments peaks
+    tile = _tile(cap, s)
+    c = (Fraction(s + D * opmath, 10) - 2 * s - Fraction(1024, tile)
+         - Fraction(2052 * s, ((1 << 28) - 1) // tile * tile))
+    if fused is False and isinstance(D, int) and c > 0 and lo * c >= 2052 * s + 2044:
+        del phases["sort"]
+    return ws + _clean([(w, _ite(path_b, x, 0)) for w, x in _peak(phases)])
+
+
+# --- 2. index_put's sort kernel (accumulate or deterministic); deterministic index_add_ ----------
+
+def _bshape(shapes):
+    """The broadcast shape, without guards (sizes are equal or 1)."""
+    rank, out = max(len(s) for s in shapes), []
+    for i in range(rank):
+        sizes = [s[i - rank + len(s)] for s in shapes if i - rank + len(s) >= 0]
+        big = [x for x in sizes if not _known(x == 1)] or sizes[:1]
+        out.append(big[0] if all(_known(x == big[0]) for x in big) else torch.sym_max(*big[:2]))
+    return out
+
+
+def _sort_kernel(self_t, indices, value_shape, value_contig, value_size, cap, fresh=False):
+    """Indexing.cu ``index_put_with_sort_kernel``, makeLinearIndex, computeLinearIndex,
+    wrapIndexOnce; ``indices``: None or (shape, dtype, numel) per dim, K: broadcast numel.
+    Throughout: self.contiguous(), the transposed self's contiguous() (non-adjacent indices).
+    Phase makeLinearIndex: int32 indices .to(kLong), remainder() and * stride (K*8 each)
+    beside linearIndex. Phase sort: linearIndex, sorted/orig indices, range (K*8 each),
+    value.expand(vals_shape).contiguous(), CUB's sort storage (nbits = bit length of
+    largestIndex(self) / sliceSize). The range check's 0-dim min/max (unsafe=False) is left out."""
+    dims = [i for i, t in enumerate(indices) if t is not None]
+    if not dims:
+        return []
+    shape, e = list(self_t.shape) or [1], self_t.element_size()
+    numel = math.prod(shape)
+    ws = [] if fresh or _contiguous(self_t) else [("self.contiguous()", numel * e)]
+    adjacent = dims == list(range(dims[0], dims[-1] + 1))  # hasContiguousSubspace
+    front = dims[0] if adjacent else 0
+    rest = shape[dims[-1] + 1:] if adjacent else [x for i, x in enumerate(shape) if i not in dims]
+    slice_size, kshape = math.prod(rest), _bshape([list(indices[i][0]) for i in dims])
+    K = math.prod(kshape)
+    if not adjacent:  # transposeToFrontAndInvPerm; src_ = src.contiguous() when permuted
+        perm = dims + [i for i in range(len(shape)) if i not in dims]
+        strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+        if not _contiguous([shape[i] for i in perm], [strides[i] for i in perm]):
+            ws.append(("transposed self .contiguous() (src_)", numel * e))
+    longs = [("int32 index .to(kLong)", indices[i][2] * 8) for i in dims
+             if indices[i][1] == torch.int32]
+    vals_shape = shape[:front] + kshape + list(rest)
+    copy_v = not (value_contig and len(value_shape) == len(vals_shape)
+                  and all(_known(x == y) for x, y in zip(value_shape, vals_shape)))
+    run = _and(K > 0, slice_size > 0)
+    big = 0 if _known(slice_size == 0) else (numel - 1) // slice_size  # largestIndex/sliceSize
+    passes = (1 + sum(_ite(big >= 2 ** (8 * j), 1, 0) for j in range(1, 8))
+              if isinstance(big, torch.SymInt) else max(1, _cdiv(big.bit_length(), 8)))
+    phases = {"sort": ([("value.expand(vals_shape).contiguous()",
+                         math.prod(vals_shape) * value_size)] if copy_v else []) + [
+        ("linearIndex, sorted_indices, orig_indices, range", _ite(run, 4 * K * 8, 0)),
+        ("CUB radix-sort temp storage", _ite(run, radix_sort_temp_bytes(K, 8, passes, cap), 0))]}
+    if not (len(longs) + (3 if len(dims) > 1 else 2) <= 4 and _known(K > 0)):
+        phases["makeLinearIndex"] = longs + [  # else <= 4*K*8 < the sort phase
+            ("linearIndex, remainder(), * stride", (3 if len(dims) > 1 else 2) * K * 8)]
+    return _clean(ws + _peak(phases))
+
+
+def _index_put(a, cap, sms):  # TensorAdvancedIndexing.cpp _index_put_impl_, its CUDA branch
+    v = a["values"]
+    if not (a["accumulate"] or (_deterministic() and not _known(v.numel() <= 1))):
+        return []
+    if _masked(a["indices"]):
+        return []  # nonzero() sizes a mask's indices from the data (see unmodelled)
+    meta = [None if t is None else (t.shape, t.dtype, t.numel()) for t in a["indices"]]
+    return _sort_kernel(a["self"], meta, list(v.shape), _contiguous(v), v.element_size(), cap)
+
+
+def _index_add(a, cap, sms, fresh=False):
+    """Indexing.cu ``index_add_cuda_impl``, deterministic mode only: index.to(kLong), source *
+    alpha (a copy, alpha == 1 too), then ``result.index_put_(indices, .., true)``; ``fresh``:
+    result is the out-of-place op's new, contiguous output."""
+    if not _deterministic():
+        return []
+    result = a["out"] if a.get("out") is not None else a["self"]
+    index, src = a["index"], a["source"]
+    ws = [("source * alpha", src.numel() * src.element_size())]
+    if index.dtype != torch.int64:
+        ws.append(("index.to(kLong)", index.numel() * 8))
+    meta = [None] * (a["dim"] % max(result.dim(), 1)) + [(index.shape, torch.int64,
+                                                         index.numel())]
+    return ws + _sort_kernel(result, meta, list(src.shape), True, src.element_size(), cap,
+                             fresh=fresh)
+
+
+# --- 3. GroupNorm (group_norm_kernel.cu) --------------------------------------------------------
+
+def _group_norm(a, cap, sms):
+    """``GroupNormKernelImplInternal``: a, b = empty({N, C}, acc) when N != 0, HxW != 1 and
+    gamma or beta is defined."""
+    N, C, HxW = a["N"], a["C"], a["HxW"]
+    affine = a["weight"] is not None or a["bias"] is not None
+    n = _ite(_and(N != 0, HxW != 1, affine), N * C * _acc(a["input"]), 0)
+    return _clean([("a = empty({N, C}, acc)", n), ("b = empty({N, C}, acc)", n)])
+
+
+def _group_norm_backward(a, cap, sms):
+    """``GroupNormBackwardKernelImplInternal`` (N != 0): ds, db = empty({N, C}, acc), all
+    along; with dX also c2, c3 {N, G} acc and, when gamma is defined and HxW != 1, c1 = rstd *
+    gamma {N, G, D} acc (GroupNorm1dBackward, HxW == 1, has no c1)."""
+    N, C, HxW, G, acc = a["N"], a["C"], a["HxW"], a["group"], _acc(a["input"])
+    dx = a["output_mask"][0]
+    nc, ng = _ite(N != 0, N * C * acc, 0), _ite(N != 0, N * G * acc, 0) if dx else 0
+    return _clean([("ds = empty({N, C}, acc)", nc), ("db = empty({N, C}, acc)", nc),
+                   ("c1 = rstd * gamma, {N, G, D} acc",
+                    _ite(HxW != 1, nc, 0) if dx and a["weight"] is not None else 0),
+                   ("c2 = empty({N, G}, acc)", ng), ("c3 = empty({N, G}, acc)", ng)])
+
+
+# --- 4. LayerNorm / RMSNorm backward (layer_norm_kernel.cu) ------------------------------------
+
+def _large_m(a, sms, rms):
+    """M, N and LaunchGammaBetaBackwardCUDAKernel's condition M > 65536 && N / 32 < sms / 2
+    (reached when M > 0, N > 0 and dgamma or dbeta is wanted)."""
+    x, mask = a["input"], a["output_mask"]
+    axis = x.dim() - len(a["normalized_shape"])
+    M, N = math.prod(x.shape[:axis]), math.prod(x.shape[axis:])
+    wanted = (mask[1] and a["weight"] is not None) or (
+        not rms and mask[2] and a["bias"] is not None)
+    return M, N, _and(wanted, M > 0, N > 0, M > 64 * 1024, N // 32 < sms // 2)
+
+
+def _norm_backward(a, cap, sms, rms):
+    """``layer_norm_backward_cuda`` / ``_fused_rms_norm_backward_cuda``: input, weight (bias)
+    ``expect_contiguous()``; ``LayerNormBackwardKernelImpl`` / ``RMSNormBackwardKernelImpl``:
+    ``dY.contiguous()``; ``LaunchGammaBetaBackwardCUDAKernel``'s large-M branch: dgamma_blocks
+    (and dbeta_blocks, LayerNorm) = empty({blocks.y, dgamma.size(-1)}), blocks.y =
+    min(32768 / ceil(N / 32), ceil(M / 32)), then ``*dgamma = dgamma_blocks.sum(0)``: the
+    preallocated dgamma (then dbeta) is freed once its sum exists, one of them more."""
+    dy, x, w, mask = a["grad_out"], a["input"], a["weight"], a["output_mask"]
+    b = None if rms else a["bias"]
+    M, N, large = _large_m(a, sms, rms)
+    ws = [(f"{name}.expect_contiguous()", t.numel() * t.element_size())
+          for name, t in (("input", x), ("weight", w), ("bias", b))
+          if t is not None and not _contiguous(t)]
+    if not _contiguous(dy):
+        ws.append(("dY.contiguous()", _ite(_and(M > 0, N > 0), M * N * dy.element_size(), 0)))
+    grads = [t for t, k in ((w, 1), (b, 2)) if t is not None and mask[k]]
+    if _decide(large) is False:
+        return _clean(ws)
+    by = torch.sym_min(32768 // _cdiv(N, 32), _cdiv(M, 32))
+    cols = (w if w is not None else grads[0]).size(-1)
+    ws += [(f"d{name}_blocks", _ite(large, by * cols * t.element_size(), 0))
+           for name, t in (("gamma", w), ("beta", b)) if any(t is g for g in grads)]
+    ws.append(("preallocated dgamma/dbeta, replaced by the blocks' sum(0)",
+               _ite(large, grads[0].numel() * grads[0].element_size(), 0)))
+    return _clean(ws)
+
+
+# --- the table -----------------------------------------------------------------------------------
+
+_RULES = {
+    aten.embedding_dense_backward.default: _embedding_dense_backward,
+    aten._index_put_impl_.default: _index_put,
+    aten.index_put.default: _index_put,  # what IndexBackward calls on (fake) tensor subclasses
+    aten.index_put_.default: _index_put,
+    aten.index_add_.default: _index_add,
+    aten.index_add.default: lambda a, c, s: _index_add(a, c, s, fresh=True),
+    aten.index_add.out: _index_add,
+    aten.native_group_norm.default: _group_norm,
+    aten.native_group_norm_backward.default: _group_norm_backward,
+    aten.native_layer_norm_backward.default: lambda a, c, s: _norm_backward(a, c, s, False),
+    aten._fused_rms_norm_backward.default: lambda a, c, s: _norm_backward(a, c, s, True),
+}
+
+OPS: frozenset = frozenset(_RULES)
+
+
+def _sms(capability, num_sms):
+    """The SM count, and whether it was guessed (an unlisted capability: an H100's)."""
+    sms = num_sms or _DEFAULT_SMS.get(tuple(capability))
+    return (sms, False) if sms else (_DEFAULT_SMS[(9, 0)], True)
+
+
+def workspace_bytes(func, args, kwargs, out, *, capability=(9, 0), num_sms=None) -> list:
+    """``[(what, nbytes)]``: the temporaries the CUDA kernel of ``func`` has alive together at
+    its peak (their sum is its peak extra bytes); ``[]`` for ops not in :data:`OPS`.
+    ``num_sms`` defaults to the usual part of ``capability`` (A100, H100, B200)."""
+    rule = _RULES.get(func)
+    if rule is None:
+        return []
+    return rule(_by_name(func, args, kwargs), tuple(capability), _sms(capability, num_sms)[0])
+
+
+def unmodelled(func, args, kwargs, out, *, capability=(9, 0), num_sms=None) -> str | None:
+    """What the CUDA kernel of ``func`` allocates that :func:`workspace_bytes` does not size
+    (one line), or None."""
+    if func not in _RULES:
+        return None
+    a, (sms, guessed) = _by_name(func, args, kwargs), _sms(capability, num_sms)
+    note = f"; SM count of sm{capability[0]}{capability[1]} assumed {sms}" if guessed else ""
+    if func is aten.embedding_dense_backward.default:
+        n, scale = a["indices"].numel(), a["scale_grad_by_freq"]
+        if not scale and _decide(n > 3072) is False:
+            return None
+        scans = "unique_by_key, exclusive_sum" + (
+            ", inclusive_sum_by_key, inclusive_scan_by_key" if scale else "")
+        return (f"CUB look-back scan storage of {scans} over the "
+                f"{n if isinstance(n, int) else 'n'} indices (per-architecture tuning; "
+                f"1.0-1.3 KB + up to 0.05 B per index, each){note}")
+    if func in (aten._index_put_impl_.default, aten.index_put.default, aten.index_put_.default):
+        return ("index_put with a boolean mask: nonzero() and sort temporaries sized by the "
+                "data" if _masked(a["indices"]) else None)
+    if func in (aten.native_layer_norm_backward.default, aten._fused_rms_norm_backward.default):
+        if _decide(_large_m(a, sms, func is aten._fused_rms_norm_backward.default)[2]) is False:
+            return None
+        return ("Reduce.cuh global-reduce staging of dgamma_blocks.sum(0) for M > 65536 "
+                f"(depends on the launch configuration; small){note}")
+    return None

@@ -1,0 +1,375 @@
+"""fxmem.cuda_workspaces: CUDA kernel temporaries, re-derived by hand from PyTorch 2.13's sources.
+
+Each expected value is written out from the kernel's formula in the comment beside it (file and
+function named in fxmem/cuda_workspaces.py). CUB's radix-sort storage is checked against the
+sizes CCCL 3.0.1's own host code returns (DeviceRadixSort::SortPairs / DispatchRadixSort with
+d_temp_storage = nullptr, compiled with nvcc 13.0 and run without a GPU).
+"""
+
+import math
+
+import pytest
+import sympy
+import torch
+from torch._dynamo.source import ConstantSource
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+from fxmem import cuda_workspaces as cw
+
+aten = torch.ops.aten
+FAKE = FakeTensorMode(allow_non_fake_inputs=True)
+F32, BF16, I64, I32 = torch.float32, torch.bfloat16, torch.int64, torch.int32
+
+
+@pytest.fixture(autouse=True)
+def _flags_restored():
+    before = (torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled())
+    yield
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def fake(*shape, dtype=F32):
+    with FAKE:
+        return torch.empty(*shape, dtype=dtype)
+
+
+def ws(op, *args, **kw):
+    return dict(cw.workspace_bytes(op, args, {}, None, **kw))
+
+
+class Sym:
+    """A ShapeEnv with the batch symbol B, as fxmem.trace makes it."""
+
+    def __init__(self, hint=8):
+        self.env = ShapeEnv(specialize_zero_one=False, duck_shape=False)
+        self.mode = FakeTensorMode(shape_env=self.env, allow_non_fake_inputs=True)
+        self.sym = self.env.create_symbol(hint, source=ConstantSource("B"),
+                                          dynamic_dim=DimDynamic.DYNAMIC)
+        self.env.constrain_symbol_range(self.sym, compiler_min=1, compiler_max=2**62)
+        self.B = self.env.create_symintnode(self.sym, hint=hint)
+
+    def at(self, x, b):
+        if isinstance(x, int):
+            return x
+        return int(sympy.sympify(x.node.expr).xreplace({self.sym: sympy.Integer(b)}))
+
+    def total(self, entries, b):
+        return sum(self.at(n, b) for _, n in entries)
+
+    def untouched(self):
+        """No guard, no replacement: B was never specialized."""
+        return not self.env.guards and not self.env.replacements
+
+
+# --- CUB radix sort: CCCL 3.0.1's host code ---------------------------------------------------
+
+# (capability, n, key bytes, bits, temp_storage_bytes as returned by CCCL 3.0.1)
+CCCL = [((9, 0), 0, 8, 64, 1), ((9, 0), 2304, 8, 64, 1), ((9, 0), 2305, 8, 64, 55295),
+        ((9, 0), 8192, 8, 64, 150015), ((9, 0), 1000000, 8, 64, 16240127),
+        ((9, 0), 300000000, 8, 64, 4859685375), ((9, 0), 8192, 8, 20, 139775),
+        ((9, 0), 100000, 8, 8, 25087), ((9, 0), 4864, 4, 32, 1), ((9, 0), 4865, 4, 32, 49151),
+        ((9, 0), 1000000, 4, 32, 8166399), ((10, 0), 8192, 8, 64, 150015),
+        ((12, 0), 1000000, 8, 64, 16240127), ((8, 0), 8192, 8, 64, 151039),
+        ((8, 0), 1000000, 8, 64, 16284159), ((8, 6), 3072, 8, 64, 67071),
+        ((8, 0), 8192, 4, 32, 76287), ((7, 5), 8192, 8, 64, 151039),
+        ((7, 5), 1000000, 4, 32, 8095743), ((7, 5), 300000000, 8, 8, 97617407)]
+
+
+@pytest.mark.parametrize("cap,n,key,bits,expected", CCCL)
+def test_radix_sort_temp_bytes_matches_cccl(cap, n, key, bits, expected):
+    assert cw.radix_sort_temp_bytes(n, key, math.ceil(bits / 8), cap) == expected
+
+
+def onesweep(n, key, passes, tile):
+    """dispatch_radix_sort.cuh InvokeOnesweep for n < 2**28 (one portion), by hand."""
+    r = lambda x: -(-x // 256) * 256
+    return r(passes * 256 * 8) + r(-(-n // tile) * 1024) + 2 * r(n * key) * (passes > 1) + \
+        r(passes * 4) + 255
+
+
+# --- 1. embedding_dense_backward ---------------------------------------------------------------
+
+def emb(n, V, D, dtype=F32, idx=I64, scale=False, **kw):
+    return ws(aten.embedding_dense_backward.default, fake(n, D, dtype=dtype),
+              fake(n, dtype=idx), V, -1, scale, **kw)
+
+
+def test_embedding_gpt2_two_pass():
+    n, V, D = 16 * 512, 50257, 768  # GPT-2 wte, B=16, L=512, fp32, int64 indices
+    m, P = min(n, V), n // 10 + min(n, V)
+    # sum_scatter_grid = ceil(m * 768 / 768) = 8192 >= 4 * 132: the two-pass path; it peaks in
+    # the segments phase (P*D*4 = 27.7 MB >> the sort's range + CUB storage)
+    assert emb(n, V, D) == {
+        "sorted_indices": 8 * n, "orig_indices": 8 * n, "segment_offsets": 8 * n,
+        "num_of_segments": 8, "partials_per_segment": 8 * m, "partials_per_segment_offset": 8 * m,
+        "num_of_partial_segments": 8, "partial_segment_offset": 8 * P,
+        "grad_weight_per_segment (two-pass path)": P * D * 4}
+
+
+def test_embedding_path_a_below_3073_indices():
+    assert emb(3072, 50257, 768) == {}
+    assert "sorted_indices" in emb(3073, 50257, 768)
+    args = (fake(3072, 768), fake(3072, dtype=I64), 50257, -1, False)
+    assert cw.unmodelled(aten.embedding_dense_backward.default, args, {}, None) is None
+
+
+def test_embedding_scale_grad_by_freq_small_n():
+    n, V, D = 100, 1000, 16  # scale_grad_by_freq: path B even for n = 100
+    m, P = 100, 100 // 10 + 100
+    # phases (sorted+orig = 16n common): sort 8n + CUB 1 (one tile); unique_by_key count 8n +
+    # segment_offsets 8n + 8 + keys_out 8n; segments: count, segment_offsets, 8, 2*8m, 8, 8P,
+    # grid = 100 < 528 but P = 110 <= 4*100: two-pass P*D*4 = 7040 -> segments is the largest
+    got = emb(n, V, D, scale=True)
+    assert got == {"sorted_indices": 8 * n, "orig_indices": 8 * n,
+                   "count (scale_grad_by_freq)": 8 * n, "segment_offsets": 8 * n,
+                   "num_of_segments": 8, "partials_per_segment": 8 * m,
+                   "partials_per_segment_offset": 8 * m, "num_of_partial_segments": 8,
+                   "partial_segment_offset": 8 * P,
+                   "grad_weight_per_segment (two-pass path)": P * D * 4}
+    text = cw.unmodelled(aten.embedding_dense_backward.default,
+                         (fake(n, D), fake(n, dtype=I64), V, -1, True), {}, None)
+    assert "inclusive_scan_by_key" in text and "unique_by_key" in text
+
+
+def test_embedding_fused_atomic_path_bf16():
+    n, V, D = 8192, 100, 1024
+    m, P = 100, 8192 // 10 + 100
+    # grid = ceil(100 * 1024 / 1024) = 100 < 4 * 132 and P = 919 > 400: fused; bf16 adds the fp32
+    # grad_weight_acc V*D*4; segments (about 623 KB) > sort (16n + 8n + 150015)
+    fused = {"sorted_indices": 8 * n, "orig_indices": 8 * n, "segment_offsets": 8 * n,
+             "num_of_segments": 8, "partials_per_segment": 8 * m,
+             "partials_per_segment_offset": 8 * m, "num_of_partial_segments": 8,
+             "partial_segment_offset": 8 * P, "partial_to_segment_idx (fused atomic path)": 8 * P,
+             "grad_weight_acc fp32 (fused atomic path)": V * D * 4}
+    assert emb(n, V, D, BF16) == fused
+    # with 20 SMs, 100 >= 4 * 20: the two-pass path
+    two_pass = {k: v for k, v in fused.items() if "fused" not in k}
+    two_pass["grad_weight_per_segment (two-pass path)"] = P * D * 4
+    assert emb(n, V, D, BF16, num_sms=20) == two_pass
+    torch.use_deterministic_algorithms(True)  # atomics are skipped in deterministic mode
+    assert emb(n, V, D, BF16) == two_pass
+
+
+def test_embedding_token_types_peak_in_sort():
+    n, V, D = 8192, 2, 768  # BERT token types, fp32: fused, no fp32 copy
+    # sort: 16n + 8n + CUB(8192, int64 on sm90) = 131072 + 65536 + 150015; segments: 16n + 8n + 8
+    # + 32 + 8 + 2 * 8P (P = 821) = 209,840 -> the sort phase peaks
+    assert emb(n, V, D) == {"sorted_indices": 8 * n, "orig_indices": 8 * n,
+                            "range = arange(n), until the sort ends": 8 * n,
+                            "CUB radix-sort temp storage": onesweep(n, 8, 8, 384 * 12)}
+
+
+def test_embedding_int32_indices_and_noncontiguous_grad():
+    n, V, D = 4000, 50257, 8
+    with FAKE:
+        g = torch.empty(D, n).t()  # a transposed grad: grad_.contiguous() copies it
+    got = ws(aten.embedding_dense_backward.default, g, fake(n, dtype=I32), V, -1, False)
+    # s = 4; the sort fits one int32 tile (4000 <= 4864): CUB storage 1 B. Phases beyond the
+    # common 8n: sort 4n + 1; unique 4n + 8 + 4n; segments 4n + 8 + 8m + 8 + 4P + 4P*D*... :
+    # P = 400 + 4000, two-pass P*8*4 = 140800 -> segments
+    m, P = 4000, 4400
+    assert got == {"grad.contiguous()": n * D * 4, "sorted_indices": 4 * n,
+                   "orig_indices": 4 * n, "segment_offsets": 4 * n, "num_of_segments": 8,
+                   "partials_per_segment": 4 * m, "partials_per_segment_offset": 4 * m,
+                   "num_of_partial_segments": 8, "partial_segment_offset": 4 * P,
+                   "grad_weight_per_segment (two-pass path)": P * D * 4}
+
+
+def test_embedding_symbolic_batch():
+    s, L, V, D = Sym(), 512, 50257, 768
+    with s.mode:
+        g, i = torch.empty(s.B, L, D), torch.zeros(s.B, L, dtype=I64)
+        got = cw.workspace_bytes(aten.embedding_dense_backward.default,
+                                 (g, i, V, -1, False), {}, None)
+        torch.empty(sum(n for _, n in got), dtype=torch.uint8)  # as fxmem records it
+    for b in (1, 6, 7, 8, 97, 98, 99, 300):
+        n = b * L
+        m, P = min(n, V), n // 10 + min(n, V)
+        hand = 0 if n <= 3072 else 3 * 8 * n + 8 + 2 * 8 * m + 8 + 8 * P + P * D * 4
+        assert s.total(got, b) == hand, b
+    assert s.untouched()
+
+
+def test_embedding_symbolic_peak_phase_moves():
+    s, L, V, D = Sym(), 512, 2, 64  # token types: fused for every B; the peak phase depends on B
+    with s.mode:
+        got = cw.workspace_bytes(aten.embedding_dense_backward.default,
+                                 (torch.empty(s.B, L, D), torch.zeros(s.B, L, dtype=I64), V, -1,
+                                  False), {}, None)
+    for b in (6, 7, 8, 64, 1000):
+        n = b * L
+        m, P = min(n, V), n // 10 + min(n, V)
+        phases = [8 * n + onesweep(n, 8, 8, 4608),  # range + CUB storage
+                  8 * n + 8 + 8 * n,  # segment_offsets, num_of_segments, keys_out
+                  8 * n + 8 + 16 * m + 8 + 8 * P + 8 * P]  # ... + partial_to_segment_idx
+        assert s.total(got, b) == (0 if n <= 3072 else 16 * n + max(phases)), b
+    assert s.untouched()
+
+
+# --- 2. index_put (accumulate) and deterministic index_add_ ---------------------------------------
+
+def test_index_put_embedding_style():
+    W, idx, v = fake(1000, 64), fake(4, 16, dtype=I64), fake(4, 16, 64)
+    # K = 64 <= 2304: CUB storage 1 B; linearIndex, sorted, orig, range: 4 * 8K; value already
+    # (4, 16, 64) = vals_shape and contiguous: no copy; makeLinearIndex (2 * 8K) is smaller
+    for op in (aten.index_put.default, aten.index_put_.default):
+        assert ws(op, W, [idx], v, True) == {
+            "linearIndex, sorted_indices, orig_indices, range": 4 * 8 * 64,
+            "CUB radix-sort temp storage": 1}
+    assert ws(aten._index_put_impl_.default, W, [idx], v, True, True) == ws(
+        aten.index_put.default, W, [idx], v, True)
+    assert ws(aten.index_put.default, W, [idx], v, False) == {}  # no accumulate: no sort
+
+
+def test_index_put_large_two_pass_sort():
+    K, V, D = 8192, 50257, 768
+    got = ws(aten.index_put.default, fake(V, D), [fake(16, 512, dtype=I64)], fake(16, 512, D),
+             True)
+    # nbits = bit length of (V*D - 1) // D = 50256: 16 -> 2 passes; sm90 int64 tile 4608
+    assert got == {"linearIndex, sorted_indices, orig_indices, range": 4 * 8 * K,
+                   "CUB radix-sort temp storage": onesweep(K, 8, 2, 4608)}
+
+
+def test_index_put_nonadjacent_int32_and_broadcast_value():
+    x, i1, i2 = fake(4, 10, 5), fake(7, dtype=I64), fake(7, dtype=I32)
+    got = ws(aten.index_put.default, x, [i1, None, i2], fake(7, 10), True)
+    # non-adjacent: src = x.permute(0, 2, 1) is not contiguous: a 4*10*5*4 copy; vals_shape
+    # (7, 10); makeLinearIndex (int32 copy 8*7 + 3*8*7) <= the sort's 4*8*7 + 1
+    assert got == {"transposed self .contiguous() (src_)": 800,
+                   "linearIndex, sorted_indices, orig_indices, range": 4 * 8 * 7,
+                   "CUB radix-sort temp storage": 1}
+    got = ws(aten.index_put.default, fake(10, 64), [fake(6, dtype=I64)], fake(1, 64), True)
+    assert got["value.expand(vals_shape).contiguous()"] == 6 * 64 * 4  # broadcast value
+    torch.use_deterministic_algorithms(True)  # deterministic: the sort path without accumulate
+    assert ws(aten.index_put.default, fake(10, 64), [fake(6, dtype=I64)], fake(6, 64), False)
+
+
+def test_index_put_mask_unmodelled():
+    args = (fake(10, 4), [fake(10, dtype=torch.bool)], fake(3, 4), True)
+    assert cw.workspace_bytes(aten.index_put.default, args, {}, None) == []
+    assert "mask" in cw.unmodelled(aten.index_put.default, args, {}, None)
+
+
+def test_index_put_symbolic_gather_backward():
+    s = Sym()
+    with s.mode:  # logits[torch.arange(B), pos] backward: zeros(B, 128, 10).index_put(.., True)
+        x, a0, p = torch.zeros(s.B, 128, 10), torch.arange(s.B), torch.zeros(s.B, dtype=I64)
+        got = cw.workspace_bytes(aten.index_put.default, (x, [a0, p], torch.empty(s.B, 10), True),
+                                 {}, None)
+    for b in (1, 8, 2304, 2305, 5000):
+        big = (b * 128 * 10 - 1) // 10  # largestIndex / sliceSize
+        passes = -(-big.bit_length() // 8)
+        cub = 1 if b <= 2304 else onesweep(b, 8, passes, 4608)
+        assert s.total(got, b) == 4 * 8 * b + cub, b
+    assert s.untouched()
+
+
+def test_index_add_only_when_deterministic():
+    args = (fake(10, 4), 0, fake(6, dtype=I32), fake(6, 4))
+    assert ws(aten.index_add_.default, *args) == {}
+    torch.use_deterministic_algorithms(True)
+    # source * alpha (6*4*4), index.to(kLong) (6*8), then index_put_: K = 6, sliceSize 4,
+    # nbits = bit length of 39 // 4 = 9: one pass, one tile -> 1 B
+    want = {"source * alpha": 96, "index.to(kLong)": 48,
+            "linearIndex, sorted_indices, orig_indices, range": 4 * 8 * 6,
+            "CUB radix-sort temp storage": 1}
+    assert ws(aten.index_add_.default, *args) == want
+    assert ws(aten.index_add.default, *args) == want
+    with FAKE:
+        t = torch.empty(4, 10).t()  # a transposed self: index_put_ copies it (in place only)
+    assert ws(aten.index_add_.default, t, *args[1:]) == {**want, "self.contiguous()": 160}
+    assert ws(aten.index_add.default, t, *args[1:]) == want  # writes a new contiguous result
+
+
+# --- 3. GroupNorm ------------------------------------------------------------------------------
+
+def test_group_norm_forward_and_backward():
+    N, C, HxW, G = 8, 64, 256, 32
+    x, w, st = fake(N, C, 16, 16, dtype=BF16), fake(C, dtype=BF16), fake(N, G, dtype=BF16)
+    acc = 4  # fp32 for bf16
+    assert ws(aten.native_group_norm.default, x, w, w, N, C, HxW, G, 1e-5) == {
+        "a = empty({N, C}, acc)": N * C * acc, "b = empty({N, C}, acc)": N * C * acc}
+    assert ws(aten.native_group_norm.default, x, None, None, N, C, HxW, G, 1e-5) == {}
+    assert ws(aten.native_group_norm_backward.default, x, x, st, st, w, N, C, HxW, G,
+              [True, True, True]) == {
+        "ds = empty({N, C}, acc)": N * C * acc, "db = empty({N, C}, acc)": N * C * acc,
+        "c1 = rstd * gamma, {N, G, D} acc": N * C * acc,
+        "c2 = empty({N, G}, acc)": N * G * acc, "c3 = empty({N, G}, acc)": N * G * acc}
+    x1 = fake(N, C, dtype=BF16)  # HxW == 1: GroupNorm1dForward/Backward
+    assert ws(aten.native_group_norm.default, x1, w, w, N, C, 1, G, 1e-5) == {}
+    assert set(ws(aten.native_group_norm_backward.default, x1, x1, st, st, w, N, C, 1, G,
+                  [True, True, True])) == {"ds = empty({N, C}, acc)", "db = empty({N, C}, acc)",
+                                           "c2 = empty({N, G}, acc)", "c3 = empty({N, G}, acc)"}
+
+
+def test_group_norm_symbolic():
+    s, C, G = Sym(), 64, 32
+    with s.mode:
+        x, w, st = torch.empty(s.B, C, 8, 8), torch.empty(C), torch.empty(s.B, G)
+        fwd = cw.workspace_bytes(aten.native_group_norm.default,
+                                 (x, w, w, s.B, C, 64, G, 1e-5), {}, None)
+        bwd = cw.workspace_bytes(aten.native_group_norm_backward.default,
+                                 (x, x, st, st, w, s.B, C, 64, G, [True, True, True]), {}, None)
+    for b in (1, 3, 40):
+        assert s.total(fwd, b) == 2 * b * C * 4
+        assert s.total(bwd, b) == 3 * b * C * 4 + 2 * b * G * 4
+    assert s.untouched()
+
+
+# --- 4. LayerNorm / RMSNorm backward -------------------------------------------------------------
+
+def ln(M, N, cap=(9, 0), dy=None, **kw):
+    x, w = fake(M, N), fake(N)
+    return ws(aten.native_layer_norm_backward.default, x if dy is None else dy, x, [N],
+              fake(M, 1), fake(M, 1), w, w, [True, True, True], capability=cap, **kw)
+
+
+def test_layer_norm_large_m_partials():
+    M, N = 70000, 768  # M > 65536, N / 32 = 24 < 132 / 2
+    by = min(32768 // -(-N // 32), -(-M // 32))  # min(1365, 2188)
+    assert ln(M, N) == {"dgamma_blocks": by * N * 4, "dbeta_blocks": by * N * 4,
+                        "preallocated dgamma/dbeta, replaced by the blocks' sum(0)": N * 4}
+    assert ln(65536, N) == {}  # M not > 65536
+    assert ln(M, 4096) == {}  # 4096 / 32 = 128 >= 66
+    assert ln(M, 1696, cap=(8, 0)) != {}  # A100, 108 SMs: 53 < 54
+    assert ln(M, 1728, cap=(8, 0)) == {}  # 54 < 54 fails
+    assert ln(M, 1728, cap=(8, 0), num_sms=132) != {}
+
+
+def test_layer_norm_noncontiguous_dy_and_rms():
+    M, N = 1000, 512
+    with FAKE:
+        dy = torch.empty(N, M).t()
+    assert ln(M, N, dy=dy) == {"dY.contiguous()": M * N * 4}
+    M = 70000
+    by = min(32768 // (N // 32), -(-M // 32))
+    got = ws(aten._fused_rms_norm_backward.default, fake(M, N), fake(M, N), [N], fake(M, 1),
+             fake(N), [True, True])
+    assert got == {"dgamma_blocks": by * N * 4,
+                   "preallocated dgamma/dbeta, replaced by the blocks' sum(0)": N * 4}
+    args = (fake(M, N), fake(M, N), [N], fake(M, 1), fake(N), [True, True])
+    assert "Reduce.cuh" in cw.unmodelled(aten._fused_rms_norm_backward.default, args, {}, None)
+    args = (fake(100, N), fake(100, N), [N], fake(100, 1), fake(N), [True, True])
+    assert cw.unmodelled(aten._fused_rms_norm_backward.default, args, {}, None) is None
+
+
+def test_layer_norm_symbolic_m():
+    s, L, N = Sym(), 128, 768
+    with s.mode:
+        x, w, st = torch.empty(s.B, L, N), torch.empty(N), torch.empty(s.B, L, 1)
+        got = cw.workspace_bytes(aten.native_layer_norm_backward.default,
+                                 (x, x, [N], st, st, w, w, [True, True, True]), {}, None)
+    for b in (1, 512, 513, 10000):
+        M = b * L
+        by = min(32768 // (N // 32), -(-M // 32))
+        assert s.total(got, b) == (0 if M <= 65536 else 2 * by * N * 4 + N * 4), b
+    assert s.untouched()
+
+
+def test_ops_table_and_others():
+    assert aten.embedding_dense_backward.default in cw.OPS
+    assert aten._index_put_impl_.default in cw.OPS and aten.index_add_.default in cw.OPS
+    assert cw.workspace_bytes(aten.mm.default, (fake(2, 2), fake(2, 2)), {}, None) == []
+    assert cw.unmodelled(aten.mm.default, (fake(2, 2), fake(2, 2)), {}, None) is None
