@@ -4,7 +4,10 @@ batch size B, before anything runs on a GPU.
 The pipeline, one stage per module, each taking the previous stage's result:
 
 - :mod:`fxmem.trace`    run the step on fake tensors (B symbolic), record ops and frees,
-  applying :mod:`fxmem.rules` where eager kernels differ from their fake ones, and
+  applying :mod:`fxmem.rules` where eager kernels differ from their fake ones,
+  :mod:`fxmem.kernels` for ``device="cuda"`` (what CUDA's kernels run and allocate:
+  :mod:`fxmem.sdpa` chooses the attention kernel, :mod:`fxmem.sdpa_memory`,
+  :mod:`fxmem.cuda_rnn` and :mod:`fxmem.cuda_workspaces` say what the kernels allocate), and
   :mod:`fxmem.reuse` to trace a stack of identical blocks as two and copy the rest, and
   :mod:`fxmem.guards` to fold shape guards into where the formula holds (``B >= 2``);
 - :mod:`fxmem.graph`    a networkx graph of ops and the storages they create;
@@ -15,7 +18,8 @@ The pipeline, one stage per module, each taking the previous stage's result:
 - :mod:`fxmem.result`   the :class:`Report` users read; :mod:`fxmem.report` renders it
   (terminal, Markdown, JSON, HTML with plots) and :mod:`fxmem.cli` is the ``fxmem`` command;
 - :mod:`fxmem.measure`  ground truth: a real eager step; :mod:`fxmem.validate` runs the zoo
-  (:mod:`fxmem.zoo`) on a device against it.
+  (:mod:`fxmem.zoo`) on a device against it, and :mod:`fxmem.divergence` names where a
+  missed case's allocations part ways with the prediction.
 
 Activation checkpointing, on the same trace: :mod:`fxmem.saved` (who holds saved tensors,
 until when), :mod:`fxmem.segments` (candidate modules), :mod:`fxmem.plans` (a plan's schedule

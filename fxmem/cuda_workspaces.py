@@ -36,7 +36,7 @@ from functools import reduce
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true as _known
 
-from .sdpa import _DEFAULT_SMS, _by_name
+from .sdpa_memory import _DEFAULT_SMS, _by_name
 
 aten = torch.ops.aten
 _HALF = (torch.float16, torch.bfloat16)

@@ -241,11 +241,11 @@ class CudaKernels:
     backend)."""
 
     def __init__(self, capability=(9, 0), cudnn_version: int | None = None):
-        from . import sdpa
+        from . import sdpa, sdpa_memory
 
         self.capability = check_capability(capability)
         self.cudnn_version = sdpa.CUDNN_VERSION if cudnn_version is None else cudnn_version
-        self._host = dict(sdpa.HOST_OUTPUTS)
+        self._host = dict(sdpa_memory.HOST_OUTPUTS)
         self._stack = contextlib.ExitStack()
         self._choices: dict = {}
         # the stubbed ops' overloads: kernels on CUDA, not composites to take apart
@@ -272,13 +272,13 @@ class CudaKernels:
         return self._stack.__exit__(*exc)
 
     def outputs(self, func, args, kwargs, out):
-        from . import cuda_rnn, sdpa
+        from . import cuda_rnn, sdpa_memory
 
         rule = OUTPUT_RULES.get(func)
         if rule is not None:
             out = rule(args, out)
         out = cuda_rnn.outputs(func, args, kwargs, out)
-        real = sdpa.cuda_outputs(func, args, out, kwargs)
+        real = sdpa_memory.cuda_outputs(func, args, out, kwargs)
         if real is not None:  # what the CUDA kernel allocates, where its meta kernel differs
             out = tuple(o if r is None else torch.empty(r[0], dtype=r[1])
                         for o, r in zip(out, real))
@@ -288,9 +288,10 @@ class CudaKernels:
         return self._host.get(func, ())
 
     def workspaces(self, func, args, kwargs, out) -> list:
-        from . import cuda_rnn, cuda_workspaces, sdpa
+        from . import cuda_rnn, cuda_workspaces, sdpa_memory
 
-        return (sdpa.workspace_bytes(func, args, out, kwargs, capability=self.capability)
+        return (sdpa_memory.workspace_bytes(func, args, out, kwargs,
+                                             capability=self.capability)
                 + cuda_rnn.workspace_bytes(func, args, kwargs, out)
                 + cuda_workspaces.workspace_bytes(func, args, kwargs, out,
                                                   capability=self.capability))
@@ -438,7 +439,7 @@ RULES: tuple = (
                "aten/src/ATen/native/cuda/layer_norm_kernel.cu: layer_norm_cuda"),
     KernelRule("_scaled_dot_product_efficient_attention", "host",
                "the philox seed and offset (outputs 2 and 3) are host tensors outside "
-               "CUDA-graph capture: no device memory (fxmem.sdpa.HOST_OUTPUTS); flash's "
+               "CUDA-graph capture: no device memory (fxmem.sdpa_memory.HOST_OUTPUTS); flash's "
                "rng_state and cuDNN's seed and offset are CUDA tensors",
                "aten/src/ATen/native/transformers/cuda/attention.cu: "
                "_efficient_attention_forward (Note [Seed and Offset Device])",
@@ -447,7 +448,7 @@ RULES: tuple = (
                "outputs",
                "flash's rng_state (2 uint64) and its unused scalar, cuDNN's seed and offset are "
                "CUDA tensors; cuDNN's logsumexp exists only when it is needed for backward "
-               "(the meta kernels say otherwise: fxmem.sdpa.META_CORRECTIONS)",
+               "(the meta kernels say otherwise: fxmem.sdpa_memory.META_CORRECTIONS)",
                "aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp: mha_fwd; "
                "attention.cu: _cudnn_attention_forward",
                checked=SDPA_CHECKED_ON),
@@ -456,7 +457,7 @@ RULES: tuple = (
                "_scaled_dot_product_cudnn_attention_backward", "workspace",
                "temporaries the fused attention kernels allocate through the caching "
                "allocator while they run: flash backward's softmax_d and dq_accum, efficient "
-               "backward's delta and kernel workspace, ... (fxmem.sdpa.WORKSPACES, "
+               "backward's delta and kernel workspace, ... (fxmem.sdpa_memory.WORKSPACES, "
                "workspace_bytes); cuDNN's own graph workspace is sized inside cuDNN",
                "aten/src/ATen/native/transformers/cuda/attention_backward.cu; "
                "flash_api.cpp: mha_bwd; mem_eff_attention/kernel_backward.h: workspace_size",

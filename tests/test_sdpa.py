@@ -16,7 +16,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fxmem import sdpa
+from fxmem import sdpa, sdpa_memory
 
 aten = torch.ops.aten
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
@@ -305,10 +305,10 @@ def test_math_backward_runs_with_gqa():
 def test_host_outputs_are_the_efficient_seed_and_offset():
     eff = aten._scaled_dot_product_efficient_attention.default
     # attention.cu: seed/offset are CPU scalars outside graph capture (outputs 2 and 3)
-    assert sdpa.HOST_OUTPUTS[eff] == (2, 3) and len(eff._schema.returns) == 4
+    assert sdpa_memory.HOST_OUTPUTS[eff] == (2, 3) and len(eff._schema.returns) == 4
     # flash_api.cpp's rng_state and cuDNN's seed/offset are CUDA tensors: not host outputs
-    assert aten._scaled_dot_product_flash_attention.default not in sdpa.HOST_OUTPUTS
-    assert aten._scaled_dot_product_cudnn_attention.default not in sdpa.HOST_OUTPUTS
+    assert aten._scaled_dot_product_flash_attention.default not in sdpa_memory.HOST_OUTPUTS
+    assert aten._scaled_dot_product_cudnn_attention.default not in sdpa_memory.HOST_OUTPUTS
 
 
 def test_flash_backward_workspaces():
@@ -316,7 +316,7 @@ def test_flash_backward_workspaces():
     q, k, v = qkv(b=b, h=h, l=l, d=d, grad=True)
     _, ops = run(q, k, v, cap=(8, 0))
     (c,) = ops.find(aten._scaled_dot_product_flash_attention_backward.default)
-    ws = dict(sdpa.workspace_bytes(c[0], c[1], c[3], c[2], capability=(8, 0)))
+    ws = dict(sdpa_memory.workspace_bytes(c[0], c[1], c[3], c[2], capability=(8, 0)))
     lr = 256  # 200 rounded up to 128
     assert ws["flash backward softmax_d"] == 4 * b * h * lr
     assert ws["flash backward dq_accum"] == 4 * b * lr * h * 64  # 64 = round(64, 32)
@@ -330,12 +330,12 @@ def test_flash_backward_workspaces():
                       for _ in range(3))
     _, ops2 = run(q2, k2, v2, cap=(8, 0))
     (c2,) = ops2.find(aten._scaled_dot_product_flash_attention_backward.default)
-    assert "flash backward out.contiguous()" not in dict(sdpa.workspace_bytes(c2[0], c2[1], c2[3]))
+    assert "flash backward out.contiguous()" not in dict(sdpa_memory.workspace_bytes(c2[0], c2[1], c2[3]))
     with FAKE:  # a (B, L, H, D)-contiguous grad: no copy
         g = torch.empty(b, l, h, d, dtype=BF16).transpose(1, 2)
     args = (g,) + tuple(c[1][1:])
     assert "flash backward grad_out.contiguous()" not in dict(
-        sdpa.workspace_bytes(c[0], args, c[3], c[2]))
+        sdpa_memory.workspace_bytes(c[0], args, c[3], c[2]))
 
 
 def test_efficient_backward_workspace_fp32():
@@ -343,7 +343,7 @@ def test_efficient_backward_workspace_fp32():
     q, k, v = qkv(b=b, h=h, l=l, d=d, dtype=F32, grad=True)
     _, ops = run(q, k, v, cap=(8, 0))
     (c,) = ops.find(aten._scaled_dot_product_efficient_attention_backward.default)
-    ws = dict(sdpa.workspace_bytes(c[0], c[1], c[3], c[2], capability=(8, 0)))
+    ws = dict(sdpa_memory.workspace_bytes(c[0], c[1], c[3], c[2], capability=(8, 0)))
     # fp32 sm80, max head dim 64: the 64x64 k64 kernel; gQ only (fp32 never stages gK/gV):
     # ceil(16/64) * ceil(64/64) * (4 + 64*64) floats per (batch, head), 4-aligned, 4 bytes each
     assert ws["efficient backward workspace"] == b * h * 4100 * 4
@@ -356,10 +356,10 @@ def test_efficient_forward_output_accumulator():
     with FAKE:
         out = aten._scaled_dot_product_efficient_attention.default(q, k, v, None, False)
     op = aten._scaled_dot_product_efficient_attention.default
-    assert sdpa.workspace_bytes(op, (q, k, v, None, False), out) == [
+    assert sdpa_memory.workspace_bytes(op, (q, k, v, None, False), out) == [
         ("efficient output_accum", 4 * 2 * 128 * 8 * 160)]
     q, k, v = qkv(d=128, dtype=F16)
-    assert sdpa.workspace_bytes(op, (q, k, v, None, False), out) == []
+    assert sdpa_memory.workspace_bytes(op, (q, k, v, None, False), out) == []
 
 
 def test_cudnn_meta_corrections():
@@ -367,10 +367,10 @@ def test_cudnn_meta_corrections():
     q, k, v = qkv()
     with FAKE:
         out = op(q, k, v, None, False)
-    real = sdpa.cuda_outputs(op, (q, k, v, None, False), out)
+    real = sdpa_memory.cuda_outputs(op, (q, k, v, None, False), out)
     assert out[1].shape == (2, 8, 128, 1) and real[1][0] == (0,)  # no logsumexp allocated
     assert real[6] == real[7] == ((), torch.int64, "cuda")
-    assert sdpa.cuda_outputs(aten.mm.default, (), ()) is None
+    assert sdpa_memory.cuda_outputs(aten.mm.default, (), ()) is None
 
 
 # --- (c) symbolic B and L ----------------------------------------------------------------------
@@ -401,7 +401,7 @@ def test_symbolic_sizes_are_not_specialized(dtype, cap, mask, expected):
             out = sdpa.cuda_scaled_dot_product_attention(q, k, v, m, capability=cap)
             out.sum().backward()
         guards = len(env.guards)
-        sizes = [n for c in ops.calls for _, n in sdpa.workspace_bytes(c[0], c[1], c[3], c[2],
+        sizes = [n for c in ops.calls for _, n in sdpa_memory.workspace_bytes(c[0], c[1], c[3], c[2],
                                                                         capability=cap)]
     assert len(env.guards) == guards  # workspaces are formulas: they decide nothing
     assert (expected == "math") == (not sizes)
