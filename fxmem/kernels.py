@@ -352,7 +352,9 @@ def _installed(kernels: dict, forget: Callable = lambda: None) -> Iterator[None]
             warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
             for key, table in kernels.items():
                 for name, kernel in table.items():
-                    lib.impl(name, kernel, key)
+                    # allow_override: torch 2.11's default is False (2.13's True), and
+                    # these replace kernels PyTorch registers (e.g. a Python meta kernel)
+                    lib.impl(name, kernel, key, allow_override=True)
         yield
     finally:
         if lib is not None:
