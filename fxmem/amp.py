@@ -93,8 +93,9 @@ RULES: dict[str, dict[str, Policy]] = {
             upsample_trilinear3d upsample_bicubic2d _upsample_bicubic2d_aa""",
         FP32_SET_OPT_DTYPE="""prod prod.dim_int softmax.int log_softmax.int cumprod cumsum
             linalg_vector_norm linalg_matrix_norm linalg_matrix_norm.str_ord sum
-            sum.dim_IntList""",
-        FP32_APPEND_DTYPE="norm.Scalar norm.ScalarOpt_dim",
+            sum.dim_IntList prod.dim_Dimname softmax.Dimname log_softmax.Dimname
+            cumprod.dimname cumsum.dimname sum.dim_DimnameList""",  # Dimname ones: 2.11
+        FP32_APPEND_DTYPE="norm.Scalar norm.ScalarOpt_dim norm.names_ScalarOpt_dim",
         PROMOTE="""addcdiv addcmul atan2 bilinear cross dot vdot grid_sampler index_put
             tensordot scatter_add""",
         BANNED="binary_cross_entropy",
@@ -133,7 +134,8 @@ RULES: dict[str, dict[str, Policy]] = {
 DISPATCH_KEY = {"cuda": "AutocastCUDA", "cpu": "AutocastCPU"}
 # norm's fp32_append_dtype overloads redispatch to these (autocast_mode.h)
 _APPEND_DTYPE_TARGET = {"norm.Scalar": "norm.ScalarOpt_dtype",
-                        "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype"}
+                        "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype",
+                        "norm.names_ScalarOpt_dim": "norm.names_ScalarOpt_dim_dtype"}
 _BANNED_MESSAGE = {
     "binary_cross_entropy": (
         "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to "

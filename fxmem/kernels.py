@@ -58,9 +58,12 @@ from .errors import InputError
 aten = torch.ops.aten
 
 # PyTorch releases each rule was read on: 2.13's sources and binary for every rule; the SDPA
-# rules also against 2.11's and 2.12's binaries (fxmem.sdpa gates what differs)
+# rules also against 2.11's and 2.12's binaries (fxmem.sdpa gates what differs); most others
+# also against 2.11.0's (BOTH); the rest are consistent with 2.11's binary, not re-derived
 CHECKED_ON = ("2.13",)
 SDPA_CHECKED_ON = ("2.11", "2.12", "2.13")
+# rules also confirmed in 2.11.0's CUDA wheel (its Python, its binary, fake CUDA tensors)
+BOTH = ("2.11", "2.13")
 
 
 @dataclass(frozen=True)
@@ -370,7 +373,8 @@ RULES: tuple = (
                "training with 0 < p < 1 runs native_dropout: the mask autograd keeps is bool "
                "(1 byte an element), not a copy of the input's dtype filled by bernoulli_",
                "aten/src/ATen/native/Dropout.cpp: dropout, is_fused_kernel_acceptable; "
-               "aten/src/ATen/native/cuda/Dropout.cu: native_dropout_cuda"),
+               "aten/src/ATen/native/cuda/Dropout.cu: native_dropout_cuda",
+               checked=BOTH),
     KernelRule("scaled_dot_product_attention", "route",
                "CUDA's backend choice (flash, memory-efficient, cuDNN, math) for the installed "
                "release and the target's compute capability, then that backend's kernel: no "
@@ -383,28 +387,33 @@ RULES: tuple = (
                "a float16 input asked for float32 runs _softmax(half_to_float=True): no float32 "
                "copy of the input first, a float16 gradient (CUDA autocast asks this of every "
                "float16 softmax)",
-               "aten/src/ATen/native/SoftMax.cpp: softmax, log_softmax"),
+               "aten/src/ATen/native/SoftMax.cpp: softmax, log_softmax",
+               checked=BOTH),
     KernelRule("_fused_rms_norm", "stub",
                "rms_norm runs CUDA's fused kernel, which saves the input, the weight and a "
                "float32 rstd per row; the CPU decomposes it above autograd (float32 copies saved)",
                "aten/src/ATen/native/layer_norm.cpp: rms_norm_symint; "
-               "aten/src/ATen/native/cuda/layer_norm_kernel.cu: _fused_rms_norm_cuda"),
+               "aten/src/ATen/native/cuda/layer_norm_kernel.cu: _fused_rms_norm_cuda",
+               checked=BOTH),
     KernelRule("native_batch_norm", "outputs",
                "save_mean and save_invstd {C} in the accumulate type, in eval too (native "
                "kernel); cuDNN's are float32 in training and empty in eval",
                "aten/src/ATen/native/cuda/Normalization.cu: batch_norm_cuda; "
-               "aten/src/ATen/native/cudnn/BatchNorm.cpp: cudnn_batch_norm"),
+               "aten/src/ATen/native/cudnn/BatchNorm.cpp: cudnn_batch_norm",
+               checked=BOTH),
     KernelRule("native_batch_norm", "unmodelled",
                "cuDNN's reserve space (kept for backward) and workspaces, when cuDNN runs",
                "aten/src/ATen/native/Normalization.cpp: _select_batch_norm_backend"),
     KernelRule("log_sigmoid_forward", "outputs",
                "the buffer is empty on CUDA (only the CPU kernel uses it)",
-               "aten/src/ATen/native/cuda/Activation.cpp: log_sigmoid_forward_cuda"),
+               "aten/src/ATen/native/cuda/Activation.cpp: log_sigmoid_forward_cuda",
+               checked=BOTH),
     KernelRule("lstm, gru, rnn_tanh, rnn_relu (.input, .data); lstm_cell, gru_cell", "route",
                "cuDNN's _cudnn_rnn when use_cudnn (else matmul and the fused cells per step); "
                "the cells: _thnn_fused_lstm_cell / _thnn_fused_gru_cell (fxmem/cuda_rnn.py)",
                "aten/src/ATen/native/RNN.cpp: use_cudnn, _cudnn_impl, LSTMCell, GRUCell; "
-               "aten/src/ATen/native/cudnn/RNN.cpp: _cudnn_rnn"),
+               "aten/src/ATen/native/cudnn/RNN.cpp: _cudnn_rnn",
+               checked=BOTH),
     KernelRule("_cudnn_rnn, _cudnn_rnn_backward", "workspace",
                "the batch_first input made time-major, backward's copies of the input and the "
                "gradients (fxmem.cuda_rnn.workspace_bytes)",
@@ -419,7 +428,8 @@ RULES: tuple = (
                "partial sums (P×D in the accumulate type, or the fused path's V×D float32 for "
                "16-bit gradients) while the kernel runs (fxmem/cuda_workspaces.py)",
                "aten/src/ATen/native/cuda/Embedding.cu: embedding_dense_backward_cuda; "
-               "EmbeddingBackwardKernel.cu: embedding_backward_cuda_kernel"),
+               "EmbeddingBackwardKernel.cu: embedding_backward_cuda_kernel",
+               checked=BOTH),
     KernelRule("index_put (accumulate), index_add_ (deterministic)", "workspace",
                "the sort-based kernel: linear indices, sorted and original indices, the "
                "expanded values, CUB's radix-sort storage (fxmem/cuda_workspaces.py)",
@@ -431,14 +441,16 @@ RULES: tuple = (
                "above 65,536 rows with few columns, per-block partial sums for the weight "
                "gradients; dY made contiguous",
                "aten/src/ATen/native/cuda/layer_norm_kernel.cu: "
-               "LaunchGammaBetaBackwardCUDAKernel"),
+               "LaunchGammaBetaBackwardCUDAKernel",
+               checked=BOTH),
     KernelRule("native_layer_norm_backward", "outputs",
                "dX is contiguous (the fake kernel gives it dY's strides)",
                "aten/src/ATen/native/cuda/layer_norm_kernel.cu: layer_norm_backward_cuda"),
     KernelRule("native_layer_norm", "outputs",
                "mean and rstd in the accumulate type (float32 for float16 and bfloat16 "
                "inputs); the CPU kernel keeps the input's dtype",
-               "aten/src/ATen/native/cuda/layer_norm_kernel.cu: layer_norm_cuda"),
+               "aten/src/ATen/native/cuda/layer_norm_kernel.cu: layer_norm_cuda",
+               checked=BOTH),
     KernelRule("_scaled_dot_product_efficient_attention", "host",
                "the philox seed and offset (outputs 2 and 3) are host tensors outside "
                "CUDA-graph capture: no device memory (fxmem.sdpa_memory.HOST_OUTPUTS); flash's "

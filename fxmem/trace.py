@@ -42,6 +42,7 @@ from .rules import (CONSTANT_LIFT_OPS, DATA_DEPENDENT_OPS, DECOMPOSE_OPS, LAYOUT
 from .reuse import NoReuse, Reuse, find_runs, splice
 from .saved import SavedTensors, latest
 from .amp import emulate
+from .compat import tracing_shims
 from .kernels import cuda_kernels
 from .step import (StepSpec, make_grad_scaler, make_optimizer, make_spec, needs_closure,
                    run_step, scaler_tensors, warmup_steps)
@@ -518,7 +519,7 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=None, optimizer=None,
         rec.kernels = cuda_kernels(compute_capability)
     handles = []
     try:
-        with frozen_gc():
+        with frozen_gc(), tracing_shims():
             return _run(model, spec, mode, rec, sym, batch, hint, handles, plan, named,
                         reuse_blocks)
     except FxmemError:

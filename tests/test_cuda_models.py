@@ -8,6 +8,7 @@ import sympy
 import torch
 
 import fxmem
+from fxmem import sdpa
 from fxmem.symbols import B, L
 from fxmem.trace import trace
 from zoo import LM
@@ -79,7 +80,8 @@ def _backends(t):
 def test_sdpa_on_cuda_saves_no_attention_probabilities(family, amp):
     model, inputs, seq = _model(family, "sdpa")
     t = trace(model, inputs, optimizer=torch.optim.AdamW, device="cuda", amp=amp)
-    want = BACKEND.get((family, amp), "flash")
+    # bf16: cuDNN would lead, but from 2.12 it refuses p = 0.1 (not a multiple of 1/16)
+    want = BACKEND.get((family, amp), "flash" if sdpa.TORCH >= (2, 12) else "cuDNN")
     assert _backends(t) == {"memory-efficient" if want == "efficient" else want}
     ops = {o.op for o in t.ops}
     if want == "math":  # the unfused path: CUDA saves the probabilities and a bool mask
