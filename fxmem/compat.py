@@ -59,11 +59,18 @@ def tracing_shims() -> Iterator[None]:
         return
     lib = torch.library.Library("aten", "IMPL")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
-            for key, table in shims.items():
-                for name, kernel in table.items():
-                    lib.impl(name, kernel, key, allow_override=True)
+        register(lib, shims)
         yield
     finally:
         lib._destroy()
+
+
+def register(lib, kernels: dict) -> None:
+    """Register ``kernels`` (dispatch key -> {aten op name: kernel}) in ``lib``, replacing
+    what is there: ``allow_override`` because torch 2.11's default is False (2.13's True),
+    and these replace kernels PyTorch registers itself (C++ ones, or a Python meta kernel)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
+        for key, table in kernels.items():
+            for name, kernel in table.items():
+                lib.impl(name, kernel, key, allow_override=True)

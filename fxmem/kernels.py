@@ -47,12 +47,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import warnings
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
 
+from .compat import register
 from .errors import InputError
 
 aten = torch.ops.aten
@@ -351,13 +351,7 @@ def _installed(kernels: dict, forget: Callable = lambda: None) -> Iterator[None]
     lib = None
     try:
         lib = torch.library.Library("aten", "IMPL")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
-            for key, table in kernels.items():
-                for name, kernel in table.items():
-                    # allow_override: torch 2.11's default is False (2.13's True), and
-                    # these replace kernels PyTorch registers (e.g. a Python meta kernel)
-                    lib.impl(name, kernel, key, allow_override=True)
+        register(lib, kernels)
         yield
     finally:
         if lib is not None:
