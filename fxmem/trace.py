@@ -43,7 +43,7 @@ from .reuse import NoReuse, Reuse, find_runs, splice
 from .saved import SavedTensors, latest
 from .amp import emulate
 from .compat import tracing_shims
-from .kernels import cuda_kernels
+from .kernels import check_capability, cuda_kernels
 from .step import (StepSpec, make_grad_scaler, make_optimizer, make_spec, needs_closure,
                    run_step, scaler_tensors, warmup_steps)
 from .symbols import B, Size, dim_symbol, plain
@@ -245,14 +245,12 @@ class _Recorder(StorageTracker):
                 with self.shape_env.suppress_guards():
                     return func(*args, **kwargs)
             out = func(*args, **kwargs)
-            if self.kernels is not None:
-                out = self.kernels.outputs(func, args, kwargs, out)
-                host = self.kernels.host_outputs(func)
-                self._host = tuple(out[i] for i in host)
             rule = UNSIZED_WORKSPACE_OPS.get(func)
             if rule is not None and rule[0](args):
                 self.unmodelled.setdefault((func, self.module()), rule[1])
-            if self.kernels is not None:
+            if self.kernels is not None:  # what CUDA's kernel allocates (fxmem.kernels)
+                out = self.kernels.outputs(func, args, kwargs, out)
+                self._host = tuple(out[i] for i in self.kernels.host_outputs(func))
                 what = self.kernels.unmodelled(func, args, kwargs, out)
                 if what is not None:
                     self.unmodelled.setdefault((func, self.module()), what)
@@ -515,8 +513,9 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=None, optimizer=None,
         for t_i, d in places:
             named.setdefault(t_i, {})[d] = node
     rec = _Recorder(shape_env, sym, dim_syms)
-    if spec.device == "cuda" and kernel_semantics:  # CUDA's kernels (checked before any work)
-        rec.kernels = cuda_kernels(compute_capability)
+    rec.capability = check_capability(compute_capability)  # before any work, on any device
+    if spec.device == "cuda" and kernel_semantics:  # CUDA's kernels, not the CPU's
+        rec.kernels = cuda_kernels(rec.capability)
     handles = []
     try:
         with frozen_gc(), tracing_shims():
@@ -824,8 +823,7 @@ def _finish(rec: _Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
                  tuple(sorted(rec.calls, key=lambda c: (c.first_op, -c.last_op))),
                  rec.saved_tensors.packs, spec.grad_accum, tuple(rec.dim_syms),
                  getattr(rec, "reused", ()),
-                 rec.kernels.capability if rec.kernels is not None else (9, 0),
-                 rec.kernels.choices if rec.kernels is not None else ())
+                 rec.capability, rec.kernels.choices if rec.kernels is not None else ())
 
 
 def _with(s: StorageInfo, **kw) -> StorageInfo:
