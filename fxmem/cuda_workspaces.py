@@ -149,15 +149,66 @@ def _embedding_dense_backward(a, cap, sms):
     and its offsets (m each), num_of_partial_segments, partial_segment_offset (P), then the
     fused atomic path's partial_to_segment_idx (P) and fp32 grad_weight_acc (V*D, fp16/bf16)
     or the two-pass path's grad_weight_per_segment (P*D*opmath)."""
-    g, idx, V, scale = a["grad_output"], a["indices"], a["num_weights"], a["scale_grad_by_freq"]
+    return _sorted_backward(a["grad_output"], a["indices"], a["num_weights"],
+                            a["scale_grad_by_freq"], cap, sms)
+
+
+def _embedding_bag_dense_backward(a, cap, sms):
+    """EmbeddingBag.cu ``_embedding_bag_dense_backward_cuda``: ``grad.contiguous()``; sum and
+    mean: ``embedding_bag_backward_cuda_sum_avg`` always sorts (path B of
+    :func:`_embedding_dense_backward`, whatever n), then ``embedding_backward_cuda_kernel``
+    with ``offset2bag``, which never takes the fused atomic path (``!offset2bag.defined()``);
+    max: ``embedding_bag_backward_cuda_max`` (atomics, no temporaries)."""
+    if a["mode"] == 2:  # MODE_MAX
+        g = a["grad"]
+        return [] if _contiguous(g) else [("grad.contiguous()", g.numel() * g.element_size())]
+    return _sorted_backward(a["grad"], a["indices"], a["num_weights"], a["scale_grad_by_freq"],
+                            cap, sms, bag=True)
+
+
+def _embedding_bag_backward(a, cap, sms):
+    """EmbeddingBag.cpp ``_embedding_bag_backward_symint`` (a CUDA kernel, not a composite,
+    since 2.11): ``promoteIndicesAndOffsets`` converts int32 indices to int64 when the offsets
+    are int64 (a copy alive until the op returns), then, unless ``sparse``,
+    ``_embedding_bag_dense_backward`` (:func:`_embedding_bag_dense_backward`)."""
+    if a["sparse"]:
+        return []
+    idx, off = a["indices"], a["offsets"]
+    if idx.dtype == off.dtype:
+        return _embedding_bag_dense_backward(a, cap, sms)
+    promoted = [("indices.to(offsets' dtype) (promoteIndicesAndOffsets)", idx.numel() * 8)]
+    return promoted + _embedding_bag_dense_backward({**a, "indices": _Int64(idx)}, cap, sms)
+
+
+class _Int64:
+    """The contiguous int64 copy of an index tensor: what the sort-based kernel reads of it."""
+
+    def __init__(self, t):
+        self.shape, self._n = tuple(t.shape), t.numel()
+
+    def numel(self):
+        return self._n
+
+    def element_size(self):
+        return 8
+
+    def stride(self):
+        return tuple(math.prod(self.shape[i + 1:]) for i in range(len(self.shape)))
+
+
+def _sorted_backward(g, idx, V, scale, cap, sms, bag=False):
+    """The temporaries of embedding backward's sort-based kernel (see
+    :func:`_embedding_dense_backward`); ``bag``: EmbeddingBag's, which always sorts and never
+    takes the fused atomic path."""
     n, D, s = idx.numel(), g.size(-1), idx.element_size()
     ws = [] if _contiguous(idx) else [("indices.contiguous()", n * s)]
-    if not _contiguous(g):  # grad_.contiguous().view({n, D})
-        ws.append(("grad.contiguous()", n * D * g.element_size()))
-    path_b = _decide(True if scale else n > 3072)
+    if not _contiguous(g):  # grad_.contiguous() (.view({n, D}))
+        ws.append(("grad.contiguous()", g.numel() * g.element_size()))
+    # bags: none without indices (all bags empty), else always
+    path_b = _decide(n > 0 if bag else True if scale else n > 3072)
     if path_b is False:
         return ws
-    lo = 1 if scale else 3073  # the least n of path B
+    lo = 1 if scale or bag else 3073  # the least n of path B
     m = torch.sym_min(n, V)
     P = n // 10 + m  # max_partial_segment (NROWS_PER_THREAD = 10)
     common = [("sorted_indices", n * s), ("orig_indices", n * s)]
@@ -166,7 +217,7 @@ def _embedding_dense_backward(a, cap, sms):
     warped = _cdiv(D, 32) * 32  # stride_warped
     block = torch.sym_min(warped, 1024)  # SortingCommon.cuh MAX_BLOCK_SIZE (CUDA)
     grid = _cdiv(m * warped, block)  # sum_scatter_grid: non-decreasing in n
-    fused = not (_deterministic() or _known(_cdiv(torch.sym_min(lo, V) * warped, block)
+    fused = not (bag or _deterministic() or _known(_cdiv(torch.sym_min(lo, V) * warped, block)
                                             >= sms * 4)) and _and(grid < sms * 4, P > grid * 4)
     opmath = 8 if g.dtype == torch.float64 else 4
     phases = {
@@ -282,7 +333,16 @@ def _group_norm(a, cap, sms):
     N, C, HxW = a["N"], a["C"], a["HxW"]
     affine = a["weight"] is not None or a["bias"] is not None
     n = _ite(_and(N != 0, HxW != 1, affine), N * C * _acc(a["input"]), 0)
-    return _clean([("a = empty({N, C}, acc)", n), ("b = empty({N, C}, acc)", n)])
+    return _clean(_made_contiguous(a, ("input",))
+                  + [("a = empty({N, C}, acc)", n), ("b = empty({N, C}, acc)", n)])
+
+
+def _made_contiguous(a, names) -> list:
+    """group_norm.cpp ``native_group_norm(_backward)``: on CUDA, ``X.contiguous()`` (and
+    ``dY.contiguous()``) in the default memory format, alive until the op returns; a copy
+    only for a tensor not already contiguous (a channels_last one)."""
+    return [(f"{name}.contiguous()", a[name].numel() * a[name].element_size())
+            for name in names if not _contiguous(a[name])]
 
 
 def _group_norm_backward(a, cap, sms):
@@ -292,7 +352,8 @@ def _group_norm_backward(a, cap, sms):
     N, C, HxW, G, acc = a["N"], a["C"], a["HxW"], a["group"], _acc(a["input"])
     dx = a["output_mask"][0]
     nc, ng = _ite(N != 0, N * C * acc, 0), _ite(N != 0, N * G * acc, 0) if dx else 0
-    return _clean([("ds = empty({N, C}, acc)", nc), ("db = empty({N, C}, acc)", nc),
+    return _clean(_made_contiguous(a, ("grad_out", "input")) + [
+                  ("ds = empty({N, C}, acc)", nc), ("db = empty({N, C}, acc)", nc),
                    ("c1 = rstd * gamma, {N, G, D} acc",
                     _ite(HxW != 1, nc, 0) if dx and a["weight"] is not None else 0),
                    ("c2 = empty({N, G}, acc)", ng), ("c3 = empty({N, G}, acc)", ng)])
@@ -342,6 +403,8 @@ def _norm_backward(a, cap, sms, rms):
 
 _RULES = {
     aten.embedding_dense_backward.default: _embedding_dense_backward,
+    aten._embedding_bag_dense_backward.default: _embedding_bag_dense_backward,
+    aten._embedding_bag_backward.default: _embedding_bag_backward,
     aten._index_put_impl_.default: _index_put,
     aten.index_put.default: _index_put,  # what IndexBackward calls on (fake) tensor subclasses
     aten.index_put_.default: _index_put,
@@ -380,9 +443,15 @@ def unmodelled(func, args, kwargs, out, *, capability=(9, 0), num_sms=None) -> s
         return None
     a, (sms, guessed) = _by_name(func, args, kwargs), _sms(capability, num_sms)
     note = f"; SM count of sm{capability[0]}{capability[1]} assumed {sms}" if guessed else ""
-    if func is aten.embedding_dense_backward.default:
+    bags = (aten._embedding_bag_dense_backward.default, aten._embedding_bag_backward.default)
+    if func in bags:
+        if (a["mode"] == 2 or a.get("sparse")
+                or _decide(a["indices"].numel() > 0) is False):
+            return None
+    if func in (aten.embedding_dense_backward.default, *bags):
         n, scale = a["indices"].numel(), a["scale_grad_by_freq"]
-        if not scale and _decide(n > 3072) is False:
+        bag = func in bags
+        if not (scale or bag) and _decide(n > 3072) is False:
             return None
         scans = "unique_by_key, exclusive_sum" + (
             ", inclusive_sum_by_key, inclusive_scan_by_key" if scale else "")

@@ -46,6 +46,7 @@ torch.bool
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -111,6 +112,23 @@ def _softmax(fn):
     return kernel
 
 
+def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):
+    """aten/src/ATen/native/group_norm.cpp ``group_norm``: the input is checked, then, on
+    every device but the CPU, made contiguous in the default memory format before
+    ``native_group_norm``, which autograd saves: a channels_last input is copied, and the
+    copy kept for backward (the CPU keeps the input's suggested format, no copy)."""
+    n, c = input.shape[0], input.shape[1]
+    if num_groups <= 0:
+        raise RuntimeError(f"Expected num groups to be greater than 0, got {num_groups}")
+    if c % num_groups != 0:
+        raise RuntimeError("Expected number of channels in input to be divisible by "
+                           f"num_groups, but got input of shape {list(input.shape)} and "
+                           f"num_groups={num_groups}")
+    hxw = math.prod(input.shape[2:])
+    return aten.native_group_norm.default(input.contiguous(), weight, bias, n, c, hxw,
+                                          num_groups, eps)[0]
+
+
 def _routes(capability, cudnn_version, on_choice) -> dict[str, Callable]:
     """aten op name -> the Python kernel that replaces its CompositeImplicitAutograd one."""
     from functools import partial
@@ -120,6 +138,7 @@ def _routes(capability, cudnn_version, on_choice) -> dict[str, Callable]:
     return {
         **cuda_rnn.routes(capability),
         "dropout": _dropout,
+        "group_norm": _group_norm,
         "softmax.int": _softmax(aten._softmax.default),
         "log_softmax.int": _softmax(aten._log_softmax.default),
         "scaled_dot_product_attention": partial(
@@ -180,10 +199,13 @@ def _batch_norm_stats(args, out):
     return (out[0], *(torch.empty(want[0], dtype=acc) for _ in (1, 2)), *out[3:])
 
 
-def _contiguous_grad_input(args, out):
-    """cuda/layer_norm_kernel.cu ``layer_norm_backward_cuda``: ``dX`` is
-    ``at::native::empty_like(*X, ..., MemoryFormat::Contiguous)``; the fake kernel gives it
-    ``dY``'s strides (a later ``.contiguous()`` would then copy it on fake tensors only)."""
+def _first_contiguous(args, out):
+    """Output 0 in the default memory format, where the fake kernel gives it an input's
+    strides (a later ``.contiguous()`` would then copy it on fake tensors only).
+    cuda/layer_norm_kernel.cu ``layer_norm_backward_cuda``: ``dX`` is
+    ``at::native::empty_like(*X, ..., MemoryFormat::Contiguous)``. group_norm.cpp
+    ``native_group_norm(_backward)``: ``Y`` and ``dX`` are ``empty_like(X.contiguous())``
+    on CUDA (the CPU, and the meta kernel, keep X's suggested memory format)."""
     dx = out[0]
     if dx is None or dx.is_contiguous():
         return out
@@ -198,14 +220,35 @@ def _no_buffer(args, out):
     return (out[0], torch.empty((0,), dtype=out[1].dtype))
 
 
+def _embedding_bag_aux(args, out):
+    """cuda/EmbeddingBag.cu ``_embedding_bag_cuda``: ``offset2bag`` is always ``{n}`` and
+    ``bag_size`` ``offsets.sizes()`` (the CPU kernel: ``{0}`` on the fast sum path, and
+    ``{num_bags}``), ``max_indices`` ``{num_bags, D}`` in max mode and ``{0}`` otherwise, all
+    in the indices' dtype after ``promoteIndicesAndOffsets``. PyTorch's meta kernel has this
+    branch (``device_hint``), but takes the CPU one on fake CPU tensors."""
+    weight, indices, offsets = args[:3]
+    mode = args[4] if len(args) > 4 else 0
+    num_bags = out[0].shape[0]
+    dtype = torch.promote_types(indices.dtype, offsets.dtype)
+    shapes = ((indices.shape[0],), tuple(offsets.shape),
+              (num_bags, weight.shape[1]) if mode == 2 else (0,))
+    if all(tuple(o.shape) == sh and o.dtype == dtype for o, sh in zip(out[1:], shapes)):
+        return out
+    return (out[0], *(torch.empty(sh, dtype=dtype) for sh in shapes))
+
+
 # op -> function(args, out) -> out
 OUTPUT_RULES: dict = {
+    aten._embedding_bag.default: _embedding_bag_aux,
+    aten._embedding_bag_forward_only.default: _embedding_bag_aux,
     # layer_norm_kernel.cu layer_norm_cuda: mean and rstd are
     # at::empty({M}, X->options().dtype(acc_type)), viewed to the stat shape
     aten.native_layer_norm.default: _stats_in_acc_type((1, 2)),
     aten.native_batch_norm.default: _batch_norm_stats,
     aten.log_sigmoid_forward.default: _no_buffer,
-    aten.native_layer_norm_backward.default: _contiguous_grad_input,
+    aten.native_layer_norm_backward.default: _first_contiguous,
+    aten.native_group_norm.default: _first_contiguous,
+    aten.native_group_norm_backward.default: _first_contiguous,
 }
 
 
@@ -424,13 +467,37 @@ RULES: tuple = (
                "aten/src/ATen/native/cuda/Embedding.cu: embedding_dense_backward_cuda; "
                "EmbeddingBackwardKernel.cu: embedding_backward_cuda_kernel",
                checked=BOTH),
+    KernelRule("_embedding_bag, _embedding_bag_forward_only", "outputs",
+               "offset2bag is {n} and bag_size offsets' size, max_indices {num_bags, D} in "
+               "max mode else {0}, in the indices' dtype (the CPU's fast sum path keeps "
+               "offset2bag {0})",
+               "aten/src/ATen/native/cuda/EmbeddingBag.cu: _embedding_bag_cuda"),
+    KernelRule("_embedding_bag_backward, _embedding_bag_dense_backward", "workspace",
+               "sum and mean always sort the indices: embedding backward's sort-based "
+               "temporaries, never its fused atomic path (int32 indices with int64 offsets "
+               "promoted first); max mode has none",
+               "aten/src/ATen/native/EmbeddingBag.cpp: _embedding_bag_backward_symint; "
+               "aten/src/ATen/native/cuda/EmbeddingBag.cu: "
+               "embedding_bag_backward_cuda_sum_avg; EmbeddingBackwardKernel.cu: "
+               "embedding_backward_cuda_kernel"),
     KernelRule("index_put (accumulate), index_add_ (deterministic)", "workspace",
                "the sort-based kernel: linear indices, sorted and original indices, the "
                "expanded values, CUB's radix-sort storage (fxmem/cuda_workspaces.py)",
                "aten/src/ATen/native/cuda/Indexing.cu: index_put_with_sort_kernel"),
+    KernelRule("group_norm", "route",
+               "the input is made contiguous before native_group_norm, which saves it: a "
+               "channels_last input is copied and the copy kept for backward (the CPU keeps "
+               "channels_last, no copy)",
+               "aten/src/ATen/native/group_norm.cpp: group_norm"),
+    KernelRule("native_group_norm, native_group_norm_backward", "outputs",
+               "Y and dX are contiguous (the meta kernel keeps X's memory format)",
+               "aten/src/ATen/native/group_norm.cpp: native_group_norm, "
+               "native_group_norm_backward"),
     KernelRule("native_group_norm, native_group_norm_backward", "workspace",
-               "{N, C} and {N, G} temporaries in the accumulate type",
-               "aten/src/ATen/native/cuda/group_norm_kernel.cu"),
+               "{N, C} and {N, G} temporaries in the accumulate type; copies of a "
+               "non-contiguous X and dY",
+               "aten/src/ATen/native/cuda/group_norm_kernel.cu; "
+               "aten/src/ATen/native/group_norm.cpp"),
     KernelRule("native_layer_norm_backward, _fused_rms_norm_backward", "workspace",
                "above 65,536 rows with few columns, per-block partial sums for the weight "
                "gradients; dY made contiguous",

@@ -208,6 +208,53 @@ def test_embedding_symbolic_peak_phase_moves():
     assert s.untouched()
 
 
+
+def bag(n, V, D, bags=32, mode=0, scale=False, dtype=F32):
+    """_embedding_bag_dense_backward(grad {bags, D}, indices {n}, offset2bag {n},
+    bag_size {bags}, max_indices, V, scale, mode, per_sample_weights, padding_idx)."""
+    idx = fake(n, dtype=I64)
+    return ws(aten._embedding_bag_dense_backward.default, fake(bags, D, dtype=dtype), idx, idx,
+              fake(bags, dtype=I64), fake(bags, D, dtype=I64) if mode == 2 else fake(0, dtype=I64),
+              V, scale, mode, None, -1)
+
+
+def test_embedding_bag_always_sorts():
+    """EmbeddingBag.cu embedding_bag_backward_cuda_sum_avg: radix_sort_pairs whatever n (no
+    3,072 threshold), then embedding_backward_cuda_kernel with offset2bag."""
+    n, V, D = 100, 1000, 16
+    m, P = 100, 100 // 10 + 100
+    # as the dense kernel with scale_grad_by_freq, minus count: segments peaks (P*D*4 = 7040)
+    expected = {"sorted_indices": 8 * n, "orig_indices": 8 * n, "segment_offsets": 8 * n,
+                "num_of_segments": 8, "partials_per_segment": 8 * m,
+                "partials_per_segment_offset": 8 * m, "num_of_partial_segments": 8,
+                "partial_segment_offset": 8 * P,
+                "grad_weight_per_segment (two-pass path)": P * D * 4}
+    assert bag(n, V, D) == bag(n, V, D, mode=1) == expected
+    assert emb(n, V, D) == {}  # the dense kernel's path A
+    assert bag(0, V, D) == {}  # all bags empty: zeros, no sort
+    assert bag(n, V, D, mode=2) == {}  # max: embedding_bag_backward_cuda_max, atomics
+    args = lambda mode: (fake(32, D), fake(n, dtype=I64), fake(n, dtype=I64),
+                         fake(32, dtype=I64), fake(0, dtype=I64), V, False, mode, None, -1)
+    assert "unique_by_key" in cw.unmodelled(aten._embedding_bag_dense_backward.default,
+                                            args(0), {}, None)
+    assert cw.unmodelled(aten._embedding_bag_dense_backward.default, args(2), {}, None) is None
+
+
+def test_embedding_bag_never_takes_the_fused_path():
+    """embedding_backward_cuda_kernel: use_fused_kernel needs !offset2bag.defined()."""
+    n, V, D = 8192, 100, 1024  # the dense kernel fuses here (test_embedding_fused_atomic_path)
+    dense = emb(n, V, D, BF16)
+    assert "partial_to_segment_idx (fused atomic path)" in dense
+    got = bag(n, V, D, dtype=BF16)
+    assert got == {**{k: v for k, v in dense.items() if "fused" not in k},
+                   "grad_weight_per_segment (two-pass path)": (n // 10 + V) * D * 4}
+    with FAKE:
+        g = torch.empty(D, 32, dtype=BF16).t()  # grad.contiguous() copies {bags, D}
+    idx = fake(n, dtype=I64)
+    assert ws(aten._embedding_bag_dense_backward.default, g, idx, idx, fake(32, dtype=I64),
+              fake(0, dtype=I64), V, False, 0, None, -1) == {
+        "grad.contiguous()": 32 * D * 2, **got}
+
 # --- 2. index_put (accumulate) and deterministic index_add_ ---------------------------------------
 
 def test_index_put_embedding_style():
@@ -304,6 +351,21 @@ def test_group_norm_forward_and_backward():
                                            "c2 = empty({N, G}, acc)", "c3 = empty({N, G}, acc)"}
 
 
+def test_group_norm_copies_a_channels_last_input_and_grad():
+    """group_norm.cpp native_group_norm(_backward): memory_format is Contiguous off the CPU, so
+    X.contiguous() and dY.contiguous() copy a channels_last X and dY until the op returns."""
+    N, C, HxW, G = 8, 64, 256, 32
+    with FAKE:
+        x = torch.empty(N, C, 16, 16).to(memory_format=torch.channels_last)
+    w, st = fake(C), fake(N, G)
+    fwd = ws(aten.native_group_norm.default, x, w, w, N, C, HxW, G, 1e-5)
+    assert fwd == {"input.contiguous()": N * C * HxW * 4, "a = empty({N, C}, acc)": N * C * 4,
+                   "b = empty({N, C}, acc)": N * C * 4}
+    bwd = ws(aten.native_group_norm_backward.default, x, x, st, st, w, N, C, HxW, G,
+             [True, True, True])
+    assert bwd["grad_out.contiguous()"] == bwd["input.contiguous()"] == N * C * HxW * 4
+
+
 def test_group_norm_symbolic():
     s, C, G = Sym(), 64, 32
     with s.mode:
@@ -370,6 +432,7 @@ def test_layer_norm_symbolic_m():
 
 def test_ops_table_and_others():
     assert aten.embedding_dense_backward.default in cw.OPS
+    assert aten._embedding_bag_dense_backward.default in cw.OPS
     assert aten._index_put_impl_.default in cw.OPS and aten.index_add_.default in cw.OPS
     assert cw.workspace_bytes(aten.mm.default, (fake(2, 2), fake(2, 2)), {}, None) == []
     assert cw.unmodelled(aten.mm.default, (fake(2, 2), fake(2, 2)), {}, None) is None

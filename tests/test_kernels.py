@@ -272,3 +272,95 @@ def test_log_sigmoid_keeps_no_buffer_on_cuda():
     (cpu,) = _created(trace(m, x, loss=lambda o: o.sum(), device="cpu"),
                       "aten.log_sigmoid_forward.default")
     assert cuda[1][2] == 0 and cpu[1][2] == 64 * B
+
+
+@pytest.mark.parametrize("mode", [0, 1, 2])
+@pytest.mark.parametrize("last", [False, True])
+@pytest.mark.parametrize("index", [torch.int32, torch.int64])
+def test_embedding_bag_outputs_are_the_cuda_meta_kernels(mode, last, index):
+    """PyTorch's meta kernel of _embedding_bag has CUDA's branch (device_hint): run on fake
+    CUDA tensors (no autograd needed), it is what the rule must give for fake CPU ones."""
+    def outputs(device, offsets=index):
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            w = torch.empty(100, 16, device=device)
+            idx = torch.zeros(40, dtype=index, device=device)
+            off = torch.zeros(9, dtype=offsets, device=device)
+            args = (w, idx, off, False, mode, False, None, last)
+            return args, aten._embedding_bag.default(*args)
+
+    args, cpu = outputs("cpu")
+    _, cuda = outputs("cuda")
+    got = kernels.OUTPUT_RULES[aten._embedding_bag.default](args, cpu)
+    assert [(tuple(o.shape), o.dtype) for o in got] == [(tuple(o.shape), o.dtype) for o in cuda]
+    if mode == 0 or last:  # the CPU's fast sum path; include_last_offset's bag_size
+        assert [o.shape for o in cpu] != [o.shape for o in cuda]
+    # int32 indices, int64 offsets: _embedding_bag_cuda promotes both to int64 first
+    # (promoteIndicesAndOffsets); the meta kernel keeps the indices' int32 there
+    args, cpu = outputs("cpu", offsets=torch.int64)
+    got = kernels.OUTPUT_RULES[aten._embedding_bag.default](args, cpu)
+    assert [o.dtype for o in got[1:]] == [torch.int64] * 3
+
+
+def test_embedding_bag_on_cuda_keeps_n_offsets_and_sorts_in_backward():
+    m = torch.nn.EmbeddingBag(1000, 16, mode="sum")
+    x = torch.randint(0, 1000, (4, 20))
+    cuda, cpu = (trace(m, x, loss=lambda o: o.sum(), device=d) for d in ("cuda", "cpu"))
+    (fwd,) = _created(cuda, "aten._embedding_bag.default")
+    assert fwd[1][1:] == ((20 * B,), 160 * B)  # offset2bag: n indices
+    assert _created(cpu, "aten._embedding_bag.default")[0][1][1] == (0,)  # CPU fast sum path
+    # backward: a CUDA kernel since 2.11, which sorts the 20·B indices (fxmem.cuda_workspaces)
+    (bwd,) = _created(cuda, "aten._embedding_bag_backward.default")
+    workspaces = [n for dtype, _, n in bwd if dtype is None]
+    assert workspaces.count(160 * B) >= 2  # sorted_indices, orig_indices (int64, n each)
+    assert len(_created(cpu, "aten._embedding_bag_backward.default")[0]) == 1
+
+
+def test_group_norm_copies_a_channels_last_input_on_cuda():
+    """group_norm.cpp group_norm: off the CPU the input is made contiguous before
+    native_group_norm (as the C++ composite does for fake CUDA tensors below), and autograd
+    keeps that copy; the CPU keeps channels_last."""
+    def composite(device):
+        ops = []
+
+        class Log(torch.utils._python_dispatch.TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                ops.append(str(func))
+                return func(*args, **(kwargs or {}))
+
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            x = torch.empty(2, 8, 4, 4, device=device).to(memory_format=torch.channels_last)
+            w = torch.empty(8, device=device)
+            with Log():
+                F.group_norm(x, 2, w, w)
+        return [o for o in ops if o.startswith("aten.")]
+
+    assert composite("cuda") == ["aten.clone.default", "aten.native_group_norm.default"]
+    assert composite("cpu") == ["aten.native_group_norm.default"]
+    with FakeTensorMode():
+        x = torch.randn(2, 8, 4, 4).to(memory_format=torch.channels_last).requires_grad_()
+        with kernels.cuda_kernels():
+            y = F.group_norm(x, 2)
+        saved = y.grad_fn._saved_input
+    assert y.is_contiguous() and saved.is_contiguous() and saved is not x
+    with pytest.raises(RuntimeError, match="divisible by num_groups"):
+        with FakeTensorMode(), kernels.cuda_kernels():
+            F.group_norm(torch.randn(2, 6, 4), 4)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_ctc_loss_is_refused_by_name_on_both_devices(device):
+    """_ctc_loss's log_alpha is [B, T, 2·max(target_lengths)+1]: sized by the lengths' values,
+    so neither device's kernel (native or cuDNN) can be traced on fake tensors."""
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 20)
+
+        def forward(self, x):
+            b, t = x.shape[:2]
+            lp = self.proj(x).log_softmax(2).transpose(0, 1)
+            return F.ctc_loss(lp, torch.ones(b, 5, dtype=torch.long), torch.full((b,), t),
+                              torch.full((b,), 5))
+
+    with pytest.raises(fxmem.TraceError, match=r"aten\._ctc_loss\.Tensor.*module \(root\)"):
+        fxmem.analyze(M(), torch.randn(4, 30, 8), device=device)
