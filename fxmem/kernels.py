@@ -471,7 +471,8 @@ RULES: tuple = (
                "offset2bag is {n} and bag_size offsets' size, max_indices {num_bags, D} in "
                "max mode else {0}, in the indices' dtype (the CPU's fast sum path keeps "
                "offset2bag {0})",
-               "aten/src/ATen/native/cuda/EmbeddingBag.cu: _embedding_bag_cuda"),
+               "aten/src/ATen/native/cuda/EmbeddingBag.cu: _embedding_bag_cuda",
+               checked=BOTH),
     KernelRule("_embedding_bag_backward, _embedding_bag_dense_backward", "workspace",
                "sum and mean always sort the indices: embedding backward's sort-based "
                "temporaries, never its fused atomic path (int32 indices with int64 offsets "
@@ -488,7 +489,8 @@ RULES: tuple = (
                "the input is made contiguous before native_group_norm, which saves it: a "
                "channels_last input is copied and the copy kept for backward (the CPU keeps "
                "channels_last, no copy)",
-               "aten/src/ATen/native/group_norm.cpp: group_norm"),
+               "aten/src/ATen/native/group_norm.cpp: group_norm",
+               checked=BOTH),
     KernelRule("native_group_norm, native_group_norm_backward", "outputs",
                "Y and dX are contiguous (the meta kernel keeps X's memory format)",
                "aten/src/ATen/native/group_norm.cpp: native_group_norm, "
