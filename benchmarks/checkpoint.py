@@ -17,7 +17,7 @@ fxmem's plan with the least activation memory within 25 % extra step FLOPs.
 optimizer state nor the batch (categories ``activation`` and ``temporary``). Recompute is
 given as a share of the step's FLOPs without checkpointing (PyTorch's flop formulas).
 
-Solver speed: ``fxmem.solve`` on a synthetic chain of 100 candidates (1,000 points) and on
+Solver speed: ``fxmem.checkpoint.solve`` on a synthetic chain of 100 candidates (1,000 points) and on
 the two real problems. ``--measure``: GPT-2 small with real weights, the plan fxmem chose
 (cheapest with 3x less activation), one real eager CPU step at B=1 with the plan applied
 (``fxmem.apply_checkpoints`` + ``fxmem.measure``, about 12 GB of RAM) against the prediction
@@ -39,7 +39,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 import fxmem  # noqa: E402
-from fxmem import solve as S  # noqa: E402
+from fxmem.checkpoint import solve as S  # noqa: E402
 from zoo import gpt2  # noqa: E402
 
 GIB = 2**30

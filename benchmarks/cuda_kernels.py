@@ -5,7 +5,7 @@ SDPA attention and its dropout 0.1), one AdamW training step, analysed with L sy
 
 For fp32 and bf16 autocast, prints a Markdown table: the peak that ``device="cpu"`` predicts
 (what the CPU build's kernels allocate: SDPA's math path, float dropout masks) and the peak
-that ``device="cuda"`` predicts (the CUDA build's kernels, fxmem.kernels, in allocator
+that ``device="cuda"`` predicts (the CUDA build's kernels, fxmem.trace.cuda.kernels, in allocator
 blocks), at L = 512, 1024 and 2048, with the attention backend CUDA runs and each
 prediction's B·L² term (the attention probabilities and masks the step saves).
 """
@@ -29,7 +29,7 @@ GiB = 2**30
 def _b_l2(r) -> sympy.Expr:
     """The coefficient of B·L² in the activations (ceilings of padded sizes as their
     argument: within a constant of it)."""
-    from fxmem.symbols import B, L
+    from fxmem.formula.symbols import B, L
 
     e = sympy.expand(sympy.expand(r.parts["activations"]).replace(sympy.ceiling, lambda a: a))
     return sympy.Poly(e, B, L).coeff_monomial(B * L**2)
@@ -41,7 +41,7 @@ def main():
     p.add_argument("--capability", default="9.0")
     a = p.parse_args()
     import fxmem
-    from fxmem.targets import parse_capability
+    from fxmem.cli.targets import parse_capability
 
     cc = parse_capability(a.capability)
     with torch.device("meta"):

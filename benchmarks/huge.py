@@ -35,7 +35,7 @@ def main():
     import transformers
 
     import fxmem
-    from fxmem.targets import CausalLM
+    from fxmem.cli.targets import CausalLM
 
     t0 = time.perf_counter()
     with torch.device("meta"):

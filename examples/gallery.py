@@ -67,7 +67,7 @@ EXAMPLE_MODELS = (
                    "loss": "the model's own (output.loss)"}),
     Example("lstm_classifier", "lstm_classifier.py", "example", "LSTMClassifier",
             "A text classifier: embedding, two-layer LSTM over 32 tokens, linear head. "
-            "On CUDA the LSTM runs cuDNN's kernel (`_cudnn_rnn`, fxmem.cuda_rnn), whose "
+            "On CUDA the LSTM runs cuDNN's kernel (`_cudnn_rnn`, fxmem.trace.cuda.rnn), whose "
             "reserve space (kept for backward) and workspaces only cuDNN sizes: they are "
             "listed under *Not modelled*, so leave headroom for them.",
             B=64, loss="cross_entropy", optimizer="Adam",
@@ -163,7 +163,7 @@ def cli_page() -> str:
     # a fixed width (click's default maximum), so the page does not depend on the terminal
     settings = {"terminal_width": 80, "max_content_width": 80, **cli.context_settings}
     root = click.Context(cli, info_name="fxmem", **settings)
-    out = [HEADER.format(source="the CLI's `--help` texts (`fxmem/cli.py`)").rstrip("\n"), "",
+    out = [HEADER.format(source="the CLI's `--help` texts (`fxmem/cli/command.py`)").rstrip("\n"), "",
            "# CLI reference", "",
            "`pip install -e .` installs the `fxmem` command (`python -m fxmem` runs the "
            "same). Every command's `--help`, as the installed version prints it:", "",

@@ -1,38 +1,30 @@
 """fxmem: the device memory of a PyTorch training or inference step as a formula of the
 batch size B, before anything runs on a GPU.
 
-The pipeline, one stage per module, each taking the previous stage's result:
+The pipeline, one folder per stage, each importing only the ones above it in this list
+(``tests/test_layout.py`` keeps it so; ``docs/architecture.md`` draws it):
 
-- :mod:`fxmem.trace`    run the step on fake tensors (B symbolic), record ops and frees,
-  applying :mod:`fxmem.rules` where eager kernels differ from their fake ones,
-  :mod:`fxmem.kernels` for ``device="cuda"`` (what CUDA's kernels run and allocate:
-  :mod:`fxmem.sdpa` chooses the attention kernel, :mod:`fxmem.sdpa_memory`,
-  :mod:`fxmem.cuda_rnn` and :mod:`fxmem.cuda_workspaces` say what the kernels allocate), and
-  :mod:`fxmem.reuse` to trace a stack of identical blocks as two and copy the rest, and
-  :mod:`fxmem.guards` to fold shape guards into where the formula holds (``B >= 2``);
-- :mod:`fxmem.graph`    a networkx graph of ops and the storages they create;
-- :mod:`fxmem.liveness` live bytes after each op and the peak as an exact ``Max`` in B;
-- :mod:`fxmem.allocator` what the device adds (CUDA block rounding; the step replayed
-  through :mod:`fxmem.caching_allocator` with cuBLAS's workspaces, and cuDNN's on request:
-  ``Report.cuda_memory``);
-- :mod:`fxmem.result`   the :class:`Report` users read; :mod:`fxmem.report` renders it
-  (terminal, Markdown, JSON, HTML with plots) and :mod:`fxmem.cli` is the ``fxmem`` command;
-- :mod:`fxmem.measure`  ground truth: a real eager step; :mod:`fxmem.validate` runs the zoo
-  (:mod:`fxmem.zoo`) on a device against it, and :mod:`fxmem.divergence` names where a
-  missed case's allocations part ways with the prediction.
+- :mod:`fxmem.formula`     exact formulas: the symbols B and the named dims, polynomials,
+  shape guards folded into where a formula holds, proofs of which terms can be the peak;
+- :mod:`fxmem.trace`       stage 1: the step (:mod:`fxmem.trace.step`) run on fake tensors
+  with B symbolic, every aten op and free recorded; eager-vs-fake kernel rules, CUDA's
+  autocast lists and, for ``device="cuda"``, what CUDA's kernels run and allocate
+  (:mod:`fxmem.trace.cuda`); stacks of identical blocks traced as two; checkpoint plans;
+- :mod:`fxmem.memory`      stage 2-3: the step as a networkx graph, each storage's device
+  size, live bytes after every op and the peak as an exact ``Max`` in B;
+- :mod:`fxmem.device`      what the device adds at one B: the caching allocator replayed
+  with cuBLAS's workspaces (``Report.cuda_memory``);
+- :mod:`fxmem.checkpoint`  activation checkpointing on the same trace: candidate segments,
+  a plan's schedule, the solver (plain numbers), the chooser, FLOPs;
+- :mod:`fxmem.report`      the :class:`Report` users hold and its renderers (text, terminal,
+  Markdown, JSON, HTML with plots);
+- :mod:`fxmem.analyze`, :mod:`fxmem.dims`, :mod:`fxmem.whatif`  the pipeline in one call;
+- :mod:`fxmem.validate`    ground truth: :func:`measure` (a real eager step), the zoo, the
+  harness, and where a missed case parts ways with the prediction;
+- :mod:`fxmem.cli`         the ``fxmem`` command.
 
-Activation checkpointing, on the same trace: :mod:`fxmem.saved` (who holds saved tensors,
-until when), :mod:`fxmem.segments` (candidate modules), :mod:`fxmem.plans` (a plan's schedule
-derived from the trace), :mod:`fxmem.solve` (the plan solver, plain numbers, no torch),
-:mod:`fxmem.choose` (the solver's numbers from a report, and the exact check of its answer),
-:mod:`fxmem.checkpoint` (plans applied with PyTorch's ``checkpoint_wrapper``).
-
-:mod:`fxmem.whatif` answers the seed article's six ways to save memory for a step, each as
-its own analysis (:mod:`fxmem.step` holds the training-loop options they use: ``grad_accum``,
-``set_to_none``, ``amp``, ``inference_mode``, ``grad_scaler``); :mod:`fxmem.amp` emulates
-CUDA's autocast rules on CPU tensors; :mod:`fxmem.dims` makes input dims beyond the batch
-(the sequence length L) symbols too, its peak in B and L kept short by :mod:`fxmem.prune`
-(the ops proved never above the others dropped).
+The public API is ``fxmem.__all__`` below and the command; every module is importable but
+internal (its path may change between releases).
 
 >>> import torch, fxmem
 >>> r = fxmem.analyze(torch.nn.Linear(8, 2), torch.randn(4, 8), loss=lambda o: o.sum(),
@@ -43,16 +35,16 @@ True
 """
 
 from .analyze import analyze, plan_checkpoints
-from .checkpoint import apply_checkpoints
-from .choose import FrontierPoint, PlanChoice
-from .errors import (FxmemError, InfeasibleBudgetError, InputError, SpecializationError,
-                     TraceError)
-from .measure import Measurement, measure
-from .result import Breakdown, Report
+from .checkpoint.choose import FrontierPoint, PlanChoice
 from .dims import DimsReport
-from .symbols import B, L
+from .errors import FxmemError, InfeasibleBudgetError, InputError, SpecializationError, TraceError
+from .formula.symbols import B, L
+from .report.result import Breakdown, Report
+from .trace.checkpointing import apply_checkpoints
+from .validate.measure import Measurement, measure
 from .whatif import WhatIf, whatif
 
-__all__ = ["B", "L", "DimsReport", "analyze", "apply_checkpoints", "plan_checkpoints", "measure", "PlanChoice",
-           "FrontierPoint", "whatif", "WhatIf", "Report", "Breakdown", "Measurement", "FxmemError",
-           "InputError", "TraceError", "SpecializationError", "InfeasibleBudgetError"]
+__all__ = ["B", "L", "DimsReport", "analyze", "apply_checkpoints", "plan_checkpoints", "measure",
+           "PlanChoice", "FrontierPoint", "whatif", "WhatIf", "Report", "Breakdown",
+           "Measurement", "FxmemError", "InputError", "TraceError", "SpecializationError",
+           "InfeasibleBudgetError"]

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .checkpoint import normalize_plan
-from .graph import build_graph
-from .liveness import liveness
-from .plans import derive
-from .result import Report, parts_of
-from .trace import trace
-from .tracking import frozen_gc
+from .checkpoint.plans import derive
+from .memory.graph import build_graph
+from .memory.liveness import liveness, parts_of
+from .report.result import Report
+from .trace.checkpointing import normalize_plan
+from .trace.tracer import trace
+from .trace.tracking import frozen_gc
 
 
 @frozen_gc()
@@ -41,17 +41,17 @@ def analyze(model, inputs, targets=(), loss=None, optimizer=None, train=True,
     where the trace must decide something (default: the inputs' dim 0, or 8).
     ``inference_mode=True`` (with ``train=False``): under ``torch.inference_mode()``.
     ``amp=torch.bfloat16`` (or float16): forward and loss under ``torch.autocast`` with the
-    target device's op lists (CUDA's are emulated: :mod:`fxmem.amp`). ``grad_scaler``: the
+    target device's op lists (CUDA's are emulated: :mod:`fxmem.trace.amp`). ``grad_scaler``: the
     loss is scaled and the optimizer stepped through ``torch.amp.GradScaler`` (default:
     with ``amp=torch.float16`` and an optimizer, as the AMP recipe does). ``dims``: other
     input dims as symbols, e.g. ``{"L": [(0, 1)]}`` (dim 1 of tensor 0; tensors are the
     inputs, then the targets): returns a :class:`fxmem.dims.DimsReport` in B and L (a
     checkpoint plan is then traced for real). ``reuse_blocks=False``: trace every block of a
-    stack of identical blocks instead of copying the second one's trace (:mod:`fxmem.reuse`;
+    stack of identical blocks instead of copying the second one's trace (:mod:`fxmem.trace.reuse`;
     the result is the same, it only takes longer). ``compute_capability``: the GPU whose
     kernels ``device="cuda"`` follows, ``(major, minor)`` (default ``(9, 0)``, an H100):
     which attention kernel ``scaled_dot_product_attention`` runs depends on it
-    (:mod:`fxmem.kernels`).
+    (:mod:`fxmem.trace.cuda.kernels`).
 
     >>> import torch, fxmem
     >>> m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
@@ -98,7 +98,7 @@ def plan_checkpoints(model, inputs, targets=(), loss=None, optimizer=None, train
     """The checkpoint plan with the least recompute FLOPs whose peak at batch size ``B``
     fits ``budget_bytes``, with its report: a :class:`fxmem.PlanChoice`. Arguments as for
     :func:`analyze`; ``candidates``: module paths to choose from (default: the blocks of
-    the model's stacks, :func:`fxmem.choose.default_candidates`). Apply the plan with
+    the model's stacks, :func:`fxmem.checkpoint.choose.default_candidates`). Apply the plan with
     :func:`fxmem.apply_checkpoints`. Raises :class:`fxmem.InfeasibleBudgetError` stating the
     smallest reachable peak when no plan fits.
 

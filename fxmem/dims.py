@@ -2,7 +2,7 @@
 sequence length L.
 
 ``fxmem.analyze(..., dims={"L": [(0, 1), (1, 1)]})`` traces with dim 1 of tensors 0 and 1
-(inputs, then targets) as the symbol :data:`fxmem.symbols.L`, and returns a
+(inputs, then targets) as the symbol :data:`fxmem.formula.symbols.L`, and returns a
 :class:`DimsReport`: the peak as an exact ``Max`` of expressions in B and L (B·L terms,
 B·L² for attention), ``peak_bytes(B, L=...)``, ``max_batch_size(budget, L=...)`` and
 ``max_length(budget, B=...)``. ``report.at(L=512)`` is the ordinary :class:`fxmem.Report`
@@ -27,11 +27,11 @@ import numpy as np
 import sympy
 import torch
 
-from .allocator import device_sizes
 from .errors import InfeasibleBudgetError, InputError
-from .guards import lower_bounds, valid_when
-from .prune import prune_rows
-from .symbols import B, Size, dim_symbol
+from .formula.guards import lower_bounds, valid_when
+from .formula.prune import prune_rows
+from .formula.symbols import B, Size, dim_symbol
+from .memory.sizes import device_sizes
 
 B_SYM = B
 
@@ -52,7 +52,7 @@ def specialize(trace, **values):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise InputError(f"{name} must be a positive int, got {v!r}")
         vals[dim_symbol(name)] = sympy.Integer(v)
-    from .trace import TensorDesc
+    from .trace.records import TensorDesc
 
     guards = []
     for g in trace.guards:
@@ -122,9 +122,9 @@ class DimsReport:
         """The :class:`fxmem.Report` with the named dims fixed, e.g. ``at(L=512)``."""
         key = tuple(sorted(values.items()))
         if key not in self._cache:
-            from .graph import build_graph
-            from .liveness import liveness
-            from .result import Report, parts_of
+            from .memory.graph import build_graph
+            from .memory.liveness import liveness, parts_of
+            from .report.result import Report
 
             t = specialize(self.trace, **values)
             lv = liveness(build_graph(t), self.device)
@@ -176,7 +176,7 @@ class DimsReport:
         at batch size ``B`` fits in ``budget_bytes``; other named dims in ``values``.
         ``limit``: the model's own maximum, which no shape shows (e.g. GPT-2's
         ``config.n_positions``): the answer is never above it."""
-        from .result import largest
+        from .formula.search import largest
 
         name = name or (self.dims[0] if len(self.dims) == 1 else None)
         if name not in self.dims:
@@ -204,7 +204,7 @@ class DimsReport:
         """The peak as an exact ``Max`` over the ops that can be the maximum: candidates
         whose live set another candidate's covers (size by size) are dropped, and so are
         those proved at most one other, or a convex combination of two others, wherever the
-        trace holds (:func:`fxmem.prune.prune_rows`)."""
+        trace holds (:func:`fxmem.formula.prune.prune_rows`)."""
         sizes, counts = self._candidates
         keep = prune_rows(sizes, counts, self._lower_bounds)
         exprs = [sympy.Add(*[int(n) * e for e, n in zip(sizes, counts[i]) if n])
@@ -220,7 +220,7 @@ class DimsReport:
     def parts(self) -> dict:
         """Bytes by part (params, buffers, inputs, grads, optimizer_state, activations) as
         expressions in B and the named dims."""
-        from .result import _PART_OF, PARTS
+        from .memory.liveness import _PART_OF, PARTS
 
         out = {p: sympy.Integer(0) for p in PARTS}
         for s, e in zip(self.trace.storages, self._sizes):
@@ -239,7 +239,7 @@ def compile_size(expr, args):
     """A Python function of ``args`` computing the integer ``expr`` exactly: polynomials
     with integer coefficients, and ``ceiling`` / ``floor`` of polynomials over an integer.
 
-    >>> from fxmem.symbols import L
+    >>> from fxmem.formula.symbols import L
     >>> f = compile_size(512 * sympy.ceiling(3 * B * L**2 / 32) + 8 * L, (B, L))
     >>> f(3, 7), int((512 * sympy.ceiling(3 * B * L**2 / 32) + 8 * L).subs({B: 3, L: 7}))
     (7224, 7224)
@@ -294,8 +294,8 @@ def _candidates(trace, sizes) -> tuple:
     last of a run of allocations) of the storages of each size live right after it. Rows
     that another row covers (every count at least as large) are dropped: sizes are never
     negative, so such an op is never above the one covering it."""
-    from .graph import build_graph
-    from .liveness import sweep
+    from .memory.graph import build_graph
+    from .memory.liveness import sweep
 
     graph = build_graph(trace)
     index = {e: i for i, e in enumerate(dict.fromkeys(sizes))}

@@ -15,7 +15,7 @@ def _seed():
 
 
 def _routes():
-    """The kernels fxmem.kernels replaces while it traces for CUDA."""
+    """The kernels fxmem.trace.cuda.kernels replaces while it traces for CUDA."""
     return tuple(torch._C._dispatch_dump(f"aten::{n}")
                  for n in ("dropout", "scaled_dot_product_attention", "log_softmax.int",
                            "_fused_rms_norm", "lstm.input", "_cudnn_rnn",

@@ -1,4 +1,4 @@
-"""CUDA autocast emulated on CPU (fxmem.amp) and the GradScaler.
+"""CUDA autocast emulated on CPU (fxmem.trace.amp) and the GradScaler.
 
 The emulation is checked three ways: its table against what the installed PyTorch registers
 (dispatcher and header); the machinery against real CPU autocast (emulating the CPU with its
@@ -14,11 +14,12 @@ import torch
 import torch.nn.functional as F
 
 import fxmem
-from fxmem import amp
-from fxmem.amp import Policy, emulate
-from fxmem.graph import build_graph
-from fxmem.liveness import liveness
-from fxmem.result import Report, parts_of
+from fxmem.trace import amp
+from fxmem.trace.amp import Policy, emulate
+from fxmem.memory.graph import build_graph
+from fxmem.memory.liveness import liveness
+from fxmem.memory.liveness import parts_of
+from fxmem.report.result import Report
 from fxmem.trace import trace
 from zoo import ZOO
 
@@ -30,7 +31,7 @@ def _dispatcher_ops(key):
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_table_lists_every_op_the_build_registers(device):
-    # a CUDA build also registers cuDNN's RNN cast (cudnn/AutocastRNN.cpp: fxmem.cuda_rnn)
+    # a CUDA build also registers cuDNN's RNN cast (cudnn/AutocastRNN.cpp: fxmem.trace.cuda.rnn)
     ops = _dispatcher_ops(amp.DISPATCH_KEY[device]) - {"_cudnn_rnn"}
     assert len(ops) > 100
     assert set(amp.registered(device)) == ops
@@ -164,7 +165,7 @@ def _cuda_check(name, dtype, train, optimizer=None, batches=(2, 13), **extra):
     """fxmem with CUDA's rules (device="cuda"), its live bytes without the allocator's
     rounding, against a real CPU step under the same emulated autocast lists. The trace keeps
     the CPU's kernels (kernel_semantics=False), which a CPU step runs; what CUDA's kernels
-    allocate instead (fxmem.kernels) is checked in test_kernels.py and test_sdpa.py."""
+    allocate instead (fxmem.trace.cuda.kernels) is checked in test_kernels.py and test_sdpa.py."""
     model, x, y, loss = ZOO[name]()
     opt = optimizer or (lambda p: torch.optim.Adam(p, foreach=True))
     kw = dict(loss=loss, optimizer=opt, **extra) if train else dict(train=False)
@@ -208,7 +209,7 @@ def test_cuda_rules_differ_from_cpu_rules_in_the_analysis():
 
 
 def test_checkpoint_plan_under_cuda_rules():
-    from fxmem.plans import derive
+    from fxmem.checkpoint.plans import derive
 
     model, x, y, loss = ZOO["resnet"]()
     kw = dict(loss=loss, optimizer=lambda p: torch.optim.Adam(p, foreach=True))

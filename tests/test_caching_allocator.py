@@ -1,7 +1,7 @@
 """The pure-Python CUDA caching allocator model against hand-computed sequences.
 
 Every expected number is derived in the comment above it from the rules in
-``fxmem/caching_allocator.py`` (torch's CUDACachingAllocator.cpp), not from running the code.
+``fxmem/device/caching_allocator.py`` (torch's CUDACachingAllocator.cpp), not from running the code.
 MiB = 1_048_576 B; "seg" = one cudaMalloc segment.
 """
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fxmem.caching_allocator import (
+from fxmem.device.caching_allocator import (
     AllocatorConfig, CachingAllocator, OutOfMemory, get_allocation_size, replay, round_size)
 
 MiB = 1 << 20

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import fxmem
-from fxmem.choose import default_candidates
+from fxmem.checkpoint.choose import default_candidates
 from zoo import OPTIMIZERS, ZOO
 
 

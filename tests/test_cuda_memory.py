@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 import fxmem
-from fxmem.allocator import cublas_workspace_bytes
-from fxmem.caching_allocator import AllocatorConfig
+from fxmem.device.allocator import cublas_workspace_bytes
+from fxmem.device.caching_allocator import AllocatorConfig
 from zoo import ZOO
 
 MiB = 2**20
@@ -85,7 +85,7 @@ def test_largest_batch_by_max_memory_allocated():
 def test_cudnn_workspace_is_held_during_each_convolution():
     # each convolution (forward, and each half of its backward) holds the workspace on top of
     # what is live after the op; computed here from the timeline, independently of the replay
-    from fxmem.allocator import CUDNN_CONV_OPS
+    from fxmem.device.allocator import CUDNN_CONV_OPS
 
     r = _report("seed_cnn")
     for b in (2, 13):

@@ -1,4 +1,4 @@
-"""fxmem.cuda_rnn: PyTorch's CUDA RNN kernels on CPU fake tensors (batch size symbolic), each
+"""fxmem.trace.cuda.rnn: PyTorch's CUDA RNN kernels on CPU fake tensors (batch size symbolic), each
 expectation derived from the PyTorch source named in the test (torch 2.13)."""
 
 import contextlib
@@ -9,8 +9,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, statically_known_true
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fxmem import cuda_rnn
-from fxmem.amp import emulate
+from fxmem.trace.cuda import rnn as cuda_rnn
+from fxmem.trace.amp import emulate
 
 aten = torch.ops.aten
 T, BV, I, H, P = 7, 5, 4, 6, 3  # BV: the value behind the symbolic batch size

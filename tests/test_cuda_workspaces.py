@@ -1,7 +1,7 @@
-"""fxmem.cuda_workspaces: CUDA kernel temporaries, re-derived by hand from PyTorch 2.13's sources.
+"""fxmem.trace.cuda.workspaces: CUDA kernel temporaries, re-derived by hand from PyTorch 2.13's sources.
 
 Each expected value is written out from the kernel's formula in the comment beside it (file and
-function named in fxmem/cuda_workspaces.py). CUB's radix-sort storage is checked against the
+function named in fxmem/trace/cuda/workspaces.py). CUB's radix-sort storage is checked against the
 sizes CCCL 3.0.1's own host code returns (DeviceRadixSort::SortPairs / DispatchRadixSort with
 d_temp_storage = nullptr, compiled with nvcc 13.0 and run without a GPU).
 """
@@ -15,7 +15,7 @@ from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
-from fxmem import cuda_workspaces as cw
+from fxmem.trace.cuda import workspaces as cw
 
 aten = torch.ops.aten
 FAKE = FakeTensorMode(allow_non_fake_inputs=True)

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import fxmem
-from fxmem.symbols import L
+from fxmem.formula.symbols import L
 from zoo import gpt2
 
 pytest.importorskip("transformers")
@@ -148,9 +148,9 @@ def test_cli_caps_the_largest_length_at_the_models_positions():
 
 
 def test_mixed_guards_implied_by_the_bounds_are_dropped_soundly():
-    from fxmem.guards import implied as _implied
+    from fxmem.formula.guards import implied as _implied
 
-    T = fxmem.symbols.dim_symbol("T")
+    T = fxmem.formula.symbols.dim_symbol("T")
     lows = {fxmem.B: 2, L: 2, T: 3}
     B = fxmem.B
     for g in [sympy.Ne(B * L, B), B * L >= 4, B * (T - 1) >= 4, sympy.Ne(sympy.Mod(B, B * L), 0),

@@ -1,12 +1,12 @@
-"""Where a prediction and a real CUDA step part ways (fxmem.divergence): the comparison logic,
+"""Where a prediction and a real CUDA step part ways (fxmem.validate.divergence): the comparison logic,
 on snapshots shaped like ``torch.cuda.memory._snapshot()``'s (no GPU here)."""
 
 import pytest
 import torch
 
 import fxmem
-from fxmem import validate as V
-from fxmem.divergence import (Allocation, first_divergence, predicted_allocations,
+from fxmem.validate import harness as V
+from fxmem.validate.divergence import (Allocation, first_divergence, predicted_allocations,
                               snapshot_allocations)
 
 

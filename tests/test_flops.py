@@ -6,7 +6,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import fxmem
-from fxmem.measure import batch_of
+from fxmem.validate.measure import batch_of
 from zoo import OPTIMIZERS, ZOO
 
 

@@ -1,4 +1,4 @@
-"""CUDA kernel semantics (fxmem.kernels): each rule against PyTorch's meta kernel for the CUDA
+"""CUDA kernel semantics (fxmem.trace.cuda.kernels): each rule against PyTorch's meta kernel for the CUDA
 op or a derivation from the source, and a whole transformer layer against the published
 formula of Korthikanti et al. 2022."""
 
@@ -9,10 +9,10 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fxmem
-from fxmem import kernels
-from fxmem.symbols import B, L
+from fxmem.trace.cuda import kernels
+from fxmem.formula.symbols import B, L
 from fxmem.trace import trace
-from fxmem.zoo import MegatronStack
+from fxmem.validate.zoo import MegatronStack
 
 aten = torch.ops.aten
 
@@ -40,7 +40,7 @@ def test_every_rule_names_its_source_and_releases():
         assert ".c" in r.follows or ".py" in r.follows or ".h" in r.follows, r
         assert "2.13" in r.checked, r  # the release CI installs
         if "attention" in r.op:
-            assert set(r.checked) >= {"2.11", "2.13"}, r  # fxmem.sdpa gates 2.11's rules
+            assert set(r.checked) >= {"2.11", "2.13"}, r  # fxmem.trace.cuda.sdpa gates 2.11's rules
         assert r.cuda, r
 
 
@@ -172,7 +172,7 @@ def test_megatron_layer_on_cpu_keeps_cpu_kernels():
 
 @pytest.mark.parametrize("amp", [torch.float16, torch.bfloat16])
 def test_megatron_layer_under_cuda_autocast(amp):
-    """fp32 weights under CUDA autocast (fxmem.amp): layer_norm is on the fp32 list, so both
+    """fp32 weights under CUDA autocast (fxmem.trace.amp): layer_norm is on the fp32 list, so both
     LayerNorms save their fp32 input (+2·s·b·h each) and return fp32 statistics (16·s·b);
     softmax is on the fp32_set_opt_dtype list, so the probabilities are fp32 (+2·a·s²·b) and
     dropout's output is fp32 too, its fp16 copy for bmm being the paper's 2·a·s²·b; the rest is
@@ -308,7 +308,7 @@ def test_embedding_bag_on_cuda_keeps_n_offsets_and_sorts_in_backward():
     (fwd,) = _created(cuda, "aten._embedding_bag.default")
     assert fwd[1][1:] == ((20 * B,), 160 * B)  # offset2bag: n indices
     assert _created(cpu, "aten._embedding_bag.default")[0][1][1] == (0,)  # CPU fast sum path
-    # backward: a CUDA kernel since 2.11, which sorts the 20·B indices (fxmem.cuda_workspaces)
+    # backward: a CUDA kernel since 2.11, which sorts the 20·B indices (fxmem.trace.cuda.workspaces)
     (bwd,) = _created(cuda, "aten._embedding_bag_backward.default")
     workspaces = [n for dtype, _, n in bwd if dtype is None]
     assert workspaces.count(160 * B) >= 2  # sorted_indices, orig_indices (int64, n each)

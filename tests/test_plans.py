@@ -1,4 +1,4 @@
-"""A plan's schedule derived from one trace (fxmem.plans) against the step traced with
+"""A plan's schedule derived from one trace (fxmem.checkpoint.plans) against the step traced with
 torch.utils.checkpoint really running, and against a real eager step with the plan applied."""
 
 import copy

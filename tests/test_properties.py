@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import fxmem
-from fxmem import poly as P
+from fxmem.formula import poly as P
 
 SETTINGS = dict(max_examples=12, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

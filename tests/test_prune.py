@@ -1,4 +1,4 @@
-"""fxmem.prune: dropping live totals that are never the peak, over B and named dims. The
+"""fxmem.formula.prune: dropping live totals that are never the peak, over B and named dims. The
 kept rows' maximum must equal all rows' maximum at every point of the domain."""
 
 import itertools
@@ -7,12 +7,12 @@ import sympy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fxmem.prune import prune_rows
-from fxmem.symbols import B, L
+from fxmem.formula.prune import prune_rows
+from fxmem.formula.symbols import B, L
 
 SIZES = [B * L, B * L**2, L, sympy.Integer(1), 512 * sympy.ceiling(3 * B * L / 512),
          512 * sympy.ceiling((B * L**2 + 7) / 512), sympy.floor(B * L / 3),
-         # a CUDA kernel's temporary that depends on a branch (fxmem.cuda_workspaces)
+         # a CUDA kernel's temporary that depends on a branch (fxmem.trace.cuda.workspaces)
          sympy.Piecewise((8 * B * L, B * L > 20), (0, True)),
          3 * sympy.Min(50, sympy.floor(B * L / 2))]
 

@@ -5,8 +5,8 @@ import sympy
 import torch
 
 import fxmem
-from fxmem.symbols import B, Size
-from fxmem.guards import valid_when
+from fxmem.formula.symbols import B, Size
+from fxmem.formula.guards import valid_when
 from zoo import ZOO, adam
 
 

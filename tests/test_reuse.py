@@ -1,4 +1,4 @@
-"""Repeated blocks traced once and copied (fxmem.reuse) read exactly as a block-by-block trace
+"""Repeated blocks traced once and copied (fxmem.trace.reuse) read exactly as a block-by-block trace
 and as a real step."""
 
 import gc
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import fxmem
-from fxmem.reuse import find_runs
+from fxmem.trace.reuse import find_runs
 from fxmem.trace import trace
-from fxmem.tracking import frozen_gc
+from fxmem.trace.tracking import frozen_gc
 from zoo import gpt2 as zoo_gpt2
 
 transformers = pytest.importorskip("transformers")
@@ -39,7 +39,7 @@ def _both(model, inputs, **kw):
 
 
 def _flops(t):
-    from fxmem.flops import count_flops
+    from fxmem.checkpoint.flops import count_flops
     return count_flops(t)
 
 

@@ -1,4 +1,4 @@
-"""fxmem.sdpa: CUDA's SDPA backend choice and kernels on CPU fake tensors.
+"""fxmem.trace.cuda.sdpa: CUDA's SDPA backend choice and kernels on CPU fake tensors.
 
 Expected backends are derived in the comments from the rules of torch 2.13's
 sdp_utils.cpp / sdp_utils_cpp.h (priority order, per-backend filters); op sequences are
@@ -16,8 +16,8 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fxmem import sdpa, sdpa_memory
-from fxmem.compat import tracing_shims
+from fxmem.trace.cuda import sdpa, sdpa_memory
+from fxmem.trace.compat import tracing_shims
 
 aten = torch.ops.aten
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
@@ -400,7 +400,7 @@ def test_symbolic_sizes_are_not_specialized(dtype, cap, mask, expected):
         q, k, v = (torch.empty(b, 8, l, 64, dtype=dtype, requires_grad=True) for _ in range(3))
         m = torch.ones(l, l, dtype=torch.bool) if mask else None
         assert sdpa.choose(q, k, v, m, is_causal=False, capability=cap).backend == expected
-        with tracing_shims(), Ops() as ops:  # torch 2.11's C++ matmul: fxmem.compat
+        with tracing_shims(), Ops() as ops:  # torch 2.11's C++ matmul: fxmem.trace.compat
             out = sdpa.cuda_scaled_dot_product_attention(q, k, v, m, capability=cap)
             out.sum().backward()
         guards = len(env.guards)

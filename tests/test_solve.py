@@ -1,4 +1,4 @@
-"""fxmem.solve: the checkpoint-plan solver against exhaustive search and brute force."""
+"""fxmem.checkpoint.solve: the checkpoint-plan solver against exhaustive search and brute force."""
 
 import itertools
 import random
@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import fxmem.solve
+import fxmem.checkpoint.solve
 from fxmem.errors import InfeasibleBudgetError
-from fxmem.solve import (Point, Problem, Solution, exhaustive, frontier, is_chain, min_peak,
+from fxmem.checkpoint.solve import (Point, Problem, Solution, exhaustive, frontier, is_chain, min_peak,
                          peak, solve)
 
 HUGE = 1 << 80
@@ -166,7 +166,7 @@ def test_chain_dp_equals_exhaustive(seed):
 @pytest.mark.parametrize("seed", range(1, 300, 2))
 def test_cost_bound_passes_stay_exact(seed, monkeypatch):
     # Tiny coarse passes, so the exact pass always runs with a cost bound to prune by.
-    monkeypatch.setattr(fxmem.solve, "_PASSES", [1, 3])
+    monkeypatch.setattr(fxmem.checkpoint.solve, "_PASSES", [1, 3])
     rng = random.Random(seed)
     problem = random_chain(rng, 4 + seed % 11, "small" if seed % 3 == 0 else "real")
     for b in budgets(rng, problem):
@@ -331,7 +331,7 @@ def test_deterministic():
 def test_solver_imports_only_the_standard_library():
     import ast
     import sys
-    tree = ast.parse(open(fxmem.solve.__file__).read())
+    tree = ast.parse(open(fxmem.checkpoint.solve.__file__).read())
     names = {a.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
              for a in node.names}
     names |= {node.module.split(".")[0] for node in ast.walk(tree)

@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from fxmem import validate as V
-from fxmem.zoo import cases
+from fxmem.validate import harness as V
+from fxmem.validate.zoo import cases
 
 
 def test_zoo_has_at_least_twelve_setups():

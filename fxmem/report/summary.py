@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 import sympy
 
 from ..errors import InfeasibleBudgetError
-from ..symbols import B as SYM_B
+from ..formula.symbols import B as SYM_B
 from .whatif import as_dict
 
 SCHEMA = "fxmem.report/1"
@@ -116,7 +116,7 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
     (model, optimizer, ...; shown as given); ``frontier``: checkpoint Pareto points at ``B``
     (:meth:`fxmem.Report.frontier`); ``whatifs``: :class:`fxmem.WhatIf` rows;
     ``cudnn_workspace``: bytes each convolution holds on CUDA (:meth:`fxmem.Report.cuda_memory`)."""
-    from ..result import PARTS
+    from ..memory.liveness import PARTS
 
     bd = report.breakdown(B, top=top)
     most = None

@@ -12,8 +12,8 @@ def fmt_bytes(n: int) -> str:
 
 
 def render_text(report, B: int | None = None) -> str:  # noqa: N803
-    from ..result import PARTS
-    from ..symbols import B as SYM_B
+    from ..formula.symbols import B as SYM_B
+    from ..memory.liveness import PARTS
 
     b = B or max(report.trace.batch_hint, report.min_batch_size)
     lines = [f"fxmem report ({'training' if report.trace.train else 'inference'} step, "

@@ -1,0 +1,125 @@
+"""FLOPs of a traced step, as sympy expressions in B.
+
+PyTorch's own formulas (``torch.utils.flop_counter.flop_registry``: matmuls, convolutions,
+attention) are applied to the shapes recorded in the traced graph, so they come out symbolic.
+Two extensions, in one place here:
+
+- ``ALIASES``: kernels that have a registered twin with the same leading arguments
+  (the CPU flash-attention kernels PyTorch picks for SDPA on CPU).
+- Pointwise ops (``torch.Tag.pointwise``): one FLOP per output element.
+
+Ops that create no storage and write none (views, metadata) cost nothing. Every other op
+without a formula is *uncounted*: listed in :attr:`FlopCount.uncounted`, never taken as zero.
+
+>>> import torch, fxmem
+>>> r = fxmem.analyze(torch.nn.Linear(8, 2), torch.randn(4, 8), train=False, device="cpu")
+>>> r.flop_count.total          # addmm: 2 * B * 8 * 2
+32*B
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import sympy
+import torch
+from torch.utils.flop_counter import flop_registry
+
+from ..trace.records import TensorDesc, Trace
+
+aten = torch.ops.aten
+
+ALIASES = {
+    aten._scaled_dot_product_flash_attention_for_cpu:
+        aten._scaled_dot_product_flash_attention,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward:
+        aten._scaled_dot_product_flash_attention_backward,
+}
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    """Floating-point operations of one step, sympy expressions in B.
+
+    ``total``: every counted op; ``recompute``: the part spent re-running checkpointed
+    forwards in backward; ``by_phase``: forward / backward / optimizer / ...;
+    ``uncounted``: ``(op, times)`` for ops that do arithmetic but have no formula;
+    ``from_pytorch``: the part counted by PyTorch's own formulas (what
+    ``torch.utils.flop_counter.FlopCounterMode`` reports for the same step).
+    """
+
+    total: sympy.Expr
+    recompute: sympy.Expr
+    by_phase: dict
+    uncounted: tuple
+    from_pytorch: sympy.Expr = sympy.Integer(0)
+
+
+def _shape(v):
+    if isinstance(v, TensorDesc):
+        return tuple(v.shape)
+    if isinstance(v, tuple):
+        return tuple(_shape(x) for x in v)
+    return v
+
+
+def _node_flops(node) -> tuple[sympy.Expr | None, bool]:
+    """FLOPs of one graph node (None: no formula), and whether PyTorch's formula gave them."""
+    func = node.target
+    packet = getattr(func, "overloadpacket", None)
+    packet = ALIASES.get(packet, packet)
+    formula = flop_registry.get(packet)
+
+    def arg(a):
+        return _shape(a.meta.get("val")) if isinstance(a, torch.fx.Node) else a
+
+    out = _shape(node.meta.get("val"))
+    if formula is not None:
+        args = tuple(torch.fx.node.map_arg(a, arg) for a in node.args)
+        kwargs = {k: torch.fx.node.map_arg(v, arg) for k, v in node.kwargs.items()}
+        try:
+            return sympy.sympify(formula(*args, out_val=out, **kwargs)), True
+        except Exception:  # noqa: BLE001 - a formula that cannot take these args
+            return None, False
+    if isinstance(func, torch._ops.OpOverload) and torch.Tag.pointwise in func.tags:
+        outs = out if isinstance(out, tuple) and out and isinstance(out[0], tuple) else (out,)
+        return sum((sympy.Mul(*s) for s in outs if isinstance(s, tuple)), sympy.Integer(0)), False
+    return None, False
+
+
+def op_flops(trace: Trace) -> dict:
+    """FLOPs of each traced op with a formula: ``{op index in trace.graph: (expr, from
+    PyTorch's registry)}``; ops missing from it have no formula."""
+    out = {}
+    for node in trace.graph.nodes:
+        if node.op == "call_function" and "index" in node.meta:
+            f, registered = _node_flops(node)
+            if f is not None:
+                out[node.meta["index"]] = (f, registered)
+    return out
+
+
+def count_flops(trace: Trace, per_op: dict | None = None) -> FlopCount:
+    """Count the FLOPs of every op of ``trace`` (see the module docstring). An op derived
+    from another (``op.source``, e.g. a recomputation) costs what that op costs."""
+    per_op = op_flops(trace) if per_op is None else per_op
+    by_phase: dict = {}
+    recompute = from_pytorch = sympy.Integer(0)
+    uncounted: Counter = Counter()
+    for op in trace.ops:
+        got = per_op.get(op.index if op.source is None else op.source)
+        if got is None:
+            if op.new_sids or op.written_sids:
+                uncounted[op.op] += 1
+            continue
+        f, registered = got
+        by_phase[op.phase] = by_phase.get(op.phase, sympy.Integer(0)) + f
+        if op.recompute:
+            recompute += f
+        if registered:
+            from_pytorch += f
+    total = sum(by_phase.values(), sympy.Integer(0))
+    return FlopCount(sympy.expand(total), sympy.expand(recompute),
+                     {k: sympy.expand(v) for k, v in by_phase.items()},
+                     tuple(sorted(uncounted.items())), sympy.expand(from_pytorch))

@@ -1,0 +1,310 @@
+"""The ``fxmem`` command (also ``python -m fxmem``).
+
+``fxmem analyze TARGET ...`` traces one step of the model and prints or writes its report.
+Errors are one line on stderr with an exit code: 2 bad usage or input, 3 the step could not
+be traced, 4 nothing fits the budget, 1 a bug in fxmem (``--debug`` shows the traceback).
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+import click
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from ..errors import FxmemError, InfeasibleBudgetError, InputError, TraceError
+
+EXIT_INTERNAL, EXIT_USAGE, EXIT_TRACE, EXIT_BUDGET = 1, 2, 3, 4
+LOSSES = {"cross_entropy": F.cross_entropy, "mse": F.mse_loss, "none": None}
+OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "adagrad": "Adagrad",
+              "rmsprop": "RMSprop", "adamax": "Adamax", "nadam": "NAdam", "radam": "RAdam",
+              "adadelta": "Adadelta", "rprop": "Rprop", "asgd": "ASGD", "lbfgs": "LBFGS",
+              "none": None}
+AMP = {"fp16": torch.float16, "bf16": torch.bfloat16, "none": None}
+FORMATS = ("table", "json", "md", "html")
+
+
+class _Exit(Exception):
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def _code(e: BaseException) -> int:
+    if isinstance(e, InfeasibleBudgetError):
+        return EXIT_BUDGET
+    if isinstance(e, TraceError):
+        return EXIT_TRACE
+    return EXIT_USAGE
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="fxmem")
+def cli():
+    """fxmem: the device memory of a PyTorch step as a formula of the batch size B."""
+
+
+@cli.command()
+@click.argument("target")
+@click.option("--input", "inputs", multiple=True, metavar="SPEC",
+              help="An input tensor, DIMS[:DTYPE[:HIGH]] with B for the batch: B,3,32,32 or "
+                   "B,128:int64:50257. Repeat for several inputs.")
+@click.option("--target", "targets", multiple=True, metavar="SPEC",
+              help="A target tensor passed to the loss after the output, e.g. B:int64:10.")
+@click.option("--loss", type=click.Choice(sorted(LOSSES)), default=None,
+              help="Loss of (output, *targets); none: the model returns the loss (or .loss). "
+                   "Default: cross_entropy with --target, else none.")
+@click.option("--optimizer", type=click.Choice(sorted(OPTIMIZERS)), default="none",
+              show_default=True, help="torch.optim optimizer stepped after backward.")
+@click.option("--amp", type=click.Choice(sorted(AMP)), default="none", show_default=True,
+              help="Forward and loss under autocast with the device's rules (fp16 training "
+                   "steps through a GradScaler).")
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda",
+              show_default=True, help="cuda: allocator blocks and CUDA's defaults; cpu: "
+                                      "live bytes.")
+@click.option("--compute-capability", "capability", default="9.0", show_default=True,
+              metavar="MAJOR.MINOR",
+              help="The GPU whose kernels --device cuda follows (9.0 H100, 8.0 A100, 8.6 "
+                   "RTX 30xx, 8.9 L4/RTX 40xx, 7.5 T4, 10.0 B200): attention backends "
+                   "and workspace sizes depend on it.")
+@click.option("--inference", is_flag=True, help="An inference step under no_grad.")
+@click.option("--grad-accum", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Micro-batches per optimizer step (B is one micro-batch).")
+@click.option("--batch", type=click.IntRange(min=1), default=32, show_default=True,
+              help="The B the report's numbers are given at.")
+@click.option("--budget", metavar="SIZE", default=None,
+              help="Device memory budget (24GiB, 500MB, bytes): the largest B that fits.")
+@click.option("--checkpoint", metavar="auto|none|PATH,...", default="none",
+              show_default=True,
+              help="Activation checkpointing: auto (the cheapest plan that fits --budget at "
+                   "--batch, else the smallest peak), none, or module paths.")
+@click.option("--config", "config", multiple=True, metavar="KEY=VALUE",
+              help="Keyword arguments for the model's class or factory (hf: presets: for "
+                   "the config class), e.g. n_layer=6.")
+@click.option("--dim", "dim_sizes", multiple=True, metavar="NAME=SIZE",
+              help="A named dim used in --input/--target specs (B,L:int64:50257), e.g. "
+                   "L=512: a symbol like B; the report's numbers are at this size.")
+@click.option("--seq", type=click.IntRange(min=1), default=None,
+              help="Sequence length of hf: presets, which trace it as a symbol L: the "
+                   "report's numbers are at this L (default: min(512, max positions)).")
+@click.option("--cudnn-workspace", default=None, metavar="SIZE",
+              help="Workspace each cuDNN convolution holds while it runs (device cuda), "
+                   "e.g. 256MiB: a bound when the job sets CUDNN_CONV_WSCAP_DBG=256 (MiB). "
+                   "Default: left out.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table",
+              show_default=True, help="Output format.")
+@click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write the report here instead of stdout.")
+@click.option("--whatif", is_flag=True,
+              help="Add the seed article's ways to save memory (smaller batch, mixed "
+                   "precision, gradient accumulation, no_grad, checkpointing) as rows; needs "
+                   "--budget and a training step.")
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Modules listed in the breakdown at the peak.")
+@click.option("--debug", is_flag=True, help="Show the traceback of an error.")
+def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, inference,
+            grad_accum, batch, budget, checkpoint, config, dim_sizes, seq, cudnn_workspace, fmt,
+            out, whatif, top, debug):
+    """Analyse one step of the model TARGET: path/to/file.py:ClassOrFactory,
+    package.module:ClassOrFactory, or a preset such as hf:gpt2 or hf:llama (built from
+    transformers' config classes, on the meta device: nothing is downloaded)."""
+    try:
+        text = _analyze(target, inputs, targets, loss, optimizer, amp, device, inference,
+                        grad_accum, batch, budget, checkpoint, config, seq, fmt, top, whatif,
+                        dim_sizes, cudnn_workspace=cudnn_workspace, capability=capability)
+    except (FxmemError, _Exit) as e:
+        _fail(e, debug)
+    except Exception as e:  # noqa: BLE001 - a bug in fxmem: still one line, exit 1
+        _fail(_Exit(EXIT_INTERNAL, f"internal error, {type(e).__name__}: {e} (--debug shows "
+                                   "the traceback; please report it)"), debug, e)
+    if out:
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(text)
+        click.echo(f"wrote {out}", err=True)
+    elif fmt == "table":
+        from rich.console import Console
+
+        Console().print(text)
+    else:
+        click.echo(text, nl=False)
+
+
+@cli.command()
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
+              help="cpu: the same protocol on this machine's CPU, small models, live bytes.")
+@click.option("--scale", type=click.Choice(["full", "small"]), default=None,
+              help="Model sizes (default: full on CUDA, small on CPU).")
+@click.option("--only", multiple=True, metavar="CASE", help="A case name (repeatable).")
+@click.option("--out-md", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write the Markdown table here.")
+@click.option("--out-json", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write the JSON table here.")
+@click.option("--debug", is_flag=True, help="Show the traceback of an error.")
+def validate(device, scale, only, out_md, out_json, debug):
+    """Run the validation zoo (fxmem.validate.zoo) on a device: fxmem's predictions against measured
+    steps, as a Markdown table (also python -m fxmem.validate)."""
+    from ..validate.harness import to_json, to_markdown
+    from ..validate.harness import validate as run_validation
+
+    try:
+        v = run_validation(device, scale, list(only) or None)
+    except FxmemError as e:
+        _fail(e, debug)
+    md = to_markdown(v)
+    for path, text in ((out_md, md), (out_json, to_json(v))):
+        if path:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+    click.echo(md, nl=False)
+
+
+def _fail(e, debug: bool, cause: BaseException | None = None):
+    if debug:
+        traceback.print_exception(cause or e, file=sys.stderr)
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    click.echo(f"fxmem: error: {msg}", err=True)
+    sys.exit(e.code if isinstance(e, _Exit) else _code(e))
+
+
+def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, grad_accum,
+             batch, budget, checkpoint, config, seq, fmt, top, whatif=False, dim_sizes=(),
+             cudnn_workspace=None, capability="9.0"):
+    from rich.console import Console
+
+    from ..analyze import analyze as run_analysis
+    from ..report.summary import summarize
+    from .targets import (
+        load_target,
+        named_dims,
+        parse_capability,
+        parse_config,
+        parse_size,
+        parse_tensor,
+        position_limit,
+    )
+
+    budget_bytes = parse_size(budget) if budget is not None else None
+    conv_ws = parse_size(cudnn_workspace) if cudnn_workspace is not None else 0
+    cc = parse_capability(capability)
+    if conv_ws and device != "cuda":
+        raise InputError("--cudnn-workspace is a CUDA figure: it needs --device cuda")
+    t = load_target(target, parse_config(config), seq)
+    specs = inputs or t.inputs
+    if not specs:
+        raise InputError("give the model's inputs with --input (e.g. --input B,3,32,32)")
+    tgt_specs = targets
+    hint = 8
+    given = parse_config(dim_sizes)
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in given.values()):
+        raise InputError(f"--dim takes NAME=SIZE with a positive integer size, got {dim_sizes}")
+    sizes = {**t.dims, **given}
+    xs = tuple(parse_tensor(s, hint, sizes) for s in specs)
+    ys = tuple(parse_tensor(s, hint, sizes) for s in tgt_specs)
+    dims = named_dims([*specs, *tgt_specs])
+    unused = set(given) - set(dims)
+    if unused:
+        raise InputError(f"--dim {sorted(unused)[0]} is not used by any --input/--target spec")
+    loss_name = loss or t.loss or ("cross_entropy" if ys else "none")
+    if inference:
+        ys, loss_name = (), "none"
+    opt_name = OPTIMIZERS[optimizer]
+    if inference and opt_name:
+        raise InputError("--inference runs no backward pass: drop --optimizer")
+    opt = getattr(torch.optim, opt_name) if opt_name else None
+    if whatif and (inference or budget_bytes is None):
+        raise InputError("--whatif compares training setups within a budget: give --budget "
+                         "(and no --inference)")
+    plan = () if checkpoint in ("none", "auto") else tuple(
+        p.strip() for p in checkpoint.split(",") if p.strip())
+    status = Console(stderr=True).status(f"tracing {t.name} on fake tensors ...")
+    with status:
+        report = run_analysis(t.model, xs, ys, loss=LOSSES[loss_name], optimizer=opt,
+                              train=not inference, device=device, amp=AMP[amp],
+                              grad_accum=grad_accum, checkpoint=plan or None,
+                              dims=dims or None, compute_capability=cc)
+        extra = {}
+        if dims:  # the formula in B and the named dims; numbers at the --dim sizes
+            extra[f"peak in B, {', '.join(dims)}"] = str(report.peak)
+            if budget_bytes is not None and len(dims) == 1:
+                (name,) = dims
+                limit = position_limit(t.model)
+                key = f"largest {name} within the budget at B={batch}"
+                try:
+                    extra[key] = report.max_length(budget_bytes, batch, limit=limit)
+                except InfeasibleBudgetError:
+                    extra[key] = "none fits"
+                if limit is not None:
+                    extra[f"{name} limit (the model's positions)"] = limit
+            report = report.at(**{n: sizes[n] for n in dims})
+        frontier = ()
+        if checkpoint == "auto" and not inference:
+            status.update("choosing a checkpoint plan ...")
+            frontier = report.frontier(batch)
+            if budget_bytes is not None:
+                choice = report.plan_for(budget_bytes, batch)
+                report = choice.report
+            elif frontier:
+                report = report.with_plan(frontier[-1].plan)
+        if budget_bytes is not None:
+            report.max_batch_size(budget_bytes)  # raises InfeasibleBudgetError (exit 4)
+        rows = ()
+        if whatif:
+            from ..whatif import whatif as whatifs
+
+            status.update("answering the what-ifs ...")
+            rows = whatifs(t.model, xs, ys, loss=LOSSES[loss_name], optimizer=opt, B=batch,
+                           budget_bytes=budget_bytes, device=device,
+                           amp=torch.float16 if device == "cuda" else torch.bfloat16,
+                           compute_capability=cc)
+    setup = {"model": target, "inputs": " ".join(specs),
+             **({"targets": " ".join(tgt_specs)} if ys else {}),
+             "loss": loss_name if not inference else "(inference)",
+             "optimizer": optimizer, "amp": amp,
+             **({"GPU compute capability": f"{cc[0]}.{cc[1]}"} if device == "cuda" else {}),
+             **({"checkpoint": checkpoint} if checkpoint != "none" else {}),
+             **{f"dim {n}": sizes[n] for n in dims}, **extra}
+    s = summarize(report, B=batch, budget_bytes=budget_bytes, top=top, setup=setup,
+                  title=f"fxmem report: {t.name}", frontier=frontier, whatifs=rows,
+                  cudnn_workspace=conv_ws)
+    return _render(s, fmt)
+
+
+def _render(s, fmt: str):
+    if fmt == "json":
+        from ..report.jsonout import render_json
+
+        return render_json(s)
+    if fmt == "md":
+        from ..report.markdown import render_markdown
+
+        return render_markdown(s)
+    if fmt == "html":
+        from ..report.html import render_html
+
+        return render_html(s)
+    from ..report.terminal import render_terminal
+
+    return render_terminal(s)
+
+
+def main(argv=None):
+    """Entry point of the ``fxmem`` console script: click's usage errors become one line
+    too (exit 2)."""
+    try:
+        code = cli.main(args=argv, prog_name="fxmem", standalone_mode=False)
+    except click.UsageError as e:
+        if type(e).__name__ == "NoArgsIsHelpError":  # bare `fxmem`: the help, as --help
+            click.echo(e.ctx.get_help())
+            sys.exit(0)
+        where = f"fxmem {e.ctx.info_name} --help" if e.ctx and e.ctx.parent else "fxmem --help"
+        click.echo(f"fxmem: error: {e.format_message()} (see {where})", err=True)
+        sys.exit(EXIT_USAGE)
+    except click.ClickException as e:
+        click.echo(f"fxmem: error: {e.format_message()}", err=True)
+        sys.exit(e.exit_code)
+    except click.Abort:
+        click.echo("fxmem: aborted", err=True)
+        sys.exit(EXIT_INTERNAL)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,329 @@
+"""Stage 3: live bytes after every op, and the peak as a short exact formula in B.
+
+Live bytes right after op i has allocated its outputs (before anything freed after it) are
+the sum of the device sizes of every storage created at or before i and not yet freed. Only
+the last op of a run of allocations can be a maximum, so those are the *candidates*. Each
+candidate's live bytes are an exact expression in B; the peak is their ``Max``, pruned to
+the candidates that are the maximum for some B >= 1 (proved with :mod:`fxmem.formula.poly`).
+
+>>> import torch
+>>> from fxmem.trace import trace
+>>> from fxmem.memory.graph import build_graph
+>>> lv = liveness(build_graph(trace(torch.nn.Linear(8, 2), torch.randn(4, 8),
+...                                 loss=lambda o: o.sum(), device="cpu")))
+>>> lv.peak
+Max(32*B + 152, 40*B + 76)
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from fractions import Fraction
+
+import sympy
+
+from ..formula import poly as P
+from ..formula.symbols import B, Size
+from .graph import StorageGraph
+from .sizes import device_sizes
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """Live bytes right after op ``op_index`` (-1: before the first op), as a function of B.
+
+    ``poly`` is the exact polynomial part; ``extras`` are (count, Size) terms that are not
+    polynomials (e.g. CUDA block rounding); ``lo <= value <= hi`` for B >= 1.
+    """
+
+    op_index: int
+    poly: tuple
+    extras: tuple
+    lo: tuple | None
+    hi: tuple | None
+
+    def __call__(self, b: int) -> int:
+        v = P.evaluate(self.poly, b)
+        for n, s in self.extras:
+            v += n * s(b)
+        return int(v)
+
+    @property
+    def expr(self) -> sympy.Expr:
+        e = sum((sympy.Rational(c.numerator, c.denominator) * B**i
+                 for i, c in enumerate(self.poly)), sympy.Integer(0))
+        return e + sum((n * s.expr for n, s in self.extras), sympy.Integer(0))
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """Result of :func:`liveness`.
+
+    ``sizes[sid]``: bytes of each storage on the device; ``candidates``: the pruned peak
+    candidates, in op order; ``regimes``: ``(B_from, candidate)`` pieces saying which
+    candidate is the peak from that B on (exact on CPU; from lower bounds on CUDA).
+    """
+
+    graph: StorageGraph
+    device: str
+    sizes: tuple
+    candidates: tuple
+    regimes: tuple
+    n_candidates_before_pruning: int
+
+    @property
+    def peak(self) -> sympy.Expr:
+        """Peak bytes, a sympy expression in B (a ``Max`` when the peak moves with B)."""
+        exprs = list(dict.fromkeys(c.expr for c in self.candidates))
+        return exprs[0] if len(exprs) == 1 else sympy.Max(*exprs, evaluate=False)
+
+    def peak_candidate(self, b: int) -> Candidate:
+        """The candidate that is the peak at batch size b (the earliest one on ties)."""
+        return max(self.candidates, key=lambda c: (c(b), -c.op_index))
+
+    def peak_bytes(self, b: int) -> int:
+        return self.peak_candidate(b)(b)
+
+    def live_sids(self, op_index: int) -> list[int]:
+        """Storages alive right after op ``op_index``'s allocations."""
+        return [s.sid for s in self.graph.storages
+                if s.created_by <= op_index and (s.freed_after is None or s.freed_after >= op_index)]
+
+    def timeline(self, b: int) -> list[int]:
+        """Live bytes right after each op's allocations, at batch size b."""
+        return timeline(self.graph.storages, self.sizes, len(self.graph.ops), b)
+
+
+def timeline(storages, sizes, n_ops: int, b: int) -> list[int]:
+    """Live bytes right after each of ``n_ops`` ops' allocations at batch size b, for
+    ``storages`` of device sizes ``sizes`` (storages freed "after op -1" never count)."""
+    delta = [0] * (n_ops + 1)
+    live = 0
+    for s, size in zip(storages, sizes):
+        v = size(b)
+        if s.created_by < 0:
+            live += v
+        else:
+            delta[s.created_by] += v
+        if s.freed_after is not None and s.freed_after + 1 <= n_ops:
+            delta[max(s.freed_after + 1, 0)] -= v
+    out = []
+    for i in range(n_ops):
+        live += delta[i]
+        out.append(live)
+    return out
+
+
+def _events(graph: StorageGraph):
+    """Per op: storages allocated by it, storages freed right after it (-1: before op 0)."""
+    n = len(graph.ops)
+    allocs = [[] for _ in range(n)]
+    frees = [[] for _ in range(n + 1)]  # frees[i + 1]: freed after op i
+    for s in graph.storages:
+        if s.created_by >= 0:
+            allocs[s.created_by].append(s.sid)
+        if s.freed_after is not None:
+            frees[s.freed_after + 1].append(s.sid)
+    return allocs, frees
+
+
+def sweep(graph: StorageGraph):
+    """The step's live set, change by change: ``("+", sid)`` / ``("-", sid)`` as storages
+    appear and go, and ``("peak", i)`` where the live bytes right after op ``i`` (-1: the
+    start) may be a maximum, i.e. after the last op of a run of allocations."""
+    allocs, frees = _events(graph)
+    for s in graph.storages:
+        if s.created_by < 0:
+            yield "+", s.sid
+    yield "peak", -1  # the start is always a candidate, as a fallback
+    for sid in frees[0]:
+        yield "-", sid
+    last_alloc = None
+    for i in range(len(graph.ops)):
+        for sid in allocs[i]:
+            yield "+", sid
+            last_alloc = i
+        if frees[i + 1] and last_alloc is not None:
+            yield "peak", last_alloc
+            last_alloc = None
+        for sid in frees[i + 1]:
+            yield "-", sid
+    if last_alloc is not None:
+        yield "peak", last_alloc
+
+
+def liveness(graph: StorageGraph, device: str | None = None) -> Liveness:
+    device = device or graph.trace.device
+    sizes = device_sizes(graph.storages, device)
+
+    poly = P.ZERO
+    extras: Counter = Counter()
+
+    def add(sid, sign):
+        nonlocal poly
+        s = sizes[sid]
+        if s.exact:
+            poly = P.add(poly, s.lo if sign > 0 else P.scale(s.lo, -1))
+        else:
+            extras[s] += sign
+            if extras[s] == 0:
+                del extras[s]
+
+    raw: list[Candidate] = []
+
+    def snapshot(i):
+        ex = tuple(sorted(extras.items(), key=lambda kv: str(kv[0].expr)))
+        ex = tuple((cnt, s) for s, cnt in ex)
+        lo, hi = poly, poly
+        for cnt, s in ex:
+            if s.lo is None or lo is None:
+                lo = hi = None
+                break
+            lo, hi = P.add(lo, P.scale(s.lo, cnt)), P.add(hi, P.scale(s.hi, cnt))
+        raw.append(Candidate(i, poly, ex, lo, hi))
+
+    for kind, x in sweep(graph):
+        if kind == "peak":
+            snapshot(x)
+        else:
+            add(x, +1 if kind == "+" else -1)
+    kept, regimes = prune(raw)
+    return Liveness(graph, device, tuple(sizes), tuple(kept), tuple(regimes), len(raw))
+
+
+def prune(cands: list[Candidate]) -> tuple[list[Candidate], list]:
+    """Drop candidates that are never the maximum for any B >= 1; return (kept, regimes)."""
+    uniq: dict = {}
+    for c in cands:  # identical functions: keep the earliest op
+        uniq.setdefault((c.poly, tuple((n, id(s)) for n, s in c.extras)), c)
+    cands = list(uniq.values())
+    bounded = [c for c in cands if c.lo is not None]
+    unbounded = [c for c in cands if c.lo is None]
+    if not bounded:
+        return cands, [(1, cands[0])]
+    lows = [c.lo for c in bounded]
+    pieces = P.upper_envelope(lows)
+    on_env = {i for _, i in pieces}
+    kept = []
+    for i, c in enumerate(bounded):
+        if i in on_env:
+            kept.append(c)
+        elif c.lo != c.hi and not _le_pieces(c.hi, lows, pieces) \
+                and not _below_by_branch(c, lows, pieces):
+            kept.append(c)
+    kept += [c for c in unbounded if not _below_by_branch(c, lows, pieces)]
+    for k in [c for c in kept if c.lo is None or c.lo != c.hi]:
+        if any(j is not k and _dominates(j, k) for j in kept):
+            kept.remove(k)  # one at a time, so one of two equal functions always stays
+    kept.sort(key=lambda c: c.op_index)
+    regimes = [(int(x) if Fraction(x).denominator == 1 else x, bounded[i]) for x, i in pieces]
+    return kept, regimes
+
+
+def _dominates(j: Candidate, k: Candidate) -> bool:
+    """j >= k for every B >= 1, proved term by term (shared extras cancel exactly)."""
+    diff = P.sub(j.poly, k.poly)
+    cj = {id(s): (n, s) for n, s in j.extras}
+    ck = {id(s): (n, s) for n, s in k.extras}
+    for key in cj.keys() | ck.keys():
+        s = (cj.get(key) or ck.get(key))[1]
+        d = cj.get(key, (0, s))[0] - ck.get(key, (0, s))[0]
+        if d == 0:
+            continue
+        bound = s.lo if d > 0 else s.hi
+        if bound is None:
+            return False
+        diff = P.add(diff, P.scale(bound, d))
+    return P.first_positive_at_or_after(P.scale(diff, -1), 1) is None
+
+
+def _branch_points(c: Candidate) -> list:
+    """Integers where a branch of the candidate's sizes may change (a kernel's ``Piecewise``
+    condition, ``Min`` / ``Max`` arguments crossing), from 1 up; [] when a branch is not a
+    threshold in B."""
+    points = {1}
+    for _, size in c.extras:
+        for node in sympy.preorder_traversal(size.expr):
+            if isinstance(node, sympy.Piecewise):
+                exprs = [cond.lhs - cond.rhs for _, cond in node.args
+                         if isinstance(cond, sympy.core.relational.Relational)]
+            elif isinstance(node, (sympy.Min, sympy.Max)):
+                exprs = [a - b for a, b in zip(node.args, node.args[1:])]
+            else:
+                continue
+            for e in exprs:  # floor(x) and ceiling(x) cross where x does, within 1
+                e = e.replace(lambda x: isinstance(x, (sympy.floor, sympy.ceiling)),
+                              lambda x: x.args[0])
+                if e.free_symbols != {B} or not e.is_polynomial(B) or sympy.degree(e, B) != 1:
+                    return []
+                x = sympy.Symbol("x", real=True)
+                for root in sympy.solve(e.xreplace({B: x}), x):
+                    r = int(sympy.floor(root))
+                    points |= {max(1, r + k) for k in (-1, 0, 1, 2)}
+    return sorted(points)
+
+
+def _at_branch(e, b: int):
+    """``e`` with each ``Piecewise``, ``Min`` and ``Max`` replaced by the argument it takes
+    at B = ``b``."""
+    def piece(x):
+        return next(v for v, cond in x.args if bool(cond.subs(B, b)))
+
+    def extreme(x):
+        vals = [arg.subs(B, b) for arg in x.args]
+        pick = min if isinstance(x, sympy.Min) else max
+        return x.args[pick(range(len(vals)), key=vals.__getitem__)]
+
+    e = e.replace(lambda x: isinstance(x, sympy.Piecewise), piece)
+    return e.replace(lambda x: isinstance(x, (sympy.Min, sympy.Max)), extreme)
+
+
+def _below_by_branch(c: Candidate, lows, pieces) -> bool:
+    """``c`` <= the envelope on [1, inf), shown interval by interval between the points where
+    its sizes' branches change: on each, every ``Piecewise``, ``Min`` and ``Max`` is one of its
+    arguments, so the bounds are that argument's (a kernel's workspace that exists only above
+    some size bounds nothing below it)."""
+    points = _branch_points(c)
+    if len(points) < 2:
+        return False
+    for a, b in zip(points, points[1:] + [None]):
+        hi = c.poly
+        for n, size in c.extras:
+            bd = Size.of(_at_branch(size.expr, a))
+            if bd.hi is None:
+                return False
+            hi = P.add(hi, P.scale(bd.hi, n))
+        if not _le_pieces(hi, lows, pieces, a, b):
+            return False
+    return True
+
+
+def _le_pieces(p, lows, pieces, start=1, stop=None) -> bool:
+    """p <= the envelope given by ``pieces`` over [start, stop) (stop None: infinity)."""
+    for k, (x0, i) in enumerate(pieces):
+        x1 = pieces[k + 1][0] if k + 1 < len(pieces) else None
+        if (stop is not None and x0 >= stop) or (x1 is not None and x1 <= start):
+            continue
+        r = P.first_positive_at_or_after(P.sub(p, lows[i]), max(x0, start))
+        end = x1 if stop is None else stop if x1 is None else min(x1, stop)
+        if r is not None and (end is None or r < end):
+            return False
+    return True
+
+
+# --- the step's parts: what the peak is made of --------------------------------------------
+
+PARTS = ("params", "buffers", "inputs", "grads", "optimizer_state", "activations")
+_PART_OF = {"param": "params", "buffer": "buffers", "input": "inputs", "grad": "grads",
+            "optimizer_state": "optimizer_state", "activation": "activations"}
+
+
+def parts_of(lv: Liveness) -> dict:
+    """Bytes by part, as sympy expressions in B (device sizes)."""
+    out = {p: sympy.Integer(0) for p in PARTS}
+    for s, size in zip(lv.graph.storages, lv.sizes):
+        p = _PART_OF.get(s.category)
+        if p is not None:
+            out[p] += size.expr
+    return out

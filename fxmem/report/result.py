@@ -1,0 +1,361 @@
+"""The result object users hold: :class:`Report`.
+
+A report only reads the analysis results (trace, graph, liveness); it never re-traces.
+Every number is in bytes; formulas are sympy expressions in :data:`fxmem.B`.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import sympy
+
+from ..checkpoint.flops import FlopCount, count_flops, op_flops
+from ..errors import FxmemError, InfeasibleBudgetError, InputError
+from ..formula.search import largest
+from ..formula.symbols import B
+from ..memory.liveness import Liveness, parts_of
+
+
+@dataclass(frozen=True)
+class TimelinePoint:
+    """Live bytes right after one op allocated its outputs."""
+
+    index: int
+    op: str
+    phase: str
+    module: str
+    live_bytes: int
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """What is live at the peak for one batch size, in bytes.
+
+    ``by_category``: param, buffer, input, grad, optimizer_state, activation, temporary.
+    ``by_module``: top-level module (or ``(inputs)``, ``<loss>``, ``<optimizer>``).
+    ``op``/``phase``/``module``: where the peak happens (``op_index`` -1: before the step).
+    A storage counts for the module of the op that made it; in backward that is the module
+    whose forward made the autograd node running the op (``fc``'s weight gradient counts for
+    ``fc``).
+    """
+
+    B: int
+    peak_bytes: int
+    op_index: int
+    op: str
+    phase: str
+    module: str
+    by_category: dict
+    by_module: dict
+
+
+@dataclass(frozen=True)
+class PeakRegime:
+    """From batch size ``B_from`` (an int) until the next regime, the peak is right after this
+    op. ``crossing``: the exact real B where this op's live bytes overtake the previous
+    regime's (a sympy number; ``B_from`` is the first valid integer at or after it)."""
+
+    B_from: int
+    op_index: int
+    op: str
+    phase: str
+    module: str
+    expr: sympy.Expr
+    crossing: object = None
+
+
+def _top_module(storage) -> str:
+    if storage.category == "input":
+        return "(inputs)"
+    if storage.category in ("param", "buffer", "grad", "optimizer_state") and storage.name:
+        parts = storage.name.split(".")
+        return parts[0] if len(parts) > 1 else "(root)"
+    m = storage.module
+    if m.startswith("<"):
+        return m
+    return m.split(".")[0] if m else "(root)"
+
+
+@dataclass(frozen=True)
+class Report:
+    """Memory of one step as formulas in B. Build it with :func:`fxmem.analyze`.
+
+    >>> import torch, fxmem
+    >>> r = fxmem.analyze(torch.nn.Linear(8, 2), torch.randn(4, 8),
+    ...                   loss=lambda o: o.sum(), device="cpu")
+    >>> r.peak_bytes(B=64) == int(r.peak.subs(fxmem.B, 64))
+    True
+    """
+
+    liveness: Liveness
+    parts: dict = field(default_factory=dict)
+    valid_when: tuple = ()
+
+    @functools.cached_property
+    def flop_count(self) -> FlopCount:
+        """FLOPs of the step (:class:`fxmem.checkpoint.flops.FlopCount`), counted on first use."""
+        return count_flops(self.trace, self._op_flops)
+
+    @functools.cached_property
+    def _op_flops(self) -> dict:
+        """FLOPs per traced op (:func:`fxmem.checkpoint.flops.op_flops`), shared with the plan
+        chooser."""
+        return op_flops(self.trace)
+
+    @property
+    def plan(self) -> tuple:
+        """Module paths whose forward is checkpointed (recomputed in backward)."""
+        return self.trace.plan
+
+    @functools.cached_property
+    def segments(self) -> tuple:
+        """Checkpoint candidates: every submodule as a
+        :class:`fxmem.checkpoint.segments.Segment`, with whether it is a valid segment and,
+        if not, why."""
+        from ..checkpoint.segments import segments
+
+        return segments(self.liveness.graph)
+
+    def with_plan(self, plan) -> "Report":
+        """This step under checkpoint ``plan`` (module paths), derived from this report's
+        trace without tracing again (:mod:`fxmem.checkpoint.plans`). The report must have no plan.
+
+        >>> import torch, fxmem
+        >>> block = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.GELU(),
+        ...                             torch.nn.Linear(64, 8))
+        >>> m = torch.nn.Sequential(block, torch.nn.Linear(8, 2))
+        >>> r = fxmem.analyze(m, torch.randn(4, 8), loss=lambda o: o.sum(), device="cpu")
+        >>> r.with_plan(["0"]).peak_bytes(256) < r.peak_bytes(256)
+        True
+        """
+        from ..checkpoint.plans import derive
+        from ..memory.graph import build_graph
+        from ..memory.liveness import liveness
+        from ..trace.checkpointing import check_plan
+
+        plan = check_plan({c.path for c in self.trace.calls}, plan)
+        lv = liveness(build_graph(derive(self.trace, plan)), self.device)
+        return Report(lv, parts_of(lv), self.valid_when)
+
+    def plan_for(self, budget_bytes: int, B: int, candidates=None):  # noqa: N803
+        """The checkpoint plan with the least recompute FLOPs whose peak at batch size ``B``
+        fits ``budget_bytes``, as a :class:`fxmem.PlanChoice` (see :mod:`fxmem.checkpoint.choose`).
+        Raises :class:`fxmem.InfeasibleBudgetError` (with the smallest reachable peak) when
+        no plan fits."""
+        if not isinstance(budget_bytes, int) or isinstance(budget_bytes, bool):
+            raise InputError(f"budget_bytes must be an int, got {budget_bytes!r}")
+        return self._chooser(candidates).choose(budget_bytes, _check_b(B))
+
+    def frontier(self, B: int, candidates=None) -> tuple:  # noqa: N803
+        """Pareto-optimal checkpoint plans at batch size ``B``: a tuple of
+        :class:`fxmem.FrontierPoint` (peak bytes, recompute FLOPs, plan), from no plan
+        (largest peak, no recompute) to the smallest peak; at most 256 points from the
+        cheap end, then a sample down to the smallest peak (:meth:`Chooser.frontier
+        <fxmem.checkpoint.choose.Chooser.frontier>`)."""
+        return self._chooser(candidates).frontier(_check_b(B))
+
+    def _chooser(self, candidates=None):
+        from ..checkpoint.choose import Chooser
+
+        return self._default_chooser if candidates is None else Chooser(self, candidates)
+
+    @functools.cached_property
+    def _default_chooser(self):
+        from ..checkpoint.choose import Chooser
+
+        return Chooser(self)
+
+    @property
+    def recompute_flops(self) -> sympy.Expr:
+        """FLOPs spent re-running checkpointed forwards, a sympy expression in B."""
+        return self.flop_count.recompute
+
+    @property
+    def device(self) -> str:
+        return self.liveness.device
+
+    @property
+    def trace(self):
+        return self.liveness.graph.trace
+
+    @property
+    def unmodelled(self) -> tuple:
+        """``(op, module, what)`` for allocations fxmem cannot size (e.g. oneDNN's RNN
+        workspace): the peak leaves them out, and says so here."""
+        return self.trace.unmodelled
+
+    @property
+    def peak(self) -> sympy.Expr:
+        """Peak bytes of the step, a sympy expression in :data:`fxmem.B`."""
+        return self.liveness.peak
+
+    def peak_bytes(self, B: int) -> int:  # noqa: N803 - the batch size is B everywhere
+        """Peak bytes at batch size ``B`` (exact integer)."""
+        return self.liveness.peak_bytes(_check_b(B))
+
+    def cuda_memory(self, B: int, config=None, compute_capability=None,  # noqa: N803
+                    cublas_workspace: int | None = None, cudnn_workspace: int = 0):
+        """What ``torch.cuda.max_memory_allocated()`` and ``max_memory_reserved()`` would
+        report for the step at batch size ``B``: the step replayed through the CUDA caching
+        allocator (``config``: a :class:`fxmem.device.caching_allocator.AllocatorConfig`, e.g.
+        ``AllocatorConfig.from_string("expandable_segments:True")``) with the cuBLAS
+        workspaces PyTorch keeps (32 MiB per thread on compute capability 9.x). A
+        :class:`fxmem.device.allocator.DeviceMemory`; see
+        :func:`fxmem.device.allocator.cuda_memory`. ``cudnn_workspace``: bytes each cuDNN convolution call holds while it runs (a bound
+        when the job sets ``CUDNN_CONV_WSCAP_DBG``, in MiB); 0 leaves them out.
+        ``compute_capability``: the GPU's, for the workspace sizes (default: the one the step
+        was traced for, ``analyze(..., compute_capability=)``).
+
+        >>> import torch, fxmem
+        >>> r = fxmem.analyze(torch.nn.Linear(1024, 1024), torch.randn(4, 1024),
+        ...                   loss=lambda o: o.sum(), optimizer=torch.optim.SGD)
+        >>> d = r.cuda_memory(64)
+        >>> d.max_allocated - r.peak_bytes(64) == 2 * 32 * 2**20   # two cuBLAS workspaces
+        True
+        >>> d.max_reserved >= d.max_allocated
+        True
+        """
+        from ..device.allocator import cuda_memory
+
+        if compute_capability is None:
+            compute_capability = self.liveness.graph.trace.compute_capability
+        return cuda_memory(self.liveness, _check_b(B), config, compute_capability,
+                           cublas_workspace, cudnn_workspace)
+
+    @property
+    def regimes(self) -> tuple:
+        """Where the peak is, by range of B: a tuple of :class:`PeakRegime`."""
+        out = []
+        for x, c in self.liveness.regimes:
+            first = max(self.min_batch_size, int(sympy.ceiling(sympy.Rational(x))))
+            while out and out[-1].B_from >= first:  # a regime holding for no integer B
+                out.pop()
+            op = self.trace.ops[c.op_index] if c.op_index >= 0 else None
+            out.append(PeakRegime(first, c.op_index, op.op if op else "(start)",
+                                  op.phase if op else "start", op.module if op else "",
+                                  c.expr, sympy.Rational(x)))
+        return tuple(out)
+
+    def breakdown(self, B: int, top: int | None = None) -> Breakdown:  # noqa: N803
+        """What is live at the peak at batch size ``B``, by category and by module."""
+        b = _check_b(B)
+        cand = self.liveness.peak_candidate(b)
+        by_cat, by_mod = {}, {}
+        storages = self.liveness.graph.storages
+        for sid in self.liveness.live_sids(cand.op_index):
+            s, v = storages[sid], self.liveness.sizes[sid](b)
+            by_cat[s.category] = by_cat.get(s.category, 0) + v
+            m = _top_module(s)
+            by_mod[m] = by_mod.get(m, 0) + v
+        by_mod = dict(sorted(by_mod.items(), key=lambda kv: -kv[1])[:top])
+        by_cat = dict(sorted(by_cat.items(), key=lambda kv: -kv[1]))
+        op = self.trace.ops[cand.op_index] if cand.op_index >= 0 else None
+        return Breakdown(b, cand(b), cand.op_index, op.op if op else "(start)",
+                         op.phase if op else "start", op.module if op else "", by_cat, by_mod)
+
+    def timeline(self, B: int) -> tuple:  # noqa: N803
+        """Live bytes after every op at batch size ``B``: a tuple of :class:`TimelinePoint`."""
+        live = self.liveness.timeline(_check_b(B))
+        return tuple(TimelinePoint(o.index, o.op, o.phase, o.module, v)
+                     for o, v in zip(self.trace.ops, live))
+
+    @property
+    def grad_accum(self) -> int:
+        """Micro-batches per optimizer step (``analyze(..., grad_accum=k)``); B is one of them."""
+        return self.trace.grad_accum
+
+    def effective_batch_size(self, B: int) -> int:  # noqa: N803
+        """Samples per optimizer step at micro-batch ``B``: ``grad_accum * B``.
+
+        >>> import torch, fxmem
+        >>> r = fxmem.analyze(torch.nn.Linear(8, 2), torch.randn(4, 8), loss=lambda o: o.sum(),
+        ...                   optimizer=torch.optim.SGD, device="cpu", grad_accum=4)
+        >>> r.grad_accum, r.effective_batch_size(16)
+        (4, 64)
+        """
+        return self.grad_accum * _check_b(B)
+
+    @property
+    def min_batch_size(self) -> int:
+        """The smallest B the formula is valid for (from ``valid_when``)."""
+        for g in self.valid_when:
+            if isinstance(g, sympy.GreaterThan) and g.lhs == B:
+                return int(g.rhs)
+        return 1
+
+    def max_batch_size(self, budget_bytes: int, max_recompute: float | None = None,
+                       candidates=None):
+        """The largest integer B whose peak fits in ``budget_bytes``, solved from the formula.
+
+        With ``max_recompute`` (a fraction, e.g. ``0.25``): the largest B that fits with a
+        checkpoint plan re-running at most that share of the step's FLOPs, returned as a
+        :class:`fxmem.PlanChoice` (``.B``, ``.plan``, ``.peak_bytes``, ``.recompute_flops``,
+        ``.report``); ``candidates``: module paths to choose from (default:
+        :func:`fxmem.checkpoint.choose.default_candidates`).
+
+        Raises :class:`fxmem.InfeasibleBudgetError` if even the smallest valid B does not fit.
+        """
+        if not isinstance(budget_bytes, int) or isinstance(budget_bytes, bool):
+            raise InputError(f"budget_bytes must be an int, got {budget_bytes!r}")
+        if max_recompute is not None:
+            from ..checkpoint.choose import max_batch_size
+
+            return max_batch_size(self, budget_bytes, max_recompute, candidates)
+        lo = self.min_batch_size
+        fixed = self.fixed_bytes
+        if self.peak_bytes(lo) > budget_bytes:
+            raise InfeasibleBudgetError(
+                f"budget {budget_bytes:,} B is below the smallest peak {self.peak_bytes(lo):,} B "
+                f"(at B={lo}); memory that does not depend on B alone is {fixed:,} B",
+                minimum_bytes=self.peak_bytes(lo))
+        if self.peak_bytes(lo) == self.peak_bytes(2 * lo + 1) == self.peak_bytes(10**9):
+            raise FxmemError("the peak does not grow with B, so every batch size fits")
+        return largest(lambda b: self.peak_bytes(b) <= budget_bytes, lo)
+
+    def cuda_max_batch_size(self, budget_bytes: int, config=None,
+                            compute_capability=None, cudnn_workspace: int = 0) -> int:
+        """The largest B whose predicted ``torch.cuda.max_memory_allocated()``
+        (:meth:`cuda_memory`: allocator blocks, their slack, the cuBLAS workspaces, and
+        ``cudnn_workspace`` bytes held by each convolution) fits in ``budget_bytes``. Raises
+        :class:`fxmem.InfeasibleBudgetError` when none does.
+
+        >>> import torch, fxmem
+        >>> r = fxmem.analyze(torch.nn.Linear(1024, 1024), torch.randn(4, 1024),
+        ...                   loss=lambda o: o.sum(), optimizer=torch.optim.SGD)
+        >>> r.cuda_max_batch_size(2**30) < r.max_batch_size(2**30)   # 64 MiB of workspaces
+        True
+        """
+        def allocated(b):
+            return self.cuda_memory(b, config, compute_capability,
+                                    cudnn_workspace=cudnn_workspace).max_allocated
+
+        def fits(b):
+            return allocated(b) <= budget_bytes
+
+        lo = self.min_batch_size
+        if not fits(lo):
+            least = allocated(lo)
+            raise InfeasibleBudgetError(
+                f"budget {budget_bytes:,} B is below the smallest max_memory_allocated "
+                f"{least:,} B (at B={lo})", minimum_bytes=least)
+        self.max_batch_size(budget_bytes)  # the formula's checks (a peak that grows with B)
+        return largest(fits, lo)
+
+    @property
+    def fixed_bytes(self) -> int:
+        """Bytes that do not depend on B: params, buffers, grads, optimizer state."""
+        return sum(int(self.parts[p].subs(B, 0)) if p != "inputs" else 0
+                   for p in ("params", "buffers", "grads", "optimizer_state"))
+
+    def __str__(self) -> str:
+        from .text import render_text
+
+        return render_text(self)
+
+
+def _check_b(b) -> int:
+    if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+        raise InputError(f"B must be a positive int, got {b!r}")
+    return b

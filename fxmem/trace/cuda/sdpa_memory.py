@@ -1,0 +1,282 @@
+"""What PyTorch's CUDA attention kernels allocate beyond, or unlike, their meta kernels: the
+memory side of :mod:`fxmem.trace.cuda.sdpa`, which chooses the kernel.
+
+:data:`HOST_OUTPUTS` (outputs kept in host memory), :data:`WORKSPACES` and
+:func:`workspace_bytes` (temporaries the kernels allocate through the caching allocator while
+they run), :data:`META_CORRECTIONS` and :func:`cuda_outputs` (outputs the meta kernels get
+wrong). Read for torch 2.13.0 (git cf30153c), as :mod:`fxmem.trace.cuda.sdpa` says.
+
+>>> import torch
+>>> q = torch.empty(2, 8, 128, 64, dtype=torch.float16)
+>>> out = torch.empty(2, 8, 128, 64, dtype=torch.float16)
+>>> aten = torch.ops.aten
+>>> ws = dict(workspace_bytes(aten._scaled_dot_product_flash_attention_backward.default,
+...                           (out, q, q, q, out, torch.empty(2, 8, 128), None, None, 128, 128,
+...                            0.0, False, torch.empty(2), torch.empty(()))))
+>>> ws["flash backward softmax_d"] == 4 * 2 * 8 * 128     # 4·B·H·r(Lq, 128)
+True
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .sdpa import _HALF, _deterministic
+
+aten = torch.ops.aten
+
+
+# --- what the CUDA kernels allocate that the meta kernels don't say ----------------------------
+
+# Output positions the CUDA kernel returns as host tensors outside CUDA-graph capture
+# (attention.cu _efficient_attention_forward, Note [Seed and Offset Device]: seed/offset are
+# at::scalar_tensor(...) or at::empty({}, kCPU)). Flash's rng_state/_unused (flash_api.cpp mha_fwd)
+# and cuDNN's seed/offset (attention.cu _cudnn_attention_forward) are CUDA tensors, always.
+HOST_OUTPUTS = {
+    aten._scaled_dot_product_efficient_attention.default: (2, 3),
+    aten._efficient_attention_forward.default: (2, 3),
+}
+
+# op -> [(temporary, bytes, source)] the CUDA kernels allocate and free while they run. B, H,
+# Hk, Lq, Lk; D, Dv head dims (flash: padded to 8); e element size; r(x, m) x rounded up to m;
+# Dr = r(D, 32 if D <= 128 else 64); "unknown" where the size is not in PyTorch's source.
+WORKSPACES = {
+    "_scaled_dot_product_flash_attention": [
+        ("softmax_lse_accum + out_accum, split-KV (dropout 0, n splits > 1)",
+         "4·n·B·H·Lq·(1 + Dr), n = num_splits_heuristic(B·H·⌈Lq/64⌉, 2·SMs, ⌈Lk/block_n⌉, 128)",
+         "flash_api.cpp set_params_splitkv"),
+        ("rng_state's first allocation, replaced under dropout", "16", "flash_api.cpp mha_fwd")],
+    "_scaled_dot_product_flash_attention_backward": [
+        ("grad_out.contiguous(), out.contiguous() of their (B, L, H, D) views", "B·Lq·H·D·e each, "
+         "if not contiguous", "attention_backward.cu _flash_attention_backward"),
+        ("softmax_d", "4·B·H·r(Lq, 128)", "flash_api.cpp mha_bwd"),
+        ("dq_accum", "4·B·r(Lq, 128)·H·Dr (deterministic: ·⌈SMs/(B·H)⌉, zeroed)", "mha_bwd"),
+        ("dk_expanded, dv_expanded (GQA)", "2·B·Lk·H·D·e", "mha_bwd")],
+    "_scaled_dot_product_efficient_attention": [
+        ("output_accum (fp16/bf16, max(D, Dv) > 128: the gmem kernel)", "4·B·Lq·H·Dv",
+         "attention.cu _efficient_attention_forward")],
+    "_scaled_dot_product_efficient_attention_backward": [
+        ("grad_out.contiguous() of its (B, L, H, D) view", "B·Lq·H·Dv·e if not contiguous",
+         "attention_backward.cu _efficient_attention_backward"),
+        ("delta; fp32 also grad_out*out and its sum", "4·B·H·Lq; + 4·B·Lq·H·Dv + 4·B·Lq·H",
+         "_efficient_attention_backward"),
+        ("workspace: gQ (+ gK/gV staging when !kOutputInRF)", "4·B·H·r(gk + gv + "
+         "⌈Lq/I⌉·⌈D/J⌉·(4 + I·J), 4), gk = nsk·J·r(D, I), gv = nsk·J·r(Dv, I); (I, J) the "
+         "cutlassB.h kernel", "kernel_backward.h workspace_size")],
+    "_scaled_dot_product_cudnn_attention": [
+        ("cuDNN workspace", "unknown (mha_graph.get_workspace_size())", "cudnn/MHA.cpp")],
+    "_scaled_dot_product_cudnn_attention_backward": [
+        ("cuDNN workspace", "unknown", "cudnn/MHA.cpp run_cudnn_SDP_bprop"),
+        ("dO re-laid out when dO.stride(-1) != 1", "B·H·Lq·Dv·e", "permute_to_matching_layout")],
+}
+
+_DEFAULT_SMS = {(8, 0): 108, (9, 0): 132, (10, 0): 148}  # A100, H100 SXM, B200
+
+
+_cdiv = lambda a, b: (a + b - 1) // b  # ceil_div, SymInt-friendly
+_rup = lambda a, m: _cdiv(a, m) * m  # round_multiple / align_up
+
+
+def _ite(conds, a, b):
+    """``a if all(conds) else b`` for possibly symbolic conditions."""
+    if any(c is False for c in conds):
+        return b
+    sym = [c for c in conds if c is not True]
+    if not sym:
+        return a
+    cond = sym[0] if len(sym) == 1 else sym[0] & sym[1]
+    wrap = lambda x: x if isinstance(x, torch.SymInt) else torch.SymInt(cond.node.wrap_int(x))
+    return torch.sym_ite(cond, wrap(a), wrap(b))
+
+
+def _splits_heuristic(bnm, sms, n_blocks, max_splits):
+    """flash_api.cpp ``num_splits_heuristic`` (plain ints)."""
+    if bnm >= 0.8 * sms:
+        return 1
+    max_splits = min(max_splits, sms, n_blocks)
+    eligible = lambda n: n == 1 or _cdiv(n_blocks, n) != _cdiv(n_blocks, n - 1)
+    eff = [(bnm * n / sms) / math.ceil(bnm * n / sms) if eligible(n) else 0.0
+           for n in range(1, max_splits + 1)]
+    best = max(eff)
+    good = (n for n in range(1, max_splits + 1) if eligible(n) and eff[n - 1] >= 0.85 * best)
+    return next(good, 1)
+
+
+def _copy_if_strided(what, t):
+    """``t.transpose(1, 2).contiguous()`` in the kernel's (B, L, H, D) layout: a copy unless
+    already contiguous."""
+    if t.transpose(1, 2).is_contiguous():
+        return []
+    return [(what, t.numel() * t.element_size())]
+
+
+# attention_backward.cu launchKernel over cutlassB.h dispatch_cutlassB_{f16,bf16,f32}_sm80
+# (cc 80..121; seq-aligned twins have the same tile): (dropout, I, J, kMaxK, only on cc)
+_BWD = {
+    True: ((False, 64, 64, 32, None), (False, 64, 64, 64, None), (False, 128, 64, 96, (86, 89)),
+           (False, 128, 128, 128, None), (False, 64, 64, 128, None), (False, 128, 64, 65536, None),
+           (False, 64, 64, 65536, None), (True, 64, 64, 32, None), (True, 64, 64, 64, None),
+           (True, 128, 128, 128, None), (True, 64, 64, 128, None), (True, 128, 64, 65536, None),
+           (True, 64, 64, 65536, None)),
+    False: tuple((d, i, j, m, None) for d in (False, True)
+                 for i, j, m in ((64, 64, 32), (64, 64, 64), (128, 64, 128), (64, 64, 128),
+                                 (128, 64, 65536), (64, 64, 65536))),
+}
+
+
+def _eff_bwd_kernel(half, max_k, dropout, cap):
+    """The first kernel that fits. Shared memory is not modeled, except that 128x128 tiles are
+    taken not to fit the <= 100 KB-a-block GPUs (sm86/87/89/120/121), as the sm86/89-only
+    128x64 k96 kernel in cutlassB.h implies."""
+    cc = 120 if cap == (12, 1) else cap[0] * 10 + cap[1]
+    small = cc in (86, 87, 89, 120)
+    for drop, i, j, kmax, only in _BWD[half]:
+        if not ((only and cc not in only) or kmax < max_k or (dropout and not drop)
+                or (small and i == j == 128)):
+            return i, j, kmax
+    return None
+
+
+def _efficient_bwd_workspace(q, k, v, dropout, cap):
+    b, h, m, n, dq, dv = q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), v.size(3)
+    half = q.dtype in _HALF
+    kernel = _eff_bwd_kernel(half, max(dq, dv), dropout, cap) if cap >= (8, 0) else None
+    if kernel is None:
+        return []
+    i, j, kmax = kernel
+    staged = half and not kmax <= i  # kNeedsAccumGradK/V = !kOutputInRF (fp32: never)
+    nsk = _cdiv(n, j)  # num_splits_key heuristic
+    nsk = _ite((b * h >= 256, n <= 2 * j), 1, nsk)
+    if staged:
+        nsk = torch.sym_min(nsk, 200 // (b * h))
+    nsk = 1 if _deterministic() else torch.sym_max(nsk, 1)
+    gk = nsk * j * _rup(dq, i) if staged else 0
+    gv = nsk * j * _rup(dv, i) if staged else 0
+    gq = _cdiv(m, i) * _cdiv(dq, j) * (4 + i * j)  # sizeof(GradQTempStorage) / 4, I·J floats
+    return [("efficient backward workspace", b * h * _rup(gk + gv + gq, 4) * 4)]
+
+
+def _by_name(op, args, kwargs=None) -> dict:
+    """The op's arguments by schema name, defaults filled in."""
+    kw = dict(kwargs or {})
+    return {a.name: args[i] if i < len(args) else kw.get(a.name, a.default_value if
+                                                           a.has_default_value() else None)
+            for i, a in enumerate(op._schema.arguments)}
+
+
+def _ws_flash(a, cap, sms):  # flash_api.cpp mha_fwd, set_params_splitkv
+    q, k, drop = a["query"], a["key"], a["dropout_p"]
+    b, h, hk, sq, sk, d = q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3)
+    out = [("flash rng_state, first allocation", 16)] if drop > 0 else []
+    if sq == 1 and h > hk and drop == 0:  # seqlenq_ngroups_swapped
+        sq, h = h // hk, hk
+    if drop == 0 and sms and all(isinstance(x, int) for x in (b, h, sq, sk)):
+        bn = 256 if d <= 64 else (128 if d <= 128 else 64)
+        n = _splits_heuristic(b * h * _cdiv(sq, 64), 2 * sms, _cdiv(sk, bn), 128)
+        dr = _rup(d, 32 if d <= 128 else 64)
+        if n > 1:
+            out.append(("flash split-KV lse_accum, out_accum", 4 * n * b * h * sq * (1 + dr)))
+    return out
+
+
+def _ws_flash_bwd(a, cap, sms):  # attention_backward.cu _flash_attention_backward, mha_bwd
+    q, k = a["query"], a["key"]
+    b, h, hk, sq, sk, d = q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3)
+    out = _copy_if_strided("flash backward grad_out.contiguous()", a["grad_out"])
+    out += _copy_if_strided("flash backward out.contiguous()", a["out"])
+    splits = _cdiv(sms, b * h) if _deterministic() and sms else 1
+    sq_r, dr = _rup(sq, 128), _rup(d, 32 if d <= 128 else 64)
+    out += [("flash backward softmax_d", 4 * b * h * sq_r),
+            ("flash backward dq_accum", 4 * splits * b * sq_r * h * dr)]
+    if hk != h:
+        out.append(("flash backward dk_expanded, dv_expanded",
+                    2 * b * sk * h * d * q.element_size()))
+    return out
+
+
+def _ws_efficient(a, cap, sms):  # attention.cu _efficient_attention_forward: the gmem kernel
+    q, v = a["query"], a["value"]
+    if q.dtype in _HALF and max(q.size(3), a["key"].size(3), v.size(3)) > 128:
+        return [("efficient output_accum", 4 * q.size(0) * q.size(2) * q.size(1) * v.size(3))]
+    return []
+
+
+def _ws_efficient_bwd(a, cap, sms):  # attention_backward.cu _efficient_attention_backward
+    q, v = a["query"], a["value"]
+    b, h, m, dv = q.size(0), q.size(1), q.size(2), v.size(3)
+    out = _copy_if_strided("efficient backward grad_out.contiguous()", a["grad_out_"])
+    out.append(("efficient backward delta", 4 * b * h * m))
+    if q.dtype not in _HALF:  # !kKernelComputesDelta: (grad_out * out).sum(-1) in float
+        out += [("efficient backward delta: grad_out*out", 4 * b * m * h * dv),
+                ("efficient backward delta: its sum", 4 * b * m * h)]
+    return out + _efficient_bwd_workspace(q, a["key"], v, a["dropout_p"] != 0, tuple(cap))
+
+
+def _ws_cudnn_bwd(a, cap, sms):  # MHA.cpp run_cudnn_SDP_bprop: permute_to_matching_layout(o, dO)
+    g = a["grad_out"]
+    return [] if g.stride(-1) == 1 else [("cuDNN backward dO re-laid out",
+                                          g.numel() * g.element_size())]
+
+
+_WS = {aten._scaled_dot_product_flash_attention.default: _ws_flash,
+       aten._scaled_dot_product_flash_attention_backward.default: _ws_flash_bwd,
+       aten._scaled_dot_product_efficient_attention.default: _ws_efficient,
+       aten._scaled_dot_product_efficient_attention_backward.default: _ws_efficient_bwd,
+       aten._scaled_dot_product_cudnn_attention_backward.default: _ws_cudnn_bwd}
+
+
+def workspace_bytes(op, args, outputs=None, kwargs=None, *, capability=(9, 0), num_sms=None):
+    """``[(what, nbytes)]`` the CUDA kernel of ``op`` allocates and frees while it runs, for the
+    temporaries of :data:`WORKSPACES` whose size the source gives; ``[]`` for other ops.
+    ``nbytes`` may be a SymInt expression. ``num_sms`` (flash's split-KV and deterministic
+    heuristics) defaults to the usual part of ``capability`` (A100, H100, B200)."""
+    handler = _WS.get(op)
+    if handler is None:
+        return []
+    sms = num_sms or _DEFAULT_SMS.get(tuple(capability))
+    return handler(_by_name(op, args, kwargs), capability, sms)
+
+
+# --- meta kernel vs CUDA kernel outputs ---------------------------------------------------------
+
+def _flash_outputs(a, outputs):
+    # flash_api.cpp mha_fwd: rng_state = at::empty({2}, uint64, CUDA), _unused = at::empty({},
+    # uint64, CUDA), always (meta: on the meta device). The debug mask would differ only with
+    # return_debug_mask (CUDA: (B, H, r(Lq, 128), r(Lk, 128))), which attention.cpp never asks.
+    real = [None] * len(outputs)
+    real[6], real[7] = ((2,), torch.uint64, "cuda"), ((), torch.uint64, "cuda")
+    return tuple(real)
+
+
+def _cudnn_outputs(a, outputs):
+    # attention.cu _cudnn_attention_forward, MHA.cpp run_cudnn_SDP_fprop: the logsumexp exists only
+    # when compute_log_sumexp (meta: always (B, H, Lq, 1) float32); seed, offset are
+    # at::empty({}, int64, CUDA) (meta: on the meta device)
+    real = [None] * len(outputs)
+    if not a["compute_log_sumexp"]:
+        real[1] = ((0,), torch.float32, "cuda")
+    real[6] = real[7] = ((), torch.int64, "cuda")
+    return tuple(real)
+
+
+# op -> f(args_by_name, outputs) -> per output None (meta is right) or (shape, dtype, device)
+# of what the CUDA kernel allocates; ops absent here match their meta kernels (the efficient
+# kernels' logsumexp is padded to a multiple of 32 in both; their seed/offset: HOST_OUTPUTS).
+META_CORRECTIONS = {
+    aten._scaled_dot_product_flash_attention.default: _flash_outputs,
+    aten._scaled_dot_product_cudnn_attention.default: _cudnn_outputs,
+}
+
+
+def cuda_outputs(op, args, outputs, kwargs=None):
+    """Per output of ``op``: ``None`` where its meta kernel allocates what the CUDA kernel does,
+    else the CUDA kernel's ``(shape, dtype, device)``; ``None`` for ops the meta gets right.
+
+    >>> op = aten._scaled_dot_product_cudnn_attention.default   # compute_log_sumexp=False:
+    >>> cuda_outputs(op, (None, None, None, None, False), [None] * 9)[1]
+    ((0,), torch.float32, 'cuda')
+    """
+    fix = META_CORRECTIONS.get(op)
+    return None if fix is None else fix(_by_name(op, args, kwargs), outputs)

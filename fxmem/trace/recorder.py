@@ -1,0 +1,340 @@
+"""The recorder: a dispatch mode that sees every aten op of the traced step and keeps
+what it allocated, wrote, saved and freed (and turns a failing op into a
+:class:`fxmem.TraceError` naming it)."""
+
+from __future__ import annotations
+
+import operator
+import os
+import traceback
+
+import sympy
+import torch
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.utils.weak import WeakTensorKeyDictionary
+
+from ..errors import SpecializationError, TraceError
+from ..formula.symbols import B, dim_symbol
+from .records import ModuleCall, OpInfo, TensorDesc
+from .rules import (
+    CONSTANT_LIFT_OPS,
+    DATA_DEPENDENT_OPS,
+    DECOMPOSE_OPS,
+    LAYOUT_ONLY_GUARD_OPS,
+    SKIP_NAMESPACES,
+    SPLIT_ALIASED_OUTPUTS,
+    STATS_IN_WEIGHT_DTYPE_OPS,
+    UNREDUCED_STORAGE_LOSSES,
+    UNSIZED_WORKSPACE_OPS,
+    ValueOracle,
+    decomposition,
+)
+from .saved import SavedTensors
+from .tracking import StorageTracker
+
+_FXMEM = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the fxmem package
+
+
+def _user_frame(frames) -> str | None:
+    """``file:line in func`` of the innermost frame that is neither torch, fxmem nor stdlib."""
+    skip = (os.path.dirname(torch.__file__), _FXMEM,
+            os.path.dirname(os.__file__), os.path.dirname(sympy.__file__))
+    for fr in reversed(frames):
+        if not fr.filename.startswith(skip) and not fr.filename.startswith("<"):
+            return f"{fr.filename}:{fr.lineno} in {fr.name}"
+    return None
+
+
+class Recorder(StorageTracker):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace in SKIP_NAMESPACES:
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def __init__(self, shape_env: ShapeEnv, sym, dim_syms: dict | None = None):
+        super().__init__()
+        self.shape_env, self.sym = shape_env, sym
+        self.dim_syms = dim_syms or {}  # name -> ShapeEnv symbol of the other named dims
+        self.subs = {sym: B, **{v: dim_symbol(n) for n, v in self.dim_syms.items()}}
+        self._subbed: dict = {}
+        self.phase = "setup"
+        self.module_stack = [""]
+        self.fn_module: dict[int, str] = {}  # autograd node sequence_nr -> forward module
+        self._seq_next = 0  # autograd sequence numbers below this are in fn_module
+        self.saved: set[int] = set()
+        self.graph = torch.fx.Graph()
+        self._node_of = WeakTensorKeyDictionary()
+        self._placeholders: dict[int, torch.fx.Node] = {}
+        self.names: dict[int, tuple[str, str]] = {}  # sid -> (category, name)
+        self.ops: list[OpInfo] = []
+        self.failed: tuple | None = None
+        self.kernels = None  # fxmem.trace.cuda.kernels.CudaKernels for device="cuda"
+        self._host: tuple = ()  # outputs of the running op that CUDA keeps in host memory
+        self.oracle = ValueOracle()
+        self.unmodelled: dict = {}  # (op, module) -> what is not modelled
+        self._n_repl = 0
+        self.plan: tuple = ()
+        self.calls: list[ModuleCall] = []  # forward module calls, in the order they ended
+        self.call_starts: list[int] = []
+        self.recomputing = 0  # > 0 while a checkpointed forward re-runs in backward
+        self.saved_tensors = SavedTensors(self, lambda: (self.phase, self.module_stack[-1]),
+                                          self._node_of)
+
+    # where are we -----------------------------------------------------------------
+    def module(self) -> str:
+        if self.phase == "backward" and self.recomputing:
+            return self.module_stack[-1]
+        if self.phase == "backward":
+            node = torch._C._current_autograd_node()
+            if node is not None:
+                module = self.fn_module.get(node._sequence_nr())
+                if module is None and hasattr(node, "variable"):  # AccumulateGrad
+                    cat, name = self.names.get(self.sid(node.variable), (None, ""))
+                    module = name.rpartition(".")[0] if cat == "param" else ""
+                return module or ""
+        if self.phase == "optimizer":
+            return "<optimizer>"
+        return self.module_stack[-1]
+
+    # registration of storages that exist before the step -------------------------------
+    def register_named(self, t: torch.Tensor, category: str, name: str) -> None:
+        sid, new = self.register(t)
+        if new or sid not in self.names:
+            self.names[sid] = (category, name)
+
+    def composite(self, func) -> bool:
+        # a CUDA-only op given a stub CPU kernel (fxmem.trace.cuda.kernels) is a kernel, as on CUDA
+        return super().composite(func) and not (self.kernels is not None
+                                                and func in self.kernels.stubbed)
+
+    def name_workspace(self, sid: int, what: str) -> None:
+        self.names[sid] = ("temporary", what)
+
+    # dispatch ---------------------------------------------------------------------
+    def run_op(self, func, args, kwargs):
+        try:
+            if func in DATA_DEPENDENT_OPS and self.phase in ("forward", "backward"):
+                raise TraceError(
+                    "the model reads a tensor's value (.item(), bool(), int() or a Python "
+                    "condition on a tensor), so memory would depend on data",
+                    op=str(func), module=self.module(), phase=self.phase,
+                    source=_user_frame(traceback.extract_stack()))
+            if func in DATA_DEPENDENT_OPS and self.phase == "optimizer":
+                value = self.oracle(args[0])
+                if value is not NotImplemented:
+                    return value
+                const = getattr(args[0], "constant", None)  # what the fake kernel returns
+                if func is torch.ops.aten._local_scalar_dense.default and const is not None:
+                    return const.item()  # e.g. Adam's step count, read per parameter
+            if func in DECOMPOSE_OPS:
+                with self:
+                    return decomposition(func)(*args, **kwargs)
+            if func in LAYOUT_ONLY_GUARD_OPS:
+                with self.shape_env.suppress_guards():
+                    return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            rule = UNSIZED_WORKSPACE_OPS.get(func)
+            if rule is not None and rule[0](args):
+                self.unmodelled.setdefault((func, self.module()), rule[1])
+            if self.kernels is not None:  # what CUDA's kernel allocates (fxmem.trace.cuda.kernels)
+                out = self.kernels.outputs(func, args, kwargs, out)
+                self._host = tuple(out[i] for i in self.kernels.host_outputs(func))
+                what = self.kernels.unmodelled(func, args, kwargs, out)
+                if what is not None:
+                    self.unmodelled.setdefault((func, self.module()), what)
+            pair = SPLIT_ALIASED_OUTPUTS.get(func)
+            if pair and out[pair[0]].untyped_storage() is out[pair[1]].untyped_storage():
+                out = (*out[:pair[1]], torch.empty_like(out[pair[1]]), *out[pair[1] + 1:])
+            return out
+        except TraceError:
+            raise
+        except Exception as e:
+            if self.failed is None:
+                self.failed = (str(func), self.module(), self.phase,
+                               _user_frame(traceback.extract_stack()), e)
+            raise
+
+    def workspaces(self, func, args, kwargs, out) -> list:
+        if self.kernels is None:
+            return []
+        # an empty tensor stands for each (a storage of its own), its size given as is: a
+        # symbolic size through torch.empty could meet the fake mode's dispatch cache
+        return [(torch.empty(0, dtype=torch.uint8), what, nbytes)
+                for what, nbytes in self.kernels.workspaces(func, args, kwargs, out)]
+
+    def output_nbytes(self, func, args, kwargs, t):
+        if self._host and any(t is h for h in self._host):
+            return 0  # a host tensor: no device memory (fxmem.trace.cuda.kernels)
+        if func in STATS_IN_WEIGHT_DTYPE_OPS and self.kernels is None:  # CPU kernels only
+            x, w = args[0], args[1]
+            if w is not None and w.dtype != x.dtype and t.dim() == 1 and x.dim() > 1:
+                return t.numel() * w.element_size()  # a per-channel statistic
+            return None
+        pos = UNREDUCED_STORAGE_LOSSES.get(func)
+        if pos is not None:
+            reduction = args[pos] if len(args) > pos else kwargs.get("reduction", 1)
+            if reduction != 0:
+                return args[0].numel() * t.element_size()
+        return None
+
+    def _node(self, t: torch.Tensor) -> torch.fx.Node:
+        node = self._node_of.get(t)
+        if node is not None:
+            return node
+        sid, _ = self.register(t)
+        if sid not in self._placeholders:
+            cat, name = self.names.get(sid, ("external", f"s{sid}"))
+            safe = "".join(c if c.isalnum() else "_" for c in f"{cat}_{name}")
+            ph = self.graph.placeholder(safe)
+            ph.meta["val"] = self._desc(t, sid)
+            self._placeholders[sid] = ph
+        return self._placeholders[sid]
+
+    def _desc(self, t, sid) -> TensorDesc:
+        shape = tuple(d if isinstance(d, int) else self._sub(d.node.expr) for d in t.shape)
+        return TensorDesc(shape, t.dtype, sid)
+
+    def _sub(self, expr):
+        """``expr`` with the ShapeEnv's symbols replaced by B and the named dims (cached)."""
+        got = self._subbed.get(expr)
+        if got is None:
+            got = self._subbed[expr] = expr.xreplace(self.subs)
+        return got
+
+    def on_op(self, index, func, args, kwargs, out, out_sids, new_sids):
+        module = self.module()
+        in_sids = []
+        if func in CONSTANT_LIFT_OPS and out_sids and self.sid(args[0]) is None:
+            self.alias(args[0], out_sids[0])
+
+        def to_node(x):
+            if isinstance(x, torch.Tensor):
+                in_sids.append(self.register(x)[0])
+                return self._node(x)
+            if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                return self._sub(x.node.expr)
+            return x
+
+        def walk(x):  # aten arguments: tensors, scalars and lists of them (no pytree cost)
+            if type(x) in (list, tuple):  # what pytree maps (a torch.Size is a leaf)
+                return type(x)(walk(v) for v in x)
+            return to_node(x)
+
+        fargs = walk(args)
+        fkwargs = {k: walk(v) for k, v in kwargs.items()}
+        node = self.graph.call_function(func, tuple(fargs), dict(fkwargs))
+        node.meta.update(phase=self.phase, module=module, index=index)
+        grad_node = None
+        if self.phase == "forward":
+            # Autograd numbers each node it makes, and makes an op's node before the op
+            # reaches this mode (its output's grad_fn is set only later): the nodes made
+            # since the last op belong to this op's module, whose backward they will run.
+            seq = torch._C._autograd._get_sequence_nr()
+            for k in range(self._seq_next, seq):
+                self.fn_module[k] = module
+            self._seq_next = max(self._seq_next, seq)
+        if self.phase == "backward":
+            n = torch._C._current_autograd_node()
+            grad_node = n.name() if n is not None else None
+        if isinstance(out, torch.Tensor):
+            self._node_of[out] = node
+            node.meta["val"] = self._desc(out, out_sids[0])
+        elif isinstance(out, (tuple, list)):
+            vals = []
+            for i, o in enumerate(out):
+                if isinstance(o, torch.Tensor):
+                    g = self.graph.call_function(operator.getitem, (node, i))
+                    self._node_of[o] = g
+                    g.meta["val"] = self._desc(o, self.sid(o))
+                    vals.append(g.meta["val"])
+                else:
+                    vals.append(None)  # keep positions (e.g. a gradient not asked for)
+            node.meta["val"] = tuple(vals)
+        self.ops.append(OpInfo(index, str(func), self.phase, module, tuple(out_sids),
+                               tuple(new_sids), tuple(dict.fromkeys(in_sids)),
+                               self._written(func, args, kwargs), grad_node,
+                               self.phase == "backward" and self.recomputing > 0))
+        if len(self.shape_env.replacements) != self._n_repl:
+            self._n_repl = len(self.shape_env.replacements)
+            self.check_specialized(str(func), module)
+
+    def _written(self, func, args, kwargs) -> tuple:
+        writes = _WRITES.get(func)
+        if writes is None:
+            writes = _WRITES[func] = tuple(
+                (i, a.name) for i, a in enumerate(func._schema.arguments)
+                if a.alias_info is not None and a.alias_info.is_write)
+        out = []
+        for i, name in writes:
+            v = args[i] if i < len(args) else kwargs.get(name)
+            for t in (v if isinstance(v, (list, tuple)) else (v,)):
+                if isinstance(t, torch.Tensor):
+                    out.append(self.sid(t))
+        return tuple(s for s in out if s is not None)
+
+    def check_specialized(self, op=None, module=None) -> None:
+        for name, sym in (("B", self.sym), *self.dim_syms.items()):
+            val = self.shape_env.replacements.get(sym)
+            rng = self.shape_env.var_to_range.get(sym)
+            if not ((val is not None and val.is_number)
+                    or (rng is not None and rng.lower == rng.upper)):
+                continue
+            source = _user_frame(traceback.extract_stack())
+            for g in self.shape_env.guards:
+                if source is None and sym in g.expr.free_symbols:
+                    source = _guard_source(g)
+            value = val if val is not None else rng.lower
+            what = "the batch size" if name == "B" else f"dim {name}"
+            hint = ("compute sizes from x.shape[0] instead of constants or int()" if name == "B"
+                    else "compute sizes from the tensor's shape instead of constants or int()")
+            raise SpecializationError(
+                f"{what} was specialized to {value}, so memory is not a formula in {name} "
+                f"({hint})", op=op, module=module, source=source, phase=self.phase)
+
+    # saved tensors ----------------------------------------------------------------
+    def pack(self, t):
+        sid = self.sid(t)
+        if sid is not None:
+            self.saved.add(sid)
+        return self.saved_tensors.pack(t)
+
+    def close(self) -> None:
+        super().close()
+        self.saved_tensors.close()
+
+
+_WRITES: dict = {}  # op -> (position, name) of the arguments it writes in place
+
+
+def _guard_source(guard) -> str | None:
+    """The user's line a guard was created at, if the ShapeEnv recorded one."""
+    user = getattr(getattr(guard, "sloc", None), "maybe_user_loc", None)
+    return str(user).strip() or None if user else None
+
+
+def _as_trace_error(e: Exception, rec: Recorder) -> TraceError:
+    reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    source = _user_frame(traceback.extract_tb(e.__traceback__))
+    if rec.failed is not None and rec.failed[4] is e or (rec.failed and _chained(e, rec.failed[4])):
+        op, module, phase, src, _ = rec.failed
+        return TraceError(f"cannot trace this op on fake tensors: {reason}", op=op,
+                          module=module, source=src or source, phase=phase)
+    return TraceError(f"cannot trace the step on fake tensors: {reason}", op=None,
+                      module=rec.module_stack[-1], source=source, phase=rec.phase)
+
+
+def _causes(e):
+    """``e`` and the exceptions it was raised from or during, innermost last."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        yield e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+
+
+def _caused_by(e, kind) -> bool:
+    return any(isinstance(x, kind) for x in _causes(e))
+
+
+def _chained(e, inner) -> bool:
+    return any(x is inner for x in _causes(e))

@@ -1,0 +1,109 @@
+"""The records a trace is made of: :class:`Trace`, its ops, storages and module calls.
+
+Frozen dataclasses, read by every later stage; :func:`fxmem.trace.trace` makes them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..formula.symbols import Size
+
+B_RANGE_MAX = 2**62  # the symbol's upper range; not reported as a condition
+
+CATEGORIES = ("param", "buffer", "input", "grad", "optimizer_state", "activation", "temporary")
+
+
+@dataclass(frozen=True)
+class TensorDesc:
+    """What an op output looked like: shape (ints or sympy in B), dtype, storage id."""
+
+    shape: tuple
+    dtype: torch.dtype
+    sid: int
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """One aten op of the step, in execution order."""
+
+    index: int
+    op: str  # e.g. "aten.addmm.default"
+    phase: str  # zero_grad / forward / backward / optimizer
+    # owning module path ("" = root, "<loss>", "<optimizer>"); in backward, the module whose
+    # forward made the autograd node that runs it (AccumulateGrad: the parameter's module)
+    module: str
+    out_sids: tuple  # storages behind its outputs (aliases included)
+    new_sids: tuple  # storages it created
+    in_sids: tuple  # storages behind its tensor inputs
+    written_sids: tuple  # storages it writes in place (schema alias annotations)
+    autograd_node: str | None  # backward: the autograd node that ran it
+    recompute: bool = False  # backward: re-running a checkpointed forward
+    source: int | None = None  # the traced op this one repeats (plans derived from a trace)
+
+
+@dataclass(frozen=True)
+class ModuleCall:
+    """One forward call of a submodule: its ops are ``first_op..last_op`` (none if
+    ``last_op < first_op``)."""
+
+    path: str
+    first_op: int
+    last_op: int
+
+
+@dataclass(frozen=True)
+class StorageInfo:
+    """One storage live at some point of the step; ``size`` in bytes (a :class:`Size`)."""
+
+    sid: int
+    size: Size
+    category: str
+    name: str  # parameter / buffer / input name, else "" (see ``module``)
+    module: str  # module path of the op that created it
+    created_by: int  # op index; -1: live before the step
+    freed_after: int | None  # op index after which eager PyTorch freed it; None: alive at end
+    saved: bool  # saved for backward by autograd
+    dtype: torch.dtype | None
+    shape: tuple
+    saved_by: tuple = ()  # module paths whose forward saved it for backward
+    unref_after: int | None = None  # op index after which no Python reference held it
+    # (autograd's saved copies aside: ``freed_after`` is the later of the two)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Result of :func:`trace`: the step as ops and storages, and the shape guards."""
+
+    graph_source: object  # the torch.fx.Graph, or a function that builds it (see ``graph``)
+    ops: tuple
+    storages: tuple
+    guards: tuple  # sympy relations in B that the trace assumed
+    batch_hint: int  # the value of B the trace used for decisions
+    train: bool
+    device: str
+    has_optimizer: bool
+    unmodelled: tuple = ()  # (op, module, what) allocations fxmem cannot size
+    plan: tuple = ()  # module paths whose forward ran under activation checkpointing
+    calls: tuple = ()  # ModuleCall per forward call of a submodule
+    packs: tuple = ()  # fxmem.trace.saved.Pack per tensor saved for backward in the forward
+    grad_accum: int = 1  # micro-batches of B per optimizer step
+    dims: tuple = ()  # names of input dims beyond B that are symbols too (e.g. ("L",))
+    reused: tuple = ()  # blocks whose ops are copies of an identical block's (fxmem.trace.reuse)
+    compute_capability: tuple = (9, 0)  # the GPU whose kernels device="cuda" follows
+    # (op, what CUDA runs) the routed kernels chose (fxmem.trace.cuda.kernels)
+    kernel_choices: tuple = ()
+
+
+def _graph(self) -> torch.fx.Graph:
+    """The step as a ``torch.fx.Graph`` (one node per op; built on first use when blocks were
+    copied, see :mod:`fxmem.trace.reuse`)."""
+    g = self.graph_source
+    if not isinstance(g, torch.fx.Graph):
+        g = g()
+        object.__setattr__(self, "graph_source", g)
+    return g
+
+
+Trace.graph = property(_graph)

@@ -1,0 +1,281 @@
+"""The step being analysed, written once and run by both :mod:`fxmem.trace` (fake tensors)
+and :mod:`fxmem.validate.measure` (real tensors), so that Python-level lifetimes are identical.
+
+A training step is, in this order (the idiomatic loop, with the model output not kept in a
+variable beyond the loss computation)::
+
+    optimizer.zero_grad(set_to_none=True)      # or set_to_none=False: gradients stay allocated
+    for _ in range(grad_accum):                # gradient accumulation: k micro-batches of B
+        with torch.autocast(device, dtype=amp):    # when amp is set
+            loss = loss_fn(model(*inputs), *targets)
+        if grad_accum > 1:
+            loss = loss / grad_accum
+        scaler.scale(loss).backward()          # with a GradScaler; else loss.backward()
+    scaler.step(optimizer); scaler.update()    # with a GradScaler; else optimizer.step()
+
+An inference step is ``out = model(*inputs)`` under ``torch.no_grad()`` (or
+``torch.inference_mode()``); ``out`` is kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..errors import InputError
+
+PHASES = ("zero_grad", "forward", "backward", "optimizer")
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """Validated user arguments describing the step (no tensors of the batch size kept)."""
+
+    inputs: tuple  # tuple[torch.Tensor, ...]; dim 0 is B
+    targets: tuple
+    loss: Callable | None
+    optimizer: Callable | None
+    train: bool
+    device: str
+    batch_size: int  # dim 0 of the example tensors
+    set_to_none: bool = True  # zero_grad drops gradients (False: zeroes them in place)
+    grad_accum: int = 1  # micro-batches per optimizer step (B is the micro-batch)
+    inference_mode: bool = False  # inference under torch.inference_mode(), not no_grad()
+    amp: Any = None  # torch.autocast dtype for the forward and the loss (None: no autocast)
+    grad_scaler: bool = False  # torch.amp.GradScaler scales the loss and steps the optimizer
+
+
+def _as_tuple(x, what: str) -> tuple:
+    if x is None:
+        return ()
+    if isinstance(x, torch.Tensor):
+        return (x,)
+    if isinstance(x, (list, tuple)):
+        return tuple(x)
+    raise InputError(f"{what} must be a tensor or a tuple of tensors, got {type(x).__name__}")
+
+
+def make_spec(model, inputs, targets=(), loss=None, optimizer=None, train=True,
+              device="cuda", set_to_none=True, grad_accum=1,
+              inference_mode=False, amp=None, grad_scaler=None) -> StepSpec:
+    """Check the user's arguments before any work starts."""
+    if not isinstance(model, torch.nn.Module):
+        raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    for path, m in model.named_modules():
+        if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse and train:
+            raise InputError(f"{path or '(root)'} makes sparse gradients (sparse=True): not "
+                             "modelled, since their size after coalescing depends on which "
+                             "rows the batch touches; use sparse=False (and not SparseAdam)")
+    ins, tgs = _as_tuple(inputs, "inputs"), _as_tuple(targets, "targets")
+    if not ins:
+        raise InputError("inputs must contain at least one tensor")
+    sizes = []
+    for what, group in (("inputs", ins), ("targets", tgs)):
+        for i, t in enumerate(group):
+            if not isinstance(t, torch.Tensor):
+                raise InputError(f"{what}[{i}] is a {type(t).__name__}, not a tensor; "
+                                 f"pass non-tensor arguments by wrapping the model")
+            if t.dim() == 0:
+                raise InputError(f"{what}[{i}] is 0-dimensional; dim 0 must be the batch")
+            sizes.append((f"{what}[{i}]", int(t.shape[0])))
+    if len({s for _, s in sizes}) > 1:
+        listing = ", ".join(f"{n}={s}" for n, s in sizes)
+        raise InputError(f"dim 0 (the batch) differs between tensors: {listing}")
+    if loss is not None and not callable(loss):
+        raise InputError(f"loss must be callable(output, *targets), got {type(loss).__name__}")
+    if tgs and loss is None:
+        raise InputError("targets were given but no loss function to pass them to")
+    if optimizer is not None and not callable(optimizer):
+        raise InputError("optimizer must be an optimizer class or callable(params) -> Optimizer")
+    if device not in ("cpu", "cuda"):
+        raise InputError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if not train and optimizer is not None:
+        raise InputError("train=False runs no backward pass, so no optimizer step")
+    if not isinstance(set_to_none, bool):
+        raise InputError(f"set_to_none must be True or False, got {set_to_none!r}")
+    if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
+        raise InputError(f"grad_accum must be a positive int, got {grad_accum!r}")
+    if not train and grad_accum != 1:
+        raise InputError("train=False runs no backward pass, so nothing to accumulate")
+    if inference_mode and train:
+        raise InputError("inference_mode=True is for inference: pass train=False too")
+    if amp is not None:
+        if amp not in (torch.bfloat16, torch.float16):
+            raise InputError(f"amp is torch.bfloat16 or torch.float16, got {amp!r}")
+    if grad_scaler is None:  # the AMP recipe: float16 training steps through a GradScaler
+        grad_scaler = amp is torch.float16 and train and optimizer is not None
+    if not isinstance(grad_scaler, bool):
+        raise InputError(f"grad_scaler must be True, False or None, got {grad_scaler!r}")
+    if grad_scaler and (not train or optimizer is None):
+        raise InputError("grad_scaler=True needs a training step with an optimizer")
+    return StepSpec(ins, tgs, loss, optimizer, bool(train), device, sizes[0][1], set_to_none,
+                    grad_accum, bool(inference_mode), amp, grad_scaler)
+
+
+def compute_loss(out, targets: Sequence, loss_fn: Callable | None) -> torch.Tensor:
+    """The loss tensor from the model output, as the training step uses it."""
+    if loss_fn is not None:
+        return loss_fn(out, *targets)
+    if isinstance(out, torch.Tensor):
+        if out.dim() != 0 and out.numel() != 1:
+            raise InputError("loss=None needs the model to return a scalar loss "
+                             f"(or an object with .loss); got shape {tuple(out.shape)}")
+        return out
+    lossval = getattr(out, "loss", None)
+    if lossval is None and isinstance(out, dict):
+        lossval = out.get("loss")
+    if not isinstance(lossval, torch.Tensor):
+        raise InputError("loss=None needs the model to return a scalar loss or an object "
+                         f"with .loss; got {type(out).__name__}")
+    return lossval
+
+
+def make_optimizer(factory: Callable, params: list, device: str,
+                   spec: StepSpec | None = None) -> torch.optim.Optimizer:
+    """Build the optimizer the target device would run.
+
+    On CUDA torch.optim defaults to the foreach implementations; under fake CPU tensors it
+    cannot tell, so a group whose ``foreach`` is unset is set to True for ``device="cuda"``.
+    On CPU the per-parameter loop is the default and nothing is changed.
+    """
+    opt = factory(params)
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise InputError(f"optimizer(params) returned {type(opt).__name__}, not an Optimizer")
+    if spec is not None:
+        check_optimizer(spec, opt)
+    if device == "cuda":
+        for group in opt.param_groups:
+            if "foreach" in group and group["foreach"] is None and not group.get("fused"):
+                group["foreach"] = True
+    return opt
+
+
+class _FiniteStepScaler(torch.amp.GradScaler):
+    """A GradScaler that takes every step as finite. ``GradScaler.step`` reads its inf
+    check's result (``found_inf.item()``), which fake tensors do not have; fxmem analyses the
+    step that does run the optimizer. Everything else (scale, unscale, inf checks, update)
+    runs as written."""
+
+    def _maybe_opt_step(self, optimizer, optimizer_state, *args, **kwargs):
+        return optimizer.step(*args, **kwargs)
+
+
+def make_grad_scaler(spec: StepSpec, device: str, fake: bool = False):
+    """The step's ``torch.amp.GradScaler`` on ``device`` (None without one); ``fake``: for
+    fake tensors (see :class:`_FiniteStepScaler`). Its scale and growth tracker are made
+    now, as the first step of a training run leaves them."""
+    if not spec.grad_scaler:
+        return None
+    scaler = (_FiniteStepScaler if fake else torch.amp.GradScaler)(device)
+    scaler._lazy_init_scale_growth_tracker(torch.device(device))
+    return scaler
+
+
+def scaler_tensors(scaler) -> dict:
+    """The tensors a GradScaler keeps between steps, by name."""
+    if scaler is None:
+        return {}
+    return {"grad_scaler.scale": scaler._scale, "grad_scaler.growth_tracker": scaler._growth_tracker}
+
+
+def needs_closure(optimizer) -> bool:
+    """LBFGS re-evaluates the loss itself: its step takes a closure."""
+    return isinstance(optimizer, torch.optim.LBFGS)
+
+
+def warmup_steps(optimizer) -> int:
+    """Steps before the optimizer's state is steady. LBFGS keeps the last ``history_size``
+    curvature pairs, one per iteration after its very first: full after this many steps
+    (when every iteration runs and is accepted)."""
+    if needs_closure(optimizer):
+        group = optimizer.param_groups[0]
+        return -(-(group["history_size"] + 1) // group["max_iter"])
+    return 1
+
+
+def check_optimizer(spec: StepSpec, optimizer) -> None:
+    """What a closure optimizer cannot be combined with."""
+    if not needs_closure(optimizer):
+        return
+    if spec.grad_accum != 1:
+        raise InputError(f"{type(optimizer).__name__} evaluates the loss itself in step(); "
+                         "grad_accum does not apply")
+    if spec.grad_scaler:
+        raise InputError("GradScaler.step does not support closures (LBFGS): pass "
+                         "grad_scaler=False")
+    if optimizer.param_groups[0]["line_search_fn"] is not None:
+        raise InputError("LBFGS with a line search evaluates the loss a data-dependent "
+                         "number of times; fxmem models line_search_fn=None")
+
+
+def _closure_step(forward, spec, inputs, targets, optimizer, on_phase):
+    """``optimizer.step(closure)``, the closure being the usual zero_grad, forward, loss and
+    backward; each evaluation goes through the phases again."""
+    def closure():
+        on_phase("zero_grad")
+        optimizer.zero_grad(set_to_none=spec.set_to_none)
+        on_phase("forward")
+        with _autocast(spec, inputs):
+            loss = compute_loss(forward(*inputs), targets, spec.loss)
+        on_phase("backward")
+        loss.backward()
+        on_phase("optimizer")
+        return loss
+
+    on_phase("optimizer")
+    return optimizer.step(closure)
+
+
+def _autocast(spec: StepSpec, inputs: Sequence):
+    """The autocast region of the step: forward and loss, as the AMP recipe writes it, for
+    the device the tensors are on (fake tensors are CPU tensors: for ``device="cuda"`` the
+    tracer emulates CUDA's rules there, :mod:`fxmem.trace.amp`)."""
+    if spec.amp is None:
+        return contextlib.nullcontext()
+    return torch.autocast(inputs[0].device.type, dtype=spec.amp)
+
+
+def run_step(forward: Callable, spec: StepSpec, inputs: Sequence, targets: Sequence,
+             params: Sequence[torch.Tensor], optimizer, on_phase: Callable[[str], Any],
+             micro_steps: int | None = None, scaler=None):
+    """Run one step; call ``on_phase(name)`` as each phase starts. Returns the kept output.
+    ``micro_steps``: forward-backward passes to run (default ``spec.grad_accum``; the
+    tracer runs 2, since every micro-step after the first sees the same memory).
+    ``scaler``: the GradScaler of a ``grad_scaler`` step (see :func:`make_grad_scaler`)."""
+    if not spec.train:
+        on_phase("forward")
+        with torch.inference_mode() if spec.inference_mode else torch.no_grad(), _autocast(spec, inputs):
+            out = forward(*inputs)
+        return out
+    if needs_closure(optimizer):
+        return _closure_step(forward, spec, inputs, targets, optimizer, on_phase)
+    on_phase("zero_grad")
+    if optimizer is not None:
+        optimizer.zero_grad(set_to_none=spec.set_to_none)
+    else:
+        for p in params:
+            if spec.set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+    for _ in range(spec.grad_accum if micro_steps is None else micro_steps):
+        on_phase("forward")
+        with _autocast(spec, inputs):
+            loss = compute_loss(forward(*inputs), targets, spec.loss)
+        if spec.grad_accum > 1:
+            loss = loss / spec.grad_accum
+        on_phase("backward")
+        if scaler is not None:
+            scaler.scale(loss).backward()
+        else:
+            loss.backward()
+    on_phase("optimizer")
+    if optimizer is not None and scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    elif optimizer is not None:
+        optimizer.step()
+    return loss

@@ -1,0 +1,437 @@
+"""Stage 1: trace one whole step on fake tensors, with the batch size as a symbol.
+
+The step (:mod:`fxmem.trace.step`) runs for real, in eager order, under ``FakeTensorMode`` with a
+``ShapeEnv``: dim 0 of every input and target is the symbol :data:`fxmem.B`, parameters and
+all other dims are static, and nothing the size of the model or the batch is allocated. A
+recorder (:class:`fxmem.trace.tracking.StorageTracker`) sees every aten op, builds a
+``torch.fx.Graph`` of the step, and records when eager PyTorch frees each storage.
+
+The optimizer runs in steady state: before the recorded ``optimizer.step()``, one
+unrecorded step creates its state, which then counts as live from the start of the step.
+
+>>> import torch, fxmem
+>>> from fxmem.trace import trace
+>>> t = trace(torch.nn.Linear(8, 2), torch.randn(4, 8), loss=lambda o: o.sum(), device="cpu")
+>>> [s.size.expr for s in t.storages if s.category == "input"]
+[32*B]
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import sympy
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+from torch.nn.utils.stateless import _reparametrize_module
+from torch.utils._pytree import tree_leaves
+
+from ..errors import FxmemError, InputError, TraceError
+from ..formula.guards import implied, lower_bounds, valid_when
+from ..formula.symbols import B, Size, dim_symbol, plain
+from .amp import emulate
+from .checkpointing import checkpointing, normalize_plan, user_path
+from .compat import tracing_shims
+from .cuda.kernels import check_capability, cuda_kernels
+from .recorder import Recorder, _as_trace_error, _caused_by
+from .records import B_RANGE_MAX, ModuleCall, StorageInfo, TensorDesc, Trace
+from .reuse import NoReuse, Reuse, find_runs
+from .rules import (
+    RNNRouter,
+)
+from .saved import latest
+from .splice import splice
+from .step import (
+    StepSpec,
+    make_grad_scaler,
+    make_optimizer,
+    make_spec,
+    needs_closure,
+    run_step,
+    scaler_tensors,
+    warmup_steps,
+)
+from .tracking import frozen_gc
+
+
+def check_dims(dims, spec: StepSpec) -> dict:
+    """``dims``: name -> [(tensor, dim), ...], where tensor indexes the inputs followed by
+    the targets and dim >= 1 (dim 0 is B). Each place of a name must have the same size in
+    the example tensors. Returns the mapping with lists of int pairs."""
+    if not dims:
+        return {}
+    if not isinstance(dims, dict):
+        raise InputError(f"dims must be a dict name -> [(tensor, dim), ...], got {dims!r}")
+    tensors = spec.inputs + spec.targets
+    out = {}
+    for name, places in dims.items():
+        if not isinstance(name, str) or not name.isidentifier() or name == "B":
+            raise InputError(f"a dim name is an identifier other than B, got {name!r}")
+        places = [places] if isinstance(places, tuple) else list(places or ())
+        if not places:
+            raise InputError(f"dim {name} names no (tensor, dim) place")
+        sizes = set()
+        for place in places:
+            if (not isinstance(place, tuple) or len(place) != 2
+                    or not all(isinstance(v, int) for v in place)):
+                raise InputError(f"dim {name}: a place is (tensor index, dim), got {place!r}")
+            t_i, d = place
+            if not 0 <= t_i < len(tensors):
+                raise InputError(f"dim {name}: tensor {t_i} does not exist (inputs then "
+                                 f"targets: {len(tensors)} tensors)")
+            if not 1 <= d < tensors[t_i].dim():
+                raise InputError(f"dim {name}: tensor {t_i} has no dim {d} (dim 0 is B)")
+            sizes.add(int(tensors[t_i].shape[d]))
+        if len(sizes) > 1:
+            raise InputError(f"dim {name} has different sizes in the example tensors: "
+                             f"{sorted(sizes)}")
+        out[name] = places
+    return out
+
+
+def _fake_like(mode: FakeTensorMode, t: torch.Tensor, batch=None, param=False, named=None):
+    shape = list(t.shape) if batch is None else [batch, *t.shape[1:]]
+    for d, v in (named or {}).items():
+        shape[d] = v
+    with mode:
+        f = torch.empty(shape, dtype=t.dtype, device="cpu")
+    if param:
+        f = torch.nn.Parameter(f, requires_grad=t.requires_grad)
+    return f
+
+
+def trace(model: torch.nn.Module, inputs, targets=(), loss=None, optimizer=None, train=True,
+          device="cuda", batch_hint: int | None = None, checkpoint=None,
+          set_to_none: bool = True, grad_accum: int = 1, inference_mode: bool = False,
+          amp=None, grad_scaler=None, dims=None, reuse_blocks: bool = True,
+          compute_capability=(9, 0), kernel_semantics: bool = True) -> Trace:
+    """Trace one steady-state step of ``model``; see the module docstring. ``checkpoint``:
+    a plan (module paths) whose forwards run under ``torch.utils.checkpoint`` for real.
+    With ``amp`` and ``device="cuda"``, autocast follows CUDA's op lists
+    (:func:`fxmem.trace.amp.emulate`). ``dims``: other input dims that are symbols too, e.g.
+    ``{"L": [(0, 1)]}`` (:func:`check_dims`). ``reuse_blocks``: trace two blocks of each
+    run of identical blocks and copy them for the rest (:mod:`fxmem.trace.reuse`); the step is
+    traced again block by block when the blocks turn out not to behave alike.
+    ``device="cuda"`` follows CUDA's kernels (:mod:`fxmem.trace.cuda.kernels`) for a GPU of
+    ``compute_capability``; ``kernel_semantics=False`` keeps the CPU's (with CUDA's autocast
+    lists still emulated): only to compare with a real CPU step run under
+    :func:`fxmem.trace.amp.emulate`."""
+    spec = make_spec(model, inputs, targets, loss, optimizer, train, device, set_to_none,
+                     grad_accum, inference_mode, amp, grad_scaler)
+    plan = normalize_plan(model, checkpoint)
+    hint = batch_hint or (spec.batch_size if spec.batch_size >= 2 else 8)
+    shape_env = ShapeEnv(specialize_zero_one=False, duck_shape=False)
+    mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
+    from torch._dynamo.source import ConstantSource
+
+    sym = shape_env.create_symbol(hint, source=ConstantSource("B"),
+                                  dynamic_dim=DimDynamic.DYNAMIC)
+    # A finite range lets checks such as eager indexing's "skip a full slice" (B <= stop)
+    # be decided statically, as they are for concrete sizes; the bound itself is never hit.
+    shape_env.constrain_symbol_range(sym, compiler_min=1, compiler_max=B_RANGE_MAX)
+    batch = shape_env.create_symintnode(sym, hint=hint)
+    positions = check_dims(dims, spec)
+    dim_syms, named = {}, {}
+    for name, places in positions.items():
+        t_i, d = places[0]
+        size = int((spec.inputs + spec.targets)[t_i].shape[d])
+        s_ = shape_env.create_symbol(size, source=ConstantSource(name),
+                                     dynamic_dim=DimDynamic.DYNAMIC)
+        shape_env.constrain_symbol_range(s_, compiler_min=1, compiler_max=B_RANGE_MAX)
+        dim_syms[name] = s_
+        node = shape_env.create_symintnode(s_, hint=size)
+        for t_i, d in places:
+            named.setdefault(t_i, {})[d] = node
+    rec = Recorder(shape_env, sym, dim_syms)
+    rec.capability = check_capability(compute_capability)  # before any work, on any device
+    if spec.device == "cuda" and kernel_semantics:  # CUDA's kernels, not the CPU's
+        rec.kernels = cuda_kernels(rec.capability)
+    handles = []
+    try:
+        with frozen_gc(), tracing_shims():
+            return _run(model, spec, mode, rec, sym, batch, hint, handles, plan, named,
+                        reuse_blocks)
+    except FxmemError:
+        raise
+    except Exception as e:  # noqa: BLE001 - turned into one clear TraceError
+        if _caused_by(e, NoReuse):
+            retry = True
+        else:
+            raise _as_trace_error(e, rec) from e
+    finally:
+        rec.close()
+        for h in handles:
+            h.remove()
+    if retry:  # the blocks did not behave alike: trace each one
+        return trace(model, inputs, targets, loss, optimizer, train, device, batch_hint,
+                     checkpoint, set_to_none, grad_accum, inference_mode, amp, grad_scaler,
+                     dims, reuse_blocks=False, compute_capability=compute_capability,
+                     kernel_semantics=kernel_semantics)
+
+
+def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
+         plan=(), named=None, reuse_blocks=False) -> Trace:
+    # fake parameters and buffers, registered under their names
+    named_p = list(model.named_parameters())
+    named_b = [(n, b) for n, b in model.named_buffers() if b is not None]
+    fparams = {n: _fake_like(mode, p, param=True) for n, p in named_p}
+    fbufs = {n: _fake_like(mode, b) for n, b in named_b}
+    named, n_in = named or {}, len(spec.inputs)
+    fins = [_fake_like(mode, t, batch, named=named.get(i)) for i, t in enumerate(spec.inputs)]
+    ftgs = [_fake_like(mode, t, batch, named=named.get(n_in + i))
+            for i, t in enumerate(spec.targets)]
+    for n, p in fparams.items():
+        rec.register_named(p, "param", user_path(n))
+    for n, b in fbufs.items():
+        rec.register_named(b, "buffer", user_path(n))
+    for i, t in enumerate(fins):
+        rec.register_named(t, "input", f"inputs[{i}]")
+    for i, t in enumerate(ftgs):
+        rec.register_named(t, "input", f"targets[{i}]")
+
+    # Global module hooks (removed in trace()'s finally): per-module hooks would be seen by
+    # the model, e.g. nn.TransformerEncoderLayer turns its fused fast path off when it has any.
+    name_of = {id(m): user_path(n) for n, m in model.named_modules()}
+
+    def enter(mod, args):
+        name = name_of.get(id(mod))
+        if name is not None:
+            rec.module_stack.append(name)  # returns None: inputs unchanged
+            rec.call_starts.append(rec.op_count)
+
+    def leave(mod, args, out):
+        if id(mod) in name_of and len(rec.module_stack) > 1:
+            name = rec.module_stack.pop()  # returns None: output unchanged
+            start = rec.call_starts.pop() if rec.call_starts else rec.op_count
+            if rec.phase == "forward" and name:
+                rec.calls.append(ModuleCall(name, start, rec.op_count - 1))
+
+    from torch.nn.modules.module import (
+        register_module_forward_hook,
+        register_module_forward_pre_hook,
+    )
+
+    handles.append(register_module_forward_pre_hook(enter))
+    handles.append(register_module_forward_hook(leave))
+
+    state = {**fparams, **fbufs}
+    params = list(fparams.values())
+
+    def forward(*args):
+        return model(*args)
+
+    with mode:
+        opt = make_optimizer(spec.optimizer, params, spec.device, spec) \
+            if spec.optimizer else None
+        scaler = make_grad_scaler(spec, "cpu", fake=True)
+    for name, t in scaler_tensors(scaler).items():
+        rec.register_named(t, "optimizer_state", name)
+
+    cache = mode.cache_enabled
+
+    def on_phase(name):
+        # FakeTensorMode's dispatch cache pays when an op repeats with the same sizes many
+        # times: Adam's foreach ops, and a stack whose every block is traced. With blocks
+        # reused, a forward or backward op repeats about twice, and with symbolic sizes
+        # making and checking an entry costs more than it saves (GPT-2 small, B and L
+        # symbolic: 1.19 s with it off there, 1.67 s on; benchmarks/speed.py).
+        mode.cache_enabled = cache and (reuse is None or name == "optimizer")
+        if name == "forward":
+            rec.module_stack[:] = [""]
+            rec.call_starts.clear()
+        if name == "backward":
+            rec.module_stack[:] = ["<loss>"]
+        if name == "optimizer":
+            rec.phase = name  # the unrecorded step below reads as the optimizer's
+            for n, p in fparams.items():
+                if p.grad is not None:
+                    sid = rec.sid(p.grad)
+                    if sid is not None and rec.storages[sid].created_by >= 0:
+                        rec.names[sid] = ("grad", n)
+            if opt is not None and not needs_closure(opt):  # state: one unrecorded step
+                rec.recording = False
+                opt.step()
+                rec.recording = True
+                for i, p in enumerate(params):
+                    for k, t in opt.state.get(p, {}).items():
+                        if isinstance(t, torch.Tensor):
+                            rec.register_named(t, "optimizer_state", f"{named_p[i][0]}.{k}")
+        rec.phase = name
+
+    def loss_fn_wrap(out, *tgs):
+        rec.module_stack.append("<loss>")
+        try:
+            return spec.loss(out, *tgs)
+        finally:
+            rec.module_stack.pop()
+
+    spec_run = spec if spec.loss is None else _replace_loss(spec, loss_fn_wrap)
+    # Only models with RNN modules get the router: any active torch-function mode turns off
+    # fast paths such as nn.TransformerEncoderLayer's fused inference kernel.
+    has_rnn = any(isinstance(m, torch.nn.RNNBase) for m in model.modules())
+    # On CUDA, fxmem.trace.cuda.kernels routes the RNNs to what the CUDA build runs instead.
+    router = RNNRouter() if has_rnn and rec.kernels is None else contextlib.nullcontext()
+    # The fake parameters stay in place for the whole step, not just the forward: a
+    # checkpointed module's forward runs again during backward.
+    swap = _reparametrize_module(model, state, tie_weights=True)
+
+    def region(path, fn):  # what checkpoint runs, and re-runs in backward
+        def run(*args, **kwargs):
+            depth, again = len(rec.module_stack), rec.phase == "backward"
+            cdepth = len(rec.call_starts)
+            if again:
+                rec.module_stack.append(path)
+                rec.recomputing += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:  # early stop raises out of the region: drop its stack entries
+                del rec.module_stack[depth:]
+                del rec.call_starts[cdepth:]
+                rec.recomputing -= again
+        return run
+
+    reuse = None
+    if (reuse_blocks and not plan and spec.grad_accum == 1 and (spec.set_to_none or not spec.train)
+            and not needs_closure(opt)):
+        runs = find_runs(model)
+        if runs:
+            reuse = Reuse(rec, runs, fparams, fbufs)
+            handles.append(reuse)  # removed in trace()'s finally
+            reuse.install()
+    hooks = torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.saved_tensors.unpack)
+    # CUDA's autocast rules on the fake CPU tensors, for the whole step (a checkpointed
+    # module's re-run in backward enters autocast again)
+    rules = emulate("cuda") if spec.amp is not None and spec.device == "cuda" else \
+        contextlib.nullcontext()
+    kernels = rec.kernels if rec.kernels is not None else contextlib.nullcontext()
+    with checkpointing(model, plan, region) as rec.plan, swap, router, rules, kernels, mode, \
+            rec, hooks:
+        if spec.train and not spec.set_to_none:
+            # steady state: the previous step left every gradient allocated. One unrecorded
+            # forward and backward makes them (as fxmem.measure's warm-up step does).
+            rec.recording = False
+            run_step(forward, spec_run, fins, ftgs, params, None, lambda name: None,
+                     micro_steps=1)
+            rec.recording = True
+            for n, p in fparams.items():
+                if p.grad is not None:
+                    rec.register_named(p.grad, "grad", user_path(n))
+        if needs_closure(opt):
+            # steady state: LBFGS's history is full after some steps; run them unrecorded
+            rec.recording = False
+            for _ in range(warmup_steps(opt)):
+                run_step(forward, spec_run, fins, ftgs, params, opt,
+                         lambda name: setattr(rec, "phase", name))
+            rec.recording = True
+            for k, v in opt.state[params[0]].items():
+                leaves = [t for t in tree_leaves(v) if isinstance(t, torch.Tensor)]
+                for i, t in enumerate(leaves):
+                    rec.register_named(t, "optimizer_state",
+                                       f"{k}[{i}]" if len(leaves) > 1 else k)
+        out = run_step(forward, spec_run, fins, ftgs, params, opt, on_phase,
+                       micro_steps=min(spec.grad_accum, 2), scaler=scaler)
+    rec.close()
+    rec.check_specialized()
+    if reuse is not None:
+        reuse.finish()
+        splice(rec, reuse)
+    end_index = len(rec.ops)
+    del out
+    return _finish(rec, sym, hint, spec, end_index)
+
+
+def _replace_loss(spec: StepSpec, fn) -> StepSpec:
+    from dataclasses import replace
+
+    return replace(spec, loss=fn)
+
+
+def _finish(rec: Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
+    env = rec.shape_env
+
+    done: dict = {}
+
+    def to_expr(v):
+        if isinstance(v, int):
+            return sympy.Integer(v)
+        raw = v.node.expr
+        if raw in done:
+            return done[raw]
+        e = env.replace(raw) if hasattr(env, "replace") else raw
+        e = done[raw] = plain(e.xreplace(rec.subs))
+        extra = e.free_symbols - {B, *(dim_symbol(n) for n in rec.dim_syms)}
+        if extra:
+            raise TraceError(f"a storage size depends on data ({sorted(map(str, extra))}), "
+                             "not only on the batch size")
+        return e
+
+    creator_module = {}
+    for op in rec.ops:
+        for s in op.new_sids:
+            creator_module[s] = op.module
+    phase_of_op = [op.phase for op in rec.ops]
+    storages = []
+    sizes: dict = {}
+    released = rec.saved_tensors.release_times()
+    saved_by = rec.saved_tensors.saved_by()
+    for s in rec.storages:
+        expr = to_expr(s.nbytes)
+        if rec.dim_syms:
+            expr = sympy.expand(expr)
+        size = sizes.get(expr) or sizes.setdefault(expr, Size.of(expr))
+        cat, name = rec.names.get(s.sid, (None, ""))
+        if cat is None:
+            created_in_forward = s.created_by >= 0 and phase_of_op[s.created_by] == "forward"
+            cat = "activation" if (s.sid in rec.saved and created_in_forward) else "temporary"
+        freed = s.freed_after  # while autograd holds no copy of it: its unref time
+        if s.created_by >= 0 and s.sid in released:
+            freed = latest(freed, released[s.sid])
+        storages.append(StorageInfo(
+            s.sid, size, cat, name, creator_module.get(s.sid, ""), s.created_by,
+            freed, s.sid in rec.saved, None, (),
+            saved_by.get(s.sid, ()), s.freed_after))
+    # dtype/shape of the first tensor seen on each storage, from the graph
+    first = getattr(rec, "first_desc", None)
+    if first is None:
+        first = {}
+        for node in rec.graph.nodes:
+            vals = node.meta.get("val")
+            for v in (vals if isinstance(vals, tuple) else (vals,)):
+                if isinstance(v, TensorDesc) and v.sid not in first:
+                    first[v.sid] = v
+    storages = [s if s.sid not in first else
+                _with(s, dtype=first[s.sid].dtype, shape=first[s.sid].shape) for s in storages]
+    rng = env.var_to_range.get(sym)
+    all_guards = [g.expr.xreplace(rec.subs) for g in env.guards]
+    guards = valid_when([g for g in all_guards if g.free_symbols <= {B}],
+                        int(rng.lower) if rng is not None else 1,
+                        int(rng.upper) if rng is not None and isinstance(rng.upper, sympy.Integer)
+                        and int(rng.upper) < B_RANGE_MAX else None)
+    for name in rec.dim_syms:  # a named dim's own conditions, then the mixed ones
+        x = dim_symbol(name)
+        guards += valid_when([g for g in all_guards if g.free_symbols == {x}], symbol=x)
+    lows = lower_bounds(guards, [B, *map(dim_symbol, rec.dim_syms)])
+    mixed = [sympy.simplify(g) for g in all_guards if len(g.free_symbols) > 1]
+    guards += tuple(dict.fromkeys(g for g in mixed if not implied(g, lows)))
+    graph = rec.graph
+    if isinstance(graph, torch.fx.Graph):
+        graph.output(None)
+    else:
+        def graph(build=graph):
+            g = build()
+            g.output(None)
+            return g
+    unmodelled = tuple((str(f), m, why) for (f, m), why in rec.unmodelled.items())
+    return Trace(graph, tuple(rec.ops), tuple(storages), guards, hint, spec.train,
+                 spec.device, spec.optimizer is not None, unmodelled, rec.plan,
+                 tuple(sorted(rec.calls, key=lambda c: (c.first_op, -c.last_op))),
+                 rec.saved_tensors.packs, spec.grad_accum, tuple(rec.dim_syms),
+                 getattr(rec, "reused", ()),
+                 rec.capability, rec.kernels.choices if rec.kernels is not None else ())
+
+
+def _with(s: StorageInfo, **kw) -> StorageInfo:
+    from dataclasses import replace
+
+    return replace(s, **kw)

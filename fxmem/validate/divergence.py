@@ -1,0 +1,131 @@
+"""Where a prediction and a real CUDA step part ways: the first allocation that differs.
+
+When a validation case misses, the peak alone does not say why. ``fxmem.measure(...,
+record_history=True)`` on CUDA records the measured step with
+``torch.cuda.memory._record_memory_history`` and keeps, from the allocator's snapshot, every
+allocation the step made (its requested bytes and the innermost Python frame that made it).
+:func:`predicted_allocations` lists what fxmem expects the same step to allocate, op by op, in
+the trace's order, and :func:`first_divergence` walks both lists to the first allocation whose
+size differs (or that one of them lacks), naming the op, its module and the user's frame.
+
+>>> import torch, fxmem
+>>> r = fxmem.analyze(torch.nn.Linear(8, 4), torch.randn(2, 8), loss=lambda o: o.sum())
+>>> want = predicted_allocations(r, B=3)
+>>> [a.nbytes for a in want][:2], want[0].op
+([48, 4], 'aten.addmm.default')
+>>> real = [(a.nbytes, "train.py:10") for a in want]
+>>> first_divergence(want, real) is None
+True
+>>> real[1] = (8, "train.py:11")
+>>> first_divergence(want, real).describe()
+'allocation 1: predicted 4 B in aten.sum.default (<loss>), measured 8 B at train.py:11'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """One allocation fxmem predicts: ``nbytes`` requested (before the allocator's rounding)
+    by op ``op_index`` (``op``, in ``module``, ``phase``)."""
+
+    nbytes: int
+    op_index: int
+    op: str
+    module: str
+    phase: str
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first allocation where prediction and measurement differ. ``index``: its position
+    in both lists; ``predicted``: fxmem's :class:`Allocation` there (None: the step made more
+    allocations than predicted); ``measured_bytes`` and ``measured_frame`` (None: fewer)."""
+
+    index: int
+    predicted: Allocation | None
+    measured_bytes: int | None
+    measured_frame: str | None
+
+    def describe(self) -> str:
+        """One line for a table."""
+        p = self.predicted
+        want = ("nothing more" if p is None else
+                f"{p.nbytes:,} B in {p.op} ({p.module or '(root)'})")
+        got = ("nothing more" if self.measured_bytes is None else
+               f"{self.measured_bytes:,} B at {self.measured_frame or '(no Python frame)'}")
+        return f"allocation {self.index}: predicted {want}, measured {got}"
+
+
+def predicted_allocations(report, B: int) -> list[Allocation]:  # noqa: N803
+    """What the measured step allocates on the device at batch size ``B``, in order: each
+    op's new storages with a non-zero device size (host tensors and empty ones take no
+    block), the step's storages only (not those live before it)."""
+    from ..memory.sizes import device_sizes
+
+    graph = report.liveness.graph
+    storages = graph.storages
+    sizes = device_sizes(storages, "cuda")
+    out = []
+    for op in graph.ops:
+        for sid in op.new_sids:
+            s = storages[sid]
+            if s.created_by != op.index or sizes[sid].expr == 0:
+                continue
+            n = s.size(B)
+            if n:
+                out.append(Allocation(n, op.index, op.op, op.module, op.phase))
+    return out
+
+
+def first_divergence(predicted, measured) -> Divergence | None:
+    """The first position where ``predicted`` (:class:`Allocation` s) and ``measured``
+    (``(nbytes, frame)`` pairs, in the order the device made them) differ in size, or where
+    one list ends before the other; None when they agree throughout. The allocations of one
+    op may come in any order (a kernel may allocate its second output first): each op's are
+    compared as a multiset, and a mismatch is reported at its first differing position."""
+    i = 0
+    for group in _by_op(predicted):
+        got = list(measured[i:i + len(group)])
+        if sorted(n for n, _ in got) != sorted(a.nbytes for a in group):
+            for j, p in enumerate(group):
+                m = got[j] if j < len(got) else (None, None)
+                if m[0] != p.nbytes:
+                    return Divergence(i + j, p, m[0], m[1])
+        i += len(group)
+    if i < len(measured):
+        return Divergence(i, None, *measured[i])
+    return None
+
+
+def _by_op(predicted):
+    group = []
+    for a in predicted:
+        if group and group[-1].op_index != a.op_index:
+            yield group
+            group = []
+        group.append(a)
+    if group:
+        yield group
+
+
+def snapshot_allocations(snapshot: dict, device: int = 0) -> list[tuple[int, str | None]]:
+    """``(nbytes, frame)`` of each ``alloc`` event in a ``torch.cuda.memory._snapshot()``'s
+    trace for ``device``: the requested size (the allocator's ``orig_size``) and the innermost
+    Python frame recorded with it (``file:line in function``)."""
+    traces = snapshot.get("device_traces") or []
+    events = traces[device] if device < len(traces) else []
+    out = []
+    for e in events:
+        if e.get("action") != "alloc":
+            continue
+        frame = None
+        for f in e.get("frames") or ():
+            name = f.get("filename", "")
+            if name.endswith(".py") and "/torch/" not in name:
+                frame = f"{name}:{f.get('line')} in {f.get('name')}"
+                break
+        out.append((int(e["size"]), frame))
+    return out

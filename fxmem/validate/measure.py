@@ -1,0 +1,241 @@
+"""Ground truth: run the real step eagerly and measure its peak memory.
+
+On CPU, live bytes are tracked at storage level with :class:`fxmem.trace.tracking.StorageTracker`
+(every storage's ``nbytes`` from its creation until eager PyTorch frees it). On CUDA, the
+figure is ``torch.cuda.max_memory_allocated`` after warm-up and a reset of the peak stats.
+
+Two steps run: the first creates optimizer state; the second, in steady state (gradients
+set to None, optimizer state present), is measured. The user's model is never modified: the
+step runs on a deep copy.
+
+>>> import torch, fxmem
+>>> m = torch.nn.Linear(4, 2)
+>>> r = fxmem.measure(m, torch.randn(3, 4), loss=lambda o: o.sum(), B=5)
+>>> r.peak_bytes >= 5 * 4 * 4   # at least the input batch
+True
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+from dataclasses import dataclass
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from ..errors import InputError
+from ..trace.step import (
+    PHASES,
+    make_grad_scaler,
+    make_optimizer,
+    make_spec,
+    run_step,
+    scaler_tensors,
+    warmup_steps,
+)
+from ..trace.tracking import StorageTracker, frozen_gc
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Measured memory of one steady-state step, in bytes.
+
+    ``peak_bytes``: most bytes live at once during the step (CPU: live storage bytes;
+    CUDA: ``max_memory_allocated``). ``baseline_bytes``: live before the step (params,
+    buffers, optimizer state, batch). ``end_bytes``: live after it. ``phase_peak_bytes``:
+    the peak within each phase. CUDA only: ``peak_reserved_bytes`` (``max_memory_reserved``),
+    its peak within each phase, and ``baseline_reserved_bytes``; with ``record_history``,
+    ``allocations``: ``(bytes requested, innermost Python frame)`` of every allocation the
+    step made, in order (:mod:`fxmem.validate.divergence`).
+    """
+
+    peak_bytes: int
+    baseline_bytes: int
+    end_bytes: int
+    B: int
+    device: str
+    phase_peak_bytes: dict
+    peak_reserved_bytes: int | None = None
+    phase_peak_reserved_bytes: dict | None = None
+    baseline_reserved_bytes: int | None = None
+    allocations: tuple = ()
+
+
+def batch_of(t: torch.Tensor, b: int, device) -> torch.Tensor:
+    """A real tensor like ``t`` with dim 0 equal to ``b``: ``t`` tiled along dim 0, so that
+    values stay valid (class labels, token ids); zeros if ``t`` holds no data (meta)."""
+    if t.is_meta:
+        return torch.zeros((b, *t.shape[1:]), dtype=t.dtype, device=device)
+    idx = torch.arange(b, device=t.device) % t.shape[0]
+    return t.index_select(0, idx).to(device).contiguous()
+
+
+def _tensors(obj) -> list:
+    """The tensors inside nested dicts, lists and tuples (e.g. optimizer state)."""
+    return [x for x in tree_leaves(obj) if isinstance(x, torch.Tensor)]
+
+
+def _steady_grads(spec, params) -> None:
+    """Gradients as the previous step leaves them: gone, unless ``set_to_none=False``."""
+    if spec.set_to_none:
+        for p in params:
+            p.grad = None
+
+
+MAX_WARMUP_STEPS = 64
+
+
+def _warm_up(model, spec, ins, tgs, params, opt, scaler) -> None:
+    """Steps until the state is steady: one (LBFGS: until its history is full), and with a
+    GradScaler, until one is not skipped (the scale starts at 2**16 and halves at each step
+    whose gradients overflow)."""
+    for _ in range(warmup_steps(opt) - 1):
+        out = run_step(model, spec, ins, tgs, params, opt, lambda phase: None, scaler=scaler)
+        del out
+    for _ in range(MAX_WARMUP_STEPS):
+        scale = scaler.get_scale() if scaler is not None else None
+        out = run_step(model, spec, ins, tgs, params, opt, lambda phase: None, scaler=scaler)
+        del out
+        if scaler is None or scaler.get_scale() >= scale:
+            return
+    raise InputError(f"the GradScaler skipped all {MAX_WARMUP_STEPS} warm-up steps: the "
+                     "gradients are inf or nan at every scale")
+
+
+def _check_not_skipped(scaler, scale) -> None:
+    if scaler is not None and scaler.get_scale() < scale:
+        raise InputError("the measured step's gradients overflowed and the GradScaler skipped "
+                         "its optimizer step; measure again")
+
+
+class _Tracker(StorageTracker):
+    def __init__(self):
+        super().__init__()
+        self.phase = "start"
+        self.deltas = []  # (op_index, phase) for each alloc, to attribute phase peaks
+
+    def on_op(self, index, func, args, kwargs, out, out_sids, new_sids):
+        if new_sids:
+            self.deltas.append((index, self.phase))
+
+
+def measure(model, inputs, targets=(), loss=None, optimizer=None, train=True, *, B: int,
+            device="cpu", set_to_none=True, grad_accum=1, inference_mode=False,
+            amp=None, grad_scaler=None, record_history: bool = False) -> Measurement:
+    """Peak memory of one real steady-state step at batch size ``B``. ``set_to_none=False``:
+    ``zero_grad`` zeroes the gradients in place, so they stay allocated between steps.
+    ``grad_accum=k``: k micro-batches of ``B`` per optimizer step. ``inference_mode=True``
+    (with ``train=False``): under ``torch.inference_mode()`` instead of ``torch.no_grad()``.
+    ``amp=torch.bfloat16`` (or float16): forward and loss under ``torch.autocast``.
+    ``grad_scaler``: the step goes through a ``torch.amp.GradScaler`` (default: with
+    ``amp=torch.float16`` and an optimizer). To run a CPU step with CUDA's autocast rules,
+    call this inside :func:`fxmem.trace.amp.emulate`. ``record_history=True`` (CUDA): the
+    measured step's allocations are kept too, from ``torch.cuda.memory._snapshot()``."""
+    spec = make_spec(model, inputs, targets, loss, optimizer, train, device, set_to_none,
+                     grad_accum, inference_mode, amp, grad_scaler)
+    if not isinstance(B, int) or B < 1:
+        raise InputError(f"B must be a positive int, got {B!r}")
+    if any(p.is_meta for p in model.parameters()):
+        raise InputError("measure needs a model with real weights (this one is on meta)")
+    model = copy.deepcopy(model).to(device)
+    ins = [batch_of(t, B, device) for t in spec.inputs]
+    tgs = [batch_of(t, B, device) for t in spec.targets]
+    params = [p for p in model.parameters()]
+    opt = make_optimizer(spec.optimizer, params, device, spec) if spec.optimizer else None
+    scaler = make_grad_scaler(spec, device)
+    if device == "cuda":
+        return _measure_cuda(model, spec, ins, tgs, params, opt, B, scaler, record_history)
+    if record_history:
+        raise InputError("record_history reads the CUDA allocator's snapshot: device='cuda'")
+    # On CPU only the storages the step makes count, so the collection before it need only
+    # look at objects made here: the collector's objects from before are frozen meanwhile
+    # (a full pass over torch and a test session's models costs more than a small step).
+    with frozen_gc():
+        return _measure_cpu(model, spec, ins, tgs, params, opt, B, device, scaler)
+
+
+def _measure_cpu(model, spec, ins, tgs, params, opt, B, device, scaler) -> Measurement:
+    """CPU protocol: warm up, collect, then the live bytes of the storages the next step
+    makes, replayed from the tracker's events."""
+    _warm_up(model, spec, ins, tgs, params, opt, scaler)
+    _steady_grads(spec, params)
+    gc.collect()
+    tracker = _Tracker()
+    state = opt.state if opt is not None else {}
+    grads = [p.grad for p in params if p.grad is not None]
+    for t in [*params, *model.buffers(), *_tensors(state), *grads, *ins, *tgs,
+              *scaler_tensors(scaler).values()]:
+        tracker.register(t)
+    baseline = sum(int(s.nbytes) for s in tracker.storages)
+
+    def on_phase(name):
+        tracker.phase = name
+
+    scale = scaler.get_scale() if scaler is not None else None
+    with tracker:
+        out = run_step(model, spec, ins, tgs, params, opt, on_phase, scaler=scaler)
+    tracker.close()
+    del out
+    _check_not_skipped(scaler, scale)
+
+    # replay the events: live bytes after each op's allocations, before later frees
+    live, peak = baseline, baseline
+    phase_peaks = {}
+    phase_of = dict(tracker.deltas)
+    for ev in tracker.events:
+        n = int(tracker.storages[ev.sid].nbytes)
+        live += n if ev.kind == "alloc" else -n
+        if ev.kind == "alloc":
+            peak = max(peak, live)
+            ph = phase_of.get(ev.op_index, "start")
+            phase_peaks[ph] = max(phase_peaks.get(ph, 0), live)
+    return Measurement(peak, baseline, live, B, device,
+                       {p: phase_peaks[p] for p in PHASES if p in phase_peaks})
+
+
+def _measure_cuda(model, spec, ins, tgs, params, opt, B, scaler,
+                  record_history=False) -> Measurement:
+    """CUDA protocol: warm up, collect, empty cache, reset peaks, measure the next step, the
+    peaks of ``memory_allocated`` and ``memory_reserved`` read at the end of each phase
+    (and reset at its start)."""
+    _warm_up(model, spec, ins, tgs, params, opt, scaler)
+    _steady_grads(spec, params)
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    baseline, baseline_reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    allocated, reserved, current = {}, {}, ["start"]
+
+    def on_phase(name):
+        torch.cuda.synchronize()
+        ph = current[0]
+        allocated[ph] = max(allocated.get(ph, 0), torch.cuda.max_memory_allocated())
+        reserved[ph] = max(reserved.get(ph, 0), torch.cuda.max_memory_reserved())
+        torch.cuda.reset_peak_memory_stats()
+        current[0] = name
+
+    scale = scaler.get_scale() if scaler is not None else None
+    if record_history:
+        torch.cuda.memory._record_memory_history(max_entries=10**7)
+    try:
+        out = run_step(model, spec, ins, tgs, params, opt, on_phase, scaler=scaler)
+        del out
+        on_phase("end")
+        snapshot = torch.cuda.memory._snapshot() if record_history else {}
+    finally:
+        if record_history:
+            torch.cuda.memory._record_memory_history(enabled=None)
+    from .divergence import snapshot_allocations
+
+    allocations = snapshot_allocations(snapshot, torch.cuda.current_device())
+    _check_not_skipped(scaler, scale)
+    allocated.pop("start", None)
+    reserved.pop("start", None)
+    return Measurement(max(allocated.values(), default=baseline), baseline,
+                       torch.cuda.memory_allocated(), B, "cuda",
+                       {p: allocated[p] for p in PHASES if p in allocated},
+                       max(reserved.values(), default=baseline_reserved),
+                       {p: reserved[p] for p in PHASES if p in reserved}, baseline_reserved,
+                       tuple(allocations))
