@@ -54,7 +54,7 @@ def main():
     print(f"analysis: {analysis:.2f} s; first (B, L) point: {first * 1e3:.0f} ms")
     print(f"a new (B, L): {per * 1e3:.3f} ms on average over {len(pts)} points; "
           f"equal to the re-derived report on 5 of them: {checked}")
-    print(f"peak formula in B and L: {terms} terms (of {len(r._candidates[1])} candidate "
+    print(f"peak formula in B and L: {terms} terms (of {len(r.named._candidates[1])} candidate "
           f"ops), built in {formula:.2f} s")
     print(f"peak = {r.peak}")
 

@@ -11,14 +11,15 @@ The pipeline, one folder per stage, each importing only the ones above it in thi
   autocast lists and, for ``device="cuda"``, what CUDA's kernels run and allocate
   (:mod:`fxmem.trace.cuda`); stacks of identical blocks traced as two; checkpoint plans;
 - :mod:`fxmem.memory`      stage 2-3: the step as a networkx graph, each storage's device
-  size, live bytes after every op and the peak as an exact ``Max`` in B;
+  size, live bytes after every op and the peak as an exact ``Max`` in B (and in the named
+  dims, :mod:`fxmem.memory.dims`);
 - :mod:`fxmem.device`      what the device adds at one B: the caching allocator replayed
   with cuBLAS's workspaces (``Report.cuda_memory``);
 - :mod:`fxmem.checkpoint`  activation checkpointing on the same trace: candidate segments,
   a plan's schedule, the solver (plain numbers), the chooser, FLOPs;
 - :mod:`fxmem.report`      the :class:`Report` users hold and its renderers (text, terminal,
   Markdown, JSON, HTML with plots);
-- :mod:`fxmem.analyze`, :mod:`fxmem.dims`, :mod:`fxmem.whatif`  the pipeline in one call;
+- :mod:`fxmem.analyze`, :mod:`fxmem.whatif`  the pipeline in one call;
 - :mod:`fxmem.validate`    ground truth: :func:`measure` (a real eager step), the zoo, the
   harness, and where a missed case parts ways with the prediction;
 - :mod:`fxmem.cli`         the ``fxmem`` command.
@@ -36,15 +37,17 @@ True
 
 from .analyze import analyze, plan_checkpoints
 from .checkpoint.choose import FrontierPoint, PlanChoice
-from .dims import DimsReport
 from .errors import FxmemError, InfeasibleBudgetError, InputError, SpecializationError, TraceError
 from .formula.symbols import B, L
 from .report.result import Breakdown, Report
 from .trace.checkpointing import apply_checkpoints
+from .trace.step import Step
 from .validate.measure import Measurement, measure
 from .whatif import WhatIf, whatif
 
-__all__ = ["B", "L", "DimsReport", "analyze", "apply_checkpoints", "plan_checkpoints", "measure",
-           "PlanChoice", "FrontierPoint", "whatif", "WhatIf", "Report", "Breakdown",
-           "Measurement", "FxmemError", "InputError", "TraceError", "SpecializationError",
-           "InfeasibleBudgetError"]
+DimsReport = Report  # deprecated alias: analyze(..., dims=...) returns a Report in B and the dims
+
+__all__ = ["analyze", "Step", "Report", "Breakdown", "B", "L", "measure", "Measurement",
+           "plan_checkpoints", "apply_checkpoints", "PlanChoice", "FrontierPoint", "whatif",
+           "WhatIf", "FxmemError", "InputError", "TraceError", "SpecializationError",
+           "InfeasibleBudgetError", "DimsReport"]

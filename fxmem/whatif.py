@@ -23,6 +23,7 @@ import torch
 
 from .analyze import analyze
 from .errors import InfeasibleBudgetError, InputError
+from .trace.step import UNSET, Step
 
 
 @dataclass(frozen=True)
@@ -45,24 +46,23 @@ class WhatIf:
     note: str
 
 
-def whatif(model, inputs, targets=(), loss=None, optimizer=None, *, B: int,  # noqa: N803
-           budget_bytes: int, device="cuda", smaller_model=None, amp=torch.bfloat16,
-           grad_accum: int = 4, checkpoint=None, compute_capability=(9, 0)) -> tuple:
+def whatif(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, *, B: int,  # noqa: N803
+           budget_bytes: int, device=UNSET, step: Step | None = None, smaller_model=None,
+           amp=torch.bfloat16, grad_accum: int = 4, checkpoint=None, **options) -> tuple:
     """The seed's six methods for the user's step, as :class:`WhatIf` rows.
 
-    ``smaller_model``: a smaller version of ``model`` to compare (row left out if None).
-    ``amp``: the autocast dtype, with the device's op lists (float16 training steps through
-    a GradScaler).
-    ``grad_accum``: k micro-batches of ``B // k`` keep the effective batch ``B``.
-    ``checkpoint``: a plan; default: the plan with the smallest peak at ``B`` among the
-    candidates (:meth:`fxmem.Report.frontier`). ``compute_capability``: the GPU whose
-    kernels ``device="cuda"`` follows (:func:`fxmem.analyze`).
+    The step is ``step`` with the options given here, as for :func:`fxmem.analyze` (a
+    training step; ``amp`` and ``grad_accum`` below are the alternatives tried, not options
+    of the step). ``smaller_model``: a smaller version of ``model`` to compare (row left out
+    if None). ``amp``: the autocast dtype, with the device's op lists (float16 training
+    steps through a GradScaler). ``grad_accum``: k micro-batches of ``B // k`` keep the
+    effective batch ``B``. ``checkpoint``: a plan; default: the plan with the smallest peak
+    at ``B`` among the candidates (:meth:`fxmem.Report.frontier`).
     """
     if isinstance(B, bool) or not isinstance(B, int) or B < 1:
         raise InputError(f"B must be a positive int, got {B!r}")
-    kw = dict(loss=loss, optimizer=optimizer, device=device,
-              compute_capability=compute_capability)
-    base = analyze(model, inputs, targets, **kw)
+    step = Step.of(step, loss=loss, optimizer=optimizer, device=device, **options)
+    base = analyze(model, inputs, targets, step=step)
     b0 = base.peak_bytes(B)
     rows = []
 
@@ -78,18 +78,21 @@ def whatif(model, inputs, targets=(), loss=None, optimizer=None, *, B: int,  # n
     half = max(base.min_batch_size, B // 2)
     row("smaller batch", base, half, f"B = {half} instead of {B}: the same formula")
     if smaller_model is not None:
-        row("smaller model", analyze(smaller_model, inputs, targets, **kw), B,
+        row("smaller model", analyze(smaller_model, inputs, targets, step=step), B,
             "the model passed as smaller_model")
     if amp is not None:
-        scaler = " with a GradScaler" if amp is torch.float16 and optimizer is not None else ""
-        row("mixed precision", analyze(model, inputs, targets, **kw, amp=amp), B,
-            f"forward and loss under torch.autocast('{device}', {amp}){scaler}")
+        mixed = Step.of(step, amp=amp)
+        scaler = " with a GradScaler" if mixed.scaled else ""
+        row("mixed precision", analyze(model, inputs, targets, step=mixed), B,
+            f"forward and loss under torch.autocast('{step.device}', {amp}){scaler}")
     k = grad_accum
     micro = max(1, B // k)
-    row("gradient accumulation", analyze(model, inputs, targets, **kw, grad_accum=k), micro,
+    row("gradient accumulation",
+        analyze(model, inputs, targets, step=Step.of(step, grad_accum=k)), micro,
         f"{k} micro-batches of {micro}; largest batch = {k} x the largest micro-batch", k)
-    row("no_grad evaluation", analyze(model, inputs, loss=None, device=device, train=False,
-                                      compute_capability=compute_capability), B,
+    evaluation = Step.of(step, loss=None, optimizer=None, train=False, grad_accum=1,
+                         grad_scaler=None, set_to_none=True)
+    row("no_grad evaluation", analyze(model, inputs, step=evaluation), B,
         "inference under torch.no_grad(): no backward, no optimizer")
     plan = checkpoint
     if plan is None:

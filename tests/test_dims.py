@@ -60,7 +60,7 @@ def test_the_formula_keeps_the_terms_that_can_be_the_peak(lm, device):
         ids = torch.randint(0, 128, (4, 16))
         r = fxmem.analyze(m, (ids, ids), optimizer=torch.optim.AdamW, device=device,
                           dims={"L": [(0, 1), (1, 1)]})
-    rows = len(r._candidates[1])
+    rows = len(r.named._candidates[1])
     assert 1 < len(r.peak.args) < rows  # pruned, and still piecewise
     # peak_bytes takes the maximum over every candidate row: the pruned Max agrees with it
     for b in (2, 3, 5, 17, 64, 1000):
@@ -160,3 +160,33 @@ def test_mixed_guards_implied_by_the_bounds_are_dropped_soundly():
     for g in [B * L >= 5, B * L > 4, sympy.Ne(B * L, 4), sympy.Ne(sympy.Mod(2, L), 0),
               B * L / 2 > 2, L <= B, sympy.Ne(B * T, 6)]:
         assert not _implied(g, lows), g
+
+
+def test_one_report_type_with_one_method_set():
+    """analyze returns a Report with or without named dims; every figure at a point takes
+    the dims' values, and is the figure of the report at those values (``at``)."""
+    m = _seq_mlp()
+    step = fxmem.Step(loss=lambda o: o.sum(), optimizer=torch.optim.SGD, device="cpu")
+    r = fxmem.analyze(m, torch.randn(4, 10, 16), step=step, dims={"L": [(0, 1)]})
+    plain = fxmem.analyze(m, torch.randn(4, 10, 16), step=step)
+    assert type(r) is type(plain) is fxmem.Report and fxmem.DimsReport is fxmem.Report
+    assert plain.dims == () and plain.at() is plain
+    at = r.at(L=10)
+    assert at.dims == () and at.peak == plain.peak
+    budget = plain.peak_bytes(64)
+    assert r.max_batch_size(budget, L=10) == plain.max_batch_size(budget) == 64
+    assert r.breakdown(8, L=10) == plain.breakdown(8)
+    assert r.timeline(8, L=10) == plain.timeline(8)
+    assert r.cuda_memory(8, L=10) == plain.cuda_memory(8)
+    assert r.frontier(8, L=10) == plain.frontier(8)
+    assert r.max_length(budget, 64) == 10  # the traced length is the largest that fits
+    assert r.flop_count.total.free_symbols == {fxmem.B, L}
+    with pytest.raises(fxmem.InputError, match="report is in B alone, so L cannot be given"):
+        plain.peak_bytes(8, L=10)
+    with pytest.raises(fxmem.InputError, match="max_length needs a report in named dims"):
+        plain.max_length(budget, 8)
+    with pytest.raises(fxmem.InputError, match=r"regimes of a report in B and L: ask "
+                                               r"report\.at\(L=\.\.\.\)\.regimes"):
+        r.regimes
+    with pytest.raises(fxmem.InputError, match="give a value for every named dim"):
+        r.breakdown(8)

@@ -23,7 +23,7 @@ LAYERS = (
     {"device"},  # the caching allocator and what the device adds
     {"checkpoint"},  # segments, schedules, the solver, the chooser, FLOPs
     {"report"},  # the Report and its renderers
-    {"analyze", "dims", "whatif"},  # the pipeline in one call
+    {"analyze", "whatif"},  # the pipeline in one call
     {"validate"},  # ground truth: measure, the zoo, the harness
     {"cli"},  # the command
 )

@@ -175,6 +175,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
 
     from ..analyze import analyze as run_analysis
     from ..report.summary import summarize
+    from ..trace.step import Step
     from .targets import (
         load_target,
         named_dims,
@@ -218,12 +219,12 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                          "(and no --inference)")
     plan = () if checkpoint in ("none", "auto") else tuple(
         p.strip() for p in checkpoint.split(",") if p.strip())
+    step = Step(loss=LOSSES[loss_name], optimizer=opt, train=not inference, device=device,
+                amp=AMP[amp], grad_accum=grad_accum, compute_capability=cc)
     status = Console(stderr=True).status(f"tracing {t.name} on fake tensors ...")
     with status:
-        report = run_analysis(t.model, xs, ys, loss=LOSSES[loss_name], optimizer=opt,
-                              train=not inference, device=device, amp=AMP[amp],
-                              grad_accum=grad_accum, checkpoint=plan or None,
-                              dims=dims or None, compute_capability=cc)
+        report = run_analysis(t.model, xs, ys, step=step, checkpoint=plan or None,
+                              dims=dims or None)
         extra = {}
         if dims:  # the formula in B and the named dims; numbers at the --dim sizes
             extra[f"peak in B, {', '.join(dims)}"] = str(report.peak)
@@ -254,10 +255,8 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
             from ..whatif import whatif as whatifs
 
             status.update("answering the what-ifs ...")
-            rows = whatifs(t.model, xs, ys, loss=LOSSES[loss_name], optimizer=opt, B=batch,
-                           budget_bytes=budget_bytes, device=device,
-                           amp=torch.float16 if device == "cuda" else torch.bfloat16,
-                           compute_capability=cc)
+            rows = whatifs(t.model, xs, ys, step=step, B=batch, budget_bytes=budget_bytes,
+                           amp=torch.float16 if device == "cuda" else torch.bfloat16)
     setup = {"model": target, "inputs": " ".join(specs),
              **({"targets": " ".join(tgt_specs)} if ys else {}),
              "loss": loss_name if not inference else "(inference)",

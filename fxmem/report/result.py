@@ -15,6 +15,7 @@ from ..checkpoint.flops import FlopCount, count_flops, op_flops
 from ..errors import FxmemError, InfeasibleBudgetError, InputError
 from ..formula.search import largest
 from ..formula.symbols import B
+from ..memory.dims import DimsFormula
 from ..memory.liveness import Liveness, parts_of
 
 
@@ -80,18 +81,79 @@ def _top_module(storage) -> str:
 
 @dataclass(frozen=True)
 class Report:
-    """Memory of one step as formulas in B. Build it with :func:`fxmem.analyze`.
+    """Memory of one step as formulas in B, and in the named dims when the step was analysed
+    with some (``analyze(..., dims={"L": ...})``: :attr:`dims`). Build it with
+    :func:`fxmem.analyze`.
+
+    Every figure at a point takes the batch size and, for a report in named dims, their
+    values: ``peak_bytes(B, L=512)``, ``max_batch_size(budget, L=512)``,
+    ``breakdown(B, L=512)``, ``timeline``, ``cuda_memory``, ``plan_for``, ``frontier``;
+    ``max_length(budget, B)`` solves for a named dim; ``at(L=512)`` is the report in B alone
+    at that length (its ``regimes``, ``segments`` and ``with_plan``).
 
     >>> import torch, fxmem
     >>> r = fxmem.analyze(torch.nn.Linear(8, 2), torch.randn(4, 8),
     ...                   loss=lambda o: o.sum(), device="cpu")
-    >>> r.peak_bytes(B=64) == int(r.peak.subs(fxmem.B, 64))
-    True
+    >>> r.peak_bytes(B=64) == int(r.peak.subs(fxmem.B, 64)), r.dims
+    (True, ())
     """
 
-    liveness: Liveness
+    liveness: Liveness | None  # None for a report in named dims (see ``named``)
     parts: dict = field(default_factory=dict)
     valid_when: tuple = ()
+    named: DimsFormula | None = field(default=None, repr=False)  # formulas in B and the dims
+    _at: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def in_dims(cls, trace, device: str) -> "Report":
+        """The report of a trace whose named dims are symbols too (``trace.dims``)."""
+        formula = DimsFormula(trace, device)
+        return cls(None, formula.parts, trace.guards, formula)
+
+    @property
+    def dims(self) -> tuple:
+        """Names of the input dims beyond B that the formulas are in (``()``: B alone)."""
+        return self.named.dims if self.named is not None else ()
+
+    def at(self, **values) -> "Report":
+        """The report in B alone with the named dims fixed, e.g. ``at(L=512)``, derived from
+        the same trace (cached); a report in B alone is its own ``at()``."""
+        if self.named is None:
+            self._no_dims(values)
+            return self
+        key = tuple(sorted(values.items()))
+        if key not in self._at:
+            from ..memory.dims import specialize
+            from ..memory.graph import build_graph
+            from ..memory.liveness import liveness
+
+            t = specialize(self.named.trace, **values)
+            lv = liveness(build_graph(t), self.device)
+            self._at[key] = Report(lv, parts_of(lv), t.guards)
+        return self._at[key]
+
+    def _no_dims(self, values: dict) -> None:
+        if values:
+            raise InputError(f"this report is in B alone, so {', '.join(values)} cannot be "
+                             "given: analyze(..., dims={name: [(tensor, dim), ...]}) makes "
+                             "an input dim a symbol too")
+
+    def _b_only(self, what: str) -> None:
+        if self.named is not None:
+            example = ", ".join(f"{n}=..." for n in self.dims)
+            raise InputError(f"{what} of a report in B and {', '.join(self.dims)}: ask "
+                             f"report.at({example}).{what}")
+
+    def max_length(self, budget_bytes: int, B: int, name: str | None = None,  # noqa: N803
+                   limit: int | None = None, **values) -> int:
+        """The largest value of the named dim ``name`` (the only one by default) whose peak
+        at batch size ``B`` fits in ``budget_bytes``; other named dims in ``values``.
+        ``limit``: the model's own maximum, which no shape shows (e.g. GPT-2's
+        ``config.n_positions``): the answer is never above it."""
+        if self.named is None:
+            raise InputError("max_length needs a report in named dims: analyze(..., "
+                             "dims={'L': [(tensor, dim), ...]})")
+        return self.named.max_length(budget_bytes, B, name, limit, **values)
 
     @functools.cached_property
     def flop_count(self) -> FlopCount:
@@ -116,6 +178,7 @@ class Report:
         if not, why."""
         from ..checkpoint.segments import segments
 
+        self._b_only("segments")
         return segments(self.liveness.graph)
 
     def with_plan(self, plan) -> "Report":
@@ -135,25 +198,32 @@ class Report:
         from ..memory.liveness import liveness
         from ..trace.checkpointing import check_plan
 
+        self._b_only("with_plan(plan)")
         plan = check_plan({c.path for c in self.trace.calls}, plan)
         lv = liveness(build_graph(derive(self.trace, plan)), self.device)
         return Report(lv, parts_of(lv), self.valid_when)
 
-    def plan_for(self, budget_bytes: int, B: int, candidates=None):  # noqa: N803
+    def plan_for(self, budget_bytes: int, B: int, candidates=None, **dims):  # noqa: N803
         """The checkpoint plan with the least recompute FLOPs whose peak at batch size ``B``
         fits ``budget_bytes``, as a :class:`fxmem.PlanChoice` (see :mod:`fxmem.checkpoint.choose`).
         Raises :class:`fxmem.InfeasibleBudgetError` (with the smallest reachable peak) when
         no plan fits."""
+        if self.named is not None:
+            return self.at(**dims).plan_for(budget_bytes, B, candidates)
+        self._no_dims(dims)
         if not isinstance(budget_bytes, int) or isinstance(budget_bytes, bool):
             raise InputError(f"budget_bytes must be an int, got {budget_bytes!r}")
         return self._chooser(candidates).choose(budget_bytes, _check_b(B))
 
-    def frontier(self, B: int, candidates=None) -> tuple:  # noqa: N803
+    def frontier(self, B: int, candidates=None, **dims) -> tuple:  # noqa: N803
         """Pareto-optimal checkpoint plans at batch size ``B``: a tuple of
         :class:`fxmem.FrontierPoint` (peak bytes, recompute FLOPs, plan), from no plan
         (largest peak, no recompute) to the smallest peak; at most 256 points from the
         cheap end, then a sample down to the smallest peak (:meth:`Chooser.frontier
         <fxmem.checkpoint.choose.Chooser.frontier>`)."""
+        if self.named is not None:
+            return self.at(**dims).frontier(B, candidates)
+        self._no_dims(dims)
         return self._chooser(candidates).frontier(_check_b(B))
 
     def _chooser(self, candidates=None):
@@ -174,11 +244,11 @@ class Report:
 
     @property
     def device(self) -> str:
-        return self.liveness.device
+        return self.named.device if self.named is not None else self.liveness.device
 
     @property
     def trace(self):
-        return self.liveness.graph.trace
+        return self.named.trace if self.named is not None else self.liveness.graph.trace
 
     @property
     def unmodelled(self) -> tuple:
@@ -188,15 +258,19 @@ class Report:
 
     @property
     def peak(self) -> sympy.Expr:
-        """Peak bytes of the step, a sympy expression in :data:`fxmem.B`."""
-        return self.liveness.peak
+        """Peak bytes of the step, a sympy expression in :data:`fxmem.B` (and the named
+        dims)."""
+        return self.named.peak if self.named is not None else self.liveness.peak
 
-    def peak_bytes(self, B: int) -> int:  # noqa: N803 - the batch size is B everywhere
-        """Peak bytes at batch size ``B`` (exact integer)."""
+    def peak_bytes(self, B: int, **dims) -> int:  # noqa: N803 - the batch size is B everywhere
+        """Peak bytes at batch size ``B`` (and the named dims' values), exact."""
+        if self.named is not None:
+            return self.named.peak_bytes(B, **dims)
+        self._no_dims(dims)
         return self.liveness.peak_bytes(_check_b(B))
 
     def cuda_memory(self, B: int, config=None, compute_capability=None,  # noqa: N803
-                    cublas_workspace: int | None = None, cudnn_workspace: int = 0):
+                    cublas_workspace: int | None = None, cudnn_workspace: int = 0, **dims):
         """What ``torch.cuda.max_memory_allocated()`` and ``max_memory_reserved()`` would
         report for the step at batch size ``B``: the step replayed through the CUDA caching
         allocator (``config``: a :class:`fxmem.device.caching_allocator.AllocatorConfig`, e.g.
@@ -219,6 +293,10 @@ class Report:
         """
         from ..device.allocator import cuda_memory
 
+        if self.named is not None:
+            return self.at(**dims).cuda_memory(B, config, compute_capability,
+                                               cublas_workspace, cudnn_workspace)
+        self._no_dims(dims)
         if compute_capability is None:
             compute_capability = self.liveness.graph.trace.compute_capability
         return cuda_memory(self.liveness, _check_b(B), config, compute_capability,
@@ -227,6 +305,7 @@ class Report:
     @property
     def regimes(self) -> tuple:
         """Where the peak is, by range of B: a tuple of :class:`PeakRegime`."""
+        self._b_only("regimes")
         out = []
         for x, c in self.liveness.regimes:
             first = max(self.min_batch_size, int(sympy.ceiling(sympy.Rational(x))))
@@ -238,8 +317,12 @@ class Report:
                                   c.expr, sympy.Rational(x)))
         return tuple(out)
 
-    def breakdown(self, B: int, top: int | None = None) -> Breakdown:  # noqa: N803
-        """What is live at the peak at batch size ``B``, by category and by module."""
+    def breakdown(self, B: int, top: int | None = None, **dims) -> Breakdown:  # noqa: N803
+        """What is live at the peak at batch size ``B`` (and the named dims' values), by
+        category and by module."""
+        if self.named is not None:
+            return self.at(**dims).breakdown(B, top)
+        self._no_dims(dims)
         b = _check_b(B)
         cand = self.liveness.peak_candidate(b)
         by_cat, by_mod = {}, {}
@@ -255,8 +338,12 @@ class Report:
         return Breakdown(b, cand(b), cand.op_index, op.op if op else "(start)",
                          op.phase if op else "start", op.module if op else "", by_cat, by_mod)
 
-    def timeline(self, B: int) -> tuple:  # noqa: N803
-        """Live bytes after every op at batch size ``B``: a tuple of :class:`TimelinePoint`."""
+    def timeline(self, B: int, **dims) -> tuple:  # noqa: N803
+        """Live bytes after every op at batch size ``B`` (and the named dims' values): a
+        tuple of :class:`TimelinePoint`."""
+        if self.named is not None:
+            return self.at(**dims).timeline(B)
+        self._no_dims(dims)
         live = self.liveness.timeline(_check_b(B))
         return tuple(TimelinePoint(o.index, o.op, o.phase, o.module, v)
                      for o, v in zip(self.trace.ops, live))
@@ -286,7 +373,7 @@ class Report:
         return 1
 
     def max_batch_size(self, budget_bytes: int, max_recompute: float | None = None,
-                       candidates=None):
+                       candidates=None, **dims):
         """The largest integer B whose peak fits in ``budget_bytes``, solved from the formula.
 
         With ``max_recompute`` (a fraction, e.g. ``0.25``): the largest B that fits with a
@@ -296,7 +383,11 @@ class Report:
         :func:`fxmem.checkpoint.choose.default_candidates`).
 
         Raises :class:`fxmem.InfeasibleBudgetError` if even the smallest valid B does not fit.
+        A report in named dims takes their values too (``max_batch_size(budget, L=512)``).
         """
+        if self.named is not None:
+            return self.at(**dims).max_batch_size(budget_bytes, max_recompute, candidates)
+        self._no_dims(dims)
         if not isinstance(budget_bytes, int) or isinstance(budget_bytes, bool):
             raise InputError(f"budget_bytes must be an int, got {budget_bytes!r}")
         if max_recompute is not None:
@@ -314,8 +405,8 @@ class Report:
             raise FxmemError("the peak does not grow with B, so every batch size fits")
         return largest(lambda b: self.peak_bytes(b) <= budget_bytes, lo)
 
-    def cuda_max_batch_size(self, budget_bytes: int, config=None,
-                            compute_capability=None, cudnn_workspace: int = 0) -> int:
+    def cuda_max_batch_size(self, budget_bytes: int, config=None, compute_capability=None,
+                            cudnn_workspace: int = 0, **dims) -> int:
         """The largest B whose predicted ``torch.cuda.max_memory_allocated()``
         (:meth:`cuda_memory`: allocator blocks, their slack, the cuBLAS workspaces, and
         ``cudnn_workspace`` bytes held by each convolution) fits in ``budget_bytes``. Raises
@@ -327,6 +418,11 @@ class Report:
         >>> r.cuda_max_batch_size(2**30) < r.max_batch_size(2**30)   # 64 MiB of workspaces
         True
         """
+        if self.named is not None:
+            return self.at(**dims).cuda_max_batch_size(budget_bytes, config,
+                                                       compute_capability, cudnn_workspace)
+        self._no_dims(dims)
+
         def allocated(b):
             return self.cuda_memory(b, config, compute_capability,
                                     cudnn_workspace=cudnn_workspace).max_allocated
@@ -352,6 +448,10 @@ class Report:
     def __str__(self) -> str:
         from .text import render_text
 
+        if self.named is not None:
+            return (f"fxmem report in B and {', '.join(self.dims)} (device={self.device})\n"
+                    f"peak bytes = {self.peak}\n"
+                    f"valid when: {', '.join(map(str, self.valid_when))}")
         return render_text(self)
 
 

@@ -20,7 +20,7 @@ An inference step is ``out = model(*inputs)`` under ``torch.no_grad()`` (or
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -30,22 +30,133 @@ from ..errors import InputError
 PHASES = ("zero_grad", "forward", "backward", "optimizer")
 
 
+class _Unset:
+    """A keyword argument not given: the :class:`Step`'s value (or its default) stands."""
+
+    def __repr__(self):
+        return "<from step>"
+
+
+UNSET = _Unset()
+
+
+@dataclass(frozen=True)
+class Step:
+    """How the step runs: the training-loop options, validated once. :func:`fxmem.analyze`,
+    :func:`fxmem.measure`, :func:`fxmem.whatif`, :func:`fxmem.plan_checkpoints` and the
+    ``fxmem`` command take one as ``step=`` or build it from the same keyword arguments
+    (:meth:`of`), so an option is added here only.
+
+    ``loss(output, *targets)``; ``None``: the output is the loss or has ``.loss``.
+    ``optimizer``: an optimizer class or ``callable(params)``; ``None``: no optimizer step.
+    ``train=False``: inference under ``torch.no_grad()`` (``inference_mode=True``: under
+    ``torch.inference_mode()``). ``device``: ``"cuda"`` (CUDA's kernels, optimizer defaults
+    and allocator blocks) or ``"cpu"`` (live bytes). ``set_to_none=False``: ``zero_grad``
+    zeroes gradients in place, so they stay allocated between steps. ``grad_accum=k``: k
+    forward-backward passes on micro-batches of B (loss divided by k) before one optimizer
+    step. ``amp=torch.bfloat16`` (or float16): forward and loss under ``torch.autocast``.
+    ``grad_scaler``: through a ``torch.amp.GradScaler``; ``None`` (the default): with
+    ``amp=torch.float16`` and an optimizer, as the AMP recipe does (:attr:`scaled`).
+    ``compute_capability``: the GPU whose kernels ``device="cuda"`` follows,
+    ``(major, minor)`` or a number such as ``8.0`` (default ``(9, 0)``, an H100).
+
+    >>> import torch
+    >>> s = Step(optimizer=torch.optim.AdamW, amp=torch.float16)
+    >>> s.scaled, s.device, Step(compute_capability=8.0).compute_capability
+    (True, 'cuda', (8, 0))
+    >>> Step.of(s, device="cpu", grad_accum=4).grad_accum
+    4
+    >>> Step(grad_accum=0)
+    Traceback (most recent call last):
+    ...
+    fxmem.errors.InputError: grad_accum must be a positive int, got 0
+    """
+
+    loss: Callable | None = None
+    optimizer: Callable | None = None
+    train: bool = True
+    device: str = "cuda"
+    set_to_none: bool = True
+    grad_accum: int = 1
+    inference_mode: bool = False
+    amp: Any = None
+    grad_scaler: bool | None = None
+    compute_capability: tuple = (9, 0)
+
+    def __post_init__(self):
+        from .cuda.kernels import check_capability
+
+        if self.loss is not None and not callable(self.loss):
+            raise InputError("loss must be callable(output, *targets), got "
+                             f"{type(self.loss).__name__}")
+        if self.optimizer is not None and not callable(self.optimizer):
+            raise InputError("optimizer must be an optimizer class or callable(params) -> "
+                             "Optimizer")
+        if self.device not in ("cpu", "cuda"):
+            raise InputError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        if not self.train and self.optimizer is not None:
+            raise InputError("train=False runs no backward pass, so no optimizer step")
+        if not isinstance(self.set_to_none, bool):
+            raise InputError(f"set_to_none must be True or False, got {self.set_to_none!r}")
+        g = self.grad_accum
+        if isinstance(g, bool) or not isinstance(g, int) or g < 1:
+            raise InputError(f"grad_accum must be a positive int, got {g!r}")
+        if not self.train and g != 1:
+            raise InputError("train=False runs no backward pass, so nothing to accumulate")
+        if self.inference_mode and self.train:
+            raise InputError("inference_mode=True is for inference: pass train=False too")
+        if self.amp is not None and self.amp not in (torch.bfloat16, torch.float16):
+            raise InputError(f"amp is torch.bfloat16 or torch.float16, got {self.amp!r}")
+        if self.grad_scaler is not None and not isinstance(self.grad_scaler, bool):
+            raise InputError(f"grad_scaler must be True, False or None, got "
+                             f"{self.grad_scaler!r}")
+        if self.grad_scaler and (not self.train or self.optimizer is None):
+            raise InputError("grad_scaler=True needs a training step with an optimizer")
+        object.__setattr__(self, "train", bool(self.train))
+        object.__setattr__(self, "inference_mode", bool(self.inference_mode))
+        object.__setattr__(self, "compute_capability",
+                           check_capability(self.compute_capability))
+
+    @property
+    def scaled(self) -> bool:
+        """Whether the step goes through a GradScaler (``grad_scaler`` resolved)."""
+        if self.grad_scaler is not None:
+            return self.grad_scaler
+        return self.amp is torch.float16 and self.train and self.optimizer is not None
+
+    @classmethod
+    def of(cls, step: "Step | None" = None, **options) -> "Step":
+        """``step`` (default: ``Step()``) with the ``options`` given (a value of
+        :data:`UNSET` is not given); an unknown option is an :class:`fxmem.InputError`."""
+        if step is not None and not isinstance(step, Step):
+            raise InputError(f"step must be a fxmem.Step, got {type(step).__name__}")
+        names = [f.name for f in fields(cls)]
+        given = {k: v for k, v in options.items() if v is not UNSET}
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            raise InputError(f"unknown step option{'s' if len(unknown) > 1 else ''} "
+                             f"{', '.join(unknown)}; a Step has {', '.join(names)}")
+        return replace(step, **given) if step is not None else cls(**given)
+
+
 @dataclass(frozen=True)
 class StepSpec:
-    """Validated user arguments describing the step (no tensors of the batch size kept)."""
+    """A :class:`Step` with the example batch it runs on (no tensors of the batch size
+    kept); the step's options read through (``spec.amp`` is ``spec.step.amp``)."""
 
+    step: Step
     inputs: tuple  # tuple[torch.Tensor, ...]; dim 0 is B
     targets: tuple
-    loss: Callable | None
-    optimizer: Callable | None
-    train: bool
-    device: str
     batch_size: int  # dim 0 of the example tensors
-    set_to_none: bool = True  # zero_grad drops gradients (False: zeroes them in place)
-    grad_accum: int = 1  # micro-batches per optimizer step (B is the micro-batch)
-    inference_mode: bool = False  # inference under torch.inference_mode(), not no_grad()
-    amp: Any = None  # torch.autocast dtype for the forward and the loss (None: no autocast)
-    grad_scaler: bool = False  # torch.amp.GradScaler scales the loss and steps the optimizer
+
+    def __getattr__(self, name):
+        if name == "step":  # not set yet (copy, pickle)
+            raise AttributeError(name)
+        return getattr(self.step, name)
+
+    @property
+    def grad_scaler(self) -> bool:
+        return self.step.scaled
 
 
 def _as_tuple(x, what: str) -> tuple:
@@ -58,14 +169,14 @@ def _as_tuple(x, what: str) -> tuple:
     raise InputError(f"{what} must be a tensor or a tuple of tensors, got {type(x).__name__}")
 
 
-def make_spec(model, inputs, targets=(), loss=None, optimizer=None, train=True,
-              device="cuda", set_to_none=True, grad_accum=1,
-              inference_mode=False, amp=None, grad_scaler=None) -> StepSpec:
-    """Check the user's arguments before any work starts."""
+def make_spec(model, inputs, targets=(), step: Step | None = None) -> StepSpec:
+    """Check the model and the example batch against ``step`` before any work starts."""
+    step = Step() if step is None else step
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     for path, m in model.named_modules():
-        if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse and train:
+        if (isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse
+                and step.train):
             raise InputError(f"{path or '(root)'} makes sparse gradients (sparse=True): not "
                              "modelled, since their size after coalescing depends on which "
                              "rows the batch touches; use sparse=False (and not SparseAdam)")
@@ -84,35 +195,9 @@ def make_spec(model, inputs, targets=(), loss=None, optimizer=None, train=True,
     if len({s for _, s in sizes}) > 1:
         listing = ", ".join(f"{n}={s}" for n, s in sizes)
         raise InputError(f"dim 0 (the batch) differs between tensors: {listing}")
-    if loss is not None and not callable(loss):
-        raise InputError(f"loss must be callable(output, *targets), got {type(loss).__name__}")
-    if tgs and loss is None:
+    if tgs and step.loss is None:
         raise InputError("targets were given but no loss function to pass them to")
-    if optimizer is not None and not callable(optimizer):
-        raise InputError("optimizer must be an optimizer class or callable(params) -> Optimizer")
-    if device not in ("cpu", "cuda"):
-        raise InputError(f"device must be 'cpu' or 'cuda', got {device!r}")
-    if not train and optimizer is not None:
-        raise InputError("train=False runs no backward pass, so no optimizer step")
-    if not isinstance(set_to_none, bool):
-        raise InputError(f"set_to_none must be True or False, got {set_to_none!r}")
-    if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
-        raise InputError(f"grad_accum must be a positive int, got {grad_accum!r}")
-    if not train and grad_accum != 1:
-        raise InputError("train=False runs no backward pass, so nothing to accumulate")
-    if inference_mode and train:
-        raise InputError("inference_mode=True is for inference: pass train=False too")
-    if amp is not None:
-        if amp not in (torch.bfloat16, torch.float16):
-            raise InputError(f"amp is torch.bfloat16 or torch.float16, got {amp!r}")
-    if grad_scaler is None:  # the AMP recipe: float16 training steps through a GradScaler
-        grad_scaler = amp is torch.float16 and train and optimizer is not None
-    if not isinstance(grad_scaler, bool):
-        raise InputError(f"grad_scaler must be True, False or None, got {grad_scaler!r}")
-    if grad_scaler and (not train or optimizer is None):
-        raise InputError("grad_scaler=True needs a training step with an optimizer")
-    return StepSpec(ins, tgs, loss, optimizer, bool(train), device, sizes[0][1], set_to_none,
-                    grad_accum, bool(inference_mode), amp, grad_scaler)
+    return StepSpec(step, ins, tgs, sizes[0][1])
 
 
 def compute_loss(out, targets: Sequence, loss_fn: Callable | None) -> torch.Tensor:

@@ -33,7 +33,7 @@ from ..formula.symbols import B, Size, dim_symbol, plain
 from .amp import emulate
 from .checkpointing import checkpointing, normalize_plan, user_path
 from .compat import tracing_shims
-from .cuda.kernels import check_capability, cuda_kernels
+from .cuda.kernels import cuda_kernels
 from .recorder import Recorder, _as_trace_error, _caused_by
 from .records import B_RANGE_MAX, ModuleCall, StorageInfo, TensorDesc, Trace
 from .reuse import NoReuse, Reuse, find_runs
@@ -43,6 +43,8 @@ from .rules import (
 from .saved import latest
 from .splice import splice
 from .step import (
+    UNSET,
+    Step,
     StepSpec,
     make_grad_scaler,
     make_optimizer,
@@ -101,24 +103,25 @@ def _fake_like(mode: FakeTensorMode, t: torch.Tensor, batch=None, param=False, n
     return f
 
 
-def trace(model: torch.nn.Module, inputs, targets=(), loss=None, optimizer=None, train=True,
-          device="cuda", batch_hint: int | None = None, checkpoint=None,
-          set_to_none: bool = True, grad_accum: int = 1, inference_mode: bool = False,
-          amp=None, grad_scaler=None, dims=None, reuse_blocks: bool = True,
-          compute_capability=(9, 0), kernel_semantics: bool = True) -> Trace:
-    """Trace one steady-state step of ``model``; see the module docstring. ``checkpoint``:
+def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
+          device=UNSET, *, step: Step | None = None, batch_hint: int | None = None,
+          checkpoint=None, dims=None, reuse_blocks: bool = True, kernel_semantics: bool = True,
+          **options) -> Trace:
+    """Trace one steady-state step of ``model``; see the module docstring. The step is
+    ``step`` with the options given here (``loss``, ``optimizer``, ``train``, ``device`` and
+    any other :class:`~fxmem.trace.step.Step` field as a keyword). ``checkpoint``:
     a plan (module paths) whose forwards run under ``torch.utils.checkpoint`` for real.
     With ``amp`` and ``device="cuda"``, autocast follows CUDA's op lists
     (:func:`fxmem.trace.amp.emulate`). ``dims``: other input dims that are symbols too, e.g.
     ``{"L": [(0, 1)]}`` (:func:`check_dims`). ``reuse_blocks``: trace two blocks of each
-    run of identical blocks and copy them for the rest (:mod:`fxmem.trace.reuse`); the step is
-    traced again block by block when the blocks turn out not to behave alike.
+    run of identical blocks and copy them for the rest (:mod:`fxmem.trace.reuse`); the step
+    is traced again block by block when the blocks turn out not to behave alike.
     ``device="cuda"`` follows CUDA's kernels (:mod:`fxmem.trace.cuda.kernels`) for a GPU of
     ``compute_capability``; ``kernel_semantics=False`` keeps the CPU's (with CUDA's autocast
     lists still emulated): only to compare with a real CPU step run under
     :func:`fxmem.trace.amp.emulate`."""
-    spec = make_spec(model, inputs, targets, loss, optimizer, train, device, set_to_none,
-                     grad_accum, inference_mode, amp, grad_scaler)
+    step = Step.of(step, loss=loss, optimizer=optimizer, train=train, device=device, **options)
+    spec = make_spec(model, inputs, targets, step)
     plan = normalize_plan(model, checkpoint)
     hint = batch_hint or (spec.batch_size if spec.batch_size >= 2 else 8)
     shape_env = ShapeEnv(specialize_zero_one=False, duck_shape=False)
@@ -144,7 +147,7 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=None, optimizer=None,
         for t_i, d in places:
             named.setdefault(t_i, {})[d] = node
     rec = Recorder(shape_env, sym, dim_syms)
-    rec.capability = check_capability(compute_capability)  # before any work, on any device
+    rec.capability = step.compute_capability
     if spec.device == "cuda" and kernel_semantics:  # CUDA's kernels, not the CPU's
         rec.kernels = cuda_kernels(rec.capability)
     handles = []
@@ -164,9 +167,8 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=None, optimizer=None,
         for h in handles:
             h.remove()
     if retry:  # the blocks did not behave alike: trace each one
-        return trace(model, inputs, targets, loss, optimizer, train, device, batch_hint,
-                     checkpoint, set_to_none, grad_accum, inference_mode, amp, grad_scaler,
-                     dims, reuse_blocks=False, compute_capability=compute_capability,
+        return trace(model, inputs, targets, step=step, batch_hint=batch_hint,
+                     checkpoint=checkpoint, dims=dims, reuse_blocks=False,
                      kernel_semantics=kernel_semantics)
 
 
@@ -344,7 +346,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
 def _replace_loss(spec: StepSpec, fn) -> StepSpec:
     from dataclasses import replace
 
-    return replace(spec, loss=fn)
+    return replace(spec, step=replace(spec.step, loss=fn))
 
 
 def _finish(rec: Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:

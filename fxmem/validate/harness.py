@@ -23,6 +23,7 @@ import torch
 
 from ..analyze import analyze
 from ..trace.checkpointing import apply_checkpoints
+from ..trace.step import Step
 from .divergence import first_divergence, predicted_allocations
 from .measure import measure
 from .zoo import Case, cases
@@ -87,31 +88,36 @@ def _error(p, m):
     return (p - m) / m if m else 0.0
 
 
-def _predict(case: Case, model, inputs, targets, device):
-    kw = dict(case.options)
-    train = kw.pop("train", True)
-    step = dict(loss=case.loss, optimizer=case.optimizer) if train else dict(train=False)
+def _step(case: Case, device: str) -> Step:
+    """The case's step on ``device`` (the GPU's compute capability on CUDA)."""
     cc = torch.cuda.get_device_capability() if device == "cuda" else (9, 0)
-    report = analyze(model, inputs, targets if train else (), **step, device=device,
-                     checkpoint=case.plan or None, compute_capability=cc, **kw)
-    return report, step, kw
+    options = {"loss": case.loss, "optimizer": case.optimizer, **case.options}
+    if not options.get("train", True):  # inference: no loss, no optimizer
+        options.update(loss=None, optimizer=None)
+    return Step(**options, device=device, compute_capability=cc)
 
 
-def _measure(case, model, inputs, targets, step, kw, b, device, record_history=False):
+def _predict(case: Case, model, inputs, targets, device):
+    step = _step(case, device)
+    report = analyze(model, inputs, targets if step.train else (), step=step,
+                     checkpoint=case.plan or None)
+    return report, step
+
+
+def _measure(case, model, inputs, targets, step, b, record_history=False):
     real = apply_checkpoints(copy.deepcopy(model), case.plan) if case.plan else model
-    train = step.get("train", True)
-    return measure(real, inputs, targets if train else (), **step, B=b, device=device,
-                   record_history=record_history, **kw)
+    return measure(real, inputs, targets if step.train else (), step=step, B=b,
+                   record_history=record_history)
 
 
 def run_case(case: Case, scale: str, device: str) -> tuple:
     """The rows of one case: prediction and measurement at each of its batch sizes."""
     torch.manual_seed(0)
     model, inputs, targets = case.build(scale)
-    report, step, kw = _predict(case, model, inputs, targets, device)
+    report, step = _predict(case, model, inputs, targets, device)
     rows = []
     for b in case.batches:
-        m = _measure(case, model, inputs, targets, step, kw, b, device)
+        m = _measure(case, model, inputs, targets, step, b)
         if device == "cuda":  # the step through the caching allocator, workspaces included
             d = report.cuda_memory(b, compute_capability=torch.cuda.get_device_capability())
             p, pr = d.max_allocated, d.max_reserved
@@ -121,7 +127,7 @@ def run_case(case: Case, scale: str, device: str) -> tuple:
                   m.peak_reserved_bytes,
                   None if pr is None else _error(pr, m.peak_reserved_bytes))
         if device == "cuda" and not row.meets_goal:  # where do they part ways?
-            again = _measure(case, model, inputs, targets, step, kw, b, device, True)
+            again = _measure(case, model, inputs, targets, step, b, True)
             d = first_divergence(predicted_allocations(report, b), again.allocations)
             row = replace(row, diverges=d.describe() if d else "no allocation differs")
         rows.append(row)
@@ -134,8 +140,8 @@ def budget_check(case: Case, scale: str, device: str) -> BudgetCheck:
     more."""
     torch.manual_seed(0)
     model, inputs, targets = case.build(scale)
-    report, step, kw = _predict(case, model, inputs, targets, device)
-    first = _measure(case, model, inputs, targets, step, kw, case.batches[0], device)
+    report, step = _predict(case, model, inputs, targets, device)
+    first = _measure(case, model, inputs, targets, step, case.batches[0])
     budget = int(1.5 * first.peak_bytes)
     b = report.max_batch_size(budget - _kept_workspaces(report, device))
     if device == "cuda":  # the allocator's block slack can matter at the boundary
@@ -145,8 +151,8 @@ def budget_check(case: Case, scale: str, device: str) -> BudgetCheck:
             b -= 1
         while fits(b + 1):
             b += 1
-    at = _measure(case, model, inputs, targets, step, kw, b, device).peak_bytes
-    after = _measure(case, model, inputs, targets, step, kw, b + 1, device).peak_bytes
+    at = _measure(case, model, inputs, targets, step, b).peak_bytes
+    after = _measure(case, model, inputs, targets, step, b + 1).peak_bytes
     return BudgetCheck(case.name, budget, b, at, after)
 
 

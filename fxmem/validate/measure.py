@@ -27,6 +27,8 @@ from torch.utils._pytree import tree_leaves
 from ..errors import InputError
 from ..trace.step import (
     PHASES,
+    UNSET,
+    Step,
     make_grad_scaler,
     make_optimizer,
     make_spec,
@@ -120,20 +122,22 @@ class _Tracker(StorageTracker):
             self.deltas.append((index, self.phase))
 
 
-def measure(model, inputs, targets=(), loss=None, optimizer=None, train=True, *, B: int,
-            device="cpu", set_to_none=True, grad_accum=1, inference_mode=False,
-            amp=None, grad_scaler=None, record_history: bool = False) -> Measurement:
-    """Peak memory of one real steady-state step at batch size ``B``. ``set_to_none=False``:
-    ``zero_grad`` zeroes the gradients in place, so they stay allocated between steps.
-    ``grad_accum=k``: k micro-batches of ``B`` per optimizer step. ``inference_mode=True``
-    (with ``train=False``): under ``torch.inference_mode()`` instead of ``torch.no_grad()``.
-    ``amp=torch.bfloat16`` (or float16): forward and loss under ``torch.autocast``.
-    ``grad_scaler``: the step goes through a ``torch.amp.GradScaler`` (default: with
-    ``amp=torch.float16`` and an optimizer). To run a CPU step with CUDA's autocast rules,
-    call this inside :func:`fxmem.trace.amp.emulate`. ``record_history=True`` (CUDA): the
-    measured step's allocations are kept too, from ``torch.cuda.memory._snapshot()``."""
-    spec = make_spec(model, inputs, targets, loss, optimizer, train, device, set_to_none,
-                     grad_accum, inference_mode, amp, grad_scaler)
+def measure(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET, *, B: int,
+            device=UNSET, step: Step | None = None, record_history: bool = False,
+            **options) -> Measurement:
+    """Peak memory of one real steady-state step at batch size ``B``. The step is ``step``
+    with the options given here (``loss``, ``optimizer``, ``train``, ``device`` and any
+    other :class:`fxmem.Step` field as a keyword: ``set_to_none``, ``grad_accum``,
+    ``inference_mode``, ``amp``, ``grad_scaler``), as for :func:`fxmem.analyze`; the device
+    is the CPU unless ``device`` or ``step`` says otherwise. To run a CPU step with CUDA's
+    autocast rules, call this inside :func:`fxmem.trace.amp.emulate`.
+    ``record_history=True`` (CUDA): the measured step's allocations are kept too, from
+    ``torch.cuda.memory._snapshot()``."""
+    if device is UNSET and step is None:
+        device = "cpu"
+    step = Step.of(step, loss=loss, optimizer=optimizer, train=train, device=device, **options)
+    spec = make_spec(model, inputs, targets, step)
+    device = step.device
     if not isinstance(B, int) or B < 1:
         raise InputError(f"B must be a positive int, got {B!r}")
     if any(p.is_meta for p in model.parameters()):

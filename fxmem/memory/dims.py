@@ -1,12 +1,12 @@
 """Input dims beyond the batch as symbols: the step's memory as a formula of B *and*, say, the
-sequence length L.
+sequence length L, from one trace.
 
 ``fxmem.analyze(..., dims={"L": [(0, 1), (1, 1)]})`` traces with dim 1 of tensors 0 and 1
-(inputs, then targets) as the symbol :data:`fxmem.formula.symbols.L`, and returns a
-:class:`DimsReport`: the peak as an exact ``Max`` of expressions in B and L (B·L terms,
-B·L² for attention), ``peak_bytes(B, L=...)``, ``max_batch_size(budget, L=...)`` and
-``max_length(budget, B=...)``. ``report.at(L=512)`` is the ordinary :class:`fxmem.Report`
-at that length (plans, regimes, breakdowns: everything in B), derived from the same trace.
+(inputs, then targets) as the symbol :data:`fxmem.formula.symbols.L`; :class:`DimsFormula`
+reads that trace: the peak as an exact ``Max`` of expressions in B and L (B·L terms, B·L²
+for attention), evaluated at a point in integer arithmetic, and the largest length for a
+budget. :func:`specialize` fixes the named dims (``L=512``), giving a trace in B alone, which
+the rest of the pipeline reads as usual (``Report.at(L=512)``).
 
 >>> import torch, fxmem
 >>> m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU())
@@ -17,23 +17,23 @@ Max(128*B*L + 2184, 192*B*L + 1096)
 >>> r.peak_bytes(8, L=100) == r.at(L=100).peak_bytes(8)
 True
 """
-
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import sympy
 import torch
 
-from .errors import InfeasibleBudgetError, InputError
-from .formula.guards import lower_bounds, valid_when
-from .formula.prune import prune_rows
-from .formula.symbols import B, Size, dim_symbol
-from .memory.sizes import device_sizes
+from ..errors import InfeasibleBudgetError, InputError
+from ..formula.guards import lower_bounds, valid_when
+from ..formula.prune import prune_rows
+from ..formula.symbols import B, Size, dim_symbol
+from .sizes import device_sizes
 
 B_SYM = B
+
 
 def _subs(e, values: dict):
     return e.xreplace(values) if isinstance(e, sympy.Basic) else e
@@ -52,7 +52,7 @@ def specialize(trace, **values):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise InputError(f"{name} must be a positive int, got {v!r}")
         vals[dim_symbol(name)] = sympy.Integer(v)
-    from .trace.records import TensorDesc
+    from ..trace.records import TensorDesc
 
     guards = []
     for g in trace.guards:
@@ -101,14 +101,14 @@ def _tree_subs(x, vals):
 
 
 @dataclass(frozen=True)
-class DimsReport:
-    """The step's memory as formulas in B and the named dims (bytes). ``peak``: an exact
-    ``Max``; ``parts``: the seed-style parts; ``valid_when``: conditions on B, the dims and
-    both. ``at(L=...)``: the :class:`fxmem.Report` at fixed named dims."""
+class DimsFormula:
+    """The step's memory as formulas in B and the named dims (bytes), from a trace with
+    named dims: ``peak`` (an exact ``Max``), ``peak_bytes(B, L=...)``, ``parts``,
+    ``max_length``; ``valid_when``: conditions on B, the dims and both. Read through
+    :class:`fxmem.Report` (``analyze(..., dims=...)``)."""
 
     trace: object
     device: str
-    _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def dims(self) -> tuple:
@@ -117,19 +117,6 @@ class DimsReport:
     @property
     def valid_when(self) -> tuple:
         return self.trace.guards
-
-    def at(self, **values):
-        """The :class:`fxmem.Report` with the named dims fixed, e.g. ``at(L=512)``."""
-        key = tuple(sorted(values.items()))
-        if key not in self._cache:
-            from .memory.graph import build_graph
-            from .memory.liveness import liveness, parts_of
-            from .report.result import Report
-
-            t = specialize(self.trace, **values)
-            lv = liveness(build_graph(t), self.device)
-            self._cache[key] = Report(lv, parts_of(lv), t.guards)
-        return self._cache[key]
 
     def peak_bytes(self, B: int, **values) -> int:  # noqa: N803
         """Peak bytes at batch size ``B`` and the named dims' ``values``: the largest live
@@ -166,17 +153,13 @@ class DimsReport:
         args = (B_SYM, *(dim_symbol(n) for n in self.dims))
         return {e: compile_size(e, args) for e in self._candidates[0]}
 
-    def max_batch_size(self, budget_bytes: int, **values) -> int:
-        """The largest B within ``budget_bytes`` at fixed named dims (``L=512``)."""
-        return self.at(**values).max_batch_size(budget_bytes)
-
     def max_length(self, budget_bytes: int, B: int, name: str | None = None,  # noqa: N803
                    limit: int | None = None, **values) -> int:
         """The largest value of the named dim ``name`` (the only one by default) whose peak
         at batch size ``B`` fits in ``budget_bytes``; other named dims in ``values``.
         ``limit``: the model's own maximum, which no shape shows (e.g. GPT-2's
         ``config.n_positions``): the answer is never above it."""
-        from .formula.search import largest
+        from ..formula.search import largest
 
         name = name or (self.dims[0] if len(self.dims) == 1 else None)
         if name not in self.dims:
@@ -220,7 +203,7 @@ class DimsReport:
     def parts(self) -> dict:
         """Bytes by part (params, buffers, inputs, grads, optimizer_state, activations) as
         expressions in B and the named dims."""
-        from .memory.liveness import _PART_OF, PARTS
+        from .liveness import _PART_OF, PARTS
 
         out = {p: sympy.Integer(0) for p in PARTS}
         for s, e in zip(self.trace.storages, self._sizes):
@@ -228,11 +211,6 @@ class DimsReport:
             if part:
                 out[part] += e
         return {p: sympy.expand(v) for p, v in out.items()}
-
-    def __str__(self) -> str:
-        return (f"fxmem report in B and {', '.join(self.dims)} (device={self.device})\n"
-                f"peak bytes = {self.peak}\n"
-                f"valid when: {', '.join(map(str, self.valid_when))}")
 
 
 def compile_size(expr, args):
@@ -294,8 +272,8 @@ def _candidates(trace, sizes) -> tuple:
     last of a run of allocations) of the storages of each size live right after it. Rows
     that another row covers (every count at least as large) are dropped: sizes are never
     negative, so such an op is never above the one covering it."""
-    from .memory.graph import build_graph
-    from .memory.liveness import sweep
+    from .graph import build_graph
+    from .liveness import sweep
 
     graph = build_graph(trace)
     index = {e: i for i, e in enumerate(dict.fromkeys(sizes))}
