@@ -156,7 +156,7 @@ def _seg(out, y):
 
 
 # name -> builder() -> (model, inputs, targets, loss); batch of the examples is 4
-from fxmem.cli.targets import CausalLM as LM  # noqa: E402 - a HF causal LM called with labels
+from fxmem.validate.zoo import CausalLM as LM  # noqa: E402 - a HF causal LM called with labels
 
 
 def gpt2(**config):

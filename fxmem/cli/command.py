@@ -81,13 +81,14 @@ def cli():
               help="Activation checkpointing: auto (the cheapest plan that fits --budget at "
                    "--batch, else the smallest peak), none, or module paths.")
 @click.option("--config", "config", multiple=True, metavar="KEY=VALUE",
-              help="Keyword arguments for the model's class or factory (hf: presets: for "
-                   "the config class), e.g. n_layer=6.")
+              help="Keyword arguments for the model's class or factory (hf: targets: for "
+                   "the config class; timm:, torchvision:: for the model), e.g. n_layer=6; "
+                   "an unknown key is an error naming the closest field.")
 @click.option("--dim", "dim_sizes", multiple=True, metavar="NAME=SIZE",
               help="A named dim used in --input/--target specs (B,L:int64:50257), e.g. "
                    "L=512: a symbol like B; the report's numbers are at this size.")
 @click.option("--seq", type=click.IntRange(min=1), default=None,
-              help="Sequence length of hf: presets, which trace it as a symbol L: the "
+              help="Sequence length of hf: text models, which trace it as a symbol L: the "
                    "report's numbers are at this L (default: min(512, max positions)).")
 @click.option("--cudnn-workspace", default=None, metavar="SIZE",
               help="Workspace each cuDNN convolution holds while it runs (device cuda), "
@@ -108,8 +109,11 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
             grad_accum, batch, budget, checkpoint, config, dim_sizes, seq, cudnn_workspace, fmt,
             out, whatif, top, debug):
     """Analyse one step of the model TARGET: path/to/file.py:ClassOrFactory,
-    package.module:ClassOrFactory, or a preset such as hf:gpt2 or hf:llama (built from
-    transformers' config classes, on the meta device: nothing is downloaded)."""
+    package.module:ClassOrFactory, timm:NAME, torchvision:NAME (a classifier), or Hugging
+    Face's hf:PRESET (gpt2, llama, mistral, bert), hf:ConfigClass (hf:T5Config) or
+    hf:path/to/config.json. Families are built with random weights on the meta device
+    (nothing is downloaded), with their input size, classes and sequence length taken from
+    the model's config; --config keys are checked against its fields."""
     try:
         text = _analyze(target, inputs, targets, loss, optimizer, amp, device, inference,
                         grad_accum, batch, budget, checkpoint, config, seq, fmt, top, whatif,
@@ -195,7 +199,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
     specs = inputs or t.inputs
     if not specs:
         raise InputError("give the model's inputs with --input (e.g. --input B,3,32,32)")
-    tgt_specs = targets
+    tgt_specs = targets or t.targets
     hint = 8
     given = parse_config(dim_sizes)
     if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in given.values()):

@@ -1,5 +1,6 @@
-"""What the command line names, turned into Python objects: the model (``TARGET``), example
-tensors (``--input``/``--target``), sizes (``--budget``) and presets (``hf:gpt2``).
+"""What the command line names, turned into Python objects: the model (``TARGET``: a file or
+module, or a model family's name, :mod:`fxmem.cli.families`), example tensors
+(``--input``/``--target``), sizes (``--budget``).
 
 Models are built on the meta device (fxmem only reads shapes), so a preset with billions of
 parameters costs no memory.
@@ -26,7 +27,7 @@ from typing import Callable
 import torch
 
 from ..errors import InputError
-from ..validate.zoo import CausalLM
+from . import families
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -139,40 +140,7 @@ class Target:
     inputs: tuple = ()
     loss: str | None = None
     dims: dict = field(default_factory=dict)
-
-
-# preset -> (config class, model class, sequence length key)
-HF_PRESETS = {
-    "gpt2": ("GPT2Config", "GPT2LMHeadModel", "n_positions"),
-    "llama": ("LlamaConfig", "LlamaForCausalLM", "max_position_embeddings"),
-    "mistral": ("MistralConfig", "MistralForCausalLM", "max_position_embeddings"),
-    "bert": ("BertConfig", "BertForMaskedLM", "max_position_embeddings"),
-}
-
-
-def _hf(name: str, config: dict, seq: int | None) -> Target:
-    if name not in HF_PRESETS:
-        raise InputError(f"unknown preset hf:{name}; known: "
-                         f"{', '.join('hf:' + k for k in HF_PRESETS)}")
-    try:
-        import transformers
-    except ImportError:
-        raise InputError("hf: presets need transformers (pip install transformers)") from None
-    cfg_name, model_name, pos_key = HF_PRESETS[name]
-    try:
-        cfg = getattr(transformers, cfg_name)(**config)
-    except (TypeError, ValueError) as e:
-        raise InputError(f"hf:{name}: bad --config: {e}") from None
-    length = seq or min(int(getattr(cfg, pos_key, 512) or 512), 512)
-    with torch.device("meta"):
-        hf = getattr(transformers, model_name)(cfg)
-    if getattr(hf, "loss_type", "") is None:
-        # GPT2LMHeadModel's name names no loss: transformers warns on stderr, then uses the
-        # causal-LM loss. Name that loss, so the CLI's output is the report alone.
-        hf.loss_type = "ForCausalLM"
-    model = CausalLM(hf)
-    spec = f"B,L:int64:{cfg.vocab_size}"  # the length is a symbol too; numbers at L=length
-    return Target(model, f"hf:{name}", (spec, spec), "none", {"L": length})
+    targets: tuple = ()  # default ``--target`` specs (a classifier's labels)
 
 
 def _load_object(target: str):
@@ -225,7 +193,14 @@ def load_target(target: str, config: dict | None = None, seq: int | None = None)
     arguments for the class or factory (presets: for the config class)."""
     config = config or {}
     if target.startswith("hf:"):
-        return _hf(target[3:], config, seq)
+        model, name, specs, loss, dims = families.hf(target[3:], config, seq)
+        return Target(model, name, specs, loss, dims)
+    if target.startswith("timm:"):
+        model, (x, y) = families.timm_model(target[5:], config)
+        return Target(model, target, (x,), "cross_entropy", targets=(y,))
+    if target.startswith("torchvision:"):
+        model, (x, y) = families.torchvision_model(target[12:], config)
+        return Target(model, target, (x,), "cross_entropy", targets=(y,))
     obj: Callable = _load_object(target)
     if not callable(obj):
         raise InputError(f"{target} is not a class or factory")

@@ -1,0 +1,249 @@
+"""Models a user names but does not have as a file: ``timm:NAME``, ``torchvision:NAME``,
+``hf:PRESET``, ``hf:ConfigClass`` and ``hf:path/to/config.json``, built with random weights on
+the meta device (nothing is downloaded), with their example inputs, targets and loss.
+
+``--config key=value`` pairs are checked against what the model's configuration knows before
+anything is built: a Hugging Face config takes any keyword silently, so a mistyped key would
+otherwise be ignored. An unknown key is an :class:`fxmem.InputError` (exit 2) naming the
+closest known one.
+
+>>> closest("n_layers", ["n_layer", "n_head", "n_embd"])
+'n_layer'
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import json
+import os
+
+import torch
+
+from ..errors import InputError
+from ..validate.zoo import CausalLM
+
+# preset -> (config class, model class)
+HF_PRESETS = {
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel"),
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "bert": ("BertConfig", "BertForMaskedLM"),
+}
+# where a config says its longest sequence, and its image size
+_POSITIONS = ("n_positions", "max_position_embeddings", "max_source_positions")
+_DEFAULT_SEQ = 512
+_DEFAULT_IMAGE = 224
+
+
+def closest(key: str, known) -> str | None:
+    """The known name nearest to ``key`` (a typo's intended field), or None."""
+    match = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
+def check_keys(config: dict, known, what: str) -> None:
+    """Refuse keys ``what`` does not know, naming the closest known one."""
+    for key in config:
+        if key not in known:
+            near = closest(key, known)
+            hint = f"; did you mean {near}?" if near else ""
+            raise InputError(f"--config {key}: {what} has no such field{hint}")
+
+
+class ImageClassifier(torch.nn.Module):
+    """A Hugging Face image classifier called as ``model(pixel_values, labels)``: its output
+    has ``.loss``."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values, labels=None):
+        return self.model(pixel_values=pixel_values, labels=labels)
+
+
+# --- Hugging Face ----------------------------------------------------------------------------
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise InputError("hf: targets need transformers (pip install transformers)") from None
+    return transformers
+
+
+def _config_keys(config_class) -> set:
+    """What a config class knows: its defaults' fields, its aliases, its init parameters."""
+    known = set(config_class().to_dict())
+    known |= set(getattr(config_class, "attribute_map", {}))
+    for cls in config_class.__mro__:  # PretrainedConfig's own (num_labels is a property)
+        if "__init__" in vars(cls):
+            known |= set(inspect.signature(cls.__init__).parameters) - {"self", "kwargs"}
+        known |= {n for n, v in vars(cls).items() if isinstance(v, property)}
+    return known
+
+
+def _hf_config(name: str, overrides: dict):
+    """The config named by ``name`` (a preset, a config class, or a config.json file) with
+    ``overrides`` checked and applied, and the model class a preset fixes (or None)."""
+    transformers = _transformers()
+    if name.endswith(".json") or os.sep in name:
+        if not os.path.exists(name):
+            raise InputError(f"no such config file: {name}")
+        with open(name, encoding="utf-8") as f:
+            data = json.load(f)
+        model_type = data.pop("model_type", None)
+        if not model_type:
+            raise InputError(f"{name} has no model_type: not a Hugging Face config")
+        try:
+            config_class = transformers.AutoConfig.for_model(model_type).__class__
+        except ValueError as e:
+            raise InputError(f"{name}: {e}") from None
+        base, model_class = {**data}, None
+    elif name in HF_PRESETS:
+        config_name, model_name = HF_PRESETS[name]
+        config_class, base = getattr(transformers, config_name), {}
+        model_class = getattr(transformers, model_name)
+    else:
+        config_class = getattr(transformers, name, None)
+        if not (isinstance(config_class, type)
+                and issubclass(config_class, transformers.PretrainedConfig)):
+            raise InputError(f"unknown preset hf:{name}; give a preset "
+                             f"({', '.join('hf:' + k for k in HF_PRESETS)}), a transformers "
+                             "config class (hf:GPT2Config) or a config.json path")
+        base, model_class = {}, None
+    check_keys(overrides, _config_keys(config_class), config_class.__name__)
+    try:
+        return config_class(**{**base, **overrides}), model_class
+    except (TypeError, ValueError) as e:
+        raise InputError(f"hf:{name}: bad --config: {e}") from None
+
+
+# task heads tried in order for a config with no preset: (mapping, kind). Masked LM first:
+# encoders (BERT, RoBERTa) have a causal-LM head too, for decoder use, but train as masked LMs
+_HEADS = (("MODEL_FOR_MASKED_LM_MAPPING_NAMES", "text"),
+          ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "text"),
+          ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "text"),
+          ("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", "image"))
+
+
+def _hf_head(cfg):
+    """The training head for ``cfg``: (model class, "text" or "image")."""
+    transformers = _transformers()
+    from transformers.models.auto import modeling_auto
+
+    for mapping, kind in _HEADS:
+        names = getattr(modeling_auto, mapping, {})
+        model_name = names.get(cfg.model_type)
+        if isinstance(model_name, (tuple, list)):
+            model_name = model_name[0]
+        if model_name and hasattr(transformers, model_name):
+            return getattr(transformers, model_name), kind
+    raise InputError(f"no training head fxmem knows for model_type {cfg.model_type!r} (causal "
+                     "or masked LM, sequence-to-sequence LM, image classification): write a "
+                     "file target that builds the model and returns its loss")
+
+
+def hf(name: str, overrides: dict, seq: int | None):
+    """A Hugging Face model from a preset, a config class or a config.json: (model, name,
+    input specs, loss name, named dims)."""
+    cfg, model_class = _hf_config(name, overrides)
+    kind = "text"
+    if model_class is None:
+        model_class, kind = _hf_head(cfg)
+    if cfg.is_encoder_decoder and getattr(cfg, "decoder_start_token_id", None) is None:
+        # the labels are shifted right into the decoder's inputs, starting from this token;
+        # the published T5 and BART configs set it (to the pad token, or 2), defaults may not
+        cfg.decoder_start_token_id = cfg.pad_token_id if cfg.pad_token_id is not None else 0
+    with torch.device("meta"):
+        model = model_class(cfg)
+    if kind == "image":
+        size = getattr(cfg, "image_size", _DEFAULT_IMAGE)
+        size = size if isinstance(size, int) else _DEFAULT_IMAGE
+        channels = getattr(cfg, "num_channels", 3)
+        specs = (f"B,{channels},{size},{size}", f"B:int64:{cfg.num_labels}")
+        return ImageClassifier(model), f"hf:{name}", specs, "none", {}
+    if getattr(model, "loss_type", "") is None:
+        # GPT2LMHeadModel's name names no loss: transformers warns on stderr, then uses the
+        # causal-LM loss. Name that loss, so the CLI's output is the report alone.
+        model.loss_type = "ForCausalLM"
+    limit = next((int(v) for v in (getattr(cfg, k, None) for k in _POSITIONS)
+                  if isinstance(v, int) and v > 0), _DEFAULT_SEQ)
+    length = seq or min(limit, _DEFAULT_SEQ)
+    spec = f"B,L:int64:{cfg.vocab_size}"  # the length is a symbol too; numbers at L=length
+    return CausalLM(model), f"hf:{name}", (spec, spec), "none", {"L": length}
+
+
+# --- timm and torchvision --------------------------------------------------------------------
+
+def _init_keys(module_name: str) -> set:
+    """Init parameters of every nn.Module class in a module: what its factories pass on."""
+    import sys
+
+    out = set()
+    for obj in vars(sys.modules.get(module_name, object)).values():
+        if isinstance(obj, type) and issubclass(obj, torch.nn.Module):
+            out |= set(inspect.signature(obj.__init__).parameters) - {"self", "args", "kwargs"}
+    return out
+
+
+def timm_model(name: str, overrides: dict):
+    """``timm.create_model(name, pretrained=False, **overrides)`` on the meta device, with its
+    default input size (``pretrained_cfg["input_size"]``) and class count."""
+    try:
+        import timm
+    except ImportError:
+        raise InputError("timm: targets need timm (pip install timm)") from None
+    if not timm.is_model(name):
+        near = closest(name, timm.list_models())
+        raise InputError(f"timm has no model {name}" + (f"; did you mean {near}?" if near
+                                                          else ""))
+    fn = timm.models.model_entrypoint(name)
+    known = _init_keys(fn.__module__) | {"num_classes", "in_chans", "drop_rate",
+                                         "drop_path_rate", "img_size", "global_pool"}
+    check_keys(overrides, known, f"timm {name}")
+    try:
+        with torch.device("meta"):
+            model = timm.create_model(name, pretrained=False, **overrides)
+    except TypeError as e:
+        raise InputError(f"timm:{name}: bad --config: {e}") from None
+    channels, h, w = model.pretrained_cfg.get("input_size", (3, _DEFAULT_IMAGE, _DEFAULT_IMAGE))
+    if "img_size" in overrides:
+        size = overrides["img_size"]
+        h, w = (size, size) if isinstance(size, int) else size
+    channels = overrides.get("in_chans", channels)
+    return model, (f"B,{channels},{h},{w}", f"B:int64:{model.num_classes}")
+
+
+def torchvision_model(name: str, overrides: dict):
+    """``torchvision.models.get_model(name, weights=None, **overrides)`` on the meta device, a
+    classifier, with the crop size of its weights' transforms."""
+    try:
+        import torchvision
+    except ImportError:
+        raise InputError("torchvision: targets need torchvision") from None
+    models = torchvision.models
+    classifiers = set(models.list_models(module=models))
+    if name not in classifiers:
+        other = name in set(models.list_models())
+        near = closest(name, classifiers)
+        raise InputError(f"torchvision:{name}: " + (
+            "a detection, segmentation or video model takes targets fxmem cannot write on the "
+            "command line: build it in a file target" if other else
+            "no such classifier" + (f"; did you mean {near}?" if near else "")))
+    builder = models.get_model_builder(name)
+    known = _init_keys(builder.__module__) | set(inspect.signature(builder).parameters)
+    check_keys(overrides, known - {"weights", "progress", "kwargs"}, f"torchvision {name}")
+    try:
+        with torch.device("meta"):
+            model = models.get_model(name, weights=None, **overrides)
+    except TypeError as e:
+        raise InputError(f"torchvision:{name}: bad --config: {e}") from None
+    crop = _DEFAULT_IMAGE
+    try:
+        crop = models.get_model_weights(name).DEFAULT.transforms().crop_size[0]
+    except (ValueError, AttributeError, IndexError):
+        pass
+    classes = overrides.get("num_classes", 1000)
+    return model, (f"B,3,{crop},{crop}", f"B:int64:{classes}")
