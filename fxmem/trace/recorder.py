@@ -20,7 +20,10 @@ from .rules import (
     CONSTANT_LIFT_OPS,
     DATA_DEPENDENT_OPS,
     DECOMPOSE_OPS,
+    GUARD_INT_BACKWARD_NODES,
     LAYOUT_ONLY_GUARD_OPS,
+    METADATA_QUERIES,
+    PERIODIC_WINDOW_OPS,
     SKIP_NAMESPACES,
     SPLIT_ALIASED_OUTPUTS,
     STATS_IN_WEIGHT_DTYPE_OPS,
@@ -28,6 +31,7 @@ from .rules import (
     UNSIZED_WORKSPACE_OPS,
     ValueOracle,
     decomposition,
+    window_storage_nbytes,
 )
 from .saved import SavedTensors
 from .tracking import StorageTracker
@@ -49,6 +53,8 @@ class Recorder(StorageTracker):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace in SKIP_NAMESPACES:
             return func(*args, **(kwargs or {}))
+        if func in METADATA_QUERIES:
+            return self.metadata(func, args, kwargs or {})
         return super().__torch_dispatch__(func, types, args, kwargs)
 
     def __init__(self, shape_env: ShapeEnv, sym, dim_syms: dict | None = None):
@@ -79,6 +85,7 @@ class Recorder(StorageTracker):
         self.recomputing = 0  # > 0 while a checkpointed forward re-runs in backward
         self.saved_tensors = SavedTensors(self, lambda: (self.phase, self.module_stack[-1]),
                                           self._node_of)
+        self._unguarded: tuple | None = None  # (symbolic size, suppress_guards context)
 
     # where are we -----------------------------------------------------------------
     def module(self) -> str:
@@ -111,8 +118,25 @@ class Recorder(StorageTracker):
         self.names[sid] = ("temporary", what)
 
     # dispatch ---------------------------------------------------------------------
+    def metadata(self, func, args, kwargs):
+        """A C++ kernel asked a tensor with symbolic sizes for its concrete metadata (see
+        :data:`fxmem.trace.rules.METADATA_QUERIES`): the fake tensor mode answers, nothing is
+        recorded. An answer that fixes B (or a named dim) to its example value is a
+        :class:`SpecializationError` naming the op, raised here rather than at the next op."""
+        n_repl = len(self.shape_env.replacements)
+        out = func(*args, **kwargs)
+        if len(self.shape_env.replacements) != n_repl:
+            self.check_specialized(
+                str(func), self.module(),
+                hint=f"a C++ kernel asked a tensor whose sizes are symbolic for concrete ones "
+                     f"({func}); fxmem has no symbolic stand-in for the op that asked "
+                     "(fxmem.trace.symbolic)")
+        return out
+
     def run_op(self, func, args, kwargs):
         try:
+            if self._unguarded is not None:
+                args = self.unguarded_size(func, args)
             if func in DATA_DEPENDENT_OPS and self.phase in ("forward", "backward"):
                 raise TraceError(
                     "the model reads a tensor's value (.item(), bool(), int() or a Python "
@@ -133,6 +157,8 @@ class Recorder(StorageTracker):
                 with self.shape_env.suppress_guards():
                     return func(*args, **kwargs)
             out = func(*args, **kwargs)
+            if func is torch.ops.aten.new_zeros.default and self.phase == "backward":
+                self.expect_size_read(args[1])
             rule = UNSIZED_WORKSPACE_OPS.get(func)
             if rule is not None and rule[0](args):
                 self.unmodelled.setdefault((func, self.module()), rule[1])
@@ -154,6 +180,29 @@ class Recorder(StorageTracker):
                                _user_frame(traceback.extract_stack()), e)
             raise
 
+    def expect_size_read(self, size) -> None:
+        """A backward node of :data:`~fxmem.trace.rules.GUARD_INT_BACKWARD_NODES` made its
+        gradient storage, ``new_zeros(size)``: its C++ reads that size as an int before its
+        next op, so guards stay suppressed until then (:meth:`unguarded_size`)."""
+        node = torch._C._current_autograd_node()
+        if (node is None or node.name() not in GUARD_INT_BACKWARD_NODES or len(size) != 1
+                or not isinstance(size[0], torch.SymInt)):
+            return
+        suppress = self.shape_env.suppress_guards()
+        suppress.__enter__()
+        self._unguarded = (size[0], suppress)
+
+    def unguarded_size(self, func, args) -> tuple:
+        """The op after :meth:`expect_size_read`: guards are on again; an ``arange(0, n)``
+        whose ``n`` is the storage size read as an int gets that size, symbolic."""
+        size, suppress = self._unguarded
+        self._unguarded = None
+        suppress.__exit__(None, None, None)
+        if (func is torch.ops.aten.arange.start and len(args) == 2 and args[0] == 0
+                and isinstance(args[1], int) and args[1] == size.node.hint):
+            return (0, size)
+        return args
+
     def workspaces(self, func, args, kwargs, out) -> list:
         if self.kernels is None:
             return []
@@ -170,6 +219,8 @@ class Recorder(StorageTracker):
             if w is not None and w.dtype != x.dtype and t.dim() == 1 and x.dim() > 1:
                 return t.numel() * w.element_size()  # a per-channel statistic
             return None
+        if func in PERIODIC_WINDOW_OPS:
+            return window_storage_nbytes(func, args, kwargs, t)
         pos = UNREDUCED_STORAGE_LOSSES.get(func)
         if pos is not None:
             reduction = args[pos] if len(args) > pos else kwargs.get("reduction", 1)
@@ -272,7 +323,7 @@ class Recorder(StorageTracker):
                     out.append(self.sid(t))
         return tuple(s for s in out if s is not None)
 
-    def check_specialized(self, op=None, module=None) -> None:
+    def check_specialized(self, op=None, module=None, hint=None) -> None:
         for name, sym in (("B", self.sym), *self.dim_syms.items()):
             val = self.shape_env.replacements.get(sym)
             rng = self.shape_env.var_to_range.get(sym)
@@ -285,8 +336,9 @@ class Recorder(StorageTracker):
                     source = _guard_source(g)
             value = val if val is not None else rng.lower
             what = "the batch size" if name == "B" else f"dim {name}"
-            hint = ("compute sizes from x.shape[0] instead of constants or int()" if name == "B"
-                    else "compute sizes from the tensor's shape instead of constants or int()")
+            hint = hint or (
+                "compute sizes from x.shape[0] instead of constants or int()" if name == "B"
+                else "compute sizes from the tensor's shape instead of constants or int()")
             raise SpecializationError(
                 f"{what} was specialized to {value}, so memory is not a formula in {name} "
                 f"({hint})", op=op, module=module, source=source, phase=self.phase)
@@ -301,6 +353,9 @@ class Recorder(StorageTracker):
     def close(self) -> None:
         super().close()
         self.saved_tensors.close()
+        if self._unguarded is not None:  # a failed step: guards back on
+            self._unguarded[1].__exit__(None, None, None)
+            self._unguarded = None
 
 
 _WRITES: dict = {}  # op -> (position, name) of the arguments it writes in place

@@ -47,6 +47,27 @@ LBFGS_DECISIONS = {
 ASGD_SOURCE = ("torch", "optim", "asgd.py")
 # Metadata queries and profiler markers: they create nothing and are not recorded.
 SKIP_NAMESPACES = ("prim", "profiler")
+# A C++ kernel asking a tensor with symbolic sizes for its concrete metadata (``sizes()``,
+# ``strides()``, ``numel()``, ...): c10/core/TensorImpl.cpp's ``*_custom()`` methods hand the
+# question to Python (torch/csrc/PyInterpreter.cpp), which sends these ops to the dispatch
+# modes. Some are TorchScript builtins, not operators of the c10 dispatcher
+# (``aten::size(Tensor self) -> int[]``, torch/csrc/jit/runtime/register_prim_ops.cpp), so
+# they cannot be looked up there by name. They create nothing: the fake tensor mode answers
+# them (an int for a symbol, which fixes it: see fxmem.trace.symbolic), and they are not
+# recorded.
+METADATA_QUERIES = {
+    aten.size.default, aten.stride.default, aten.storage_offset.default,
+    aten.numel.default, aten.dim.default, aten.is_contiguous.default,
+    aten.is_contiguous.memory_format, aten.is_strides_like_format.default,
+    aten.is_non_overlapping_and_dense.default,
+}
+# Autograd nodes whose backward formula reads a symbolic size as an int: as_strided_backward
+# (torch/csrc/autograd/FunctionsManual.cpp) makes its gradient storage with
+# ``grad.new_zeros_symint({base_size})``, then, when the input or output geometry may overlap
+# (the frames of torch.stft), ``at::arange(0, base_size.guard_int(...))``, which would fix B.
+# The recorder lets that one read pass unguarded and gives arange the storage's symbolic size,
+# the value the C++ read (fxmem.trace.recorder.Recorder.unguarded_size).
+GUARD_INT_BACKWARD_NODES = {"AsStridedBackward0", "AsStridedBackward1"}
 # Eager CPU kernels of these losses return the reduced loss as a view into the unreduced
 # buffer, so its storage keeps input.numel() elements; meta kernels say one element.
 # (reduction argument position; Reduction::None == 0 allocates that buffer anyway.)
@@ -54,6 +75,36 @@ UNREDUCED_STORAGE_LOSSES = {
     aten.mse_loss.default: 2, aten.smooth_l1_loss.default: 2,
     aten.binary_cross_entropy.default: 3,
 }
+# Window functions, periodic (their default): aten/src/ATen/native/TensorFactories.cpp's
+# hann_window and the like compute window_length + 1 samples and return a view of the first
+# window_length, so the storage keeps one more element. The fake tensor mode says so when it
+# runs the op, but a hit in its dispatch cache synthesizes the output compactly
+# (torch/_subclasses/fake_tensor.py _get_output_tensor_from_cache_entry: empty_strided), so a
+# second window of the same length (in the step, or in any trace before it in the process)
+# would lose that element. op -> position of its ``periodic`` argument (None: periodic).
+PERIODIC_WINDOW_OPS = {
+    aten.hann_window.default: None, aten.hann_window.periodic: 1,
+    aten.hamming_window.default: None, aten.hamming_window.periodic: 1,
+    aten.hamming_window.periodic_alpha: 1, aten.hamming_window.periodic_alpha_beta: 1,
+    aten.blackman_window.default: None, aten.blackman_window.periodic: 1,
+    aten.bartlett_window.default: None, aten.bartlett_window.periodic: 1,
+    aten.kaiser_window.default: None, aten.kaiser_window.periodic: 1,
+    aten.kaiser_window.beta: 1,
+}
+
+
+def window_storage_nbytes(func, args, kwargs, t: torch.Tensor) -> int | None:
+    """The storage bytes of a window function's output (:data:`PERIODIC_WINDOW_OPS`), or
+    None when it is not periodic or shorter than 2 (no extra sample then)."""
+    pos = PERIODIC_WINDOW_OPS[func]
+    periodic = True if pos is None else (args[pos] if len(args) > pos
+                                         else kwargs.get("periodic", True))
+    length = args[0]
+    if not periodic or length < 2:
+        return None
+    return (length + 1) * t.element_size()
+
+
 # Kernels that allocate a backend workspace whose size fxmem cannot know (oneDNN sizes it
 # internally, in page-aligned pieces): reported in ``Trace.unmodelled``, never hidden.
 # op -> (does this call allocate one?, what it is)

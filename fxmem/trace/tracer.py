@@ -54,6 +54,7 @@ from .step import (
     scaler_tensors,
     warmup_steps,
 )
+from .symbolic import symbolic_kernels
 from .tracking import frozen_gc
 
 
@@ -152,7 +153,7 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
         rec.kernels = cuda_kernels(rec.capability)
     handles = []
     try:
-        with frozen_gc(), tracing_shims():
+        with frozen_gc(), tracing_shims(), symbolic_kernels():
             return _run(model, spec, mode, rec, sym, batch, hint, handles, plan, named,
                         reuse_blocks)
     except FxmemError:

@@ -43,12 +43,27 @@ class TrackedStorage:
 
 
 def _composite(func) -> bool:
-    """Is ``func`` implemented by a CompositeImplicitAutograd kernel (calls to other ops)?"""
+    """Is ``func`` implemented by a CompositeImplicitAutograd kernel (calls to other ops)?
+
+    An op the c10 dispatcher does not know is not: the dispatch modes also receive
+    TorchScript builtins, e.g. ``aten::size(Tensor self) -> int[]`` when a C++ kernel asks a
+    tensor with symbolic sizes for its concrete ones (fxmem.trace.rules.METADATA_QUERIES),
+    and looking one up by name raises "operator aten::size does not exist"."""
     cached = _COMPOSITE.get(func)
     if cached is None:
-        cached = _COMPOSITE[func] = torch._C._dispatch_has_kernel_for_dispatch_key(
-            func.name(), "CompositeImplicitAutograd")
+        cached = _COMPOSITE[func] = _in_dispatcher(func) and \
+            torch._C._dispatch_has_kernel_for_dispatch_key(func.name(),
+                                                           "CompositeImplicitAutograd")
     return cached
+
+
+def _in_dispatcher(func) -> bool:
+    """Is ``func`` an operator of the c10 dispatcher (not a TorchScript-only builtin)?"""
+    try:
+        torch._C._dispatch_find_schema_or_throw(func._schema.name, func._schema.overload_name)
+    except RuntimeError:
+        return False
+    return True
 
 
 _COMPOSITE: dict = {}

@@ -265,8 +265,20 @@ def _cudnn_batch_norm_reserve(args, kwargs, out) -> str | None:
 
 
 # op -> function(args, kwargs, out) -> what the CUDA kernel allocates that no formula sizes
+def _cufft_work_area(args, kwargs, out) -> str | None:
+    """cuda/SpectralOps.cpp ``_exec_fft``: each cuFFT call allocates the plan's work area
+    (``at::empty({config->workspace_size()}, kByte)``, sized by cuFFT), and a contiguous copy
+    of the input when the plan cannot read its layout (``should_clone_input``); both are
+    freed when the op returns."""
+    return ("cuFFT work area (sized inside cuFFT) and, when the plan cannot read the input's "
+            "layout, a contiguous copy of the input; freed when the op returns")
+
+
 UNMODELLED: dict = {
     aten.native_batch_norm.default: _cudnn_batch_norm_reserve,
+    aten._fft_r2c.default: _cufft_work_area,
+    aten._fft_c2c.default: _cufft_work_area,
+    aten._fft_c2r.default: _cufft_work_area,
 }
 
 # CUDA-only ops given a stub CPU kernel while tracing (see the module docstring):
@@ -461,6 +473,11 @@ RULES: tuple = (
                "the batch_first input made time-major, backward's copies of the input and the "
                "gradients (fxmem.trace.cuda.rnn.workspace_bytes)",
                "aten/src/ATen/native/cudnn/RNN.cpp: _cudnn_rnn, _cudnn_rnn_backward_input"),
+    KernelRule("_fft_r2c", "unmodelled",
+               "_fft_r2c, _fft_c2c, _fft_c2r (torch.fft, stft, istft): cuFFT's work area and, "
+               "when the plan cannot read the input's layout, a contiguous copy of the input, "
+               "for the duration of the op: sized inside cuFFT",
+               "aten/src/ATen/native/cuda/SpectralOps.cpp: _exec_fft"),
     KernelRule("_cudnn_rnn", "unmodelled",
                "the training reserve space (kept for backward), workspaces and the dropout "
                "state: sized inside cuDNN",
