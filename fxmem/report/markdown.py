@@ -31,6 +31,9 @@ def render_markdown(s) -> str:
     out += _rows("| setup | |", "|---|---|", (f"| {k} | {v} |" for k, v in s.setup.items()))
     out += ["", "## Peak memory as a formula of B", "",
             f"`{s.peak_formula}` bytes, valid when {', '.join(s.valid_when) or 'B >= 1'}.", ""]
+    if s.unmodelled:
+        out += [f"Not in this formula: {len(s.unmodelled)} allocation(s) fxmem cannot size "
+                "(see [Not modelled](#not-modelled)).", ""]
     out += _rows("| from B | the peak is after | phase | module | bytes |",
                  "|---:|---|---|---|---|",
                  (f"| {r.B_from} | `{r.op}` | {r.phase} | {_module(r.module)} | `{r.formula}` |"

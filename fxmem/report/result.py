@@ -252,8 +252,8 @@ class Report:
 
     @property
     def unmodelled(self) -> tuple:
-        """``(op, module, what)`` for allocations fxmem cannot size (e.g. oneDNN's RNN
-        workspace): the peak leaves them out, and says so here."""
+        """``(op, module, what)`` for allocations fxmem cannot size (e.g. cuDNN's RNN
+        reserve space, oneDNN's RNN scratchpad): the peak leaves them out, and says so here."""
         return self.trace.unmodelled
 
     @property

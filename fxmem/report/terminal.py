@@ -37,6 +37,8 @@ def render_terminal(s) -> Group:
     items.append(setup)
     items.append(Text.assemble(("Peak memory (bytes): ", "bold"), (s.peak_formula, "cyan"),
                                f"   valid when {', '.join(s.valid_when) or 'B >= 1'}"))
+    for u in s.unmodelled:  # beside the formula it is missing from
+        items.append(Text(f"not modelled: {u}", style="yellow"))
     reg = _table("Where the peak is", "from B", "after op", "phase", "module", "bytes",
                  right=("from B",))
     for r in s.regimes:
@@ -92,6 +94,4 @@ def render_terminal(s) -> Group:
                        "" if w["method"] == "baseline" else fmt_bytes(w["change_bytes"]),
                        most, w["note"])
         items.append(wi)
-    for u in s.unmodelled:
-        items.append(Text(f"not modelled: {u}", style="yellow"))
     return Group(*items)

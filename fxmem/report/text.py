@@ -20,6 +20,9 @@ def render_text(report, B: int | None = None) -> str:  # noqa: N803
              f"device={report.device})",
              f"peak bytes = {report.peak}",
              "valid when: " + (", ".join(str(g) for g in report.valid_when) or "B >= 1")]
+    # what the formula leaves out belongs beside it, not under the details
+    for op, module, what in report.unmodelled:
+        lines.append(f"not modelled: {what}, in {op} ({module or '(root)'})")
     if report.grad_accum > 1:
         lines.append(f"gradient accumulation: {report.grad_accum} micro-batches of B per "
                      f"optimizer step (effective batch {report.grad_accum}*B)")
@@ -37,6 +40,4 @@ def render_text(report, B: int | None = None) -> str:  # noqa: N803
     bd = report.breakdown(b)
     lines.append(f"peak at B={b}: {bd.peak_bytes:,} B ({fmt_bytes(bd.peak_bytes)}) after "
                  f"{bd.op} ({bd.phase}, {bd.module or '(root)'})")
-    for op, module, what in report.unmodelled:
-        lines.append(f"not modelled: {what}, in {op} ({module or '(root)'})")
     return "\n".join(lines)

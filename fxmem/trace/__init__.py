@@ -9,6 +9,8 @@
   measurement; :mod:`~fxmem.trace.saved`: who holds saved tensors, until when;
 - :mod:`~fxmem.trace.rules`: where eager kernels differ from their fake (meta) ones;
   :mod:`~fxmem.trace.symbolic`: stand-ins for PyTorch kernels that take only concrete sizes;
+  :mod:`~fxmem.trace.cpu_rnn`: the RNN kernels eager CPU runs (oneDNN's LSTM, RNN.cpp's
+  layers);
   :mod:`~fxmem.trace.amp`: CUDA's autocast lists; :mod:`~fxmem.trace.cuda`: what CUDA's
   kernels run and allocate for ``device="cuda"``; :mod:`~fxmem.trace.compat`: what older
   PyTorch releases need;

@@ -24,6 +24,7 @@ from .rules import (
     LAYOUT_ONLY_GUARD_OPS,
     METADATA_QUERIES,
     PERIODIC_WINDOW_OPS,
+    SIZED_OUTPUTS,
     SKIP_NAMESPACES,
     SPLIT_ALIASED_OUTPUTS,
     STATS_IN_WEIGHT_DTYPE_OPS,
@@ -76,6 +77,7 @@ class Recorder(StorageTracker):
         self.failed: tuple | None = None
         self.kernels = None  # fxmem.trace.cuda.kernels.CudaKernels for device="cuda"
         self._host: tuple = ()  # outputs of the running op that CUDA keeps in host memory
+        self._sized: tuple = ()  # (output, bytes) of the running op, sized by a CPU rule
         self.oracle = ValueOracle()
         self.unmodelled: dict = {}  # (op, module) -> what is not modelled
         self._n_repl = 0
@@ -160,8 +162,12 @@ class Recorder(StorageTracker):
             if func is torch.ops.aten.new_zeros.default and self.phase == "backward":
                 self.expect_size_read(args[1])
             rule = UNSIZED_WORKSPACE_OPS.get(func)
-            if rule is not None and rule[0](args):
-                self.unmodelled.setdefault((func, self.module()), rule[1])
+            if rule is not None and rule[0](args) and (func, self.module()) not in self.unmodelled:
+                what = rule[1]
+                self.unmodelled[(func, self.module())] = what(args) if callable(what) else what
+            sized = SIZED_OUTPUTS.get(func) if self.kernels is None else None
+            got = sized(args) if sized is not None else None
+            self._sized = (out[got[0]], got[1]) if got is not None else ()
             if self.kernels is not None:  # what CUDA's kernel allocates (fxmem.trace.cuda.kernels)
                 out = self.kernels.outputs(func, args, kwargs, out)
                 self._host = tuple(out[i] for i in self.kernels.host_outputs(func))
@@ -214,6 +220,8 @@ class Recorder(StorageTracker):
     def output_nbytes(self, func, args, kwargs, t):
         if self._host and any(t is h for h in self._host):
             return 0  # a host tensor: no device memory (fxmem.trace.cuda.kernels)
+        if self._sized and t is self._sized[0]:
+            return self._sized[1]  # fxmem.trace.rules.SIZED_OUTPUTS
         if func in STATS_IN_WEIGHT_DTYPE_OPS and self.kernels is None:  # CPU kernels only
             x, w = args[0], args[1]
             if w is not None and w.dtype != x.dtype and t.dim() == 1 and x.dim() > 1:

@@ -12,6 +12,8 @@ import sys
 
 import torch
 
+from . import cpu_rnn
+
 aten = torch.ops.aten
 
 # Fake kernels of these ops choose a backend (and so a memory format) by asking for concrete
@@ -105,15 +107,20 @@ def window_storage_nbytes(func, args, kwargs, t: torch.Tensor) -> int | None:
     return (length + 1) * t.element_size()
 
 
-# Kernels that allocate a backend workspace whose size fxmem cannot know (oneDNN sizes it
-# internally, in page-aligned pieces): reported in ``Trace.unmodelled``, never hidden.
-# op -> (does this call allocate one?, what it is)
+# Kernels that allocate memory fxmem cannot size and no PyTorch storage holds: reported in
+# ``Trace.unmodelled``, never hidden. op -> (does this call allocate it?, what it is (args)).
 UNSIZED_WORKSPACE_OPS = {
-    aten.mkldnn_rnn_layer.default: (
-        lambda args: bool(args[15]),  # train=True keeps a workspace for backward
-        "oneDNN RNN workspace (sized inside oneDNN; "
-        "disable with torch.backends.mkldnn.flags(enabled=False))"),
+    # oneDNN's scratchpad, which ideep allocates per call inside aten/src/ATen/native/mkldnn/
+    # RNN.cpp mkldnn_rnn_layer (oneDNN src/cpu/rnn/ref_rnn.cpp init_scratchpad), training or
+    # not: its leading term in the note (fxmem.trace.cpu_rnn.scratchpad_note)
+    aten.mkldnn_rnn_layer.default: (lambda args: True, cpu_rnn.scratchpad_note),
 }
+# Outputs whose eager size the fake kernel does not know: op -> rule(args) giving (output
+# position, bytes) or None. mkldnn/RNN.cpp mkldnn_rnn_layer's workspace (with grad enabled,
+# kept for backward), sized as oneDNN v3.12 sizes it (src/cpu/rnn/rnn_utils.hpp
+# set_workspace_sizes, rnn_utils.cpp set_offsets: fxmem.trace.cpu_rnn.onednn_workspace_nbytes);
+# torch/_meta_registrations.py says 0 bytes.
+SIZED_OUTPUTS = {aten.mkldnn_rnn_layer.default: cpu_rnn.workspace_output}
 # Batch norm on a reduced-precision input with float32 weights (autocast leaves batch_norm
 # alone): eager keeps the saved mean and inverse std (outputs 1 and 2, one value per
 # channel) in the weights' dtype, the meta kernel in the input's.
@@ -126,67 +133,23 @@ CONSTANT_LIFT_OPS = {aten.lift_fresh.default, aten.lift.default}
 # op -> (i, j) output positions.
 SPLIT_ALIASED_OUTPUTS = {aten.mkldnn_rnn_layer_backward.default: (3, 4)}
 
-# torch._VF entry points whose C++ composite kernels read concrete sizes: they run
-# PyTorch's registered decomposition (aten.<name>.input / .data) instead.
-RNN_FUNCTIONS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+# torch._VF entry points whose C++ composite kernels (aten/src/ATen/native/RNN.cpp) cannot run
+# on fake tensors as eager runs them (lstm refuses oneDNN for symbolic sizes; the Python
+# dispatcher swaps in torch._decomp's versions, which keep other tensors): they run
+# transcriptions of what eager CPU runs (fxmem.trace.cpu_rnn: RNN.cpp's layers and cells,
+# mkldnn/RNN.cpp's mkldnn_rnn); packed sequences PyTorch's decomposition (aten.<name>.data).
+RNN_FUNCTIONS = ("lstm", "gru", "rnn_tanh", "rnn_relu", "lstm_cell", "gru_cell")
 
 
-def _rnn_decomposition(name: str, args):
+def _rnn_route(name: str, args):
     from torch._decomp import decomposition_table
 
-    packet = getattr(aten, name)
-    data = len(args) > 1 and isinstance(args[1], torch.Tensor) and args[1].dtype == torch.int64
-    if name == "lstm" and not data and _eager_uses_mkldnn(*args[:3]):
-        return _mkldnn_lstm
-    return decomposition_table[packet.data if data else packet.input]
-
-
-def _eager_uses_mkldnn(input, hx, params) -> bool:
-    """aten/src/ATen/native/RNN.cpp use_mkldnn(): what eager CPU LSTM runs."""
-    mkldnn = torch.ops.mkldnn
-    dtype_ok = (input.dtype == torch.float32
-                or (input.dtype == torch.bfloat16 and mkldnn._is_mkldnn_bf16_supported())
-                or (input.dtype == torch.float16 and not torch.is_grad_enabled()
-                    and mkldnn._is_mkldnn_fp16_supported()))  # CPU ISA checks, as in C++
-    return (torch._C._get_mkldnn_enabled() and input.device.type == "cpu"
-            and all(t.device.type == "cpu" for t in (*hx, *params)) and dtype_ok
-            and hx[0].size(2) == hx[1].size(2))  # no projections
-
-
-def _mkldnn_lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirectional,
-                 batch_first):
-    """Eager CPU's LSTM through oneDNN, written as aten/src/ATen/native/mkldnn/RNN.cpp's
-    ``mkldnn_rnn`` is: same ops, same order, and the same locals alive until it returns
-    (PyTorch's decomposition covers inference only and frees the input earlier)."""
-    x = input.transpose(0, 1) if batch_first else input
-    x = x.contiguous()
-    h0, c0 = hx[0].contiguous(), hx[1].contiguous()
-    dirs = 2 if bidirectional else 1
-    stride = len(params) // (num_layers * dirs)
-    layer_input, hys, cys = x, [], []
-    for layer in range(num_layers):
-        outs = []
-        for d in range(dirs):
-            i = layer * dirs + d
-            w = params[i * stride:(i + 1) * stride]
-            b_ih = w[2] if has_biases else torch.zeros(w[0].size())
-            b_hh = w[3] if has_biases else torch.zeros(w[1].size())
-            y, hy, cy, *_ = aten.mkldnn_rnn_layer.default(
-                layer_input, w[0], w[1], b_ih, b_hh, h0[i], c0[i], d > 0, [], 2,
-                h0.size(2), num_layers, has_biases, bidirectional, batch_first,
-                train and torch.is_grad_enabled())  # eager keeps no workspace under no_grad
-            outs.append(y)
-            hys.append(hy)
-            cys.append(cy)
-        layer_input = outs[0] if dirs == 1 else torch.cat(outs, -1)
-        if dropout != 0 and train and layer < num_layers - 1:
-            layer_input = torch.dropout(layer_input, dropout, train=True)
-    out = layer_input.transpose(0, 1) if batch_first else layer_input
-    return out, torch.stack(hys, 0), torch.stack(cys, 0)
+    return cpu_rnn.route(name, args) or decomposition_table[getattr(aten, name).data]
 
 
 class RNNRouter(torch.overrides.TorchFunctionMode):
-    """Sends torch._VF.lstm/gru/rnn_* to their decompositions; everything else as is."""
+    """Sends torch._VF.lstm/gru/rnn_*/lstm_cell/gru_cell to what eager CPU runs for them
+    (:func:`fxmem.trace.cpu_rnn.route`); everything else as is."""
 
     def __init__(self):
         super().__init__()
@@ -195,7 +158,7 @@ class RNNRouter(torch.overrides.TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = self.targets.get(func)
         if name is not None:
-            return _rnn_decomposition(name, args)(*args, **(kwargs or {}))
+            return _rnn_route(name, args)(*args, **(kwargs or {}))
         return func(*args, **(kwargs or {}))
 
 

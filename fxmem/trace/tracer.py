@@ -272,7 +272,8 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     spec_run = spec if spec.loss is None else _replace_loss(spec, loss_fn_wrap)
     # Only models with RNN modules get the router: any active torch-function mode turns off
     # fast paths such as nn.TransformerEncoderLayer's fused inference kernel.
-    has_rnn = any(isinstance(m, torch.nn.RNNBase) for m in model.modules())
+    has_rnn = any(isinstance(m, (torch.nn.RNNBase, torch.nn.RNNCellBase))
+                  for m in model.modules())
     # On CUDA, fxmem.trace.cuda.kernels routes the RNNs to what the CUDA build runs instead.
     router = RNNRouter() if has_rnn and rec.kernels is None else contextlib.nullcontext()
     # The fake parameters stay in place for the whole step, not just the forward: a
