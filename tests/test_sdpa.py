@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from torch._dispatch.python import enable_python_dispatcher
 from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
@@ -194,7 +195,8 @@ class Ops(TorchDispatchMode):
         self.calls = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        with enable_python_dispatcher():  # as fxmem.trace.recorder.Recorder.fake_kernel runs it
+            out = func(*args, **(kwargs or {}))
         if func is not torch.ops.prim.device.default:
             self.calls.append((func, args, kwargs or {}, out))
         return out

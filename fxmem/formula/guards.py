@@ -19,6 +19,16 @@ import sympy
 from .symbols import B
 
 
+def simplified(g):
+    """``sympy.simplify(g)``, or ``g`` itself when simplifying fails: sympy tries numbers in
+    it, and the ``Mod`` of torch/utils/_sympy/functions.py (in guards such as a CUDA kernel's
+    ``L - Mod(L, 8) + 8`` padding) raises ``AssertionError`` on a negative or fractional one."""
+    try:
+        return sympy.simplify(g)
+    except AssertionError:
+        return g
+
+
 def lower_bounds(guards, symbols) -> dict:
     """Each of ``symbols``' least value under ``guards`` (its ``x >= k`` condition; 1 when it
     has none: every symbol is a positive integer)."""
@@ -47,7 +57,7 @@ def valid_when(guards, lower: int = 1, upper: int | None = None, symbol=B) -> tu
     B = symbol  # noqa: N806 - the same folding for every named dim
     lower, excluded, other = max(lower, 1), set(), []
     for g in guards:
-        g = sympy.simplify(g)
+        g = simplified(g)
         if g is sympy.true:
             continue
         if isinstance(g, sympy.Ne) and B in g.free_symbols and (g.lhs - g.rhs).is_polynomial(B):

@@ -10,6 +10,7 @@ import traceback
 
 import sympy
 import torch
+from torch._dispatch.python import enable_python_dispatcher
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils.weak import WeakTensorKeyDictionary
 
@@ -19,7 +20,6 @@ from .records import ModuleCall, OpInfo, TensorDesc
 from .rules import (
     CONSTANT_LIFT_OPS,
     DATA_DEPENDENT_OPS,
-    DECOMPOSE_OPS,
     GUARD_INT_BACKWARD_NODES,
     LAYOUT_ONLY_GUARD_OPS,
     METADATA_QUERIES,
@@ -28,10 +28,10 @@ from .rules import (
     SKIP_NAMESPACES,
     SPLIT_ALIASED_OUTPUTS,
     STATS_IN_WEIGHT_DTYPE_OPS,
+    STORAGE_AT_LEAST_INPUT_OPS,
     UNREDUCED_STORAGE_LOSSES,
     UNSIZED_WORKSPACE_OPS,
     ValueOracle,
-    decomposition,
     window_storage_nbytes,
 )
 from .saved import SavedTensors
@@ -152,13 +152,10 @@ class Recorder(StorageTracker):
                 const = getattr(args[0], "constant", None)  # what the fake kernel returns
                 if func is torch.ops.aten._local_scalar_dense.default and const is not None:
                     return const.item()  # e.g. Adam's step count, read per parameter
-            if func in DECOMPOSE_OPS:
-                with self:
-                    return decomposition(func)(*args, **kwargs)
             if func in LAYOUT_ONLY_GUARD_OPS:
                 with self.shape_env.suppress_guards():
-                    return func(*args, **kwargs)
-            out = func(*args, **kwargs)
+                    return self.fake_kernel(func, args, kwargs)
+            out = self.fake_kernel(func, args, kwargs)
             if func is torch.ops.aten.new_zeros.default and self.phase == "backward":
                 self.expect_size_read(args[1])
             rule = UNSIZED_WORKSPACE_OPS.get(func)
@@ -209,6 +206,31 @@ class Recorder(StorageTracker):
             return (0, size)
         return args
 
+    def fake_kernel(self, func, args, kwargs):
+        """``func`` on the fake tensors, under PyTorch's Python dispatcher, as AOTAutograd
+        (torch/_functorch/aot_autograd.py, whenever there is a ShapeEnv) and
+        ``make_fx(tracing_mode="symbolic")`` (torch/fx/experimental/proxy_tensor.py) run fake
+        kernels with symbolic sizes. Without
+        it, FakeTensorMode (torch/_subclasses/fake_tensor.py ``_dispatch_impl``) reaches C++
+        kernels that need concrete sizes: ``aten::constant_pad_nd``, whose Python meta
+        torch/_meta_registrations.py ``activate_meta`` keeps off the C++ Meta key, calls
+        ``sizes()`` and so pins B (``F.pad``, and ``F.unfold``/``F.fold``, whose Python
+        decompositions ``im2col``/``col2im`` in torch/_decomp/decompositions.py pad); the
+        C++ ``aten::expand`` that Python meta kernels call (``meta_baddbmm``, and
+        ``elementwise_meta``'s broadcast for ``addcmul``/``addcdiv``) refuses symbolic sizes
+        ("SymIntArrayRef expected to contain only concrete integers"). The Python dispatcher
+        sends each op to its Python kernel (``OpOverload.py_kernels``) first. It is entered
+        here only, below autograd and this mode: the model's own ops (composites included)
+        still run their C++ kernels, in eager order.
+
+        The exception: ops whose Meta kernel fxmem replaces while tracing for CUDA
+        (:data:`fxmem.trace.cuda.rnn.META`). The Python dispatcher would prefer PyTorch's Python
+        meta, which they replace, over a kernel registered with ``torch.library``."""
+        if self.kernels is not None and func in self.kernels.meta_ops:
+            return func(*args, **kwargs)
+        with enable_python_dispatcher():
+            return func(*args, **kwargs)
+
     def workspaces(self, func, args, kwargs, out) -> list:
         if self.kernels is None:
             return []
@@ -229,6 +251,8 @@ class Recorder(StorageTracker):
             return None
         if func in PERIODIC_WINDOW_OPS:
             return window_storage_nbytes(func, args, kwargs, t)
+        if func in STORAGE_AT_LEAST_INPUT_OPS:  # empty_like(input), then resize_
+            return torch.sym_max(args[0].numel(), t.numel()) * t.element_size()
         pos = UNREDUCED_STORAGE_LOSSES.get(func)
         if pos is not None:
             reduction = args[pos] if len(args) > pos else kwargs.get("reduction", 1)
@@ -344,9 +368,12 @@ class Recorder(StorageTracker):
                     source = _guard_source(g)
             value = val if val is not None else rng.lower
             what = "the batch size" if name == "B" else f"dim {name}"
+            # len(x), int(x.shape[0]) and range(x.shape[0]) are Python ints: they fix the
+            # symbol whatever fxmem does (CPython's len() converts with __index__)
             hint = hint or (
-                "compute sizes from x.shape[0] instead of constants or int()" if name == "B"
-                else "compute sizes from the tensor's shape instead of constants or int()")
+                "compute sizes from x.shape[0] instead of constants, int() or len(x)"
+                if name == "B" else
+                "compute sizes from the tensor's shape instead of constants, int() or len()")
             raise SpecializationError(
                 f"{what} was specialized to {value}, so memory is not a formula in {name} "
                 f"({hint})", op=op, module=module, source=source, phase=self.phase)

@@ -23,9 +23,6 @@ LAYOUT_ONLY_GUARD_OPS = {
     aten.convolution.default, aten.convolution_backward.default,
     aten._convolution.default, aten.cudnn_convolution.default,
 }
-# These C++ kernels specialize symbolic sizes; their decompositions keep B symbolic and make
-# the same allocations (one output).
-DECOMPOSE_OPS = {aten.constant_pad_nd.default}
 # Reading a tensor's value: in the model (forward, loss, backward) memory would depend on
 # data, so it is an error; the optimizer's reads of its step counters are harmless.
 DATA_DEPENDENT_OPS = {aten._local_scalar_dense.default, aten.item.default}
@@ -93,6 +90,13 @@ PERIODIC_WINDOW_OPS = {
     aten.kaiser_window.default: None, aten.kaiser_window.periodic: 1,
     aten.kaiser_window.beta: 1,
 }
+# Eager kernels of these ops (CPU: Im2Col.cpp ``im2col_cpu``, Col2Im.cpp ``col2im_cpu``; CUDA:
+# cuda/Im2Col.cu ``im2col_cuda``, cuda/Col2Im.cu ``col2im_cuda``) make the output as
+# ``at::empty_like(input)`` and then ``resize_`` it to the output's shape, and a storage never
+# shrinks: it keeps max(input, output) elements, as F.unfold with stride = kernel size (fewer
+# elements out than in) or F.fold of overlapping blocks (the columns are larger than the
+# image) show. Meta kernels say the output's elements. Backward calls the other op.
+STORAGE_AT_LEAST_INPUT_OPS = {aten.im2col.default, aten.col2im.default}
 
 
 def window_storage_nbytes(func, args, kwargs, t: torch.Tensor) -> int | None:
@@ -160,13 +164,6 @@ class RNNRouter(torch.overrides.TorchFunctionMode):
         if name is not None:
             return _rnn_route(name, args)(*args, **(kwargs or {}))
         return func(*args, **(kwargs or {}))
-
-
-def decomposition(func):
-    from torch._decomp import decomposition_table
-    from torch._refs import constant_pad_nd
-
-    return decomposition_table.get(func) or {aten.constant_pad_nd.default: constant_pad_nd}[func]
 
 
 class ValueOracle:

@@ -28,7 +28,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._pytree import tree_leaves
 
 from ..errors import FxmemError, InputError, TraceError
-from ..formula.guards import implied, lower_bounds, valid_when
+from ..formula.guards import implied, lower_bounds, simplified, valid_when
 from ..formula.symbols import B, Size, dim_symbol, plain
 from .amp import emulate
 from .checkpointing import checkpointing, normalize_plan, user_path
@@ -416,7 +416,7 @@ def _finish(rec: Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
         x = dim_symbol(name)
         guards += valid_when([g for g in all_guards if g.free_symbols == {x}], symbol=x)
     lows = lower_bounds(guards, [B, *map(dim_symbol, rec.dim_syms)])
-    mixed = [sympy.simplify(g) for g in all_guards if len(g.free_symbols) > 1]
+    mixed = [simplified(g) for g in all_guards if len(g.free_symbols) > 1]
     guards += tuple(dict.fromkeys(g for g in mixed if not implied(g, lows)))
     graph = rec.graph
     if isinstance(graph, torch.fx.Graph):

@@ -301,6 +301,7 @@ class CudaKernels:
     backend)."""
 
     def __init__(self, capability=(9, 0), cudnn_version: int | None = None):
+        from . import rnn as cuda_rnn
         from . import sdpa, sdpa_memory
 
         self.capability = check_capability(capability)
@@ -310,6 +311,8 @@ class CudaKernels:
         self._choices: dict = {}
         # the stubbed ops' overloads: kernels on CUDA, not composites to take apart
         self.stubbed = frozenset(getattr(aten, n).default for n in STUBS)
+        # the ops whose Meta kernel is replaced while tracing (fxmem.trace.cuda.rnn.META)
+        self.meta_ops = frozenset(getattr(aten, n).default for n in cuda_rnn.META)
 
     @property
     def choices(self) -> tuple:

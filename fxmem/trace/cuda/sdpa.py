@@ -338,11 +338,7 @@ def _pad_last(t, align, slice_back=False):
     last = t.size(-1)
     if not slice_back and last % align == 0:
         return t
-    pad = [0, align - last % align]
-    if all(isinstance(x, int) for x in pad):
-        padded = aten.pad.default(t, pad)  # at::pad_symint -> constant_pad_nd
-    else:  # constant_pad_nd's fake kernel needs concrete pads: its decomposition, same output
-        padded = torch._decomp.decomposition_table[aten.constant_pad_nd.default](t, pad, 0.0)
+    padded = aten.pad.default(t, [0, align - last % align])  # at::pad_symint -> constant_pad_nd
     return aten.slice.Tensor(padded, -1, 0, last) if slice_back else padded
 
 

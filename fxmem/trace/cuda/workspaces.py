@@ -399,6 +399,35 @@ def _norm_backward(a, cap, sms, rms):
     return _clean(ws)
 
 
+# --- 5. im2col / col2im (F.unfold / F.fold; cuda/Im2Col.cu, cuda/Col2Im.cu) -------------------
+
+def _blocks(sizes, a):
+    """The number of sliding blocks: the product over (H, W) of
+    (size + 2 pad - dilation (kernel - 1) - 1) // stride + 1."""
+    return math.prod((n + 2 * p - d * (k - 1) - 1) // st + 1 for n, k, d, p, st in zip(
+        sizes, a["kernel_size"], a["dilation"], a["padding"], a["stride"]))
+
+
+def _im2col(a, cap, sms, col2im=False):
+    """``im2col_cuda`` / ``col2im_cuda``: ``output = empty_like(input)``, then the template's
+    ``input_.contiguous()`` and ``output.resize_(...)``; an output larger than the input gets a
+    new block, into which Resize.cpp ``resize_bytes_cuda`` copies the old one before freeing
+    it. Alive with the output then: that first block (the input's bytes), and the copy of a
+    non-contiguous input. (A smaller output keeps the first block: the output's storage, see
+    fxmem.trace.rules.STORAGE_AT_LEAST_INPUT_OPS.)"""
+    x = a["self"]
+    n_in, k = x.numel(), math.prod(a["kernel_size"])
+    if col2im:  # (N, C k_h k_w, L) -> (N, C, H, W)
+        n_out = n_in // (k * x.size(-1)) * math.prod(a["output_size"])
+    else:  # (N, C, H, W) -> (N, C k_h k_w, L)
+        n_out = n_in // (x.size(-1) * x.size(-2)) * k * _blocks(x.shape[-2:], a)
+    e = x.element_size()
+    ws = [("empty_like(input), replaced by resize_'s larger block",
+           _ite(n_out > n_in, n_in * e, 0))]
+    ws += [] if _contiguous(x) else [("input.contiguous()", n_in * e)]
+    return _clean(ws)
+
+
 # --- the table -----------------------------------------------------------------------------------
 
 _RULES = {
@@ -415,6 +444,8 @@ _RULES = {
     aten.native_group_norm_backward.default: _group_norm_backward,
     aten.native_layer_norm_backward.default: lambda a, c, s: _norm_backward(a, c, s, False),
     aten._fused_rms_norm_backward.default: lambda a, c, s: _norm_backward(a, c, s, True),
+    aten.im2col.default: _im2col,  # F.unfold, and F.fold's backward
+    aten.col2im.default: lambda a, c, s: _im2col(a, c, s, col2im=True),  # F.fold, unfold's bwd
 }
 
 OPS: frozenset = frozenset(_RULES)
