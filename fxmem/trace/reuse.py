@@ -127,6 +127,10 @@ def _expr(v):
     return v.node.expr if isinstance(v, torch.SymInt) else v
 
 
+def _strides(t: torch.Tensor) -> tuple:
+    return tuple(_expr(d) for d in t.stride())
+
+
 def _meta(t: torch.Tensor) -> tuple:
     return (tuple(_expr(d) for d in t.shape), tuple(_expr(d) for d in t.stride()), t.dtype,
             t.requires_grad)
@@ -152,6 +156,7 @@ class _Call:
     out_leaves: tuple = ()  # non-tensor output leaves (tensors: None)
     out_meta: tuple = ()  # (shape, stride, dtype, requires_grad, device) per tensor output
     final_gx: dict = field(default_factory=dict)  # input i -> sid of its whole gradient
+    grad_strides: dict = field(default_factory=dict)  # ("gy"|"gx", i) -> the gradient's strides
     out_meta_raw: tuple = ()  # the same with SymInts, to make a stand-in's outputs
     grad_inputs: list = field(default_factory=list)  # a stand-in's inputs that need a gradient
     rec: object = field(default=None, repr=False)
@@ -178,6 +183,7 @@ class _StandIn(torch.autograd.Function):
         for i, g in enumerate(grads):
             if g is not None:
                 call.roles[("gy", i)] = rec.register(g)[0]
+                call.grad_strides[("gy", i)] = _strides(g)
         out = [torch.empty_strided(shape, stride, dtype=dtype, device=dev)
                for shape, stride, dtype, dev in ctx.metas]
         for i, g in enumerate(out[:ctx.n_in]):
@@ -301,12 +307,14 @@ class Reuse:
         def hook(grad):
             rec = self.rec
             c.roles[("gy", i)] = rec.register(grad)[0]
+            c.grad_strides[("gy", i)] = _strides(grad)
             c.bwd[0] = rec.op_count if c.bwd[0] is None else min(c.bwd[0], rec.op_count)
         return hook
 
     def _in_hook(self, c, i):
         def hook(grad):
             rec = self.rec
+            c.grad_strides[("gx", i)] = _strides(grad)
             if c.standin:
                 c.final_gx[i] = rec.register(grad)[0]
                 return

@@ -76,6 +76,7 @@ class _Splice:
                 if c.roles.get(("gx", i)) != g:
                     raise NoReuse(f"{c.path}: its input's gradient comes from elsewhere too")
         st = self.rec.storages
+        self._check_gradients(calls)
         wf, wp = self._windows(first), self._windows(pat)
         for a, b in zip(wf, wp):
             if [self.ops[i].op for i in a] != [self.ops[i].op for i in b]:
@@ -109,6 +110,39 @@ class _Splice:
                 if key[0] == "o" and any(i not in range(*nxt.fwd) and self.ops[i].phase
                                          == "forward" for i in used.get(s, ())):
                     raise NoReuse(f"{c.path}: its output is read outside the next block")
+
+    def _check_gradients(self, calls) -> None:
+        """A stand-in's gradients must be laid out as a real block's would be.
+
+        A stand-in makes its input's gradient with the input's strides, which need not be
+        those of the gradient the block's backward really computes: torchvision's ViT
+        blocks output a transposed layout (``nn.MultiheadAttention(batch_first=True)``)
+        and get a contiguous gradient. The block before it then runs its backward on a
+        gradient laid out otherwise than for real (``reshape`` copies a non-contiguous
+        one), the pattern block included, whose copies then carry the error; the pattern's
+        own input gradient follows from it, so only the last stand-in's output gradient,
+        which comes from outside the run, shows it. So every block's gradients must have
+        the pattern's strides (an expanded gradient, as ``out.sum()``'s, is not a
+        contiguous one either: ops such as ``view`` behave differently on it). And a
+        stand-in's parameter gradients are tensors of their own, whereas a real block's
+        may share one storage (the gradient of ``torch.cat`` of parameters, as BEiT's
+        q/k/v bias, is split into views of one buffer three times their size): the
+        pattern's must be one storage each, of the stand-in's size."""
+        pat, st = calls[1], self.rec.storages
+        for c in calls[2:]:
+            for key, strides in pat.grad_strides.items():
+                if c.grad_strides.get(key, strides) != strides:
+                    raise NoReuse(f"{c.path}: its gradient {key} is laid out other than "
+                                  f"{pat.path}'s")
+        grads = {k: s for k, s in pat.roles.items() if k[0] == "g"}
+        if len(set(grads.values())) != len(grads):
+            raise NoReuse(f"{pat.path}: parameters' gradients share a storage")
+        for c in calls[2:]:
+            for key, s in grads.items():
+                t = c.roles.get(key)
+                if t is not None and self._size(st[t].nbytes) != self._size(st[s].nbytes):
+                    raise NoReuse(f"{c.path}: the gradient {key} has another size than "
+                                  f"{pat.path}'s")
 
     def apply(self) -> None:
         rec, ops = self.rec, self.ops

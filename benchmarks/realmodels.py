@@ -1,0 +1,188 @@
+"""The real-model zoo (tests/realmodels): every case predicted and measured, written to
+docs/real-models.md and docs/real-models.json.
+
+    python benchmarks/realmodels.py [--only SUBSTR,...] [--jobs N] [--timeout S]
+
+Each case runs in its own Python process (a crash, a hang or a model's memory stays there):
+``fxmem.analyze`` traces its training step with Adam at B=4 on the CPU, ``fxmem.measure``
+runs the real step at B=2 and B=5, and the row says ``exact``, the error at each batch size,
+or ``refused`` with fxmem's one-line message. ``--only`` keeps the cases whose name contains
+one of the comma-separated strings; their rows replace the same rows of the existing JSON,
+so a partial run updates the table instead of shrinking it (``--fresh``: start from nothing).
+Needs torchvision, timm, transformers and peft (constraints-realmodels.txt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+from realmodels.audit import Result, status_text  # noqa: E402
+from realmodels.registry import CASES  # noqa: E402
+
+MD = os.path.join(ROOT, "docs", "real-models.md")
+JSON = os.path.join(ROOT, "docs", "real-models.json")
+
+
+def run_worker(name: str) -> None:
+    """``--worker NAME``: audit one case in this process and print its result as JSON."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    from realmodels.audit import audit
+
+    print("RESULT " + json.dumps(audit(name).to_json()), flush=True)
+
+
+def run_case(name: str, timeout: float, threads: int) -> dict:
+    """Audit one case in a child process; a crash or a timeout is an ``error`` row."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", name]
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return Result(name, CASES[name].family, status="error", note=CASES[name].note,
+                      message=f"timed out after {timeout:.0f} s").to_json()
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            row = json.loads(line[len("RESULT "):])
+            row["wall_seconds"] = round(time.perf_counter() - t0, 1)
+            return row
+    tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
+    return Result(name, CASES[name].family, status="error", note=CASES[name].note,
+                  message=f"the worker exited {p.returncode}: {tail[:200]}").to_json()
+
+
+def versions() -> str:
+    """The machine and library versions, one line."""
+    import importlib.metadata as md
+
+    libs = []
+    for lib in ("torch", "torchvision", "timm", "transformers", "peft"):
+        try:
+            libs.append(f"{lib} {md.version(lib)}")
+        except md.PackageNotFoundError:
+            libs.append(f"{lib} (absent)")
+    return (f"{', '.join(libs)}; Python {platform.python_version()}, {platform.machine()}, "
+            f"{os.cpu_count()} CPU cores")
+
+
+def _row(r: dict) -> Result:
+    r = {k: v for k, v in r.items() if k in Result.__dataclass_fields__}
+    return Result(**r)
+
+
+def summary(rows: list[dict]) -> dict:
+    """Counts: exact, within 1 % (exact included), inexact, refused, error, total."""
+    res = [_row(r) for r in rows]
+    within = sum(1 for r in res if r.status in ("exact", "inexact") and abs(r.worst[1]) <= 0.01)
+    count = {s: sum(1 for r in res if r.status == s)
+             for s in ("exact", "inexact", "refused", "error")}
+    return dict(count, within_1pct=within, total=len(res))
+
+
+def markdown(rows: list[dict], header: dict) -> str:
+    s = summary(rows)
+    out = [
+        "# Real models",
+        "",
+        "Every case of the real-model zoo (`tests/realmodels/registry.py`): architectures from "
+        "torchvision, timm and Hugging Face transformers with random weights and small "
+        "configurations. For each, `fxmem.analyze(..., optimizer=torch.optim.Adam, "
+        "device=\"cpu\")` traces one training step at B=4 and `fxmem.measure` runs the real "
+        "step at B=2 and B=5; the status is `exact` when the predicted peak live bytes equal the "
+        "measured ones at both, else the error (predicted - measured) at each, or `refused` "
+        "with fxmem's one-line message. The analysis time is that of `fxmem.analyze`.",
+        "",
+        "Commands (a later one's rows replace the earlier's): "
+        + ", then ".join(f"`{c}`" for c in header["commands"]),
+        "",
+        f"Machine: {header['machine']}; run {header['date']}.",
+        "",
+        f"**{s['exact']} exact, {s['within_1pct']} within 1 % (exact included), "
+        f"{s['inexact']} inexact, {s['refused']} refused, {s['error']} errors, of "
+        f"{s['total']}.**",
+        "",
+        "| model | family | params | status | analysis s | configuration |",
+        "|---|---|---:|---|---:|---|",
+    ]
+    for r in sorted(rows, key=lambda r: r["name"]):
+        res = _row(r)
+        status = status_text(res).replace("|", "\\|")
+        if res.unmodelled:
+            status += " (not modelled: " + "; ".join(res.unmodelled).replace("|", "\\|") + ")"
+        params = f"{res.params:,}"
+        if res.trainable != res.params and res.params:
+            params += f" ({res.trainable:,} trainable)"
+        out.append(f"| {res.name.split('/', 1)[1]} | {res.family} | {params} | {status} | "
+                   f"{res.seconds:.1f} | {res.note} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="", help="comma-separated substrings of case names")
+    ap.add_argument("--jobs", type=int, default=1, help="cases run at once")
+    ap.add_argument("--timeout", type=float, default=1200, help="seconds a case may take")
+    ap.add_argument("--fresh", action="store_true", help="do not merge into the existing JSON")
+    ap.add_argument("--list", action="store_true", help="print the case names and stop")
+    ap.add_argument("--render", action="store_true",
+                    help="only rewrite the Markdown table from the existing JSON")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        return run_worker(args.worker)
+    if args.render:
+        with open(JSON, encoding="utf-8") as f:
+            data = json.load(f)
+        with open(MD, "w", encoding="utf-8") as f:
+            f.write(markdown(data["results"], data))
+        return None
+    keys = [k for k in args.only.split(",") if k]
+    names = [n for n in CASES if not keys or any(k in n for k in keys)]
+    if args.list:
+        print("\n".join(names))
+        return None
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    rows, commands = {}, []
+    if not args.fresh and keys and os.path.exists(JSON):
+        with open(JSON, encoding="utf-8") as f:
+            old = json.load(f)
+        rows = {r["name"]: r for r in old["results"] if r["name"] in CASES}
+        commands = old.get("commands") or ([old["command"]] if "command" in old else [])
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        futures = {pool.submit(run_case, n, args.timeout, threads): n for n in names}
+        for i, fut in enumerate(concurrent.futures.as_completed(futures), 1):
+            r = fut.result()
+            rows[r["name"]] = r
+            print(f"[{i}/{len(names)}] {r['name']}: {status_text(_row(r))} "
+                  f"({r['seconds']:.1f} s)", flush=True)
+    argv_text = " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    command = f"python benchmarks/realmodels.py {argv_text}".strip()
+    header = dict(commands=[*commands, command], machine=versions(),
+                  date=datetime.date.today().isoformat())
+    results = sorted(rows.values(), key=lambda r: r["name"])
+    with open(JSON, "w", encoding="utf-8") as f:
+        json.dump(dict(header, summary=summary(results), results=results), f, indent=1)
+        f.write("\n")
+    with open(MD, "w", encoding="utf-8") as f:
+        f.write(markdown(results, header))
+    print(json.dumps(summary(results)))
+    return None
+
+
+if __name__ == "__main__":
+    main()
