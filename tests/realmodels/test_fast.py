@@ -37,12 +37,8 @@ FAST = [
     "hf/t5",
     "hf/bert-frozen-finetune",
     "hf/llama-lora",
-    pytest.param("hf/bloom", marks=known(
-        "BLOOM's alibi: baddbmm with a symbolic batch is refused on fake tensors "
-        "('SymIntArrayRef expected to contain only concrete integers')")),
-    pytest.param("timm/resmlp_12_224", marks=known(
-        "ResMLP's Affine: addcmul with a symbolic batch is refused on fake tensors, as "
-        "baddbmm ('SymIntArrayRef expected to contain only concrete integers')")),
+    "hf/bloom",  # ALiBi: baddbmm over a bias broadcast from a symbolic size
+    "timm/resmlp_12_224",  # Affine: addcmul with (1, 1, dim) parameters
     pytest.param("hf/swin", marks=known(
         "+16,384 B a sample (one stage-2 activation) over at the backward peak, in "
         "layers.1.blocks.0.mlp.fc2's backward; cause not found yet")),
