@@ -111,3 +111,26 @@ def test_plan_checkpoints_now_sees_the_whole_step():
     kept = fxmem.plan_checkpoints(_model(), X, Y, set_to_none=False, **kw)
     dropped = fxmem.plan_checkpoints(_model(), X, Y, **kw)
     assert kept.peak_bytes > dropped.peak_bytes  # gradients kept between steps
+
+
+def test_analyze_leaves_attributes_a_forward_sets_as_they_were():
+    """A forward that keeps tensors on its module (torchvision's RAFT caches its correlation
+    pyramid) would leave fake tensors with autograd history on the user's model."""
+    import copy
+
+    class Caching(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 3)
+            self.cache = None
+
+        def forward(self, x):
+            self.cache = [self.lin(x)]
+            self.extra = self.cache[0] * 2
+            return self.extra
+
+    m = Caching()
+    fxmem.analyze(m, X, Y, loss=F.cross_entropy, device="cpu")
+    assert m.cache is None and not hasattr(m, "extra")
+    copy.deepcopy(m)  # no fake, non-leaf tensor left behind
+    assert fxmem.measure(m, X, Y, loss=F.cross_entropy, B=3).peak_bytes > 0

@@ -153,7 +153,7 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
         rec.kernels = cuda_kernels(rec.capability)
     handles = []
     try:
-        with frozen_gc(), tracing_shims(), symbolic_kernels():
+        with frozen_gc(), tracing_shims(), symbolic_kernels(), _attributes_kept(model):
             return _run(model, spec, mode, rec, sym, batch, hint, handles, plan, named,
                         reuse_blocks)
     except FxmemError:
@@ -171,6 +171,25 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
         return trace(model, inputs, targets, step=step, batch_hint=batch_hint,
                      checkpoint=checkpoint, dims=dims, reuse_blocks=False,
                      kernel_semantics=kernel_semantics)
+
+
+@contextlib.contextmanager
+def _attributes_kept(model: torch.nn.Module):
+    """Every submodule's plain attributes as they were before the trace, restored after it.
+    A forward may keep tensors on its module (torchvision's RAFT ``CorrBlock.corr_pyramid``,
+    caches of rotary or relative-position tables): during the trace those are fake tensors
+    with autograd history, which would stay on the user's model and break a later
+    ``copy.deepcopy`` or ``.to()``. Parameters, buffers and submodules are the reparametrized
+    ones the tracer restores itself; here only attribute (re)assignments are undone."""
+    kept = [(m, dict(vars(m))) for m in model.modules()]
+    try:
+        yield
+    finally:
+        for m, attrs in kept:
+            now = vars(m)  # compared by identity: a tensor's == is elementwise
+            if now.keys() != attrs.keys() or any(now[k] is not v for k, v in attrs.items()):
+                now.clear()
+                now.update(attrs)
 
 
 def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
