@@ -116,6 +116,12 @@ def markdown(rows: list[dict], header: dict) -> str:
         f"{s['inexact']} inexact, {s['refused']} refused, {s['error']} errors, of "
         f"{s['total']}.**",
         "",
+    ]
+    causes = os.path.join(os.path.dirname(MD), "real-models-causes.md")
+    if os.path.exists(causes):  # the hand-written diagnosis of what is short
+        with open(causes, encoding="utf-8") as f:
+            out += [f.read().rstrip(), ""]
+    out += [
         "| model | family | params | status | analysis s | configuration |",
         "|---|---|---:|---|---:|---|",
     ]
