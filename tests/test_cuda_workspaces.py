@@ -436,3 +436,15 @@ def test_ops_table_and_others():
     assert aten._index_put_impl_.default in cw.OPS and aten.index_add_.default in cw.OPS
     assert cw.workspace_bytes(aten.mm.default, (fake(2, 2), fake(2, 2)), {}, None) == []
     assert cw.unmodelled(aten.mm.default, (fake(2, 2), fake(2, 2)), {}, None) is None
+
+
+def test_embedding_bag_backward_promotes_int32_indices_first():
+    """EmbeddingBag.cpp _embedding_bag_backward_symint: int32 indices with int64 offsets are
+    converted to int64 (promoteIndicesAndOffsets), then sorted as int64 indices are."""
+    n, V, D = 100, 1000, 16
+    args = lambda idx: (fake(32, D), fake(n, dtype=idx), fake(33, dtype=I64), fake(n, dtype=I64),
+                        fake(32, dtype=I64), fake(0, dtype=I64), V, False, 0, False, None, -1)
+    same = ws(aten._embedding_bag_backward.default, *args(I64))
+    mixed = ws(aten._embedding_bag_backward.default, *args(I32))
+    assert mixed == {"indices.to(offsets' dtype) (promoteIndicesAndOffsets)": n * 8, **same}
+    assert same == bag(n, V, D)

@@ -153,17 +153,18 @@ def _embedding_dense_backward(a, cap, sms):
                             a["scale_grad_by_freq"], cap, sms)
 
 
-def _embedding_bag_dense_backward(a, cap, sms):
+def _embedding_bag_dense_backward(a, cap, sms, promoted=False):
     """EmbeddingBag.cu ``_embedding_bag_dense_backward_cuda``: ``grad.contiguous()``; sum and
     mean: ``embedding_bag_backward_cuda_sum_avg`` always sorts (path B of
     :func:`_embedding_dense_backward`, whatever n), then ``embedding_backward_cuda_kernel``
     with ``offset2bag``, which never takes the fused atomic path (``!offset2bag.defined()``);
-    max: ``embedding_bag_backward_cuda_max`` (atomics, no temporaries)."""
+    max: ``embedding_bag_backward_cuda_max`` (atomics, no temporaries). ``promoted``: the
+    indices it sorts are a contiguous int64 copy of ``a["indices"]``."""
     if a["mode"] == 2:  # MODE_MAX
         g = a["grad"]
         return [] if _contiguous(g) else [("grad.contiguous()", g.numel() * g.element_size())]
     return _sorted_backward(a["grad"], a["indices"], a["num_weights"], a["scale_grad_by_freq"],
-                            cap, sms, bag=True)
+                            cap, sms, bag=True, promoted=promoted)
 
 
 def _embedding_bag_backward(a, cap, sms):
@@ -176,32 +177,16 @@ def _embedding_bag_backward(a, cap, sms):
     idx, off = a["indices"], a["offsets"]
     if idx.dtype == off.dtype:
         return _embedding_bag_dense_backward(a, cap, sms)
-    promoted = [("indices.to(offsets' dtype) (promoteIndicesAndOffsets)", idx.numel() * 8)]
-    return promoted + _embedding_bag_dense_backward({**a, "indices": _Int64(idx)}, cap, sms)
+    copy = [("indices.to(offsets' dtype) (promoteIndicesAndOffsets)", idx.numel() * 8)]
+    return copy + _embedding_bag_dense_backward(a, cap, sms, promoted=True)
 
 
-class _Int64:
-    """The contiguous int64 copy of an index tensor: what the sort-based kernel reads of it."""
-
-    def __init__(self, t):
-        self.shape, self._n = tuple(t.shape), t.numel()
-
-    def numel(self):
-        return self._n
-
-    def element_size(self):
-        return 8
-
-    def stride(self):
-        return tuple(math.prod(self.shape[i + 1:]) for i in range(len(self.shape)))
-
-
-def _sorted_backward(g, idx, V, scale, cap, sms, bag=False):
+def _sorted_backward(g, idx, V, scale, cap, sms, bag=False, promoted=False):
     """The temporaries of embedding backward's sort-based kernel (see
     :func:`_embedding_dense_backward`); ``bag``: EmbeddingBag's, which always sorts and never
-    takes the fused atomic path."""
-    n, D, s = idx.numel(), g.size(-1), idx.element_size()
-    ws = [] if _contiguous(idx) else [("indices.contiguous()", n * s)]
+    takes the fused atomic path; ``promoted``: it sorts a contiguous int64 copy of ``idx``."""
+    n, D, s = idx.numel(), g.size(-1), 8 if promoted else idx.element_size()
+    ws = [] if promoted or _contiguous(idx) else [("indices.contiguous()", n * s)]
     if not _contiguous(g):  # grad_.contiguous() (.view({n, D}))
         ws.append(("grad.contiguous()", g.numel() * g.element_size()))
     # bags: none without indices (all bags empty), else always
