@@ -1,7 +1,7 @@
 """The real-model zoo (tests/realmodels): every case predicted and measured, written to
 docs/real-models.md and docs/real-models.json.
 
-    python benchmarks/realmodels.py [--only SUBSTR,...] [--jobs N] [--timeout S]
+    python benchmarks/realmodels.py [--only SUBSTR,...] [--jobs N] [--timeout S] [--held-out]
 
 Each case runs in its own Python process (a crash, a hang or a model's memory stays there):
 ``fxmem.analyze`` traces its training step with Adam at B=4 on the CPU, ``fxmem.measure``
@@ -9,6 +9,8 @@ runs the real step at B=2 and B=5, and the row says ``exact``, the error at each
 or ``refused`` with fxmem's one-line message. ``--only`` keeps the cases whose name contains
 one of the comma-separated strings; their rows replace the same rows of the existing JSON,
 so a partial run updates the table instead of shrinking it (``--fresh``: start from nothing).
+``--held-out`` audits the held-out sample instead (tests/realmodels/heldout.py: models drawn
+by a rule, none of the registry's) into docs/real-models-heldout.md and .json.
 Needs torchvision, timm, transformers and peft (constraints-realmodels.txt).
 """
 
@@ -31,39 +33,50 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 from realmodels.audit import Result, status_text  # noqa: E402
 from realmodels.registry import CASES  # noqa: E402
 
-MD = os.path.join(ROOT, "docs", "real-models.md")
-JSON = os.path.join(ROOT, "docs", "real-models.json")
+DOCS = os.path.join(ROOT, "docs")
 
 
-def run_worker(name: str) -> None:
+def outputs(held_out: bool) -> tuple[str, str]:
+    """The Markdown and JSON files a run writes."""
+    stem = "real-models-heldout" if held_out else "real-models"
+    return os.path.join(DOCS, stem + ".md"), os.path.join(DOCS, stem + ".json")
+
+
+def run_worker(name: str, held_out: bool) -> None:
     """``--worker NAME``: audit one case in this process and print its result as JSON."""
     import warnings
 
     warnings.filterwarnings("ignore")
     from realmodels.audit import audit
+    from realmodels.heldout import heldout_case
 
-    print("RESULT " + json.dumps(audit(name).to_json()), flush=True)
+    case = heldout_case(name) if held_out else CASES[name]
+    print("RESULT " + json.dumps(audit(case).to_json()), flush=True)
 
 
-def run_case(name: str, timeout: float, threads: int) -> dict:
+def run_case(case, timeout: float, threads: int, held_out: bool) -> dict:
     """Audit one case in a child process; a crash or a timeout is an ``error`` row."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", name]
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", case.name]
+    cmd += ["--held-out"] if held_out else []
     t0 = time.perf_counter()
+
+    def error(message):
+        return Result(case.name, case.family, status="error", note=case.note,
+                      message=message).to_json()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
-        return Result(name, CASES[name].family, status="error", note=CASES[name].note,
-                      message=f"timed out after {timeout:.0f} s").to_json()
+        return error(f"timed out after {timeout:.0f} s")
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
             row = json.loads(line[len("RESULT "):])
             row["wall_seconds"] = round(time.perf_counter() - t0, 1)
+            row["note"] = row.get("note") or case.note
             return row
     tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
-    return Result(name, CASES[name].family, status="error", note=CASES[name].note,
-                  message=f"the worker exited {p.returncode}: {tail[:200]}").to_json()
+    return error(f"the worker exited {p.returncode}: {tail[:200]}")
 
 
 def versions() -> str:
@@ -86,38 +99,56 @@ def _row(r: dict) -> Result:
 
 
 def summary(rows: list[dict]) -> dict:
-    """Counts: exact, within 1 % (exact included), inexact, refused, error, total."""
+    """Counts: exact, within 1 % and 0.5 % (exact included), inexact, refused, invalid (the
+    real step fails), error, total."""
     res = [_row(r) for r in rows]
-    within = sum(1 for r in res if r.status in ("exact", "inexact") and abs(r.worst[1]) <= 0.01)
     count = {s: sum(1 for r in res if r.status == s)
-             for s in ("exact", "inexact", "refused", "error")}
-    return dict(count, within_1pct=within, total=len(res))
+             for s in ("exact", "inexact", "refused", "invalid", "error")}
+    for name, tol in (("within_1pct", 0.01), ("within_half_pct", 0.005)):
+        count[name] = sum(1 for r in res
+                          if r.status in ("exact", "inexact") and abs(r.worst[1]) <= tol)
+    return dict(count, total=len(res))
 
 
-def markdown(rows: list[dict], header: dict) -> str:
+INTRO = {
+    False: "Every case of the real-model zoo (`tests/realmodels/registry.py`): architectures "
+           "from torchvision, timm and Hugging Face transformers with random weights and small "
+           "configurations.",
+    True: "The held-out audit (`tests/realmodels/heldout.py`): architectures drawn with a fixed "
+          "seed by a rule from what timm, torchvision and transformers offer (one model of each "
+          "sampled timm architecture file, torchvision classifiers, Hugging Face model types "
+          "with their configs shrunk by one generic rule), none of them in the registry, none "
+          "chosen or configured by hand.",
+}
+
+
+def markdown(rows: list[dict], header: dict, held_out: bool = False) -> str:
     s = summary(rows)
+    valid = s["total"] - s["invalid"] - s["error"]
     out = [
-        "# Real models",
+        "# Real models" + (": the held-out audit" if held_out else ""),
         "",
-        "Every case of the real-model zoo (`tests/realmodels/registry.py`): architectures from "
-        "torchvision, timm and Hugging Face transformers with random weights and small "
-        "configurations. For each, `fxmem.analyze(..., optimizer=torch.optim.Adam, "
+        INTRO[held_out] + " For each, `fxmem.analyze(..., optimizer=torch.optim.Adam, "
         "device=\"cpu\")` traces one training step at B=4 and `fxmem.measure` runs the real "
         "step at B=2 and B=5; the status is `exact` when the predicted peak live bytes equal the "
-        "measured ones at both, else the error (predicted - measured) at each, or `refused` "
-        "with fxmem's one-line message. The analysis time is that of `fxmem.analyze`.",
+        "measured ones at both, else the error (predicted - measured) at each, `refused` "
+        "with fxmem's one-line message (the real step runs), or `invalid` when the real step "
+        "itself fails (the case, not fxmem). The analysis time is that of `fxmem.analyze`.",
         "",
         "Commands (a later one's rows replace the earlier's): "
         + ", then ".join(f"`{c}`" for c in header["commands"]),
         "",
         f"Machine: {header['machine']}; run {header['date']}.",
         "",
-        f"**{s['exact']} exact, {s['within_1pct']} within 1 % (exact included), "
-        f"{s['inexact']} inexact, {s['refused']} refused, {s['error']} errors, of "
-        f"{s['total']}.**",
+        (f"**Of {valid} cases whose real step runs: {s['exact']} exact "
+         f"({s['exact'] / max(valid, 1):.1%}), {s['within_half_pct']} within 0.5 % and "
+         f"{s['within_1pct']} within 1 % (exact included), {s['inexact']} inexact, "
+         f"{s['refused']} refused. Besides: {s['invalid']} invalid, {s['error']} errors "
+         f"(crashed or timed out), of {s['total']} in all.**"),
         "",
     ]
-    causes = os.path.join(os.path.dirname(MD), "real-models-causes.md")
+    causes = os.path.join(DOCS, ("real-models-heldout-causes.md" if held_out
+                                 else "real-models-causes.md"))
     if os.path.exists(causes):  # the hand-written diagnosis of what is short
         with open(causes, encoding="utf-8") as f:
             out += [f.read().rstrip(), ""]
@@ -147,18 +178,27 @@ def main(argv=None):
     ap.add_argument("--list", action="store_true", help="print the case names and stop")
     ap.add_argument("--render", action="store_true",
                     help="only rewrite the Markdown table from the existing JSON")
+    ap.add_argument("--held-out", action="store_true",
+                    help="audit the held-out sample (tests/realmodels/heldout.py)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        return run_worker(args.worker)
+        return run_worker(args.worker, args.held_out)
+    MD, JSON = outputs(args.held_out)
     if args.render:
         with open(JSON, encoding="utf-8") as f:
             data = json.load(f)
         with open(MD, "w", encoding="utf-8") as f:
-            f.write(markdown(data["results"], data))
+            f.write(markdown(data["results"], data, args.held_out))
         return None
+    if args.held_out:
+        from realmodels.heldout import heldout_cases
+
+        cases = heldout_cases()
+    else:
+        cases = CASES
     keys = [k for k in args.only.split(",") if k]
-    names = [n for n in CASES if not keys or any(k in n for k in keys)]
+    names = [n for n in cases if not keys or any(k in n for k in keys)]
     if args.list:
         print("\n".join(names))
         return None
@@ -167,10 +207,11 @@ def main(argv=None):
     if not args.fresh and keys and os.path.exists(JSON):
         with open(JSON, encoding="utf-8") as f:
             old = json.load(f)
-        rows = {r["name"]: r for r in old["results"] if r["name"] in CASES}
+        rows = {r["name"]: r for r in old["results"] if r["name"] in cases}
         commands = old.get("commands") or ([old["command"]] if "command" in old else [])
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        futures = {pool.submit(run_case, n, args.timeout, threads): n for n in names}
+        futures = {pool.submit(run_case, cases[n], args.timeout, threads, args.held_out): n
+                   for n in names}
         for i, fut in enumerate(concurrent.futures.as_completed(futures), 1):
             r = fut.result()
             rows[r["name"]] = r
@@ -185,7 +226,7 @@ def main(argv=None):
         json.dump(dict(header, summary=summary(results), results=results), f, indent=1)
         f.write("\n")
     with open(MD, "w", encoding="utf-8") as f:
-        f.write(markdown(results, header))
+        f.write(markdown(results, header, args.held_out))
     print(json.dumps(summary(results)))
     return None
 

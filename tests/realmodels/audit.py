@@ -4,7 +4,9 @@
 (``fxmem.analyze(..., device="cpu")``: live bytes, the CPU's kernels), then runs the same
 step for real with :func:`fxmem.measure` at each batch size and compares the two. The result
 is a :class:`Result`: ``exact``, ``inexact`` (the error at each batch size), ``refused``
-(fxmem raised: its one-line message) or ``error`` (the real step itself failed).
+(fxmem raised: its one-line message, while the real step runs) or ``invalid`` (the real step
+itself fails: the case is wrong, not fxmem). ``benchmarks/realmodels.py`` adds ``error``: the
+audit's process crashed or timed out.
 """
 
 from __future__ import annotations
@@ -85,6 +87,11 @@ def audit(case: Case | str, batches=BATCHES, trace_batch: int = TRACE_BATCH) -> 
     except Exception as e:  # noqa: BLE001 - every refusal is recorded, none is fatal
         res.seconds = time.perf_counter() - t0
         res.status, res.message = "refused", one_line(e)
+        try:  # fxmem's refusal, or a step that cannot run at all?
+            fxmem.measure(model, inputs, targets, **kw, B=batches[0])
+        except Exception as real:  # noqa: BLE001
+            res.status = "invalid"
+            res.message = f"the real step fails at B={batches[0]}: {one_line(real)}"
         return res
     res.seconds = time.perf_counter() - t0
     res.unmodelled = [str(what) for *_, what in report.unmodelled]
@@ -92,7 +99,8 @@ def audit(case: Case | str, batches=BATCHES, trace_batch: int = TRACE_BATCH) -> 
         try:
             measured = fxmem.measure(model, inputs, targets, **kw, B=b).peak_bytes
         except Exception as e:  # noqa: BLE001
-            res.status, res.message = "error", f"measure at B={b}: {one_line(e)}"
+            res.status = "invalid"
+            res.message = f"the real step fails at B={b}: {one_line(e)}"
             return res
         res.points.append([b, int(report.peak_bytes(b)), int(measured)])
     res.status = "exact" if all(p == m for _, p, m in res.points) else "inexact"
@@ -101,7 +109,7 @@ def audit(case: Case | str, batches=BATCHES, trace_batch: int = TRACE_BATCH) -> 
 
 def status_text(r: Result) -> str:
     """The status as the docs table shows it: ``exact``, ``+x B (y %)`` at each batch size,
-    ``refused: message`` or ``error: message``."""
+    or ``status: message`` (refused, invalid, error)."""
     if r.status == "exact":
         return "exact"
     if r.status == "inexact":
