@@ -98,7 +98,7 @@ def _timm_case(name: str) -> Callable[[], tuple]:
         import timm
 
         kw = dict(pretrained=False, num_classes=CLASSES)
-        entry = timm.models.get_model_entrypoint(name)
+        entry = timm.models.model_entrypoint(name)
         try:
             model = timm.create_model(name, img_size=64, **kw)
             return _classifier(model, 64)
