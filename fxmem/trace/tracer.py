@@ -18,6 +18,7 @@ unrecorded step creates its state, which then counts as live from the start of t
 
 from __future__ import annotations
 
+import collections
 import contextlib
 
 import sympy
@@ -173,23 +174,70 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
                      kernel_semantics=kernel_semantics)
 
 
+# only these exact types: a subclass may refuse clear() or update() (transformers' ModelOutput)
+_CONTAINERS = (dict, collections.OrderedDict, list, set)
+
+
 @contextlib.contextmanager
 def _attributes_kept(model: torch.nn.Module):
-    """Every submodule's plain attributes as they were before the trace, restored after it.
+    """Every submodule's attributes as they were before the trace, restored after it.
     A forward may keep tensors on its module (torchvision's RAFT ``CorrBlock.corr_pyramid``,
-    caches of rotary or relative-position tables): during the trace those are fake tensors
-    with autograd history, which would stay on the user's model and break a later
-    ``copy.deepcopy`` or ``.to()``. Parameters, buffers and submodules are the reparametrized
-    ones the tracer restores itself; here only attribute (re)assignments are undone."""
-    kept = [(m, dict(vars(m))) for m in model.modules()]
+    caches of rotary or relative-position tables), or in a dict or list the module holds:
+    during the trace those are fake tensors with autograd history, which would stay on the
+    user's model and break a later ``copy.deepcopy`` or ``.to()``. An attribute that is a
+    plain dict, list or set (``_parameters``, ``_buffers`` and ``_modules`` among them) keeps
+    its identity and gets its items back; any other attribute is put back as it was."""
+    kept = []
+    for m in model.modules():
+        attrs = dict(vars(m))
+        items = {k: (dict(v) if isinstance(v, dict) else list(v) if type(v) is list
+                     else set(v))
+                 for k, v in attrs.items() if type(v) in _CONTAINERS}
+        kept.append((m, attrs, items))
     try:
         yield
     finally:
-        for m, attrs in kept:
+        for m, attrs, items in kept:
             now = vars(m)  # compared by identity: a tensor's == is elementwise
             if now.keys() != attrs.keys() or any(now[k] is not v for k, v in attrs.items()):
                 now.clear()
                 now.update(attrs)
+            for k, old in items.items():
+                _restore_items(attrs[k], old)
+
+
+def _restore_items(container, old) -> None:
+    """``container`` (a dict, list or set) given back the items ``old`` holds, in place."""
+    if isinstance(container, dict):
+        if container.keys() != old.keys() or any(container[k] is not v for k, v in old.items()):
+            container.clear()
+            container.update(old)
+    elif isinstance(container, list):
+        if len(container) != len(old) or any(a is not b for a, b in zip(container, old)):
+            container[:] = old
+    elif {id(v) for v in container} != {id(v) for v in old}:
+        container.clear()
+        container.update(old)
+
+
+def _slots(model: torch.nn.Module, fakes: dict) -> dict:
+    """The fake stand-in of each place a parameter or buffer is held, named once: each
+    module under its first path. ``fakes``: id of a real tensor -> its fake.
+
+    A module reachable by two paths (timm CoaT's ``crpe1`` is also every serial block's
+    ``factoratt_crpe.crpe``) must not be named twice: ``_reparametrize_module(...,
+    tie_weights=True)`` swaps each name in turn, so the second name of a shared slot saves
+    the fake already put there as its "original", and the restore, in the same order,
+    leaves the fake on the user's model (torch/nn/utils/stateless.py,
+    ``_untie_named_tensors_map`` then ``NamedMemberAccessor.swap_tensors_dict``; PyTorch
+    issue 164759). A parameter tied across two modules is two slots, each named here."""
+    out = {}
+    for path, m in model.named_modules():
+        for d in (m._parameters, m._buffers):
+            for k, t in d.items():
+                if t is not None and id(t) in fakes:
+                    out[f"{path}.{k}" if path else k] = fakes[id(t)]
+    return out
 
 
 def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
@@ -237,7 +285,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     handles.append(register_module_forward_pre_hook(enter))
     handles.append(register_module_forward_hook(leave))
 
-    state = {**fparams, **fbufs}
+    fakes = {id(p): fparams[n] for n, p in named_p} | {id(b): fbufs[n] for n, b in named_b}
     params = list(fparams.values())
 
     def forward(*args):
@@ -297,7 +345,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     router = RNNRouter() if has_rnn and rec.kernels is None else contextlib.nullcontext()
     # The fake parameters stay in place for the whole step, not just the forward: a
     # checkpointed module's forward runs again during backward.
-    swap = _reparametrize_module(model, state, tie_weights=True)
+    swap = _reparametrize_module(model, _slots(model, fakes))
 
     def region(path, fn):  # what checkpoint runs, and re-runs in backward
         def run(*args, **kwargs):

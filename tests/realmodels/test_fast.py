@@ -5,9 +5,7 @@ constraints-realmodels.txt); the whole zoo is benchmarks/realmodels.py.
 
 A model fxmem gets wrong today is here too, marked ``xfail(strict=True)`` with the known
 cause: when that cause is fixed the test passes, and the strict marker makes the run fail
-until the marker is removed. Not here: ``timm/coat_lite_tiny``, whose real step after
-``fxmem.analyze`` aborts the process (``measure``'s ``deepcopy(model).to(device)`` fails to swap
-a Conv2d weight, or glibc reports a corrupted heap; see docs/real-models.md).
+until the marker is removed.
 """
 
 import pytest
@@ -39,6 +37,8 @@ FAST = [
     "hf/llama-lora",
     "hf/bloom",  # ALiBi: baddbmm over a bias broadcast from a symbolic size
     "timm/resmlp_12_224",  # Affine: addcmul with (1, 1, dim) parameters
+    # submodules shared by several paths (crpe): analyze left fake parameters on the model
+    "timm/coat_lite_tiny",
     pytest.param("hf/swin", marks=known(
         "+16,384 B a sample (one stage-2 activation) over at the backward peak, in "
         "layers.1.blocks.0.mlp.fc2's backward; cause not found yet")),
