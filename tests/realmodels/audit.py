@@ -76,7 +76,11 @@ def audit(case: Case | str, batches=BATCHES, trace_batch: int = TRACE_BATCH) -> 
     """Predict the case's step at ``trace_batch`` and measure it at each of ``batches``."""
     case = CASES[case] if isinstance(case, str) else case
     torch.manual_seed(0)
-    model, inputs, targets, loss = case.build()
+    try:
+        model, inputs, targets, loss = case.build()
+    except Exception as e:  # noqa: BLE001 - the case cannot even be built: not fxmem's
+        return Result(case.name, case.family, status="invalid", note=case.note,
+                      message=f"the model does not build: {one_line(e)}")
     params = list(model.parameters())
     res = Result(case.name, case.family, sum(p.numel() for p in params),
                  sum(p.numel() for p in params if p.requires_grad), note=case.note)

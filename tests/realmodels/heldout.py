@@ -59,16 +59,26 @@ SHRINK = {
     "num_key_value_heads": 2, "head_dim": 16, "vocab_size": VOCAB,
     "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
     "num_local_experts": 4, "num_experts": 4, "n_routed_experts": 4,
+    "num_experts_per_tok": 2, "moe_k": 2, "top_k": 2,
     "image_size": 32, "patch_size": 8, "num_labels": CLASSES,
 }
+
+
+def _shrunk(fields: dict) -> dict:
+    """The :data:`SHRINK` values of the fields a config has, its sub-configs
+    (``text_config``, ``vision_config``, ...) shrunk alike."""
+    out = {k: v for k, v in SHRINK.items() if k in fields}
+    for k, v in fields.items():
+        if k.endswith("_config") and isinstance(v, dict):
+            out[k] = _shrunk(v)
+    return out
 
 
 def _shrunk_config(model_type: str):
     from transformers import CONFIG_MAPPING
 
     cls = CONFIG_MAPPING[model_type]
-    fields = cls().to_dict()
-    return cls(**{k: v for k, v in SHRINK.items() if k in fields})
+    return cls(**_shrunk(cls().to_dict()))
 
 
 def _hf_case(kind: str, model_type: str) -> Callable[[], tuple]:
@@ -77,7 +87,11 @@ def _hf_case(kind: str, model_type: str) -> Callable[[], tuple]:
 
         auto = {"causal": T.AutoModelForCausalLM, "masked": T.AutoModelForMaskedLM,
                 "image": T.AutoModelForImageClassification}[kind]
-        m = auto.from_config(_shrunk_config(model_type))
+        config = _shrunk_config(model_type)
+        params = _params_meta(lambda: auto.from_config(config))
+        if params > MAX_PARAMS:  # the rule did not shrink it (fields it does not know)
+            raise ValueError(f"{params:,} parameters after the shrink rule")
+        m = auto.from_config(config)
         if kind == "image":
             size = getattr(m.config, "image_size", 32)
             size = size if isinstance(size, int) else 32
