@@ -201,7 +201,7 @@ def test_config_flag_responsible_is_named():
     msg = str(e.value)
     assert "config.layerdrop = 0.1 (LayerDrop) is random in training" in msg
     assert "set it to 0.0" in msg and "model.eval()" in msg
-    assert "so is mask_time_prob = 0.05" in msg  # active, but not what stopped the trace
+    assert "; mask_time_prob = 0.05 too" in msg  # active, but not what stopped the trace
     assert e.value.source.startswith(f"{HERE}:{_line(Encoder.forward, 'if not skip')} ")
     # with the flag off (what the message says), the step traces, every layer running
     _exact(Net(Encoder(0.0)), torch.randn(4, 8))

@@ -185,8 +185,8 @@ def _advice(module, config, named) -> str:
     what, zero = HF_RANDOM_IN_TRAINING[a]
     ways = [f"set it to 0.0{zero}", "call model.eval()"]
     if a == "mask_time_prob" and "mask_time_indices" in _parameters(module):
-        ways.insert(0, "pass the mask as mask_time_indices=...")
-    also = "".join(f"; so is {b} = {_active(config, b)}" for b in HF_RANDOM_IN_TRAINING
+        ways.insert(0, "pass mask_time_indices=...")
+    also = "".join(f"; {b} = {_active(config, b)} too" for b in HF_RANDOM_IN_TRAINING
                    if b != a and _active(config, b))
     return (f"config.{a} = {_active(config, a)} ({what}) is random in training: "
             f"{', '.join(ways[:-1])} or {ways[-1]}{also}")
