@@ -474,7 +474,10 @@ def _as_trace_error(e: Exception, rec: Recorder) -> TraceError:
         return DataDependentError(
             branch_message(origin, config_hint(reversed(frames))),
             op=failed[0] if failed else origin.op if origin is not None else None,
-            module=failed[1] if failed else rec.module_stack[-1],
+            # the module running the branch (forward hooks left on the stack); in backward,
+            # where no stack is kept, the module that read the value
+            module=failed[1] if failed else origin.module if origin is not None
+            and rec.phase != "forward" else rec.module_stack[-1],
             source=(failed[3] if failed else None) or _user_frame(
                 traceback.extract_tb(guard.__traceback__)) or source,
             phase=failed[2] if failed else rec.phase)
