@@ -37,7 +37,14 @@ True
 
 from .analyze import analyze, plan_checkpoints
 from .checkpoint.choose import FrontierPoint, PlanChoice
-from .errors import FxmemError, InfeasibleBudgetError, InputError, SpecializationError, TraceError
+from .errors import (
+    DataDependentError,
+    FxmemError,
+    InfeasibleBudgetError,
+    InputError,
+    SpecializationError,
+    TraceError,
+)
 from .formula.symbols import B, L
 from .report.result import Breakdown, Report
 from .trace.checkpointing import apply_checkpoints
@@ -50,4 +57,4 @@ DimsReport = Report  # deprecated alias: analyze(..., dims=...) returns a Report
 __all__ = ["analyze", "Step", "Report", "Breakdown", "B", "L", "measure", "Measurement",
            "plan_checkpoints", "apply_checkpoints", "PlanChoice", "FrontierPoint", "whatif",
            "WhatIf", "FxmemError", "InputError", "TraceError", "SpecializationError",
-           "InfeasibleBudgetError", "DimsReport"]
+           "DataDependentError", "InfeasibleBudgetError", "DimsReport"]

@@ -42,6 +42,13 @@ class SpecializationError(TraceError):
     """The batch size was fixed to a number while tracing, so no formula in B exists."""
 
 
+class DataDependentError(TraceError):
+    """The step depends on a tensor's value, which fake tensors do not have: Python control
+    flow on a value read from a tensor (``if x.sum() > 0``, ``bool(t)``, a LayerDrop draw),
+    or a storage whose size such a value sets with no bound fxmem knows. The message names
+    the line and what to do (for a Hugging Face model, the config flag responsible)."""
+
+
 class InfeasibleBudgetError(FxmemError):
     """No batch size fits the budget. ``minimum_bytes`` is the smallest peak reachable."""
 

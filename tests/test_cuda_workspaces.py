@@ -15,6 +15,7 @@ from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
+import fxmem
 from fxmem.trace.cuda import workspaces as cw
 
 aten = torch.ops.aten
@@ -293,10 +294,49 @@ def test_index_put_nonadjacent_int32_and_broadcast_value():
     assert ws(aten.index_put.default, fake(10, 64), [fake(6, dtype=I64)], fake(6, 64), False)
 
 
-def test_index_put_mask_unmodelled():
-    args = (fake(10, 4), [fake(10, dtype=torch.bool)], fake(3, 4), True)
-    assert cw.workspace_bytes(aten.index_put.default, args, {}, None) == []
-    assert "mask" in cw.unmodelled(aten.index_put.default, args, {}, None)
+def test_index_put_and_index_with_a_mask():
+    s = Sym()
+    with s.mode:
+        x, mask, v = torch.empty(s.B, 12, 4), torch.empty(s.B, 12, dtype=torch.bool), \
+            torch.empty(4)
+        count = mask.nonzero().shape[0].node.expr  # unbacked, memoized on the mask
+
+        def at(n, b, c):  # bytes with B = b and c True values
+            e = sympy.sympify(n if isinstance(n, int) else n.node.expr)
+            return int(e.xreplace({s.sym: sympy.Integer(b), count: sympy.Integer(c)}))
+
+        # make_info's expandTensors: nonzero() of the (B, 12) mask, {2, n} int64, held while
+        # index_put_stub / index_stub run (TensorAdvancedIndexing.cpp _index_put_impl_, index)
+        for op, args in ((aten.index_put_.default, (x, [mask], v, False)),
+                         (aten.index.Tensor, (x, [mask]))):
+            (what, nbytes), = cw.workspace_bytes(op, args, {}, None)
+            assert what.startswith("nonzero(mask)") and at(nbytes, 8, 7) == 2 * 8 * 7
+            assert "nonzero" in cw.unmodelled(op, args, {}, None)  # CUB's small storage
+        # x[mask] = 0.0: a one-element CPU value, canDispatchToMaskedFill: masked_fill_
+        zero = (x, [mask], torch.empty(()), False)
+        assert cw.workspace_bytes(aten.index_put_.default, zero, {}, None) == []
+        assert cw.unmodelled(aten.index_put_.default, zero, {}, None) is None
+        # accumulate: index_put_with_sort_kernel on the expanded indices, K = n; phase
+        # makeLinearIndex: nonzero (2*8n), linearIndex, remainder(), * stride (3*8n); phase
+        # sort: value.expand((n, 4)).contiguous() (16n), linearIndex, sorted, orig, range
+        # (4*8n), CUB's storage (largestIndex / sliceSize = 12B - 1: one 8-bit pass at B=8)
+        got = cw.workspace_bytes(aten.index_put_.default, (x, [mask], v, True), {}, None)
+    for c in (1, 7, 96):
+        cub = cw.radix_sort_temp_bytes(c, 8, 1, (9, 0))
+        assert sum(at(n, 8, c) for _, n in got) == max(5 * 8 * c, 16 * c + 32 * c + cub), c
+
+
+def test_mask_count_bounded_by_the_mask_in_a_cuda_trace():
+    """End to end: the count is taken at its largest, the mask's B*T elements."""
+    from test_datadep import MaskedAssign, _sum
+
+    r = fxmem.analyze(MaskedAssign(), torch.randn(4, 12, 8), loss=_sum, device="cuda")
+    got = {(r.trace.ops[st.created_by].op, st.name): st.size.expr
+           for st in r.trace.storages if st.data_bound}
+    B = fxmem.B
+    nonzero = "nonzero(mask): 2 int64 columns of the True values"
+    assert got[("aten.index_put_.default", nonzero)] == 2 * 8 * 12 * B
+    assert got[("aten.index.Tensor", "")] == 12 * B * 8 * 4  # grad[mask] in backward
 
 
 def test_index_put_symbolic_gather_backward():

@@ -26,8 +26,10 @@ class CallsItem(nn.Module):
         self.inner = nn.Sequential(nn.Linear(4, 4))
 
     def forward(self, x):
-        scale = self.inner(x).mean().item()
-        return x * scale
+        scale = self.inner(x).mean().item()  # traced through while only computed with
+        if scale > 0:  # a Python branch on the value read
+            x = x * scale
+        return self.inner(x)
 
 
 @torch.library.custom_op("fxmem_test::no_fake", mutates_args=())

@@ -253,8 +253,25 @@ class Report:
     @property
     def unmodelled(self) -> tuple:
         """``(op, module, what)`` for allocations fxmem cannot size (e.g. cuDNN's RNN
-        reserve space, oneDNN's RNN scratchpad): the peak leaves them out, and says so here."""
-        return self.trace.unmodelled
+        reserve space, oneDNN's RNN scratchpad): the peak leaves them out, and says so here.
+        Then the storages whose size is a count the data sets (``grad[mask]``: the number
+        of True values of a mask), which the peak takes at their largest: each says whether
+        it is live at a point that can be the peak (the peak is then an upper bound) or
+        never (the peak is exact whatever the count)."""
+        t = self.trace
+        return t.unmodelled + tuple((op, m, what + self._at_peak(op, m))
+                                    for op, m, what in t.data_sized)
+
+    def _at_peak(self, op: str, module: str) -> str:
+        if self.liveness is None:  # in named dims: ask report.at(...)
+            return ""
+        storages, ops = self.trace.storages, self.trace.ops
+        mine = {s.sid for s in storages if s.data_bound and s.created_by >= 0
+                and ops[s.created_by].op == op and s.module == module}
+        if any(mine.intersection(self.liveness.live_sids(c.op_index))
+               for c in self.liveness.candidates):
+            return "; live where the peak can be, which is then an upper bound"
+        return "; never live where the peak can be, which is exact whatever the count"
 
     @property
     def peak(self) -> sympy.Expr:

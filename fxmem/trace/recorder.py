@@ -5,17 +5,27 @@ what it allocated, wrote, saved and freed (and turns a failing op into a
 from __future__ import annotations
 
 import operator
-import os
+import sys
 import traceback
 
 import sympy
 import torch
 from torch._dispatch.python import enable_python_dispatcher
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from ..errors import SpecializationError, TraceError
+from ..errors import DataDependentError, SpecializationError, TraceError
 from ..formula.symbols import B, dim_symbol
+from .datadep import (
+    DataSymbol,
+    branch_message,
+    branch_origin,
+    config_hint,
+    count_of,
+    data_symbols,
+    drawn_at_random,
+    internal_file,
+)
 from .records import ModuleCall, OpInfo, TensorDesc
 from .rules import (
     CONSTANT_LIFT_OPS,
@@ -37,17 +47,21 @@ from .rules import (
 from .saved import SavedTensors
 from .tracking import StorageTracker
 
-_FXMEM = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the fxmem package
-
 
 def _user_frame(frames) -> str | None:
     """``file:line in func`` of the innermost frame that is neither torch, fxmem nor stdlib."""
-    skip = (os.path.dirname(torch.__file__), _FXMEM,
-            os.path.dirname(os.__file__), os.path.dirname(sympy.__file__))
     for fr in reversed(frames):
-        if not fr.filename.startswith(skip) and not fr.filename.startswith("<"):
+        if not internal_file(fr.filename):
             return f"{fr.filename}:{fr.lineno} in {fr.name}"
     return None
+
+
+def _live_frames():
+    """The Python frames calling this one, innermost first (their locals: the modules)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
 
 
 class Recorder(StorageTracker):
@@ -88,6 +102,10 @@ class Recorder(StorageTracker):
         self.saved_tensors = SavedTensors(self, lambda: (self.phase, self.module_stack[-1]),
                                           self._node_of)
         self._unguarded: tuple | None = None  # (symbolic size, suppress_guards context)
+        # unbacked symbols (counts of a mask's True values, values read from tensors) ->
+        # where they came from (fxmem.trace.datadep); none exist before the step
+        self.data: dict = {}
+        self._n_symbols = len(shape_env.var_to_range)
 
     # where are we -----------------------------------------------------------------
     def module(self) -> str:
@@ -139,12 +157,12 @@ class Recorder(StorageTracker):
         try:
             if self._unguarded is not None:
                 args = self.unguarded_size(func, args)
-            if func in DATA_DEPENDENT_OPS and self.phase in ("forward", "backward"):
-                raise TraceError(
-                    "the model reads a tensor's value (.item(), bool(), int() or a Python "
-                    "condition on a tensor), so memory would depend on data",
-                    op=str(func), module=self.module(), phase=self.phase,
-                    source=_user_frame(traceback.extract_stack()))
+            if func in DATA_DEPENDENT_OPS and self.phase != "optimizer":
+                # a value read from a tensor: an unbacked symbol, traced through while only
+                # computed with; a branch on it stops the trace (fxmem.trace.datadep)
+                out = self.fake_kernel(func, args, kwargs)
+                self.note_read(func, args[0], out)
+                return out
             if func in DATA_DEPENDENT_OPS and self.phase == "optimizer":
                 value = self.oracle(args[0])
                 if value is not NotImplemented:
@@ -182,6 +200,32 @@ class Recorder(StorageTracker):
                 self.failed = (str(func), self.module(), self.phase,
                                _user_frame(traceback.extract_stack()), e)
             raise
+
+    def note_read(self, func, t: torch.Tensor, value) -> None:
+        """``value`` was read from fake tensor ``t``: its unbacked symbol, with where it was
+        read and whether ``t`` is computed from a random draw."""
+        new = data_symbols(value) - self.data.keys()
+        if new:
+            node = self._node_of.get(t)
+            read = DataSymbol("a value read from a tensor", str(func), self.module(),
+                              self.phase, _user_frame(traceback.extract_stack()),
+                              random=drawn_at_random(node) if node is not None else None)
+            self.data.update(dict.fromkeys(new, read))
+
+    def note_counts(self, func, args, new_sids) -> None:
+        """Storages of this op sized by a symbol the trace has not seen: a count of the
+        values of a tensor (a mask's True values), bounded by its number of elements
+        (:func:`fxmem.trace.datadep.count_of`), or unbounded when the op says nothing."""
+        found = set()
+        for sid in new_sids:
+            found |= data_symbols(self.storages[sid].nbytes)
+        for sym in found - self.data.keys():
+            bound, what = count_of(func, args, sym) or (None, "values {func} counts")
+            expr = bound.node.expr if isinstance(bound, torch.SymInt) else bound
+            n = self._sub(expr) if isinstance(expr, sympy.Expr) else expr
+            self.data[sym] = DataSymbol(
+                "the number of " + what.format(n=n, func=func), str(func), self.module(),
+                self.phase, _user_frame(traceback.extract_stack()), expr)
 
     def expect_size_read(self, size) -> None:
         """A backward node of :data:`~fxmem.trace.rules.GUARD_INT_BACKWARD_NODES` made its
@@ -333,6 +377,8 @@ class Recorder(StorageTracker):
                 else:
                     vals.append(None)  # keep positions (e.g. a gradient not asked for)
             node.meta["val"] = tuple(vals)
+        if len(self.shape_env.var_to_range) > self._n_symbols:  # counts exist in this step
+            self.note_counts(func, args, new_sids)
         self.ops.append(OpInfo(index, str(func), self.phase, module, tuple(out_sids),
                                tuple(new_sids), tuple(dict.fromkeys(in_sids)),
                                self._written(func, args, kwargs), grad_node,
@@ -362,15 +408,18 @@ class Recorder(StorageTracker):
             if not ((val is not None and val.is_number)
                     or (rng is not None and rng.lower == rng.upper)):
                 continue
-            source = _user_frame(traceback.extract_stack())
-            for g in self.shape_env.guards:
-                if source is None and sym in g.expr.free_symbols:
-                    source = _guard_source(g)
+            # where the symbol was fixed (a Python int read, e.g. range(x.shape[0])), else
+            # the op that found it fixed
+            fixed = [_guard_source(g) for g in self.shape_env.guards
+                     if sym in g.expr.free_symbols]
+            source = next((f for f in reversed(fixed) if f), None) \
+                or _user_frame(traceback.extract_stack())
             value = val if val is not None else rng.lower
             what = "the batch size" if name == "B" else f"dim {name}"
             # len(x), int(x.shape[0]) and range(x.shape[0]) are Python ints: they fix the
-            # symbol whatever fxmem does (CPython's len() converts with __index__)
-            hint = hint or (
+            # symbol whatever fxmem does (CPython's len() converts with __index__); a
+            # Hugging Face config flag may be what turned on the code that does so
+            hint = hint or config_hint(_live_frames()) or (
                 "compute sizes from x.shape[0] instead of constants, int() or len(x)"
                 if name == "B" else
                 "compute sizes from the tensor's shape instead of constants, int() or len()")
@@ -397,14 +446,41 @@ _WRITES: dict = {}  # op -> (position, name) of the arguments it writes in place
 
 
 def _guard_source(guard) -> str | None:
-    """The user's line a guard was created at, if the ShapeEnv recorded one."""
-    user = getattr(getattr(guard, "sloc", None), "maybe_user_loc", None)
-    return str(user).strip() or None if user else None
+    """The user's (or a model library's) line a guard was created at, if the ShapeEnv
+    recorded one: its ``framework_loc``, the frame that asked (a Python int read of a
+    symbol, such as ``range(x.shape[0])``), when that is not torch's nor fxmem's."""
+    sloc = getattr(guard, "sloc", None)
+    user = getattr(sloc, "maybe_user_loc", None)
+    if user:
+        return str(user).strip() or None
+    fr = getattr(sloc, "framework_loc", None)
+    if isinstance(fr, traceback.FrameSummary):
+        return _user_frame([fr])
+    return None
 
 
 def _as_trace_error(e: Exception, rec: Recorder) -> TraceError:
     reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
     source = _user_frame(traceback.extract_tb(e.__traceback__))
+    guard = next((x for x in _causes(e) if isinstance(x, GuardOnDataDependentSymNode)), None)
+    if guard is not None:  # a Python branch on a value the data sets
+        frames = []
+        tb = guard.__traceback__
+        while tb is not None:
+            frames.append(tb.tb_frame)
+            tb = tb.tb_next
+        failed = rec.failed if rec.failed is not None and _chained(e, rec.failed[4]) else None
+        origin = branch_origin(guard.cond, rec.data)
+        return DataDependentError(
+            branch_message(origin, config_hint(reversed(frames))),
+            op=failed[0] if failed else origin.op if origin is not None else None,
+            # the module running the branch (forward hooks left on the stack); in backward,
+            # where no stack is kept, the module that read the value
+            module=failed[1] if failed else origin.module if origin is not None
+            and rec.phase != "forward" else rec.module_stack[-1],
+            source=(failed[3] if failed else None) or _user_frame(
+                traceback.extract_tb(guard.__traceback__)) or source,
+            phase=failed[2] if failed else rec.phase)
     if rec.failed is not None and rec.failed[4] is e or (rec.failed and _chained(e, rec.failed[4])):
         op, module, phase, src, _ = rec.failed
         return TraceError(f"cannot trace this op on fake tensors: {reason}", op=op,

@@ -70,6 +70,8 @@ class StorageInfo:
     saved_by: tuple = ()  # module paths whose forward saved it for backward
     unref_after: int | None = None  # op index after which no Python reference held it
     # (autograd's saved copies aside: ``freed_after`` is the later of the two)
+    data_bound: bool = False  # its size depends on a count the data sets (a mask's True
+    # values): ``size`` is its largest (fxmem.trace.datadep)
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,9 @@ class Trace:
     compute_capability: tuple = (9, 0)  # the GPU whose kernels device="cuda" follows
     # (op, what CUDA runs) the routed kernels chose (fxmem.trace.cuda.kernels)
     kernel_choices: tuple = ()
+    # (op, module, what) storages sized by a count the data sets, at its largest
+    # (``StorageInfo.data_bound``; fxmem.trace.datadep)
+    data_sized: tuple = ()
 
 
 def _graph(self) -> torch.fx.Graph:

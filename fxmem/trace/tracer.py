@@ -28,13 +28,14 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._pytree import tree_leaves
 
-from ..errors import FxmemError, InputError, TraceError
+from ..errors import DataDependentError, FxmemError, InputError, TraceError
 from ..formula.guards import implied, lower_bounds, simplified, valid_when
 from ..formula.symbols import B, Size, dim_symbol, plain
 from .amp import emulate
 from .checkpointing import checkpointing, normalize_plan, user_path
 from .compat import tracing_shims
 from .cuda.kernels import cuda_kernels
+from .datadep import data_symbols
 from .recorder import Recorder, _as_trace_error, _caused_by
 from .records import B_RANGE_MAX, ModuleCall, StorageInfo, TensorDesc, Trace
 from .reuse import NoReuse, Reuse, find_runs
@@ -422,6 +423,7 @@ def _finish(rec: Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
     env = rec.shape_env
 
     done: dict = {}
+    largest = _largest_counts(rec)
 
     def to_expr(v):
         if isinstance(v, int):
@@ -430,7 +432,7 @@ def _finish(rec: Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
         if raw in done:
             return done[raw]
         e = env.replace(raw) if hasattr(env, "replace") else raw
-        e = done[raw] = plain(e.xreplace(rec.subs))
+        e = done[raw] = plain(e.xreplace(largest).xreplace(rec.subs))
         extra = e.free_symbols - {B, *(dim_symbol(n) for n in rec.dim_syms)}
         if extra:
             raise TraceError(f"a storage size depends on data ({sorted(map(str, extra))}), "
@@ -446,7 +448,11 @@ def _finish(rec: Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
     sizes: dict = {}
     released = rec.saved_tensors.release_times()
     saved_by = rec.saved_tensors.saved_by()
+    data_sized: dict = {}
     for s in rec.storages:
+        counts = data_symbols(s.nbytes)
+        if counts:
+            _check_bounded(rec, s, counts, data_sized)
         expr = to_expr(s.nbytes)
         if rec.dim_syms:
             expr = sympy.expand(expr)
@@ -461,7 +467,7 @@ def _finish(rec: Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
         storages.append(StorageInfo(
             s.sid, size, cat, name, creator_module.get(s.sid, ""), s.created_by,
             freed, s.sid in rec.saved, None, (),
-            saved_by.get(s.sid, ()), s.freed_after))
+            saved_by.get(s.sid, ()), s.freed_after, bool(counts)))
     # dtype/shape of the first tensor seen on each storage, from the graph
     first = getattr(rec, "first_desc", None)
     if first is None:
@@ -499,7 +505,45 @@ def _finish(rec: Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
                  tuple(sorted(rec.calls, key=lambda c: (c.first_op, -c.last_op))),
                  rec.saved_tensors.packs, spec.grad_accum, tuple(rec.dim_syms),
                  getattr(rec, "reused", ()),
-                 rec.capability, rec.kernels.choices if rec.kernels is not None else ())
+                 rec.capability, rec.kernels.choices if rec.kernels is not None else (),
+                 tuple((op, m, what) for (op, m), what in data_sized.items()))
+
+
+def _largest_counts(rec: Recorder) -> dict:
+    """Each count the data sets (a mask's True values) -> its largest value, the number of
+    elements it counts among (fxmem.trace.datadep); the counts with no known bound are left."""
+    env = rec.shape_env
+    out = {}
+    for sym, d in rec.data.items():
+        if d.bound is not None:
+            b = sympy.sympify(d.bound)
+            out[sym] = env.replace(b) if hasattr(env, "replace") else b
+    return out
+
+
+def _check_bounded(rec: Recorder, s, counts: set, data_sized: dict) -> None:
+    """Storage ``s`` is sized by ``counts``: each must have a bound (else the trace stops,
+    naming where the value was read); ``data_sized[(op, module)]`` says which counts."""
+    op = rec.ops[s.created_by] if 0 <= s.created_by < len(rec.ops) else None
+    made = f"what {op.op} makes" if op is not None else "a storage"
+    whats = []
+    for sym in sorted(counts, key=str):
+        d = rec.data.get(sym)
+        if d is None or d.bound is None:
+            read = d.what if d is not None else f"a value the data sets ({sym})"
+            where = d if d is not None else op
+            raise DataDependentError(
+                f"the size of {made} is {read}, which fake tensors do not have and "
+                "fxmem knows no bound of: compute sizes from shapes, not tensor values",
+                op=where.op if where is not None else None,
+                module=where.module if where is not None else None,
+                source=getattr(where, "source", None),
+                phase=where.phase if where is not None else None)
+        whats.append(d.what)
+    if op is not None:
+        key = (op.op, op.module)
+        if key not in data_sized:
+            data_sized[key] = f"a size the data sets, taken at its largest: {', '.join(whats)}"
 
 
 def _with(s: StorageInfo, **kw) -> StorageInfo:

@@ -445,7 +445,10 @@ def _hf_clip():
 _add("hf", "clip", _hf_clip, "contrastive loss over the batch; 2+2 layers, 32x32 images")
 
 
-def _hf_audio_classifier(config, model, mask_time_prob):
+def _hf_audio_classifier(config, model, mask_time_prob, layerdrop=0.1, mask_input=False):
+    """A speech classifier on 800 samples (79 frames). ``mask_input``: SpecAugment's time
+    mask drawn outside the model, as a data collator does, and passed as
+    ``mask_time_indices`` (the model then draws none itself)."""
     def build():
         import transformers as T
 
@@ -453,20 +456,37 @@ def _hf_audio_classifier(config, model, mask_time_prob):
                                  num_attention_heads=4, conv_dim=(32, 32), conv_stride=(5, 2),
                                  conv_kernel=(10, 3), num_conv_pos_embeddings=16,
                                  num_conv_pos_embedding_groups=4, num_labels=CLASSES,
-                                 mask_time_prob=mask_time_prob, mask_time_length=2)
+                                 mask_time_prob=mask_time_prob, mask_time_length=2,
+                                 layerdrop=layerdrop)
         m = getattr(T, model)(cfg)
-        return HF(m, "input_values", "labels"), (torch.randn(BATCH, 800), _labels()), (), None
+        if not mask_input:
+            return HF(m, "input_values", "labels"), (torch.randn(BATCH, 800), _labels()), (), None
+        from transformers.models.wav2vec2.modeling_wav2vec2 import _compute_mask_indices
+
+        frames = int(m.base_model._get_feat_extract_output_lengths(800))
+        mask = torch.from_numpy(_compute_mask_indices((BATCH, frames), mask_time_prob, 2))
+        return (HF(m, "input_values", "labels", "mask_time_indices"),
+                (torch.randn(BATCH, 800), _labels(), mask), (), None)
     return build
 
 
 _add("hf", "wav2vec2", _hf_audio_classifier("Wav2Vec2Config", "Wav2Vec2ForSequenceClassification",
                                             0.05),
-     "Wav2Vec2ForSequenceClassification, 800 samples, SpecAugment on (mask_time_prob 0.05)")
+     "Wav2Vec2ForSequenceClassification, 800 samples, SpecAugment on (mask_time_prob 0.05), "
+     "LayerDrop 0.1")
 _add("hf", "wav2vec2-nospecaugment",
      _hf_audio_classifier("Wav2Vec2Config", "Wav2Vec2ForSequenceClassification", 0.0),
      "as wav2vec2, with mask_time_prob=0")
+_add("hf", "wav2vec2-masked",
+     _hf_audio_classifier("Wav2Vec2Config", "Wav2Vec2ForSequenceClassification", 0.05,
+                          layerdrop=0.0, mask_input=True),
+     "as wav2vec2, LayerDrop off, SpecAugment's time mask drawn by the data pipeline and "
+     "passed as mask_time_indices")
 _add("hf", "hubert", _hf_audio_classifier("HubertConfig", "HubertForSequenceClassification", 0.0),
-     "HubertForSequenceClassification, 800 samples, mask_time_prob=0")
+     "HubertForSequenceClassification, 800 samples, mask_time_prob=0, LayerDrop 0.1")
+_add("hf", "hubert-nolayerdrop",
+     _hf_audio_classifier("HubertConfig", "HubertForSequenceClassification", 0.0, layerdrop=0.0),
+     "as hubert, LayerDrop off (layerdrop=0)")
 
 
 def _hf_whisper():

@@ -39,6 +39,9 @@ FAST = [
     "timm/resmlp_12_224",  # Affine: addcmul with (1, 1, dim) parameters
     # submodules shared by several paths (crpe): analyze left fake parameters on the model
     "timm/coat_lite_tiny",
+    # SpecAugment's hidden_states[mask_time_indices] = masked_spec_embed: a boolean-mask
+    # index_put_, its backward's grad[mask] sized by the count (fxmem.trace.datadep)
+    "hf/wav2vec2-masked",
     pytest.param("hf/swin", marks=known(
         "+16,384 B a sample (one stage-2 activation) over at the backward peak, in "
         "layers.1.blocks.0.mlp.fc2's backward; cause not found yet")),
@@ -53,3 +56,14 @@ def test_real_model_exact(name):
     r = audit(name)
     assert r.status == "exact", f"{name}: {status_text(r)}; points (B, predicted, measured): " \
                                 f"{r.points}"
+
+
+@pytest.mark.parametrize("name, flag", [
+    ("hf/wav2vec2", "config.mask_time_prob = 0.05 (SpecAugment)"),  # a NumPy mask of B rows
+    ("hf/hubert", "config.layerdrop = 0.1 (LayerDrop)"),  # if torch.rand([]) < layerdrop
+])
+def test_random_in_training_refused_naming_its_config_flag(name, flag):
+    r = audit(name)
+    assert r.status == "refused" and flag in r.message and "model.eval()" in r.message, \
+        status_text(r)
+    assert "transformers/models/" in r.message  # the library's line

@@ -511,6 +511,12 @@ RULES: tuple = (
                "the sort-based kernel: linear indices, sorted and original indices, the "
                "expanded values, CUB's radix-sort storage (fxmem/trace/cuda/workspaces.py)",
                "aten/src/ATen/native/cuda/Indexing.cu: index_put_with_sort_kernel"),
+    KernelRule("index, index_put with a boolean mask", "workspace",
+               "nonzero() makes the mask int64 indices, a column per mask dim as long as its "
+               "True values, held while the kernel runs (none for x[mask] = a number: "
+               "masked_fill_); the count is data, taken at the mask's elements",
+               "aten/src/ATen/native/IndexingUtils.h: expandTensors; TensorAdvancedIndexing"
+               ".cpp: _index_put_impl_; cuda/Nonzero.cu: nonzero_cuda_out_impl"),
     KernelRule("group_norm", "route",
                "the input is made contiguous before native_group_norm, which saves it: a "
                "channels_last input is copied and the copy kept for backward (the CPU keeps "

@@ -240,14 +240,38 @@ def _bshape(shapes):
     return out
 
 
-def _sort_kernel(self_t, indices, value_shape, value_contig, value_size, cap, fresh=False):
+def _expand_masks(indices) -> tuple:
+    """IndexingUtils.h ``expandTensors``: each boolean (or uint8) mask becomes ``nonzero()``'s
+    columns, one int64 index per mask dim, as long as its number of True values (the fake
+    ``nonzero``'s unbacked symbol, memoized on the mask: fxmem.trace.datadep bounds it by the
+    mask's elements). Returns the indices as (shape, dtype, numel) or None per dim, and the
+    ``nonzero`` outputs, Nonzero.cu ``nonzero_cuda_out_impl``'s {ndim, n} int64 (plus a copy
+    of a non-contiguous mask), alive until the indices are dropped."""
+    meta, made = [], []
+    for t in indices:
+        if t is None or t.dtype not in (torch.bool, torch.uint8):
+            meta.append(None if t is None else (t.shape, t.dtype, t.numel()))
+            continue
+        n = t.nonzero().shape[0]
+        meta += [((n,), torch.int64, n)] * t.dim()
+        made.append((f"nonzero(mask): {t.dim()} int64 columns of the True values",
+                     t.dim() * n * 8))
+        if not _contiguous(t):
+            made.append(("mask.contiguous() for nonzero", t.numel() * t.element_size()))
+    return meta, made
+
+
+def _sort_kernel(self_t, indices, value_shape, value_contig, value_size, cap, fresh=False,
+                 masks=()):
     """Indexing.cu ``index_put_with_sort_kernel``, makeLinearIndex, computeLinearIndex,
     wrapIndexOnce; ``indices``: None or (shape, dtype, numel) per dim, K: broadcast numel.
     Throughout: self.contiguous(), the transposed self's contiguous() (non-adjacent indices).
     Phase makeLinearIndex: int32 indices .to(kLong), remainder() and * stride (K*8 each)
     beside linearIndex. Phase sort: linearIndex, sorted/orig indices, range (K*8 each),
     value.expand(vals_shape).contiguous(), CUB's sort storage (nbits = bit length of
-    largestIndex(self) / sliceSize). The range check's 0-dim min/max (unsafe=False) is left out."""
+    largestIndex(self) / sliceSize). The range check's 0-dim min/max (unsafe=False) is left out.
+    ``masks``: the ``nonzero`` outputs of expanded masks (:func:`_expand_masks`), which
+    makeLinearIndex's own ``expandTensors`` holds until it returns, not into the sort."""
     dims = [i for i, t in enumerate(indices) if t is not None]
     if not dims:
         return []
@@ -277,20 +301,38 @@ def _sort_kernel(self_t, indices, value_shape, value_contig, value_size, cap, fr
                          math.prod(vals_shape) * value_size)] if copy_v else []) + [
         ("linearIndex, sorted_indices, orig_indices, range", _ite(run, 4 * K * 8, 0)),
         ("CUB radix-sort temp storage", _ite(run, radix_sort_temp_bytes(K, 8, passes, cap), 0))]}
-    if not (len(longs) + (3 if len(dims) > 1 else 2) <= 4 and _known(K > 0)):
-        phases["makeLinearIndex"] = longs + [  # else <= 4*K*8 < the sort phase
+    if masks or not (len(longs) + (3 if len(dims) > 1 else 2) <= 4 and _known(K > 0)):
+        phases["makeLinearIndex"] = list(masks) + longs + [  # else <= 4*K*8 < the sort's
             ("linearIndex, remainder(), * stride", (3 if len(dims) > 1 else 2) * K * 8)]
     return _clean(ws + _peak(phases))
 
 
 def _index_put(a, cap, sms):  # TensorAdvancedIndexing.cpp _index_put_impl_, its CUDA branch
-    v = a["values"]
-    if not (a["accumulate"] or (_deterministic() and not _known(v.numel() <= 1))):
+    v, masked = a["values"], _masked(a["indices"])
+    sort = a["accumulate"] or (_deterministic() and not _known(v.numel() <= 1))
+    if not (sort or masked):
         return []
-    if _masked(a["indices"]):
-        return []  # nonzero() sizes a mask's indices from the data (see unmodelled)
-    meta = [None if t is None else (t.shape, t.dtype, t.numel()) for t in a["indices"]]
-    return _sort_kernel(a["self"], meta, list(v.shape), _contiguous(v), v.element_size(), cap)
+    if masked and _fills(a):
+        return []
+    meta, made = _expand_masks(a["indices"]) if masked else (
+        [None if t is None else (t.shape, t.dtype, t.numel()) for t in a["indices"]], [])
+    if not sort:  # make_info's expanded indices, alive while index_put_stub runs
+        return _clean(made)
+    return _sort_kernel(a["self"], meta, list(v.shape), _contiguous(v), v.element_size(), cap,
+                        masks=made)
+
+
+def _fills(a) -> bool:
+    """TensorAdvancedIndexingUtils.h ``canDispatchToMaskedFill``: without accumulate, one
+    mask and a one-element value on the CPU, which is what ``x[mask] = 0.0`` makes of the
+    number on CUDA (python_variable_indexing.cpp THPVariable_setitem): ``masked_fill_``, no
+    ``nonzero()``. A 0-dim value stands for that number here."""
+    return (not a["accumulate"] and a["values"].dim() == 0
+            and sum(t is not None for t in a["indices"]) == 1)
+
+
+def _index(a, cap, sms):  # TensorAdvancedIndexing.cpp index (meta: make_info), x[mask]
+    return _clean(_expand_masks(a["indices"])[1]) if _masked(a["indices"]) else []
 
 
 def _index_add(a, cap, sms, fresh=False):
@@ -422,6 +464,7 @@ _RULES = {
     aten._index_put_impl_.default: _index_put,
     aten.index_put.default: _index_put,  # what IndexBackward calls on (fake) tensor subclasses
     aten.index_put_.default: _index_put,
+    aten.index.Tensor: _index,
     aten.index_add_.default: _index_add,
     aten.index_add.default: lambda a, c, s: _index_add(a, c, s, fresh=True),
     aten.index_add.out: _index_add,
@@ -474,9 +517,12 @@ def unmodelled(func, args, kwargs, out, *, capability=(9, 0), num_sms=None) -> s
         return (f"CUB look-back scan storage of {scans} over the "
                 f"{n if isinstance(n, int) else 'n'} indices (per-architecture tuning; "
                 f"1.0-1.3 KB + up to 0.05 B per index, each){note}")
-    if func in (aten._index_put_impl_.default, aten.index_put.default, aten.index_put_.default):
-        return ("index_put with a boolean mask: nonzero() and sort temporaries sized by the "
-                "data" if _masked(a["indices"]) else None)
+    if func in (aten._index_put_impl_.default, aten.index_put.default, aten.index_put_.default,
+                aten.index.Tensor):
+        if not _masked(a["indices"]) or func is not aten.index.Tensor and _fills(a):
+            return None
+        return ("CUB's reduce and select storage of nonzero() over a boolean mask (a few "
+                "bytes per tile of its elements)")
     if func in (aten.native_layer_norm_backward.default, aten._fused_rms_norm_backward.default):
         if _decide(_large_m(a, sms, func is aten._fused_rms_norm_backward.default)[2]) is False:
             return None
