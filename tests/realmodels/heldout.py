@@ -48,7 +48,8 @@ N_TORCHVISION = 8
 
 #: The one rule that shrinks a Hugging Face config: every field the config has, set.
 SHRINK = {
-    **dict.fromkeys(("hidden_size", "n_embd", "d_model", "dim", "embed_dim", "width"), 64),
+    **dict.fromkeys(("hidden_size", "n_embd", "d_model", "dim", "embed_dim", "emb_dim",
+                     "width"), 64),
     **dict.fromkeys(("intermediate_size", "n_inner", "ffn_dim", "d_ff", "hidden_dim",
                      "encoder_ffn_dim", "decoder_ffn_dim", "moe_intermediate_size",
                      "shared_expert_intermediate_size"), 128),
@@ -60,14 +61,16 @@ SHRINK = {
     "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
     "num_local_experts": 4, "num_experts": 4, "n_routed_experts": 4,
     "num_experts_per_tok": 2, "moe_k": 2, "top_k": 2,
-    "image_size": 32, "patch_size": 8, "num_labels": CLASSES,
 }
 
 
 def _shrunk(fields: dict) -> dict:
-    """The :data:`SHRINK` values of the fields a config has, its sub-configs
-    (``text_config``, ``vision_config``, ...) shrunk alike."""
-    out = {k: v for k, v in SHRINK.items() if k in fields}
+    """The :data:`SHRINK` values of the integer fields a config has (a list, such as a
+    hierarchical model's heads per stage, is kept), its sub-configs (``text_config``,
+    ``vision_config``, ...) shrunk alike."""
+    out = {k: v for k, v in SHRINK.items()
+           if type(fields.get(k)) is int
+           or (k.endswith("_token_id") and k in fields and fields[k] is None)}
     for k, v in fields.items():
         if k.endswith("_config") and isinstance(v, dict):
             out[k] = _shrunk(v)
@@ -78,7 +81,7 @@ def _shrunk_config(model_type: str):
     from transformers import CONFIG_MAPPING
 
     cls = CONFIG_MAPPING[model_type]
-    return cls(**_shrunk(cls().to_dict()))
+    return cls(**_shrunk(cls().to_dict()), num_labels=CLASSES)
 
 
 def _hf_case(kind: str, model_type: str) -> Callable[[], tuple]:
@@ -93,10 +96,9 @@ def _hf_case(kind: str, model_type: str) -> Callable[[], tuple]:
             raise ValueError(f"{params:,} parameters after the shrink rule")
         m = auto.from_config(config)
         if kind == "image":
-            size = getattr(m.config, "image_size", 32)
-            size = size if isinstance(size, int) else 32
-            channels = getattr(m.config, "num_channels", 3)
-            images = torch.randn(BATCH, channels, size, size)
+            size = getattr(m.config, "image_size", 224)
+            hw = (size, size) if isinstance(size, int) else tuple(size)[-2:]
+            images = torch.randn(BATCH, getattr(m.config, "num_channels", 3), *hw)
             return HF(m, "pixel_values", "labels"), (images, _labels()), (), None
         if getattr(m, "loss_type", "") is None:
             m.loss_type = "ForCausalLM" if kind == "causal" else "ForMaskedLM"
@@ -222,5 +224,5 @@ def heldout_cases() -> dict[str, Case]:
         for t in rng.sample(types, min(N_HF[kind], len(types))):
             add("hf", f"{t}-{kind}", _hf_case(kind, t),
                 f"{mapping[t]}, config shrunk by the held-out rule, "
-                + ("32x32 images" if kind == "image" else f"sequence {SEQ}"))
+                + ("images of its config's size" if kind == "image" else f"sequence {SEQ}"))
     return cases
