@@ -33,6 +33,7 @@ from ..formula.guards import implied, lower_bounds, simplified, valid_when
 from ..formula.symbols import B, Size, dim_symbol, plain
 from .amp import emulate
 from .checkpointing import checkpointing, normalize_plan, user_path
+from .checks import CheckingShapeEnv
 from .compat import tracing_shims
 from .cuda.kernels import cuda_kernels
 from .datadep import data_symbols
@@ -127,7 +128,7 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     spec = make_spec(model, inputs, targets, step)
     plan = normalize_plan(model, checkpoint)
     hint = batch_hint or (spec.batch_size if spec.batch_size >= 2 else 8)
-    shape_env = ShapeEnv(specialize_zero_one=False, duck_shape=False)
+    shape_env = CheckingShapeEnv(specialize_zero_one=False, duck_shape=False)
     mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
     from torch._dynamo.source import ConstantSource
 
@@ -500,6 +501,9 @@ def _finish(rec: Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
             g.output(None)
             return g
     unmodelled = tuple((str(f), m, why) for (f, m), why in rec.unmodelled.items())
+    unmodelled += tuple(("check", "", f"a check on data assumed to pass (fake tensors have no "
+                         f"values; a step that fails it raises): {note}")
+                        for note in getattr(env, "assumed", ()))
     return Trace(graph, tuple(rec.ops), tuple(storages), guards, hint, spec.train,
                  spec.device, spec.optimizer is not None, unmodelled, rec.plan,
                  tuple(sorted(rec.calls, key=lambda c: (c.first_op, -c.last_op))),
