@@ -362,7 +362,7 @@ class Recorder(StorageTracker):
             if not ((val is not None and val.is_number)
                     or (rng is not None and rng.lower == rng.upper)):
                 continue
-            source = _user_frame(traceback.extract_stack())
+            source = _fixed_at(self.shape_env, sym) or _user_frame(traceback.extract_stack())
             for g in self.shape_env.guards:
                 if source is None and sym in g.expr.free_symbols:
                     source = _guard_source(g)
@@ -394,6 +394,18 @@ class Recorder(StorageTracker):
 
 
 _WRITES: dict = {}  # op -> (position, name) of the arguments it writes in place
+
+
+def _fixed_at(shape_env, sym) -> str | None:
+    """The user's line where ``sym`` became a number: the frame the ShapeEnv recorded with
+    its ``Eq(sym, value)`` guard (``len(x)`` makes no op, so the op that notices is a later
+    one, on a later line)."""
+    for g in reversed(shape_env.guards):
+        frame = getattr(getattr(g, "sloc", None), "framework_loc", None)
+        if (isinstance(g.expr, sympy.Eq) and g.expr.free_symbols == {sym}
+                and isinstance(frame, traceback.FrameSummary)):
+            return _user_frame([frame])
+    return None
 
 
 def _guard_source(guard) -> str | None:
