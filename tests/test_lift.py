@@ -9,6 +9,7 @@ import inspect
 import json
 import re
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -170,3 +171,43 @@ def test_a_symbolic_trace_is_not_lifted():
     """The normal trace stays the one path when B is never fixed."""
     t = trace(Contrastive(symbolic=True), torch.randn(4, 8), **ADAM, device="cpu")
     assert t.lifted is None
+
+
+class Numpy(nn.Module):
+    """The batch size through numpy and a Python list: ``np.arange`` of a symbolic size makes
+    an array of objects (``torch.from_numpy`` refuses it), ``[1.0] * x.size(0)`` fixes B."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        order = torch.from_numpy(np.arange(x.shape[0])[::-1].copy())
+        weight = torch.tensor([1.0] * x.size(0))
+        return self.lin(x)[order] * weight[:, None]
+
+
+def test_numpy_and_lists_of_the_batch_size_are_fitted():
+    x = torch.randn(4, 8)
+    r = fxmem.analyze(Numpy(), x, **ADAM, device="cpu")
+    assert "fails with B a symbol" in r.lifted
+    for b in UNTRACED:
+        assert r.peak_bytes(b) == fxmem.measure(Numpy(), x, **ADAM, B=b).peak_bytes, b
+
+
+def test_model_code_failing_for_every_batch_size_keeps_its_error():
+    """Not for B's sake: the error is the symbolic trace's own."""
+
+    class Broken(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            raise ValueError("no such layer")
+
+    with pytest.raises(fxmem.TraceError) as e:
+        fxmem.analyze(Broken(), torch.randn(4, 8), **ADAM, device="cpu")
+    assert str(e.value).startswith("cannot trace the step on fake tensors: ValueError: no such "
+                                   "layer (module (root), during forward, at ")
+    assert "concrete" not in str(e.value)

@@ -3,7 +3,9 @@
 ``len(x)``, ``int(x.shape[0])`` or a size passed through numpy or a list turn the batch size
 into a Python int (CPython's ``len()`` converts ``__len__``'s result with ``__index__``, so no
 tracer can keep it symbolic): the ``ShapeEnv`` then fixes B to the example's value and no
-formula in B comes out of the symbolic trace. Instead the step is traced with B a plain int
+formula in B comes out of the symbolic trace. (Likewise when the model's own Python code
+fails on a symbolic B: ``np.arange(x.shape[0])`` makes an array of objects, which
+``torch.from_numpy`` refuses.) Instead the step is traced with B a plain int
 at :data:`FIT` and :data:`CHECK` (fake tensors, so each costs what one symbolic trace costs).
 The traces must be the same step: the same ops in the same order, storages, aliasing,
 lifetimes, saved tensors, dtypes (:func:`_skeleton`); only numbers may differ between them:
@@ -42,7 +44,7 @@ from fractions import Fraction
 import sympy
 import torch
 
-from ..errors import FxmemError, SpecializationError
+from ..errors import FxmemError, SpecializationError, TraceError
 from ..formula.guards import implied, lower_bounds, valid_when
 from ..formula.symbols import B, Size, dim_symbol
 from .records import Lifted, TensorDesc, Trace
@@ -56,13 +58,14 @@ _HOLE = "<number>"  # a number's place in a skeleton
 _PLAIN = (str, bool, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 
 
-def lift(trace_at, error: SpecializationError, guards=(), *, hint: int) -> Trace:
+def lift(trace_at, error: TraceError, guards=(), *, hint: int,
+         cause: str = "makes B a Python int") -> Trace:
     """One trace in B from ``trace_at(b)`` (the step traced with B the int ``b``) at every
-    point of :data:`FIT` and :data:`CHECK`; ``error``: the error that fixed B;
-    ``guards``: the conditions on B the symbolic trace met before that; ``hint``: the
-    lifted trace's ``batch_hint`` (the example's batch size: checked too). Raises ``error``'s
-    :class:`SpecializationError`, with why lifting failed, when the step is not one
-    polynomial step."""
+    point of :data:`FIT` and :data:`CHECK`; ``error``: the error of the symbolic trace (a
+    :class:`SpecializationError` that fixed B, or the model's own code failing on a symbolic
+    B), ``cause`` what it was; ``guards``: the conditions on B the symbolic trace met before
+    it; ``hint``: the lifted trace's ``batch_hint`` (the example's batch size: checked too).
+    Raises ``error``, with why lifting failed, when the step is not one polynomial step."""
     t0 = time.perf_counter()
     traces = {b: _traced(trace_at, b, error) for b in FIT}
     kept = [g for g in guards if all(g.xreplace({B: b}) is sympy.true for b in FIT)]
@@ -90,21 +93,24 @@ def lift(trace_at, error: SpecializationError, guards=(), *, hint: int) -> Trace
                                   f"no polynomial in B of degree <= {len(FIT) - 1}")
         fitted.append(got)
     kept += [B <= upper] if upper is not None else []
-    note = Lifted(error.source, error.op, FIT, checks, time.perf_counter() - t0)
+    note = Lifted(error.source, error.op, FIT, checks, time.perf_counter() - t0, cause)
     return _rebuilt(traces[FIT[0]], fitted, valid_when(kept, FIT[0]), hint, note)
 
 
 def _traced(trace_at, b: int, error):
-    """The step traced at B=``b``, or ``error`` saying why it cannot be."""
+    """The step traced at B=``b``, or ``error`` saying why it cannot be (``error`` itself when
+    it was no SpecializationError and the step fails at B=``b`` too: not for B's sake)."""
     try:
         return trace_at(b)
     except FxmemError as e:
+        if not isinstance(error, SpecializationError) and b == FIT[0]:
+            raise error from e
         why = getattr(e, "reason", str(e))
         op = f" ({e.op})" if getattr(e, "op", None) else ""
         raise _refused(error, f"the step cannot be traced at B={b}{op}: {why}") from e
 
 
-def _checked(trace_at, error, traces: dict, guards: list, hint: int) -> tuple:
+def _checked(trace_at, error: TraceError, traces: dict, guards: list, hint: int) -> tuple:
     """``traces`` with the step traced at the check points too, and the largest B the step
     runs at (None: no limit seen). A check point beyond the conditions the symbolic trace
     met (``B <= 64`` from ``pos[:x.shape[0]]``) becomes their bound; one where the step
@@ -137,10 +143,10 @@ def _checked(trace_at, error, traces: dict, guards: list, hint: int) -> tuple:
     return traces, upper
 
 
-def _refused(error: SpecializationError, why: str) -> SpecializationError:
+def _refused(error: TraceError, why: str) -> TraceError:
     """``error`` with why the traces at concrete batch sizes could not replace it."""
     why = why.splitlines()[0] if why else why
-    return SpecializationError(f"{error.reason}; tracing at concrete batch sizes to fit a "
+    return type(error)(f"{error.reason}; tracing at concrete batch sizes to fit a "
                                f"formula failed: {why}", op=error.op, module=error.module,
                                source=error.source, phase=error.phase)
 

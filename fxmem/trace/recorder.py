@@ -396,6 +396,18 @@ class Recorder(StorageTracker):
 _WRITES: dict = {}  # op -> (position, name) of the arguments it writes in place
 
 
+def failed_in_model_code(e: Exception, rec: Recorder) -> bool:
+    """Did ``e`` come from the model's own Python code (neither torch's nor fxmem's), outside
+    any aten op, while the step ran? Such code may need B as a number where it holds a
+    symbolic size: ``np.arange(x.shape[0])`` makes an array of objects, which
+    ``torch.from_numpy`` refuses."""
+    if rec.failed is not None or rec.phase not in ("forward", "backward"):
+        return False
+    frames = traceback.extract_tb(e.__traceback__)
+    return bool(frames) and not frames[-1].filename.startswith(
+        (_FXMEM, os.path.dirname(torch.__file__)))
+
+
 def _fixed_at(shape_env, sym) -> str | None:
     """The user's line where ``sym`` became a number: the frame the ShapeEnv recorded with
     its ``Eq(sym, value)`` guard (``len(x)`` makes no op, so the op that notices is a later

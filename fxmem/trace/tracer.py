@@ -35,7 +35,7 @@ from .checkpointing import checkpointing, normalize_plan, user_path
 from .compat import tracing_shims
 from .cuda.kernels import cuda_kernels
 from .lift import lift
-from .recorder import Recorder, _as_trace_error, _caused_by
+from .recorder import Recorder, _as_trace_error, _caused_by, failed_in_model_code
 from .records import B_RANGE_MAX, ModuleCall, StorageInfo, TensorDesc, Trace
 from .reuse import NoReuse, Reuse, find_runs
 from .rules import (
@@ -166,14 +166,14 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     except SpecializationError as e:
         if concrete_batch is not None or not _fixed(shape_env, sym):
             raise
-        # B is a Python int somewhere in the step; the conditions on B met before that hold
-        fixed = e, [g.expr.xreplace(rec.subs) for g in shape_env.guards
-                    if g.expr.free_symbols <= {sym}]
+        fixed = e, "makes B a Python int"  # (len(x), int(x.shape[0]), [0] * x.size(0))
     except FxmemError:
         raise
     except Exception as e:  # noqa: BLE001 - turned into one clear TraceError
         if _caused_by(e, NoReuse):
             retry = True
+        elif concrete_batch is None and failed_in_model_code(e, rec):
+            fixed = _as_trace_error(e, rec), "runs code that fails with B a symbol"
         else:
             raise _as_trace_error(e, rec) from e
     finally:
@@ -181,10 +181,13 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
         for h in handles:
             h.remove()
     if fixed is not None:  # traced at concrete batch sizes, the sizes fitted in B
+        # (the conditions on B met before it was fixed hold)
+        guards = [g.expr.xreplace(rec.subs) for g in shape_env.guards
+                  if g.expr.free_symbols <= {sym}]
         return lift(lambda b: trace(model, inputs, targets, step=step, checkpoint=checkpoint,
                                     dims=dims, reuse_blocks=reuse_blocks,
                                     kernel_semantics=kernel_semantics, concrete_batch=b),
-                    *fixed, hint=hint)
+                    fixed[0], guards, hint=hint, cause=fixed[1])
     if retry:  # the blocks did not behave alike: trace each one
         return trace(model, inputs, targets, step=step, batch_hint=batch_hint,
                      checkpoint=checkpoint, dims=dims, reuse_blocks=False,
