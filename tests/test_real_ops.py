@@ -479,19 +479,23 @@ def test_the_composite_check_knows_torchscript_builtins():
 
 def test_a_concrete_size_read_of_the_batch_is_a_specialization_error():
     """A C++ kernel without a stand-in asking for concrete sizes (here, ``aten.size``
-    called directly) fixes B: a SpecializationError naming the op, not a lookup failure;
+    called directly) fixes B: a SpecializationError naming the op, not a lookup failure
+    (refused when the step is no polynomial step, fitted otherwise: fxmem.trace.lift);
     the same question about a parameter's sizes is harmless."""
 
     class ReadsSizes(nn.Module):
-        def __init__(self, of_input):
+        def __init__(self, of_input, power=False):
             super().__init__()
-            self.linear, self.of_input = nn.Linear(8, 8), of_input
+            self.linear, self.of_input, self.power = nn.Linear(8, 8), of_input, power
 
         def forward(self, x):
             n = aten.size.default(x if self.of_input else self.linear.weight)[0]
-            return self.linear(x).sum(1) * n
+            return self.linear(x).sum(1) * (torch.ones(2 ** n).sum() if self.power else n)
 
-    fxmem.analyze(ReadsSizes(False), torch.randn(4, 8), device="cpu", **KW)
+    assert not fxmem.analyze(ReadsSizes(False), torch.randn(4, 8), device="cpu", **KW).lifted
     with pytest.raises(fxmem.SpecializationError, match="aten.size.default") as e:
-        fxmem.analyze(ReadsSizes(True), torch.randn(4, 8), device="cpu", **KW)
-    assert "does not exist" not in str(e.value)
+        fxmem.analyze(ReadsSizes(True, power=True), torch.randn(4, 8), device="cpu", **KW)
+    assert "does not exist" not in str(e.value) and "no polynomial in B" in str(e.value)
+    m = ReadsSizes(True)
+    r = fxmem.analyze(m, torch.randn(4, 8), device="cpu", **KW)
+    assert r.lifted and r.peak_bytes(7) == fxmem.measure(m, torch.randn(4, 8), **KW, B=7).peak_bytes

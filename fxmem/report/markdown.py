@@ -31,6 +31,8 @@ def render_markdown(s) -> str:
     out += _rows("| setup | |", "|---|---|", (f"| {k} | {v} |" for k, v in s.setup.items()))
     out += ["", "## Peak memory as a formula of B", "",
             f"`{s.peak_formula}` bytes, valid when {', '.join(s.valid_when) or 'B >= 1'}.", ""]
+    if s.lifted:
+        out += [f"{s.lifted[0].upper()}{s.lifted[1:]}.", ""]
     if s.unmodelled:
         out += [f"Not in this formula: {len(s.unmodelled)} allocation(s) fxmem cannot size "
                 "(see [Not modelled](#not-modelled)).", ""]

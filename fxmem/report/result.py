@@ -274,6 +274,13 @@ class Report:
         return "; never live where the peak can be, which is exact whatever the count"
 
     @property
+    def lifted(self) -> str:
+        """How the formulas were obtained when the step fixes B as a Python int (``len(x)``,
+        ``int(x.shape[0])``): where, and the batch sizes they were fitted from and checked at
+        (:mod:`fxmem.trace.lift`); ``""`` when the trace kept B a symbol."""
+        return str(self.trace.lifted) if self.trace.lifted is not None else ""
+
+    @property
     def peak(self) -> sympy.Expr:
         """Peak bytes of the step, a sympy expression in :data:`fxmem.B` (and the named
         dims)."""
@@ -468,7 +475,8 @@ class Report:
         if self.named is not None:
             return (f"fxmem report in B and {', '.join(self.dims)} (device={self.device})\n"
                     f"peak bytes = {self.peak}\n"
-                    f"valid when: {', '.join(map(str, self.valid_when))}")
+                    f"valid when: {', '.join(map(str, self.valid_when))}"
+                    + (f"\n{self.lifted}" if self.lifted else ""))
         return render_text(self)
 
 

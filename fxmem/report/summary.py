@@ -85,6 +85,7 @@ class Summary:
     whatifs: tuple = ()
     unmodelled: tuple = ()
     cuda: dict | None = None
+    lifted: str = ""  # B fixed by the step: how the formula was fitted (Report.lifted)
 
     def to_dict(self, timeline: bool = False) -> dict:
         """The JSON document (see ``docs/json-schema.md``); ``timeline=True`` adds the
@@ -152,7 +153,7 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
         plan=tuple(report.plan), recompute_flops=_at(report.recompute_flops, B) if report.plan
         else 0, frontier=tuple((p.peak_bytes, p.recompute_flops, tuple(p.plan))
                                for p in (frontier or ())),
-        whatifs=rows, unmodelled=_unmodelled(report.unmodelled),
+        whatifs=rows, unmodelled=_unmodelled(report.unmodelled), lifted=report.lifted,
         cuda=_cuda(report, B, budget_bytes if most is not None else None, cudnn_workspace))
 
 

@@ -37,6 +37,8 @@ def render_terminal(s) -> Group:
     items.append(setup)
     items.append(Text.assemble(("Peak memory (bytes): ", "bold"), (s.peak_formula, "cyan"),
                                f"   valid when {', '.join(s.valid_when) or 'B >= 1'}"))
+    if s.lifted:  # how the formula was obtained, beside it
+        items.append(Text(s.lifted, style="yellow"))
     for u in s.unmodelled:  # beside the formula it is missing from
         items.append(Text(f"not modelled: {u}", style="yellow"))
     reg = _table("Where the peak is", "from B", "after op", "phase", "module", "bytes",

@@ -20,6 +20,8 @@ def render_text(report, B: int | None = None) -> str:  # noqa: N803
              f"device={report.device})",
              f"peak bytes = {report.peak}",
              "valid when: " + (", ".join(str(g) for g in report.valid_when) or "B >= 1")]
+    if report.lifted:  # how the formula was obtained, beside it
+        lines.append(report.lifted)
     # what the formula leaves out belongs beside it, not under the details
     for op, module, what in report.unmodelled:
         lines.append(f"not modelled: {what}, in {op} ({module or '(root)'})")

@@ -17,7 +17,9 @@
 - :mod:`~fxmem.trace.reuse` and :mod:`~fxmem.trace.splice`: a stack of identical blocks
   traced as two, the rest copied;
 - :mod:`~fxmem.trace.checkpointing`: activation-checkpoint plans, applied while tracing and
-  to real models (:func:`fxmem.apply_checkpoints`).
+  to real models (:func:`fxmem.apply_checkpoints`);
+- :mod:`~fxmem.trace.lift`: a step that fixes B as a Python int (``len(x)``), traced at
+  several batch sizes and its sizes fitted as polynomials in B.
 
 Imports only from :mod:`fxmem.formula` and :mod:`fxmem.errors`.
 """

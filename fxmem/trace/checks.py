@@ -32,7 +32,11 @@ import sys
 
 import sympy
 import torch
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
+from torch.fx.experimental.symbolic_shapes import (
+    GuardOnDataDependentSymNode,
+    ShapeEnv,
+    uninteresting_files,
+)
 
 from .datadep import internal_file
 
@@ -105,6 +109,14 @@ class CheckingShapeEnv(ShapeEnv):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.assumed: list[str] = []
+
+    def _get_user_frame(self):
+        # where a guard was made (its ``framework_loc``, which fxmem's errors and the lifted
+        # trace's note name): the first frame past torch's and this file's own
+        frame, skip = sys._getframe(1), uninteresting_files() | {__file__}
+        while frame is not None and frame.f_code.co_filename in skip:
+            frame = frame.f_back
+        return frame
 
     def evaluate_expr(self, orig_expr, *args, **kwargs):
         try:

@@ -5,6 +5,7 @@ what it allocated, wrote, saved and freed (and turns a failing op into a
 from __future__ import annotations
 
 import operator
+import os
 import sys
 import traceback
 
@@ -408,12 +409,10 @@ class Recorder(StorageTracker):
             if not ((val is not None and val.is_number)
                     or (rng is not None and rng.lower == rng.upper)):
                 continue
-            # where the symbol was fixed (a Python int read, e.g. range(x.shape[0])), else
-            # the op that found it fixed
-            fixed = [_guard_source(g) for g in self.shape_env.guards
-                     if sym in g.expr.free_symbols]
-            source = next((f for f in reversed(fixed) if f), None) \
-                or _user_frame(traceback.extract_stack())
+            source = _fixed_at(self.shape_env, sym) or _user_frame(traceback.extract_stack())
+            for g in self.shape_env.guards:
+                if source is None and sym in g.expr.free_symbols:
+                    source = _guard_source(g)
             value = val if val is not None else rng.lower
             what = "the batch size" if name == "B" else f"dim {name}"
             # len(x), int(x.shape[0]) and range(x.shape[0]) are Python ints: they fix the
@@ -443,6 +442,33 @@ class Recorder(StorageTracker):
 
 
 _WRITES: dict = {}  # op -> (position, name) of the arguments it writes in place
+
+
+_TORCH_AND_FXMEM = (os.path.dirname(torch.__file__),
+                    os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def failed_in_model_code(e: Exception, rec: Recorder) -> bool:
+    """Did ``e`` come from the model's own Python code (neither torch's nor fxmem's), outside
+    any aten op, while the step ran? Such code may need B as a number where it holds a
+    symbolic size: ``np.arange(x.shape[0])`` makes an array of objects, which
+    ``torch.from_numpy`` refuses."""
+    if rec.failed is not None or rec.phase not in ("forward", "backward"):
+        return False
+    frames = traceback.extract_tb(e.__traceback__)
+    return bool(frames) and not frames[-1].filename.startswith(_TORCH_AND_FXMEM)
+
+
+def _fixed_at(shape_env, sym) -> str | None:
+    """The user's line where ``sym`` became a number: the frame the ShapeEnv recorded with
+    its ``Eq(sym, value)`` guard (``len(x)`` makes no op, so the op that notices is a later
+    one, on a later line)."""
+    for g in reversed(shape_env.guards):
+        frame = getattr(getattr(g, "sloc", None), "framework_loc", None)
+        if (isinstance(g.expr, sympy.Eq) and g.expr.free_symbols == {sym}
+                and isinstance(frame, traceback.FrameSummary)):
+            return _user_frame([frame])
+    return None
 
 
 def _guard_source(guard) -> str | None:

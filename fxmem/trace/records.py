@@ -75,6 +75,29 @@ class StorageInfo:
 
 
 @dataclass(frozen=True)
+class Lifted:
+    """How the formulas of a trace whose step fixes B as a Python int were obtained
+    (:mod:`fxmem.trace.lift`): the step traced with B an int at each of ``fitted`` and
+    ``checked``, every size fitted through the first and checked at the second; ``source``
+    and ``op``: where B became an int; ``seconds``: the time those traces took; ``cause``:
+    why the symbolic trace could not be used."""
+
+    source: str | None
+    op: str | None
+    fitted: tuple
+    checked: tuple
+    seconds: float
+    cause: str = "makes B a Python int"
+
+    def __str__(self) -> str:
+        at = f" at {self.source}" if self.source else f" (noticed at {self.op})"
+        lo, hi = self.fitted[0], self.fitted[-1]
+        return (f"fitted, not derived: the step {self.cause}{at}, so the formula "
+                f"was fitted from traces at B={lo}..{hi} and checked at "
+                f"B={', '.join(map(str, self.checked))} ({self.seconds:.1f} s)")
+
+
+@dataclass(frozen=True)
 class Trace:
     """Result of :func:`trace`: the step as ops and storages, and the shape guards."""
 
@@ -99,6 +122,7 @@ class Trace:
     # (op, module, what) storages sized by a count the data sets, at its largest
     # (``StorageInfo.data_bound``; fxmem.trace.datadep)
     data_sized: tuple = ()
+    lifted: Lifted | None = None  # B fixed by the step: the sizes fitted (fxmem.trace.lift)
 
 
 def _graph(self) -> torch.fx.Graph:

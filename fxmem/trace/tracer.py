@@ -24,11 +24,11 @@ import contextlib
 import sympy
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+from torch.fx.experimental.symbolic_shapes import DimDynamic
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._pytree import tree_leaves
 
-from ..errors import DataDependentError, FxmemError, InputError, TraceError
+from ..errors import DataDependentError, FxmemError, InputError, SpecializationError, TraceError
 from ..formula.guards import implied, lower_bounds, simplified, valid_when
 from ..formula.symbols import B, Size, dim_symbol, plain
 from .amp import emulate
@@ -37,7 +37,8 @@ from .checks import CheckingShapeEnv
 from .compat import tracing_shims
 from .cuda.kernels import cuda_kernels
 from .datadep import data_symbols
-from .recorder import Recorder, _as_trace_error, _caused_by
+from .lift import lift
+from .recorder import Recorder, _as_trace_error, _caused_by, failed_in_model_code
 from .records import B_RANGE_MAX, ModuleCall, StorageInfo, TensorDesc, Trace
 from .reuse import NoReuse, Reuse, find_runs
 from .rules import (
@@ -110,7 +111,7 @@ def _fake_like(mode: FakeTensorMode, t: torch.Tensor, batch=None, param=False, n
 def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
           device=UNSET, *, step: Step | None = None, batch_hint: int | None = None,
           checkpoint=None, dims=None, reuse_blocks: bool = True, kernel_semantics: bool = True,
-          **options) -> Trace:
+          concrete_batch: int | None = None, **options) -> Trace:
     """Trace one steady-state step of ``model``; see the module docstring. The step is
     ``step`` with the options given here (``loss``, ``optimizer``, ``train``, ``device`` and
     any other :class:`~fxmem.trace.step.Step` field as a keyword). ``checkpoint``:
@@ -123,11 +124,16 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     ``device="cuda"`` follows CUDA's kernels (:mod:`fxmem.trace.cuda.kernels`) for a GPU of
     ``compute_capability``; ``kernel_semantics=False`` keeps the CPU's (with CUDA's autocast
     lists still emulated): only to compare with a real CPU step run under
-    :func:`fxmem.trace.amp.emulate`."""
+    :func:`fxmem.trace.amp.emulate`.
+
+    When the step fixes B as a Python int (``len(x)``, ``int(x.shape[0])``), the step is
+    traced at several concrete batch sizes and the sizes fitted as polynomials in B
+    (:mod:`fxmem.trace.lift`); ``concrete_batch``: trace at that batch size, with B a plain
+    int (every size then a number)."""
     step = Step.of(step, loss=loss, optimizer=optimizer, train=train, device=device, **options)
     spec = make_spec(model, inputs, targets, step)
     plan = normalize_plan(model, checkpoint)
-    hint = batch_hint or (spec.batch_size if spec.batch_size >= 2 else 8)
+    hint = concrete_batch or batch_hint or (spec.batch_size if spec.batch_size >= 2 else 8)
     shape_env = CheckingShapeEnv(specialize_zero_one=False, duck_shape=False)
     mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
     from torch._dynamo.source import ConstantSource
@@ -137,7 +143,8 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     # A finite range lets checks such as eager indexing's "skip a full slice" (B <= stop)
     # be decided statically, as they are for concrete sizes; the bound itself is never hit.
     shape_env.constrain_symbol_range(sym, compiler_min=1, compiler_max=B_RANGE_MAX)
-    batch = shape_env.create_symintnode(sym, hint=hint)
+    batch = shape_env.create_symintnode(sym, hint=hint) if concrete_batch is None else \
+        concrete_batch
     positions = check_dims(dims, spec)
     dim_syms, named = {}, {}
     for name, places in positions.items():
@@ -154,26 +161,47 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     rec.capability = step.compute_capability
     if spec.device == "cuda" and kernel_semantics:  # CUDA's kernels, not the CPU's
         rec.kernels = cuda_kernels(rec.capability)
-    handles = []
+    handles, retry, fixed = [], False, None
     try:
         with frozen_gc(), tracing_shims(), symbolic_kernels(), _attributes_kept(model):
             return _run(model, spec, mode, rec, sym, batch, hint, handles, plan, named,
                         reuse_blocks)
+    except SpecializationError as e:
+        if concrete_batch is not None or not _fixed(shape_env, sym):
+            raise
+        fixed = e, "makes B a Python int"  # (len(x), int(x.shape[0]), [0] * x.size(0))
     except FxmemError:
         raise
     except Exception as e:  # noqa: BLE001 - turned into one clear TraceError
         if _caused_by(e, NoReuse):
             retry = True
+        elif concrete_batch is None and failed_in_model_code(e, rec):
+            fixed = _as_trace_error(e, rec), "runs code that fails with B a symbol"
         else:
             raise _as_trace_error(e, rec) from e
     finally:
         rec.close()
         for h in handles:
             h.remove()
+    if fixed is not None:  # traced at concrete batch sizes, the sizes fitted in B
+        # (the conditions on B met before it was fixed hold)
+        guards = [g.expr.xreplace(rec.subs) for g in shape_env.guards
+                  if g.expr.free_symbols <= {sym}]
+        return lift(lambda b: trace(model, inputs, targets, step=step, checkpoint=checkpoint,
+                                    dims=dims, reuse_blocks=reuse_blocks,
+                                    kernel_semantics=kernel_semantics, concrete_batch=b),
+                    fixed[0], guards, hint=hint, cause=fixed[1])
     if retry:  # the blocks did not behave alike: trace each one
         return trace(model, inputs, targets, step=step, batch_hint=batch_hint,
                      checkpoint=checkpoint, dims=dims, reuse_blocks=False,
-                     kernel_semantics=kernel_semantics)
+                     kernel_semantics=kernel_semantics, concrete_batch=concrete_batch)
+
+
+def _fixed(shape_env, sym) -> bool:
+    """Did the ShapeEnv fix the batch symbol to a number (not only a named dim)?"""
+    val = shape_env.replacements.get(sym)
+    rng = shape_env.var_to_range.get(sym)
+    return (val is not None and val.is_number) or (rng is not None and rng.lower == rng.upper)
 
 
 # only these exact types: a subclass may refuse clear() or update() (transformers' ModelOutput)
