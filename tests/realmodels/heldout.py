@@ -107,30 +107,37 @@ def _hf_case(kind: str, model_type: str) -> Callable[[], tuple]:
     return build
 
 
+def _runs(model, shape) -> bool:
+    """Does ``model`` take an input of ``shape`` (one eval forward, no gradients)?"""
+    try:
+        with torch.no_grad():
+            model.eval()(torch.randn(*shape))
+        return True
+    except Exception:  # noqa: BLE001 - it does not
+        return False
+    finally:
+        model.train()
+
+
 def _timm_case(name: str) -> Callable[[], tuple]:
     def build():
         import inspect
 
         import timm
 
-        kw = dict(pretrained=False, num_classes=CLASSES)
+        kw = {"pretrained": False, "num_classes": CLASSES}
         entry = timm.models.model_entrypoint(name)
-        try:
+        try:  # a model whose grid follows img_size, at 64x64 where it runs there
             model = timm.create_model(name, img_size=64, **kw)
-            return _classifier(model, 64)
+            if _runs(model, (1, 3, 64, 64)):
+                return _classifier(model, 64)
         except TypeError:
             if "img_size" in inspect.signature(entry).parameters:
                 raise
         model = timm.create_model(name, **kw)
         size = model.pretrained_cfg.get("input_size", (3, 224, 224))
-        try:  # a convolutional network takes small images; try 64 first
-            with torch.no_grad():
-                model.eval()(torch.randn(1, size[0], 64, 64))
-            hw = 64
-        except Exception:  # noqa: BLE001 - it does not: its own input size
-            hw = tuple(size[1:])
-        model.train()
-        hw = (hw, hw) if isinstance(hw, int) else hw
+        # a convolutional network takes small images: 64x64 where it runs, else its own size
+        hw = (64, 64) if _runs(model, (1, size[0], 64, 64)) else tuple(size[1:])
         return model, (torch.randn(BATCH, size[0], *hw),), (_labels(),), cross_entropy
     return build
 
