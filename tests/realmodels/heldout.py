@@ -65,12 +65,11 @@ SHRINK = {
 
 
 def _shrunk(fields: dict) -> dict:
-    """The :data:`SHRINK` values of the integer fields a config has (a list, such as a
-    hierarchical model's heads per stage, is kept), its sub-configs (``text_config``,
+    """The :data:`SHRINK` values of the fields a config has that are integers or unset (a
+    list, such as a hierarchical model's heads per stage, is kept), its sub-configs (``text_config``,
     ``vision_config``, ...) shrunk alike."""
     out = {k: v for k, v in SHRINK.items()
-           if type(fields.get(k)) is int
-           or (k.endswith("_token_id") and k in fields and fields[k] is None)}
+           if k in fields and (type(fields[k]) is int or fields[k] is None)}
     for k, v in fields.items():
         if k.endswith("_config") and isinstance(v, dict):
             out[k] = _shrunk(v)
