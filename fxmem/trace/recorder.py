@@ -31,6 +31,7 @@ from .records import ModuleCall, OpInfo, TensorDesc
 from .rules import (
     CONSTANT_LIFT_OPS,
     DATA_DEPENDENT_OPS,
+    EAGER_CPU_OUTPUT_LAYOUTS,
     GUARD_INT_BACKWARD_NODES,
     LAYOUT_ONLY_GUARD_OPS,
     METADATA_QUERIES,
@@ -43,6 +44,7 @@ from .rules import (
     UNREDUCED_STORAGE_LOSSES,
     UNSIZED_WORKSPACE_OPS,
     ValueOracle,
+    eager_cpu_layout,
     window_storage_nbytes,
 )
 from .saved import SavedTensors
@@ -190,6 +192,8 @@ class Recorder(StorageTracker):
                 what = self.kernels.unmodelled(func, args, kwargs, out)
                 if what is not None:
                     self.unmodelled.setdefault((func, self.module()), what)
+            if func in EAGER_CPU_OUTPUT_LAYOUTS and self.kernels is None:
+                out = eager_cpu_layout(func, args, out)  # CUDA's: fxmem.trace.cuda.kernels
             pair = SPLIT_ALIASED_OUTPUTS.get(func)
             if pair and out[pair[0]].untyped_storage() is out[pair[1]].untyped_storage():
                 out = (*out[:pair[1]], torch.empty_like(out[pair[1]]), *out[pair[1] + 1:])

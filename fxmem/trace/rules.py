@@ -11,6 +11,7 @@ import os
 import sys
 
 import torch
+from torch._prims_common import suggest_memory_format
 
 from . import cpu_rnn
 
@@ -136,6 +137,47 @@ CONSTANT_LIFT_OPS = {aten.lift_fresh.default, aten.lift.default}
 # Meta kernels that return one storage for outputs eager returns separately:
 # op -> (i, j) output positions.
 SPLIT_ALIASED_OUTPUTS = {aten.mkldnn_rnn_layer_backward.default: (3, 4)}
+# Normalization kernels whose eager CPU kernel lays its output 0 (Y, or dX in backward) out
+# in a memory format of its own, dense, where the fake kernel (their Python meta kernels:
+# torch/_decomp/decompositions.py, on the Meta key by torch/_meta_registrations.py) gives it
+# another tensor's strides: native_layer_norm_backward's and native_batch_norm_backward's
+# follow dY's (a gradient arriving through a transpose or permute: Swin's, PVT's last norm),
+# native_batch_norm's the input's; since torch 2.14, native_group_norm_backward's dY's and
+# native_group_norm's the contiguous layout of a channels_last X (a no-op where the fake
+# kernel agrees). The bytes are the same, but a later op then copies on one side only:
+# ``reshape`` of a non-contiguous gradient is a ``clone`` on fake tensors and a ``view`` in
+# eager (a Linear's input reshape, in backward), ``.contiguous()`` the reverse.
+# op -> (position of the tensor X whose layout the kernel reads, memory format): "contiguous",
+# or "suggested" (X.suggest_memory_format(): channels_last for a 4-D tensor with NHWC
+# strides, channels_last_3d for 5-D, contiguous otherwise).
+EAGER_CPU_OUTPUT_LAYOUTS = {
+    # aten/src/ATen/native/layer_norm.cpp layer_norm_backward_cpu:
+    # dX = at::native::empty_like(*X, ..., at::MemoryFormat::Contiguous)
+    aten.native_layer_norm_backward.default: (1, "contiguous"),
+    # aten/src/ATen/native/Normalization.cpp batch_norm_cpu_transform_input_template:
+    # output = at::empty_like(input, input.suggest_memory_format());
+    # batch_norm_backward_cpu_template: grad_input = the same
+    aten.native_batch_norm.default: (0, "suggested"),
+    aten.native_batch_norm_backward.default: (1, "suggested"),
+    # aten/src/ATen/native/group_norm.cpp native_group_norm and native_group_norm_backward,
+    # on the CPU: Y, dX = at::empty_like(X.contiguous(X.suggest_memory_format()))
+    aten.native_group_norm.default: (0, "suggested"),
+    aten.native_group_norm_backward.default: (1, "suggested"),
+}
+
+
+def eager_cpu_layout(func, args, out):
+    """``out`` with output 0 laid out as the eager CPU kernel of ``func`` allocates it
+    (:data:`EAGER_CPU_OUTPUT_LAYOUTS`), a new (fake) tensor when the fake kernel's differs."""
+    pos, which = EAGER_CPU_OUTPUT_LAYOUTS[func]
+    y = out[0]
+    if y is None:
+        return out
+    fmt = suggest_memory_format(args[pos]) if which == "suggested" else torch.contiguous_format
+    if y.is_contiguous(memory_format=fmt):
+        return out
+    return (torch.empty(y.shape, dtype=y.dtype, device=y.device, memory_format=fmt), *out[1:])
+
 
 # torch._VF entry points whose C++ composite kernels (aten/src/ATen/native/RNN.cpp) cannot run
 # on fake tensors as eager runs them (lstm refuses oneDNN for symbolic sizes; the Python
