@@ -237,3 +237,34 @@ def test_blocks_whose_gradients_a_stand_in_cannot_make_are_traced_one_by_one(blo
     r = fxmem.analyze(model, x, **kw)
     for bs in (2, 5):
         assert r.peak_bytes(bs) == fxmem.measure(model, x, **kw, B=bs).peak_bytes
+
+
+class _PairBlock(torch.nn.Module):
+    """A block returning ``(hidden, None)``, as Hugging Face layers do with
+    ``output_attentions=False`` (transformers' Hiera)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x)), None
+
+
+class _PairStack(torch.nn.Module):
+    def __init__(self, n=4):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(_PairBlock() for _ in range(n))
+
+    def forward(self, x):
+        for b in self.blocks:
+            x, attn = b(x)
+        return x
+
+
+def test_copied_blocks_that_return_none_beside_a_tensor():
+    m, x = _PairStack(), torch.randn(4, 16)
+    kw = dict(loss=lambda o: o.sum(), optimizer=torch.optim.Adam, device="cpu")
+    r = fxmem.analyze(m, (x,), **kw)
+    for b in (3, 7):
+        assert r.peak_bytes(b) == fxmem.measure(m, (x,), **kw, B=b).peak_bytes

@@ -136,6 +136,9 @@ def _meta(t: torch.Tensor) -> tuple:
             t.requires_grad)
 
 
+_TENSOR = object()  # a tensor's place among a block's output leaves (None is a value)
+
+
 @dataclass
 class _Call:
     """One block's forward call and its backward: op windows ``[start, end)`` and the
@@ -153,7 +156,7 @@ class _Call:
     consts: tuple = ()  # non-tensor leaves of (args, kwargs)
     in_meta: tuple = ()
     out_spec: object = None
-    out_leaves: tuple = ()  # non-tensor output leaves (tensors: None)
+    out_leaves: tuple = ()  # non-tensor output leaves (tensors: _TENSOR)
     out_meta: tuple = ()  # (shape, stride, dtype, requires_grad, device) per tensor output
     final_gx: dict = field(default_factory=dict)  # input i -> sid of its whole gradient
     grad_strides: dict = field(default_factory=dict)  # ("gy"|"gx", i) -> the gradient's strides
@@ -275,7 +278,7 @@ class Reuse:
         leaves, c.out_spec = tree_flatten(out)
         if not all(isinstance(v, torch.Tensor) or _plain(v) for v in leaves):
             raise NoReuse(f"{c.path} returns an object other than tensors and constants")
-        c.out_leaves = tuple(None if isinstance(v, torch.Tensor) else v for v in leaves)
+        c.out_leaves = tuple(_TENSOR if isinstance(v, torch.Tensor) else v for v in leaves)
         outs = [v for v in leaves if isinstance(v, torch.Tensor)]
         if not outs:
             raise NoReuse(f"{c.path} returns no tensor")
@@ -340,7 +343,7 @@ class Reuse:
             c.tensors = []
             leaves = list(p.out_leaves)
             it = iter(outs)
-            leaves = [next(it) if v is None else v for v in leaves]
+            leaves = [next(it) if v is _TENSOR else v for v in leaves]
             out = tree_unflatten(leaves, p.out_spec)
             self._end(c, out)
             return out
