@@ -49,6 +49,7 @@ from .rules import (
 )
 from .saved import SavedTensors
 from .tracking import StorageTracker
+from .values import KnownValues
 
 
 def _user_frame(frames) -> str | None:
@@ -96,6 +97,7 @@ class Recorder(StorageTracker):
         self._host: tuple = ()  # outputs of the running op that CUDA keeps in host memory
         self._sized: tuple = ()  # (output, bytes) of the running op, sized by a CPU rule
         self.oracle = ValueOracle()
+        self.values = KnownValues()  # tensors filled with one known value (fxmem.trace.values)
         self.unmodelled: dict = {}  # (op, module) -> what is not modelled
         self._n_repl = 0
         self.plan: tuple = ()
@@ -161,6 +163,9 @@ class Recorder(StorageTracker):
             if self._unguarded is not None:
                 args = self.unguarded_size(func, args)
             if func in DATA_DEPENDENT_OPS and self.phase != "optimizer":
+                value = self.values.read(args[0])  # a value the model made, not data
+                if value is not NotImplemented:
+                    return value
                 # a value read from a tensor: an unbacked symbol, traced through while only
                 # computed with; a branch on it stops the trace (fxmem.trace.datadep)
                 out = self.fake_kernel(func, args, kwargs)
@@ -197,6 +202,7 @@ class Recorder(StorageTracker):
             pair = SPLIT_ALIASED_OUTPUTS.get(func)
             if pair and out[pair[0]].untyped_storage() is out[pair[1]].untyped_storage():
                 out = (*out[:pair[1]], torch.empty_like(out[pair[1]]), *out[pair[1] + 1:])
+            self.values.update(func, args, kwargs, out)
             return out
         except TraceError:
             raise

@@ -60,6 +60,7 @@ from .step import (
 )
 from .symbolic import symbolic_kernels
 from .tracking import frozen_gc
+from .values import eager_branches
 
 
 def check_dims(dims, spec: StepSpec) -> dict:
@@ -407,7 +408,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
         contextlib.nullcontext()
     kernels = rec.kernels if rec.kernels is not None else contextlib.nullcontext()
     with checkpointing(model, plan, region) as rec.plan, swap, router, rules, kernels, mode, \
-            rec, hooks:
+            rec, hooks, eager_branches(rec.values):
         if spec.train and not spec.set_to_none:
             # steady state: the previous step left every gradient allocated. One unrecorded
             # forward and backward makes them (as fxmem.measure's warm-up step does).

@@ -1,0 +1,153 @@
+"""Values a model reads that do not depend on data (fxmem.trace.values): a mask the model
+fills itself and branches on, as transformers' decoders do (``torch.ones(batch, seq)``, then
+``_ignore_causal_mask_sdpa`` reads whether it is all ones and skips the mask). Each model is
+traced at B = 4 and checked to the byte against a real eager CPU step at other batch sizes;
+a read whose answer depends on B or on data is still refused."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+import fxmem
+from fxmem.trace.values import KnownValues, eager_branches
+
+aten = torch.ops.aten
+KW = {"loss": lambda o: o.float().sum(), "optimizer": torch.optim.Adam}
+BATCHES = (2, 3, 5)  # the trace is at B = 4
+
+
+def assert_exact(model, *x):
+    r = fxmem.analyze(model, x, device="cpu", **KW)
+    for b in BATCHES:
+        assert r.peak_bytes(b) == fxmem.measure(model, x, B=b, **KW).peak_bytes, b
+    return r
+
+
+class SkipsItsMask(nn.Module):
+    """Self-attention whose padding mask the forward makes (all ones) and reads: no padding,
+    so eager calls SDPA with ``is_causal=True`` and no mask; otherwise it builds an additive
+    (B, 1, L, L) float mask, kept for backward."""
+
+    def __init__(self, d=16, read=lambda m: m.sum() == m.numel()):
+        super().__init__()
+        self.qkv = nn.Linear(d, 3 * d)
+        self.read = read
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).unsqueeze(1).chunk(3, dim=-1)
+        pad = torch.ones(x.shape[0], x.shape[1]).to(torch.bool)
+        if self.read(pad):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        L = x.shape[1]
+        causal = torch.ones(L, L, dtype=torch.bool).tril()
+        allowed = causal[None, None] & pad[:, None, None, :]
+        mask = torch.where(allowed, torch.tensor(0.0), torch.tensor(float("-inf")))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+@pytest.mark.parametrize("read", [
+    lambda m: m.sum() == m.numel(),  # transformers' fast_all: a sum over B*L elements
+    lambda m: m.all(),
+    lambda m: (~m).sum() == 0,
+    lambda m: torch.all(m.long() == 1),
+    lambda m: m[:, -1].float().mean().item() > 0.5,
+], ids=["sum==numel", "all", "not-sum", "all-eq", "item"])
+def test_a_mask_the_model_made_is_read_as_eager_reads_it(read):
+    x = torch.randn(4, 8, 16)
+    r = assert_exact(SkipsItsMask(read=read), x)
+    assert "aten.where.self" not in {op.op for op in r.trace.ops}  # eager's branch: no mask
+
+
+@pytest.mark.parametrize("read", [
+    lambda m: m.sum() > 40,  # 8*B ones: more than 40 from B = 6 on
+    lambda m: (m.masked_fill(torch.zeros_like(m), False)).all(),  # an op with no value rule
+], ids=["depends-on-B", "no-rule"])
+def test_a_read_not_decided_for_every_b_is_refused(read):
+    with pytest.raises(fxmem.TraceError, match="reads a tensor's value"):
+        fxmem.analyze(SkipsItsMask(read=read), torch.randn(4, 8, 16), device="cpu", **KW)
+
+
+def test_a_write_forgets_the_value():
+    def read(m):
+        m = m.clone()
+        m[0, 0] = False  # eager: not all ones any more
+        return m.all()
+    with pytest.raises(fxmem.TraceError, match="reads a tensor's value"):
+        fxmem.analyze(SkipsItsMask(read=read), torch.randn(4, 8, 16), device="cpu", **KW)
+
+
+def test_data_is_still_refused():
+    class ReadsData(SkipsItsMask):
+        def forward(self, x):
+            self.read = lambda m: x.sum() > 0  # the input's values
+            return super().forward(x)
+    with pytest.raises(fxmem.TraceError, match="reads a tensor's value"):
+        fxmem.analyze(ReadsData(), torch.randn(4, 8, 16), device="cpu", **KW)
+
+
+def _symbolic_ones(env, mode, b=4, n=16):
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic
+    s = env.create_symbol(b, source=ConstantSource("b"), dynamic_dim=DimDynamic.DYNAMIC)
+    with mode:
+        return torch.ones(env.create_symintnode(s, hint=b), n)
+
+
+def test_known_values_follow_symbolic_sums_and_forget_writes():
+    env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=env)
+    known = KnownValues()
+    t = _symbolic_ones(env, mode)
+    with mode:
+        known.update(aten.ones.default, (t.shape,), {}, t)
+        s = aten.sum.default(t)
+        known.update(aten.sum.default, (t,), {}, s)
+        eq = aten.eq.Scalar(s, t.numel())
+        known.update(aten.eq.Scalar, (s, t.numel()), {}, eq)
+        gt = aten.gt.Scalar(s, 40)
+        known.update(aten.gt.Scalar, (s, 40), {}, gt)
+        assert known.read(eq) is True  # 16*B == 16*B for every B
+        assert known.read(s) is NotImplemented  # 16*B: no one number
+        assert known.value(gt) is None  # 16*B > 40 holds for B >= 3 only
+        aten.fill_.Scalar(t, 0.0)
+        known.update(aten.fill_.Scalar, (t, 0.0), {}, t)
+        assert known.value(t) is None
+
+
+def test_transformers_is_fake_tensor_answered_only_for_known_values():
+    iu = pytest.importorskip("transformers.utils.import_utils")
+    orig = iu.is_fake_tensor
+    known = KnownValues()
+    with FakeTensorMode():
+        made, data = torch.ones(2, 3), torch.empty(2, 3)
+        known.update(aten.ones.default, ((2, 3),), {}, made)
+        with eager_branches(known):
+            assert not iu.is_tracing(made)  # eager's branch: it reads the value
+            assert iu.is_tracing(data)
+    assert iu.is_fake_tensor is orig
+
+
+def test_bart_decoder_skips_its_causal_mask_as_eager_does():
+    T = pytest.importorskip("transformers")
+    cfg = T.BartConfig(d_model=16, encoder_layers=1, decoder_layers=1,
+                       encoder_attention_heads=2, decoder_attention_heads=2,
+                       encoder_ffn_dim=32, decoder_ffn_dim=32, vocab_size=64,
+                       max_position_embeddings=32)
+
+    class Seq2Seq(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = T.BartForConditionalGeneration(cfg)
+
+        def forward(self, ids):
+            return self.model(input_ids=ids, labels=ids).loss
+
+    torch.manual_seed(0)
+    ids, m = torch.randint(0, 64, (4, 12)), Seq2Seq()
+    r = fxmem.analyze(m, ids, device="cpu", loss=None, optimizer=torch.optim.Adam)
+    for b in BATCHES:
+        assert r.peak_bytes(b) == fxmem.measure(m, ids, B=b, loss=None,
+                                                optimizer=torch.optim.Adam).peak_bytes, b
