@@ -112,7 +112,7 @@ def _fake_like(mode: FakeTensorMode, t: torch.Tensor, batch=None, param=False, n
 def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
           device=UNSET, *, step: Step | None = None, batch_hint: int | None = None,
           checkpoint=None, dims=None, reuse_blocks: bool = True, kernel_semantics: bool = True,
-          concrete_batch: int | None = None, **options) -> Trace:
+          concrete_batch: int | None = None, warm_up: bool = False, **options) -> Trace:
     """Trace one steady-state step of ``model``; see the module docstring. The step is
     ``step`` with the options given here (``loss``, ``optimizer``, ``train``, ``device`` and
     any other :class:`~fxmem.trace.step.Step` field as a keyword). ``checkpoint``:
@@ -125,7 +125,9 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     ``device="cuda"`` follows CUDA's kernels (:mod:`fxmem.trace.cuda.kernels`) for a GPU of
     ``compute_capability``; ``kernel_semantics=False`` keeps the CPU's (with CUDA's autocast
     lists still emulated): only to compare with a real CPU step run under
-    :func:`fxmem.trace.amp.emulate`.
+    :func:`fxmem.trace.amp.emulate`. ``warm_up``: one unrecorded forward and backward run
+    first, so that the recorded step starts from the buffers it left; the step is traced
+    so when its forward turns out to (re)assign a buffer (:class:`BufferAssigned`).
 
     When the step fixes B as a Python int (``len(x)``, ``int(x.shape[0])``), the step is
     traced at several concrete batch sizes and the sizes fitted as polynomials in B
@@ -166,7 +168,7 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     try:
         with frozen_gc(), tracing_shims(), symbolic_kernels(), _attributes_kept(model):
             return _run(model, spec, mode, rec, sym, batch, hint, handles, plan, named,
-                        reuse_blocks)
+                        reuse_blocks, warm_up)
     except SpecializationError as e:
         if concrete_batch is not None or not _fixed(shape_env, sym):
             raise
@@ -174,7 +176,9 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     except FxmemError:
         raise
     except Exception as e:  # noqa: BLE001 - turned into one clear TraceError
-        if _caused_by(e, NoReuse):
+        if _caused_by(e, BufferAssigned):
+            retry, warm_up = True, True
+        elif _caused_by(e, NoReuse):
             retry = True
         elif concrete_batch is None and failed_in_model_code(e, rec):
             fixed = _as_trace_error(e, rec), "runs code that fails with B a symbol"
@@ -190,12 +194,23 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
                   if g.expr.free_symbols <= {sym}]
         return lift(lambda b: trace(model, inputs, targets, step=step, checkpoint=checkpoint,
                                     dims=dims, reuse_blocks=reuse_blocks,
-                                    kernel_semantics=kernel_semantics, concrete_batch=b),
+                                    kernel_semantics=kernel_semantics, concrete_batch=b,
+                                    warm_up=warm_up),
                     fixed[0], guards, hint=hint, cause=fixed[1])
-    if retry:  # the blocks did not behave alike: trace each one
+    if retry:  # the blocks did not behave alike (trace each one), or a buffer is assigned
         return trace(model, inputs, targets, step=step, batch_hint=batch_hint,
                      checkpoint=checkpoint, dims=dims, reuse_blocks=False,
-                     kernel_semantics=kernel_semantics, concrete_batch=concrete_batch)
+                     kernel_semantics=kernel_semantics, concrete_batch=concrete_batch,
+                     warm_up=warm_up)
+
+
+class BufferAssigned(Exception):  # noqa: N818 - a signal to trace again, not an error
+    """The traced forward assigns a module's buffer (``self.table = ...``, or
+    ``register_buffer``): a cache made on the first call (ConViT's ``rel_indices``), or a
+    buffer replaced on every call. ``fxmem.measure``, as training does, runs a step before
+    the one it measures, and that step starts from the buffers the one before left, the old
+    one freed when the forward replaces it. The tracer holds the buffers it swapped in, so
+    it would see neither: it traces again with an unrecorded step first (``warm_up``)."""
 
 
 def _fixed(shape_env, sym) -> bool:
@@ -272,7 +287,7 @@ def _slots(model: torch.nn.Module, fakes: dict) -> dict:
 
 
 def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
-         plan=(), named=None, reuse_blocks=False) -> Trace:
+         plan=(), named=None, reuse_blocks=False, warm_up=False) -> Trace:
     # fake parameters and buffers, registered under their names
     named_p = list(model.named_parameters())
     named_b = [(n, b) for n, b in model.named_buffers() if b is not None]
@@ -284,7 +299,10 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
             for i, t in enumerate(spec.targets)]
     for n, p in fparams.items():
         rec.register_named(p, "param", user_path(n))
-    for n, b in fbufs.items():
+    # steady state: the previous step left every gradient allocated (set_to_none=False),
+    # and the buffers its forward assigned; an unrecorded step first makes them
+    warm = warm_up or spec.train and not spec.set_to_none
+    for n, b in fbufs.items() if not warm else ():  # else: those the warm-up leaves
         rec.register_named(b, "buffer", user_path(n))
     for i, t in enumerate(fins):
         rec.register_named(t, "input", f"inputs[{i}]")
@@ -309,12 +327,20 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
                 rec.calls.append(ModuleCall(name, start, rec.op_count - 1))
 
     from torch.nn.modules.module import (
+        register_module_buffer_registration_hook,
         register_module_forward_hook,
         register_module_forward_pre_hook,
     )
 
     handles.append(register_module_forward_pre_hook(enter))
     handles.append(register_module_forward_hook(leave))
+
+    def assigned(mod, name, value):
+        if not warm and rec.recording and rec.phase in ("forward", "backward") \
+                and id(mod) in name_of:
+            raise BufferAssigned(f"{name_of[id(mod)]}.{name}")
+
+    handles.append(register_module_buffer_registration_hook(assigned))
 
     fakes = {id(p): fparams[n] for n, p in named_p} | {id(b): fbufs[n] for n, b in named_b}
     params = list(fparams.values())
@@ -395,7 +421,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
 
     reuse = None
     if (reuse_blocks and not plan and spec.grad_accum == 1 and (spec.set_to_none or not spec.train)
-            and not needs_closure(opt)):
+            and not needs_closure(opt) and not warm_up):
         runs = find_runs(model)
         if runs:
             reuse = Reuse(rec, runs, fparams, fbufs)
@@ -409,16 +435,15 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     kernels = rec.kernels if rec.kernels is not None else contextlib.nullcontext()
     with checkpointing(model, plan, region) as rec.plan, swap, router, rules, kernels, mode, \
             rec, hooks, eager_branches(rec.values):
-        if spec.train and not spec.set_to_none:
-            # steady state: the previous step left every gradient allocated. One unrecorded
-            # forward and backward makes them (as fxmem.measure's warm-up step does).
+        if warm:  # one unrecorded forward and backward, as fxmem.measure's warm-up step
             rec.recording = False
             run_step(forward, spec_run, fins, ftgs, params, None, lambda name: None,
                      micro_steps=1)
             rec.recording = True
             for n, p in fparams.items():
-                if p.grad is not None:
+                if p.grad is not None and not spec.set_to_none:
                     rec.register_named(p.grad, "grad", user_path(n))
+            _register_buffers(rec, model)
         if needs_closure(opt):
             # steady state: LBFGS's history is full after some steps; run them unrecorded
             rec.recording = False
@@ -441,6 +466,13 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     end_index = len(rec.ops)
     del out
     return _finish(rec, sym, hint, spec, end_index)
+
+
+def _register_buffers(rec: Recorder, model) -> None:
+    """The model's buffers now (its own frame: a loop variable left in the caller's would
+    keep the last one alive, and a forward that replaces it would not free it)."""
+    for n, b in model.named_buffers():
+        rec.register_named(b, "buffer", user_path(n))
 
 
 def _replace_loss(spec: StepSpec, fn) -> StepSpec:
