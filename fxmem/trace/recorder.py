@@ -35,6 +35,7 @@ from .rules import (
     GUARD_INT_BACKWARD_NODES,
     LAYOUT_ONLY_GUARD_OPS,
     METADATA_QUERIES,
+    OWN_META_OPS,
     PERIODIC_WINDOW_OPS,
     SIZED_OUTPUTS,
     SKIP_NAMESPACES,
@@ -278,10 +279,11 @@ class Recorder(StorageTracker):
         here only, below autograd and this mode: the model's own ops (composites included)
         still run their C++ kernels, in eager order.
 
-        The exception: ops whose Meta kernel fxmem replaces while tracing for CUDA
-        (:data:`fxmem.trace.cuda.rnn.META`). The Python dispatcher would prefer PyTorch's Python
-        meta, which they replace, over a kernel registered with ``torch.library``."""
-        if self.kernels is not None and func in self.kernels.meta_ops:
+        The exception: ops whose Meta kernel fxmem replaces while tracing
+        (:data:`fxmem.trace.rules.OWN_META_OPS`; for CUDA, :data:`fxmem.trace.cuda.rnn.META`).
+        The Python dispatcher would prefer PyTorch's Python meta, which they replace, over a
+        kernel registered with ``torch.library``."""
+        if func in OWN_META_OPS or self.kernels is not None and func in self.kernels.meta_ops:
             return func(*args, **kwargs)
         with enable_python_dispatcher():
             return func(*args, **kwargs)

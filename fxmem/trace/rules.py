@@ -100,6 +100,56 @@ PERIODIC_WINDOW_OPS = {
 STORAGE_AT_LEAST_INPUT_OPS = {aten.im2col.default, aten.col2im.default}
 
 
+# Ops whose meta kernel says other than their eager kernels: fxmem.trace.symbolic registers
+# these Python ones while tracing, and the recorder runs the op without the Python dispatcher,
+# which would prefer PyTorch's own Python meta (OpOverload.py_kernels).
+OWN_META_OPS = {aten._grouped_mm.default}
+
+
+def grouped_mm_meta(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """``aten._grouped_mm`` (``F.grouped_mm``, transformers' MoE experts) as the eager kernels
+    run it. PyTorch's meta kernel (torch/_meta_registrations.py ``_meta_grouped_mm_common``)
+    checks the CUDA fast path's dtypes: float32 is refused ("Expected mat_a to be BFloat16 or
+    supported Float16 matrix"), float16 unless cuBLASLt's grouped GEMM is there; and it pads
+    the output's rows only when ``torch.version.cuda`` is set. The kernels themselves, the
+    CPU's ``_grouped_mm`` (CompositeExplicitAutograd, aten/src/ATen/native/LinearAlgebra.cpp,
+    which loops over the groups in ``_grouped_mm_fallback``) and CUDA's ``_grouped_mm_cuda``
+    (aten/src/ATen/native/cuda/GroupedBlas.cpp), take float32, bfloat16 and float16
+    (aten/src/ATen/native/GroupedMMUtils.h ``_grouped_mm_validate_inputs``) and make the
+    output with ``create_grouped_gemm_output_tensor``: rows padded to 16 bytes on every build
+    but ROCm's. Its size does not depend on ``offs``'s values (the routing)."""
+    for name, m in (("mat_a", mat_a), ("mat_b", mat_b)):
+        torch._check(m.dtype in (torch.float32, torch.bfloat16, torch.float16),
+                     lambda m=m, name=name: f"Expected {name} to be Float32, BFloat16 or "
+                                            f"Float16 matrix, got {m.dtype}")
+        torch._check(m.dim() in (2, 3), lambda name=name: f"{name} has to be 2 or 3d")
+    a2, b2 = mat_a.dim() == 2, mat_b.dim() == 2
+    if not (a2 and b2):
+        torch._check(mat_a.shape[-1] == mat_b.shape[-2],
+                     lambda: "contraction dimension of mat_a and mat_b must match")
+    torch._check((offs is not None) == (a2 or b2), lambda: "Have to provide offsets if there "
+                 "is a 2d matrix, or no offset if both matrices are 3d")
+    if offs is not None:
+        torch._check(offs.dim() == 1 and offs.dtype == torch.int32,
+                     lambda: "Offsets have to be a 1D int32 tensor")
+    torch._check(bias is None, lambda: "Bias not supported yet")
+    dtype = out_dtype or mat_a.dtype
+    torch._check(dtype == mat_a.dtype,
+                 lambda: "Grouped gemm output dtype must match `mat_a` dtype")
+    if a2:
+        size = [offs.shape[0], mat_a.shape[0], mat_b.shape[1]] if b2 else \
+            [mat_a.shape[0], mat_b.shape[-1]]
+    else:
+        size = [mat_a.shape[1], mat_b.shape[1]] if b2 else \
+            [mat_a.shape[0], mat_a.shape[1], mat_b.shape[-1]]
+    if torch.version.hip:
+        return torch.empty(size, dtype=dtype, device=mat_a.device)
+    align = 16 // dtype.itemsize
+    padded = (size[-1] + align - 1) // align * align
+    stride = [padded, 1] if a2 != b2 else [size[1] * padded, padded, 1]
+    return torch.empty_strided(size, stride, dtype=dtype, device=mat_a.device)
+
+
 def window_storage_nbytes(func, args, kwargs, t: torch.Tensor) -> int | None:
     """The storage bytes of a window function's output (:data:`PERIODIC_WINDOW_OPS`), or
     None when it is not periodic or shorter than 2 (no extra sample then)."""

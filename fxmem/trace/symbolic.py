@@ -79,6 +79,7 @@ import torch
 from torch._C import DispatchKey
 
 from .compat import register
+from .rules import grouped_mm_meta
 
 aten = torch.ops.aten
 
@@ -457,7 +458,8 @@ def kernels() -> dict[str, dict[str, Callable]]:
     registers (looked up once a process)."""
     return {"CompositeImplicitAutograd": routes(),
             "Meta": {**_upsample_backward_metas(), "_fft_r2c": _fft_r2c_meta,
-                     "_fft_c2c": _fft_c2c_meta, "_fft_c2r": _fft_c2r_meta}}
+                     "_fft_c2c": _fft_c2c_meta, "_fft_c2r": _fft_c2r_meta,
+                     "_grouped_mm": grouped_mm_meta}}
 
 
 @contextlib.contextmanager

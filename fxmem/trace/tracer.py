@@ -204,7 +204,7 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
                      warm_up=warm_up)
 
 
-class BufferAssigned(Exception):  # noqa: N818 - a signal to trace again, not an error
+class BufferAssigned(Exception):  # a signal to trace again, not an error
     """The traced forward assigns a module's buffer (``self.table = ...``, or
     ``register_buffer``): a cache made on the first call (ConViT's ``rel_indices``), or a
     buffer replaced on every call. ``fxmem.measure``, as training does, runs a step before

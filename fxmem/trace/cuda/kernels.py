@@ -485,6 +485,12 @@ RULES: tuple = (
                "the training reserve space (kept for backward), workspaces and the dropout "
                "state: sized inside cuDNN",
                "aten/src/ATen/native/cudnn/RNN.cpp: _cudnn_rnn, get_dropout_state"),
+    KernelRule("_grouped_mm", "unmodelled",
+               "bfloat16 on sm90/sm100: CUTLASS's grouped GEMM, with an argument buffer and "
+               "CUTLASS's workspace while it runs; otherwise a loop of mm_out into the output "
+               "(the output itself as on the CPU: fxmem.trace.rules.grouped_mm_meta)",
+               "aten/src/ATen/native/cuda/GroupedBlas.cpp: _grouped_mm_cuda; "
+               "aten/src/ATen/native/cuda/GroupMM.cu: bf16bf16_grouped_gemm_impl_sm90_sm100"),
     KernelRule("embedding_dense_backward", "workspace",
                "above 3,072 indices (or with scale_grad_by_freq): the sorted and original "
                "indices, CUB's radix-sort storage, segment offsets and the per-segment "

@@ -498,6 +498,8 @@ def workspace_bytes(func, args, kwargs, out, *, capability=(9, 0), num_sms=None)
 def unmodelled(func, args, kwargs, out, *, capability=(9, 0), num_sms=None) -> str | None:
     """What the CUDA kernel of ``func`` allocates that :func:`workspace_bytes` does not size
     (one line), or None."""
+    if func is torch.ops.aten._grouped_mm.default:
+        return _grouped_mm_unmodelled(args, kwargs, capability)
     if func not in _RULES:
         return None
     a, (sms, guessed) = _by_name(func, args, kwargs), _sms(capability, num_sms)
@@ -529,3 +531,19 @@ def unmodelled(func, args, kwargs, out, *, capability=(9, 0), num_sms=None) -> s
         return ("Reduce.cuh global-reduce staging of dgamma_blocks.sum(0) for M > 65536 "
                 f"(depends on the launch configuration; small){note}")
     return None
+
+
+def _grouped_mm_unmodelled(args, kwargs, capability) -> str | None:
+    """aten/src/ATen/native/cuda/GroupedBlas.cpp ``_grouped_mm_cuda``: bfloat16 inputs and
+    output on sm90 or sm100 take CUTLASS's grouped GEMM (cuda/GroupMM.cu
+    ``bf16bf16_grouped_gemm_impl_sm90_sm100``), which allocates an argument buffer and
+    CUTLASS's workspace for the op; any other call loops over the groups with ``mm_out``
+    into the output (GroupedMMUtils.h ``_grouped_mm_fallback``), allocating nothing more on
+    the device (the offsets are copied to the host)."""
+    a = _by_name(torch.ops.aten._grouped_mm.default, args, kwargs)
+    out_dtype = a.get("out_dtype") or torch.bfloat16
+    if not (a["self"].dtype == a["mat2"].dtype == out_dtype == torch.bfloat16
+            and capability[0] in (9, 10)):
+        return None
+    return ("CUTLASS grouped GEMM (bfloat16 on sm90/sm100): an argument buffer of 60 B "
+            "a group and CUTLASS's workspace, while the op runs (sized inside CUTLASS)")
