@@ -167,8 +167,12 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     handles, retry, fixed = [], False, None
     try:
         with frozen_gc(), tracing_shims(), symbolic_kernels(), _attributes_kept(model):
-            return _run(model, spec, mode, rec, sym, batch, hint, handles, plan, named,
-                        reuse_blocks, warm_up)
+            traced = _run(model, spec, mode, rec, sym, batch, hint, handles, plan, named,
+                          reuse_blocks, warm_up)
+        if rec.assigned is None:
+            return traced
+        # the model caught BufferAssigned: the buffer was not even assigned
+        retry, warm_up = True, True
     except SpecializationError as e:
         if concrete_batch is not None or not _fixed(shape_env, sym):
             raise
@@ -188,6 +192,7 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
         rec.close()
         for h in handles:
             h.remove()
+    warm_up = warm_up or rec.assigned is not None
     if fixed is not None:  # traced at concrete batch sizes, the sizes fitted in B
         # (the conditions on B met before it was fixed hold)
         guards = [g.expr.xreplace(rec.subs) for g in shape_env.guards
@@ -338,7 +343,8 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     def assigned(mod, name, value):
         if not warm and rec.recording and rec.phase in ("forward", "backward") \
                 and id(mod) in name_of:
-            raise BufferAssigned(f"{name_of[id(mod)]}.{name}")
+            rec.assigned = f"{name_of[id(mod)]}.{name}"
+            raise BufferAssigned(rec.assigned)
 
     handles.append(register_module_buffer_registration_hook(assigned))
 

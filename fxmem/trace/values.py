@@ -151,7 +151,8 @@ def _cast(v, dtype: torch.dtype):
         return v if v.is_integer else None
     if isinstance(v, float) and not math.isfinite(v):
         return None
-    return int(v)
+    info = torch.iinfo(dtype)
+    return int(v) if info.min <= int(v) <= info.max else None  # no wrap-around modelled
 
 
 def _written(func) -> tuple:
