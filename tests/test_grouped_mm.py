@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import fxmem
-from fxmem.trace.recorder import DATA_SIZED_REASON
+from fxmem.trace.datadep import EAGER_EXPERTS
 from fxmem.trace.rules import grouped_mm_meta
 
 KW = {"loss": lambda o: o.float().sum(), "optimizer": torch.optim.Adam}
@@ -113,17 +113,16 @@ def test_a_grouped_mm_moe_step_is_exact(dtype):
 
 def test_experts_sized_by_the_routing_are_refused_with_what_to_do():
     model = nn.Sequential(nn.Linear(16, 16), LoopedExperts())
-    with pytest.raises(fxmem.TraceError) as e:
+    with pytest.raises(fxmem.DataDependentError) as e:
         fxmem.analyze(model, torch.randn(4, 6, 16), device="cpu", **KW)
-    assert e.value.reason == DATA_SIZED_REASON
     assert "\n" not in str(e.value) and "test_grouped_mm.py" in e.value.source
 
 
-def test_transformers_moe_experts_match_measure():
+def _mixtral(**kw):
     T = pytest.importorskip("transformers")
     cfg = T.MixtralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                           num_attention_heads=4, num_key_value_heads=2, vocab_size=64,
-                          num_local_experts=4, num_experts_per_tok=2)
+                          num_local_experts=4, num_experts_per_tok=2, **kw)
 
     class LM(nn.Module):
         def __init__(self):
@@ -134,8 +133,24 @@ def test_transformers_moe_experts_match_measure():
             return self.model(input_ids=ids, labels=ids).loss
 
     torch.manual_seed(0)
-    m, ids = LM(), torch.randint(0, 64, (4, 8))
-    assert m.model.config._experts_implementation == "grouped_mm"  # transformers' default
+    return LM(), torch.randint(0, 64, (4, 8))
+
+
+def test_transformers_eager_experts_are_refused_naming_the_implementations_to_use():
+    m, ids = _mixtral()
+    m.model.set_experts_implementation("eager")
+    with pytest.raises(fxmem.DataDependentError) as e:
+        fxmem.analyze(m, ids, device="cpu", loss=None, optimizer=torch.optim.Adam)
+    assert e.value.reason.endswith(EAGER_EXPERTS) and "\n" not in str(e.value)
+    assert e.value.module == "model.model.layers.0.mlp.experts"
+
+
+@pytest.mark.parametrize("impl", ["grouped_mm", "batched_mm"])
+def test_transformers_moe_experts_match_measure(impl):
+    m, ids = _mixtral()
+    if impl != "grouped_mm":
+        m.model.set_experts_implementation(impl)
+    assert m.model.config._experts_implementation == impl  # grouped_mm: transformers' default
     kw = {"loss": None, "optimizer": torch.optim.Adam}
     r = fxmem.analyze(m, ids, device="cpu", **kw)
     for b in BATCHES:

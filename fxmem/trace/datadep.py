@@ -177,7 +177,19 @@ def config_hint(frames) -> str | None:
                  if _active(config, a) and re.search(rf"config\.{a}\b", src)]
         if named:
             return _advice(module, config, named)
+        if (getattr(config, "_experts_implementation", None) == "eager"
+                and hasattr(module, "_is_expert_parallel")):
+            return EAGER_EXPERTS
     return None
+
+
+# transformers' MoE experts (integrations/moe.py use_experts_implementation marks the class
+# with _is_expert_parallel): "eager" loops over the experts the routing chose, each on the
+# tokens routed to it; "grouped_mm" and "batched_mm" (the default is grouped_mm) run every
+# token-expert pair in tensors of fixed shapes
+EAGER_EXPERTS = ('the MoE experts run as a loop over the experts the routing chose '
+                 '(experts_implementation="eager"): model.set_experts_implementation('
+                 '"grouped_mm"), or "batched_mm", computes them with fixed shapes')
 
 
 def _advice(module, config, named) -> str:

@@ -1,8 +1,8 @@
 """Values the trace knows: tensors whose every element is one known number.
 
-Fake tensors have no data, so a model that reads a value in its forward (``bool(t)``,
-``t.item()``) cannot be traced in general: its memory would depend on data. Some reads do
-not depend on data at all: a tensor the model filled itself (``torch.ones(batch, seq)``)
+Fake tensors have no data: a value a model reads in its forward (``bool(t)``, ``t.item()``)
+is a symbol (:mod:`fxmem.trace.datadep`), and a branch on it cannot be traced. Some reads
+do not depend on data at all: a tensor the model filled itself (``torch.ones(batch, seq)``)
 and what it computes from it elementwise or by reduction. :class:`KnownValues` follows
 such tensors through the trace, one value per storage (every element of the storage equals
 it), so that a read of one is answered as eager would answer it. A sum over a symbolic
