@@ -1,4 +1,4 @@
-"""Buffers a forward assigns (fxmem.trace.tracer.BufferAssigned): a table cached on the first
+"""Buffers a forward assigns (fxmem.trace.modstate.BufferAssigned): a table cached on the first
 call (timm ConViT's ``rel_indices``) or a buffer replaced on every call. A training loop's
 step after the first starts from the buffers the step before left, as ``fxmem.measure``'s
 does after its warm-up; the tracer traces such a step after an unrecorded one. Each model is

@@ -99,7 +99,7 @@ class Recorder(StorageTracker):
         self._sized: tuple = ()  # (output, bytes) of the running op, sized by a CPU rule
         self.oracle = ValueOracle()
         self.values = KnownValues()  # tensors filled with one known value (fxmem.trace.values)
-        self.assigned: str | None = None  # a buffer the forward assigns (tracer.BufferAssigned)
+        self.assigned: str | None = None  # a buffer the forward assigns (modstate.BufferAssigned)
         self.unmodelled: dict = {}  # (op, module) -> what is not modelled
         self._n_repl = 0
         self.plan: tuple = ()

@@ -18,7 +18,6 @@ unrecorded step creates its state, which then counts as live from the start of t
 
 from __future__ import annotations
 
-import collections
 import contextlib
 
 import sympy
@@ -38,6 +37,13 @@ from .compat import tracing_shims
 from .cuda.kernels import cuda_kernels
 from .datadep import data_symbols
 from .lift import lift
+from .modstate import (
+    BufferAssigned,
+    attributes_kept,
+    register_buffers,
+    slots,
+    watch_buffers,
+)
 from .recorder import Recorder, _as_trace_error, _caused_by, failed_in_model_code
 from .records import B_RANGE_MAX, ModuleCall, StorageInfo, TensorDesc, Trace
 from .reuse import NoReuse, Reuse, find_runs
@@ -166,7 +172,7 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
         rec.kernels = cuda_kernels(rec.capability)
     handles, retry, fixed = [], False, None
     try:
-        with frozen_gc(), tracing_shims(), symbolic_kernels(), _attributes_kept(model):
+        with frozen_gc(), tracing_shims(), symbolic_kernels(), attributes_kept(model):
             traced = _run(model, spec, mode, rec, sym, batch, hint, handles, plan, named,
                           reuse_blocks, warm_up)
         if rec.assigned is None:
@@ -209,86 +215,11 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
                      warm_up=warm_up)
 
 
-class BufferAssigned(Exception):  # a signal to trace again, not an error
-    """The traced forward assigns a module's buffer (``self.table = ...``, or
-    ``register_buffer``): a cache made on the first call (ConViT's ``rel_indices``), or a
-    buffer replaced on every call. ``fxmem.measure``, as training does, runs a step before
-    the one it measures, and that step starts from the buffers the one before left, the old
-    one freed when the forward replaces it. The tracer holds the buffers it swapped in, so
-    it would see neither: it traces again with an unrecorded step first (``warm_up``)."""
-
-
 def _fixed(shape_env, sym) -> bool:
     """Did the ShapeEnv fix the batch symbol to a number (not only a named dim)?"""
     val = shape_env.replacements.get(sym)
     rng = shape_env.var_to_range.get(sym)
     return (val is not None and val.is_number) or (rng is not None and rng.lower == rng.upper)
-
-
-# only these exact types: a subclass may refuse clear() or update() (transformers' ModelOutput)
-_CONTAINERS = (dict, collections.OrderedDict, list, set)
-
-
-@contextlib.contextmanager
-def _attributes_kept(model: torch.nn.Module):
-    """Every submodule's attributes as they were before the trace, restored after it.
-    A forward may keep tensors on its module (torchvision's RAFT ``CorrBlock.corr_pyramid``,
-    caches of rotary or relative-position tables), or in a dict or list the module holds:
-    during the trace those are fake tensors with autograd history, which would stay on the
-    user's model and break a later ``copy.deepcopy`` or ``.to()``. An attribute that is a
-    plain dict, list or set (``_parameters``, ``_buffers`` and ``_modules`` among them) keeps
-    its identity and gets its items back; any other attribute is put back as it was."""
-    kept = []
-    for m in model.modules():
-        attrs = dict(vars(m))
-        items = {k: (dict(v) if isinstance(v, dict) else list(v) if type(v) is list
-                     else set(v))
-                 for k, v in attrs.items() if type(v) in _CONTAINERS}
-        kept.append((m, attrs, items))
-    try:
-        yield
-    finally:
-        for m, attrs, items in kept:
-            now = vars(m)  # compared by identity: a tensor's == is elementwise
-            if now.keys() != attrs.keys() or any(now[k] is not v for k, v in attrs.items()):
-                now.clear()
-                now.update(attrs)
-            for k, old in items.items():
-                _restore_items(attrs[k], old)
-
-
-def _restore_items(container, old) -> None:
-    """``container`` (a dict, list or set) given back the items ``old`` holds, in place."""
-    if isinstance(container, dict):
-        if container.keys() != old.keys() or any(container[k] is not v for k, v in old.items()):
-            container.clear()
-            container.update(old)
-    elif isinstance(container, list):
-        if len(container) != len(old) or any(a is not b for a, b in zip(container, old)):
-            container[:] = old
-    elif {id(v) for v in container} != {id(v) for v in old}:
-        container.clear()
-        container.update(old)
-
-
-def _slots(model: torch.nn.Module, fakes: dict) -> dict:
-    """The fake stand-in of each place a parameter or buffer is held, named once: each
-    module under its first path. ``fakes``: id of a real tensor -> its fake.
-
-    A module reachable by two paths (timm CoaT's ``crpe1`` is also every serial block's
-    ``factoratt_crpe.crpe``) must not be named twice: ``_reparametrize_module(...,
-    tie_weights=True)`` swaps each name in turn, so the second name of a shared slot saves
-    the fake already put there as its "original", and the restore, in the same order,
-    leaves the fake on the user's model (torch/nn/utils/stateless.py,
-    ``_untie_named_tensors_map`` then ``NamedMemberAccessor.swap_tensors_dict``; PyTorch
-    issue 164759). A parameter tied across two modules is two slots, each named here."""
-    out = {}
-    for path, m in model.named_modules():
-        for d in (m._parameters, m._buffers):
-            for k, t in d.items():
-                if t is not None and id(t) in fakes:
-                    out[f"{path}.{k}" if path else k] = fakes[id(t)]
-    return out
 
 
 def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
@@ -332,7 +263,6 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
                 rec.calls.append(ModuleCall(name, start, rec.op_count - 1))
 
     from torch.nn.modules.module import (
-        register_module_buffer_registration_hook,
         register_module_forward_hook,
         register_module_forward_pre_hook,
     )
@@ -340,13 +270,8 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     handles.append(register_module_forward_pre_hook(enter))
     handles.append(register_module_forward_hook(leave))
 
-    def assigned(mod, name, value):
-        if not warm and rec.recording and rec.phase in ("forward", "backward") \
-                and id(mod) in name_of:
-            rec.assigned = f"{name_of[id(mod)]}.{name}"
-            raise BufferAssigned(rec.assigned)
-
-    handles.append(register_module_buffer_registration_hook(assigned))
+    if not warm:  # a buffer the forward assigns: trace again after a warm-up step
+        handles.append(watch_buffers(rec, name_of))
 
     fakes = {id(p): fparams[n] for n, p in named_p} | {id(b): fbufs[n] for n, b in named_b}
     params = list(fparams.values())
@@ -408,7 +333,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     router = RNNRouter() if has_rnn and rec.kernels is None else contextlib.nullcontext()
     # The fake parameters stay in place for the whole step, not just the forward: a
     # checkpointed module's forward runs again during backward.
-    swap = _reparametrize_module(model, _slots(model, fakes))
+    swap = _reparametrize_module(model, slots(model, fakes))
 
     def region(path, fn):  # what checkpoint runs, and re-runs in backward
         def run(*args, **kwargs):
@@ -449,7 +374,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
             for n, p in fparams.items():
                 if p.grad is not None and not spec.set_to_none:
                     rec.register_named(p.grad, "grad", user_path(n))
-            _register_buffers(rec, model)
+            register_buffers(rec, model)
         if needs_closure(opt):
             # steady state: LBFGS's history is full after some steps; run them unrecorded
             rec.recording = False
@@ -472,13 +397,6 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     end_index = len(rec.ops)
     del out
     return _finish(rec, sym, hint, spec, end_index)
-
-
-def _register_buffers(rec: Recorder, model) -> None:
-    """The model's buffers now (its own frame: a loop variable left in the caller's would
-    keep the last one alive, and a forward that replaces it would not free it)."""
-    for n, b in model.named_buffers():
-        rec.register_named(b, "buffer", user_path(n))
 
 
 def _replace_loss(spec: StepSpec, fn) -> StepSpec:
