@@ -1,5 +1,6 @@
 """Ops of real models whose PyTorch kernels take only concrete sizes: ``F.interpolate`` and
-``nn.Upsample``, ``torch.stft`` and ``torch.istft`` (fxmem.trace.symbolic).
+``nn.Upsample``, ``torch.stft`` and ``torch.istft``, the backward of ``nn.Hardshrink`` and
+``nn.Softshrink`` (fxmem.trace.symbolic).
 
 They used to fail with "operator aten::size does not exist": a C++ composite asked a fake
 tensor with a symbolic batch for its concrete sizes. Each model here is traced at B = 4 with
@@ -462,6 +463,33 @@ def _upsample_backward_calls():
 @pytest.mark.parametrize("call", _upsample_backward_calls())
 def test_upsample_backward_metas_match_pytorch(call):
     _same_meta(*call)
+
+
+def _binary_pointwise_calls():
+    x = torch.randn(2, 3, 4, 5)
+    last = x.contiguous(memory_format=torch.channels_last)
+    pairs = {"contiguous": (x, x), "channels_last": (last, last), "mixed layouts": (x, last),
+             "mixed layouts 2": (last, x), "transposed": (x.transpose(1, 3), x.transpose(1, 3)),
+             "broadcast grad": (x[:1], x), "broadcast input": (x, x[0, 0]),
+             "bfloat16 grad": (x.to(torch.bfloat16), x), "float16": (x.half(), x.half())}
+    return [pytest.param((getattr(aten, name).default, g, i, 0.5), id=f"{name}-{k}")
+            for name in symbolic.BINARY_POINTWISE_BACKWARD for k, (g, i) in pairs.items()]
+
+
+@pytest.mark.parametrize("call", _binary_pointwise_calls())
+def test_shrink_backward_metas_match_pytorch(call):
+    """Activation.cpp's TensorIterator metas of hardshrink_backward and softshrink_backward
+    (build_borrowing_binary_op), on concrete sizes: shape, strides and dtype."""
+    assert str(call[0]).split(".")[1] in symbolic.kernels()["Meta"]
+    _same_meta(*call)
+
+
+@pytest.mark.parametrize("act", [nn.Hardshrink(), nn.Softshrink(0.3)], ids=str)
+def test_shrink_activations_train_exact(act):
+    """Their backward used to fail to trace: "TensorIterator does not support symbolic
+    shapes" (no Python meta kernel in PyTorch 2.11 to 2.14)."""
+    assert_exact(Then(act), image())
+    assert_exact(Then(act), image(), amp=torch.bfloat16)
 
 
 # --- what is left: a clear error -----------------------------------------------------------

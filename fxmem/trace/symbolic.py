@@ -40,6 +40,12 @@ ops models use, and the failures that come next on the same ops:
     (``Expected IntList but got GenericList``): one ``input_size`` gradient in
     ``grad_output``'s suggested memory format. PyTorch's own Python metas
     (``upsample_nearest2d_backward`` and others in torch/_meta_registrations.py) stay;
+  - ``hardshrink_backward`` and ``softshrink_backward`` (``nn.Hardshrink``,
+    ``nn.Softshrink`` in training), whose only meta kernel is the C++ structured one
+    (aten/src/ATen/native/Activation.cpp ``TORCH_META_FUNC(hardshrink_backward)``,
+    ``TORCH_META_FUNC(softshrink_backward)``: ``build_borrowing_binary_op(grad, self)``), a
+    TensorIterator, which "does not support symbolic shapes": the output that binary
+    TensorIterator makes;
   - ``_fft_r2c``, ``_fft_c2c`` and ``_fft_c2r``, whose Python metas
     (torch/_meta_registrations.py ``_exec_fft``) ``resize_`` a new tensor, which a tensor with
     symbolic sizes refuses: the same output, laid out as mkl/SpectralOps.cpp ``_exec_fft``
@@ -379,6 +385,29 @@ def _upsample_backward_metas() -> dict[str, Callable]:
     return metas
 
 
+# --- pointwise backward ops: meta kernels that take symbolic sizes ---------------------------
+
+def _binary_op_meta(grad, self, *args):
+    """Activation.cpp ``TORCH_META_FUNC(hardshrink_backward)`` and
+    ``TORCH_META_FUNC(softshrink_backward)``: ``build_borrowing_binary_op(maybe_get_output(),
+    grad, self)``, one output of the two inputs' broadcast shape and common dtype, laid out
+    as TensorIterator lays out a binary op's output. BinaryOps.cpp's ``add.Tensor`` is built
+    by the same ``build_borrowing_binary_op``, and its Python meta (the elementwise
+    reference) takes symbolic sizes: its output is the one the C++ meta would make."""
+    return aten.add.Tensor(grad, self)
+
+
+# ops whose only meta kernel is the TensorIterator one (no Python meta in 2.11 to 2.14)
+BINARY_POINTWISE_BACKWARD = ("hardshrink_backward", "softshrink_backward")
+
+
+def _binary_pointwise_metas() -> dict[str, Callable]:
+    import torch._meta_registrations  # noqa: F401  (PyTorch's Python metas, registered)
+
+    return {name: _binary_op_meta for name in BINARY_POINTWISE_BACKWARD
+            if DispatchKey.Meta not in getattr(aten, name).default.py_kernels}
+
+
 # --- FFTs: meta kernels that take symbolic sizes ---------------------------------------------
 
 def _sorted_dims(x: torch.Tensor, dims, exclude_last: bool = False) -> list:
@@ -457,9 +486,9 @@ def kernels() -> dict[str, dict[str, Callable]]:
     """dispatch key -> {aten op name: kernel}: everything :func:`symbolic_kernels`
     registers (looked up once a process)."""
     return {"CompositeImplicitAutograd": routes(),
-            "Meta": {**_upsample_backward_metas(), "_fft_r2c": _fft_r2c_meta,
-                     "_fft_c2c": _fft_c2c_meta, "_fft_c2r": _fft_c2r_meta,
-                     "_grouped_mm": grouped_mm_meta}}
+            "Meta": {**_upsample_backward_metas(), **_binary_pointwise_metas(),
+                     "_fft_r2c": _fft_r2c_meta, "_fft_c2c": _fft_c2c_meta,
+                     "_fft_c2r": _fft_c2r_meta, "_grouped_mm": grouped_mm_meta}}
 
 
 @contextlib.contextmanager
