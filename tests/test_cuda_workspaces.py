@@ -488,3 +488,80 @@ def test_embedding_bag_backward_promotes_int32_indices_first():
     mixed = ws(aten._embedding_bag_backward.default, *args(I32))
     assert mixed == {"indices.to(offsets' dtype) (promoteIndicesAndOffsets)": n * 8, **same}
     assert same == bag(n, V, D)
+
+
+# --- 6. softmax, log_softmax (cuda/SoftMax.cu) ---------------------------------------------------
+
+F16 = torch.float16
+
+
+def test_softmax_backward_keeps_the_product_of_grad_and_output():
+    """softmax_backward_cuda_out: Tensor tmp = grad * output (grad's size, the two's result
+    dtype) until host_softmax_backward returns; log_softmax's backward has no product."""
+    g, y = fake(8, 12, 64), fake(8, 12, 64)
+    assert ws(aten._softmax_backward_data.default, g, y, -1, F32) == {
+        "tmp = grad_output * output": 8 * 12 * 64 * 4}
+    h = fake(8, 12, 64, dtype=F16)
+    assert ws(aten._softmax_backward_data.default, h, h, -1, F16) == {
+        "tmp = grad_output * output": 8 * 12 * 64 * 2}
+    # the half_to_float backward: float32 gradient and output, a float16 input
+    assert ws(aten._softmax_backward_data.default, g, y, -1, F16) == {
+        "tmp = grad_output * output": 8 * 12 * 64 * 4}
+    assert ws(aten._log_softmax_backward_data.default, g, y, -1, F32) == {}
+    assert ws(aten._softmax.default, g, 1, False) == {}
+    assert ws(aten._softmax_backward_data.default, fake(0, 5), fake(0, 5), 1, F32) == {}
+
+
+def test_softmax_copies_what_is_not_contiguous():
+    """host_softmax: input.contiguous(); host_softmax_backward: grad.contiguous() (of the
+    product, laid out as grad_output) and output.contiguous()."""
+    with FAKE:
+        t = torch.empty(64, 8, 12).transpose(0, 2)  # (12, 8, 64), not contiguous
+    n = t.numel() * 4
+    assert ws(aten._softmax.default, t, 1, False) == {"self.contiguous()": n}
+    assert ws(aten._log_softmax.default, t, 1, False) == {"self.contiguous()": n}
+    c = fake(12, 8, 64)
+    assert ws(aten._softmax_backward_data.default, t, c, 1, F32) == {
+        "tmp = grad_output * output": n, "tmp.contiguous()": n}
+    assert ws(aten._softmax_backward_data.default, c, t, 1, F32) == {
+        "tmp = grad_output * output": n, "output.contiguous()": n}
+    assert ws(aten._log_softmax_backward_data.default, t, t, 1, F32) == {
+        "grad_output.contiguous()": n, "output.contiguous()": n}
+    with FAKE:  # the gradient of a sum: an expanded scalar, laid out as the output
+        ones = torch.ones(()).expand(12, 8, 64)
+    assert ws(aten._softmax_backward_data.default, ones, c, 1, F32) == {
+        "tmp = grad_output * output": n}
+    assert ws(aten._softmax_backward_data.default, ones, t, 1, F32) == {
+        "tmp = grad_output * output": n, "tmp.contiguous()": n, "output.contiguous()": n}
+
+
+def test_softmax_backward_symbolic():
+    s, H, L = Sym(), 4, 32
+    with s.mode:
+        p = torch.empty(s.B, H, L, L)
+        ones = torch.empty(()).as_strided((s.B, H, L, L), (0, 0, 0, 0))  # a sum's gradient
+        got = cw.workspace_bytes(aten._softmax_backward_data.default, (p, p, -1, F32), {}, None)
+        summed = cw.workspace_bytes(aten._softmax_backward_data.default, (ones, p, -1, F32),
+                                    {}, None)
+        last = cw.workspace_bytes(aten._softmax.default, (p.transpose(0, 3), 0, False), {}, None)
+    for b in (1, 3, 40):
+        assert s.total(got, b) == s.total(summed, b) == b * H * L * L * 4
+        assert s.total(last, b) == b * H * L * L * 4  # the transposed input copied
+    assert s.untouched()
+
+
+def test_softmax_product_in_a_cuda_trace():
+    """device="cuda": the product is a storage the backward op makes and frees, B·16 float32
+    values here; device="cpu" has none."""
+    from fxmem.formula.symbols import B
+    from fxmem.trace import trace
+
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Softmax(-1))
+    x = torch.randn(4, 8)
+
+    def made(t):  # the kernel's temporaries (the op's output aside)
+        (op,) = [o for o in t.ops if o.op == "aten._softmax_backward_data.default"]
+        return [str(t.storages[s].size.expr) for s in op.new_sids if t.storages[s].name]
+
+    assert made(trace(m, x, loss=lambda o: o.sum(), device="cuda")) == [str(64 * B)]
+    assert made(trace(m, x, loss=lambda o: o.sum(), device="cpu")) == []

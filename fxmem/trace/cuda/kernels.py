@@ -538,6 +538,15 @@ RULES: tuple = (
                "non-contiguous X and dY",
                "aten/src/ATen/native/cuda/group_norm_kernel.cu; "
                "aten/src/ATen/native/group_norm.cpp"),
+    KernelRule("_softmax_backward_data", "workspace",
+               "tmp = grad_output * output, the size of the gradient (float32 in the "
+               "half_to_float backward), while the kernel runs; copies of non-contiguous "
+               "inputs in _softmax, _log_softmax and their backward (fxmem/trace/cuda/"
+               "workspaces.py)",
+               "aten/src/ATen/native/cuda/SoftMax.cu: softmax_backward_cuda_out, host_softmax, "
+               "host_softmax_backward (the calls also read off the 2.11 and 2.14 cu130 "
+               "binaries)",
+               checked=("2.11", "2.13", "2.14")),
     KernelRule("native_layer_norm_backward, _fused_rms_norm_backward", "workspace",
                "above 65,536 rows with few columns, per-block partial sums for the weight "
                "gradients; dY made contiguous",

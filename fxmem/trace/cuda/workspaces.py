@@ -9,8 +9,10 @@ guard. :func:`unmodelled` names what the formulas leave out.
 Read for torch 2.13.0 (git cf30153c), whose cu130 libtorch_cuda.so has the fused embedding
 kernel (``compute_grad_weight_atomic_accumulate``), no NHWC GroupNorm, and CCCL 3.0.1. Sources
 (not stored at that commit): copies of recent main's EmbeddingBackwardKernel.cu, Embedding.cu,
-Indexing.cu, TensorAdvancedIndexing.cpp, layer_norm_kernel.cu and group_norm_kernel.cu; the
-installed ATen/cuda/cub.cuh, cub.h, cub-RadixSortPairs.cuh; CCCL 3.0.1's cub/device/dispatch.
+Indexing.cu, TensorAdvancedIndexing.cpp, layer_norm_kernel.cu, group_norm_kernel.cu and
+SoftMax.cu (its calls also read off the 2.11 and 2.14 cu130 binaries: softmax backward's product
+``at::_ops::mul_Tensor``, host_softmax's ``contiguous``); the installed ATen/cuda/cub.cuh, cub.h,
+cub-RadixSortPairs.cuh; CCCL 3.0.1's cub/device/dispatch.
 :func:`radix_sort_temp_bytes` equals what CCCL 3.0.1's host code returns (run without a GPU)
 for n up to 3e8, 4- and 8-byte keys, 8 to 64 bits, sm75 to sm120.
 
@@ -28,12 +30,14 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 from fractions import Fraction
 from functools import reduce
 
 import torch
+from torch._prims_common import compute_elementwise_output_strides
 from torch.fx.experimental.symbolic_shapes import statically_known_true as _known
 
 from .sdpa_memory import _DEFAULT_SMS, _by_name
@@ -365,9 +369,9 @@ def _group_norm(a, cap, sms):
 
 
 def _made_contiguous(a, names) -> list:
-    """group_norm.cpp ``native_group_norm(_backward)``: on CUDA, ``X.contiguous()`` (and
-    ``dY.contiguous()``) in the default memory format, alive until the op returns; a copy
-    only for a tensor not already contiguous (a channels_last one)."""
+    """``t.contiguous()`` of each named input, in the default memory format, alive until the
+    op returns; a copy only for a tensor not already contiguous (a channels_last one).
+    group_norm.cpp ``native_group_norm(_backward)``: on CUDA, ``X`` (and ``dY``)."""
     return [(f"{name}.contiguous()", a[name].numel() * a[name].element_size())
             for name in names if not _contiguous(a[name])]
 
@@ -455,6 +459,40 @@ def _im2col(a, cap, sms, col2im=False):
     return _clean(ws)
 
 
+# --- 6. softmax, log_softmax (cuda/SoftMax.cu) -----------------------------------------------
+
+def _product_contiguous(grad, out) -> bool:
+    """Is ``grad * output`` contiguous? So when grad_output is (TensorIterator's dims are
+    ordered by its strides first); else as compute_elementwise_output_strides lays it out,
+    asked without guards (a layout decided at the size hints, e.g. a symbolic B taken > 1)."""
+    if _contiguous(grad):
+        return True
+    syms = [x for t in (grad, out) for x in (*t.shape, *t.stride())
+            if isinstance(x, torch.SymInt)]
+    quiet = syms[0].node.shape_env.suppress_guards() if syms else contextlib.nullcontext()
+    with quiet:
+        return _contiguous(grad.shape, compute_elementwise_output_strides(grad, out))
+
+
+def _softmax_backward(a, cap, sms, log=False):
+    """``softmax_backward_cuda_out``: ``Tensor tmp = grad * output``, a TensorIterator
+    product (its dtype the two's result type, float32 in the half_to_float backward; laid out
+    as TensorIterator lays out a product, which torch._prims_common's
+    ``compute_elementwise_output_strides`` follows), alive until the op returns; then
+    ``host_softmax_backward``'s ``grad.contiguous()`` of it and ``output.contiguous()``: copies
+    of what is not contiguous. ``log_softmax_backward_cuda_out`` has no product: copies of
+    grad_output and output when not contiguous. The CPU kernel (SoftMax.cpp
+    ``softmax_backward_cpu_out``) computes without the product."""
+    grad, out = a["grad_output"], a["output"]
+    if log:
+        return _clean(_made_contiguous(a, ("grad_output", "output")))
+    size = torch.promote_types(grad.dtype, out.dtype).itemsize
+    tmp = [("tmp = grad_output * output", grad.numel() * size)]
+    if not _product_contiguous(grad, out):
+        tmp.append(("tmp.contiguous()", grad.numel() * size))
+    return _clean(tmp + _made_contiguous(a, ("output",)))
+
+
 # --- the table -----------------------------------------------------------------------------------
 
 _RULES = {
@@ -474,6 +512,11 @@ _RULES = {
     aten._fused_rms_norm_backward.default: lambda a, c, s: _norm_backward(a, c, s, True),
     aten.im2col.default: _im2col,  # F.unfold, and F.fold's backward
     aten.col2im.default: lambda a, c, s: _im2col(a, c, s, col2im=True),  # F.fold, unfold's bwd
+    # host_softmax: input.contiguous()
+    aten._softmax.default: lambda a, c, s: _clean(_made_contiguous(a, ("self",))),
+    aten._log_softmax.default: lambda a, c, s: _clean(_made_contiguous(a, ("self",))),
+    aten._softmax_backward_data.default: _softmax_backward,
+    aten._log_softmax_backward_data.default: lambda a, c, s: _softmax_backward(a, c, s, True),
 }
 
 OPS: frozenset = frozenset(_RULES)
