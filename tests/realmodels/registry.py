@@ -228,6 +228,52 @@ def _tv_raft():
 _add("torchvision", "raft_small", _tv_raft, "128x128 frames, 2 flow updates, L1 loss")
 
 
+class UNet(nn.Module):
+    """A U-Net (Ronneberger et al. 2015) on a pretrained-style encoder, as
+    segmentation_models_pytorch builds one: the ``encoder``'s feature maps (a list or a dict
+    of them, shallow to deep) decoded by upsampling x2 (bilinear, or a
+    transposed convolution), concatenating the skip and two conv-BN-ReLU; a 1x1 head gives
+    per-pixel logits at the input's size."""
+
+    def __init__(self, encoder, channels, classes=CLASSES, transposed=False):
+        super().__init__()
+        self.encoder = encoder
+        self.up, self.blocks = nn.ModuleList(), nn.ModuleList()
+        deep = channels[-1]
+        for skip in reversed(channels[:-1]):
+            self.up.append(nn.ConvTranspose2d(deep, deep, 2, stride=2) if transposed
+                           else nn.Upsample(scale_factor=2, mode="bilinear"))
+            self.blocks.append(nn.Sequential(
+                nn.Conv2d(deep + skip, skip, 3, padding=1), nn.BatchNorm2d(skip), nn.ReLU(),
+                nn.Conv2d(skip, skip, 3, padding=1), nn.BatchNorm2d(skip), nn.ReLU()))
+            deep = skip
+        self.head = nn.Conv2d(deep, classes, 1)
+
+    def forward(self, x):
+        feats = self.encoder(x)
+        feats = list(feats.values()) if isinstance(feats, dict) else feats
+        y = feats[-1]
+        for up, block, skip in zip(self.up, self.blocks, reversed(feats[:-1])):
+            y = block(torch.cat([up(y), skip], dim=1))
+        return {"out": F.interpolate(self.head(y), size=x.shape[-2:], mode="bilinear")}
+
+
+def _tv_unet():
+    import torchvision
+    from torchvision.models.feature_extraction import create_feature_extractor
+
+    nodes = ["relu", "layer1", "layer2", "layer3", "layer4"]
+    enc = create_feature_extractor(torchvision.models.resnet18(weights=None), nodes)
+    model = UNet(enc, [64, 64, 128, 256, 512], transposed=True)
+    return (model, (_images(64),), (torch.randint(0, CLASSES, (BATCH, 64, 64)),),
+            segmentation_loss)
+
+
+_add("torchvision", "unet-resnet18", _tv_unet, "a U-Net decoder (transposed convolutions) on "
+     "ResNet-18's feature maps (torchvision's create_feature_extractor), 64x64 images, "
+     "per-pixel cross-entropy")
+
+
 # ---------------------------------------------------------------------------- timm
 
 
@@ -284,6 +330,20 @@ for _name in ["efficientformerv2_s0", "botnet26t_256", "coatnet_nano_rw_224", "c
               "coat_lite_tiny"]:
     _timm(_name, img_size=64)
 _timm("mvitv2_tiny", img_size=64)
+
+
+def _timm_unet():
+    import timm
+
+    enc = timm.create_model("convnext_atto", pretrained=False, features_only=True)
+    model = UNet(enc, enc.feature_info.channels())
+    return (model, (_images(64),), (torch.randint(0, CLASSES, (BATCH, 64, 64)),),
+            segmentation_loss)
+
+
+_add("timm", "unet-convnext_atto", _timm_unet, "a U-Net decoder (bilinear upsampling) on "
+     "ConvNeXt-atto's feature maps (features_only=True), 64x64 images, per-pixel "
+     "cross-entropy")
 
 
 # ---------------------------------------------------------------------------- Hugging Face
