@@ -151,3 +151,115 @@ def test_bart_decoder_skips_its_causal_mask_as_eager_does():
     for b in BATCHES:
         assert r.peak_bytes(b) == fxmem.measure(m, ids, B=b, loss=None,
                                                 optimizer=torch.optim.Adam).peak_bytes, b
+
+
+# -- positions: values affine in their indices (fxmem.trace.affine) ---------------------------
+
+def _positions(x):
+    """Positions as transformers' decoders make them: arange(L) + 0, expanded to the batch."""
+    return (torch.arange(x.shape[1]) + 0).unsqueeze(0).expand(x.shape[0], -1)
+
+
+def _packed(pos):
+    """transformers' find_packed_sequence_indices (masking_utils.py): a new sequence wherever
+    a position does not follow the one before."""
+    diff = torch.diff(pos, prepend=pos[:, :1] - 1, dim=-1)
+    return (diff != 1).cumsum(-1)
+
+
+class LooksForPackedSequences(nn.Module):
+    """Self-attention that, as transformers does with no attention mask and no cache, looks
+    for packed sequences in its positions: none (one sequence per row), so eager calls SDPA
+    with ``is_causal=True``; otherwise it builds a (B, 1, L, L) block-causal mask."""
+
+    def __init__(self, d=16, positions=_positions):
+        super().__init__()
+        self.qkv = nn.Linear(d, 3 * d)
+        self.positions = positions
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).unsqueeze(1).chunk(3, dim=-1)
+        packed = _packed(self.positions(x))
+        if (packed[:, -1] == 0).all():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        L = x.shape[1]
+        same = packed[:, None, :, None] == packed[:, None, None, :]
+        mask = same & torch.ones(L, L, dtype=torch.bool).tril()
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def test_positions_the_model_made_are_read_as_eager_reads_them():
+    r = assert_exact(LooksForPackedSequences(), torch.randn(4, 8, 16))
+    ops = {op.op for op in r.trace.ops}
+    assert "aten.cumsum.default" in ops and "aten.bitwise_and.Tensor" not in ops
+
+
+@pytest.mark.parametrize("positions", [
+    lambda x: torch.cat([torch.arange(3), torch.arange(x.shape[1] - 3)]).expand(
+        x.shape[0], -1),  # two sequences in each row: eager builds the mask
+    lambda x: _positions(x) * (x[..., :1].squeeze(-1) > 0),  # positions set by data
+], ids=["restarts", "data"])
+def test_positions_not_known_to_follow_one_another_are_refused(positions):
+    with pytest.raises(fxmem.DataDependentError, match="branches on a value read"):
+        fxmem.analyze(LooksForPackedSequences(positions=positions), torch.randn(4, 8, 16),
+                      device="cpu", **KW)
+
+
+def test_affine_values_follow_views_cat_and_differences_and_forget_writes():
+    env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=env)
+    known = KnownValues()
+    b = _symbolic_ones(env, mode).shape[0]  # a symbolic batch size
+
+    def run(op, *args, **kwargs):
+        out = op(*args, **kwargs)
+        known.update(op, args, kwargs, out)
+        return out
+
+    with mode:
+        pos = run(aten.add.Tensor, run(aten.arange.start, 2, 10), 1)  # 3, 4, ..., 10
+        rows = run(aten.expand.default, run(aten.unsqueeze.default, pos, 0), [b, -1])
+        assert known.affine(rows) == (3, (0, 1)) and known.value(rows) is None
+        assert known.value(run(aten.select.int, rows, 1, -1)) == 10
+        first = run(aten.sub.Tensor, run(aten.slice.Tensor, rows, 1, 0, 1), 1)
+        assert known.value(first) == 2
+        both = run(aten.cat.default, [first, rows], 1)  # 2, 3, ..., 10: continues
+        assert known.affine(both) == (2, (0, 1))
+        step = run(aten.sub.Tensor, run(aten.slice.Tensor, both, 1, 1, 9),
+                   run(aten.slice.Tensor, both, 1, 0, 8))
+        assert known.value(step) == 1
+        assert known.affine(run(aten.cumsum.default, step, 1)) == (1, (0, 1))
+        gap = run(aten.cat.default, [rows, rows], 1)  # 3..10, 3..10: does not continue
+        assert known.affine(gap) is None
+        assert known.affine(run(aten.mul.Tensor, pos, pos)) is None  # quadratic
+        tenths = run(aten.mul.Tensor, run(aten._to_copy.default, pos, dtype=torch.float32), 0.1)
+        assert known.affine(tenths) is None  # float32 rounds each element
+        aten.fill_.Scalar(pos, 0)
+        known.update(aten.fill_.Scalar, (pos, 0), {}, pos)
+        assert known.affine(pos) is None and known.affine(rows) is None
+
+
+def test_llama_without_cache_skips_its_mask_as_eager_does():
+    """transformers' decoders called with ``use_cache=False`` and no attention mask (a
+    training step) look for packed sequences in their positions (masking_utils.py
+    ``find_packed_sequence_indices``); eager finds none and builds no mask."""
+    T = pytest.importorskip("transformers")
+    cfg = T.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=2, vocab_size=64,
+                        max_position_embeddings=64)
+
+    class CausalLM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = T.LlamaForCausalLM(cfg)
+
+        def forward(self, ids):
+            return self.model(input_ids=ids, labels=ids, use_cache=False).loss
+
+    torch.manual_seed(0)
+    ids, m = torch.randint(0, 64, (4, 12)), CausalLM()
+    kw = {"loss": None, "optimizer": torch.optim.Adam}
+    r = fxmem.analyze(m, ids, device="cpu", **kw)
+    for b in BATCHES:
+        assert r.peak_bytes(b) == fxmem.measure(m, ids, B=b, **kw).peak_bytes, b
+    assert "aten.bitwise_and.Tensor" not in {op.op for op in r.trace.ops}

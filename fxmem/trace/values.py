@@ -32,13 +32,25 @@ attention mask) is still fake to it, and the traced branch is the one that does 
 from __future__ import annotations
 
 import contextlib
-import math
 import operator
 import sys
 
 import sympy
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
+
+from .affine import (
+    _AFFINE_RULES,
+    _VIEWS,
+    _apply,
+    _cast,
+    _exact,
+    _number,
+    _plain,
+    _symbolic,
+    _truth,
+    _zero,
+)
 
 aten = torch.ops.aten
 
@@ -80,81 +92,6 @@ _SAME_REDUCTIONS = {  # the reduction of n >= 1 equal values is that value
 }
 _ALL_ANY = {aten.all.default: bool, aten.all.dim: bool, aten.any.default: bool,
             aten.any.dim: bool}
-_COMPARE = {operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge}
-
-
-def _number(x):
-    """``x`` as a Python number or a sympy expression (a symbolic size); None if it is not
-    a number."""
-    if isinstance(x, (bool, int, float)):
-        return x
-    if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return _plain(x.node.expr)
-    return None
-
-
-def _plain(e):
-    """A sympy number as a Python one; any other expression as is."""
-    if isinstance(e, sympy.Basic) and e.is_number:
-        if e in (sympy.true, sympy.false):
-            return bool(e)
-        return int(e) if e.is_integer else float(e)
-    return e
-
-
-def _symbolic(v) -> bool:
-    return isinstance(v, sympy.Basic)
-
-
-def _truth(e) -> bool | None:
-    """A sympy relation or a number's truth where it holds for every positive value of its
-    symbols; None where it depends on them."""
-    if isinstance(e, (bool, int, float)):
-        return bool(e)
-    if e in (sympy.true, sympy.false):
-        return bool(e)
-    if isinstance(e, sympy.Rel):
-        d = sympy.expand(e.lhs - e.rhs)
-        sign = {sympy.Eq: d.is_zero, sympy.Ne: d.is_nonzero, sympy.Lt: d.is_negative,
-                sympy.Le: d.is_nonpositive, sympy.Gt: d.is_positive,
-                sympy.Ge: d.is_nonnegative}.get(type(e))
-        return sign
-    z = sympy.expand(e).is_zero
-    return None if z is None else not z
-
-
-def _apply(fn, *vals):
-    """``fn`` on known values; a comparison of symbolic ones only where it is decided."""
-    if not any(_symbolic(v) for v in vals):
-        return fn(*vals)
-    vals = tuple(int(v) if isinstance(v, bool) else v for v in vals)
-    if fn in _COMPARE:
-        rel = {operator.eq: sympy.Eq, operator.ne: sympy.Ne, operator.lt: sympy.Lt,
-               operator.le: sympy.Le, operator.gt: sympy.Gt, operator.ge: sympy.Ge}[fn]
-        return _truth(rel(*vals, evaluate=False))
-    if fn in (operator.add, operator.sub, operator.mul, operator.neg, abs):
-        return _plain(sympy.expand(fn(*vals)))
-    return None
-
-
-def _cast(v, dtype: torch.dtype):
-    """``v`` as an element of ``dtype`` holds it; None where that is not decided."""
-    if v is None:
-        return None
-    if dtype == torch.bool:
-        return _truth(v)
-    if dtype.is_complex:
-        return None
-    if dtype.is_floating_point:
-        return v if _symbolic(v) else float(v)
-    if _symbolic(v):
-        return v if v.is_integer else None
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    info = torch.iinfo(dtype)
-    return int(v) if info.min <= int(v) <= info.max else None  # no wrap-around modelled
-
-
 def _written(func) -> tuple:
     """Positions and names of the arguments ``func`` writes (in-place and ``out=``)."""
     got = _WRITES.get(func)
@@ -175,6 +112,9 @@ class KnownValues:
 
     def __init__(self):
         self._of = WeakIdKeyDictionary()
+        # tensor -> (dtype, c, coefficients, generation): affine in its indices (see above)
+        self._affine = WeakIdKeyDictionary()
+        self._generation = WeakIdKeyDictionary()  # storage -> writes seen (forgets affines)
 
     def value(self, t):
         """The value of every element of ``t``, or None if unknown."""
@@ -183,6 +123,9 @@ class KnownValues:
         got = self._of.get(t.untyped_storage()) if self._of and not t.is_meta else None
         if got is not None and got[0] == t.dtype:
             return got[1]
+        got = self._affine_entry(t)
+        if got is not None and all(_zero(x) for x in got[1]):
+            return got[0]
         const = getattr(t, "constant", None)  # a fake tensor made from a real scalar
         if const is not None and const.numel() == 1:
             return const.item()
@@ -200,19 +143,62 @@ class KnownValues:
         if v is not None:
             self._of[t.untyped_storage()] = (t.dtype, v)
 
+    def _affine_entry(self, t):
+        """``(c, coefficients)`` recorded for ``t`` itself, if no write reached its storage
+        since; None otherwise."""
+        got = self._affine.get(t) if self._affine and not t.is_meta else None
+        if got is None:
+            return None
+        dtype, c, a, gen = got
+        if dtype != t.dtype or len(a) != t.dim() or \
+                gen != self._generation.get(t.untyped_storage(), 0):
+            return None
+        return c, a
+
+    def affine(self, t):
+        """``(c, a)``: element ``i`` of ``t`` is ``c + sum(a[d] * i[d])``; None if unknown.
+        A number is ``(value, ())``, a constant tensor has zero coefficients."""
+        v = self.value(t)
+        if v is not None:
+            return v, (0,) * (t.dim() if isinstance(t, torch.Tensor) else 0)
+        return self._affine_entry(t) if isinstance(t, torch.Tensor) else None
+
+    def _set_affine(self, t, c, a, view: bool) -> None:
+        """Record ``t`` as affine. A constant made by a view is recorded for that tensor
+        only; one a kernel wrote (a new storage, all of it) for its storage."""
+        a = tuple(0 if _number(n) == 1 else x for n, x in zip(t.shape, a))  # index 0 only
+        if all(_zero(x) for x in a):
+            if not view:
+                self._set(t, c)
+                return
+        elif t.dtype == torch.bool or t.dtype.is_complex or not _exact(c, a, t):
+            return
+        c = _cast(c, t.dtype)
+        a = tuple(_cast(x, t.dtype) if not _zero(x) else 0 for x in a)
+        if c is None or any(x is None for x in a):
+            return
+        self._affine[t] = (t.dtype, c, a, self._generation.get(t.untyped_storage(), 0))
+
     def update(self, func, args, kwargs, out) -> None:
         """Follow ``func``: forget storages it writes, learn its output's value."""
         written = _written(func)
-        for i, name in written if self._of else ():
+        for i, name in written if self._of or self._affine else ():
             t = args[i] if i < len(args) else kwargs.get(name)
             for x in t if isinstance(t, (list, tuple)) else (t,):
                 if isinstance(x, torch.Tensor):
-                    self._of.pop(x.untyped_storage(), None)
+                    st = x.untyped_storage()
+                    self._of.pop(st, None)
+                    self._generation[st] = self._generation.get(st, 0) + 1
         if written or not isinstance(out, torch.Tensor):
             return
         try:
             v = self._output(func, args, kwargs, out)
-        except (TypeError, ValueError, ArithmeticError):  # e.g. 1 / 0: not known, not an error
+            if v is None and func in _AFFINE_RULES:  # fxmem.trace.affine
+                got = _AFFINE_RULES[func](self, args, kwargs, out)
+                if got is not None:
+                    self._set_affine(out, *got, view=func in _VIEWS)
+                return
+        except (TypeError, ValueError, ArithmeticError, IndexError):  # e.g. 1 / 0: not known
             v = None
         if v is not None:
             self._set(out, v)
