@@ -44,7 +44,7 @@ from fractions import Fraction
 import sympy
 import torch
 
-from ..errors import FxmemError, SpecializationError, TraceError
+from ..errors import DataDependentError, FxmemError, SpecializationError, TraceError
 from ..formula.guards import implied, lower_bounds, valid_when
 from ..formula.symbols import B, Size, dim_symbol
 from .records import Lifted, TensorDesc, Trace
@@ -105,6 +105,9 @@ def _traced(trace_at, b: int, error):
     except FxmemError as e:
         if not isinstance(error, SpecializationError) and b == FIT[0]:
             raise error from e
+        if isinstance(e, DataDependentError):  # its own message says what and where
+            at = f" at {e.source.rsplit(' in ', 1)[0]}" if getattr(e, "source", None) else ""
+            raise _refused(error, f"at B={b} the step branches on data too{at}") from e
         why = getattr(e, "reason", str(e))
         op = f" ({e.op})" if getattr(e, "op", None) else ""
         raise _refused(error, f"the step cannot be traced at B={b}{op}: {why}") from e
