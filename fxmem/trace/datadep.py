@@ -36,9 +36,9 @@ from torch.utils._sympy.symbol import SymT, symbol_is_type
 
 aten = torch.ops.aten
 
-_INTERNAL = (os.path.dirname(torch.__file__),
-             os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # fxmem
-             os.path.dirname(os.__file__), os.path.dirname(sympy.__file__))
+TORCH_AND_FXMEM = (os.path.dirname(torch.__file__),
+                   os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_INTERNAL = (*TORCH_AND_FXMEM, os.path.dirname(os.__file__), os.path.dirname(sympy.__file__))
 
 
 def internal_file(filename: str) -> bool:

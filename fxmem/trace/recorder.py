@@ -5,7 +5,6 @@ what it allocated, wrote, saved and freed (and turns a failing op into a
 from __future__ import annotations
 
 import operator
-import os
 import sys
 import traceback
 
@@ -18,6 +17,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from ..errors import DataDependentError, SpecializationError, TraceError
 from ..formula.symbols import B, dim_symbol
 from .datadep import (
+    TORCH_AND_FXMEM,
     DataSymbol,
     branch_message,
     branch_origin,
@@ -457,10 +457,6 @@ class Recorder(StorageTracker):
 _WRITES: dict = {}  # op -> (position, name) of the arguments it writes in place
 
 
-_TORCH_AND_FXMEM = (os.path.dirname(torch.__file__),
-                    os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
 def failed_in_model_code(e: Exception, rec: Recorder) -> bool:
     """Did ``e`` come from the model's own Python code (neither torch's nor fxmem's), outside
     any aten op, while the step ran? Such code may need B as a number where it holds a
@@ -469,7 +465,7 @@ def failed_in_model_code(e: Exception, rec: Recorder) -> bool:
     if rec.failed is not None or rec.phase not in ("forward", "backward"):
         return False
     frames = traceback.extract_tb(e.__traceback__)
-    return bool(frames) and not frames[-1].filename.startswith(_TORCH_AND_FXMEM)
+    return bool(frames) and not frames[-1].filename.startswith(TORCH_AND_FXMEM)
 
 
 def _fixed_at(shape_env, sym) -> str | None:
