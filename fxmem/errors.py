@@ -7,6 +7,19 @@ line, so the user knows where to look.
 
 from __future__ import annotations
 
+import re
+
+
+def one_line(text: str, limit: int = 400) -> str:
+    r"""``text`` (another library's message, perhaps of several lines) as one line of at
+    most ``limit`` characters.
+
+    >>> one_line("Validation error for field 'n_layer':\n  TypeError: expected int")
+    "Validation error for field 'n_layer': TypeError: expected int"
+    """
+    text = re.sub(r"\s*\n\s*", " ", str(text).strip())
+    return text if len(text) <= limit else text[:limit - 3].rstrip() + "..."
+
 
 class FxmemError(Exception):
     """Base class of every error fxmem raises on purpose."""

@@ -5,6 +5,7 @@ what it allocated, wrote, saved and freed (and turns a failing op into a
 from __future__ import annotations
 
 import operator
+import os
 import sys
 import traceback
 
@@ -27,6 +28,7 @@ from .datadep import (
     drawn_at_random,
     internal_file,
 )
+from .messages import op_hint
 from .records import ModuleCall, OpInfo, TensorDesc
 from .rules import (
     CONSTANT_LIFT_OPS,
@@ -53,9 +55,16 @@ from .tracking import StorageTracker
 from .values import KnownValues
 
 
+_STEP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "step.py")
+
+
 def _user_frame(frames) -> str | None:
-    """``file:line in func`` of the innermost frame that is neither torch, fxmem nor stdlib."""
+    """``file:line in func`` of the innermost frame that is neither torch, fxmem nor stdlib,
+    inside the step (the frames that called the step, such as the command's, are not the
+    model's)."""
     for fr in reversed(frames):
+        if fr.filename == _STEP:
+            return None
         if not internal_file(fr.filename):
             return f"{fr.filename}:{fr.lineno} in {fr.name}"
     return None
@@ -514,11 +523,14 @@ def _as_trace_error(e: Exception, rec: Recorder) -> TraceError:
             module=failed[1] if failed else origin.module if origin is not None
             and rec.phase != "forward" else rec.module_stack[-1],
             source=(failed[3] if failed else None) or _user_frame(
-                traceback.extract_tb(guard.__traceback__)) or source,
+                traceback.extract_tb(guard.__traceback__)) or source
+            or (origin.source if origin is not None else None),
             phase=failed[2] if failed else rec.phase)
     if rec.failed is not None and rec.failed[4] is e or (rec.failed and _chained(e, rec.failed[4])):
         op, module, phase, src, _ = rec.failed
-        return TraceError(f"cannot trace this op on fake tensors: {reason}", op=op,
+        hint = op_hint(op, reason)
+        return TraceError(f"cannot trace this op on fake tensors: {reason}"
+                          + (f"; {hint}" if hint else ""), op=op,
                           module=module, source=src or source, phase=phase)
     return TraceError(f"cannot trace the step on fake tensors: {reason}", op=None,
                       module=rec.module_stack[-1], source=source, phase=rec.phase)

@@ -24,8 +24,11 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Sequence
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_true
 
 from ..errors import InputError
+from .dtypes import AMP, accepted, dtype_of
+from .messages import check_call
 
 PHASES = ("zero_grad", "forward", "backward", "optimizer")
 
@@ -54,9 +57,10 @@ class Step:
     and allocator blocks) or ``"cpu"`` (live bytes). ``set_to_none=False``: ``zero_grad``
     zeroes gradients in place, so they stay allocated between steps. ``grad_accum=k``: k
     forward-backward passes on micro-batches of B (loss divided by k) before one optimizer
-    step. ``amp=torch.bfloat16`` (or float16): forward and loss under ``torch.autocast``.
-    ``grad_scaler``: through a ``torch.amp.GradScaler``; ``None`` (the default): with
-    ``amp=torch.float16`` and an optimizer, as the AMP recipe does (:attr:`scaled`).
+    step. ``amp=torch.bfloat16`` (or float16, or a name: ``"bf16"``, ``"fp16"``, ...): forward
+    and loss under ``torch.autocast``. ``grad_scaler``: through a ``torch.amp.GradScaler``;
+    ``None`` (the default): with ``amp=torch.float16`` and an optimizer, as the AMP recipe
+    does (:attr:`scaled`).
     ``compute_capability``: the GPU whose kernels ``device="cuda"`` follows,
     ``(major, minor)`` or a number such as ``8.0`` (default ``(9, 0)``, an H100).
 
@@ -105,8 +109,14 @@ class Step:
             raise InputError("train=False runs no backward pass, so nothing to accumulate")
         if self.inference_mode and self.train:
             raise InputError("inference_mode=True is for inference: pass train=False too")
-        if self.amp is not None and self.amp not in (torch.bfloat16, torch.float16):
-            raise InputError(f"amp is torch.bfloat16 or torch.float16, got {self.amp!r}")
+        if isinstance(self.amp, str) and self.amp.strip().lower() == "none":
+            object.__setattr__(self, "amp", None)
+        if self.amp is not None:
+            try:
+                object.__setattr__(self, "amp", dtype_of(self.amp, AMP))
+            except InputError:
+                raise InputError(f"amp is torch.bfloat16 or torch.float16 (or a name: "
+                                 f"{accepted(AMP)}), got {self.amp!r}") from None
         if self.grad_scaler is not None and not isinstance(self.grad_scaler, bool):
             raise InputError(f"grad_scaler must be True, False or None, got "
                              f"{self.grad_scaler!r}")
@@ -197,6 +207,12 @@ def make_spec(model, inputs, targets=(), step: Step | None = None) -> StepSpec:
         raise InputError(f"dim 0 (the batch) differs between tensors: {listing}")
     if tgs and step.loss is None:
         raise InputError("targets were given but no loss function to pass them to")
+    if step.train and not any(p.requires_grad for p in model.parameters()) \
+            and not any(t.requires_grad for t in ins):
+        raise InputError("the model has no parameter that requires grad, so a training step "
+                         "has no backward pass: analyse inference (train=False; fxmem "
+                         "analyze --inference)")
+    check_call(model, ins)
     return StepSpec(step, ins, tgs, sizes[0][1])
 
 
@@ -205,9 +221,10 @@ def compute_loss(out, targets: Sequence, loss_fn: Callable | None) -> torch.Tens
     if loss_fn is not None:
         return loss_fn(out, *targets)
     if isinstance(out, torch.Tensor):
-        if out.dim() != 0 and out.numel() != 1:
+        if out.dim() != 0 and guard_or_true(out.numel() != 1):  # a count's size: not 1
             raise InputError("loss=None needs the model to return a scalar loss "
-                             f"(or an object with .loss); got shape {tuple(out.shape)}")
+                             f"(or an object with .loss); got shape {tuple(out.shape)}: "
+                             "give a loss function (and its targets)")
         return out
     lossval = getattr(out, "loss", None)
     if lossval is None and isinstance(out, dict):

@@ -19,11 +19,13 @@ unrecorded step creates its state, which then counts as live from the start of t
 from __future__ import annotations
 
 import contextlib
+import functools
+import traceback
 
 import sympy
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import DimDynamic
+from torch.fx.experimental.symbolic_shapes import DimDynamic, GuardOnDataDependentSymNode
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._pytree import tree_leaves
 
@@ -35,8 +37,9 @@ from .checkpointing import checkpointing, normalize_plan, user_path
 from .checks import CheckingShapeEnv
 from .compat import tracing_shims
 from .cuda.kernels import cuda_kernels
-from .datadep import data_symbols
+from .datadep import TORCH_AND_FXMEM, data_symbols
 from .lift import lift
+from .messages import loss_error, named_symbols, quiet
 from .modstate import (
     BufferAssigned,
     attributes_kept,
@@ -44,7 +47,7 @@ from .modstate import (
     slots,
     watch_buffers,
 )
-from .recorder import Recorder, _as_trace_error, _caused_by, failed_in_model_code
+from .recorder import Recorder, _as_trace_error, _caused_by, _user_frame, failed_in_model_code
 from .records import B_RANGE_MAX, ModuleCall, StorageInfo, TensorDesc, Trace
 from .reuse import NoReuse, Reuse, find_runs
 from .rules import (
@@ -115,6 +118,16 @@ def _fake_like(mode: FakeTensorMode, t: torch.Tensor, batch=None, param=False, n
     return f
 
 
+def quietly(fn):
+    """``fn`` run under :func:`fxmem.trace.messages.quiet`: torch's log and warnings silenced."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with quiet():
+            return fn(*args, **kwargs)
+    return run
+
+
+@quietly
 def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
           device=UNSET, *, step: Step | None = None, batch_hint: int | None = None,
           checkpoint=None, dims=None, reuse_blocks: bool = True, kernel_semantics: bool = True,
@@ -142,6 +155,9 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     step = Step.of(step, loss=loss, optimizer=optimizer, train=train, device=device, **options)
     spec = make_spec(model, inputs, targets, step)
     plan = normalize_plan(model, checkpoint)
+    if batch_hint is not None and (isinstance(batch_hint, bool) or not isinstance(batch_hint, int)
+                                   or batch_hint < 1):
+        raise InputError(f"batch_hint must be a positive int, got {batch_hint!r}")
     hint = concrete_batch or batch_hint or (spec.batch_size if spec.batch_size >= 2 else 8)
     shape_env = CheckingShapeEnv(specialize_zero_one=False, duck_shape=False)
     mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
@@ -170,49 +186,59 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     rec.capability = step.compute_capability
     if spec.device == "cuda" and kernel_semantics:  # CUDA's kernels, not the CPU's
         rec.kernels = cuda_kernels(rec.capability)
-    handles, retry, fixed = [], False, None
-    try:
-        with frozen_gc(), tracing_shims(), symbolic_kernels(), attributes_kept(model):
-            traced = _run(model, spec, mode, rec, sym, batch, hint, handles, plan, named,
-                          reuse_blocks, warm_up)
-        if rec.assigned is None:
-            return traced
-        # the model caught BufferAssigned: the buffer was not even assigned
-        retry, warm_up = True, True
-    except SpecializationError as e:
-        if concrete_batch is not None or not _fixed(shape_env, sym):
-            raise
-        fixed = e, "makes B a Python int"  # (len(x), int(x.shape[0]), [0] * x.size(0))
-    except FxmemError:
-        raise
-    except Exception as e:  # noqa: BLE001 - turned into one clear TraceError
-        if _caused_by(e, BufferAssigned):
+    with named_symbols(rec):  # B and the named dims in messages, not s44
+        handles, retry, fixed = [], False, None
+        try:
+            with frozen_gc(), tracing_shims(), symbolic_kernels(), attributes_kept(model):
+                traced = _run(model, spec, mode, rec, sym, batch, hint, handles, plan, named,
+                              reuse_blocks, warm_up)
+            if rec.assigned is None:
+                return traced
+            # the model caught BufferAssigned: the buffer was not even assigned
             retry, warm_up = True, True
-        elif _caused_by(e, NoReuse):
-            retry = True
-        elif concrete_batch is None and failed_in_model_code(e, rec):
-            fixed = _as_trace_error(e, rec), "runs code that fails with B a symbol"
-        else:
-            raise _as_trace_error(e, rec) from e
-    finally:
-        rec.close()
-        for h in handles:
-            h.remove()
-    warm_up = warm_up or rec.assigned is not None
-    if fixed is not None:  # traced at concrete batch sizes, the sizes fitted in B
-        # (the conditions on B met before it was fixed hold)
-        guards = [g.expr.xreplace(rec.subs) for g in shape_env.guards
-                  if g.expr.free_symbols <= {sym}]
-        return lift(lambda b: trace(model, inputs, targets, step=step, checkpoint=checkpoint,
-                                    dims=dims, reuse_blocks=reuse_blocks,
-                                    kernel_semantics=kernel_semantics, concrete_batch=b,
-                                    warm_up=warm_up),
-                    fixed[0], guards, hint=hint, cause=fixed[1])
-    if retry:  # the blocks did not behave alike (trace each one), or a buffer is assigned
-        return trace(model, inputs, targets, step=step, batch_hint=batch_hint,
-                     checkpoint=checkpoint, dims=dims, reuse_blocks=False,
-                     kernel_semantics=kernel_semantics, concrete_batch=concrete_batch,
-                     warm_up=warm_up)
+        except SpecializationError as e:
+            if concrete_batch is not None or not _fixed(shape_env, sym):
+                raise
+            fixed = e, "makes B a Python int"  # (len(x), int(x.shape[0]), [0] * x.size(0))
+        except FxmemError:
+            raise
+        except Exception as e:  # noqa: BLE001 - turned into one clear TraceError
+            if _caused_by(e, BufferAssigned):
+                retry, warm_up = True, True
+            elif _caused_by(e, NoReuse):
+                retry = True
+            elif concrete_batch is None and failed_in_model_code(e, rec):
+                fixed = _as_trace_error(e, rec), "runs code that fails with B a symbol"
+            else:
+                raise _as_trace_error(e, rec) from e
+        finally:
+            rec.close()
+            for h in handles:
+                h.remove()
+        warm_up = warm_up or rec.assigned is not None
+        if fixed is not None:  # traced at concrete batch sizes, the sizes fitted in B
+            # (the conditions on B met before it was fixed hold)
+            guards = [g.expr.xreplace(rec.subs) for g in shape_env.guards
+                      if g.expr.free_symbols <= {sym}]
+            return lift(lambda b: trace(model, inputs, targets, step=step,
+                                        checkpoint=checkpoint, dims=dims,
+                                        reuse_blocks=reuse_blocks,
+                                        kernel_semantics=kernel_semantics, concrete_batch=b,
+                                        warm_up=warm_up),
+                        fixed[0], guards, hint=hint, cause=fixed[1])
+        if retry:  # the blocks did not behave alike (trace each one), or a buffer is assigned
+            return trace(model, inputs, targets, step=step, batch_hint=batch_hint,
+                         checkpoint=checkpoint, dims=dims, reuse_blocks=False,
+                         kernel_semantics=kernel_semantics, concrete_batch=concrete_batch,
+                         warm_up=warm_up)
+
+
+def _in_torch(e: Exception) -> bool:
+    """Did ``e`` come from torch's code (a loss's kernel or shape check), not from a
+    value or guard fxmem handles, nor from the user's own code?"""
+    frames = traceback.extract_tb(e.__traceback__)
+    return (not isinstance(e, FxmemError) and not _caused_by(e, GuardOnDataDependentSymNode)
+            and bool(frames) and frames[-1].filename.startswith(TORCH_AND_FXMEM))
 
 
 def _fixed(shape_env, sym) -> bool:
@@ -321,6 +347,11 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
         rec.module_stack.append("<loss>")
         try:
             return spec.loss(out, *tgs)
+        except Exception as e:
+            if not _in_torch(e):
+                raise
+            raise loss_error(e, spec.loss, out, tgs, rec, _user_frame(
+                traceback.extract_tb(e.__traceback__))) from e
         finally:
             rec.module_stack.pop()
 
