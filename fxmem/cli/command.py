@@ -1,28 +1,35 @@
 """The ``fxmem`` command (also ``python -m fxmem``).
 
 ``fxmem analyze TARGET ...`` traces one step of the model and prints or writes its report.
-Errors are one line on stderr with an exit code: 2 bad usage or input, 3 the step could not
-be traced, 4 nothing fits the budget, 1 a bug in fxmem (``--debug`` shows the traceback).
+Errors are one line on stderr, ``fxmem: error: ...``, naming what was wrong and what to do,
+with an exit code: 2 bad usage or input, 3 the step could not be traced, 4 nothing fits the
+budget, 130 interrupted, 1 a bug in fxmem (``--debug`` shows the traceback). No other
+library's log line or warning is shown, and ``--out`` is written whole or not at all.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import secrets
 import sys
 import traceback
+import warnings
 
 import click
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from ..errors import FxmemError, InfeasibleBudgetError, InputError, TraceError
+from ..errors import FxmemError, InfeasibleBudgetError, InputError, TraceError, one_line
+from ..trace.dtypes import AMP, accepted, dtype_of
 
-EXIT_INTERNAL, EXIT_USAGE, EXIT_TRACE, EXIT_BUDGET = 1, 2, 3, 4
+EXIT_INTERNAL, EXIT_USAGE, EXIT_TRACE, EXIT_BUDGET, EXIT_INTERRUPTED = 1, 2, 3, 4, 130
 LOSSES = {"cross_entropy": F.cross_entropy, "mse": F.mse_loss, "none": None}
 OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "adagrad": "Adagrad",
               "rmsprop": "RMSprop", "adamax": "Adamax", "nadam": "NAdam", "radam": "RAdam",
               "adadelta": "Adadelta", "rprop": "Rprop", "asgd": "ASGD", "lbfgs": "LBFGS",
               "none": None}
-AMP = {"fp16": torch.float16, "bf16": torch.bfloat16, "none": None}
 FORMATS = ("table", "json", "md", "html")
 
 
@@ -50,7 +57,9 @@ def cli():
 @click.argument("target")
 @click.option("--input", "inputs", multiple=True, metavar="SPEC",
               help="An input tensor, DIMS[:DTYPE[:HIGH]] with B for the batch: B,3,32,32 or "
-                   "B,128:int64:50257. Repeat for several inputs.")
+                   "B,128:int64:50257 (HIGH: integer values in [0, HIGH)). Repeat for "
+                   f"several inputs, one per parameter of forward. DTYPE (default float32): "
+                   f"{accepted()}; torch's names with torch. too.")
 @click.option("--target", "targets", multiple=True, metavar="SPEC",
               help="A target tensor passed to the loss after the output, e.g. B:int64:10.")
 @click.option("--loss", type=click.Choice(sorted(LOSSES)), default=None,
@@ -58,9 +67,9 @@ def cli():
                    "Default: cross_entropy with --target, else none.")
 @click.option("--optimizer", type=click.Choice(sorted(OPTIMIZERS)), default="none",
               show_default=True, help="torch.optim optimizer stepped after backward.")
-@click.option("--amp", type=click.Choice(sorted(AMP)), default="none", show_default=True,
+@click.option("--amp", default="none", show_default=True, metavar="DTYPE",
               help="Forward and loss under autocast with the device's rules (fp16 training "
-                   "steps through a GradScaler).")
+                   f"steps through a GradScaler): {accepted(AMP)}, or none.")
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda",
               show_default=True, help="cuda: allocator blocks and CUDA's defaults; cpu: "
                                       "live bytes.")
@@ -114,18 +123,20 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
     hf:path/to/config.json. Families are built with random weights on the meta device
     (nothing is downloaded), with their input size, classes and sequence length taken from
     the model's config; --config keys are checked against its fields."""
-    try:
-        text = _analyze(target, inputs, targets, loss, optimizer, amp, device, inference,
-                        grad_accum, batch, budget, checkpoint, config, seq, fmt, top, whatif,
-                        dim_sizes, cudnn_workspace=cudnn_workspace, capability=capability)
-    except (FxmemError, _Exit) as e:
-        _fail(e, debug)
-    except Exception as e:  # noqa: BLE001 - a bug in fxmem: still one line, exit 1
-        _fail(_Exit(EXIT_INTERNAL, f"internal error, {type(e).__name__}: {e} (--debug shows "
-                                   "the traceback; please report it)"), debug, e)
+    given = click.get_current_context().get_parameter_source("capability")
+    with _failing(debug):
+        _check_out(out)  # before any work: a report with nowhere to go is lost
+        if device == "cpu" and given is not click.core.ParameterSource.DEFAULT:
+            raise InputError("--compute-capability names the GPU whose kernels --device cuda "
+                             "follows: drop it with --device cpu")
+        with _silenced():
+            text = _analyze(target, inputs, targets, loss, optimizer, amp, device, inference,
+                            grad_accum, batch, budget, checkpoint, config, seq, fmt, top,
+                            whatif, dim_sizes, cudnn_workspace=cudnn_workspace,
+                            capability=capability)
+        if out:
+            write_file(out, text)
     if out:
-        with open(out, "w", encoding="utf-8") as f:
-            f.write(text)
         click.echo(f"wrote {out}", err=True)
     elif fmt == "table":
         from rich.console import Console
@@ -152,22 +163,82 @@ def validate(device, scale, only, out_md, out_json, debug):
     from ..validate.harness import to_json, to_markdown
     from ..validate.harness import validate as run_validation
 
-    try:
-        v = run_validation(device, scale, list(only) or None)
-    except FxmemError as e:
-        _fail(e, debug)
-    md = to_markdown(v)
-    for path, text in ((out_md, md), (out_json, to_json(v))):
-        if path:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
+    with _failing(debug):
+        for path in (out_md, out_json):
+            _check_out(path)
+        with _silenced():
+            v = run_validation(device, scale, list(only) or None)
+        md = to_markdown(v)
+        for path, text in ((out_md, md), (out_json, to_json(v))):
+            if path:
+                write_file(path, text)
     click.echo(md, nl=False)
+
+
+@contextlib.contextmanager
+def _failing(debug: bool):
+    """Every error of the block as one line on stderr and its exit code: fxmem's own (2, 3,
+    4), or a bug in fxmem (1, with --debug's traceback)."""
+    try:
+        yield
+    except (FxmemError, _Exit) as e:
+        _fail(e, debug)
+    except Exception as e:  # noqa: BLE001 - a bug in fxmem: still one line, exit 1
+        _fail(_Exit(EXIT_INTERNAL, f"internal error, {type(e).__name__}: {e} (--debug shows "
+                                   "the traceback; please report it)"), debug, e)
+
+
+@contextlib.contextmanager
+def _silenced():
+    """No log line nor warning of another library's on the command's output (the models'
+    libraries too: transformers, timm), restored after."""
+    disabled = logging.root.manager.disable
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.disable(logging.CRITICAL)
+        try:
+            yield
+        finally:
+            logging.disable(disabled)
+
+
+def _check_out(path) -> None:
+    """``--out``'s folder exists and takes a new file, before any work is done."""
+    if not path:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise InputError(f"--out {path} is a folder: give a file name")
+    if not os.path.isdir(folder):
+        raise InputError(f"--out {path}: no such folder {folder}: create it first")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise InputError(f"--out {path}: cannot write in {folder}")
+
+
+def write_file(path: str, text: str) -> None:
+    """``text`` into ``path`` whole or not at all: written to a new file beside it, then
+    renamed over it (an error leaves no file, or the old one, never half of one)."""
+    folder, name = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise _Exit(EXIT_USAGE, f"cannot write {path}: {e.strerror or e}") from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
 
 
 def _fail(e, debug: bool, cause: BaseException | None = None):
     if debug:
         traceback.print_exception(cause or e, file=sys.stderr)
-    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    msg = one_line(str(e), 2000) or type(e).__name__
     click.echo(f"fxmem: error: {msg}", err=True)
     sys.exit(e.code if isinstance(e, _Exit) else _code(e))
 
@@ -181,6 +252,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
     from ..report.summary import summarize
     from ..trace.step import Step
     from .targets import (
+        check_positions,
         load_target,
         named_dims,
         parse_capability,
@@ -191,19 +263,31 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
     )
 
     budget_bytes = parse_size(budget) if budget is not None else None
+    if budget_bytes is not None and budget_bytes < 1:
+        raise InputError(f"--budget {budget}: give a positive size, e.g. 24GiB")
     conv_ws = parse_size(cudnn_workspace) if cudnn_workspace is not None else 0
     cc = parse_capability(capability)
+    amp_dtype = None if amp.strip().lower() == "none" else dtype_of(amp, AMP, what="--amp")
     if conv_ws and device != "cuda":
         raise InputError("--cudnn-workspace is a CUDA figure: it needs --device cuda")
+    if inference:
+        _check_inference(optimizer, checkpoint, targets, loss, grad_accum, whatif)
+    given = parse_config(dim_sizes, "--dim")
+    for name, v in given.items():
+        if name == "B":
+            raise InputError("--dim B: B is the batch size; give the report's B with --batch")
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise InputError(f"--dim {name}={v}: the size must be a positive integer")
     t = load_target(target, parse_config(config), seq)
+    if seq is not None and "L" not in t.dims:
+        raise InputError(f"--seq sets the sequence length of hf: text models, not of {target}: "
+                         "name the length in the spec and size it with --dim (--input "
+                         "B,L:int64:VOCAB --dim L=128)")
     specs = inputs or t.inputs
     if not specs:
         raise InputError("give the model's inputs with --input (e.g. --input B,3,32,32)")
     tgt_specs = targets or t.targets
     hint = 8
-    given = parse_config(dim_sizes)
-    if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in given.values()):
-        raise InputError(f"--dim takes NAME=SIZE with a positive integer size, got {dim_sizes}")
     sizes = {**t.dims, **given}
     xs = tuple(parse_tensor(s, hint, sizes) for s in specs)
     ys = tuple(parse_tensor(s, hint, sizes) for s in tgt_specs)
@@ -211,12 +295,11 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
     unused = set(given) - set(dims)
     if unused:
         raise InputError(f"--dim {sorted(unused)[0]} is not used by any --input/--target spec")
+    check_positions(t.model, specs, sizes)
     loss_name = loss or t.loss or ("cross_entropy" if ys else "none")
     if inference:
         ys, loss_name = (), "none"
     opt_name = OPTIMIZERS[optimizer]
-    if inference and opt_name:
-        raise InputError("--inference runs no backward pass: drop --optimizer")
     opt = getattr(torch.optim, opt_name) if opt_name else None
     if whatif and (inference or budget_bytes is None):
         raise InputError("--whatif compares training setups within a budget: give --budget "
@@ -224,7 +307,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
     plan = () if checkpoint in ("none", "auto") else tuple(
         p.strip() for p in checkpoint.split(",") if p.strip())
     step = Step(loss=LOSSES[loss_name], optimizer=opt, train=not inference, device=device,
-                amp=AMP[amp], grad_accum=grad_accum, compute_capability=cc)
+                amp=amp_dtype, grad_accum=grad_accum, compute_capability=cc)
     status = Console(stderr=True).status(f"tracing {t.name} on fake tensors ...")
     with status:
         report = run_analysis(t.model, xs, ys, step=step, checkpoint=plan or None,
@@ -274,6 +357,19 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
     return _render(s, fmt)
 
 
+def _check_inference(optimizer, checkpoint, targets, loss, grad_accum, whatif) -> None:
+    """What an --inference step (forward only, under no_grad) cannot take."""
+    drop = [o for o, given in (("--optimizer", optimizer != "none"),
+                               ("--checkpoint", checkpoint != "none"),
+                               ("--target", bool(targets)), ("--loss", loss is not None),
+                               ("--grad-accum", grad_accum != 1)) if given]
+    if whatif:
+        raise InputError("--whatif compares training setups within a budget: give --budget "
+                         "(and no --inference)")
+    if drop:
+        raise InputError(f"--inference runs no backward pass (nor a loss): drop {drop[0]}")
+
+
 def _render(s, fmt: str):
     if fmt == "json":
         from ..report.jsonout import render_json
@@ -307,7 +403,7 @@ def main(argv=None):
     except click.ClickException as e:
         click.echo(f"fxmem: error: {e.format_message()}", err=True)
         sys.exit(e.exit_code)
-    except click.Abort:
-        click.echo("fxmem: aborted", err=True)
-        sys.exit(EXIT_INTERNAL)
+    except (click.Abort, KeyboardInterrupt):
+        click.echo("fxmem: error: interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
     sys.exit(code if isinstance(code, int) else 0)

@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from ..errors import InputError
+from ..errors import InputError, one_line
 from ..validate.zoo import CausalLM
 
 # preset -> (config class, model class)
@@ -89,17 +89,21 @@ def _hf_config(name: str, overrides: dict):
     ``overrides`` checked and applied, and the model class a preset fixes (or None)."""
     transformers = _transformers()
     if name.endswith(".json") or os.sep in name:
-        if not os.path.exists(name):
-            raise InputError(f"no such config file: {name}")
-        with open(name, encoding="utf-8") as f:
-            data = json.load(f)
+        data = _read_json(name)
         model_type = data.pop("model_type", None)
         if not model_type:
             raise InputError(f"{name} has no model_type: not a Hugging Face config")
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+        if model_type not in CONFIG_MAPPING_NAMES:
+            near = closest(str(model_type), CONFIG_MAPPING_NAMES)
+            raise InputError(f"{name}: transformers {transformers.__version__} knows no "
+                             f"model_type {model_type!r}" + (f"; did you mean {near}?"
+                                                             if near else ""))
         try:
             config_class = transformers.AutoConfig.for_model(model_type).__class__
-        except ValueError as e:
-            raise InputError(f"{name}: {e}") from None
+        except Exception as e:  # noqa: BLE001 - transformers' own refusal, in one line
+            raise InputError(f"{name}: {one_line(str(e), 200)}") from None
         base, model_class = {**data}, None
     elif name in HF_PRESETS:
         config_name, model_name = HF_PRESETS[name]
@@ -114,10 +118,50 @@ def _hf_config(name: str, overrides: dict):
                              "config class (hf:GPT2Config) or a config.json path")
         base, model_class = {}, None
     check_keys(overrides, _config_keys(config_class), config_class.__name__)
+    check_types(overrides, config_class)
     try:
         return config_class(**{**base, **overrides}), model_class
-    except (TypeError, ValueError) as e:
-        raise InputError(f"hf:{name}: bad --config: {e}") from None
+    except Exception as e:  # noqa: BLE001 - transformers' validation, in one line
+        raise InputError(f"hf:{name}: bad --config: {one_line(str(e))}") from None
+
+
+def _read_json(name: str) -> dict:
+    """A config.json's fields, or an error saying what is wrong with the file."""
+    if not os.path.exists(name):
+        raise InputError(f"no such config file: {name}")
+    if not os.path.isfile(name):
+        raise InputError(f"{name} is not a file: give a config.json")
+    try:
+        with open(name, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read {name}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"{name} is not valid JSON: {e.msg} at line {e.lineno} column "
+                         f"{e.colno}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{name} holds a JSON {type(data).__name__}, not an object of "
+                         "config fields")
+    return data
+
+
+def check_types(config: dict, config_class) -> None:
+    """Values of the type of the config's defaults (an int field takes an int, a flag true
+    or false): older transformers releases take any value and fail later, or not at all."""
+    defaults = config_class()
+    for key, value in config.items():
+        default = getattr(defaults, key, None)
+        if default is None:
+            continue
+        ok = (isinstance(value, bool) if isinstance(default, bool) else
+              isinstance(value, int) and not isinstance(value, bool)
+              if isinstance(default, int) else
+              isinstance(value, (int, float)) and not isinstance(value, bool)
+              if isinstance(default, float) else True)
+        if not ok:
+            kind = {bool: "true or false", int: "an integer", float: "a number"}[type(default)]
+            raise InputError(f"--config {key}={value!r}: {config_class.__name__}.{key} is "
+                             f"{kind} (default {default!r})")
 
 
 # task heads tried in order for a config with no preset: (mapping, kind). Masked LM first:
@@ -156,8 +200,12 @@ def hf(name: str, overrides: dict, seq: int | None):
         # the labels are shifted right into the decoder's inputs, starting from this token;
         # the published T5 and BART configs set it (to the pad token, or 2), defaults may not
         cfg.decoder_start_token_id = cfg.pad_token_id if cfg.pad_token_id is not None else 0
-    with torch.device("meta"):
-        model = model_class(cfg)
+    try:
+        with torch.device("meta"):
+            model = model_class(cfg)
+    except Exception as e:  # noqa: BLE001 - a config transformers cannot build, in one line
+        raise InputError(f"cannot build {model_class.__name__} from hf:{name}: "
+                         f"{type(e).__name__}: {one_line(str(e))}") from None
     if kind == "image":
         size = getattr(cfg, "image_size", _DEFAULT_IMAGE)
         size = size if isinstance(size, int) else _DEFAULT_IMAGE
@@ -206,8 +254,9 @@ def timm_model(name: str, overrides: dict):
     try:
         with torch.device("meta"):
             model = timm.create_model(name, pretrained=False, **overrides)
-    except TypeError as e:
-        raise InputError(f"timm:{name}: bad --config: {e}") from None
+    except Exception as e:  # noqa: BLE001 - what timm refuses, in one line
+        raise InputError(f"timm:{name}: bad --config: {type(e).__name__}: "
+                         f"{one_line(str(e))}") from None
     channels, h, w = model.pretrained_cfg.get("input_size", (3, _DEFAULT_IMAGE, _DEFAULT_IMAGE))
     if "img_size" in overrides:
         size = overrides["img_size"]
@@ -238,8 +287,9 @@ def torchvision_model(name: str, overrides: dict):
     try:
         with torch.device("meta"):
             model = models.get_model(name, weights=None, **overrides)
-    except TypeError as e:
-        raise InputError(f"torchvision:{name}: bad --config: {e}") from None
+    except Exception as e:  # noqa: BLE001 - what torchvision refuses, in one line
+        raise InputError(f"torchvision:{name}: bad --config: {type(e).__name__}: "
+                         f"{one_line(str(e))}") from None
     crop = _DEFAULT_IMAGE
     try:
         crop = models.get_model_weights(name).DEFAULT.transforms().crop_size[0]

@@ -26,14 +26,13 @@ from typing import Callable
 
 import torch
 
-from ..errors import InputError
+from ..errors import InputError, one_line
+from ..trace.datadep import internal_file
+from ..trace.dtypes import DTYPES, INTEGER, accepted, dtype_of  # noqa: F401 - DTYPES: the table
 from . import families
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
-          "half": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
-          "int64": torch.int64, "long": torch.int64, "int32": torch.int32, "bool": torch.bool}
 
 
 def parse_size(text: str) -> int:
@@ -41,7 +40,8 @@ def parse_size(text: str) -> int:
     TB in powers of 1000; KiB, MiB, GiB, TiB in powers of 1024; any case)."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
-        raise InputError(f"not a size: {text!r} (write e.g. 24GiB, 500MB or 4096)")
+        raise InputError(f"not a size: {text!r} (write e.g. 24GiB, 500MB or 4096 bytes; "
+                         "units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
@@ -65,6 +65,9 @@ def parse_tensor(spec: str, batch: int, named: dict | None = None) -> torch.Tens
     a symbol like B); DTYPE defaults to float32; HIGH (integer tensors: values in
     [0, HIGH)) is accepted for documentation, values are never read."""
     named = named or {}
+    if spec.count(":") > 2:
+        raise InputError(f"bad tensor spec {spec!r}: too many ':' (write DIMS[:DTYPE[:HIGH]], "
+                         "e.g. B,128:int64:50257)")
     dims, _, rest = spec.partition(":")
     dtype_name, _, high = rest.partition(":")
     shape = []
@@ -82,14 +85,22 @@ def parse_tensor(spec: str, batch: int, named: dict | None = None) -> torch.Tens
             except ValueError:
                 raise InputError(f"bad tensor spec {spec!r}: dims are integers, B or names, "
                                  "e.g. B,3,32,32, B,L:int64:50257 or B:int64:10") from None
+            if shape[-1] < 1:
+                raise InputError(f"bad tensor spec {spec!r}: dim {len(shape) - 1} is "
+                                 f"{shape[-1]}; sizes are positive integers")
     if not shape or dims.split(",")[0].strip() != "B":
         raise InputError(f"bad tensor spec {spec!r}: dim 0 must be B (the batch)")
-    dtype = DTYPES.get(dtype_name or "float32")
-    if dtype is None:
+    try:
+        dtype = dtype_of(dtype_name or "float32")
+    except InputError:
         raise InputError(f"bad tensor spec {spec!r}: unknown dtype {dtype_name!r}; known: "
-                         f"{', '.join(sorted(DTYPES))}")
-    if high and not high.isdigit():
-        raise InputError(f"bad tensor spec {spec!r}: HIGH must be an integer")
+                         f"{accepted()}") from None
+    if high and (not high.strip().isdigit() or int(high) < 1):
+        raise InputError(f"bad tensor spec {spec!r}: HIGH must be a positive integer (the "
+                         f"values are in [0, HIGH)), got {high!r}")
+    if high and dtype not in INTEGER:
+        raise InputError(f"bad tensor spec {spec!r}: HIGH is for integer tensors (values in "
+                         f"[0, HIGH)); a {dtype_name} tensor takes none")
     return torch.empty(tuple(shape), dtype=dtype, device="meta")
 
 
@@ -107,13 +118,21 @@ def named_dims(specs) -> dict:
     return out
 
 
-def parse_config(pairs) -> dict:
-    """``key=value`` overrides; values read as int, float, true/false, or text."""
+def parse_config(pairs, option: str = "--config") -> dict:
+    """``key=value`` overrides; values read as int, float, true/false, or text. A key given
+    twice is an error (which would win is a guess).
+
+    >>> parse_config(["n_layer=6", "dropout=0.1", "bias=false", "act=gelu"])
+    {'n_layer': 6, 'dropout': 0.1, 'bias': False, 'act': 'gelu'}
+    """
     out = {}
     for p in pairs:
         key, eq, value = p.partition("=")
+        key = key.strip()
         if not eq or not key:
-            raise InputError(f"--config takes key=value, got {p!r}")
+            raise InputError(f"{option} takes key=value, got {p!r}")
+        if key in out:
+            raise InputError(f"{option} {key} is given twice: give it once")
         low = value.lower()
         if low in ("true", "false"):
             out[key] = low == "true"
@@ -151,6 +170,8 @@ def _load_object(target: str):
     if where.endswith(".py") or os.sep in where:
         if not os.path.exists(where):
             raise InputError(f"no such file: {where}")
+        if not os.path.isfile(where) or not where.endswith(".py"):
+            raise InputError(f"{where} is not a Python file: TARGET is path/to/file.py:Name")
         mod_name = "fxmem_target_" + re.sub(r"\W", "_", os.path.abspath(where))
         spec = importlib.util.spec_from_file_location(mod_name, where)
         module = importlib.util.module_from_spec(spec)
@@ -158,17 +179,39 @@ def _load_object(target: str):
         sys.path.insert(0, folder)  # the file's own imports (examples import each other)
         try:
             spec.loader.exec_module(module)
+        except Exception as e:  # noqa: BLE001 - the user's file: one line naming where
+            raise InputError(f"cannot load {where}: {failure(e)}") from None
         finally:
             sys.path.remove(folder)
     else:
         try:
             module = importlib.import_module(where)
-        except ImportError as e:
-            raise InputError(f"cannot import {where}: {e}") from None
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise InputError(f"{where} has no {attr}") from None
+        except Exception as e:  # noqa: BLE001 - ImportError, or the module's own error
+            raise InputError(f"cannot import {where}: {failure(e)}") from None
+    if not hasattr(module, attr):
+        names = [n for n, v in vars(module).items() if not n.startswith("_") and callable(v)
+                 and getattr(v, "__module__", None) == module.__name__]
+        near = families.closest(attr, names)
+        raise InputError(f"{where} has no {attr}" + (f"; did you mean {near}?" if near else
+                         f"; it defines {', '.join(names[:8])}" if names else ""))
+    return getattr(module, attr)
+
+
+def failure(e: BaseException) -> str:
+    """``Type: message`` of an error in the user's code, with the user's line it came from
+    (a syntax error's own line).
+
+    >>> failure(ValueError("bad\\nvalue"))
+    'ValueError: bad value'
+    """
+    if isinstance(e, SyntaxError) and e.filename:
+        return f"SyntaxError: {e.msg} (at {e.filename}:{e.lineno})"
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not internal_file(f.filename)]
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" \
+        if frames else ""
+    return f"{type(e).__name__}: {one_line(str(e))}{where}"
 
 
 def position_limit(model: torch.nn.Module) -> int | None:
@@ -179,12 +222,18 @@ def position_limit(model: torch.nn.Module) -> int | None:
     >>> position_limit(torch.nn.Linear(2, 2)) is None
     True
     """
+    found = _position_field(model)
+    return found[1] if found else None
+
+
+def _position_field(model: torch.nn.Module):
+    """``(config key, value)`` of a Hugging Face model's longest sequence, or None."""
     for m in model.modules():
         config = getattr(m, "config", None)
         for key in ("max_position_embeddings", "n_positions"):
             value = getattr(config, key, None)
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
+                return key, value
     return None
 
 
@@ -204,11 +253,51 @@ def load_target(target: str, config: dict | None = None, seq: int | None = None)
     obj: Callable = _load_object(target)
     if not callable(obj):
         raise InputError(f"{target} is not a class or factory")
+    _check_keywords(obj, config, target)
     try:
         with torch.device("meta"):
             model = obj(**config)
-    except TypeError as e:
-        raise InputError(f"cannot build {target}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - the user's constructor: one line naming where
+        raise InputError(f"cannot build {target}: {failure(e)}") from None
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"{target} made a {type(model).__name__}, not a torch.nn.Module")
     return Target(model, target.rpartition(":")[2])
+
+
+def _check_keywords(obj, config: dict, target: str) -> None:
+    """``--config`` keys the class or factory takes (unless it takes ``**kwargs``), or an
+    error naming the closest parameter."""
+    import inspect
+
+    try:
+        params = inspect.signature(obj).parameters
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    known = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for key in config:
+        if key not in known:
+            near = families.closest(key, known)
+            hint = f"did you mean {near}?" if near else (
+                f"it takes {', '.join(known)}" if known else "it takes no arguments")
+            raise InputError(f"--config {key}: {target} has no parameter {key}; {hint}")
+
+
+def check_positions(model, specs, sizes: dict) -> None:
+    """A Hugging Face text model's sequences (dim 1 of each input, a number or a named dim)
+    fit its position embeddings (:func:`position_limit`), which no shape check sees."""
+    found = _position_field(model)
+    if found is None:
+        return
+    key, limit = found
+    for spec in specs:
+        dims = [d.strip() for d in spec.partition(":")[0].split(",")]
+        if len(dims) < 2:
+            continue
+        length = sizes.get(dims[1]) if dims[1].isidentifier() else int(dims[1])
+        if isinstance(length, int) and length > limit:
+            what = f"{dims[1]}={length}" if dims[1].isidentifier() else f"{length}"
+            raise InputError(f"sequence length {what} is past the model's {limit} positions "
+                             f"({key}): give at most {limit} (--seq, --dim or --input), or "
+                             f"more positions with --config {key}=...")

@@ -15,6 +15,7 @@ models): it is how the harness itself is tested without a GPU.
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 import platform
 from dataclasses import asdict, dataclass, replace
@@ -185,6 +186,15 @@ def validate(device: str = "cuda", scale: str | None = None, only=None,
 
         raise InputError("no CUDA device: run the harness where a GPU is (or --device cpu)")
     scale = scale or ("full" if device == "cuda" else "small")
+    known = [c.name for c in cases(scale)]
+    for name in only or ():
+        if name not in known:
+            from ..errors import InputError
+
+            near = difflib.get_close_matches(name, known, n=3, cutoff=0.3) or known
+            raise InputError(f"no validation case {name!r}; "
+                             f"{'closest' if len(near) < len(known) else 'the cases'}: "
+                             f"{', '.join(repr(n) for n in near)}")
     context = context_bytes() if device == "cuda" else None
     chosen = [c for c in cases(scale) if only is None or c.name in only]
     rows = tuple(r for c in chosen for r in run_case(c, scale, device))
