@@ -183,6 +183,8 @@ def _failing(debug: bool):
         yield
     except (FxmemError, _Exit) as e:
         _fail(e, debug)
+    except KeyboardInterrupt as e:  # before click, which would print a blank line first
+        _fail(_Exit(EXIT_INTERRUPTED, "interrupted"), debug, e)
     except Exception as e:  # noqa: BLE001 - a bug in fxmem: still one line, exit 1
         _fail(_Exit(EXIT_INTERNAL, f"internal error, {type(e).__name__}: {e} (--debug shows "
                                    "the traceback; please report it)"), debug, e)
@@ -299,6 +301,14 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
     loss_name = loss or t.loss or ("cross_entropy" if ys else "none")
     if inference:
         ys, loss_name = (), "none"
+    elif loss_name != "none" and not ys:
+        raise InputError(f"--loss {loss_name} takes the output and a target: give --target "
+                         "(e.g. B:int64:CLASSES)")
+    elif loss_name == "none" and ys:
+        raise InputError("with --loss none the model returns its own loss, so --target goes "
+                         "nowhere: drop --target or name a --loss")
+    if not checkpoint.strip() or not checkpoint.replace(",", "").strip():
+        raise InputError("--checkpoint takes auto, none or module paths (e.g. layer1,layer2)")
     opt_name = OPTIMIZERS[optimizer]
     opt = getattr(torch.optim, opt_name) if opt_name else None
     if whatif and (inference or budget_bytes is None):

@@ -191,9 +191,9 @@ def validate(device: str = "cuda", scale: str | None = None, only=None,
         if name not in known:
             from ..errors import InputError
 
-            near = difflib.get_close_matches(name, known, n=3, cutoff=0.3) or known
-            raise InputError(f"no validation case {name!r}; "
-                             f"{'closest' if len(near) < len(known) else 'the cases'}: "
+            near = difflib.get_close_matches(name, known, n=3, cutoff=0.0)
+            raise InputError(f"no validation case {name!r} ({len(known)} cases, in "
+                             f"fxmem/validate/zoo.py); the closest: "
                              f"{', '.join(repr(n) for n in near)}")
     context = context_bytes() if device == "cuda" else None
     chosen = [c for c in cases(scale) if only is None or c.name in only]
