@@ -25,7 +25,7 @@ from fxmem.trace.messages import has_internal_symbol
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-M = os.path.join(HERE, "mistakes_models", "models.py")
+M = os.path.join(HERE, "mistakes_models", "user_models.py")
 J = os.path.join(HERE, "mistakes_models")
 SEED = os.path.join(ROOT, "examples", "seed_convnet.py")
 CPU = ["--device", "cpu"]
@@ -381,7 +381,7 @@ def test_the_rows_are_many_and_distinct():
 # --- the API ----------------------------------------------------------------------------------
 
 sys.path.insert(0, J)
-import models as mm  # noqa: E402 - tests/mistakes_models/models.py
+import user_models as mm  # noqa: E402 - tests/mistakes_models/user_models.py
 
 X, Y = torch.randn(8, 4), torch.randint(0, 3, (8,))
 _reports: dict = {}
