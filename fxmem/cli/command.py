@@ -47,7 +47,12 @@ def _code(e: BaseException) -> int:
     return EXIT_USAGE
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=(
+    "Errors are one line on stderr, 'fxmem: error: ...', naming what was wrong and what to "
+    "do, with an exit code: 2 usage or input, 3 the step cannot be traced (the line names "
+    "the op, the module and your source line), 4 nothing fits the budget, 130 interrupted, "
+    "1 a bug in fxmem (--debug shows its traceback). Nothing else is printed: no other "
+    "library's log line or warning; --out is written whole or not at all."))
 @click.version_option(package_name="fxmem")
 def cli():
     """fxmem: the device memory of a PyTorch step as a formula of the batch size B."""
@@ -58,8 +63,8 @@ def cli():
 @click.option("--input", "inputs", multiple=True, metavar="SPEC",
               help="An input tensor, DIMS[:DTYPE[:HIGH]] with B for the batch: B,3,32,32 or "
                    "B,128:int64:50257 (HIGH: integer values in [0, HIGH)). Repeat for "
-                   f"several inputs, one per parameter of forward. DTYPE (default float32): "
-                   f"{accepted()}; torch's names with torch. too.")
+                   "several inputs, one per parameter of forward. DTYPE (default float32): "
+                   f"{accepted()} (any case, torch.float16 too).")
 @click.option("--target", "targets", multiple=True, metavar="SPEC",
               help="A target tensor passed to the loss after the output, e.g. B:int64:10.")
 @click.option("--loss", type=click.Choice(sorted(LOSSES)), default=None,
