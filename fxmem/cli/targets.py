@@ -77,7 +77,8 @@ def parse_tensor(spec: str, batch: int, named: dict | None = None) -> torch.Tens
         elif d.isidentifier():
             if d not in named:
                 raise InputError(f"bad tensor spec {spec!r}: give the size of dim {d} with "
-                                 f"--dim {d}=SIZE")
+                                 f"--dim {d}=SIZE" + (" (the batch is B, upper case)"
+                                                      if d == "b" else ""))
             shape.append(named[d])
         else:
             try:
@@ -169,7 +170,8 @@ def _load_object(target: str):
                          f"got {target!r}")
     if where.endswith(".py") or os.sep in where:
         if not os.path.exists(where):
-            raise InputError(f"no such file: {where}")
+            hint = f"; did you mean {where}.py:{attr}?" if os.path.isfile(where + ".py") else ""
+            raise InputError(f"no such file: {where}{hint}")
         if not os.path.isfile(where) or not where.endswith(".py"):
             raise InputError(f"{where} is not a Python file: TARGET is path/to/file.py:Name")
         mod_name = "fxmem_target_" + re.sub(r"\W", "_", os.path.abspath(where))
@@ -187,7 +189,9 @@ def _load_object(target: str):
         try:
             module = importlib.import_module(where)
         except Exception as e:  # noqa: BLE001 - ImportError, or the module's own error
-            raise InputError(f"cannot import {where}: {failure(e)}") from None
+            path = where.replace(".", os.sep) + ".py"
+            hint = f"; for the file, write {path}:{attr}" if os.path.isfile(path) else ""
+            raise InputError(f"cannot import {where}: {failure(e)}{hint}") from None
     if not hasattr(module, attr):
         names = [n for n, v in vars(module).items() if not n.startswith("_") and callable(v)
                  and getattr(v, "__module__", None) == module.__name__]
@@ -251,6 +255,11 @@ def load_target(target: str, config: dict | None = None, seq: int | None = None)
         model, (x, y) = families.torchvision_model(target[12:], config)
         return Target(model, target, (x,), "cross_entropy", targets=(y,))
     obj: Callable = _load_object(target)
+    if isinstance(obj, torch.nn.Module):  # a model the file made: used as it is
+        if config:
+            raise InputError(f"--config: {target} is a model already made, not a class or "
+                             "factory to pass keywords to")
+        return Target(obj, target.rpartition(":")[2])
     if not callable(obj):
         raise InputError(f"{target} is not a class or factory")
     _check_keywords(obj, config, target)

@@ -164,6 +164,12 @@ def _shape(t) -> str:
     return type(t).__name__
 
 
+def _first_line(e: Exception) -> str:
+    """The first line of torch's message (the rest is a C++ backtrace, if anything)."""
+    text = str(e).strip()
+    return one_line(text.splitlines()[0]) if text else ""
+
+
 def loss_error(e: Exception, loss, out, targets, rec, source: str | None) -> TraceError:
     """The loss ``loss`` failed (``e``, raised in torch's code) on the model's output
     ``out`` and ``targets``: a :class:`fxmem.TraceError` naming both shapes; ``source``:
@@ -175,7 +181,7 @@ def loss_error(e: Exception, loss, out, targets, rec, source: str | None) -> Tra
     hint = ("; give targets the loss takes (class indices (B,) int64 for cross_entropy, the "
             "output's shape for mse)") if torch_loss else ""
     return TraceError(f"the loss {name} fails on the model's output {_shape(out)} and {tg}: "
-                      f"{type(e).__name__}: {one_line(str(e))}{hint}", op=op, phase="loss",
+                      f"{type(e).__name__}: {_first_line(e)}{hint}", op=op, phase="loss",
                       source=source)
 
 

@@ -93,9 +93,15 @@ class Step:
         if self.loss is not None and not callable(self.loss):
             raise InputError("loss must be callable(output, *targets), got "
                              f"{type(self.loss).__name__}")
+        if isinstance(self.loss, type) and issubclass(self.loss, torch.nn.Module):
+            raise InputError(f"loss is the class {self.loss.__name__}: pass an instance, "
+                             f"{self.loss.__name__}()")
         if self.optimizer is not None and not callable(self.optimizer):
             raise InputError("optimizer must be an optimizer class or callable(params) -> "
-                             "Optimizer")
+                             "Optimizer" + (" (an optimizer made for other parameters: pass "
+                                            "its class, or lambda p: Adam(p, lr=...))"
+                                            if isinstance(self.optimizer, torch.optim.Optimizer)
+                                            else ""))
         if self.device not in ("cpu", "cuda"):
             raise InputError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
         if not self.train and self.optimizer is not None:
@@ -183,7 +189,9 @@ def make_spec(model, inputs, targets=(), step: Step | None = None) -> StepSpec:
     """Check the model and the example batch against ``step`` before any work starts."""
     step = Step() if step is None else step
     if not isinstance(model, torch.nn.Module):
-        raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        hint = f" (a class: pass an instance, {model.__name__}())" if isinstance(model, type) \
+            and issubclass(model, torch.nn.Module) else ""
+        raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}{hint}")
     for path, m in model.named_modules():
         if (isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse
                 and step.train):
@@ -219,7 +227,14 @@ def make_spec(model, inputs, targets=(), step: Step | None = None) -> StepSpec:
 def compute_loss(out, targets: Sequence, loss_fn: Callable | None) -> torch.Tensor:
     """The loss tensor from the model output, as the training step uses it."""
     if loss_fn is not None:
-        return loss_fn(out, *targets)
+        loss = loss_fn(out, *targets)
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0 and guard_or_true(
+                loss.numel() != 1):
+            got = f"shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else \
+                f"a {type(loss).__name__}"
+            raise InputError(f"the loss function returned {got}, not a scalar tensor: reduce "
+                             "it (e.g. .mean()) to the tensor backward starts from")
+        return loss
     if isinstance(out, torch.Tensor):
         if out.dim() != 0 and guard_or_true(out.numel() != 1):  # a count's size: not 1
             raise InputError("loss=None needs the model to return a scalar loss "

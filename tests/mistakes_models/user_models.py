@@ -176,3 +176,44 @@ def not_a_module():
 
 
 CONSTANT = 3
+
+
+class SizedByAValue(nn.Module):
+    """A tensor sized by a value read from another one: no bound fxmem knows."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.fc(x)
+        n = h.argmax()
+        return h.sum() + torch.ones(n.item() + 1).sum()
+
+
+class SizedByACount(nn.Module):
+    """repeat_interleave by counts the data sets: no bound either."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.fc(x)
+        reps = (h[:, 0] > 0).long() + 1
+        return h.repeat_interleave(reps, dim=0).sum()
+
+
+class Tokens(nn.Module):
+    """Token ids (B, L) into an Embedding, then a Linear expecting 5 features (a mistake)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+        self.fc = nn.Linear(5, 3)
+
+    def forward(self, ids):
+        return self.fc(self.emb(ids)).mean()
+
+
+made = Net()  # a model the file makes: a target as it is
