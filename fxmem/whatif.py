@@ -33,7 +33,9 @@ class WhatIf:
     ``peak``: peak bytes as a formula in B (the micro-batch for gradient accumulation);
     ``peak_bytes``: at the batch size the row evaluates (``B_used``); ``max_batch_size``: the
     largest batch (samples per optimizer step) within the budget, ``None`` when no batch
-    size fits; ``change_bytes``: ``peak_bytes`` minus the baseline's at ``B``;
+    size fits, answered as :meth:`fxmem.Report.max_batch_size` answers (``by``: ``"device"``,
+    the steps run through the CUDA caching allocator, for a CUDA step; ``"live"``, live
+    tensors, on the CPU); ``change_bytes``: ``peak_bytes`` minus the baseline's at ``B``;
     ``note``: what the row assumes.
     """
 
@@ -44,6 +46,7 @@ class WhatIf:
     max_batch_size: int | None
     change_bytes: int
     note: str
+    by: str = "live"
 
 
 def whatif(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, *, B: int,  # noqa: N803
@@ -68,11 +71,12 @@ def whatif(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, *, B: int,  #
 
     def row(method, report, b, note, scale=1):
         try:
-            most = scale * report.max_batch_size(budget_bytes)
+            most = report.max_batch_size(budget_bytes)
+            by, most = most.by, scale * int(most)
         except InfeasibleBudgetError:
-            most = None
+            most, by = None, "device" if report.device == "cuda" else "live"
         rows.append(WhatIf(method, report.peak, b, report.peak_bytes(b), most,
-                           report.peak_bytes(b) - b0, note))
+                           report.peak_bytes(b) - b0, note, by))
 
     row("baseline", base, B, "the step as given")
     half = max(base.min_batch_size, B // 2)

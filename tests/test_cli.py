@@ -41,10 +41,11 @@ def test_json_report_is_golden_and_matches_the_library(golden):
 
     model, x, y = seed_step()
     rep = fxmem.analyze(model, x, y, loss=F.cross_entropy, optimizer=torch.optim.Adam)
-    assert doc["schema"] == "fxmem.report/1"
+    assert doc["schema"] == "fxmem.report/2"
     assert doc["peak_formula"] == str(rep.peak)
     assert doc["peak_bytes"] == rep.peak_bytes(64)
     assert doc["max_batch_size"] == rep.max_batch_size(8 * 2**30)
+    assert doc["max_batch_size_by"] == "device" and doc["answers"]["live"] == rep.max_batch_size(8 * 2**30, by="live")
 
 
 def test_table_html_and_out_file(tmp_path):
@@ -126,7 +127,8 @@ def test_hf_preset_with_config_overrides():
     (["analyze"], 2, "Missing argument 'TARGET'"),
     (["analyze", "examples/seed_convnet.py:SimpleConvNet", "--input", "B,3,31"], 3,
      "cannot trace this op on fake tensors"),
-    (["analyze", *SEED, "--budget", "1MiB"], 4, "below the smallest peak"),
+    (["analyze", *SEED, "--budget", "1MiB"], 4, "does not run within 1.00 MiB"),
+    (["analyze", *SEED, "--budget", "1MiB", "--device", "cpu"], 4, "below the smallest peak"),
     (["analyze", *SEED, "--device", "cpu", "--cudnn-workspace", "1MiB"], 2,
      "--cudnn-workspace is a CUDA figure"),
 ])
