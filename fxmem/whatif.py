@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import sympy
 import torch
 
-from .analyze import analyze
+from .analyze import analyze as analyze_step
 from .errors import InfeasibleBudgetError, InputError
-from .trace.step import UNSET, Step
+from .trace.step import UNSET, Step, make_spec
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,8 @@ class WhatIf:
 
 def whatif(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, *, B: int,  # noqa: N803
            budget_bytes: int, device=UNSET, step: Step | None = None, smaller_model=None,
-           amp=torch.bfloat16, grad_accum: int = 4, checkpoint=None, **options) -> tuple:
+           amp=torch.bfloat16, grad_accum: int = 4, checkpoint=None, batch_dim=0,
+           **options) -> tuple:
     """The seed's six methods for the user's step, as :class:`WhatIf` rows.
 
     The step is ``step`` with the options given here, as for :func:`fxmem.analyze` (a
@@ -60,11 +61,19 @@ def whatif(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, *, B: int,  #
     if None). ``amp``: the autocast dtype, with the device's op lists (float16 training
     steps through a GradScaler). ``grad_accum``: k micro-batches of ``B // k`` keep the
     effective batch ``B``. ``checkpoint``: a plan; default: the plan with the smallest peak
-    at ``B`` among the candidates (:meth:`fxmem.Report.frontier`).
+    at ``B`` among the candidates (:meth:`fxmem.Report.frontier`). ``batch_dim``: where B
+    is in the inputs and targets, as for :func:`fxmem.analyze`.
     """
     if isinstance(B, bool) or not isinstance(B, int) or B < 1:
         raise InputError(f"B must be a positive int, got {B!r}")
     step = Step.of(step, loss=loss, optimizer=optimizer, device=device, **options)
+    spec = make_spec(model, inputs, targets, step, batch_dim)
+
+    def analyze(m, inputs, targets=None, step=step):  # the evaluation row has no targets
+        where = spec.batch_dims if targets is not None else spec.batch_dims[:len(spec.inputs)]
+        return analyze_step(m, inputs, () if targets is None else targets, step=step,
+                            batch_dim=where)
+
     base = analyze(model, inputs, targets, step=step)
     b0 = base.peak_bytes(B)
     rows = []

@@ -49,10 +49,12 @@ def cli():
 @cli.command()
 @click.argument("target")
 @click.option("--input", "inputs", multiple=True, metavar="SPEC",
-              help="An input tensor, DIMS[:DTYPE[:HIGH]] with B for the batch: B,3,32,32 or "
-                   "B,128:int64:50257. Repeat for several inputs.")
+              help="An input tensor, DIMS[:DTYPE[:HIGH]] with B for the batch at any dim: "
+                   "B,3,32,32, B,128:int64:50257, L,B,64 (sequence-first), 2,B,64 (an h0); "
+                   "no B: no batch dim. Repeat for several inputs.")
 @click.option("--target", "targets", multiple=True, metavar="SPEC",
-              help="A target tensor passed to the loss after the output, e.g. B:int64:10.")
+              help="A target tensor passed to the loss after the output, e.g. B:int64:10 "
+                   "or L,B:int64:10.")
 @click.option("--loss", type=click.Choice(sorted(LOSSES)), default=None,
               help="Loss of (output, *targets); none: the model returns the loss (or .loss). "
                    "Default: cross_entropy with --target, else none.")
@@ -192,6 +194,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
     from ..report.summary import summarize
     from ..trace.step import Step
     from .targets import (
+        batch_dim_of,
         load_target,
         named_dims,
         parse_capability,
@@ -229,6 +232,10 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
     loss_name = loss or t.loss or ("cross_entropy" if ys else "none")
     if inference:
         ys, loss_name = (), "none"
+    where = tuple(batch_dim_of(s) for s in (*specs, *tgt_specs))[:len(xs) + len(ys)]
+    if all(d is None for d in where):
+        raise InputError("no --input/--target spec has B: write B at the batch's dim (B,3,32,32, or "
+                         "L,B,64 for a sequence-first model)")
     opt_name = OPTIMIZERS[optimizer]
     if inference and opt_name:
         raise InputError("--inference runs no backward pass: drop --optimizer")
@@ -243,7 +250,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
     status = Console(stderr=True).status(f"tracing {t.name} on fake tensors ...")
     with status:
         report = run_analysis(t.model, xs, ys, step=step, checkpoint=plan or None,
-                              dims=dims or None)
+                              dims=dims or None, batch_dim=where)
         extra = {}
         if dims:  # the formula in B and the named dims; numbers at the --dim sizes
             extra[f"peak in B, {', '.join(dims)}"] = str(report.peak)
@@ -276,6 +283,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
 
             status.update("answering the what-ifs ...")
             rows = whatifs(t.model, xs, ys, step=step, B=batch, budget_bytes=budget_bytes,
+                           batch_dim=where,
                            amp=torch.float16 if device == "cuda" else torch.bfloat16)
     setup = {"model": target, "inputs": " ".join(specs),
              **({"targets": " ".join(tgt_specs)} if ys else {}),
