@@ -16,8 +16,8 @@ import argparse
 import contextlib
 import io
 import os
-import runpy
 import re
+import runpy
 import subprocess
 import sys
 import textwrap
