@@ -1,8 +1,9 @@
 """The HTML report's layout in a real browser (headless Chromium driven by Playwright), at a
-phone's width and a desktop's, for the CLI's own pages: the seed CNN and a GPT-2 whose formula
-is in B and L. The page never scrolls sideways; anything wider than the screen sits in a box
-that scrolls itself; the peak formulas are shown whole, across the page's width, not in a
-narrow cell; the plots scale to the screen, undistorted.
+phone's width and a desktop's, for the CLI's own pages: the seed CNN, a GPT-2 whose formula is
+in B and L, and an LSTM on CUDA (a long setup entry, notes). The page never scrolls sideways;
+nothing, text included, runs past the screen but inside a box that scrolls itself; the peak
+formulas are shown whole, across the page's width, not in a narrow cell; the plots scale to
+the screen, undistorted.
 
 Playwright cannot download its own browser here: it drives the system's Chromium through
 ``executable_path`` (tests/browser.py finds or installs it; under ``CI`` a missing browser or
@@ -25,6 +26,9 @@ REPORTS = {
     "seed": ["examples/seed_convnet.py:SimpleConvNet", "--input", "B,3,32,32", "--target",
              "B:int64:10", "--optimizer", "adam", "--budget", "8GiB"],
     "gpt2-BL": ["hf:gpt2", "--config", "n_layer=2", "--device", "cpu"],
+    # cuDNN's LSTM on CUDA: a long "CUDA kernels" setup entry and a "Not modelled" list
+    "lstm": ["examples/lstm_classifier.py:LSTMClassifier", "--input", "B,32:int64:1000",
+             "--target", "B:int64:4", "--optimizer", "adam"],
 }
 
 # Everything the checks need, measured in the page. An element "sticks out" when its box
@@ -45,6 +49,22 @@ MEASURE = """() => {
       if (scrolls(box)) { held = !out(box.getBoundingClientRect()); break; }
     }
     if (!held) stickOut.push(name(el) + " " + Math.round(r.left) + ".." + Math.round(r.right));
+  }
+  // text too: a long word runs out of its box without moving the box
+  const walk = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let t = walk.nextNode(); t; t = walk.nextNode()) {
+    if (!t.textContent.trim()) continue;
+    const range = document.createRange();
+    range.selectNodeContents(t);
+    const r = range.getBoundingClientRect();
+    if (r.width === 0 || !out(r)) continue;
+    let box = t.parentElement, held = false;
+    for (; box && box !== document.body; box = box.parentElement) {
+      if (scrolls(box)) { held = !out(box.getBoundingClientRect()); break; }
+    }
+    if (!held) stickOut.push("text '" + t.textContent.trim().slice(0, 40) + "' in "
+                             + name(t.parentElement) + " " + Math.round(r.left) + ".."
+                             + Math.round(r.right));
   }
   const box = el => {
     const r = el.getBoundingClientRect();
@@ -151,6 +171,7 @@ BAD_PAGE = """<!DOCTYPE html><html><head><meta name="viewport" content="width=de
 288*B*L**2 + 122920*B*L + 389898248)</pre></td><td style="white-space:nowrap">a cell that is far
 too wide for a phone's screen, as the old setup table was</td></tr></table>
 <div class="math" style="overflow-x:auto;width:100%"><div style="width:2000px">wide</div></div>
+<ul><li>a note with a long word: aten._cudnn_rnn_backward.default_and_then_some_more_of_it</li></ul>
 <img src="data:image/svg+xml;base64,PHN2ZyB4bWxucz0iaHR0cDovL3d3dy53My5vcmcvMjAwMC9zdmciIHdp
 ZHRoPSI2MDAiIGhlaWdodD0iMzAwIj48cmVjdCB3aWR0aD0iNjAwIiBoZWlnaHQ9IjMwMCIvPjwvc3ZnPg==">
 </body></html>"""
@@ -163,5 +184,6 @@ def test_the_checks_see_a_bad_layout(browser, tmp_path):
     bad.write_text(BAD_PAGE, encoding="utf-8")
     problems = _layout_problems(_look(browser, bad.as_uri(), "phone"))
     for what in ("the page scrolls sideways", "sticks out of the screen: td",
+                 "sticks out of the screen: text 'a note with a long word",
                  "formula in a narrow box: pre.formula", "formula cut", "plot not scaled"):
         assert any(p.startswith(what) for p in problems), (what, problems)
