@@ -48,12 +48,16 @@ def _mb(text: str) -> float:
 
 def _output(cmd: list[str]) -> str:
     """What a command prints on stdout, run from the repository's root with this checkout's
-    fxmem first on the path; trailing blanks of each line dropped."""
-    env = {**os.environ, "COLUMNS": str(COLUMNS),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    fxmem first on the path, in plain text whatever the terminal; trailing blanks of each line
+    dropped."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "CLICOLOR_FORCE")}
+    env.update(COLUMNS=str(COLUMNS), NO_COLOR="1", PYTHONIOENCODING="utf-8",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
     argv = [sys.executable, "-m", "fxmem", *cmd[1:]] if cmd[0] == "fxmem" else \
         [sys.executable, *cmd[1:]]
-    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, encoding="utf-8",
+                          timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
     return "\n".join(line.rstrip() for line in done.stdout.strip("\n").splitlines())
