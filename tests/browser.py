@@ -19,7 +19,7 @@ COMMANDS = ("chromium", "chromium-browser", "google-chrome")
 def find_chromium() -> str | None:
     """The path of a Chromium binary: ``$FXMEM_CHROMIUM``, Debian's, or one on ``PATH``."""
     given = os.environ.get("FXMEM_CHROMIUM")
-    if given:
+    if given and os.access(given, os.X_OK):
         return given
     for path in PATHS:
         if os.access(path, os.X_OK):

@@ -187,3 +187,16 @@ def test_the_checks_see_a_bad_layout(browser, tmp_path):
                  "sticks out of the screen: text 'a note with a long word",
                  "formula in a narrow box: pre.formula", "formula cut", "plot not scaled"):
         assert any(p.startswith(what) for p in problems), (what, problems)
+
+
+@pytest.mark.parametrize("ci", ["", "true"])
+def test_a_missing_browser_skips_only_outside_ci(monkeypatch, ci):
+    """Without a browser the layout tests skip on a developer's machine, and fail under CI."""
+    import browser as b
+
+    monkeypatch.setattr(b, "find_chromium", lambda: None)
+    monkeypatch.setattr(b, "apt_install_chromium", lambda: None)
+    monkeypatch.setenv("CI", ci)
+    expected = pytest.fail.Exception if ci else pytest.skip.Exception
+    with pytest.raises(expected):
+        b.require_chromium()
