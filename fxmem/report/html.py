@@ -22,6 +22,7 @@ from markupsafe import Markup
 from sympy.printing.mathml import mathml
 
 from . import plots
+from .headline import largest_b
 from .text import fmt_bytes
 
 
@@ -125,25 +126,22 @@ def _setup(setup: dict) -> tuple[list, list]:
     return short, long
 
 
-def _budget_line(s) -> str:
+def _budget_line(s) -> Markup:
     if s.budget_bytes is None:
-        return "No memory budget given."
-    if s.max_batch_size is None:
-        return (f"No batch size fits the budget of {fmt_bytes(s.budget_bytes)}: the smallest "
-                f"peak is {fmt_bytes(s.min_peak_bytes)} ({s.min_peak_bytes:,} bytes), at "
-                f"B = {s.curve[0][0]:,}.")
-    most = dict(s.curve).get(s.max_batch_size)
-    at = f" (peak {fmt_bytes(most)})" if most is not None else ""
-    return (f"The largest batch size within the budget of {fmt_bytes(s.budget_bytes)} is "
-            f"B = {s.max_batch_size:,}{at}.")
+        return Markup("No memory budget given.")
+    h = largest_b(s)
+    if h.fails:
+        return Markup("<strong>{}</strong>.").format(h.lead)
+    return Markup("{}<strong>{}</strong>{}.").format(h.lead, h.number, h.tail)
 
 
 def _context(s) -> dict:
     text, math = _formula(s.peak_formula)
     setup_short, setup_long = _setup(s.setup)
     return dict(s=s, plots=_plots(s), formula_text=text, formula_mathml=math,
-                setup_short=setup_short, setup_long=setup_long,
-                budget_line=_budget_line(s), parts_total=sum(s.parts_bytes.values()),
+                setup_short=setup_short, setup_long=setup_long, budget_line=_budget_line(s),
+                budget_others=largest_b(s).others if s.budget_bytes is not None else "",
+                parts_total=sum(s.parts_bytes.values()),
                 frontier=[dict(n=i + 1, peak=p, flops=f, plan=plan,
                                used=set(plan) == set(s.plan))
                           for i, (p, f, plan) in enumerate(plots.frontier_points(s))])
