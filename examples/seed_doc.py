@@ -338,6 +338,8 @@ def page(f: dict | None = None) -> str:
     cratio = f["camp64"] / f["cuda64"]
     fp16_note = ("the same with float16" if f["fp16_64"] == f["bf16_64"] else
                  f"with float16, which trains through a `GradScaler`: {f['fp16_64']:,}")
+    runs = ("whose training steps run (the caching allocator's replay) within"
+            if getattr(f["camp_most"], "by", None) == "device" else "within")
     camp_regimes = "; ".join(f"from B = {r.B_from:,}, after `{r.op}` ({r.phase})"
                              for r in f["camp"].regimes)
     return HEADER + reflow(f"""# The seed example, worked through by fxmem
@@ -515,7 +517,7 @@ fxmem.analyze(model, x, y, loss=F.cross_entropy, optimizer=torch.optim.Adam,
 ```
 
 {f['camp64']:,} bytes at B = {b} against fp32's {f['cuda64']:,} on CUDA, {cratio:.2f}; the
-largest B for {fb(BUDGET)} goes from {f['cuda_most']:,} to {f['camp_most']:,}. The GradScaler
+largest B {runs} {fb(BUDGET)} goes from {f['cuda_most']:,} to {f['camp_most']:,}. The GradScaler
 adds tensors kept between steps and its unscaling temporaries in the optimizer step. Where
 the peak is, by range of B: {camp_regimes}. These CUDA figures are predictions: no GPU has
 checked them yet.
