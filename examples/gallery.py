@@ -5,6 +5,8 @@
   rendered by :func:`fxmem.report.markdown.render_markdown`; ``docs/gallery/index.md`` lists
   them.
 - ``docs/cli.md``: the CLI reference, from each command's ``--help``.
+- ``docs/seed-example.md``: the seed article's CNN worked through, every figure and output
+  from a run (``examples/seed_doc.py``).
 
 Run from anywhere: ``python examples/gallery.py`` writes the pages;
 ``python examples/gallery.py --check`` writes nothing and exits 1 if a committed page differs
@@ -192,6 +194,10 @@ def generate(progress=None) -> dict[str, str]:
             HEADER.format(source=f"`examples/{ex.file}`") + text
         entries.append((ex, summary))
     pages[(GALLERY / "index.md").as_posix()] = gallery_index(entries)
+    if progress:
+        progress("seed example")
+    seed = _load("seed_doc.py")
+    pages[seed.PAGE.as_posix()] = seed.page()
     if progress:
         progress("cli reference")
     pages[CLI_PAGE.as_posix()] = cli_page()

@@ -17,12 +17,18 @@ from .trace.tracking import frozen_gc
 @frozen_gc()
 def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET, device=UNSET,
             *, step: Step | None = None, checkpoint=None, retrace: bool = False,
-            batch_hint: int | None = None, dims=None, reuse_blocks: bool = True, **options):
+            batch_hint: int | None = None, dims=None, reuse_blocks: bool = True, batch_dim=0,
+            **options):
     """Analyse one step of ``model`` and return its memory as formulas in :data:`fxmem.B`.
 
-    ``inputs``: a tensor or tuple of tensors, dim 0 of each is B (only shapes and dtypes are
-    used; they may be on the meta device). ``targets``: tensors passed to ``loss`` after the
-    model output. The step is ``step`` (a :class:`fxmem.Step`, default ``Step()``) with the
+    ``inputs``: a tensor or tuple of tensors, B at dim 0 of each unless ``batch_dim`` says
+    otherwise (only shapes and dtypes are used; they may be on the meta device).
+    ``targets``: tensors passed to ``loss`` after the model output. ``batch_dim``: where B is,
+    an int for every input and target (``batch_dim=1`` for a sequence-first model's
+    ``(L, B, F)`` input and ``(L, B)`` target), or a tuple with one entry per input then
+    target, each a dim or None for a tensor with no batch dim (an LSTM's ``(x, (h0, c0))``
+    flattened as inputs ``x, h0, c0`` shaped ``(L, B, F)``, ``(layers, B, H)``: ``1``; a
+    lookup table the model takes: ``(1, None)``). The step is ``step`` (a :class:`fxmem.Step`, default ``Step()``) with the
     options given here: ``loss(output, *targets)`` (``None``: the output is the loss or has
     ``.loss``); ``optimizer``: an optimizer class or ``callable(params)`` (``None``: no
     step); ``train=False``: inference under ``torch.no_grad()``; ``device``: ``"cuda"``
@@ -45,7 +51,7 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     step without it (:meth:`Report.with_plan`); it is traced with ``torch.utils.checkpoint``
     really running when ``retrace=True``, when a module of the plan runs more than once
     per step, or when the model already has checkpointed modules. ``batch_hint``: the value
-    of B used where the trace must decide something (default: the inputs' dim 0, or 8).
+    of B used where the trace must decide something (default: the inputs' batch size, or 8).
     ``dims``: other input dims as symbols, e.g. ``{"L": [(0, 1)]}`` (dim 1 of tensor 0;
     tensors are the inputs, then the targets): the report's formulas are then in B and L
     (:attr:`Report.dims`; a checkpoint plan is then traced for real). ``reuse_blocks=False``:
@@ -69,16 +75,19 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     step = Step.of(step, loss=loss, optimizer=optimizer, train=train, device=device, **options)
     if dims:
         t = trace(model, inputs, targets, step=step, batch_hint=batch_hint,
-                  checkpoint=checkpoint, dims=dims, reuse_blocks=reuse_blocks)
+                  checkpoint=checkpoint, dims=dims, reuse_blocks=reuse_blocks,
+                  batch_dim=batch_dim)
         return Report.in_dims(t, step.device)
     plan = normalize_plan(model, checkpoint)
     t = trace(model, inputs, targets, step=step, batch_hint=batch_hint,
-              checkpoint=None if plan and not retrace else plan, reuse_blocks=reuse_blocks)
+              checkpoint=None if plan and not retrace else plan, reuse_blocks=reuse_blocks,
+              batch_dim=batch_dim)
     if plan and not retrace:
         runs = Counter(c.path for c in t.calls)
         if t.plan or any(runs[p] > 1 for p in plan):
             return analyze(model, inputs, targets, step=step, checkpoint=plan, retrace=True,
-                           batch_hint=batch_hint, reuse_blocks=reuse_blocks)
+                           batch_hint=batch_hint, reuse_blocks=reuse_blocks,
+                           batch_dim=batch_dim)
         t = derive(t, plan)
     lv = liveness(build_graph(t))
     return Report(lv, parts_of(lv), t.guards)
@@ -86,10 +95,11 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
 
 def plan_checkpoints(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
                      device=UNSET, *, budget_bytes: int, B: int, candidates=None,  # noqa: N803
-                     step: Step | None = None, batch_hint: int | None = None, **options):
+                     step: Step | None = None, batch_hint: int | None = None, batch_dim=0,
+                     **options):
     """The checkpoint plan with the least recompute FLOPs whose peak at batch size ``B``
     fits ``budget_bytes``, with its report: a :class:`fxmem.PlanChoice`. The step and the
-    other arguments as for :func:`analyze`; ``candidates``: module paths to choose from
+    other arguments (``batch_dim`` too) as for :func:`analyze`; ``candidates``: module paths to choose from
     (default: the blocks of the model's stacks,
     :func:`fxmem.checkpoint.choose.default_candidates`). Apply the plan with
     :func:`fxmem.apply_checkpoints`. Raises :class:`fxmem.InfeasibleBudgetError` stating the
@@ -104,5 +114,5 @@ def plan_checkpoints(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, tra
     (('0',), True, True)
     """
     report = analyze(model, inputs, targets, loss, optimizer, train, device, step=step,
-                     batch_hint=batch_hint, **options)
+                     batch_hint=batch_hint, batch_dim=batch_dim, **options)
     return report.plan_for(budget_bytes, B, candidates)

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import sympy
 import torch
 
-from .analyze import analyze
+from .analyze import analyze as analyze_step
 from .errors import InfeasibleBudgetError, InputError
-from .trace.step import UNSET, Step
+from .trace.step import UNSET, Step, make_spec
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,9 @@ class WhatIf:
     ``peak``: peak bytes as a formula in B (the micro-batch for gradient accumulation);
     ``peak_bytes``: at the batch size the row evaluates (``B_used``); ``max_batch_size``: the
     largest batch (samples per optimizer step) within the budget, ``None`` when no batch
-    size fits; ``change_bytes``: ``peak_bytes`` minus the baseline's at ``B``;
+    size fits, answered as :meth:`fxmem.Report.max_batch_size` answers (``by``: ``"device"``,
+    the steps run through the CUDA caching allocator, for a CUDA step; ``"live"``, live
+    tensors, on the CPU); ``change_bytes``: ``peak_bytes`` minus the baseline's at ``B``;
     ``note``: what the row assumes.
     """
 
@@ -44,11 +46,13 @@ class WhatIf:
     max_batch_size: int | None
     change_bytes: int
     note: str
+    by: str = "live"
 
 
 def whatif(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, *, B: int,  # noqa: N803
            budget_bytes: int, device=UNSET, step: Step | None = None, smaller_model=None,
-           amp=torch.bfloat16, grad_accum: int = 4, checkpoint=None, **options) -> tuple:
+           amp=torch.bfloat16, grad_accum: int = 4, checkpoint=None, batch_dim=0,
+           **options) -> tuple:
     """The seed's six methods for the user's step, as :class:`WhatIf` rows.
 
     The step is ``step`` with the options given here, as for :func:`fxmem.analyze` (a
@@ -57,22 +61,31 @@ def whatif(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, *, B: int,  #
     if None). ``amp``: the autocast dtype, with the device's op lists (float16 training
     steps through a GradScaler). ``grad_accum``: k micro-batches of ``B // k`` keep the
     effective batch ``B``. ``checkpoint``: a plan; default: the plan with the smallest peak
-    at ``B`` among the candidates (:meth:`fxmem.Report.frontier`).
+    at ``B`` among the candidates (:meth:`fxmem.Report.frontier`). ``batch_dim``: where B
+    is in the inputs and targets, as for :func:`fxmem.analyze`.
     """
     if isinstance(B, bool) or not isinstance(B, int) or B < 1:
         raise InputError(f"B must be a positive int, got {B!r}")
     step = Step.of(step, loss=loss, optimizer=optimizer, device=device, **options)
+    spec = make_spec(model, inputs, targets, step, batch_dim)
+
+    def analyze(m, inputs, targets=None, step=step):  # the evaluation row has no targets
+        where = spec.batch_dims if targets is not None else spec.batch_dims[:len(spec.inputs)]
+        return analyze_step(m, inputs, () if targets is None else targets, step=step,
+                            batch_dim=where)
+
     base = analyze(model, inputs, targets, step=step)
     b0 = base.peak_bytes(B)
     rows = []
 
     def row(method, report, b, note, scale=1):
         try:
-            most = scale * report.max_batch_size(budget_bytes)
+            most = report.max_batch_size(budget_bytes)
+            by, most = most.by, scale * int(most)
         except InfeasibleBudgetError:
-            most = None
+            most, by = None, "device" if report.device == "cuda" else "live"
         rows.append(WhatIf(method, report.peak, b, report.peak_bytes(b), most,
-                           report.peak_bytes(b) - b0, note))
+                           report.peak_bytes(b) - b0, note, by))
 
     row("baseline", base, B, "the step as given")
     half = max(base.min_batch_size, B // 2)

@@ -41,10 +41,11 @@ def test_json_report_is_golden_and_matches_the_library(golden):
 
     model, x, y = seed_step()
     rep = fxmem.analyze(model, x, y, loss=F.cross_entropy, optimizer=torch.optim.Adam)
-    assert doc["schema"] == "fxmem.report/1"
+    assert doc["schema"] == "fxmem.report/2"
     assert doc["peak_formula"] == str(rep.peak)
     assert doc["peak_bytes"] == rep.peak_bytes(64)
     assert doc["max_batch_size"] == rep.max_batch_size(8 * 2**30)
+    assert doc["max_batch_size_by"] == "device" and doc["answers"]["live"] == rep.max_batch_size(8 * 2**30, by="live")
 
 
 def test_table_html_and_out_file(tmp_path):
@@ -115,8 +116,10 @@ def test_hf_preset_with_config_overrides():
     (["analyze", "hf:nosuch"], 2, "unknown preset hf:nosuch"),
     (["analyze", "hf:gpt2", "--config", "n_layer"], 2, "--config takes key=value"),
     (["analyze", *SEED, "--budget", "3XB"], 2, "not a size: '3XB'"),
-    (["analyze", "examples/seed_convnet.py:SimpleConvNet", "--input", "3,B"], 2,
-     "dim 0 must be B"),
+    (["analyze", "examples/seed_convnet.py:SimpleConvNet", "--input", "B,3,B"], 2,
+     "B (the batch) may stand at one dim only"),
+    (["analyze", "examples/seed_convnet.py:SimpleConvNet", "--input", "3,32,32"], 2,
+     "no --input/--target spec has B"),
     (["analyze", "examples/seed_convnet.py:SimpleConvNet", "--input", "B,3:float7"], 2,
      "unknown dtype 'float7'"),
     (["analyze", "examples/seed_convnet.py:SimpleConvNet"], 2, "give the model's inputs"),
@@ -126,7 +129,8 @@ def test_hf_preset_with_config_overrides():
     (["analyze"], 2, "Missing argument 'TARGET'"),
     (["analyze", "examples/seed_convnet.py:SimpleConvNet", "--input", "B,3,31"], 3,
      "cannot trace this op on fake tensors"),
-    (["analyze", *SEED, "--budget", "1MiB"], 4, "below the smallest peak"),
+    (["analyze", *SEED, "--budget", "1MiB"], 4, "does not run within 1.00 MiB"),
+    (["analyze", *SEED, "--budget", "1MiB", "--device", "cpu"], 4, "below the smallest peak"),
     (["analyze", *SEED, "--device", "cpu", "--cudnn-workspace", "1MiB"], 2,
      "--cudnn-workspace is a CUDA figure"),
 ])

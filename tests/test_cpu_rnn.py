@@ -27,7 +27,7 @@ BF16 = cpu_rnn._cpu_supports("bf16")
 
 class Seq(nn.Module):
     """An RNN over a (B, T, I) batch: batch_first, or time-major with the model transposing
-    (fxmem puts B at dim 0 of every input)."""
+    (B at dim 0 here; tests/test_batch_dim.py gives time-major inputs with batch_dim=1)."""
 
     def __init__(self, cls, input_size, batch_first=True, **kw):
         super().__init__()

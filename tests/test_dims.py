@@ -89,7 +89,8 @@ def test_dims_are_checked():
     kw = dict(loss=lambda o: o.sum(), device="cpu")
     for dims, msg in [({"B": [(0, 1)]}, "identifier other than B"),
                       ({"L": [(1, 1)]}, "tensor 1 does not exist"),
-                      ({"L": [(0, 0)]}, "has no dim 0"),
+                      ({"L": [(0, 0)]}, "has B at dim 0"),
+                      ({"L": [(0, 3)]}, "has no such dim at dim 3"),
                       ({"L": [(0, 1), (0, 2)]}, "different sizes"),
                       ({"L": ["x"]}, "a place is (tensor index, dim)")]:
         with pytest.raises(fxmem.InputError, match=msg.replace("(", r"\(").replace(")", r"\)")):

@@ -92,8 +92,8 @@ def test_specialized_batch_raises_specialization_error():
 
 
 @pytest.mark.parametrize("kwargs, text", [
-    (dict(inputs=(torch.randn(4, 4), torch.randn(5, 4))), "dim 0 (the batch) differs"),
-    (dict(inputs=torch.randn(4, 4), targets=torch.randn(3)), "dim 0 (the batch) differs"),
+    (dict(inputs=(torch.randn(4, 4), torch.randn(5, 4))), "the batch dim's size differs"),
+    (dict(inputs=torch.randn(4, 4), targets=torch.randn(3)), "the batch dim's size differs"),
     (dict(inputs=(torch.randn(4, 4), 3.0)), "inputs[1] is a float, not a tensor"),
     (dict(inputs=[]), "at least one tensor"),
     (dict(inputs=torch.tensor(1.0)), "0-dimensional"),

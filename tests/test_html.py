@@ -5,9 +5,7 @@ with no console errors."""
 import base64
 import dataclasses
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -27,6 +25,8 @@ from fxmem.report import plots
 from fxmem.report.html import render_html
 from fxmem.report.summary import summarize
 from fxmem.report.text import fmt_bytes
+
+from browser import require_chromium
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
@@ -99,7 +99,8 @@ def test_seed_page_numbers(seed):
     assert "<title>fxmem report</title>" in page
     assert "SimpleConvNet" in page and "adam" in page
     assert fmt_bytes(seed.peak_bytes) in page and f"{seed.peak_bytes:,} bytes" in page
-    assert f"B = {seed.max_batch_size:,}" in page and "8.00 GiB" in page
+    assert f"<strong>{seed.max_batch_size:,}</strong>" in page and "8.00 GiB" in page
+    assert f"B = {seed.max_batch_size + 1:,} runs out at" in page  # the card's answer, why
     assert "threshold_backward" in page and "(root)" in page
     # the formula one Max branch a line, and as MathML
     assert "peak bytes = max(\n    " in page and '<math display="block">' in page
@@ -117,8 +118,7 @@ def test_no_batch_size_fits(nofit):
     page = render_html(nofit)
     assert nofit.max_batch_size is None
     assert "none fits" in page
-    assert (f"No batch size fits the budget of 1.00 KiB: the smallest peak is "
-            f"{fmt_bytes(nofit.min_peak_bytes)}") in page
+    assert "No B fits within 1.00 KiB" in page
 
 
 def test_plan_frontier_and_whatifs(resnet):
@@ -137,6 +137,25 @@ def test_user_text_is_escaped(seed):
     page = render_html(dataclasses.replace(seed, setup={"model": "<script>alert(1)</script>"}))
     assert "<script" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "&lt;optimizer&gt;" in page  # a module name from the trace
+
+
+def test_setup_formula_gets_a_block_of_its_own(seed):
+    """A setup value that is a formula in B (the CLI's "peak in B, L") is laid out one Max
+    branch a line in a full-width block, with its MathML; long values get a block too; short
+    ones stay in the grid; text that is not plain arithmetic is never handed to sympy."""
+    formula = "Max(16*B*L + 737267720, 288*B*L**2 + 122920*B*L + 389898248)"
+    long_text = "cuBLAS workspace (main thread); cuBLAS workspace (backward thread)"
+    evil = "B + __import__('os').getpid()"
+    page = render_html(dataclasses.replace(seed, setup={
+        "model": "SimpleConvNet", "inputs": "B,3,32,32", "peak in B, L": formula,
+        "CUDA kernels": long_text, "note": evil}))
+    setup = page[page.index('id="setup"'):page.index('id="formula"')]
+    assert "<dt>model</dt><dd>SimpleConvNet</dd>" in setup
+    assert "<dt>inputs</dt><dd>B,3,32,32</dd>" in setup
+    assert '<h3>peak in B, L</h3>' in setup and '<div class="math"><div class="max">' in setup
+    assert "<pre class=\"formula\">max(\n    16*B*L + 737267720,\n    288*B*L**2" in setup
+    assert f'<p class="long-value">{long_text}</p>' in setup
+    assert str(escape(evil)) in setup and setup.count("<math") == 2
 
 
 def test_page_is_offline(summary):
@@ -273,38 +292,9 @@ def test_svg_is_stable_and_png_decodes(resnet):
 
 # ---- in a real browser -------------------------------------------------------------------
 
-def _find_chromium() -> str | None:
-    return next(filter(None, map(shutil.which, ("chromium", "chromium-browser",
-                                                "google-chrome"))), None)
-
-
-def _apt_install_chromium() -> None:
-    """``apt-get install chromium`` (after ``apt-get update`` if the first try fails), quietly
-    and with a time limit; only as root on Debian."""
-    if getattr(os, "geteuid", lambda: -1)() != 0 or not os.path.exists("/etc/debian_version") \
-            or not shutil.which("apt-get"):
-        return
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", "chromium"]
-    for cmd in (install, ["apt-get", "update", "-q"], install):
-        try:
-            done = subprocess.run(cmd, env=env, capture_output=True, timeout=300)
-        except (subprocess.TimeoutExpired, OSError):
-            return
-        if cmd is install and done.returncode == 0:
-            return
-
-
 @pytest.fixture(scope="session")
 def chromium():
-    exe = _find_chromium()
-    if exe is None:
-        _apt_install_chromium()
-        exe = _find_chromium()
-    if exe is None:
-        pytest.skip("no headless browser: none of chromium, chromium-browser, google-chrome "
-                    "is on PATH, and `apt-get install chromium` was not possible here")
-    return exe
+    return require_chromium()
 
 
 def _browse(exe: str, profile: Path, html: Path, *args: str) -> subprocess.CompletedProcess:

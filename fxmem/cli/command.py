@@ -61,12 +61,14 @@ def cli():
 @cli.command()
 @click.argument("target")
 @click.option("--input", "inputs", multiple=True, metavar="SPEC",
-              help="An input tensor, DIMS[:DTYPE[:HIGH]] with B for the batch: B,3,32,32 or "
-                   "B,128:int64:50257 (HIGH: integer values in [0, HIGH)). Repeat for "
+              help="An input tensor, DIMS[:DTYPE[:HIGH]] with B for the batch at any dim: "
+                   "B,3,32,32, B,128:int64:50257, L,B,64 (sequence-first), 2,B,64 (an h0); "
+                   "no B: no batch dim. HIGH: integer values in [0, HIGH). Repeat for "
                    "several inputs, one per parameter of forward. DTYPE (default float32): "
                    f"{accepted()} (any case, torch.float16 too).")
 @click.option("--target", "targets", multiple=True, metavar="SPEC",
-              help="A target tensor passed to the loss after the output, e.g. B:int64:10.")
+              help="A target tensor passed to the loss after the output, e.g. B:int64:10 "
+                   "or L,B:int64:10.")
 @click.option("--loss", type=click.Choice(sorted(LOSSES)), default=None,
               help="Loss of (output, *targets); none: the model returns the loss (or .loss). "
                    "Default: cross_entropy with --target, else none.")
@@ -78,18 +80,28 @@ def cli():
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda",
               show_default=True, help="cuda: allocator blocks and CUDA's defaults; cpu: "
                                       "live bytes.")
-@click.option("--compute-capability", "capability", default="9.0", show_default=True,
-              metavar="MAJOR.MINOR",
+@click.option("--compute-capability", "capability", default=None, metavar="MAJOR.MINOR",
               help="The GPU whose kernels --device cuda follows (9.0 H100, 8.0 A100, 8.6 "
                    "RTX 30xx, 8.9 L4/RTX 40xx, 7.5 T4, 10.0 B200): attention backends "
-                   "and workspace sizes depend on it.")
+                   "and workspace sizes depend on it. Default: --gpu's, else 9.0.")
 @click.option("--inference", is_flag=True, help="An inference step under no_grad.")
 @click.option("--grad-accum", type=click.IntRange(min=1), default=1, show_default=True,
               help="Micro-batches per optimizer step (B is one micro-batch).")
 @click.option("--batch", type=click.IntRange(min=1), default=32, show_default=True,
               help="The B the report's numbers are given at.")
 @click.option("--budget", metavar="SIZE", default=None,
-              help="Device memory budget (24GiB, 500MB, bytes): the largest B that fits.")
+              help="Device memory the step may use (24GiB, 500MB, bytes): the largest B "
+                   "that fits. With --device cuda, the bytes the caching allocator can get "
+                   "(the card's capacity less the CUDA context): the largest B whose steps "
+                   "run through the allocator's replay.")
+@click.option("--gpu", default=None, metavar="NAME",
+              help="A card whose capacity, less the CUDA context, is the budget: H100-80GB, "
+                   "A100-80GB, A100-40GB, L40S, A10, RTX4090, RTX3090, T4, V100-32GB. Sets "
+                   "--compute-capability unless given.")
+@click.option("--cuda-context", "cuda_context", default=None, metavar="SIZE",
+              help="Device memory the CUDA context takes outside the allocator, with --gpu "
+                   "(default 512MiB, an estimate: measure yours as total - free - "
+                   "memory_reserved() after a step).")
 @click.option("--checkpoint", metavar="auto|none|PATH,...", default="none",
               show_default=True,
               help="Activation checkpointing: auto (the cheapest plan that fits --budget at "
@@ -120,25 +132,24 @@ def cli():
               help="Modules listed in the breakdown at the peak.")
 @click.option("--debug", is_flag=True, help="Show the traceback of an error.")
 def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, inference,
-            grad_accum, batch, budget, checkpoint, config, dim_sizes, seq, cudnn_workspace, fmt,
-            out, whatif, top, debug):
+            grad_accum, batch, budget, gpu, cuda_context, checkpoint, config, dim_sizes, seq,
+            cudnn_workspace, fmt, out, whatif, top, debug):
     """Analyse one step of the model TARGET: path/to/file.py:ClassOrFactory,
     package.module:ClassOrFactory, timm:NAME, torchvision:NAME (a classifier), or Hugging
     Face's hf:PRESET (gpt2, llama, mistral, bert), hf:ConfigClass (hf:T5Config) or
     hf:path/to/config.json. Families are built with random weights on the meta device
     (nothing is downloaded), with their input size, classes and sequence length taken from
     the model's config; --config keys are checked against its fields."""
-    given = click.get_current_context().get_parameter_source("capability")
     with _failing(debug):
         _check_out(out)  # before any work: a report with nowhere to go is lost
-        if device == "cpu" and given is not click.core.ParameterSource.DEFAULT:
+        if device == "cpu" and capability is not None:
             raise InputError("--compute-capability names the GPU whose kernels --device cuda "
                              "follows: drop it with --device cpu")
         with _silenced():
             text = _analyze(target, inputs, targets, loss, optimizer, amp, device, inference,
                             grad_accum, batch, budget, checkpoint, config, seq, fmt, top,
                             whatif, dim_sizes, cudnn_workspace=cudnn_workspace,
-                            capability=capability)
+                            capability=capability, gpu=gpu, cuda_context=cuda_context)
         if out:
             write_file(out, text)
     if out:
@@ -252,13 +263,14 @@ def _fail(e, debug: bool, cause: BaseException | None = None):
 
 def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, grad_accum,
              batch, budget, checkpoint, config, seq, fmt, top, whatif=False, dim_sizes=(),
-             cudnn_workspace=None, capability="9.0"):
+             cudnn_workspace=None, capability=None, gpu=None, cuda_context=None):
     from rich.console import Console
 
     from ..analyze import analyze as run_analysis
     from ..report.summary import summarize
     from ..trace.step import Step
     from .targets import (
+        batch_dim_of,
         check_positions,
         load_target,
         named_dims,
@@ -273,7 +285,11 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
     if budget_bytes is not None and budget_bytes < 1:
         raise InputError(f"--budget {budget}: give a positive size, e.g. 24GiB")
     conv_ws = parse_size(cudnn_workspace) if cudnn_workspace is not None else 0
-    cc = parse_capability(capability)
+    card, context = _card(gpu, cuda_context, budget_bytes, device)
+    if card is not None:
+        budget_bytes = card.usable_bytes(context)
+    cc = parse_capability(capability) if capability is not None else (
+        card.compute_capability if card is not None else (9, 0))
     amp_dtype = None if amp.strip().lower() == "none" else dtype_of(amp, AMP, what="--amp")
     if conv_ws and device != "cuda":
         raise InputError("--cudnn-workspace is a CUDA figure: it needs --device cuda")
@@ -314,6 +330,10 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                          "nowhere: drop --target or name a --loss")
     if not checkpoint.strip() or not checkpoint.replace(",", "").strip():
         raise InputError("--checkpoint takes auto, none or module paths (e.g. layer1,layer2)")
+    where = tuple(batch_dim_of(s) for s in (*specs, *tgt_specs))[:len(xs) + len(ys)]
+    if all(d is None for d in where):
+        raise InputError("no --input/--target spec has B: write B at the batch's dim (B,3,32,32, or "
+                         "L,B,64 for a sequence-first model)")
     opt_name = OPTIMIZERS[optimizer]
     opt = getattr(torch.optim, opt_name) if opt_name else None
     if whatif and (inference or budget_bytes is None):
@@ -326,7 +346,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
     status = Console(stderr=True).status(f"tracing {t.name} on fake tensors ...")
     with status:
         report = run_analysis(t.model, xs, ys, step=step, checkpoint=plan or None,
-                              dims=dims or None)
+                              dims=dims or None, batch_dim=where)
         extra = {}
         if dims:  # the formula in B and the named dims; numbers at the --dim sizes
             extra[f"peak in B, {', '.join(dims)}"] = str(report.peak)
@@ -350,14 +370,16 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                 report = choice.report
             elif frontier:
                 report = report.with_plan(frontier[-1].plan)
-        if budget_bytes is not None:
-            report.max_batch_size(budget_bytes)  # raises InfeasibleBudgetError (exit 4)
+        if budget_bytes is not None:  # raises InfeasibleBudgetError (exit 4)
+            status.update("finding the largest B that runs ...")
+            report.max_batch_size(budget_bytes, cudnn_workspace=conv_ws)
         rows = ()
         if whatif:
             from ..whatif import whatif as whatifs
 
             status.update("answering the what-ifs ...")
             rows = whatifs(t.model, xs, ys, step=step, B=batch, budget_bytes=budget_bytes,
+                           batch_dim=where,
                            amp=torch.float16 if device == "cuda" else torch.bfloat16)
     setup = {"model": target, "inputs": " ".join(specs),
              **({"targets": " ".join(tgt_specs)} if ys else {}),
@@ -366,9 +388,9 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
              **({"GPU compute capability": f"{cc[0]}.{cc[1]}"} if device == "cuda" else {}),
              **({"checkpoint": checkpoint} if checkpoint != "none" else {}),
              **{f"dim {n}": sizes[n] for n in dims}, **extra}
-    s = summarize(report, B=batch, budget_bytes=budget_bytes, top=top, setup=setup,
-                  title=f"fxmem report: {t.name}", frontier=frontier, whatifs=rows,
-                  cudnn_workspace=conv_ws)
+    s = summarize(report, B=batch, budget_bytes=None if card else budget_bytes, top=top,
+                  setup=setup, title=f"fxmem report: {t.name}", frontier=frontier,
+                  whatifs=rows, cudnn_workspace=conv_ws, gpu=card, context_bytes=context)
     return _render(s, fmt)
 
 
@@ -383,6 +405,23 @@ def _check_inference(optimizer, checkpoint, targets, loss, grad_accum, whatif) -
                          "(and no --inference)")
     if drop:
         raise InputError(f"--inference runs no backward pass (nor a loss): drop {drop[0]}")
+
+
+def _card(gpu, cuda_context, budget_bytes, device):
+    """The card named by --gpu and the CUDA context's bytes (None, None without --gpu)."""
+    from ..device.gpus import gpu as lookup
+    from .targets import parse_size
+
+    if gpu is None:
+        if cuda_context is not None:
+            raise InputError("--cuda-context is subtracted from a card's capacity: give --gpu")
+        return None, None
+    if device != "cuda":
+        raise InputError("--gpu answers for a CUDA card: drop --device cpu")
+    if budget_bytes is not None:
+        raise InputError("give --gpu (the card's capacity less the CUDA context) or --budget "
+                         "(the bytes the allocator can get), not both")
+    return lookup(gpu), parse_size(cuda_context) if cuda_context is not None else None
 
 
 def _render(s, fmt: str):

@@ -61,8 +61,8 @@ def parse_capability(text: str) -> tuple:
 
 def parse_tensor(spec: str, batch: int, named: dict | None = None) -> torch.Tensor:
     """A meta tensor from ``DIMS[:DTYPE[:HIGH]]``: DIMS are comma-separated sizes, ``B`` the
-    batch (dim 0), or other names whose sizes ``named`` gives (``{"L": 512}``: a named dim,
-    a symbol like B); DTYPE defaults to float32; HIGH (integer tensors: values in
+    batch (at most once, at any position: :func:`batch_dim_of`), or other names whose sizes
+    ``named`` gives (``{"L": 512}``: a named dim, a symbol like B); DTYPE defaults to float32; HIGH (integer tensors: values in
     [0, HIGH)) is accepted for documentation, values are never read."""
     named = named or {}
     if spec.count(":") > 2:
@@ -89,8 +89,9 @@ def parse_tensor(spec: str, batch: int, named: dict | None = None) -> torch.Tens
             if shape[-1] < 1:
                 raise InputError(f"bad tensor spec {spec!r}: dim {len(shape) - 1} is "
                                  f"{shape[-1]}; sizes are positive integers")
-    if not shape or dims.split(",")[0].strip() != "B":
-        raise InputError(f"bad tensor spec {spec!r}: dim 0 must be B (the batch)")
+    if not shape:
+        raise InputError(f"bad tensor spec {spec!r}: give its dims, e.g. B,3,32,32")
+    batch_dim_of(spec)  # B at most once
     try:
         dtype = dtype_of(dtype_name or "float32")
     except InputError:
@@ -105,16 +106,29 @@ def parse_tensor(spec: str, batch: int, named: dict | None = None) -> torch.Tens
     return torch.empty(tuple(shape), dtype=dtype, device="meta")
 
 
+def batch_dim_of(spec: str) -> int | None:
+    """Where B is in a tensor spec: ``L,B,64`` has it at dim 1 (a sequence-first input),
+    ``2,B,64`` too (an RNN's h0); None for a spec without B (a tensor with no batch dim).
+
+    >>> batch_dim_of("B,3,32,32"), batch_dim_of("L,B,64:float32"), batch_dim_of("10,64")
+    (0, 1, None)
+    """
+    names = [x.strip() for x in spec.partition(":")[0].split(",")]
+    if names.count("B") > 1:
+        raise InputError(f"bad tensor spec {spec!r}: B (the batch) may stand at one dim only")
+    return names.index("B") if "B" in names else None
+
+
 def named_dims(specs) -> dict:
     """The named dims of tensor specs (inputs then targets): name -> [(tensor, dim), ...].
 
-    >>> named_dims(["B,L:int64:100", "B,L,8"])
-    {'L': [(0, 1), (1, 1)]}
+    >>> named_dims(["B,L:int64:100", "B,L,8", "L,B:int64:10"])
+    {'L': [(0, 1), (1, 1), (2, 0)]}
     """
     out: dict = {}
     for i, spec in enumerate(specs):
         for d, name in enumerate(x.strip() for x in spec.partition(":")[0].split(",")):
-            if d > 0 and name.isidentifier() and name != "B":
+            if name.isidentifier() and name != "B":
                 out.setdefault(name, []).append((i, d))
     return out
 

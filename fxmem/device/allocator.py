@@ -88,74 +88,179 @@ def cuda_memory(liveness, B: int, config=None, compute_capability=(9, 0),  # noq
     its outputs, and frees it when the op ends. Under ``CUDNN_CONV_WSCAP_DBG=N`` (MiB), cuDNN
     offers no configuration with a larger workspace, so ``N * 2**20`` bounds what each call
     adds; 0 (the default) leaves the workspaces out."""
-    from ..memory.liveness import _events
-    from .caching_allocator import CachingAllocator
-
-    graph = liveness.graph
-    storages, ops = graph.storages, graph.ops
-    allocs, frees = _events(graph)
-    on_device = [not _host_resident(s) for s in storages]
-    size = [s.size(B) if on_device[s.sid] else 0 for s in storages]
-    ws = cublas_workspace_bytes(compute_capability) if cublas_workspace is None \
-        else cublas_workspace
-    a = CachingAllocator(config)
-    handles: dict = {}
-
-    def alloc(key, n):
-        handles[key] = a.malloc(n)
-
-    def free(key):
-        h = handles.pop(key, None)
-        if h is not None:
-            a.free(h)
-
-    def run_op(i, op):
-        for sid in allocs[i]:
-            alloc(sid, size[sid])
-        if cudnn_workspace and op.op in CUDNN_CONV_OPS:  # held while the kernel runs
-            a.free(a.malloc(cudnn_workspace))
-        for sid in frees[i + 1]:
-            free(sid)
-
-    before = [s for s in storages if s.created_by < 0]
-    late = {"optimizer_state", "grad"}
-    for s in before:
-        if s.category not in late or s.name.startswith("grad_scaler."):
-            alloc(s.sid, size[s.sid])
-    workspaces = []
-    # warm-up step
-    for i, op in enumerate(ops):
-        if op.phase == "optimizer" and (i == 0 or ops[i - 1].phase != "optimizer"):
-            for s in before:
-                if s.sid not in handles:
-                    alloc(s.sid, size[s.sid])
-        if op.op in CUBLAS_OPS and ws:
-            thread = "backward" if op.phase == "backward" else "main"
-            if ("ws", thread) not in handles:
-                alloc(("ws", thread), ws)
-                workspaces.append((f"cuBLAS workspace ({thread} thread)", ws))
-        run_op(i, op)
-    if cudnn_workspace and any(op.op in CUDNN_CONV_OPS for op in ops):
-        workspaces.append(("cuDNN workspace per convolution call (freed after it)",
-                           cudnn_workspace))
-    for s in storages:  # the step's leftovers: the output, set_to_none gradients
-        if s.created_by >= 0:
-            free(s.sid)
+    r = _Replay(liveness, B, config, compute_capability, cublas_workspace, cudnn_workspace)
+    r.start()
+    r.step(warm_up=True)
+    r.end_step()
+    a = r.allocator
     a.empty_cache()
     a.reset_peak()
     base_alloc, base_res = a.allocated, a.reserved
-    phase_alloc, phase_res, phase = {}, {}, None
-    for i, op in enumerate(ops):
-        if op.phase != phase:
-            if phase is not None:
-                phase_alloc[phase] = max(phase_alloc.get(phase, 0), a.max_allocated)
-                phase_res[phase] = max(phase_res.get(phase, 0), a.max_reserved)
-            a.reset_peak()
-            phase = op.phase
-        run_op(i, op)
-    if phase is not None:
-        phase_alloc[phase] = max(phase_alloc.get(phase, 0), a.max_allocated)
-        phase_res[phase] = max(phase_res.get(phase, 0), a.max_reserved)
+    phase_alloc, phase_res = r.step(by_phase=True)
     return DeviceMemory(B, max(phase_alloc.values(), default=base_alloc),
                         max(phase_res.values(), default=base_res), base_alloc, base_res,
-                        phase_alloc, phase_res, tuple(workspaces))
+                        phase_alloc, phase_res, tuple(r.workspaces))
+
+
+@dataclass(frozen=True)
+class DeviceRun:
+    """Whether training at batch size ``B`` runs within ``capacity_bytes`` of device memory
+    (what the caching allocator can get: the card's capacity minus the CUDA context).
+
+    ``fits``: no step ran out of memory. ``steps``: steps replayed (the warm-up, then steps
+    until one needed no new device memory, at most :data:`MAX_STEPS`). ``max_allocated`` /
+    ``max_reserved``: the peaks over those steps, bytes. ``oom``: for a run that does not
+    fit, where the allocator gave up: ``(step, op index, op, phase, module)`` of the op
+    whose allocation failed (op index -1: before the first op), and ``message``: the
+    allocator's out-of-memory message. ``num_alloc_retries``: the times the allocator
+    freed its cache and tried again, as ``torch.cuda.memory_stats()`` counts them.
+    """
+
+    B: int
+    capacity_bytes: int
+    fits: bool
+    steps: int
+    max_allocated: int
+    max_reserved: int
+    num_alloc_retries: int
+    oom: tuple | None = None
+    message: str = ""
+
+
+MAX_STEPS = 6
+
+
+def run_on_device(liveness, B: int, capacity_bytes: int, config=None,  # noqa: N803
+                  compute_capability=(9, 0), cublas_workspace: int | None = None,
+                  cudnn_workspace: int = 0) -> DeviceRun:
+    """Train at batch size ``B`` on a device whose allocator can get ``capacity_bytes``:
+    the parameters, buffers and batch, then step after step with no ``empty_cache()`` in
+    between, as a training loop runs, through the caching allocator with its out-of-memory
+    path (``malloc``: on a failed cudaMalloc, free the cached blocks that are whole segments
+    and retry, then raise: ``c10/cuda/CUDACachingAllocator.cpp``, see
+    :mod:`fxmem.device.caching_allocator`). The loop stops after the first step that
+    needed no new device memory (the next ones replay it) or after :data:`MAX_STEPS`.
+
+    >>> import torch, fxmem
+    >>> r = fxmem.analyze(torch.nn.Linear(1024, 1024), torch.randn(4, 1024),
+    ...                   loss=lambda o: o.sum(), optimizer=torch.optim.SGD)
+    >>> ok = r.runs_on_device(64, 2**30)
+    >>> ok.fits, ok.max_reserved <= 2**30
+    (True, True)
+    >>> r.runs_on_device(64, 40 * 2**20).oom[2:4]  # cuBLAS's 32 MiB beside the weight's segment
+    ('aten.addmm.default', 'forward')
+    """
+    import dataclasses
+
+    from .allocator_config import DEFAULT_CONFIG
+    from .caching_allocator import OutOfMemory
+
+    config = dataclasses.replace(config or DEFAULT_CONFIG, capacity_bytes=capacity_bytes)
+    r = _Replay(liveness, B, config, compute_capability, cublas_workspace, cudnn_workspace)
+    a, steps = r.allocator, 0
+    try:
+        r.start()
+        while steps < MAX_STEPS:
+            before = a.num_device_alloc
+            r.step(warm_up=steps == 0)
+            r.end_step()
+            steps += 1
+            if steps > 1 and a.num_device_alloc == before:
+                break
+    except OutOfMemory as e:
+        op = r.ops[r.at] if r.at >= 0 else None
+        where = (steps + 1, r.at, op.op if op else "(start)", op.phase if op else "start",
+                 op.module if op else "")
+        return DeviceRun(B, capacity_bytes, False, steps + 1, a.max_allocated, a.max_reserved,
+                         a.num_alloc_retries, where, str(e))
+    return DeviceRun(B, capacity_bytes, True, steps, a.max_allocated, a.max_reserved,
+                     a.num_alloc_retries)
+
+
+class _Replay:
+    """The step's allocations and frees, in trace order, through one
+    :class:`fxmem.device.caching_allocator.CachingAllocator`."""
+
+    def __init__(self, liveness, B, config, compute_capability, cublas_workspace,  # noqa: N803
+                 cudnn_workspace):
+        from ..memory.liveness import _events
+        from .caching_allocator import CachingAllocator
+
+        graph = liveness.graph
+        self.storages, self.ops = graph.storages, graph.ops
+        self.allocs, self.frees = _events(graph)
+        on_device = [not _host_resident(s) for s in self.storages]
+        self.size = [s.size(B) if on_device[s.sid] else 0 for s in self.storages]
+        self.ws = cublas_workspace_bytes(compute_capability) if cublas_workspace is None \
+            else cublas_workspace
+        self.cudnn_workspace = cudnn_workspace
+        self.allocator = CachingAllocator(config)
+        self.handles: dict = {}
+        self.workspaces: list = []
+        self.before = [s for s in self.storages if s.created_by < 0]
+        self.at = -1  # the op running (-1: before the first)
+
+    def alloc(self, key, n):
+        self.handles[key] = self.allocator.malloc(n)
+
+    def free(self, key):
+        h = self.handles.pop(key, None)
+        if h is not None:
+            self.allocator.free(h)
+
+    def start(self):
+        """The parameters, buffers and batch (optimizer state and gradients come later)."""
+        late = {"optimizer_state", "grad"}
+        for s in self.before:
+            if s.category not in late or s.name.startswith("grad_scaler."):
+                self.alloc(s.sid, self.size[s.sid])
+
+    def step(self, warm_up: bool = False, by_phase: bool = False):
+        """One step. ``warm_up``: the first, where the optimizer state appears at the
+        optimizer phase and each thread's cuBLAS workspace at its first matmul.
+        ``by_phase``: reset the peaks at each phase and return the phases' peaks
+        (allocated, reserved)."""
+        a, ops = self.allocator, self.ops
+        phase_alloc, phase_res, phase = {}, {}, None
+        for i, op in enumerate(ops):
+            self.at = i
+            if by_phase and op.phase != phase:
+                if phase is not None:
+                    phase_alloc[phase] = max(phase_alloc.get(phase, 0), a.max_allocated)
+                    phase_res[phase] = max(phase_res.get(phase, 0), a.max_reserved)
+                a.reset_peak()
+                phase = op.phase
+            if warm_up:
+                self._first_use(i, op)
+            for sid in self.allocs[i]:
+                self.alloc(sid, self.size[sid])
+            if self.cudnn_workspace and op.op in CUDNN_CONV_OPS:  # held while it runs
+                a.free(a.malloc(self.cudnn_workspace))
+            for sid in self.frees[i + 1]:
+                self.free(sid)
+        if warm_up and self.cudnn_workspace and any(op.op in CUDNN_CONV_OPS for op in ops):
+            self.workspaces.append(("cuDNN workspace per convolution call (freed after it)",
+                                    self.cudnn_workspace))
+        if phase is not None:
+            phase_alloc[phase] = max(phase_alloc.get(phase, 0), a.max_allocated)
+            phase_res[phase] = max(phase_res.get(phase, 0), a.max_reserved)
+        return phase_alloc, phase_res
+
+    def _first_use(self, i, op):
+        ops = self.ops
+        if op.phase == "optimizer" and (i == 0 or ops[i - 1].phase != "optimizer"):
+            for s in self.before:
+                if s.sid not in self.handles:
+                    self.alloc(s.sid, self.size[s.sid])
+        if op.op in CUBLAS_OPS and self.ws:
+            thread = "backward" if op.phase == "backward" else "main"
+            if ("ws", thread) not in self.handles:
+                self.alloc(("ws", thread), self.ws)
+                self.workspaces.append((f"cuBLAS workspace ({thread} thread)", self.ws))
+
+    def end_step(self):
+        """The step's leftovers (the output, set_to_none gradients) are freed."""
+        self.at = len(self.ops)
+        for s in self.storages:
+            if s.created_by >= 0:
+                self.free(s.sid)

@@ -22,6 +22,8 @@ import sympy
 from . import poly as P
 
 B = sympy.Symbol("B", integer=True, positive=True)
+"""The batch size: the batch dim of every input and target (dim 0 unless ``batch_dim=``
+says where it is)."""
 
 
 def dim_symbol(name: str) -> sympy.Symbol:
@@ -35,7 +37,7 @@ def dim_symbol(name: str) -> sympy.Symbol:
 
 
 L = dim_symbol("L")
-"""The batch size: dim 0 of every input and target."""
+"""A sequence length, the usual named dim (``dims={"L": [(0, 1)]}``)."""
 
 
 def _to_fraction(c) -> Fraction:

@@ -13,6 +13,7 @@ plots as base64 SVG images, formulas as text and MathML; nothing is fetched when
 from __future__ import annotations
 
 import base64
+import re
 from dataclasses import dataclass
 
 import sympy
@@ -21,6 +22,7 @@ from markupsafe import Markup
 from sympy.printing.mathml import mathml
 
 from . import plots
+from .headline import largest_b
 from .text import fmt_bytes
 
 
@@ -70,37 +72,76 @@ def _plots(s) -> list[Plot]:
     return out
 
 
+def _math(expr) -> Markup:
+    return Markup('<math display="block">{}</math>').format(
+        Markup(mathml(expr, printer="presentation")))
+
+
 def _formula(text: str) -> tuple[str, Markup | None]:
-    """The peak formula laid out one ``Max`` branch a line, and its MathML (``None`` when
-    sympy cannot parse the text)."""
+    """The peak formula laid out one ``Max`` branch a line, as text and as MathML (``None``
+    when sympy cannot parse the text). A ``Max`` is ``max`` beside a bracketed column of its
+    branches, one ``<math>`` each, so a long formula grows down the page, not across it."""
     try:
         expr = sympy.sympify(text)
     except (sympy.SympifyError, SyntaxError, TypeError):
         return text, None
-    math = Markup('<math display="block">{}</math>').format(
-        Markup(mathml(expr, printer="presentation")))
-    if isinstance(expr, sympy.Max):
-        return "max(\n" + ",\n".join(f"    {a}" for a in expr.args) + "\n)", math
-    return text, math
+    if not isinstance(expr, sympy.Max):
+        return text, _math(expr)
+    last = len(expr.args) - 1
+    rows = Markup("").join(Markup('<div class="branch">{}{}</div>').format(
+        _math(a), Markup('<span class="comma">,</span>') if i < last else "")
+        for i, a in enumerate(expr.args))
+    math = Markup('<div class="max"><span class="max-op">max</span>'
+                  '<div class="branches">{}</div></div>').format(rows)
+    return "max(\n" + ",\n".join(f"    {a}" for a in expr.args) + "\n)", math
 
 
-def _budget_line(s) -> str:
+# a setup value that is a formula in B (e.g. the CLI's "peak in B, L"): arithmetic only, so
+# nothing but a formula is ever handed to sympy
+_FORMULA = re.compile(r"[\w\s*+\-/().,]*\bB\b[\w\s*+\-/().,]*")
+LONG_VALUE = 40  # characters: a longer setup value gets a full-width block of its own
+WIDE_VALUE = 16  # characters: a longer one takes two columns of the setup grid
+
+
+def _setup(setup: dict) -> tuple[list, list]:
+    """The setup split for layout: short values for the grid, ``dict(key, text, wide)``, and
+    long ones as full-width blocks, ``dict(key, text, math, formula)`` (a formula one ``Max``
+    branch a line).
+
+    >>> short, long = _setup({"model": "m", "peak in B, L": "Max(8*B*L + 1, 2*B + 3)"})
+    >>> short, [(d["key"], d["text"].splitlines()) for d in long]
+    ([{'key': 'model', 'text': 'm', 'wide': False}], [('peak in B, L', ['max(', '    2*B + 3,', '    8*B*L + 1', ')'])])
+    """
+    short, long = [], []
+    for key, value in setup.items():
+        text = str(value)
+        if isinstance(value, str) and _FORMULA.fullmatch(text) and any(
+                c in text for c in "*+"):
+            text, math = _formula(text)
+            long.append(dict(key=key, text=text, math=math, formula=True))
+        elif len(text) > LONG_VALUE:
+            long.append(dict(key=key, text=text, math=None, formula=False))
+        else:
+            short.append(dict(key=key, text=text, wide=len(text) > WIDE_VALUE))
+    return short, long
+
+
+def _budget_line(s) -> Markup:
     if s.budget_bytes is None:
-        return "No memory budget given."
-    if s.max_batch_size is None:
-        return (f"No batch size fits the budget of {fmt_bytes(s.budget_bytes)}: the smallest "
-                f"peak is {fmt_bytes(s.min_peak_bytes)} ({s.min_peak_bytes:,} bytes), at "
-                f"B = {s.curve[0][0]:,}.")
-    most = dict(s.curve).get(s.max_batch_size)
-    at = f" (peak {fmt_bytes(most)})" if most is not None else ""
-    return (f"The largest batch size within the budget of {fmt_bytes(s.budget_bytes)} is "
-            f"B = {s.max_batch_size:,}{at}.")
+        return Markup("No memory budget given.")
+    h = largest_b(s)
+    if h.fails:
+        return Markup("<strong>{}</strong>.").format(h.lead)
+    return Markup("{}<strong>{}</strong>{}.").format(h.lead, h.number, h.tail)
 
 
 def _context(s) -> dict:
     text, math = _formula(s.peak_formula)
+    setup_short, setup_long = _setup(s.setup)
     return dict(s=s, plots=_plots(s), formula_text=text, formula_mathml=math,
-                budget_line=_budget_line(s), parts_total=sum(s.parts_bytes.values()),
+                setup_short=setup_short, setup_long=setup_long, budget_line=_budget_line(s),
+                budget_others=largest_b(s).others if s.budget_bytes is not None else "",
+                parts_total=sum(s.parts_bytes.values()),
                 frontier=[dict(n=i + 1, peak=p, flops=f, plan=plan,
                                used=set(plan) == set(s.plan))
                           for i, (p, f, plan) in enumerate(plots.frontier_points(s))])

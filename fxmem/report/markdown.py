@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from .headline import largest_b
 from .text import fmt_bytes
 from .whatif import table as whatif_table
 
@@ -35,7 +36,7 @@ def render_markdown(s) -> str:
         out += [f"{s.lifted[0].upper()}{s.lifted[1:]}.", ""]
     if s.unmodelled:
         out += [f"Not in this formula: {len(s.unmodelled)} allocation(s) fxmem cannot size "
-                "(see [Not modelled](#not-modelled)).", ""]
+                "(listed under the numbers below).", ""]
     out += _rows("| from B | the peak is after | phase | module | bytes |",
                  "|---:|---|---|---|---|",
                  (f"| {r.B_from} | `{r.op}` | {r.phase} | {_module(r.module)} | `{r.formula}` |"
@@ -52,13 +53,12 @@ def render_markdown(s) -> str:
                 f"{fmt_bytes(c['max_reserved'])} (the caching allocator's blocks and segments; "
                 f"library workspaces: {used}; the CUDA context comes on top)."]
     if s.budget_bytes is not None:
-        budget = f"{fmt_bytes(s.budget_bytes)} ({s.budget_bytes:,} bytes)"
-        gpu = (f" Counting the caching allocator's blocks and the library workspaces "
-               f"(`max_memory_allocated`): **{s.cuda['max_batch_size']:,}**."
-               if s.cuda and s.cuda.get("max_batch_size") is not None else "")
-        out += ["", f"Largest B within {budget}: **{s.max_batch_size:,}**.{gpu}"
-                if s.max_batch_size is not None else
-                f"No B fits {budget}: the smallest peak is {fmt_bytes(s.min_peak_bytes)}."]
+        h = largest_b(s)
+        out += ["", f"**{h.lead}**" if h.fails else f"{h.lead}**{h.number}**{h.tail}."]
+        if h.others:
+            out += ["", h.others]
+    if s.caveats:  # beside the numbers they qualify
+        out += ["", "Caveats:", "", *(f"- {c}" for c in s.caveats)]
     out += ["", "## Parts", ""]
     out += _rows(f"| part | bytes (formula in B) | at B = {s.B} |", "|---|---|---:|",
                  (f"| {k} | `{s.parts_formulas[k]}` | {fmt_bytes(v)} |"
@@ -82,6 +82,4 @@ def render_markdown(s) -> str:
                           for p, f, pl in s.frontier))
     if s.whatifs:
         out += ["", "## What-ifs", "", whatif_table(list(s.whatifs))]
-    if s.unmodelled:
-        out += ["", "## Not modelled", "", *(f"- {u}" for u in s.unmodelled)]
     return "\n".join(out) + "\n"

@@ -13,7 +13,6 @@ import sympy
 
 from ..checkpoint.flops import FlopCount, count_flops, op_flops
 from ..errors import FxmemError, InfeasibleBudgetError, InputError
-from ..formula.search import largest
 from ..formula.symbols import B
 from ..memory.dims import DimsFormula
 from ..memory.liveness import Liveness, parts_of
@@ -396,28 +395,82 @@ class Report:
                 return int(g.rhs)
         return 1
 
-    def max_batch_size(self, budget_bytes: int, max_recompute: float | None = None,
-                       candidates=None, **dims):
-        """The largest integer B whose peak fits in ``budget_bytes``, solved from the formula.
+    @property
+    def max_valid_batch_size(self) -> int | None:
+        """The largest B the formula is valid for (a ``B <= n`` in ``valid_when``, e.g. a
+        step that slices a fixed table by B), or None when it has no upper limit."""
+        for g in self.valid_when:
+            if isinstance(g, sympy.LessThan) and g.lhs == B:
+                return int(g.rhs)
+        return None
 
-        With ``max_recompute`` (a fraction, e.g. ``0.25``): the largest B that fits with a
-        checkpoint plan re-running at most that share of the step's FLOPs, returned as a
-        :class:`fxmem.PlanChoice` (``.B``, ``.plan``, ``.peak_bytes``, ``.recompute_flops``,
-        ``.report``); ``candidates``: module paths to choose from (default:
-        :func:`fxmem.checkpoint.choose.default_candidates`).
+    def max_batch_size(self, budget_bytes: int | None = None,
+                       max_recompute: float | None = None, candidates=None, *,
+                       by: str | None = None, gpu=None, context_bytes: int | None = None,
+                       config=None, cudnn_workspace: int = 0, **dims):
+        """The largest integer B that fits, as a :class:`fxmem.report.capacity.MaxBatchSize`
+        (an ``int`` whose ``.by`` and ``.explain`` say what it answers):
+
+        * ``by="device"`` (the default for a CUDA step): the largest B whose training steps
+          **run**, replayed through the CUDA caching allocator with its free-and-retry on
+          out-of-memory (:meth:`runs_on_device`), within ``budget_bytes`` of device memory:
+          what the allocator can get, i.e. the card's capacity minus the CUDA context.
+          ``gpu="H100-80GB"`` takes that from a known card instead
+          (:mod:`fxmem.device.gpus`; ``context_bytes``: the CUDA context, default 512 MiB).
+          ``B + 1`` runs out of memory in the same replay.
+        * ``by="allocated"``: the largest B whose predicted ``max_memory_allocated()`` fits.
+        * ``by="live"`` (the default on the CPU): the peak formula, solved.
+
+        With ``max_recompute`` (a fraction, e.g. ``0.25``): the largest B that fits by live
+        bytes with a checkpoint plan re-running at most that share of the step's FLOPs,
+        returned as a :class:`fxmem.PlanChoice` (``.B``, ``.plan``, ``.peak_bytes``,
+        ``.recompute_flops``, ``.report``); ``candidates``: module paths to choose from
+        (default: :func:`fxmem.checkpoint.choose.default_candidates`).
 
         Raises :class:`fxmem.InfeasibleBudgetError` if even the smallest valid B does not fit.
         A report in named dims takes their values too (``max_batch_size(budget, L=512)``).
+
+        >>> import torch, fxmem
+        >>> r = fxmem.analyze(torch.nn.Linear(1024, 1024), torch.randn(4, 1024),
+        ...                   loss=lambda o: o.sum(), optimizer=torch.optim.SGD)
+        >>> card, live = r.max_batch_size(2**30), r.max_batch_size(2**30, by="live")
+        >>> card.by, live.by, card < live          # the allocator's blocks and workspaces
+        ('device', 'live', True)
+        >>> r.max_batch_size(gpu="A100-40GB").explain[:52]
+        'the largest B whose training steps, replayed through'
         """
+        from ..device.gpus import gpu as lookup_gpu
+        from .capacity import MaxBatchSize, check_by, device_max_batch_size, search
+
         if self.named is not None:
-            return self.at(**dims).max_batch_size(budget_bytes, max_recompute, candidates)
+            return self.at(**dims).max_batch_size(
+                budget_bytes, max_recompute, candidates, by=by, gpu=gpu,
+                context_bytes=context_bytes, config=config, cudnn_workspace=cudnn_workspace)
         self._no_dims(dims)
-        if not isinstance(budget_bytes, int) or isinstance(budget_bytes, bool):
-            raise InputError(f"budget_bytes must be an int, got {budget_bytes!r}")
+        card = ""
+        if gpu is not None:
+            if budget_bytes is not None:
+                raise InputError("give either budget_bytes or gpu, not both")
+            g = lookup_gpu(gpu)
+            card, budget_bytes = g.name, g.usable_bytes(context_bytes)
+            by = "device" if by is None else by
+        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int):
+            raise InputError(f"budget_bytes must be an int (bytes), got {budget_bytes!r}")
+        if budget_bytes <= 0:
+            raise InputError(f"budget_bytes must be positive, got {budget_bytes:,}")
+        by = check_by(by, self.device)
         if max_recompute is not None:
             from ..checkpoint.choose import max_batch_size
 
             return max_batch_size(self, budget_bytes, max_recompute, candidates)
+        if by == "device":
+            return device_max_batch_size(self, budget_bytes, config=config,
+                                         cudnn_workspace=cudnn_workspace, gpu=card)
+        if by == "allocated":
+            most = self.cuda_max_batch_size(budget_bytes, config,
+                                            cudnn_workspace=cudnn_workspace)
+            return MaxBatchSize(most, by=by, budget_bytes=budget_bytes, gpu=card,
+                                limit=most == self.max_valid_batch_size)
         lo = self.min_batch_size
         fixed = self.fixed_bytes
         if self.peak_bytes(lo) > budget_bytes:
@@ -427,21 +480,51 @@ class Report:
                 minimum_bytes=self.peak_bytes(lo))
         if self.peak_bytes(lo) == self.peak_bytes(2 * lo + 1) == self.peak_bytes(10**9):
             raise FxmemError("the peak does not grow with B, so every batch size fits")
-        return largest(lambda b: self.peak_bytes(b) <= budget_bytes, lo)
+        most, limit = search(lambda b: self.peak_bytes(b) <= budget_bytes, lo, None,
+                             self.max_valid_batch_size)
+        return MaxBatchSize(most, by="live", budget_bytes=budget_bytes, gpu=card, limit=limit)
+
+    def runs_on_device(self, B: int, capacity_bytes: int, config=None,  # noqa: N803
+                       compute_capability=None, cudnn_workspace: int = 0, **dims):
+        """Whether training at batch size ``B`` runs on a CUDA device whose caching allocator
+        can get ``capacity_bytes`` (the card's capacity minus the CUDA context): steps
+        replayed through the allocator, with its free-cache-and-retry on out-of-memory, until
+        they need no new device memory. A :class:`fxmem.device.allocator.DeviceRun`
+        (``.fits``, ``.oom``: where it ran out); see
+        :func:`fxmem.device.allocator.run_on_device`."""
+        from ..device.allocator import run_on_device
+
+        if self.named is not None:
+            return self.at(**dims).runs_on_device(B, capacity_bytes, config,
+                                                  compute_capability, cudnn_workspace)
+        self._no_dims(dims)
+        if self.device != "cuda":
+            raise InputError("runs_on_device replays the CUDA caching allocator: analyse the "
+                             "step with device='cuda'")
+        if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) \
+                or capacity_bytes <= 0:
+            raise InputError(f"capacity_bytes must be a positive int, got {capacity_bytes!r}")
+        if compute_capability is None:
+            compute_capability = self.liveness.graph.trace.compute_capability
+        return run_on_device(self.liveness, _check_b(B), capacity_bytes, config,
+                             compute_capability, cudnn_workspace=cudnn_workspace)
 
     def cuda_max_batch_size(self, budget_bytes: int, config=None, compute_capability=None,
                             cudnn_workspace: int = 0, **dims) -> int:
         """The largest B whose predicted ``torch.cuda.max_memory_allocated()``
         (:meth:`cuda_memory`: allocator blocks, their slack, the cuBLAS workspaces, and
         ``cudnn_workspace`` bytes held by each convolution) fits in ``budget_bytes``. Raises
-        :class:`fxmem.InfeasibleBudgetError` when none does.
+        :class:`fxmem.InfeasibleBudgetError` when none does. ``max_batch_size(budget,
+        by="allocated")`` is the same number, saying so.
 
         >>> import torch, fxmem
         >>> r = fxmem.analyze(torch.nn.Linear(1024, 1024), torch.randn(4, 1024),
         ...                   loss=lambda o: o.sum(), optimizer=torch.optim.SGD)
-        >>> r.cuda_max_batch_size(2**30) < r.max_batch_size(2**30)   # 64 MiB of workspaces
+        >>> r.cuda_max_batch_size(2**30) < r.max_batch_size(2**30, by="live")  # workspaces
         True
         """
+        from .capacity import search
+
         if self.named is not None:
             return self.at(**dims).cuda_max_batch_size(budget_bytes, config,
                                                        compute_capability, cudnn_workspace)
@@ -460,8 +543,8 @@ class Report:
             raise InfeasibleBudgetError(
                 f"budget {budget_bytes:,} B is below the smallest max_memory_allocated "
                 f"{least:,} B (at B={lo})", minimum_bytes=least)
-        self.max_batch_size(budget_bytes)  # the formula's checks (a peak that grows with B)
-        return largest(fits, lo)
+        live = self.max_batch_size(budget_bytes, by="live")  # also: a peak that grows with B
+        return search(fits, lo, int(live) + 1, self.max_valid_batch_size)[0]
 
     @property
     def fixed_bytes(self) -> int:

@@ -12,7 +12,7 @@
 >>> s.peak_bytes == r.peak_bytes(16), s.max_batch_size == r.max_batch_size(2**20)
 (True, True)
 >>> s.to_dict()["schema"]
-'fxmem.report/1'
+'fxmem.report/2'
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ..errors import InfeasibleBudgetError
 from ..formula.symbols import B as SYM_B
 from .whatif import as_dict
 
-SCHEMA = "fxmem.report/1"
+SCHEMA = "fxmem.report/2"
 CURVE_POINTS = 64  # batch sizes sampled for the peak-vs-B plot
 
 
@@ -49,7 +49,14 @@ class Summary:
     chosen batch size and its peak; ``parts_bytes``: the seed-style parts at ``B`` (and
     ``parts_formulas`` in B). ``budget_bytes``/``max_batch_size``: the largest B within the
     budget (``None`` when no budget was given or none fits; ``min_peak_bytes`` is then the
-    smallest peak, at the smallest valid B). ``by_category``/``by_module``: what is live at
+    smallest peak, at the smallest valid B), answered as ``max_batch_size_by`` says
+    (:meth:`fxmem.Report.max_batch_size`: ``"device"`` for a CUDA step, the steps replayed
+    through the caching allocator within ``budget_bytes``, the bytes it can get;
+    ``"live"`` on the CPU); ``answers``: every answer for the same budget (``device``,
+    ``allocated``, ``live``); ``next_oom``: where ``max_batch_size + 1`` runs out (device
+    answers); ``gpu``: the card the budget came from (name, ``total_bytes``,
+    ``context_bytes``, ``usable_bytes``, ``source``) or None. ``caveats``: what the figures
+    leave out, shown beside them. ``by_category``/``by_module``: what is live at
     the peak at ``B``. ``curve``: (B, peak bytes) samples; ``timeline``: live bytes after
     every op at ``B`` (index, op, phase, module, bytes). ``plan``/``frontier``: the
     checkpoint plan applied, and Pareto points (peak bytes, recompute FLOPs, plan) at ``B``.
@@ -86,6 +93,11 @@ class Summary:
     unmodelled: tuple = ()
     cuda: dict | None = None
     lifted: str = ""  # B fixed by the step: how the formula was fitted (Report.lifted)
+    max_batch_size_by: str = ""
+    answers: dict = field(default_factory=dict)
+    next_oom: str = ""
+    gpu: dict | None = None
+    caveats: tuple = ()
 
     def to_dict(self, timeline: bool = False) -> dict:
         """The JSON document (see ``docs/json-schema.md``); ``timeline=True`` adds the
@@ -99,6 +111,7 @@ class Summary:
         d["valid_when"] = list(self.valid_when)
         d["whatifs"] = [dict(w) for w in self.whatifs]
         d["unmodelled"] = list(self.unmodelled)
+        d["caveats"] = list(self.caveats)
         if timeline:
             d["timeline"] = [list(t) for t in self.timeline]
         else:
@@ -112,20 +125,35 @@ def _at(expr, b: int) -> int:
 
 def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,  # noqa: N803
               title: str = "fxmem report", setup: dict | None = None, frontier=None,
-              whatifs=None, cudnn_workspace: int = 0) -> Summary:
+              whatifs=None, cudnn_workspace: int = 0, gpu=None,
+              context_bytes: int | None = None) -> Summary:
     """The :class:`Summary` of ``report`` at batch size ``B``. ``setup``: what the step is
     (model, optimizer, ...; shown as given); ``frontier``: checkpoint Pareto points at ``B``
     (:meth:`fxmem.Report.frontier`); ``whatifs``: :class:`fxmem.WhatIf` rows;
-    ``cudnn_workspace``: bytes each convolution holds on CUDA (:meth:`fxmem.Report.cuda_memory`)."""
+    ``cudnn_workspace``: bytes each convolution holds on CUDA (:meth:`fxmem.Report.cuda_memory`).
+    ``gpu``: a card's name (:mod:`fxmem.device.gpus`): the budget is what its allocator can
+    get, its capacity less ``context_bytes`` for the CUDA context (then ``budget_bytes`` is
+    left None)."""
     from ..memory.liveness import PARTS
 
+    card = None
+    if gpu is not None:
+        from ..device.gpus import DEFAULT_CONTEXT_BYTES
+        from ..device.gpus import gpu as lookup
+
+        g = lookup(gpu)
+        ctx = DEFAULT_CONTEXT_BYTES if context_bytes is None else context_bytes
+        budget_bytes = g.usable_bytes(ctx)
+        card = dict(name=g.name, total_bytes=g.total_bytes, context_bytes=ctx,
+                    usable_bytes=budget_bytes, source=g.source)
     bd = report.breakdown(B, top=top)
-    most = None
-    if budget_bytes is not None:
-        try:
-            most = report.max_batch_size(budget_bytes)
-        except InfeasibleBudgetError:
-            most = None
+    by, answers = _answers(report, budget_bytes, cudnn_workspace)
+    most, next_oom = answers.get(by), ""
+    if most is not None and by == "device":
+        run = report.runs_on_device(most + 1, budget_bytes, cudnn_workspace=cudnn_workspace)
+        if not run.fits:
+            _, _, op, phase, module = run.oom
+            next_oom = f"{op} in {module or '(root)'} ({phase})"
     b_min = report.min_batch_size
     hi = max(2 * B, 2 * most if most else 0, b_min + 1)
     step = max(1, (hi - b_min) // (CURVE_POINTS - 1))
@@ -138,6 +166,14 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
             **(setup or {})}
     parts = {p: report.parts[p] for p in PARTS if report.parts[p] != 0}
     rows = tuple(as_dict(w) for w in (whatifs or ()))
+    unmodelled = _unmodelled(report.unmodelled)
+    caveats = tuple(f"not counted: {u}" for u in unmodelled)
+    if card is not None:
+        caveats += (f"the CUDA context is an estimate ({card['context_bytes'] // 2**20} MiB; "
+                    "measure yours and pass --cuda-context)",)
+    if by == "device":
+        caveats += ("the caching allocator's replay follows PyTorch's source and has not yet "
+                    "been checked on a GPU",)
     return Summary(
         title=title, setup=info, peak_formula=str(report.peak),
         peak_latex=sympy.latex(report.peak), valid_when=tuple(str(g) for g in report.valid_when),
@@ -153,8 +189,24 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
         plan=tuple(report.plan), recompute_flops=_at(report.recompute_flops, B) if report.plan
         else 0, frontier=tuple((p.peak_bytes, p.recompute_flops, tuple(p.plan))
                                for p in (frontier or ())),
-        whatifs=rows, unmodelled=_unmodelled(report.unmodelled), lifted=report.lifted,
-        cuda=_cuda(report, B, budget_bytes if most is not None else None, cudnn_workspace))
+        whatifs=rows, unmodelled=unmodelled, lifted=report.lifted,
+        cuda=_cuda(report, B, answers.get("allocated"), cudnn_workspace),
+        max_batch_size_by=by, answers=answers, next_oom=next_oom, gpu=card, caveats=caveats)
+
+
+def _answers(report, budget: int | None, cudnn_workspace: int) -> tuple:
+    """(the headline's kind, {kind: largest B or None}) for a budget."""
+    if budget is None:
+        return "", {}
+    cuda = report.device == "cuda"
+    answers = {}
+    for by in (("device", "allocated", "live") if cuda else ("live",)):
+        try:
+            answers[by] = int(report.max_batch_size(budget, by=by,
+                                                    cudnn_workspace=cudnn_workspace))
+        except InfeasibleBudgetError:
+            answers[by] = None
+    return ("device" if cuda else "live"), answers
 
 
 def _unmodelled(entries, shown: int = 3) -> tuple:
@@ -169,12 +221,10 @@ def _unmodelled(entries, shown: int = 3) -> tuple:
     return tuple(out)
 
 
-def _cuda(report, b: int, budget: int | None, cudnn_workspace: int) -> dict | None:
+def _cuda(report, b: int, most: int | None, cudnn_workspace: int) -> dict | None:
     if report.device != "cuda":
         return None
     d = report.cuda_memory(b, cudnn_workspace=cudnn_workspace)
-    most = (report.cuda_max_batch_size(budget, cudnn_workspace=cudnn_workspace)
-            if budget is not None else None)
     return {"max_allocated": d.max_allocated, "max_reserved": d.max_reserved,
             "workspaces": [[what, n] for what, n in d.workspaces],
             "compute_capability": "{}.{}".format(*report.trace.compute_capability),

@@ -17,6 +17,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from .headline import largest_b
 from .text import fmt_bytes
 
 
@@ -39,8 +40,9 @@ def render_terminal(s) -> Group:
                                f"   valid when {', '.join(s.valid_when) or 'B >= 1'}"))
     if s.lifted:  # how the formula was obtained, beside it
         items.append(Text(s.lifted, style="yellow"))
-    for u in s.unmodelled:  # beside the formula it is missing from
-        items.append(Text(f"not modelled: {u}", style="yellow"))
+    if s.unmodelled:  # the caveats themselves sit under the numbers they qualify
+        items.append(Text(f"not in this formula: {len(s.unmodelled)} allocation(s) fxmem "
+                          "cannot size (under the numbers below)", style="yellow"))
     reg = _table("Where the peak is", "from B", "after op", "phase", "module", "bytes",
                  right=("from B",))
     for r in s.regimes:
@@ -57,14 +59,13 @@ def render_terminal(s) -> Group:
                           f"max_memory_reserved {fmt_bytes(c['max_reserved'])} (library "
                           f"workspaces included; the CUDA context comes on top)"))
     if s.budget_bytes is not None:
-        gpu = ((f"  (by max_memory_allocated, workspaces included: "
-                f"{s.cuda['max_batch_size']:,})") if s.cuda and s.cuda.get("max_batch_size")
-               is not None else "")
-        items.append(Text.assemble(("Largest B within ", "bold"), fmt_bytes(s.budget_bytes), ": ",
-                                   (f"{s.max_batch_size:,}", "bold green"), gpu)
-                     if s.max_batch_size is not None else
-                     Text(f"No B fits {fmt_bytes(s.budget_bytes)}: the smallest peak is "
-                          f"{fmt_bytes(s.min_peak_bytes)}", style="bold red"))
+        h = largest_b(s)
+        items.append(Text(h.lead, style="bold red") if h.fails else
+                     Text.assemble((h.lead, "bold"), (h.number, "bold green"), h.tail))
+        if h.others:
+            items.append(Text(h.others))
+    for c in s.caveats:  # beside the numbers they qualify
+        items.append(Text(f"caveat: {c}", style="yellow"))
     parts = _table("Parts", "part", "formula in B", f"at B = {s.B}", right=(f"at B = {s.B}",))
     for k, v in s.parts_bytes.items():
         parts.add_row(k, s.parts_formulas[k], fmt_bytes(v))
@@ -88,8 +89,10 @@ def render_terminal(s) -> Group:
             fr.add_row(fmt_bytes(p), f"{f:,}", ", ".join(pl) or "(none)")
         items.append(fr)
     if s.whatifs:
-        wi = _table("What-ifs", "method", "B", "peak", "change", "largest batch", "note",
-                    right=("B", "peak", "change", "largest batch"))
+        most_by = ("largest B that runs" if s.whatifs[0].get("by") == "device"
+                   else "largest batch")
+        wi = _table("What-ifs", "method", "B", "peak", "change", most_by, "note",
+                    right=("B", "peak", "change", most_by))
         for w in s.whatifs:
             most = "none fits" if w["max_batch_size"] is None else f"{w['max_batch_size']:,}"
             wi.add_row(w["method"], str(w["B"]), fmt_bytes(w["peak_bytes"]),

@@ -9,12 +9,19 @@ def as_dict(row) -> dict:
     """A :class:`fxmem.WhatIf` as the plain dict reports carry (formula as text)."""
     return dict(method=row.method, peak_formula=str(row.peak), B=row.B_used,
                 peak_bytes=row.peak_bytes, max_batch_size=row.max_batch_size,
-                change_bytes=row.change_bytes, note=row.note)
+                change_bytes=row.change_bytes, note=row.note, by=row.by)
+
+
+_BY = {"device": "largest batch that runs (allocator replay)",
+       "allocated": "largest batch (max_memory_allocated)",
+       "live": "largest batch (live tensors)"}
 
 
 def table(rows: list[dict]) -> str:
     """A Markdown table of what-if rows given as dicts (see :func:`as_dict`)."""
-    out = ["| method | peak (bytes, formula in B) | B | peak | change | largest batch | note |",
+    kinds = {r.get("by", "live") for r in rows}
+    most_by = _BY[kinds.pop()] if len(kinds) == 1 else "largest batch"
+    out = [f"| method | peak (bytes, formula in B) | B | peak | change | {most_by} | note |",
            "|---|---|---:|---:|---:|---:|---|"]
     for r in rows:
         change = "" if r["method"] == "baseline" else \

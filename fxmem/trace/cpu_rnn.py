@@ -346,9 +346,7 @@ def native_rnn(name, input, hx, params, has_biases, num_layers, dropout, train, 
     cell = _CELLS[name]
     x = input.transpose(0, 1) if batch_first else input
     if isinstance(x.shape[0], torch.SymInt):
-        raise NotImplementedError(
-            f"{name} on the CPU runs one cell per time step (RNN.cpp FullLayer), so the "
-            "sequence length must be a number, not a named dim")
+        raise NotImplementedError(_steps_refusal(name, x.shape[0], batch_first))
     params = _gather_params(params, has_biases, lstm and hx[0].size(2) != hx[1].size(2))
     hiddens = list(zip(hx[0].unbind(0), hx[1].unbind(0))) if lstm else list(hx.unbind(0))
     if bidirectional:
@@ -368,6 +366,22 @@ def native_rnn(name, input, hx, params, has_biases, num_layers, dropout, train, 
     if batch_first:
         output.transpose_(0, 1)
     return output, hy
+
+
+def _steps_refusal(name: str, steps: torch.SymInt, batch_first: bool) -> str:
+    """Why ``name`` cannot run ``steps`` (a symbol) time steps, and what to do: the symbol
+    is B (a sequence-first input given with B at dim 0) or a named dim."""
+    node = steps.node
+    sources = getattr(node.shape_env, "var_to_sources", {})
+    names = {getattr(src, "source_name", "") for sym in node.expr.free_symbols
+             for src in sources.get(sym, ())}
+    where = "dim 1 (batch_first=True)" if batch_first else "dim 0 (batch_first=False)"
+    head = (f"{name} on the CPU runs one cell per time step (RNN.cpp FullLayer), so the "
+            f"sequence length, the input's {where}, must be a number")
+    if "B" in names:
+        return (f"{head}, not B: say where B is with batch_dim=1 for a sequence-first "
+                "(L, B, F) input (fxmem analyze: --input 100,B,64)")
+    return f"{head}, not a named dim ({', '.join(sorted(names)) or 'a symbol'})"
 
 
 def lstm_cell(input, hx, w_ih, w_hh, b_ih=None, b_hh=None):

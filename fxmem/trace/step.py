@@ -161,9 +161,10 @@ class StepSpec:
     kept); the step's options read through (``spec.amp`` is ``spec.step.amp``)."""
 
     step: Step
-    inputs: tuple  # tuple[torch.Tensor, ...]; dim 0 is B
+    inputs: tuple  # tuple[torch.Tensor, ...]
     targets: tuple
-    batch_size: int  # dim 0 of the example tensors
+    batch_size: int  # the batch dim's size in the example tensors
+    batch_dims: tuple = ()  # where B is in each input, then target: a dim, or None (no B)
 
     def __getattr__(self, name):
         if name == "step":  # not set yet (copy, pickle)
@@ -185,8 +186,66 @@ def _as_tuple(x, what: str) -> tuple:
     raise InputError(f"{what} must be a tensor or a tuple of tensors, got {type(x).__name__}")
 
 
-def make_spec(model, inputs, targets=(), step: Step | None = None) -> StepSpec:
-    """Check the model and the example batch against ``step`` before any work starts."""
+def _is_dim(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def batch_dims(batch_dim, inputs: tuple, targets: tuple) -> tuple:
+    """Where B is in each of ``inputs`` then ``targets`` (tensors), from ``batch_dim``: an int
+    (the same dim in every tensor, negative counting from the end) or a tuple or list with
+    one entry per input then target, an int or None (a tensor with no batch dim, such as an
+    RNN's ``h0`` shaped ``(layers, B, H)`` given 1, or a table without B given None).
+
+    >>> import torch
+    >>> x, h0, y = torch.empty(7, 4, 16), torch.empty(2, 4, 32), torch.empty(7, 4)
+    >>> batch_dims(1, (x, h0), (y,)), batch_dims([1, None, -1], (x, h0), (y,))
+    ((1, 1, 1), (1, None, 1))
+    >>> batch_dims(2, (x,), (y,))
+    Traceback (most recent call last):
+    ...
+    fxmem.errors.InputError: batch_dim=2 is out of range for targets[0] of shape (7, 4): it has dims 0 to 1 (or -2 to -1)
+    """
+    named = [(f"inputs[{i}]", t) for i, t in enumerate(inputs)] + \
+        [(f"targets[{i}]", t) for i, t in enumerate(targets)]
+    if _is_dim(batch_dim):
+        given = [batch_dim] * len(named)
+    elif isinstance(batch_dim, (tuple, list)):
+        if len(batch_dim) != len(named):
+            raise InputError(
+                f"batch_dim has {len(batch_dim)} entr{'y' if len(batch_dim) == 1 else 'ies'}; "
+                f"it needs {len(named)}, one per input then target ({len(inputs)} input"
+                f"{'s' * (len(inputs) != 1)}, {len(targets)} target{'s' * (len(targets) != 1)})"
+                ": each the dim where B is, or None for a tensor with no batch dim")
+        given = list(batch_dim)
+    else:
+        raise InputError("batch_dim is an int (where B is in every input and target) or a "
+                         "tuple with one int or None per input then target, got "
+                         f"{batch_dim!r}")
+    out = []
+    for (what, t), d in zip(named, given):
+        if d is None:
+            out.append(None)
+            continue
+        if not _is_dim(d):
+            raise InputError(f"batch_dim for {what} is {d!r}: give the dim where B is (an "
+                             "int), or None for a tensor with no batch dim")
+        n = t.dim()
+        if n == 0:
+            raise InputError(f"{what} is 0-dimensional, so it has no batch dim: give None "
+                             "for it in batch_dim (one entry per input then target)")
+        if not -n <= d < n:
+            raise InputError(f"batch_dim={d} is out of range for {what} of shape "
+                             f"{tuple(t.shape)}: it has dims 0 to {n - 1} (or {-n} to -1)")
+        out.append(d % n)
+    if all(d is None for d in out):
+        raise InputError("batch_dim gives no input or target a batch dim: B must be a dim of "
+                         "at least one of them")
+    return tuple(out)
+
+
+def make_spec(model, inputs, targets=(), step: Step | None = None, batch_dim=0) -> StepSpec:
+    """Check the model and the example batch against ``step`` before any work starts;
+    ``batch_dim``: where B is (:func:`batch_dims`)."""
     step = Step() if step is None else step
     if not isinstance(model, torch.nn.Module):
         hint = f" (a class: pass an instance, {model.__name__}())" if isinstance(model, type) \
@@ -201,18 +260,18 @@ def make_spec(model, inputs, targets=(), step: Step | None = None) -> StepSpec:
     ins, tgs = _as_tuple(inputs, "inputs"), _as_tuple(targets, "targets")
     if not ins:
         raise InputError("inputs must contain at least one tensor")
-    sizes = []
     for what, group in (("inputs", ins), ("targets", tgs)):
         for i, t in enumerate(group):
             if not isinstance(t, torch.Tensor):
                 raise InputError(f"{what}[{i}] is a {type(t).__name__}, not a tensor; "
                                  f"pass non-tensor arguments by wrapping the model")
-            if t.dim() == 0:
-                raise InputError(f"{what}[{i}] is 0-dimensional; dim 0 must be the batch")
-            sizes.append((f"{what}[{i}]", int(t.shape[0])))
-    if len({s for _, s in sizes}) > 1:
-        listing = ", ".join(f"{n}={s}" for n, s in sizes)
-        raise InputError(f"dim 0 (the batch) differs between tensors: {listing}")
+    dims = batch_dims(batch_dim, ins, tgs)
+    named = [f"inputs[{i}]" for i in range(len(ins))] + [f"targets[{i}]" for i in range(len(tgs))]
+    sizes = [(n, d, int(t.shape[d])) for n, t, d in zip(named, ins + tgs, dims) if d is not None]
+    if len({s for *_, s in sizes}) > 1:
+        listing = ", ".join(f"{n} dim {d}={s}" for n, d, s in sizes)
+        raise InputError(f"the batch dim's size differs between tensors: {listing} (say where "
+                         "B is in each with batch_dim=)")
     if tgs and step.loss is None:
         raise InputError("targets were given but no loss function to pass them to")
     if step.train and not any(p.requires_grad for p in model.parameters()) \
@@ -221,7 +280,7 @@ def make_spec(model, inputs, targets=(), step: Step | None = None) -> StepSpec:
                          "has no backward pass: analyse inference (train=False; fxmem "
                          "analyze --inference)")
     check_call(model, ins)
-    return StepSpec(step, ins, tgs, sizes[0][1])
+    return StepSpec(step, ins, tgs, sizes[0][2], dims)
 
 
 def compute_loss(out, targets: Sequence, loss_fn: Callable | None) -> torch.Tensor:

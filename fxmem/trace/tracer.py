@@ -1,8 +1,8 @@
 """Stage 1: trace one whole step on fake tensors, with the batch size as a symbol.
 
 The step (:mod:`fxmem.trace.step`) runs for real, in eager order, under ``FakeTensorMode`` with a
-``ShapeEnv``: dim 0 of every input and target is the symbol :data:`fxmem.B`, parameters and
-all other dims are static, and nothing the size of the model or the batch is allocated. A
+``ShapeEnv``: the batch dim of every input and target (dim 0, or where ``batch_dim`` says) is
+the symbol :data:`fxmem.B`, parameters and all other dims are static, and nothing the size of the model or the batch is allocated. A
 recorder (:class:`fxmem.trace.tracking.StorageTracker`) sees every aten op, builds a
 ``torch.fx.Graph`` of the step, and records when eager PyTorch frees each storage.
 
@@ -74,7 +74,7 @@ from .values import eager_branches
 
 def check_dims(dims, spec: StepSpec) -> dict:
     """``dims``: name -> [(tensor, dim), ...], where tensor indexes the inputs followed by
-    the targets and dim >= 1 (dim 0 is B). Each place of a name must have the same size in
+    the targets and dim is any dim but the tensor's batch dim. Each place of a name must have the same size in
     the example tensors. Returns the mapping with lists of int pairs."""
     if not dims:
         return {}
@@ -97,8 +97,11 @@ def check_dims(dims, spec: StepSpec) -> dict:
             if not 0 <= t_i < len(tensors):
                 raise InputError(f"dim {name}: tensor {t_i} does not exist (inputs then "
                                  f"targets: {len(tensors)} tensors)")
-            if not 1 <= d < tensors[t_i].dim():
-                raise InputError(f"dim {name}: tensor {t_i} has no dim {d} (dim 0 is B)")
+            bd = spec.batch_dims[t_i]
+            if not 0 <= d < tensors[t_i].dim() or d == bd:
+                where = "B" if d == bd else "no such dim"
+                raise InputError(f"dim {name}: tensor {t_i} of shape {tuple(tensors[t_i].shape)} "
+                                 f"has {where} at dim {d}")
             sizes.add(int(tensors[t_i].shape[d]))
         if len(sizes) > 1:
             raise InputError(f"dim {name} has different sizes in the example tensors: "
@@ -107,8 +110,11 @@ def check_dims(dims, spec: StepSpec) -> dict:
     return out
 
 
-def _fake_like(mode: FakeTensorMode, t: torch.Tensor, batch=None, param=False, named=None):
-    shape = list(t.shape) if batch is None else [batch, *t.shape[1:]]
+def _fake_like(mode: FakeTensorMode, t: torch.Tensor, batch=None, param=False, named=None,
+               batch_dim=0):
+    shape = list(t.shape)
+    if batch is not None and batch_dim is not None:
+        shape[batch_dim] = batch
     for d, v in (named or {}).items():
         shape[d] = v
     with mode:
@@ -131,7 +137,8 @@ def quietly(fn):
 def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
           device=UNSET, *, step: Step | None = None, batch_hint: int | None = None,
           checkpoint=None, dims=None, reuse_blocks: bool = True, kernel_semantics: bool = True,
-          concrete_batch: int | None = None, warm_up: bool = False, **options) -> Trace:
+          concrete_batch: int | None = None, warm_up: bool = False, batch_dim=0,
+          **options) -> Trace:
     """Trace one steady-state step of ``model``; see the module docstring. The step is
     ``step`` with the options given here (``loss``, ``optimizer``, ``train``, ``device`` and
     any other :class:`~fxmem.trace.step.Step` field as a keyword). ``checkpoint``:
@@ -147,13 +154,15 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     :func:`fxmem.trace.amp.emulate`. ``warm_up``: one unrecorded forward and backward run
     first, so that the recorded step starts from the buffers it left; the step is traced
     so when its forward turns out to (re)assign a buffer (:class:`BufferAssigned`).
+    ``batch_dim``: where B is in the inputs and targets (default 0;
+    :func:`fxmem.trace.step.batch_dims`).
 
     When the step fixes B as a Python int (``len(x)``, ``int(x.shape[0])``), the step is
     traced at several concrete batch sizes and the sizes fitted as polynomials in B
     (:mod:`fxmem.trace.lift`); ``concrete_batch``: trace at that batch size, with B a plain
     int (every size then a number)."""
     step = Step.of(step, loss=loss, optimizer=optimizer, train=train, device=device, **options)
-    spec = make_spec(model, inputs, targets, step)
+    spec = make_spec(model, inputs, targets, step, batch_dim)
     plan = normalize_plan(model, checkpoint)
     if batch_hint is not None and (isinstance(batch_hint, bool) or not isinstance(batch_hint, int)
                                    or batch_hint < 1):
@@ -224,13 +233,13 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
                                         checkpoint=checkpoint, dims=dims,
                                         reuse_blocks=reuse_blocks,
                                         kernel_semantics=kernel_semantics, concrete_batch=b,
-                                        warm_up=warm_up),
+                                        warm_up=warm_up, batch_dim=batch_dim),
                         fixed[0], guards, hint=hint, cause=fixed[1])
         if retry:  # the blocks did not behave alike (trace each one), or a buffer is assigned
             return trace(model, inputs, targets, step=step, batch_hint=batch_hint,
                          checkpoint=checkpoint, dims=dims, reuse_blocks=False,
                          kernel_semantics=kernel_semantics, concrete_batch=concrete_batch,
-                         warm_up=warm_up)
+                         warm_up=warm_up, batch_dim=batch_dim)
 
 
 def _in_torch(e: Exception) -> bool:
@@ -256,9 +265,10 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     fparams = {n: _fake_like(mode, p, param=True) for n, p in named_p}
     fbufs = {n: _fake_like(mode, b) for n, b in named_b}
     named, n_in = named or {}, len(spec.inputs)
-    fins = [_fake_like(mode, t, batch, named=named.get(i)) for i, t in enumerate(spec.inputs)]
-    ftgs = [_fake_like(mode, t, batch, named=named.get(n_in + i))
-            for i, t in enumerate(spec.targets)]
+    fins = [_fake_like(mode, t, batch, named=named.get(i), batch_dim=spec.batch_dims[i])
+            for i, t in enumerate(spec.inputs)]
+    ftgs = [_fake_like(mode, t, batch, named=named.get(n_in + i),
+                       batch_dim=spec.batch_dims[n_in + i]) for i, t in enumerate(spec.targets)]
     for n, p in fparams.items():
         rec.register_named(p, "param", user_path(n))
     # steady state: the previous step left every gradient allocated (set_to_none=False),

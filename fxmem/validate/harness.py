@@ -144,7 +144,7 @@ def budget_check(case: Case, scale: str, device: str) -> BudgetCheck:
     report, step = _predict(case, model, inputs, targets, device)
     first = _measure(case, model, inputs, targets, step, case.batches[0])
     budget = int(1.5 * first.peak_bytes)
-    b = report.max_batch_size(budget - _kept_workspaces(report, device))
+    b = int(report.max_batch_size(budget - _kept_workspaces(report, device), by="live"))
     if device == "cuda":  # the allocator's block slack can matter at the boundary
         cc = torch.cuda.get_device_capability()
         fits = lambda n: report.cuda_memory(n, compute_capability=cc).max_allocated <= budget  # noqa: E731

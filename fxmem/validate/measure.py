@@ -64,13 +64,24 @@ class Measurement:
     allocations: tuple = ()
 
 
-def batch_of(t: torch.Tensor, b: int, device) -> torch.Tensor:
-    """A real tensor like ``t`` with dim 0 equal to ``b``: ``t`` tiled along dim 0, so that
-    values stay valid (class labels, token ids); zeros if ``t`` holds no data (meta)."""
+def batch_of(t: torch.Tensor, b: int, device, dim: int | None = 0) -> torch.Tensor:
+    """A real tensor like ``t`` with dim ``dim`` (where B is) equal to ``b``: ``t`` tiled
+    along it, so that values stay valid (class labels, token ids); zeros if ``t`` holds no
+    data (meta). ``dim=None``: a tensor with no batch dim, its size kept.
+
+    >>> batch_of(torch.tensor([[1, 2], [3, 4]]), 3, "cpu", dim=1)
+    tensor([[1, 2, 1],
+            [3, 4, 3]])
+    """
+    shape = list(t.shape)
+    if dim is not None:
+        shape[dim] = b
     if t.is_meta:
-        return torch.zeros((b, *t.shape[1:]), dtype=t.dtype, device=device)
-    idx = torch.arange(b, device=t.device) % t.shape[0]
-    return t.index_select(0, idx).to(device).contiguous()
+        return torch.zeros(shape, dtype=t.dtype, device=device)
+    if dim is None:
+        return t.to(device).contiguous()
+    idx = torch.arange(b, device=t.device) % t.shape[dim]
+    return t.index_select(dim, idx).to(device).contiguous()
 
 
 def _tensors(obj) -> list:
@@ -124,27 +135,30 @@ class _Tracker(StorageTracker):
 
 def measure(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET, *, B: int,
             device=UNSET, step: Step | None = None, record_history: bool = False,
-            **options) -> Measurement:
+            batch_dim=0, **options) -> Measurement:
     """Peak memory of one real steady-state step at batch size ``B``. The step is ``step``
     with the options given here (``loss``, ``optimizer``, ``train``, ``device`` and any
     other :class:`fxmem.Step` field as a keyword: ``set_to_none``, ``grad_accum``,
     ``inference_mode``, ``amp``, ``grad_scaler``), as for :func:`fxmem.analyze`; the device
     is the CPU unless ``device`` or ``step`` says otherwise. To run a CPU step with CUDA's
-    autocast rules, call this inside :func:`fxmem.trace.amp.emulate`.
+    autocast rules, call this inside :func:`fxmem.trace.amp.emulate`. ``batch_dim``: where
+    B is in the inputs and targets, as for :func:`fxmem.analyze`: each is tiled to ``B``
+    along it (a tensor with no batch dim is used as it is).
     ``record_history=True`` (CUDA): the measured step's allocations are kept too, from
     ``torch.cuda.memory._snapshot()``."""
     if device is UNSET and step is None:
         device = "cpu"
     step = Step.of(step, loss=loss, optimizer=optimizer, train=train, device=device, **options)
-    spec = make_spec(model, inputs, targets, step)
+    spec = make_spec(model, inputs, targets, step, batch_dim)
     device = step.device
     if not isinstance(B, int) or B < 1:
         raise InputError(f"B must be a positive int, got {B!r}")
     if any(p.is_meta for p in model.parameters()):
         raise InputError("measure needs a model with real weights (this one is on meta)")
     model = copy.deepcopy(model).to(device)
-    ins = [batch_of(t, B, device) for t in spec.inputs]
-    tgs = [batch_of(t, B, device) for t in spec.targets]
+    n_in = len(spec.inputs)
+    ins = [batch_of(t, B, device, d) for t, d in zip(spec.inputs, spec.batch_dims)]
+    tgs = [batch_of(t, B, device, d) for t, d in zip(spec.targets, spec.batch_dims[n_in:])]
     params = [p for p in model.parameters()]
     opt = make_optimizer(spec.optimizer, params, device, spec) if spec.optimizer else None
     scaler = make_grad_scaler(spec, device)

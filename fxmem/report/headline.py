@@ -1,0 +1,71 @@
+"""The report's headline in words, shared by every renderer so each says the same: the largest
+B, what it answers and on what, the other answers beside it, and the caveats that qualify the
+numbers, each next to the number it qualifies.
+
+Pieces are plain text; a renderer adds its own emphasis (``lead``, ``number``, ``tail``).
+
+>>> from types import SimpleNamespace as S
+>>> s = S(budget_bytes=2**30, max_batch_size=7, max_batch_size_by="live", gpu=None,
+...       answers={"live": 7}, next_oom="", min_peak_bytes=0, caveats=())
+>>> h = largest_b(s)
+>>> h.lead + h.number + h.tail
+'Largest B within 1.00 GiB (live tensors): 7'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .text import fmt_bytes
+
+_OTHER = {"allocated": "by max_memory_allocated()", "live": "by live tensors (the formula)",
+          "device": "running through the caching allocator"}
+
+
+@dataclass(frozen=True)
+class Headline:
+    """``lead`` + ``number`` + ``tail`` is the sentence; ``others``: the other answers for
+    the same budget, named; ``fails``: True when no B fits (``number`` is then empty)."""
+
+    lead: str
+    number: str
+    tail: str
+    others: str
+    fails: bool = False
+
+
+def _where(s) -> str:
+    if s.gpu:
+        g = s.gpu
+        return (f"on {g['name']} ({fmt_bytes(g['total_bytes'])}, less "
+                f"{fmt_bytes(g['context_bytes'])} estimated for the CUDA context: "
+                f"{fmt_bytes(g['usable_bytes'])} for the caching allocator)")
+    if s.max_batch_size_by == "live":
+        return f"within {fmt_bytes(s.budget_bytes)} (live tensors)"
+    return (f"within {fmt_bytes(s.budget_bytes)} of device memory for the caching allocator "
+            "(the CUDA context comes on top)")
+
+
+def largest_b(s) -> Headline:
+    """The "largest B" sentence of summary ``s`` (a budget was given)."""
+    where = _where(s)
+    others = "; ".join(f"{_OTHER[k]}: {'none fits' if v is None else f'{v:,}'}"
+                       for k, v in (s.answers or {}).items() if k != s.max_batch_size_by)
+    others = f"Other answers for the same bytes: {others}." if others else ""
+    if s.max_batch_size is None:
+        least = (f"the smallest peak is {fmt_bytes(s.min_peak_bytes)}"
+                 if s.max_batch_size_by == "live" else
+                 f"the smallest B runs out of memory (its live tensors alone peak at "
+                 f"{fmt_bytes(s.min_peak_bytes)})")
+        return Headline(f"No B fits {where}: {least}", "", "", others, fails=True)
+    if s.max_batch_size_by == "device":
+        tail = (" — its training steps, replayed through the CUDA caching allocator (with "
+                "its free-and-retry on out-of-memory), run"
+                + (f"; B = {s.max_batch_size + 1:,} runs out at {s.next_oom}"
+                   if s.next_oom else ""))
+    elif s.max_batch_size_by == "allocated":
+        tail = " — by max_memory_allocated()"
+    else:
+        tail = ""
+    return Headline(f"Largest B {where}: ", f"{s.max_batch_size:,}", tail, others)
+
