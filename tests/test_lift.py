@@ -92,7 +92,7 @@ def test_fitted_formula_is_the_symbolic_one(model, device):
         if device == "cuda":
             assert fitted.cuda_memory(b) == derived.cuda_memory(b), b
     if model is Contrastive:  # (Eye's symbolic trace knows B <= 64, see below)
-        assert fitted.max_batch_size(2**20) == derived.max_batch_size(2**20)
+        assert fitted.max_batch_size(2**20, by="live") == derived.max_batch_size(2**20, by="live")
 
 
 def test_cpu_eye_is_exact_and_keeps_the_conditions_met_before_b_was_fixed():
