@@ -253,10 +253,20 @@ def write_file(path: str, text: str) -> None:
         raise
 
 
+# the library's words for what the command's options say
+_API_WORDS = (("loss=None needs the model", "--loss none needs the model"),
+              ("give a loss function (and its targets)",
+               "give --target (the loss is then cross_entropy; --loss picks another)"))
+
+
 def _fail(e, debug: bool, cause: BaseException | None = None):
     if debug:
         traceback.print_exception(cause or e, file=sys.stderr)
     msg = one_line(str(e), 2000) or type(e).__name__
+    for api, cli_words in _API_WORDS:
+        msg = msg.replace(api, cli_words)
+    if getattr(e, "cli_hint", None):
+        msg += f"; {e.cli_hint}"
     click.echo(f"fxmem: error: {msg}", err=True)
     sys.exit(e.code if isinstance(e, _Exit) else _code(e))
 
@@ -345,8 +355,16 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                 amp=amp_dtype, grad_accum=grad_accum, compute_capability=cc)
     status = Console(stderr=True).status(f"tracing {t.name} on fake tensors ...")
     with status:
-        report = run_analysis(t.model, xs, ys, step=step, checkpoint=plan or None,
-                              dims=dims or None, batch_dim=where)
+        try:
+            report = run_analysis(t.model, xs, ys, step=step, checkpoint=plan or None,
+                                  dims=dims or None, batch_dim=where)
+        except FxmemError as e:  # a spec without B next to ones with it: likely a typo
+            no_b = [s for s, d in zip(specs, where) if d is None]
+            if not no_b or all(d is None for d in where):
+                raise
+            raise InputError(f"--input {no_b[0]} has no B, so it has no batch dim and the "
+                             "step fails: if its dim 0 is the batch, write B there (the "
+                             f"error: {one_line(str(e), 300)})") from e
         extra = {}
         if dims:  # the formula in B and the named dims; numbers at the --dim sizes
             extra[f"peak in B, {', '.join(dims)}"] = str(report.peak)
@@ -442,6 +460,13 @@ def _render(s, fmt: str):
     return render_terminal(s)
 
 
+def argv_first_is_target(argv) -> bool:
+    """Whether the first argument looks like a model (``file.py:Net``, ``hf:gpt2``) rather
+    than a command."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    return bool(args) and ":" in args[0]
+
+
 def main(argv=None):
     """Entry point of the ``fxmem`` console script: click's usage errors become one line
     too (exit 2)."""
@@ -452,7 +477,10 @@ def main(argv=None):
             click.echo(e.ctx.get_help())
             sys.exit(0)
         where = f"fxmem {e.ctx.info_name} --help" if e.ctx and e.ctx.parent else "fxmem --help"
-        click.echo(f"fxmem: error: {e.format_message()} (see {where})", err=True)
+        msg = e.format_message()
+        if msg.startswith("No such command") and argv_first_is_target(argv):
+            msg += " A model is analysed with: fxmem analyze TARGET ..."
+        click.echo(f"fxmem: error: {msg} (see {where})", err=True)
         sys.exit(EXIT_USAGE)
     except click.ClickException as e:
         click.echo(f"fxmem: error: {e.format_message()}", err=True)

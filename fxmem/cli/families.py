@@ -271,7 +271,8 @@ def torchvision_model(name: str, overrides: dict):
     try:
         import torchvision
     except ImportError:
-        raise InputError("torchvision: targets need torchvision") from None
+        raise InputError("torchvision: targets need torchvision (pip install torchvision, the "
+                         "build matching your torch)") from None
     models = torchvision.models
     classifiers = set(models.list_models(module=models))
     if name not in classifiers:

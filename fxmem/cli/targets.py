@@ -178,6 +178,9 @@ class Target:
 
 
 def _load_object(target: str):
+    if "::" in target:
+        raise InputError(f"TARGET takes one colon, file.py:Name (not pytest's ::), got "
+                         f"{target!r}; write {target.replace('::', ':', 1)!r}")
     where, sep, attr = target.rpartition(":")
     if not sep or not where or not attr:
         raise InputError(f"TARGET is path/to/file.py:Name, package.module:Name or hf:PRESET, "
@@ -281,10 +284,31 @@ def load_target(target: str, config: dict | None = None, seq: int | None = None)
         with torch.device("meta"):
             model = obj(**config)
     except Exception as e:  # noqa: BLE001 - the user's constructor: one line naming where
-        raise InputError(f"cannot build {target}: {failure(e)}") from None
+        raise InputError(f"cannot build {target}{_built_with(config)}: {failure(e)}"
+                         f"{_needs_config(obj, config)}") from None
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"{target} made a {type(model).__name__}, not a torch.nn.Module")
     return Target(model, target.rpartition(":")[2])
+
+
+def _built_with(config: dict) -> str:
+    """`` with --config a=1, b='x'`` (what the constructor was given), or ``""``."""
+    return (" with --config " + ", ".join(f"{k}={v!r}" for k, v in config.items())
+            if config else "")
+
+
+def _needs_config(obj, config: dict) -> str:
+    """A hint naming the required arguments no ``--config`` gave, or ``""``."""
+    import inspect
+
+    try:
+        params = inspect.signature(obj).parameters.values()
+    except (TypeError, ValueError):
+        return ""
+    missing = [p.name for p in params if p.default is p.empty and p.name not in config
+               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return (f"; give its arguments with --config ({' '.join(f'--config {m}=...' for m in missing)})"
+            if missing else "")
 
 
 def _check_keywords(obj, config: dict, target: str) -> None:

@@ -455,7 +455,10 @@ class Report:
             card, budget_bytes = g.name, g.usable_bytes(context_bytes)
             by = "device" if by is None else by
         if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int):
-            raise InputError(f"budget_bytes must be an int (bytes), got {budget_bytes!r}")
+            hint = (f": write {int(budget_bytes)} or e.g. 8 * 2**30" if isinstance(
+                budget_bytes, float) and budget_bytes.is_integer() else
+                    " (bytes), e.g. 8 * 2**30 for 8 GiB")
+            raise InputError(f"budget_bytes must be an int{hint}, got {budget_bytes!r}")
         if budget_bytes <= 0:
             raise InputError(f"budget_bytes must be positive, got {budget_bytes:,}")
         by = check_by(by, self.device)

@@ -68,9 +68,8 @@ def check_plan(paths, plan: Iterable[str] | None) -> tuple[str, ...]:
         if not isinstance(p, str) or not p:
             raise InputError(f"checkpoint plan entries are non-empty module paths, got {p!r}")
         if p not in paths:
-            near = sorted(q for q in paths if q and (q.startswith(p) or p.startswith(q)))[:3]
-            hint = f" (did you mean {', '.join(map(repr, near))}?)" if near else ""
-            raise InputError(f"checkpoint plan: the model has no submodule {p!r}{hint}")
+            raise InputError(f"checkpoint plan: the model has no submodule {p!r}"
+                             f"{_paths_hint(p, paths)}")
         out.append(p)
     out = sorted(set(out))
     for a in out:
@@ -79,6 +78,24 @@ def check_plan(paths, plan: Iterable[str] | None) -> tuple[str, ...]:
                 raise InputError(f"checkpoint plan: {b!r} is inside {a!r}; nested checkpoints "
                                  "are not a plan (keep one of them)")
     return tuple(out)
+
+
+def _paths_hint(p: str, paths) -> str:
+    """Which module paths the user may have meant: the closest names, else the top level.
+
+    >>> _paths_hint("conv3", {"", "conv1", "conv2", "fc"})
+    " (did you mean 'conv2', 'conv1'? the model's top-level modules: conv1, conv2, fc)"
+    """
+    import difflib
+
+    known = sorted(q for q in paths if q)
+    near = sorted(q for q in known if q.startswith(p) or p.startswith(q))[:3] or \
+        difflib.get_close_matches(p, known, n=2, cutoff=0.6)
+    top = [q for q in known if "." not in q]
+    listed = ", ".join(top[:12]) + (f" and {len(top) - 12} more" if len(top) > 12 else "")
+    parts = [f"did you mean {', '.join(map(repr, near))}?"] if near else []
+    parts += [f"the model's top-level modules: {listed}"] if top else []
+    return f" ({' '.join(parts)})" if parts else ""
 
 
 def _named_modules(model):

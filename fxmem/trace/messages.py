@@ -192,9 +192,26 @@ _HINTS = (
 )
 
 
+# the same whatever the op: the message alone says what went wrong
+_ANY_OP_HINTS = (
+    (("Input type (", "should be the same"), "an input's dtype differs from the model's "
+     "weights': give the inputs the weights' dtype (float32 unless the model was cast) and "
+     "use amp (--amp fp16/bf16) for mixed precision"),
+    (("must have the same dtype",), "an input's dtype differs from the model's weights': "
+     "give the inputs the weights' dtype, and amp (--amp) for mixed precision"),
+)
+
+
 def op_hint(op: str | None, reason: str) -> str | None:
-    """What to do about a failing op, when it is a common mistake in the inputs."""
+    """What to do about a failing op, when it is a common mistake in the inputs.
+
+    >>> op_hint(None, "Input type (c10::Half) and bias type (float) should be the same")[:30]
+    "an input's dtype differs from "
+    """
     for name, word, hint in _HINTS:
         if op and op.startswith(name) and word in reason:
+            return hint
+    for words, hint in _ANY_OP_HINTS:
+        if all(w in reason for w in words):
             return hint
     return None

@@ -532,7 +532,9 @@ def _as_trace_error(e: Exception, rec: Recorder) -> TraceError:
         return TraceError(f"cannot trace this op on fake tensors: {reason}"
                           + (f"; {hint}" if hint else ""), op=op,
                           module=module, source=src or source, phase=phase)
-    return TraceError(f"cannot trace the step on fake tensors: {reason}", op=None,
+    hint = op_hint(None, reason)
+    return TraceError(f"cannot trace the step on fake tensors: {reason}"
+                      + (f"; {hint}" if hint else ""), op=None,
                       module=rec.module_stack[-1], source=source, phase=rec.phase)
 
 

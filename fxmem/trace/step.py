@@ -101,7 +101,10 @@ class Step:
                              "Optimizer" + (" (an optimizer made for other parameters: pass "
                                             "its class, or lambda p: Adam(p, lr=...))"
                                             if isinstance(self.optimizer, torch.optim.Optimizer)
-                                            else ""))
+                                            else f", got {self.optimizer!r}" + (
+                                                " (a name: pass the class, e.g. "
+                                                "torch.optim.Adam)" if isinstance(
+                                                    self.optimizer, str) else "")))
         if self.device not in ("cpu", "cuda"):
             raise InputError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
         if not self.train and self.optimizer is not None:

@@ -85,7 +85,11 @@ def check_dims(dims, spec: StepSpec) -> dict:
     for name, places in dims.items():
         if not isinstance(name, str) or not name.isidentifier() or name == "B":
             raise InputError(f"a dim name is an identifier other than B, got {name!r}")
-        places = [places] if isinstance(places, tuple) else list(places or ())
+        if not isinstance(places, (tuple, list)):
+            raise InputError(f"dims[{name!r}] is a list of (tensor, dim) places, e.g. "
+                             f"{{{name!r}: [(0, 1)]}} for dim 1 of the first input; got "
+                             f"{places!r}")
+        places = [places] if isinstance(places, tuple) else list(places)
         if not places:
             raise InputError(f"dim {name} names no (tensor, dim) place")
         sizes = set()
