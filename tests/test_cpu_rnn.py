@@ -185,7 +185,11 @@ def test_bfloat16_training(cls):
 @pytest.mark.parametrize("cls", [nn.LSTM, nn.GRU, nn.RNN])
 def test_bfloat16_autocast(cls):
     """CPU autocast casts mkldnn_rnn_layer's arguments (the LSTM's, layer by layer); GRU and
-    RNN have no autocast kernel, their linears are cast one by one."""
+    RNN have no autocast kernel, their linears are cast one by one. On a CPU without
+    bfloat16 oneDNN the LSTM's real step fails (autocast casts the layer's arguments
+    whatever the CPU has; oneDNN then finds no primitive), so there is nothing to check."""
+    if cls is nn.LSTM and not BF16:
+        pytest.skip("this CPU has no bfloat16 oneDNN: eager's autocast LSTM step fails here")
     _exact(Seq(cls, 12, hidden_size=20, num_layers=2, bidirectional=True),
            torch.randn(4, 6, 12), amp=torch.bfloat16, optimizer=torch.optim.SGD)
 
