@@ -10,6 +10,8 @@ The pipeline, one folder per stage, each importing only the ones above it in thi
   with B symbolic, every aten op and free recorded; eager-vs-fake kernel rules, CUDA's
   autocast lists and, for ``device="cuda"``, what CUDA's kernels run and allocate
   (:mod:`fxmem.trace.cuda`); stacks of identical blocks traced as two; checkpoint plans;
+  one rank of a data-parallel step, the model wrapped by PyTorch's own FSDP2
+  (:mod:`fxmem.trace.parallel`);
 - :mod:`fxmem.memory`      stage 2-3: the step as a networkx graph, each storage's device
   size, live bytes after every op and the peak as an exact ``Max`` in B (and in the named
   dims, :mod:`fxmem.memory.dims`);
@@ -20,8 +22,9 @@ The pipeline, one folder per stage, each importing only the ones above it in thi
 - :mod:`fxmem.report`      the :class:`Report` users hold and its renderers (text, terminal,
   Markdown, JSON, HTML with plots);
 - :mod:`fxmem.analyze`, :mod:`fxmem.whatif`  the pipeline in one call;
-- :mod:`fxmem.validate`    ground truth: :func:`measure` (a real eager step), the zoo, the
-  harness, and where a missed case parts ways with the prediction;
+- :mod:`fxmem.validate`    ground truth: :func:`measure` (a real eager step; a data-parallel
+  one in several processes, :mod:`fxmem.validate.distributed`), the zoo, the harness, and
+  where a missed case parts ways with the prediction;
 - :mod:`fxmem.cli`         the ``fxmem`` command.
 
 The public API is ``fxmem.__all__`` below and the command; every module is importable but
@@ -46,8 +49,10 @@ from .errors import (
     TraceError,
 )
 from .formula.symbols import B, L
+from .report.ranks import ParallelReport
 from .report.result import Breakdown, Report
 from .trace.checkpointing import apply_checkpoints
+from .trace.parallel import FSDP
 from .trace.step import Step
 from .validate.measure import Measurement, measure
 from .whatif import WhatIf, whatif
@@ -56,5 +61,5 @@ DimsReport = Report  # deprecated alias: analyze(..., dims=...) returns a Report
 
 __all__ = ["analyze", "Step", "Report", "Breakdown", "B", "L", "measure", "Measurement",
            "plan_checkpoints", "apply_checkpoints", "PlanChoice", "FrontierPoint", "whatif",
-           "WhatIf", "FxmemError", "InputError", "TraceError", "SpecializationError",
-           "DataDependentError", "InfeasibleBudgetError", "DimsReport"]
+           "WhatIf", "FSDP", "ParallelReport", "FxmemError", "InputError", "TraceError",
+           "SpecializationError", "DataDependentError", "InfeasibleBudgetError", "DimsReport"]

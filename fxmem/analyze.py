@@ -7,8 +7,10 @@ from collections import Counter
 from .checkpoint.plans import derive
 from .memory.graph import build_graph
 from .memory.liveness import liveness, parts_of
+from .report.ranks import ParallelReport, RankGroup
 from .report.result import Report
 from .trace.checkpointing import normalize_plan
+from .trace.parallel import check_parallel
 from .trace.step import UNSET, Step
 from .trace.tracer import trace
 from .trace.tracking import frozen_gc
@@ -18,7 +20,7 @@ from .trace.tracking import frozen_gc
 def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET, device=UNSET,
             *, step: Step | None = None, checkpoint=None, retrace: bool = False,
             batch_hint: int | None = None, dims=None, reuse_blocks: bool = True, batch_dim=0,
-            **options):
+            parallel=None, **options):
     """Analyse one step of ``model`` and return its memory as formulas in :data:`fxmem.B`.
 
     ``inputs``: a tensor or tuple of tensors, B at dim 0 of each unless ``batch_dim`` says
@@ -58,6 +60,12 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     trace every block of a stack of identical blocks instead of copying the second one's trace
     (:mod:`fxmem.trace.reuse`; the result is the same, it only takes longer).
 
+    ``parallel``: a data-parallel step (:class:`fxmem.FSDP`), each rank's memory with B its
+    micro-batch: the model wrapped by PyTorch's own code as that rank runs it, over a fake
+    process group (:mod:`fxmem.trace.parallel`). Returns a
+    :class:`fxmem.report.ranks.ParallelReport`, one report per group of alike ranks; a
+    checkpoint plan is then traced for real.
+
     >>> import torch, fxmem
     >>> m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     >>> r = fxmem.analyze(m, torch.randn(8, 16), torch.randint(0, 4, (8,)),
@@ -73,6 +81,9 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     2
     """
     step = Step.of(step, loss=loss, optimizer=optimizer, train=train, device=device, **options)
+    if parallel is not None:
+        return _per_rank(model, inputs, targets, step, parallel, checkpoint, batch_hint, dims,
+                         batch_dim)
     if dims:
         t = trace(model, inputs, targets, step=step, batch_hint=batch_hint,
                   checkpoint=checkpoint, dims=dims, reuse_blocks=reuse_blocks,
@@ -91,6 +102,24 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
         t = derive(t, plan)
     lv = liveness(build_graph(t))
     return Report(lv, parts_of(lv), t.guards)
+
+
+def _per_rank(model, inputs, targets, step, parallel, checkpoint, batch_hint, dims,
+              batch_dim) -> ParallelReport:
+    """One trace per group of alike ranks (:meth:`fxmem.FSDP.rank_groups`)."""
+    check_parallel(parallel)
+    plan = normalize_plan(model, checkpoint)
+    groups = []
+    for ranks in parallel.rank_groups(model):
+        t = trace(model, inputs, targets, step=step, batch_hint=batch_hint, checkpoint=plan,
+                  dims=dims, batch_dim=batch_dim, parallel=parallel, rank=ranks[0])
+        if dims:
+            report = Report.in_dims(t, step.device)
+        else:
+            lv = liveness(build_graph(t))
+            report = Report(lv, parts_of(lv), t.guards)
+        groups.append(RankGroup(ranks, report))
+    return ParallelReport(parallel, tuple(groups))
 
 
 def plan_checkpoints(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,

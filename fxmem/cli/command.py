@@ -120,6 +120,18 @@ def cli():
               help="Workspace each cuDNN convolution holds while it runs (device cuda), "
                    "e.g. 256MiB: a bound when the job sets CUDNN_CONV_WSCAP_DBG=256 (MiB). "
                    "Default: left out.")
+@click.option("--fsdp", "fsdp", type=click.IntRange(min=1), default=None, metavar="RANKS",
+              help="Data parallel with FSDP2 (fully_shard on each block of the model's "
+                   "stacks, then the root) over RANKS GPUs: the report is per rank, B each "
+                   "rank's micro-batch, shown for the ranks with the least room.")
+@click.option("--reshard/--no-reshard", default=True, show_default=True,
+              help="With --fsdp: free each block's gathered parameters after its forward "
+                   "(FSDP2's reshard_after_forward).")
+@click.option("--param-dtype", default=None, metavar="DTYPE",
+              help="With --fsdp: the dtype parameters are gathered and computed in "
+                   "(FSDP2's MixedPrecisionPolicy), e.g. bf16.")
+@click.option("--reduce-dtype", default=None, metavar="DTYPE",
+              help="With --fsdp: the dtype gradients are reduce-scattered in, e.g. fp32.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table",
               show_default=True, help="Output format.")
 @click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None,
@@ -133,7 +145,8 @@ def cli():
 @click.option("--debug", is_flag=True, help="Show the traceback of an error.")
 def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, inference,
             grad_accum, batch, budget, gpu, cuda_context, checkpoint, config, dim_sizes, seq,
-            cudnn_workspace, fmt, out, whatif, top, debug):
+            cudnn_workspace, fsdp, reshard, param_dtype, reduce_dtype, fmt, out, whatif, top,
+            debug):
     """Analyse one step of the model TARGET: path/to/file.py:ClassOrFactory,
     package.module:ClassOrFactory, timm:NAME, torchvision:NAME (a classifier), or Hugging
     Face's hf:PRESET (gpt2, llama, mistral, bert), hf:ConfigClass (hf:T5Config) or
@@ -145,11 +158,13 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
         if device == "cpu" and capability is not None:
             raise InputError("--compute-capability names the GPU whose kernels --device cuda "
                              "follows: drop it with --device cpu")
+        parallel = _parallel(fsdp, reshard, param_dtype, reduce_dtype, checkpoint, whatif)
         with _silenced():
             text = _analyze(target, inputs, targets, loss, optimizer, amp, device, inference,
                             grad_accum, batch, budget, checkpoint, config, seq, fmt, top,
                             whatif, dim_sizes, cudnn_workspace=cudnn_workspace,
-                            capability=capability, gpu=gpu, cuda_context=cuda_context)
+                            capability=capability, gpu=gpu, cuda_context=cuda_context,
+                            parallel=parallel)
         if out:
             write_file(out, text)
     if out:
@@ -271,9 +286,43 @@ def _fail(e, debug: bool, cause: BaseException | None = None):
     sys.exit(e.code if isinstance(e, _Exit) else _code(e))
 
 
+def _parallel(fsdp, reshard, param_dtype, reduce_dtype, checkpoint, whatif):
+    """The data-parallel strategy the options name, or None."""
+    if fsdp is None:
+        given = [o for o, v in (("--no-reshard", not reshard), ("--param-dtype", param_dtype),
+                                ("--reduce-dtype", reduce_dtype)) if v]
+        if given:
+            raise InputError(f"{given[0]} is an FSDP option: give --fsdp RANKS too")
+        return None
+    if checkpoint == "auto":
+        raise InputError("--checkpoint auto is not available with --fsdp yet: name the "
+                         "modules to checkpoint (e.g. --checkpoint model.layers.0,...)")
+    if whatif:
+        raise InputError("--whatif has no rows for a sharded step yet: drop --whatif or "
+                         "--fsdp")
+    from ..trace.parallel import FSDP
+
+    dtypes = {k: dtype_of(v, what=f"--{k.replace('_', '-')}")
+              for k, v in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)) if v}
+    return FSDP(fsdp, reshard_after_forward=reshard, **dtypes)
+
+
+def _one_rank(report, batch, budget_bytes, conv_ws, extra: dict):
+    """The report of the ranks with the least room, each group's peak in ``extra``."""
+    from ..report.text import fmt_bytes
+
+    extra["parallel"] = report.strategy.name
+    for g in report.groups:
+        extra[f"ranks {g.label}: peak at B={batch}"] = fmt_bytes(g.report.peak_bytes(batch))
+    chosen = report.tightest(batch, budget_bytes, cudnn_workspace=conv_ws)
+    extra["ranks shown"] = f"{chosen.label} (the least room)"
+    return chosen.report
+
+
 def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, grad_accum,
              batch, budget, checkpoint, config, seq, fmt, top, whatif=False, dim_sizes=(),
-             cudnn_workspace=None, capability=None, gpu=None, cuda_context=None):
+             cudnn_workspace=None, capability=None, gpu=None, cuda_context=None,
+             parallel=None):
     from rich.console import Console
 
     from ..analyze import analyze as run_analysis
@@ -357,7 +406,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
     with status:
         try:
             report = run_analysis(t.model, xs, ys, step=step, checkpoint=plan or None,
-                                  dims=dims or None, batch_dim=where)
+                                  dims=dims or None, batch_dim=where, parallel=parallel)
         except FxmemError as e:  # a spec without B next to ones with it: likely a typo
             no_b = [s for s, d in zip(specs, where) if d is None]
             if not no_b or all(d is None for d in where):
@@ -379,6 +428,8 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                 if limit is not None:
                     extra[f"{name} limit (the model's positions)"] = limit
             report = report.at(**{n: sizes[n] for n in dims})
+        if parallel is not None:
+            report = _one_rank(report, batch, budget_bytes, conv_ws, extra)
         frontier = ()
         if checkpoint == "auto" and not inference:
             status.update("choosing a checkpoint plan ...")

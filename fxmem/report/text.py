@@ -43,3 +43,26 @@ def render_text(report, B: int | None = None) -> str:  # noqa: N803
     lines.append(f"peak at B={b}: {bd.peak_bytes:,} B ({fmt_bytes(bd.peak_bytes)}) after "
                  f"{bd.op} ({bd.phase}, {bd.module or '(root)'})")
     return "\n".join(lines)
+
+
+def render_ranks(report, B: int | None = None) -> str:  # noqa: N803
+    """A data-parallel step's memory per rank (:class:`fxmem.report.ranks.ParallelReport`):
+    each group of alike ranks' peak formula and figures at ``B``, then rank 0's report."""
+    from ..formula.symbols import B as SYM_B
+    from ..memory.liveness import PARTS
+
+    first = report.groups[0].report
+    b = B or max(first.trace.batch_hint, first.min_batch_size)
+    lines = [f"fxmem report per rank: {report.strategy.name} "
+             f"({'training' if first.trace.train else 'inference'} step, "
+             f"device={report.device}); B is each rank's micro-batch"]
+    for g in report.groups:
+        r = g.report
+        bd = r.breakdown(b)
+        lines.append(f"ranks {g.label}: peak bytes = {r.peak}")
+        lines.append(f"  at B={b}: {bd.peak_bytes:,} B ({fmt_bytes(bd.peak_bytes)}) after "
+                     f"{bd.op} ({bd.phase}, {bd.module or '(root)'})")
+        parts = [f"{p} {fmt_bytes(int(r.parts[p].subs(SYM_B, b)))}" for p in PARTS
+                 if r.parts[p] != 0]
+        lines.append("  parts: " + ", ".join(parts))
+    return "\n".join(lines)

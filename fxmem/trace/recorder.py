@@ -51,9 +51,8 @@ from .rules import (
     window_storage_nbytes,
 )
 from .saved import SavedTensors
-from .tracking import StorageTracker
+from .tracking import RESIZE_OP, StorageTracker
 from .values import KnownValues
-
 
 _STEP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "step.py")
 
@@ -409,6 +408,17 @@ class Recorder(StorageTracker):
         if len(self.shape_env.replacements) != self._n_repl:
             self._n_repl = len(self.shape_env.replacements)
             self.check_specialized(str(func), module)
+
+    def on_resize(self, index: int, st, sid: int) -> None:
+        """A storage resized from 0 (FSDP2's ``alloc_storage``): an op of its own that makes
+        storage ``sid`` (:data:`fxmem.trace.tracking.RESIZE_OP`)."""
+        nbytes = self.storages[sid].nbytes
+        module = self.module()
+        node = self.graph.call_function(RESIZE_OP, (None, nbytes))
+        node.meta.update(phase=self.phase, module=module, index=index,
+                         val=TensorDesc((nbytes,), torch.uint8, sid))
+        self.ops.append(OpInfo(index, str(RESIZE_OP), self.phase, module, (sid,), (sid,), (),
+                               (), None, self.phase == "backward" and self.recomputing > 0))
 
     def _written(self, func, args, kwargs) -> tuple:
         writes = _WRITES.get(func)

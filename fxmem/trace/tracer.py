@@ -22,22 +22,27 @@ import contextlib
 import functools
 import traceback
 
-import sympy
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import DimDynamic, GuardOnDataDependentSymNode
+from torch.fx.experimental.symbolic_shapes import (
+    DimDynamic,
+    GuardOnDataDependentSymNode,
+)
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._pytree import tree_leaves
 
-from ..errors import DataDependentError, FxmemError, InputError, SpecializationError, TraceError
-from ..formula.guards import implied, lower_bounds, simplified, valid_when
-from ..formula.symbols import B, Size, dim_symbol, plain
+from ..errors import (
+    FxmemError,
+    InputError,
+    SpecializationError,
+)
 from .amp import emulate
 from .checkpointing import checkpointing, normalize_plan, user_path
 from .checks import CheckingShapeEnv
 from .compat import tracing_shims
 from .cuda.kernels import cuda_kernels
-from .datadep import TORCH_AND_FXMEM, data_symbols
+from .datadep import TORCH_AND_FXMEM
+from .finish import finish
 from .lift import lift
 from .messages import loss_error, named_symbols, quiet
 from .modstate import (
@@ -47,13 +52,19 @@ from .modstate import (
     slots,
     watch_buffers,
 )
-from .recorder import Recorder, _as_trace_error, _caused_by, _user_frame, failed_in_model_code
-from .records import B_RANGE_MAX, ModuleCall, StorageInfo, TensorDesc, Trace
+from .parallel import check_parallel, sharded
+from .recorder import (
+    Recorder,
+    _as_trace_error,
+    _caused_by,
+    _user_frame,
+    failed_in_model_code,
+)
+from .records import B_RANGE_MAX, ModuleCall, Trace
 from .reuse import NoReuse, Reuse, find_runs
 from .rules import (
     RNNRouter,
 )
-from .saved import latest
 from .splice import splice
 from .step import (
     UNSET,
@@ -68,7 +79,7 @@ from .step import (
     warmup_steps,
 )
 from .symbolic import symbolic_kernels
-from .tracking import frozen_gc
+from .tracking import frozen_gc, storage_resizes
 from .values import eager_branches
 
 
@@ -142,7 +153,7 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
           device=UNSET, *, step: Step | None = None, batch_hint: int | None = None,
           checkpoint=None, dims=None, reuse_blocks: bool = True, kernel_semantics: bool = True,
           concrete_batch: int | None = None, warm_up: bool = False, batch_dim=0,
-          **options) -> Trace:
+          parallel=None, rank: int = 0, **options) -> Trace:
     """Trace one steady-state step of ``model``; see the module docstring. The step is
     ``step`` with the options given here (``loss``, ``optimizer``, ``train``, ``device`` and
     any other :class:`~fxmem.trace.step.Step` field as a keyword). ``checkpoint``:
@@ -164,9 +175,16 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     When the step fixes B as a Python int (``len(x)``, ``int(x.shape[0])``), the step is
     traced at several concrete batch sizes and the sizes fitted as polynomials in B
     (:mod:`fxmem.trace.lift`); ``concrete_batch``: trace at that batch size, with B a plain
-    int (every size then a number)."""
+    int (every size then a number).
+
+    ``parallel``: the step of rank ``rank`` of a data-parallel run (:class:`fxmem.FSDP`),
+    the model wrapped as that strategy wraps it (:mod:`fxmem.trace.parallel`); B is the
+    rank's micro-batch."""
     step = Step.of(step, loss=loss, optimizer=optimizer, train=train, device=device, **options)
     spec = make_spec(model, inputs, targets, step, batch_dim)
+    check_parallel(parallel, rank)
+    if parallel is not None:  # FSDP2's hooks run in every block: no block is copied
+        reuse_blocks = False
     plan = normalize_plan(model, checkpoint)
     if batch_hint is not None and (isinstance(batch_hint, bool) or not isinstance(batch_hint, int)
                                    or batch_hint < 1):
@@ -202,9 +220,10 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     with named_symbols(rec):  # B and the named dims in messages, not s44
         handles, retry, fixed = [], False, None
         try:
-            with frozen_gc(), tracing_shims(), symbolic_kernels(), attributes_kept(model):
-                traced = _run(model, spec, mode, rec, sym, batch, hint, handles, plan, named,
-                              reuse_blocks, warm_up)
+            with frozen_gc(), tracing_shims(), symbolic_kernels(), attributes_kept(model), \
+                    _as_rank(model, parallel, rank, mode) as ranked:
+                traced = _run(ranked, spec, mode, rec, sym, batch, hint, handles, plan, named,
+                              reuse_blocks, warm_up, prepared=parallel is not None)
             if rec.assigned is None:
                 return traced
             # the model caught BufferAssigned: the buffer was not even assigned
@@ -237,13 +256,25 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
                                         checkpoint=checkpoint, dims=dims,
                                         reuse_blocks=reuse_blocks,
                                         kernel_semantics=kernel_semantics, concrete_batch=b,
-                                        warm_up=warm_up, batch_dim=batch_dim),
+                                        warm_up=warm_up, batch_dim=batch_dim,
+                                        parallel=parallel, rank=rank),
                         fixed[0], guards, hint=hint, cause=fixed[1])
         if retry:  # the blocks did not behave alike (trace each one), or a buffer is assigned
             return trace(model, inputs, targets, step=step, batch_hint=batch_hint,
                          checkpoint=checkpoint, dims=dims, reuse_blocks=False,
                          kernel_semantics=kernel_semantics, concrete_batch=concrete_batch,
-                         warm_up=warm_up, batch_dim=batch_dim)
+                         warm_up=warm_up, batch_dim=batch_dim, parallel=parallel, rank=rank)
+
+
+@contextlib.contextmanager
+def _as_rank(model, parallel, rank: int, mode):
+    """``model`` itself, or with ``parallel``, a copy wrapped as rank ``rank`` runs it
+    (:func:`fxmem.trace.parallel.sharded`), its parameters fakes of ``mode`` already."""
+    if parallel is None:
+        yield model
+        return
+    with sharded(model, parallel, rank, mode) as copied:
+        yield copied
 
 
 def _in_torch(e: Exception) -> bool:
@@ -262,22 +293,26 @@ def _fixed(shape_env, sym) -> bool:
 
 
 def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
-         plan=(), named=None, reuse_blocks=False, warm_up=False) -> Trace:
-    # fake parameters and buffers, registered under their names
+         plan=(), named=None, reuse_blocks=False, warm_up=False, prepared=False) -> Trace:
+    # fake parameters and buffers, registered under their names (``prepared``: the model's
+    # own are fakes of ``mode`` already, e.g. a rank's shards: fxmem.trace.parallel)
     named_p = list(model.named_parameters())
     named_b = [(n, b) for n, b in model.named_buffers() if b is not None]
-    fparams = {n: _fake_like(mode, p, param=True) for n, p in named_p}
-    fbufs = {n: _fake_like(mode, b) for n, b in named_b}
+    fparams = dict(named_p) if prepared else \
+        {n: _fake_like(mode, p, param=True) for n, p in named_p}
+    fbufs = dict(named_b) if prepared else {n: _fake_like(mode, b) for n, b in named_b}
     named, n_in = named or {}, len(spec.inputs)
     fins = [_fake_like(mode, t, batch, named=named.get(i), batch_dim=spec.batch_dims[i])
             for i, t in enumerate(spec.inputs)]
     ftgs = [_fake_like(mode, t, batch, named=named.get(n_in + i),
                        batch_dim=spec.batch_dims[n_in + i]) for i, t in enumerate(spec.targets)]
-    for n, p in fparams.items():
+    # a rank's wrapped model (prepared) is registered after the warm-up step, which
+    # initialises the wrapping (FSDP2's lazy init may move the shards to new storages)
+    for n, p in fparams.items() if not prepared else ():
         rec.register_named(p, "param", user_path(n))
     # steady state: the previous step left every gradient allocated (set_to_none=False),
     # and the buffers its forward assigned; an unrecorded step first makes them
-    warm = warm_up or spec.train and not spec.set_to_none
+    warm = warm_up or prepared or spec.train and not spec.set_to_none
     for n, b in fbufs.items() if not warm else ():  # else: those the warm-up leaves
         rec.register_named(b, "buffer", user_path(n))
     for i, t in enumerate(fins):
@@ -378,7 +413,8 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     router = RNNRouter() if has_rnn and rec.kernels is None else contextlib.nullcontext()
     # The fake parameters stay in place for the whole step, not just the forward: a
     # checkpointed module's forward runs again during backward.
-    swap = _reparametrize_module(model, slots(model, fakes))
+    swap = contextlib.nullcontext() if prepared else \
+        _reparametrize_module(model, slots(model, fakes))
 
     def region(path, fn):  # what checkpoint runs, and re-runs in backward
         def run(*args, **kwargs):
@@ -410,12 +446,14 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
         contextlib.nullcontext()
     kernels = rec.kernels if rec.kernels is not None else contextlib.nullcontext()
     with checkpointing(model, plan, region) as rec.plan, swap, router, rules, kernels, mode, \
-            rec, hooks, eager_branches(rec.values):
+            rec, hooks, eager_branches(rec.values), storage_resizes(rec):
         if warm:  # one unrecorded forward and backward, as fxmem.measure's warm-up step
             rec.recording = False
             run_step(forward, spec_run, fins, ftgs, params, None, lambda name: None,
                      micro_steps=1)
             rec.recording = True
+            for n, p in fparams.items() if prepared else ():
+                rec.register_named(p, "param", user_path(n))
             for n, p in fparams.items():
                 if p.grad is not None and not spec.set_to_none:
                     rec.register_named(p.grad, "grad", user_path(n))
@@ -441,146 +479,10 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
         splice(rec, reuse)
     end_index = len(rec.ops)
     del out
-    return _finish(rec, sym, hint, spec, end_index)
+    return finish(rec, sym, hint, spec, end_index)
 
 
 def _replace_loss(spec: StepSpec, fn) -> StepSpec:
     from dataclasses import replace
 
     return replace(spec, step=replace(spec.step, loss=fn))
-
-
-def _finish(rec: Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
-    env = rec.shape_env
-
-    done: dict = {}
-    largest = _largest_counts(rec)
-
-    def to_expr(v):
-        if isinstance(v, int):
-            return sympy.Integer(v)
-        raw = v.node.expr
-        if raw in done:
-            return done[raw]
-        e = env.replace(raw) if hasattr(env, "replace") else raw
-        e = done[raw] = plain(e.xreplace(largest).xreplace(rec.subs))
-        extra = e.free_symbols - {B, *(dim_symbol(n) for n in rec.dim_syms)}
-        if extra:
-            raise TraceError(f"a storage size depends on data ({sorted(map(str, extra))}), "
-                             "not only on the batch size")
-        return e
-
-    creator_module = {}
-    for op in rec.ops:
-        for s in op.new_sids:
-            creator_module[s] = op.module
-    phase_of_op = [op.phase for op in rec.ops]
-    storages = []
-    sizes: dict = {}
-    released = rec.saved_tensors.release_times()
-    saved_by = rec.saved_tensors.saved_by()
-    data_sized: dict = {}
-    for s in rec.storages:
-        counts = data_symbols(s.nbytes)
-        if counts:
-            _check_bounded(rec, s, counts, data_sized)
-        expr = to_expr(s.nbytes)
-        if rec.dim_syms:
-            expr = sympy.expand(expr)
-        size = sizes.get(expr) or sizes.setdefault(expr, Size.of(expr))
-        cat, name = rec.names.get(s.sid, (None, ""))
-        if cat is None:
-            created_in_forward = s.created_by >= 0 and phase_of_op[s.created_by] == "forward"
-            cat = "activation" if (s.sid in rec.saved and created_in_forward) else "temporary"
-        freed = s.freed_after  # while autograd holds no copy of it: its unref time
-        if s.created_by >= 0 and s.sid in released:
-            freed = latest(freed, released[s.sid])
-        storages.append(StorageInfo(
-            s.sid, size, cat, name, creator_module.get(s.sid, ""), s.created_by,
-            freed, s.sid in rec.saved, None, (),
-            saved_by.get(s.sid, ()), s.freed_after, bool(counts)))
-    # dtype/shape of the first tensor seen on each storage, from the graph
-    first = getattr(rec, "first_desc", None)
-    if first is None:
-        first = {}
-        for node in rec.graph.nodes:
-            vals = node.meta.get("val")
-            for v in (vals if isinstance(vals, tuple) else (vals,)):
-                if isinstance(v, TensorDesc) and v.sid not in first:
-                    first[v.sid] = v
-    storages = [s if s.sid not in first else
-                _with(s, dtype=first[s.sid].dtype, shape=first[s.sid].shape) for s in storages]
-    rng = env.var_to_range.get(sym)
-    all_guards = [g.expr.xreplace(rec.subs) for g in env.guards]
-    guards = valid_when([g for g in all_guards if g.free_symbols <= {B}],
-                        int(rng.lower) if rng is not None else 1,
-                        int(rng.upper) if rng is not None and isinstance(rng.upper, sympy.Integer)
-                        and int(rng.upper) < B_RANGE_MAX else None)
-    for name in rec.dim_syms:  # a named dim's own conditions, then the mixed ones
-        x = dim_symbol(name)
-        guards += valid_when([g for g in all_guards if g.free_symbols == {x}], symbol=x)
-    lows = lower_bounds(guards, [B, *map(dim_symbol, rec.dim_syms)])
-    mixed = [simplified(g) for g in all_guards if len(g.free_symbols) > 1]
-    guards += tuple(dict.fromkeys(g for g in mixed if not implied(g, lows)))
-    graph = rec.graph
-    if isinstance(graph, torch.fx.Graph):
-        graph.output(None)
-    else:
-        def graph(build=graph):
-            g = build()
-            g.output(None)
-            return g
-    unmodelled = tuple((str(f), m, why) for (f, m), why in rec.unmodelled.items())
-    unmodelled += tuple(("check", "", f"a check on data assumed to pass (fake tensors have no "
-                         f"values; a step that fails it raises): {note}")
-                        for note in getattr(env, "assumed", ()))
-    return Trace(graph, tuple(rec.ops), tuple(storages), guards, hint, spec.train,
-                 spec.device, spec.optimizer is not None, unmodelled, rec.plan,
-                 tuple(sorted(rec.calls, key=lambda c: (c.first_op, -c.last_op))),
-                 rec.saved_tensors.packs, spec.grad_accum, tuple(rec.dim_syms),
-                 getattr(rec, "reused", ()),
-                 rec.capability, rec.kernels.choices if rec.kernels is not None else (),
-                 tuple((op, m, what) for (op, m), what in data_sized.items()))
-
-
-def _largest_counts(rec: Recorder) -> dict:
-    """Each count the data sets (a mask's True values) -> its largest value, the number of
-    elements it counts among (fxmem.trace.datadep); the counts with no known bound are left."""
-    env = rec.shape_env
-    out = {}
-    for sym, d in rec.data.items():
-        if d.bound is not None:
-            b = sympy.sympify(d.bound)
-            out[sym] = env.replace(b) if hasattr(env, "replace") else b
-    return out
-
-
-def _check_bounded(rec: Recorder, s, counts: set, data_sized: dict) -> None:
-    """Storage ``s`` is sized by ``counts``: each must have a bound (else the trace stops,
-    naming where the value was read); ``data_sized[(op, module)]`` says which counts."""
-    op = rec.ops[s.created_by] if 0 <= s.created_by < len(rec.ops) else None
-    made = f"what {op.op} makes" if op is not None else "a storage"
-    whats = []
-    for sym in sorted(counts, key=str):
-        d = rec.data.get(sym)
-        if d is None or d.bound is None:
-            read = d.what if d is not None else f"a value the data sets ({sym})"
-            where = d if d is not None else op
-            raise DataDependentError(
-                f"the size of {made} is {read}, which fake tensors do not have and "
-                "fxmem knows no bound of: compute sizes from shapes, not tensor values",
-                op=where.op if where is not None else None,
-                module=where.module if where is not None else None,
-                source=getattr(where, "source", None),
-                phase=where.phase if where is not None else None)
-        whats.append(d.what)
-    if op is not None:
-        key = (op.op, op.module)
-        if key not in data_sized:
-            data_sized[key] = f"a size the data sets, taken at its largest: {', '.join(whats)}"
-
-
-def _with(s: StorageInfo, **kw) -> StorageInfo:
-    from dataclasses import replace
-
-    return replace(s, **kw)

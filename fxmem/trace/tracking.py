@@ -6,18 +6,35 @@ active is recorded, with the storages its outputs create. Each storage gets a
 (a Python variable going away, autograd releasing saved tensors) is recorded in order. The
 tracker never holds a strong reference to a tensor or a storage: holding one would change
 the very lifetimes it measures.
+
+Two things eager code does besides aten ops are seen too:
+
+- a tensor subclass that wraps plain tensors (``DTensor``, a collective's
+  ``AsyncCollectiveTensor``) is not recorded itself: the tracker declines it, the subclass
+  runs its ops on the tensors it wraps, and those ops are recorded; a wrapper's storage is
+  the storage of the tensor it wraps;
+- ``UntypedStorage.resize_``, which FSDP2 uses to free and re-allocate a parameter's
+  all-gathered storage in place (``torch/distributed/fsdp/_fully_shard/_fsdp_param.py``
+  ``free_storage``/``alloc_storage``): while :func:`storage_resizes` is active, a resize to 0
+  frees the storage and a resize from 0 allocates a new one (recorded as an op of its own,
+  :data:`RESIZE_OP`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import weakref
 from dataclasses import dataclass
 
 import torch
 from torch._C import DispatchKey
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    is_traceable_wrapper_subclass,
+    is_traceable_wrapper_subclass_type,
+)
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -68,6 +85,23 @@ def _in_dispatcher(func) -> bool:
 
 _COMPOSITE: dict = {}
 
+# the op a storage's resize from 0 is recorded as: PyTorch's own name for resizing a
+# storage in place (torch/_inductor/resize_storage_bytes.py; eager code calls the method)
+RESIZE_OP = torch.ops.inductor.resize_storage_bytes_.default
+
+
+def plain(t: torch.Tensor) -> torch.Tensor:
+    """The plain tensor whose storage holds ``t``'s data: ``t`` itself, or the one tensor a
+    wrapper subclass wraps (``DTensor._local_tensor``), recursively."""
+    while is_traceable_wrapper_subclass(t):
+        attrs, _ = t.__tensor_flatten__()  # DTensor's: its local tensor and its mesh
+        inner = [v for v in map(functools.partial(getattr, t), attrs)
+                 if isinstance(v, torch.Tensor)]
+        if len(inner) != 1:
+            break
+        t = inner[0]
+    return t
+
 
 class StorageTracker(TorchDispatchMode):
     """Records ops and storage lifetimes in eager order. Subclasses add what they need."""
@@ -80,38 +114,69 @@ class StorageTracker(TorchDispatchMode):
         self.events: list[StorageEvent] = []
         self.op_count = 0
         self.recording = True
+        self._current = WeakIdKeyDictionary()  # storage -> [sid of its live allocation]
+        # storages freed by a resize to 0: gone then, whatever still refers to them
+        self.resized_away: set[int] = set()
 
     # storages -------------------------------------------------------------------------
     def sid(self, t: torch.Tensor) -> int | None:
         """The id of the storage behind ``t``, or None if it was never seen."""
-        return self._sid_of.get(t.untyped_storage())
+        return self._sid_of.get(plain(t).untyped_storage())
 
     def register(self, t: torch.Tensor, created_by: int = -1, nbytes=None) -> tuple[int, bool]:
         """The storage id of ``t``, registering its storage if new. Returns (sid, new).
 
         ``nbytes`` overrides the storage's own size (a kernel rule knows better).
         """
-        st = t.untyped_storage()
+        st = plain(t).untyped_storage()
         sid = self._sid_of.get(st)
         if sid is not None:
             return sid, False
+        return self._new(st, st.nbytes() if nbytes is None else nbytes, created_by), True
+
+    def _new(self, st, nbytes, created_by: int) -> int:
         sid = len(self.storages)
         self._sid_of[st] = sid
-        self.storages.append(TrackedStorage(sid, st.nbytes() if nbytes is None else nbytes,
-                                            created_by))
-        self._finalizers[sid] = weakref.finalize(st, self._on_free, sid)
+        self.storages.append(TrackedStorage(sid, nbytes, created_by))
+        cell = self._current.get(st)
+        if cell is None:  # the first allocation of this storage: its end is the storage's
+            cell = self._current[st] = [sid]
+            self._finalizers[sid] = weakref.finalize(st, self._on_gone, cell)
+        cell[0] = sid
         if created_by >= 0:
             self.events.append(StorageEvent("alloc", sid, created_by))
-        return sid, True
+        return sid
 
     def alias(self, t: torch.Tensor, sid: int) -> None:
         """Count ``t``'s storage as storage ``sid`` (a stand-in for it: no free is recorded)."""
-        self._sid_of[t.untyped_storage()] = sid
+        self._sid_of[plain(t).untyped_storage()] = sid
+
+    def _on_gone(self, cell: list) -> None:
+        self._on_free(cell[0])
 
     def _on_free(self, sid: int) -> None:
-        if self.recording:
+        if self.recording and self.storages[sid].freed_after is None:
             self.storages[sid].freed_after = self.op_count - 1
             self.events.append(StorageEvent("free", sid, self.op_count - 1))
+
+    def resized(self, st, old: int, new: int) -> None:
+        """``st.resize_(new)`` ran on a storage of ``old`` bytes: a resize to 0 frees the
+        storage's allocation, a resize from 0 makes a new one (a :data:`RESIZE_OP` op);
+        any other resize is a new allocation that replaces the old one."""
+        if not self.recording or old == new:
+            return
+        sid = self._sid_of.get(st)
+        if sid is not None and old:
+            self._on_free(sid)
+            self.resized_away.add(sid)
+        if new:
+            index = self.op_count
+            self.op_count += 1
+            sid = self._new(st, new, index)
+            self.on_resize(index, st, sid)
+
+    def on_resize(self, index: int, st, sid: int) -> None:
+        """Hook for subclasses: op ``index`` is a resize that made storage ``sid``."""
 
     def close(self) -> None:
         """Stop listening: later frees are not part of the step."""
@@ -123,6 +188,8 @@ class StorageTracker(TorchDispatchMode):
     # dispatch -------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if any(map(is_traceable_wrapper_subclass_type, types)):
+            return NotImplemented  # the subclass runs its ops on plain tensors: those count
         if self.composite(func):
             # Only under inference_mode (autograd's keys excluded) does a composite op such
             # as aten.lstm.input reach this mode whole; its C++ body would then allocate
@@ -173,6 +240,42 @@ class StorageTracker(TorchDispatchMode):
     def on_op(self, index, func, args, kwargs, out, out_sids, new_sids) -> None:
         """Hook for subclasses: op ``index`` ran and produced these storages."""
 
+
+_RESIZING: list = []  # the trackers storage_resizes() reports to, innermost last
+
+
+@contextlib.contextmanager
+def storage_resizes(tracker: StorageTracker):
+    """While the block runs, ``UntypedStorage.resize_`` also reports to ``tracker``
+    (:meth:`StorageTracker.resized`). The method is wrapped process-wide, as dispatch modes
+    are, and unwrapped when the last such block ends.
+
+    >>> tr = StorageTracker()
+    >>> t = torch.empty(4)
+    >>> with storage_resizes(tr):
+    ...     _ = t.untyped_storage().resize_(0), t.untyped_storage().resize_(16)
+    >>> [(e.kind, tr.storages[e.sid].nbytes) for e in tr.events]
+    [('alloc', 16)]
+    """
+    if not _RESIZING:
+        def resize_(st, size):
+            old = st.nbytes()
+            out = _BASE_RESIZE(st, size)
+            for tr in tuple(_RESIZING):
+                tr.resized(st, old, st.nbytes())
+            return out
+
+        torch.UntypedStorage.resize_ = resize_
+    _RESIZING.append(tracker)
+    try:
+        yield
+    finally:
+        _RESIZING.remove(tracker)
+        if not _RESIZING:
+            del torch.UntypedStorage.resize_
+
+
+_BASE_RESIZE = torch._C.StorageBase.resize_
 
 _gc_frozen_here = 0  # depth of fxmem's own frozen_gc blocks on this process
 

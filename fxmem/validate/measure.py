@@ -25,6 +25,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ..errors import InputError
+from ..trace.parallel import check_parallel
 from ..trace.step import (
     PHASES,
     UNSET,
@@ -36,7 +37,7 @@ from ..trace.step import (
     scaler_tensors,
     warmup_steps,
 )
-from ..trace.tracking import StorageTracker, frozen_gc
+from ..trace.tracking import StorageTracker, frozen_gc, storage_resizes
 
 
 @dataclass(frozen=True)
@@ -132,10 +133,13 @@ class _Tracker(StorageTracker):
         if new_sids:
             self.deltas.append((index, self.phase))
 
+    def on_resize(self, index, st, sid):
+        self.deltas.append((index, self.phase))
+
 
 def measure(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET, *, B: int,
             device=UNSET, step: Step | None = None, record_history: bool = False,
-            batch_dim=0, **options) -> Measurement:
+            batch_dim=0, parallel=None, **options) -> Measurement:
     """Peak memory of one real steady-state step at batch size ``B``. The step is ``step``
     with the options given here (``loss``, ``optimizer``, ``train``, ``device`` and any
     other :class:`fxmem.Step` field as a keyword: ``set_to_none``, ``grad_accum``,
@@ -145,7 +149,12 @@ def measure(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     B is in the inputs and targets, as for :func:`fxmem.analyze`: each is tiled to ``B``
     along it (a tensor with no batch dim is used as it is).
     ``record_history=True`` (CUDA): the measured step's allocations are kept too, from
-    ``torch.cuda.memory._snapshot()``."""
+    ``torch.cuda.memory._snapshot()``.
+
+    ``parallel`` (:class:`fxmem.FSDP`): the step of each rank of a real data-parallel run
+    on the CPU, ``world_size`` processes over gloo on this machine
+    (:mod:`fxmem.validate.distributed`); returns a tuple of one :class:`Measurement` per
+    rank, rank 0 first, ``B`` each rank's batch."""
     if device is UNSET and step is None:
         device = "cpu"
     step = Step.of(step, loss=loss, optimizer=optimizer, train=train, device=device, **options)
@@ -155,10 +164,25 @@ def measure(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
         raise InputError(f"B must be a positive int, got {B!r}")
     if any(p.is_meta for p in model.parameters()):
         raise InputError("measure needs a model with real weights (this one is on meta)")
+    check_parallel(parallel)
+    if parallel is not None and (device != "cpu" or record_history):
+        raise InputError(f"a {parallel.name} step is measured on the CPU (gloo), not on "
+                         f"{device!r}")
     model = copy.deepcopy(model).to(device)
     n_in = len(spec.inputs)
     ins = [batch_of(t, B, device, d) for t, d in zip(spec.inputs, spec.batch_dims)]
     tgs = [batch_of(t, B, device, d) for t, d in zip(spec.targets, spec.batch_dims[n_in:])]
+    if parallel is not None:
+        from .distributed import measure_ranks
+
+        def one_rank(wrapped, params):  # in each rank's process, the model wrapped
+            opt = make_optimizer(spec.optimizer, params, device, spec) if spec.optimizer \
+                else None
+            with frozen_gc():
+                return _measure_cpu(wrapped, spec, ins, tgs, params, opt, B, device,
+                                    make_grad_scaler(spec, device))
+
+        return measure_ranks(model, spec, parallel, B, one_rank)
     params = [p for p in model.parameters()]
     opt = make_optimizer(spec.optimizer, params, device, spec) if spec.optimizer else None
     scaler = make_grad_scaler(spec, device)
@@ -191,7 +215,7 @@ def _measure_cpu(model, spec, ins, tgs, params, opt, B, device, scaler) -> Measu
         tracker.phase = name
 
     scale = scaler.get_scale() if scaler is not None else None
-    with tracker:
+    with tracker, storage_resizes(tracker):
         out = run_step(model, spec, ins, tgs, params, opt, on_phase, scaler=scaler)
     tracker.close()
     del out

@@ -1,0 +1,158 @@
+"""The records of a finished trace: the recorder's ops and storages turned into a
+:class:`fxmem.trace.records.Trace`, every size a formula in B (and the named dims), the
+lifetimes eager PyTorch gave them, the conditions the trace assumed.
+"""
+
+from __future__ import annotations
+
+import sympy
+import torch
+
+from ..errors import DataDependentError, TraceError
+from ..formula.guards import implied, lower_bounds, simplified, valid_when
+from ..formula.symbols import B, Size, dim_symbol, plain
+from .datadep import data_symbols
+from .recorder import Recorder
+from .records import B_RANGE_MAX, StorageInfo, TensorDesc, Trace
+from .saved import latest
+from .step import StepSpec
+
+
+def finish(rec: Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
+    """The :class:`Trace` of the step ``rec`` recorded (``sym``: the batch symbol, ``hint``
+    its example value)."""
+    env = rec.shape_env
+
+    done: dict = {}
+    largest = _largest_counts(rec)
+
+    def to_expr(v):
+        if isinstance(v, int):
+            return sympy.Integer(v)
+        raw = v.node.expr
+        if raw in done:
+            return done[raw]
+        e = env.replace(raw) if hasattr(env, "replace") else raw
+        e = done[raw] = plain(e.xreplace(largest).xreplace(rec.subs))
+        extra = e.free_symbols - {B, *(dim_symbol(n) for n in rec.dim_syms)}
+        if extra:
+            raise TraceError(f"a storage size depends on data ({sorted(map(str, extra))}), "
+                             "not only on the batch size")
+        return e
+
+    creator_module = {}
+    for op in rec.ops:
+        for s in op.new_sids:
+            creator_module[s] = op.module
+    phase_of_op = [op.phase for op in rec.ops]
+    storages = []
+    sizes: dict = {}
+    released = rec.saved_tensors.release_times()
+    saved_by = rec.saved_tensors.saved_by()
+    data_sized: dict = {}
+    for s in rec.storages:
+        counts = data_symbols(s.nbytes)
+        if counts:
+            _check_bounded(rec, s, counts, data_sized)
+        expr = to_expr(s.nbytes)
+        if rec.dim_syms:
+            expr = sympy.expand(expr)
+        size = sizes.get(expr) or sizes.setdefault(expr, Size.of(expr))
+        cat, name = rec.names.get(s.sid, (None, ""))
+        if cat is None:
+            created_in_forward = s.created_by >= 0 and phase_of_op[s.created_by] == "forward"
+            cat = "activation" if (s.sid in rec.saved and created_in_forward) else "temporary"
+        # while autograd holds no copy of it: its unref time (a storage resized to 0 is
+        # freed then, whatever refers to it)
+        freed = s.freed_after
+        if s.created_by >= 0 and s.sid in released and s.sid not in rec.resized_away:
+            freed = latest(freed, released[s.sid])
+        storages.append(StorageInfo(
+            s.sid, size, cat, name, creator_module.get(s.sid, ""), s.created_by,
+            freed, s.sid in rec.saved, None, (),
+            saved_by.get(s.sid, ()), s.freed_after, bool(counts)))
+    # dtype/shape of the first tensor seen on each storage, from the graph
+    first = getattr(rec, "first_desc", None)
+    if first is None:
+        first = {}
+        for node in rec.graph.nodes:
+            vals = node.meta.get("val")
+            for v in (vals if isinstance(vals, tuple) else (vals,)):
+                if isinstance(v, TensorDesc) and v.sid not in first:
+                    first[v.sid] = v
+    storages = [s if s.sid not in first else
+                _with(s, dtype=first[s.sid].dtype, shape=first[s.sid].shape) for s in storages]
+    rng = env.var_to_range.get(sym)
+    all_guards = [g.expr.xreplace(rec.subs) for g in env.guards]
+    guards = valid_when([g for g in all_guards if g.free_symbols <= {B}],
+                        int(rng.lower) if rng is not None else 1,
+                        int(rng.upper) if rng is not None and isinstance(rng.upper, sympy.Integer)
+                        and int(rng.upper) < B_RANGE_MAX else None)
+    for name in rec.dim_syms:  # a named dim's own conditions, then the mixed ones
+        x = dim_symbol(name)
+        guards += valid_when([g for g in all_guards if g.free_symbols == {x}], symbol=x)
+    lows = lower_bounds(guards, [B, *map(dim_symbol, rec.dim_syms)])
+    mixed = [simplified(g) for g in all_guards if len(g.free_symbols) > 1]
+    guards += tuple(dict.fromkeys(g for g in mixed if not implied(g, lows)))
+    graph = rec.graph
+    if isinstance(graph, torch.fx.Graph):
+        graph.output(None)
+    else:
+        def graph(build=graph):
+            g = build()
+            g.output(None)
+            return g
+    unmodelled = tuple((str(f), m, why) for (f, m), why in rec.unmodelled.items())
+    unmodelled += tuple(("check", "", f"a check on data assumed to pass (fake tensors have no "
+                         f"values; a step that fails it raises): {note}")
+                        for note in getattr(env, "assumed", ()))
+    return Trace(graph, tuple(rec.ops), tuple(storages), guards, hint, spec.train,
+                 spec.device, spec.optimizer is not None, unmodelled, rec.plan,
+                 tuple(sorted(rec.calls, key=lambda c: (c.first_op, -c.last_op))),
+                 rec.saved_tensors.packs, spec.grad_accum, tuple(rec.dim_syms),
+                 getattr(rec, "reused", ()),
+                 rec.capability, rec.kernels.choices if rec.kernels is not None else (),
+                 tuple((op, m, what) for (op, m), what in data_sized.items()))
+
+
+def _largest_counts(rec: Recorder) -> dict:
+    """Each count the data sets (a mask's True values) -> its largest value, the number of
+    elements it counts among (fxmem.trace.datadep); the counts with no known bound are left."""
+    env = rec.shape_env
+    out = {}
+    for sym, d in rec.data.items():
+        if d.bound is not None:
+            b = sympy.sympify(d.bound)
+            out[sym] = env.replace(b) if hasattr(env, "replace") else b
+    return out
+
+
+def _check_bounded(rec: Recorder, s, counts: set, data_sized: dict) -> None:
+    """Storage ``s`` is sized by ``counts``: each must have a bound (else the trace stops,
+    naming where the value was read); ``data_sized[(op, module)]`` says which counts."""
+    op = rec.ops[s.created_by] if 0 <= s.created_by < len(rec.ops) else None
+    made = f"what {op.op} makes" if op is not None else "a storage"
+    whats = []
+    for sym in sorted(counts, key=str):
+        d = rec.data.get(sym)
+        if d is None or d.bound is None:
+            read = d.what if d is not None else f"a value the data sets ({sym})"
+            where = d if d is not None else op
+            raise DataDependentError(
+                f"the size of {made} is {read}, which fake tensors do not have and "
+                "fxmem knows no bound of: compute sizes from shapes, not tensor values",
+                op=where.op if where is not None else None,
+                module=where.module if where is not None else None,
+                source=getattr(where, "source", None),
+                phase=where.phase if where is not None else None)
+        whats.append(d.what)
+    if op is not None:
+        key = (op.op, op.module)
+        if key not in data_sized:
+            data_sized[key] = f"a size the data sets, taken at its largest: {', '.join(whats)}"
+
+
+def _with(s: StorageInfo, **kw) -> StorageInfo:
+    from dataclasses import replace
+
+    return replace(s, **kw)
