@@ -38,7 +38,7 @@ internal (its path may change between releases).
 True
 """
 
-from .analyze import analyze, plan_checkpoints
+from .analyze import analyze, min_world_size, plan_checkpoints
 from .checkpoint.choose import FrontierPoint, PlanChoice
 from .errors import (
     DataDependentError,
@@ -61,5 +61,5 @@ DimsReport = Report  # deprecated alias: analyze(..., dims=...) returns a Report
 
 __all__ = ["analyze", "Step", "Report", "Breakdown", "B", "L", "measure", "Measurement",
            "plan_checkpoints", "apply_checkpoints", "PlanChoice", "FrontierPoint", "whatif",
-           "WhatIf", "FSDP", "ParallelReport", "FxmemError", "InputError", "TraceError",
+           "WhatIf", "FSDP", "ParallelReport", "min_world_size", "FxmemError", "InputError", "TraceError",
            "SpecializationError", "DataDependentError", "InfeasibleBudgetError", "DimsReport"]

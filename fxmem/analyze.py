@@ -122,6 +122,62 @@ def _per_rank(model, inputs, targets, step, parallel, checkpoint, batch_hint, di
     return ParallelReport(parallel, tuple(groups))
 
 
+def min_world_size(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
+                   device=UNSET, *, parallel, budget_bytes: int, B: int,  # noqa: N803
+                   max_world_size: int = 1024, step: Step | None = None, batch_dim=0,
+                   by: str | None = None, **options) -> int:
+    """The fewest ranks of ``parallel``'s kind (its other options kept, e.g.
+    ``fxmem.FSDP(8, param_dtype=torch.bfloat16)``) on which every rank's step at micro-batch
+    ``B`` fits ``budget_bytes``, answered as :meth:`fxmem.Report.max_batch_size` answers
+    (``by``; for a CUDA step, the replayed caching allocator). Searched by doubling then
+    bisection, each world size analysed as :func:`analyze` does, and checked: the answer
+    fits and one rank fewer does not. Raises :class:`fxmem.InfeasibleBudgetError` when even
+    ``max_world_size`` ranks do not fit.
+
+    >>> import torch, fxmem
+    >>> m = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)])
+    >>> fxmem.min_world_size(m, torch.randn(2, 256), loss=lambda o: o.sum(), device="cpu",
+    ...                      optimizer=torch.optim.Adam, parallel=fxmem.FSDP(1),
+    ...                      budget_bytes=2_500_000, B=16)
+    3
+    """
+    from dataclasses import replace
+
+    from .errors import InfeasibleBudgetError, InputError
+
+    check_parallel(parallel)
+    if isinstance(B, bool) or not isinstance(B, int) or B < 1:
+        raise InputError(f"B must be a positive int, got {B!r}")
+    step = Step.of(step, loss=loss, optimizer=optimizer, train=train, device=device, **options)
+    memo: dict = {}
+
+    def fits(w: int) -> bool:
+        if w not in memo:
+            r = analyze(model, inputs, targets, step=step, batch_dim=batch_dim,
+                        parallel=replace(parallel, world_size=w))
+            try:
+                memo[w] = r.max_batch_size(budget_bytes, by=by) >= B, r
+            except InfeasibleBudgetError:
+                memo[w] = False, r
+        return memo[w][0]
+
+    hi = 1
+    while not fits(hi):
+        if hi >= max_world_size:
+            least = memo[hi][1].peak_bytes(B)
+            raise InfeasibleBudgetError(
+                f"B={B} per rank does not fit {budget_bytes:,} B on {max_world_size} ranks of "
+                f"{parallel.name.split(' over ')[0]} (peak {least:,} B there): more ranks, a "
+                "smaller B, or a lighter step (mixed precision, checkpointing)",
+                minimum_bytes=least)
+        hi = min(2 * hi, max_world_size)
+    lo = hi // 2  # does not fit (or 0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return hi
+
+
 def plan_checkpoints(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
                      device=UNSET, *, budget_bytes: int, B: int, candidates=None,  # noqa: N803
                      step: Step | None = None, batch_hint: int | None = None, batch_dim=0,

@@ -52,7 +52,7 @@ class WhatIf:
 def whatif(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, *, B: int,  # noqa: N803
            budget_bytes: int, device=UNSET, step: Step | None = None, smaller_model=None,
            amp=torch.bfloat16, grad_accum: int = 4, checkpoint=None, batch_dim=0,
-           **options) -> tuple:
+           parallel=None, **options) -> tuple:
     """The seed's six methods for the user's step, as :class:`WhatIf` rows.
 
     The step is ``step`` with the options given here, as for :func:`fxmem.analyze` (a
@@ -62,7 +62,9 @@ def whatif(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, *, B: int,  #
     steps through a GradScaler). ``grad_accum``: k micro-batches of ``B // k`` keep the
     effective batch ``B``. ``checkpoint``: a plan; default: the plan with the smallest peak
     at ``B`` among the candidates (:meth:`fxmem.Report.frontier`). ``batch_dim``: where B
-    is in the inputs and targets, as for :func:`fxmem.analyze`.
+    is in the inputs and targets, as for :func:`fxmem.analyze`. ``parallel``: a sharding to
+    compare (:class:`fxmem.FSDP`): one more row, the step on each of its ranks with B per
+    rank (its peak the largest rank's, its largest B the one every rank fits).
     """
     if isinstance(B, bool) or not isinstance(B, int) or B < 1:
         raise InputError(f"B must be a positive int, got {B!r}")
@@ -114,4 +116,10 @@ def whatif(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, *, B: int,  #
     planned = base.with_plan(plan)
     row("checkpointing", planned, B,
         f"plan {list(plan)}" if plan else "no checkpoint plan lowers the peak")
+    if parallel is not None:
+        where = spec.batch_dims
+        sharded = analyze_step(model, inputs, targets, step=step, batch_dim=where,
+                               parallel=parallel)
+        row("sharding", sharded, B, f"{parallel.name}: B per rank, the rank with the "
+            "largest peak")
     return tuple(rows)

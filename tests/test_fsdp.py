@@ -236,3 +236,28 @@ def test_command_line():
     assert doc["max_batch_size"] == report.max_batch_size(2**30) == min(
         report.rank(k).max_batch_size(2**30) for k in range(4))
     assert doc["peak_bytes"] == report.peak_bytes(16, rank=0)
+
+
+def test_min_world_size_is_a_boundary():
+    """The fewest ranks whose every rank fits B: the answer fits, one fewer does not."""
+    m = nn.Sequential(*[nn.Linear(256, 256) for _ in range(4)])
+    x = torch.randn(2, 256)
+    step = dict(loss=lambda o: o.sum(), optimizer=torch.optim.Adam, device="cpu")
+    budget = 2_500_000
+    w = fxmem.min_world_size(m, x, parallel=FSDP(1), budget_bytes=budget, B=16, **step)
+    assert w > 1
+    assert fxmem.analyze(m, x, parallel=FSDP(w), **step).peak_bytes(16) <= budget
+    assert fxmem.analyze(m, x, parallel=FSDP(w - 1), **step).peak_bytes(16) > budget
+    with pytest.raises(fxmem.InfeasibleBudgetError, match="on 4 ranks"):
+        fxmem.min_world_size(m, x, parallel=FSDP(1), budget_bytes=10_000, B=16,
+                             max_world_size=4, **step)
+
+
+def test_whatif_has_a_sharding_row():
+    x, y = _batch()
+    rows = fxmem.whatif(Stack(), x, y, B=16, budget_bytes=2**20, parallel=FSDP(4), **STEP)
+    row = rows[-1]
+    r = fxmem.analyze(Stack(), x, y, parallel=FSDP(4), **STEP)
+    assert row.method == "sharding" and row.peak_bytes == r.peak_bytes(16)
+    assert row.max_batch_size == r.max_batch_size(2**20)
+    assert row.peak_bytes < rows[0].peak_bytes  # the unsharded step's

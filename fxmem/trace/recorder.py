@@ -419,6 +419,9 @@ class Recorder(StorageTracker):
                          val=TensorDesc((nbytes,), torch.uint8, sid))
         self.ops.append(OpInfo(index, str(RESIZE_OP), self.phase, module, (sid,), (sid,), (),
                                (), None, self.phase == "backward" and self.recomputing > 0))
+        # not an activation even when autograd saves a view of it: FSDP2 frees it by
+        # resizing, whatever is saved (its gathered parameters, all-gather buffers)
+        self.names[sid] = ("temporary", "resized in place (FSDP2's gathered parameters)")
 
     def _written(self, func, args, kwargs) -> tuple:
         writes = _WRITES.get(func)

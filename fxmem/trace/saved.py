@@ -160,10 +160,16 @@ class SavedTensors:
         return tuple(Pack(*astuple(p)) for p in self._packs)
 
     def release_times(self) -> dict:
-        """sid -> op index after which autograd's last saved copy went away (None: never)."""
+        """sid -> op index after which autograd's last saved copy went away, and with it
+        the last tensor an unpack returned (None: never). The unpacked tensor is the storage
+        in eager PyTorch: a checkpoint's recomputed forward holds its input's so, past the
+        release of the saved copy."""
         by_sid: dict = {}
         for p in self._packs:
-            by_sid.setdefault(p.sid, []).append(p.released_after)
+            times = by_sid.setdefault(p.sid, [])
+            times.append(p.released_after)
+            if p.unpacked_at is not None:
+                times.append(p.dropped_after)
         return {sid: latest(*times) for sid, times in by_sid.items()}
 
     def saved_by(self) -> dict:
