@@ -52,7 +52,7 @@ from .formula.symbols import B, L
 from .report.ranks import ParallelReport
 from .report.result import Breakdown, Report
 from .trace.checkpointing import apply_checkpoints
-from .trace.parallel import FSDP
+from .trace.parallel import DDP, FSDP
 from .trace.step import Step
 from .validate.measure import Measurement, measure
 from .whatif import WhatIf, whatif
@@ -61,5 +61,5 @@ DimsReport = Report  # deprecated alias: analyze(..., dims=...) returns a Report
 
 __all__ = ["analyze", "Step", "Report", "Breakdown", "B", "L", "measure", "Measurement",
            "plan_checkpoints", "apply_checkpoints", "PlanChoice", "FrontierPoint", "whatif",
-           "WhatIf", "FSDP", "ParallelReport", "FxmemError", "InputError", "TraceError",
+           "WhatIf", "FSDP", "DDP", "ParallelReport", "FxmemError", "InputError", "TraceError",
            "SpecializationError", "DataDependentError", "InfeasibleBudgetError", "DimsReport"]
