@@ -178,7 +178,8 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     (:mod:`fxmem.trace.lift`); ``concrete_batch``: trace at that batch size, with B a plain
     int (every size then a number).
 
-    ``parallel``: the step of rank ``rank`` of a data-parallel run (:class:`fxmem.FSDP`),
+    ``parallel``: the step of rank ``rank`` of a data-parallel run (:class:`fxmem.FSDP`,
+    :class:`fxmem.DDP`),
     the model wrapped as that strategy wraps it (:mod:`fxmem.trace.parallel`); B is the
     rank's micro-batch."""
     step = Step.of(step, loss=loss, optimizer=optimizer, train=train, device=device, **options)

@@ -4,8 +4,8 @@ each rank measured as :func:`fxmem.measure` measures one process.
 The processes are forked from this one (so the model, loss and optimizer factory need not
 be picklable), meet through a file store in a temporary folder, and talk over gloo on the
 loopback interface only (``GLOO_SOCKET_IFNAME=lo``). Each wraps the model as the strategy
-says (:meth:`fxmem.FSDP.apply`), runs the warm-up steps, and measures its next step's live
-storage bytes, FSDP2's in-place storage resizes included
+says (:meth:`fxmem.FSDP.apply`, :meth:`fxmem.DDP.apply`), runs the warm-up steps, and
+measures its next step's live storage bytes, FSDP2's in-place storage resizes included
 (:func:`fxmem.trace.tracking.storage_resizes`). Every process is waited for within
 ``timeout`` seconds, then killed; nothing outlives the call. The collectives allocate as
 NCCL's do on a GPU, not as gloo's (:func:`_as_nccl_allocates`): what the prediction models.
