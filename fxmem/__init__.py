@@ -11,7 +11,7 @@ The pipeline, one folder per stage, each importing only the ones above it in thi
   autocast lists and, for ``device="cuda"``, what CUDA's kernels run and allocate
   (:mod:`fxmem.trace.cuda`); stacks of identical blocks traced as two; checkpoint plans;
   one rank of a data-parallel step, the model wrapped by PyTorch's own FSDP2
-  (:mod:`fxmem.trace.parallel`);
+  (:mod:`fxmem.trace.parallel`) or DDP, optionally with ZeRO-1 (:mod:`fxmem.trace.ddp`);
 - :mod:`fxmem.memory`      stage 2-3: the step as a networkx graph, each storage's device
   size, live bytes after every op and the peak as an exact ``Max`` in B (and in the named
   dims, :mod:`fxmem.memory.dims`);
@@ -52,7 +52,7 @@ from .formula.symbols import B, L
 from .report.ranks import ParallelReport
 from .report.result import Breakdown, Report
 from .trace.checkpointing import apply_checkpoints
-from .trace.parallel import FSDP
+from .trace.parallel import DDP, FSDP
 from .trace.step import Step
 from .validate.measure import Measurement, measure
 from .whatif import WhatIf, whatif
@@ -61,5 +61,6 @@ DimsReport = Report  # deprecated alias: analyze(..., dims=...) returns a Report
 
 __all__ = ["analyze", "Step", "Report", "Breakdown", "B", "L", "measure", "Measurement",
            "plan_checkpoints", "apply_checkpoints", "PlanChoice", "FrontierPoint", "whatif",
-           "WhatIf", "FSDP", "ParallelReport", "min_world_size", "FxmemError", "InputError", "TraceError",
-           "SpecializationError", "DataDependentError", "InfeasibleBudgetError", "DimsReport"]
+           "WhatIf", "FSDP", "DDP", "ParallelReport", "min_world_size", "FxmemError",
+           "InputError", "TraceError", "SpecializationError", "DataDependentError",
+           "InfeasibleBudgetError", "DimsReport"]

@@ -60,9 +60,9 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     trace every block of a stack of identical blocks instead of copying the second one's trace
     (:mod:`fxmem.trace.reuse`; the result is the same, it only takes longer).
 
-    ``parallel``: a data-parallel step (:class:`fxmem.FSDP`), each rank's memory with B its
-    micro-batch: the model wrapped by PyTorch's own code as that rank runs it, over a fake
-    process group (:mod:`fxmem.trace.parallel`). Returns a
+    ``parallel``: a data-parallel step (:class:`fxmem.FSDP`, :class:`fxmem.DDP`), each
+    rank's memory with B its micro-batch: the model wrapped by PyTorch's own code as that
+    rank runs it, over a fake process group (:mod:`fxmem.trace.parallel`). Returns a
     :class:`fxmem.report.ranks.ParallelReport`, one report per group of alike ranks; a
     checkpoint plan is then traced for real.
 

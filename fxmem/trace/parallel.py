@@ -37,6 +37,7 @@ from typing import Iterator
 import torch
 
 from ..errors import InputError
+from .ddp import DDP, Kept, RealInts
 from .dtypes import NAMES, dtype_of
 
 
@@ -117,8 +118,11 @@ class FSDP:
         return tuple(p for p in dict.fromkeys(out)
                      if not any(p.startswith(q + ".") for q in out if q != p))
 
-    def apply(self, model: torch.nn.Module, mesh) -> None:
-        """``fully_shard`` ``model`` in place on ``mesh``: its blocks, then the root."""
+    warmup_steps = 1  # steps before the state is steady (FSDP2's lazy init is in the first)
+
+    def apply(self, model: torch.nn.Module, mesh) -> torch.nn.Module:
+        """``fully_shard`` ``model`` in place on ``mesh``: its blocks, then the root.
+        Returns ``model``."""
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         mp = MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=self.reduce_dtype)
@@ -130,6 +134,11 @@ class FSDP:
         # reshard the root after forward whatever the option (fully_shard's docstring)
         fully_shard(model, mesh=mesh, reshard_after_forward=self.reshard_after_forward,
                     mp_policy=mp)
+        return model
+
+    def optimizer(self, factory):
+        """The optimizer factory each rank runs: ``factory`` (on its shards)."""
+        return factory
 
     def shard_rows(self, rows: int, rank: int) -> int:
         """Rows of a dim-0 size ``rows`` that ``rank`` holds (``torch.chunk``'s split)."""
@@ -180,8 +189,9 @@ def check_parallel(parallel, rank: int = 0) -> None:
     """``parallel`` is a strategy fxmem knows, or None; ``rank`` one of its ranks."""
     if parallel is None:
         return
-    if not isinstance(parallel, FSDP):
-        raise InputError(f"parallel is fxmem.FSDP(world_size, ...), got {parallel!r}")
+    if not isinstance(parallel, (FSDP, DDP)):
+        raise InputError(f"parallel is fxmem.FSDP(world_size, ...) or fxmem.DDP(world_size, "
+                         f"...), got {parallel!r}")
     if isinstance(rank, bool) or not isinstance(rank, int) \
             or not 0 <= rank < parallel.world_size:
         raise InputError(f"rank is an int from 0 to {parallel.world_size - 1} for "
@@ -221,14 +231,24 @@ def fake_world(world_size: int, rank: int) -> Iterator:
 
 
 @contextlib.contextmanager
-def sharded(model: torch.nn.Module, parallel: FSDP, rank: int, mode) -> Iterator:
+def sharded(model: torch.nn.Module, parallel, rank: int, mode) -> Iterator:
     """A meta copy of ``model`` wrapped by ``parallel`` as rank ``rank`` sees it, its
-    storages fake tensors of ``mode``; usable while the block runs."""
+    storages fake tensors of ``mode``; usable while the block runs. Yields the wrapped
+    model and, for :class:`DDP`, the :class:`fxmem.trace.ddp.Kept` that saw its
+    construction (to be active in the warm-up steps too; None for FSDP)."""
     with fake_world(parallel.world_size, rank) as mesh:
         copied = meta_copy(model)
-        parallel.apply(copied, mesh)
-        with mode:
+        if isinstance(parallel, FSDP):  # shards on meta, then their storages made fakes
+            parallel.apply(copied, mesh)
+            with mode:
+                copied.to_empty(device="cpu")
+            yield copied, None
+            return
+        with mode:  # DDP's constructor broadcasts the parameters and builds its buckets
             copied.to_empty(device="cpu")
-        yield copied
-
-
+        kept = Kept()
+        kept.know([*copied.parameters(), *copied.buffers()])
+        kept.real = RealInts()  # (the Reducer's integer bookkeeping)
+        with mode, kept.real, kept:
+            wrapped = parallel.apply(copied, mesh)
+        yield wrapped, kept

@@ -325,8 +325,8 @@ def make_optimizer(factory: Callable, params: list, device: str,
         raise InputError(f"optimizer(params) returned {type(opt).__name__}, not an Optimizer")
     if spec is not None:
         check_optimizer(spec, opt)
-    if device == "cuda":
-        for group in opt.param_groups:
+    if device == "cuda":  # (ZeRO-1: its local optimizer's groups)
+        for group in getattr(opt, "optim", opt).param_groups:
             if "foreach" in group and group["foreach"] is None and not group.get("fused"):
                 group["foreach"] = True
     return opt

@@ -42,6 +42,7 @@ from .checks import CheckingShapeEnv
 from .compat import tracing_shims
 from .cuda.kernels import cuda_kernels
 from .datadep import TORCH_AND_FXMEM
+from .ddp import local_optimizer, wrapper_name
 from .finish import finish
 from .lift import lift
 from .messages import loss_error, named_symbols, quiet
@@ -177,7 +178,8 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     (:mod:`fxmem.trace.lift`); ``concrete_batch``: trace at that batch size, with B a plain
     int (every size then a number).
 
-    ``parallel``: the step of rank ``rank`` of a data-parallel run (:class:`fxmem.FSDP`),
+    ``parallel``: the step of rank ``rank`` of a data-parallel run (:class:`fxmem.FSDP`,
+    :class:`fxmem.DDP`),
     the model wrapped as that strategy wraps it (:mod:`fxmem.trace.parallel`); B is the
     rank's micro-batch."""
     step = Step.of(step, loss=loss, optimizer=optimizer, train=train, device=device, **options)
@@ -185,6 +187,7 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     check_parallel(parallel, rank)
     if parallel is not None:  # FSDP2's hooks run in every block: no block is copied
         reuse_blocks = False
+        spec = _replace_optimizer(spec, parallel.optimizer(spec.optimizer))  # ZeRO-1
     plan = normalize_plan(model, checkpoint)
     if batch_hint is not None and (isinstance(batch_hint, bool) or not isinstance(batch_hint, int)
                                    or batch_hint < 1):
@@ -221,9 +224,10 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
         handles, retry, fixed = [], False, None
         try:
             with frozen_gc(), tracing_shims(), symbolic_kernels(), attributes_kept(model), \
-                    _as_rank(model, parallel, rank, mode) as ranked:
+                    _as_rank(model, parallel, rank, mode) as (ranked, kept):
                 traced = _run(ranked, spec, mode, rec, sym, batch, hint, handles, plan, named,
-                              reuse_blocks, warm_up, prepared=parallel is not None)
+                              reuse_blocks, warm_up, prepared=parallel is not None,
+                              kept=kept, warm_steps=getattr(parallel, "warmup_steps", 1))
             if rec.assigned is None:
                 return traced
             # the model caught BufferAssigned: the buffer was not even assigned
@@ -269,12 +273,13 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
 @contextlib.contextmanager
 def _as_rank(model, parallel, rank: int, mode):
     """``model`` itself, or with ``parallel``, a copy wrapped as rank ``rank`` runs it
-    (:func:`fxmem.trace.parallel.sharded`), its parameters fakes of ``mode`` already."""
+    (:func:`fxmem.trace.parallel.sharded`), its parameters fakes of ``mode`` already;
+    and what saw the wrapper's construction (:class:`fxmem.trace.ddp.Kept`, or None)."""
     if parallel is None:
-        yield model
+        yield model, None
         return
-    with sharded(model, parallel, rank, mode) as copied:
-        yield copied
+    with sharded(model, parallel, rank, mode) as (copied, kept):
+        yield copied, kept
 
 
 def _in_torch(e: Exception) -> bool:
@@ -293,7 +298,8 @@ def _fixed(shape_env, sym) -> bool:
 
 
 def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
-         plan=(), named=None, reuse_blocks=False, warm_up=False, prepared=False) -> Trace:
+         plan=(), named=None, reuse_blocks=False, warm_up=False, prepared=False, kept=None,
+         warm_steps=1) -> Trace:
     # fake parameters and buffers, registered under their names (``prepared``: the model's
     # own are fakes of ``mode`` already, e.g. a rank's shards: fxmem.trace.parallel)
     named_p = list(model.named_parameters())
@@ -386,8 +392,9 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
                 rec.recording = False
                 opt.step()
                 rec.recording = True
+                state = local_optimizer(opt).state  # ZeRO-1: this rank's partition's
                 for i, p in enumerate(params):
-                    for k, t in opt.state.get(p, {}).items():
+                    for k, t in state.get(p, {}).items():
                         if isinstance(t, torch.Tensor):
                             rec.register_named(t, "optimizer_state", f"{named_p[i][0]}.{k}")
         rec.phase = name
@@ -446,18 +453,27 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
         contextlib.nullcontext()
     kernels = rec.kernels if rec.kernels is not None else contextlib.nullcontext()
     with checkpointing(model, plan, region) as rec.plan, swap, router, rules, kernels, mode, \
-            rec, hooks, eager_branches(rec.values), storage_resizes(rec):
+            rec, hooks, eager_branches(rec.values), storage_resizes(rec), \
+            kept.real if kept is not None else contextlib.nullcontext():
         if warm:  # one unrecorded forward and backward, as fxmem.measure's warm-up step
-            rec.recording = False
-            run_step(forward, spec_run, fins, ftgs, params, None, lambda name: None,
-                     micro_steps=1)
+            rec.recording = False  # (DDP: until its buckets are rebuilt)
+            with kept if kept is not None else contextlib.nullcontext():
+                for _ in range(warm_steps):
+                    run_step(forward, spec_run, fins, ftgs, params, None, lambda name: None,
+                             micro_steps=1)
             rec.recording = True
             for n, p in fparams.items() if prepared else ():
                 rec.register_named(p, "param", user_path(n))
             for n, p in fparams.items():
                 if p.grad is not None and not spec.set_to_none:
                     rec.register_named(p.grad, "grad", user_path(n))
+                elif kept is not None:  # as the step's zero_grad will (not the wrapper's)
+                    p.grad = None
             register_buffers(rec, model)
+            if kept is not None:  # the wrapper's own storages, e.g. DDP's gradient buckets
+                for i, st in enumerate(kept.left([*fparams.values(), *fbufs.values()])):
+                    rec.register_named(st, "grad", f"<{wrapper_name(model)}>[{i}]")
+                kept.close()
         if needs_closure(opt):
             # steady state: LBFGS's history is full after some steps; run them unrecorded
             rec.recording = False
@@ -480,6 +496,14 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     end_index = len(rec.ops)
     del out
     return finish(rec, sym, hint, spec, end_index)
+
+
+def _replace_optimizer(spec: StepSpec, factory) -> StepSpec:
+    from dataclasses import replace
+
+    if factory is spec.optimizer:
+        return spec
+    return replace(spec, step=replace(spec.step, optimizer=factory))
 
 
 def _replace_loss(spec: StepSpec, fn) -> StepSpec:

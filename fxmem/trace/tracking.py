@@ -124,11 +124,12 @@ class StorageTracker(TorchDispatchMode):
         return self._sid_of.get(plain(t).untyped_storage())
 
     def register(self, t: torch.Tensor, created_by: int = -1, nbytes=None) -> tuple[int, bool]:
-        """The storage id of ``t``, registering its storage if new. Returns (sid, new).
+        """The storage id of ``t`` (a tensor, or an ``UntypedStorage`` itself), registering
+        its storage if new. Returns (sid, new).
 
         ``nbytes`` overrides the storage's own size (a kernel rule knows better).
         """
-        st = plain(t).untyped_storage()
+        st = t if isinstance(t, torch.UntypedStorage) else plain(t).untyped_storage()
         sid = self._sid_of.get(st)
         if sid is not None:
             return sid, False

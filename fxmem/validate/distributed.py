@@ -4,8 +4,8 @@ each rank measured as :func:`fxmem.measure` measures one process.
 The processes are forked from this one (so the model, loss and optimizer factory need not
 be picklable), meet through a file store in a temporary folder, and talk over gloo on the
 loopback interface only (``GLOO_SOCKET_IFNAME=lo``). Each wraps the model as the strategy
-says (:meth:`fxmem.FSDP.apply`), runs the warm-up steps, and measures its next step's live
-storage bytes, FSDP2's in-place storage resizes included
+says (:meth:`fxmem.FSDP.apply`, :meth:`fxmem.DDP.apply`), runs the warm-up steps, and
+measures its next step's live storage bytes, FSDP2's in-place storage resizes included
 (:func:`fxmem.trace.tracking.storage_resizes`). Every process is waited for within
 ``timeout`` seconds, then killed; nothing outlives the call. The collectives allocate as
 NCCL's do on a GPU, not as gloo's (:func:`_as_nccl_allocates`): what the prediction models.
@@ -26,6 +26,7 @@ from datetime import timedelta
 import torch
 
 from ..errors import FxmemError, InputError
+from ..trace.ddp import DDP, Kept
 
 LOOPBACK = "lo"  # gloo's interface: the processes talk on this machine only
 
@@ -99,7 +100,8 @@ def measure_ranks(model, spec, parallel, B: int, measure_one, timeout: float = 3
     """One :class:`fxmem.Measurement` per rank, rank 0 first: the real step of ``spec`` at
     batch size ``B`` per rank, ``model`` wrapped by ``parallel`` in each of its processes.
     ``measure_one(model, params)`` measures one process's step (the CPU protocol of
-    :func:`fxmem.measure`)."""
+    :func:`fxmem.measure`); for :class:`fxmem.DDP`, ``measure_one(model, params, kept=)``
+    with the :class:`fxmem.trace.ddp.Kept` that saw DDP's construction."""
     if "fork" not in multiprocessing.get_all_start_methods():
         raise InputError("measuring a data-parallel step needs processes started by fork "
                          "(Linux or macOS)")
@@ -169,8 +171,15 @@ def _rank_main(rank, world, store_path, conn, model, parallel, measure_one, time
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout))
         mesh = init_device_mesh("cpu", (world,))
-        parallel.apply(model, mesh)  # this process's own copy of the model (fork)
-        conn.send(("ok", measure_one(model, list(model.parameters()))))
+        if isinstance(parallel, DDP):  # what its construction keeps (the buckets) seen
+            kept = Kept()
+            kept.know([*model.parameters(), *model.buffers()])
+            with kept:
+                model = parallel.apply(model, mesh)  # this process's own copy (fork)
+            conn.send(("ok", measure_one(model, list(model.parameters()), kept=kept)))
+        else:
+            model = parallel.apply(model, mesh)
+            conn.send(("ok", measure_one(model, list(model.parameters()))))
     except BaseException as e:  # noqa: BLE001 - sent to the parent, which raises
         code = 1
         try:

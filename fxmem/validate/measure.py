@@ -17,6 +17,7 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ..errors import InputError
+from ..trace.ddp import local_optimizer
 from ..trace.parallel import check_parallel
 from ..trace.step import (
     PHASES,
@@ -100,11 +102,11 @@ def _steady_grads(spec, params) -> None:
 MAX_WARMUP_STEPS = 64
 
 
-def _warm_up(model, spec, ins, tgs, params, opt, scaler) -> None:
-    """Steps until the state is steady: one (LBFGS: until its history is full), and with a
-    GradScaler, until one is not skipped (the scale starts at 2**16 and halves at each step
-    whose gradients overflow)."""
-    for _ in range(warmup_steps(opt) - 1):
+def _warm_up(model, spec, ins, tgs, params, opt, scaler, steps: int = 1) -> None:
+    """Steps until the state is steady: ``steps`` (LBFGS: until its history is full), and
+    with a GradScaler, until one is not skipped (the scale starts at 2**16 and halves at
+    each step whose gradients overflow)."""
+    for _ in range(max(warmup_steps(opt), steps) - 1):
         out = run_step(model, spec, ins, tgs, params, opt, lambda phase: None, scaler=scaler)
         del out
     for _ in range(MAX_WARMUP_STEPS):
@@ -151,8 +153,8 @@ def measure(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     ``record_history=True`` (CUDA): the measured step's allocations are kept too, from
     ``torch.cuda.memory._snapshot()``.
 
-    ``parallel`` (:class:`fxmem.FSDP`): the step of each rank of a real data-parallel run
-    on the CPU, ``world_size`` processes over gloo on this machine
+    ``parallel`` (:class:`fxmem.FSDP`, :class:`fxmem.DDP`): the step of each rank of a
+    real data-parallel run on the CPU, ``world_size`` processes over gloo on this machine
     (:mod:`fxmem.validate.distributed`); returns a tuple of one :class:`Measurement` per
     rank, rank 0 first, ``B`` each rank's batch."""
     if device is UNSET and step is None:
@@ -175,12 +177,13 @@ def measure(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     if parallel is not None:
         from .distributed import measure_ranks
 
-        def one_rank(wrapped, params):  # in each rank's process, the model wrapped
-            opt = make_optimizer(spec.optimizer, params, device, spec) if spec.optimizer \
-                else None
+        def one_rank(wrapped, params, kept=None):  # in each rank's process, wrapped
+            factory = parallel.optimizer(spec.optimizer)  # ZeRO-1's over the user's
+            opt = make_optimizer(factory, params, device, spec) if factory else None
             with frozen_gc():
                 return _measure_cpu(wrapped, spec, ins, tgs, params, opt, B, device,
-                                    make_grad_scaler(spec, device))
+                                    make_grad_scaler(spec, device), kept=kept,
+                                    warm_steps=parallel.warmup_steps)
 
         return measure_ranks(model, spec, parallel, B, one_rank)
     params = [p for p in model.parameters()]
@@ -197,18 +200,27 @@ def measure(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
         return _measure_cpu(model, spec, ins, tgs, params, opt, B, device, scaler)
 
 
-def _measure_cpu(model, spec, ins, tgs, params, opt, B, device, scaler) -> Measurement:
+def _measure_cpu(model, spec, ins, tgs, params, opt, B, device, scaler, kept=None,
+                 warm_steps: int = 1) -> Measurement:
     """CPU protocol: warm up, collect, then the live bytes of the storages the next step
-    makes, replayed from the tracker's events."""
-    _warm_up(model, spec, ins, tgs, params, opt, scaler)
+    makes, replayed from the tracker's events. ``kept`` (:class:`fxmem.trace.ddp.Kept`,
+    which saw a wrapper's construction): active in the warm-up too, and the storages it
+    saw made and still alive count as live before the step (DDP's gradient buckets, which
+    only its C++ Reducer refers to); ``warm_steps``: the wrapper's warm-up steps."""
+    with kept if kept is not None else contextlib.nullcontext():
+        _warm_up(model, spec, ins, tgs, params, opt, scaler, warm_steps)
     _steady_grads(spec, params)
     gc.collect()
     tracker = _Tracker()
-    state = opt.state if opt is not None else {}
+    state = local_optimizer(opt).state if opt is not None else {}  # ZeRO-1: local state
     grads = [p.grad for p in params if p.grad is not None]
     for t in [*params, *model.buffers(), *_tensors(state), *grads, *ins, *tgs,
               *scaler_tensors(scaler).values()]:
         tracker.register(t)
+    if kept is not None:
+        for st in kept.left([*params, *model.buffers()]):
+            tracker.register(st)
+        kept.close()
     baseline = sum(int(s.nbytes) for s in tracker.storages)
 
     def on_phase(name):

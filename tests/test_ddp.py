@@ -1,0 +1,135 @@
+"""DDP and ZeRO-1 per rank (issue 18, part 2): each rank's predicted peak equals a real
+multi-process run of the same step (gloo, on this machine's CPU,
+fxmem.measure(..., parallel=fxmem.DDP(...))), to the byte, at batch sizes other than the
+traced one. DDP's gradient buckets (allocated by its C++ Reducer) count in both from the
+step's start."""
+
+import gc
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import fxmem
+from fxmem.trace.parallel import DDP
+from tests.test_fsdp import STEP, Stack, _batch, _exact, _hf, _lm_loss
+
+
+def _buckets(report, rank=0):
+    """Bytes of each storage the Reducer keeps (its buckets; static_graph's used maps)."""
+    return [int(s.size.expr) for s in report.rank(rank).trace.storages
+            if s.name.startswith("<DDP reducer>")]
+
+
+@pytest.mark.parametrize("parallel", [
+    DDP(2),
+    DDP(4),
+    DDP(2, bucket_cap_mb=0.005),
+    DDP(2, gradient_as_bucket_view=True),
+    DDP(2, static_graph=True),
+], ids=lambda p: p.name)
+def test_stack_per_rank(parallel):
+    r = _exact(Stack(), *_batch(), parallel)
+    assert [g.ranks for g in r.groups] == [tuple(range(parallel.world_size))]
+    params = sum(p.numel() * 4 for p in Stack().parameters())  # 12400 bytes
+    buckets = _buckets(r)
+    if parallel.static_graph:  # two int32 maps of one entry per parameter
+        assert sorted(buckets)[:2] == [32, 32]
+        buckets = sorted(buckets)[2:]
+    assert sum(buckets) == params
+    # bucket_cap_mb=0.005 (5242 bytes): after the rebuild, in the order the gradients
+    # came (head first), the buckets close past the cap: 8680 and 3720 bytes
+    assert buckets == ([8680, 3720] if parallel.bucket_cap_mb < 1 else [params])
+    # the gradients are views of the buckets, or their own storages beside them
+    grads = r.parts(0)["grads"]
+    extra = 64 if parallel.static_graph else 0
+    assert grads == (params if parallel.gradient_as_bucket_view else 2 * params) + extra
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_zero1_per_rank(world):
+    """ZeRO-1: each rank keeps Adam's state of its own partition only (ZeRO's greedy one);
+    the updated parameters are broadcast in place (nothing allocated)."""
+    m = Stack()
+    p = DDP(world, zero1=True)
+    r = _exact(m, *_batch(), p)
+    # 900-element weights over 4 ranks: ranks 0-2 own one each, rank 3 the rest
+    assert [g.ranks for g in r.groups] == ([(0,), (1,)] if world == 2 else [(0, 1, 2), (3,)])
+    params = list(m.parameters())
+    for rank, owned in enumerate(p.partition(m)):
+        state = sum(2 * params[i].numel() * 4 + 4 for i in owned)  # exp_avg(_sq), step
+        assert r.parts(rank)["optimizer_state"] == state
+    full = fxmem.analyze(m, *_batch(), parallel=DDP(world), **STEP)
+    assert r.peak_bytes(64) < full.peak_bytes(64)
+
+
+def test_zero1_partition_is_zeros():
+    """DDP.partition is ZeroRedundancyOptimizer's own (traced over a fake group)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    from fxmem.trace.parallel import fake_world
+
+    m = Stack(d=7, n=5, out=3)
+    for world in (2, 3, 4):
+        for rank in range(world):
+            with fake_world(world, rank):
+                z = ZeroRedundancyOptimizer(list(m.parameters()), torch.optim.SGD, lr=0.1)
+                index = {id(q): i for i, q in enumerate(m.parameters())}
+                got = [[index[id(q)] for q in g[0]["params"]]
+                       for g in z._partition_parameters()]
+            assert got == DDP(world, zero1=True).partition(m)
+
+
+@pytest.mark.parametrize("parallel", [DDP(2), DDP(2, zero1=True)], ids=lambda p: p.name)
+def test_llama(parallel):
+    m = _hf("llama")
+    ids = torch.randint(0, 128, (2, 16))
+    r = _exact(m, ids, ids, parallel, batches=(3, 5), loss=_lm_loss,
+               optimizer=torch.optim.AdamW)
+    assert r.peak_bytes(5) == max(r.peak_bytes(5, rank=k) for k in range(2))
+
+
+def test_nothing_changes_outside():
+    """The user's model keeps its parameters and class; no process group is left."""
+    m = Stack()
+    before = [(id(p), type(p), p.grad) for p in m.parameters()]
+    fxmem.analyze(m, *_batch(), parallel=DDP(2, zero1=True), **STEP)
+    fxmem.measure(m, *_batch(), B=2, parallel=DDP(2), **STEP)
+    gc.collect()
+    assert [(id(p), type(p), p.grad) for p in m.parameters()] == before
+    assert type(m) is Stack and not dist.is_initialized()
+    assert not hasattr(m, "reducer") and "resize_" not in vars(torch.UntypedStorage)
+
+
+@pytest.mark.parametrize("make,words", [
+    (lambda: DDP(0), "DDP: world_size is a positive int"),
+    (lambda: DDP("2"), "DDP: world_size is a positive int"),
+    (lambda: DDP(2, bucket_cap_mb=0), "DDP: bucket_cap_mb is a positive number"),
+    (lambda: DDP(2, bucket_cap_mb="25"), "DDP: bucket_cap_mb is a positive number"),
+    (lambda: DDP(2, static_graph=1), "DDP: static_graph is True or False"),
+    (lambda: DDP(2, zero1="yes"), "DDP: zero1 is True or False"),
+])
+def test_bad_strategies(make, words):
+    with pytest.raises(fxmem.InputError, match=words) as e:
+        make()
+    assert "\n" not in str(e.value)
+
+
+def test_bad_uses():
+    x, y = _batch()
+    with pytest.raises(fxmem.InputError, match=r"fxmem.FSDP\(world_size, ...\) or "
+                                               r"fxmem.DDP"):
+        fxmem.analyze(Stack(), x, y, parallel="ddp", **STEP)
+    with pytest.raises(fxmem.InputError, match="on the CPU"):
+        fxmem.measure(Stack(), x, y, B=2, parallel=DDP(2), **{**STEP, "device": "cuda"})
+    r = fxmem.analyze(Stack(), x, y, parallel=DDP(2), **STEP)
+    with pytest.raises(fxmem.InputError, match="rank is an int from 0 to 1"):
+        r.rank(2)
+
+
+def test_names():
+    assert fxmem.DDP is DDP and "DDP" in fxmem.__all__
+    assert DDP(2, bucket_cap_mb=1, gradient_as_bucket_view=True, zero1=True).name == (
+        "DDP over 2 ranks (bucket_cap_mb=1, gradient_as_bucket_view=True, ZeRO-1)")
+    assert DDP(2).rank_groups(nn.Linear(2, 2)) == ((0, 1),)
