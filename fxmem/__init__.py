@@ -54,6 +54,7 @@ from .report.result import Breakdown, Report
 from .trace.checkpointing import apply_checkpoints
 from .trace.parallel import FSDP
 from .trace.step import Step
+from .trace.tp import TP, Parallel
 from .validate.measure import Measurement, measure
 from .whatif import WhatIf, whatif
 
@@ -61,5 +62,5 @@ DimsReport = Report  # deprecated alias: analyze(..., dims=...) returns a Report
 
 __all__ = ["analyze", "Step", "Report", "Breakdown", "B", "L", "measure", "Measurement",
            "plan_checkpoints", "apply_checkpoints", "PlanChoice", "FrontierPoint", "whatif",
-           "WhatIf", "FSDP", "ParallelReport", "FxmemError", "InputError", "TraceError",
+           "WhatIf", "FSDP", "TP", "Parallel", "ParallelReport", "FxmemError", "InputError", "TraceError",
            "SpecializationError", "DataDependentError", "InfeasibleBudgetError", "DimsReport"]

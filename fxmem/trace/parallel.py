@@ -40,8 +40,26 @@ from ..errors import InputError
 from .dtypes import NAMES, dtype_of
 
 
+class Strategy:
+    """What every parallel strategy fxmem wraps a model with has: ``world_size`` ranks on a
+    device mesh of ``mesh_shape`` (named ``mesh_dim_names``), ``apply(model, mesh)``,
+    ``rank_groups(model)``, ``name`` (:class:`FSDP`, :class:`fxmem.trace.tp.TP`, ...)."""
+
+    @property
+    def mesh_shape(self) -> tuple:
+        """The device mesh's shape: one dim of ``world_size`` ranks."""
+        return (self.world_size,)
+
+    mesh_dim_names = None
+
+    def materialize(self, model: torch.nn.Module, mode) -> None:
+        """Give ``model``'s meta parameters and buffers storages: fakes of ``mode``."""
+        with mode:
+            model.to_empty(device="cpu")
+
+
 @dataclass(frozen=True)
-class FSDP:
+class FSDP(Strategy):
     """FSDP2 over ``world_size`` ranks (data parallel, parameters, gradients and optimizer
     state sharded). ``blocks``: module paths (or module classes) to ``fully_shard`` on their
     own before the root; ``None``: the blocks of the model's stacks of identical modules
@@ -180,8 +198,9 @@ def check_parallel(parallel, rank: int = 0) -> None:
     """``parallel`` is a strategy fxmem knows, or None; ``rank`` one of its ranks."""
     if parallel is None:
         return
-    if not isinstance(parallel, FSDP):
-        raise InputError(f"parallel is fxmem.FSDP(world_size, ...), got {parallel!r}")
+    if not isinstance(parallel, Strategy):
+        raise InputError(f"parallel is fxmem.FSDP(world_size, ...), fxmem.TP(world_size, plan) "
+                         f"or fxmem.Parallel(fsdp=..., tp=...), got {parallel!r}")
     if isinstance(rank, bool) or not isinstance(rank, int) \
             or not 0 <= rank < parallel.world_size:
         raise InputError(f"rank is an int from 0 to {parallel.world_size - 1} for "
@@ -201,10 +220,12 @@ def meta_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 
 @contextlib.contextmanager
-def fake_world(world_size: int, rank: int) -> Iterator:
+def fake_world(world_size: int, rank: int, mesh_shape: tuple | None = None,
+               mesh_dim_names: tuple | None = None) -> Iterator:
     """A fake process group of ``world_size`` ranks as rank ``rank`` (collectives do
-    nothing), as the default group while the block runs, and its 1-D CPU device mesh;
-    the group is destroyed on exit."""
+    nothing), as the default group while the block runs, and its CPU device mesh
+    (``mesh_shape``, default 1-D, dims named ``mesh_dim_names``); the group is destroyed
+    on exit."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -213,22 +234,30 @@ def fake_world(world_size: int, rank: int) -> Iterator:
         raise InputError("a process group is initialised already: fxmem makes its own fake "
                          "one to trace a rank; call analyze before init_process_group, or "
                          "destroy the group first")
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    # DTensor caches its sharding decisions per process, keyed by global shapes and meshes,
+    # not by rank, and some hold a rank's local shapes (a view's): a real rank's process
+    # has only its own; here ranks take turns in one process, so each starts afresh
+    _clear_sharding_prop_cache()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
-        yield init_device_mesh("cpu", (world_size,))
+        yield init_device_mesh("cpu", mesh_shape or (world_size,),
+                               mesh_dim_names=mesh_dim_names)
     finally:
         dist.destroy_process_group()
+        _clear_sharding_prop_cache()
 
 
 @contextlib.contextmanager
-def sharded(model: torch.nn.Module, parallel: FSDP, rank: int, mode) -> Iterator:
+def sharded(model: torch.nn.Module, parallel: Strategy, rank: int, mode) -> Iterator:
     """A meta copy of ``model`` wrapped by ``parallel`` as rank ``rank`` sees it, its
     storages fake tensors of ``mode``; usable while the block runs."""
-    with fake_world(parallel.world_size, rank) as mesh:
+    with fake_world(parallel.world_size, rank, parallel.mesh_shape,
+                    parallel.mesh_dim_names) as mesh:
         copied = meta_copy(model)
         parallel.apply(copied, mesh)
-        with mode:
-            copied.to_empty(device="cpu")
+        parallel.materialize(copied, mode)
         yield copied
 
 

@@ -79,6 +79,7 @@ from .step import (
     warmup_steps,
 )
 from .symbolic import symbolic_kernels
+from .tp import metadata_unrecorded
 from .tracking import frozen_gc, storage_resizes
 from .values import eager_branches
 
@@ -221,7 +222,7 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
         handles, retry, fixed = [], False, None
         try:
             with frozen_gc(), tracing_shims(), symbolic_kernels(), attributes_kept(model), \
-                    _as_rank(model, parallel, rank, mode) as ranked:
+                    _as_rank(model, parallel, rank, mode, rec) as ranked:
                 traced = _run(ranked, spec, mode, rec, sym, batch, hint, handles, plan, named,
                               reuse_blocks, warm_up, prepared=parallel is not None)
             if rec.assigned is None:
@@ -267,13 +268,14 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
 
 
 @contextlib.contextmanager
-def _as_rank(model, parallel, rank: int, mode):
+def _as_rank(model, parallel, rank: int, mode, rec):
     """``model`` itself, or with ``parallel``, a copy wrapped as rank ``rank`` runs it
-    (:func:`fxmem.trace.parallel.sharded`), its parameters fakes of ``mode`` already."""
+    (:func:`fxmem.trace.parallel.sharded`), its parameters fakes of ``mode`` already;
+    DTensor's shape propagation unrecorded (:func:`fxmem.trace.tp.metadata_unrecorded`)."""
     if parallel is None:
         yield model
         return
-    with sharded(model, parallel, rank, mode) as copied:
+    with sharded(model, parallel, rank, mode) as copied, metadata_unrecorded(rec):
         yield copied
 
 

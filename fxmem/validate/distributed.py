@@ -168,7 +168,8 @@ def _rank_main(rank, world, store_path, conn, model, parallel, measure_one, time
         store = dist.FileStore(store_path, world)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout))
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = init_device_mesh("cpu", parallel.mesh_shape,
+                                mesh_dim_names=parallel.mesh_dim_names)
         parallel.apply(model, mesh)  # this process's own copy of the model (fork)
         conn.send(("ok", measure_one(model, list(model.parameters()))))
     except BaseException as e:  # noqa: BLE001 - sent to the parent, which raises
