@@ -215,3 +215,28 @@ def test_bad_uses():
         fxmem.analyze(MLP(), x, y, parallel="tp", **STEP)
     with pytest.raises(fxmem.InputError, match="on the CPU"):
         fxmem.measure(MLP(), x, y, B=2, parallel=TP(2, MLP_PLAN), **{**STEP, "device": "cuda"})
+
+
+class SeqMLP(nn.Module):
+    """A pre-norm residual MLP and a head; with the sequence-parallel plan each rank is
+    given its own stretch of the sequence, the norm runs on it, ``up`` all-gathers the
+    sequence and ``down`` reduce-scatters it back (Megatron's sequence parallelism)."""
+
+    def __init__(self, d=32, out=10):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.up, self.down = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+        self.head = nn.Linear(d, out)
+
+    def forward(self, x):
+        return self.head(x + self.down(F.gelu(self.up(self.norm(x)))))
+
+
+def test_sequence_parallel():
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import SequenceParallel
+
+    plan = {"norm": SequenceParallel(), "up": ColwiseParallel(input_layouts=Shard(1)),
+            "down": RowwiseParallel(output_layouts=Shard(1))}
+    torch.manual_seed(0)
+    _exact(SeqMLP(), *_blocks_batch(), TP(2, plan), loss=_seq_loss)
