@@ -11,7 +11,8 @@ The pipeline, one folder per stage, each importing only the ones above it in thi
   autocast lists and, for ``device="cuda"``, what CUDA's kernels run and allocate
   (:mod:`fxmem.trace.cuda`); stacks of identical blocks traced as two; checkpoint plans;
   one rank of a data-parallel step, the model wrapped by PyTorch's own FSDP2
-  (:mod:`fxmem.trace.parallel`);
+  (:mod:`fxmem.trace.parallel`), tensor parallel plans and FSDP2 x TP
+  (:mod:`fxmem.trace.tp`);
 - :mod:`fxmem.memory`      stage 2-3: the step as a networkx graph, each storage's device
   size, live bytes after every op and the peak as an exact ``Max`` in B (and in the named
   dims, :mod:`fxmem.memory.dims`);

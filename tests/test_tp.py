@@ -240,3 +240,13 @@ def test_sequence_parallel():
             "down": RowwiseParallel(output_layouts=Shard(1))}
     torch.manual_seed(0)
     _exact(SeqMLP(), *_blocks_batch(), TP(2, plan), loss=_seq_loss)
+
+
+def test_fsdp_x_tp_uneven():
+    """dp=2 x tp=2 with 30 hidden rows: each tp rank holds 15, which FSDP2 splits 8 and 7
+    over dp; rank r is (dp r // 2, tp r % 2), so ranks 0, 1 hold 8 rows and ranks 2, 3
+    hold 7."""
+    torch.manual_seed(0)
+    p = Parallel(fsdp=FSDP(2), tp=TP(2, UNEVEN_PLAN))
+    r = _exact(MLP(hidden=30), *_mlp_batch(), p)
+    assert [g.ranks for g in r.groups] == [(0, 1), (2, 3)]

@@ -15,7 +15,14 @@ the recorder declines each ``DTensor`` op and records the ops DTensor runs on it
 tensors, the functional collectives' buffers included. Ranks differ only where their
 local shards do (``torch.chunk``'s split of a dim that the ranks do not divide evenly):
 :meth:`TP.rank_groups` wraps a meta copy as each rank and groups the ranks whose local
-parameters have the same shapes.
+parameters have the same shapes. (A plan whose activations split unevenly while every
+parameter splits evenly would make ranks alike here that are not; the styles shard
+activations the way they shard the parameters next to them, so none seen so far does.)
+
+A local tensor handed to a style that expects a shard (``RowwiseParallel``'s input after a
+``ColwiseParallel`` with ``use_local_output=True``) is taken as an even shard by
+``DTensor.from_local``: a dim the ranks do not divide evenly fails there in PyTorch itself,
+in the trace as in a real run; keep the DTensor (``use_local_output=False``) instead.
 """
 
 from __future__ import annotations

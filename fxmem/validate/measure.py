@@ -151,7 +151,8 @@ def measure(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     ``record_history=True`` (CUDA): the measured step's allocations are kept too, from
     ``torch.cuda.memory._snapshot()``.
 
-    ``parallel`` (:class:`fxmem.FSDP`): the step of each rank of a real data-parallel run
+    ``parallel`` (:class:`fxmem.FSDP`, :class:`fxmem.TP`, :class:`fxmem.Parallel`): the step
+    of each rank of a real parallel run
     on the CPU, ``world_size`` processes over gloo on this machine
     (:mod:`fxmem.validate.distributed`); returns a tuple of one :class:`Measurement` per
     rank, rank 0 first, ``B`` each rank's batch."""
