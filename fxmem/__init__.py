@@ -12,6 +12,7 @@ The pipeline, one folder per stage, each importing only the ones above it in thi
   (:mod:`fxmem.trace.cuda`); stacks of identical blocks traced as two; checkpoint plans;
   one rank of a data-parallel step, the model wrapped by PyTorch's own FSDP2
   (:mod:`fxmem.trace.parallel`) or DDP, optionally with ZeRO-1 (:mod:`fxmem.trace.ddp`);
+  tensor parallel plans and FSDP2 x TP (:mod:`fxmem.trace.tp`);
 - :mod:`fxmem.memory`      stage 2-3: the step as a networkx graph, each storage's device
   size, live bytes after every op and the peak as an exact ``Max`` in B (and in the named
   dims, :mod:`fxmem.memory.dims`);
@@ -54,6 +55,7 @@ from .report.result import Breakdown, Report
 from .trace.checkpointing import apply_checkpoints
 from .trace.parallel import DDP, FSDP
 from .trace.step import Step
+from .trace.tp import TP, Parallel
 from .validate.measure import Measurement, measure
 from .whatif import WhatIf, whatif
 
@@ -61,6 +63,6 @@ DimsReport = Report  # deprecated alias: analyze(..., dims=...) returns a Report
 
 __all__ = ["analyze", "Step", "Report", "Breakdown", "B", "L", "measure", "Measurement",
            "plan_checkpoints", "apply_checkpoints", "PlanChoice", "FrontierPoint", "whatif",
-           "WhatIf", "FSDP", "DDP", "ParallelReport", "min_world_size", "FxmemError",
-           "InputError", "TraceError", "SpecializationError", "DataDependentError",
+           "WhatIf", "FSDP", "DDP", "TP", "Parallel", "ParallelReport", "min_world_size",
+           "FxmemError", "InputError", "TraceError", "SpecializationError", "DataDependentError",
            "InfeasibleBudgetError", "DimsReport"]

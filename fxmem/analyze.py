@@ -60,9 +60,10 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     trace every block of a stack of identical blocks instead of copying the second one's trace
     (:mod:`fxmem.trace.reuse`; the result is the same, it only takes longer).
 
-    ``parallel``: a data-parallel step (:class:`fxmem.FSDP`, :class:`fxmem.DDP`), each
-    rank's memory with B its micro-batch: the model wrapped by PyTorch's own code as that
-    rank runs it, over a fake process group (:mod:`fxmem.trace.parallel`). Returns a
+    ``parallel``: a parallel step (:class:`fxmem.FSDP`, :class:`fxmem.DDP`, :class:`fxmem.TP`,
+    :class:`fxmem.Parallel` for FSDP2 x TP), each rank's memory with B its micro-batch: the
+    model wrapped by PyTorch's own code as that rank runs it, over a fake process group
+    (:mod:`fxmem.trace.parallel`). Returns a
     :class:`fxmem.report.ranks.ParallelReport`, one report per group of alike ranks; a
     checkpoint plan is then traced for real.
 
@@ -106,7 +107,7 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
 
 def _per_rank(model, inputs, targets, step, parallel, checkpoint, batch_hint, dims,
               batch_dim) -> ParallelReport:
-    """One trace per group of alike ranks (:meth:`fxmem.FSDP.rank_groups`)."""
+    """One trace per group of alike ranks (the strategy's ``rank_groups``)."""
     check_parallel(parallel)
     plan = normalize_plan(model, checkpoint)
     groups = []

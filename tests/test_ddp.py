@@ -118,8 +118,8 @@ def test_bad_strategies(make, words):
 
 def test_bad_uses():
     x, y = _batch()
-    with pytest.raises(fxmem.InputError, match=r"fxmem.FSDP\(world_size, ...\) or "
-                                               r"fxmem.DDP"):
+    with pytest.raises(fxmem.InputError, match=r"fxmem.FSDP\(world_size, ...\), "
+                                               r"fxmem.DDP\(world_size, ...\)"):
         fxmem.analyze(Stack(), x, y, parallel="ddp", **STEP)
     with pytest.raises(fxmem.InputError, match="on the CPU"):
         fxmem.measure(Stack(), x, y, B=2, parallel=DDP(2), **{**STEP, "device": "cuda"})

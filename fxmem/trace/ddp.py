@@ -45,11 +45,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import InputError
+from .strategy import Strategy
 from .tracking import StorageTracker
 
 
 @dataclass(frozen=True)
-class DDP:
+class DDP(Strategy):
     """``DistributedDataParallel`` over ``world_size`` ranks (each rank a whole replica;
     gradients all-reduced in buckets). ``bucket_cap_mb``, ``gradient_as_bucket_view``,
     ``static_graph``: DDP's own options (the bucket cap in MiB, as DDP reads it).

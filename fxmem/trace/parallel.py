@@ -39,10 +39,11 @@ import torch
 from ..errors import InputError
 from .ddp import DDP, Kept, RealInts
 from .dtypes import NAMES, dtype_of
+from .strategy import Strategy
 
 
 @dataclass(frozen=True)
-class FSDP:
+class FSDP(Strategy):
     """FSDP2 over ``world_size`` ranks (data parallel, parameters, gradients and optimizer
     state sharded). ``blocks``: module paths (or module classes) to ``fully_shard`` on their
     own before the root; ``None``: the blocks of the model's stacks of identical modules
@@ -118,8 +119,6 @@ class FSDP:
         return tuple(p for p in dict.fromkeys(out)
                      if not any(p.startswith(q + ".") for q in out if q != p))
 
-    warmup_steps = 1  # steps before the state is steady (FSDP2's lazy init is in the first)
-
     def apply(self, model: torch.nn.Module, mesh) -> torch.nn.Module:
         """``fully_shard`` ``model`` in place on ``mesh``: its blocks, then the root.
         Returns ``model``."""
@@ -135,10 +134,6 @@ class FSDP:
         fully_shard(model, mesh=mesh, reshard_after_forward=self.reshard_after_forward,
                     mp_policy=mp)
         return model
-
-    def optimizer(self, factory):
-        """The optimizer factory each rank runs: ``factory`` (on its shards)."""
-        return factory
 
     def shard_rows(self, rows: int, rank: int) -> int:
         """Rows of a dim-0 size ``rows`` that ``rank`` holds (``torch.chunk``'s split)."""
@@ -189,9 +184,10 @@ def check_parallel(parallel, rank: int = 0) -> None:
     """``parallel`` is a strategy fxmem knows, or None; ``rank`` one of its ranks."""
     if parallel is None:
         return
-    if not isinstance(parallel, (FSDP, DDP)):
-        raise InputError(f"parallel is fxmem.FSDP(world_size, ...) or fxmem.DDP(world_size, "
-                         f"...), got {parallel!r}")
+    if not isinstance(parallel, Strategy):
+        raise InputError(f"parallel is fxmem.FSDP(world_size, ...), fxmem.DDP(world_size, ...), "
+                         f"fxmem.TP(world_size, plan) or fxmem.Parallel(fsdp=..., tp=...), got "
+                         f"{parallel!r}")
     if isinstance(rank, bool) or not isinstance(rank, int) \
             or not 0 <= rank < parallel.world_size:
         raise InputError(f"rank is an int from 0 to {parallel.world_size - 1} for "
@@ -211,10 +207,12 @@ def meta_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 
 @contextlib.contextmanager
-def fake_world(world_size: int, rank: int) -> Iterator:
+def fake_world(world_size: int, rank: int, mesh_shape: tuple | None = None,
+               mesh_dim_names: tuple | None = None) -> Iterator:
     """A fake process group of ``world_size`` ranks as rank ``rank`` (collectives do
-    nothing), as the default group while the block runs, and its 1-D CPU device mesh;
-    the group is destroyed on exit."""
+    nothing), as the default group while the block runs, and its CPU device mesh
+    (``mesh_shape``, default 1-D, dims named ``mesh_dim_names``); the group is destroyed
+    on exit."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -223,25 +221,33 @@ def fake_world(world_size: int, rank: int) -> Iterator:
         raise InputError("a process group is initialised already: fxmem makes its own fake "
                          "one to trace a rank; call analyze before init_process_group, or "
                          "destroy the group first")
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    # DTensor caches its sharding decisions per process, keyed by global shapes and meshes,
+    # not by rank, and some hold a rank's local shapes (a view's): a real rank's process
+    # has only its own; here ranks take turns in one process, so each starts afresh
+    _clear_sharding_prop_cache()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
-        yield init_device_mesh("cpu", (world_size,))
+        yield init_device_mesh("cpu", mesh_shape or (world_size,),
+                               mesh_dim_names=mesh_dim_names)
     finally:
         dist.destroy_process_group()
+        _clear_sharding_prop_cache()
 
 
 @contextlib.contextmanager
-def sharded(model: torch.nn.Module, parallel, rank: int, mode) -> Iterator:
+def sharded(model: torch.nn.Module, parallel: Strategy, rank: int, mode) -> Iterator:
     """A meta copy of ``model`` wrapped by ``parallel`` as rank ``rank`` sees it, its
     storages fake tensors of ``mode``; usable while the block runs. Yields the wrapped
     model and, for :class:`DDP`, the :class:`fxmem.trace.ddp.Kept` that saw its
-    construction (to be active in the warm-up steps too; None for FSDP)."""
-    with fake_world(parallel.world_size, rank) as mesh:
+    construction (to be active in the warm-up steps too; None for the others)."""
+    with fake_world(parallel.world_size, rank, parallel.mesh_shape,
+                    parallel.mesh_dim_names) as mesh:
         copied = meta_copy(model)
-        if isinstance(parallel, FSDP):  # shards on meta, then their storages made fakes
+        if not isinstance(parallel, DDP):  # shards on meta, then their storages made fakes
             parallel.apply(copied, mesh)
-            with mode:
-                copied.to_empty(device="cpu")
+            parallel.materialize(copied, mode)
             yield copied, None
             return
         with mode:  # DDP's constructor broadcasts the parameters and builds its buckets
@@ -252,3 +258,5 @@ def sharded(model: torch.nn.Module, parallel, rank: int, mode) -> Iterator:
         with mode, kept.real, kept:
             wrapped = parallel.apply(copied, mesh)
         yield wrapped, kept
+
+

@@ -39,6 +39,7 @@ from .rules import (
     METADATA_QUERIES,
     OWN_META_OPS,
     PERIODIC_WINDOW_OPS,
+    RETURNS_ITS_INPUT,
     SIZED_OUTPUTS,
     SKIP_NAMESPACES,
     SPLIT_ALIASED_OUTPUTS,
@@ -188,6 +189,8 @@ class Recorder(StorageTracker):
                 const = getattr(args[0], "constant", None)  # what the fake kernel returns
                 if func is torch.ops.aten._local_scalar_dense.default and const is not None:
                     return const.item()  # e.g. Adam's step count, read per parameter
+            if func in RETURNS_ITS_INPUT:
+                return args[0]
             if func in LAYOUT_ONLY_GUARD_OPS:
                 with self.shape_env.suppress_guards():
                     return self.fake_kernel(func, args, kwargs)

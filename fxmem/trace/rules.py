@@ -61,6 +61,19 @@ METADATA_QUERIES = {
     aten.is_contiguous.memory_format, aten.is_strides_like_format.default,
     aten.is_non_overlapping_and_dense.default,
 }
+# A functional collective's wait returns the tensor it was given, once the collective that
+# writes it is done (torch/csrc/distributed/c10d/Functional.cpp, ``wait_tensor``: ``return
+# tensor;``); its meta kernel returns a new one (torch/distributed/_functional_collectives.py,
+# ``_wait_tensor_meta``: ``torch.empty_like(self)``), which would count the collective's
+# output twice. The recorder returns the input, as eager does.
+def _functional_waits() -> set:
+    try:  # a build without torch.distributed has no such op
+        return {torch.ops._c10d_functional.wait_tensor.default}
+    except (AttributeError, RuntimeError):
+        return set()
+
+
+RETURNS_ITS_INPUT = _functional_waits()
 # Autograd nodes whose backward formula reads a symbolic size as an int: as_strided_backward
 # (torch/csrc/autograd/FunctionsManual.cpp) makes its gradient storage with
 # ``grad.new_zeros_symint({base_size})``, then, when the input or output geometry may overlap

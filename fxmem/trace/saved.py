@@ -25,6 +25,7 @@ import weakref
 from dataclasses import astuple, dataclass
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 
 @dataclass(frozen=True)
@@ -74,10 +75,29 @@ def latest(*op_indices):
 class Held:
     """What the pack hook stores in place of a saved tensor (see the module docstring)."""
 
-    __slots__ = ("index", "sid", "tensor", "meta", "node", "__weakref__")
+    __slots__ = ("index", "sid", "tensor", "meta", "node", "wraps", "__weakref__")
 
-    def __init__(self, index, sid, tensor, meta, node):
+    def __init__(self, index, sid, tensor, meta, node, wraps=()):
         self.index, self.sid, self.tensor, self.meta, self.node = index, sid, tensor, meta, node
+        self.wraps = wraps  # a wrapper subclass's layers around the plain tensor (_unwrap)
+
+
+def _unwrap(t: torch.Tensor):
+    """The plain tensor inside ``t`` and what rebuilds ``t`` around a stand-in for it:
+    ``(class, the other attributes, the wrapped tensor's attribute, context, size,
+    stride)`` per wrapper layer, outermost first (a ``DTensor`` that autograd saved: its
+    local tensor, its mesh and spec; no tensor is held)."""
+    wraps = []
+    while is_traceable_wrapper_subclass(t):
+        attrs, ctx = t.__tensor_flatten__()
+        values = {a: getattr(t, a) for a in attrs}
+        inner = [a for a, v in values.items() if isinstance(v, torch.Tensor)]
+        if len(inner) != 1:
+            break
+        others = {a: v for a, v in values.items() if a != inner[0]}
+        wraps.append((type(t), others, inner[0], ctx, t.shape, t.stride()))
+        t = values[inner[0]]
+    return t, tuple(wraps)
 
 
 class SavedTensors:
@@ -105,10 +125,11 @@ class SavedTensors:
         if tr.storages[sid].created_by < 0:  # lives through the step anyway
             held = Held(index, sid, t, None, None)
         else:
+            t, wraps = _unwrap(t)
             st = t.untyped_storage()
             meta = (t.shape, t.stride(), t.storage_offset(), t.dtype, t.device,
                     st.nbytes() // t.element_size())
-            held = Held(index, sid, None, meta, self.node_of.get(t))
+            held = Held(index, sid, None, meta, self.node_of.get(t), wraps)
         self._finalizers.append(weakref.finalize(held, self._on_release, index))
         return held
 
@@ -138,6 +159,8 @@ class SavedTensors:
                                                  held.index))
         if held.node is not None:
             self.node_of[t] = held.node
+        for cls, others, attr, ctx, size, stride in reversed(held.wraps):
+            t = cls.__tensor_unflatten__({**others, attr: t}, ctx, size, stride)
         return t
 
     def _on_drop(self, index: int) -> None:

@@ -80,6 +80,7 @@ from .step import (
     warmup_steps,
 )
 from .symbolic import symbolic_kernels
+from .tp import metadata_unrecorded
 from .tracking import frozen_gc, storage_resizes
 from .values import eager_branches
 
@@ -224,7 +225,7 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
         handles, retry, fixed = [], False, None
         try:
             with frozen_gc(), tracing_shims(), symbolic_kernels(), attributes_kept(model), \
-                    _as_rank(model, parallel, rank, mode) as (ranked, kept):
+                    _as_rank(model, parallel, rank, mode, rec) as (ranked, kept):
                 traced = _run(ranked, spec, mode, rec, sym, batch, hint, handles, plan, named,
                               reuse_blocks, warm_up, prepared=parallel is not None,
                               kept=kept, warm_steps=getattr(parallel, "warmup_steps", 1))
@@ -271,14 +272,15 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
 
 
 @contextlib.contextmanager
-def _as_rank(model, parallel, rank: int, mode):
+def _as_rank(model, parallel, rank: int, mode, rec):
     """``model`` itself, or with ``parallel``, a copy wrapped as rank ``rank`` runs it
     (:func:`fxmem.trace.parallel.sharded`), its parameters fakes of ``mode`` already;
-    and what saw the wrapper's construction (:class:`fxmem.trace.ddp.Kept`, or None)."""
+    and what saw the wrapper's construction (:class:`fxmem.trace.ddp.Kept`, or None), with
+    DTensor's shape propagation unrecorded (:func:`fxmem.trace.tp.metadata_unrecorded`)."""
     if parallel is None:
         yield model, None
         return
-    with sharded(model, parallel, rank, mode) as (copied, kept):
+    with sharded(model, parallel, rank, mode) as (copied, kept), metadata_unrecorded(rec):
         yield copied, kept
 
 

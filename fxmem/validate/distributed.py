@@ -35,7 +35,9 @@ COLLECTIVES = ("all_gather_into_tensor", "all_gather_single", "reduce_scatter_te
                "reduce_scatter_single", "all_reduce", "broadcast", "all_gather",
                "reduce_scatter", "all_to_all_single")
 REDUCE_SCATTERS = ("reduce_scatter_tensor", "reduce_scatter_single")
-SETTLE_SECONDS = 0.002  # a collective's worker thread lets go of its tensors within this
+# a collective's worker thread lets go of its tensors within this, even on a loaded machine
+# (2 cores, 4 ranks and a test session: 2 ms was not always enough for TP's all-reduces)
+SETTLE_SECONDS = 0.01
 
 
 class _Done:
@@ -167,10 +169,14 @@ def _rank_main(rank, world, store_path, conn, model, parallel, measure_one, time
         os.environ["GLOO_SOCKET_IFNAME"] = LOOPBACK
         torch.set_num_threads(1)
         _as_nccl_allocates()
+        from .measure import _Tracker
+
+        _Tracker.settle_seconds = SETTLE_SECONDS  # this process's own class (fork)
         store = dist.FileStore(store_path, world)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout))
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = init_device_mesh("cpu", parallel.mesh_shape,
+                                mesh_dim_names=parallel.mesh_dim_names)
         if isinstance(parallel, DDP):  # what its construction keeps (the buckets) seen
             kept = Kept()
             kept.know([*model.parameters(), *model.buffers()])
@@ -178,7 +184,7 @@ def _rank_main(rank, world, store_path, conn, model, parallel, measure_one, time
                 model = parallel.apply(model, mesh)  # this process's own copy (fork)
             conn.send(("ok", measure_one(model, list(model.parameters()), kept=kept)))
         else:
-            model = parallel.apply(model, mesh)
+            model = parallel.apply(model, mesh) or model  # this process's own copy (fork)
             conn.send(("ok", measure_one(model, list(model.parameters()))))
     except BaseException as e:  # noqa: BLE001 - sent to the parent, which raises
         code = 1

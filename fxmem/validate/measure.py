@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import gc
+import time
 from dataclasses import dataclass
 
 import torch
@@ -126,6 +127,17 @@ def _check_not_skipped(scaler, scale) -> None:
 
 
 class _Tracker(StorageTracker):
+    # in a rank's process (fxmem.validate.distributed): after each collective op, and after
+    # each wait on one (a functional collective's ``wait_tensor``: tensor parallelism's
+    # all-reduces), the communication thread is given this long to let go of its tensors
+    settle_seconds = 0.0
+
+    def run_op(self, func, args, kwargs):
+        out = func(*args, **kwargs)
+        if self.settle_seconds and func.namespace in ("c10d", "_c10d_functional"):
+            time.sleep(self.settle_seconds)
+        return out
+
     def __init__(self):
         super().__init__()
         self.phase = "start"
@@ -153,8 +165,9 @@ def measure(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     ``record_history=True`` (CUDA): the measured step's allocations are kept too, from
     ``torch.cuda.memory._snapshot()``.
 
-    ``parallel`` (:class:`fxmem.FSDP`, :class:`fxmem.DDP`): the step of each rank of a
-    real data-parallel run on the CPU, ``world_size`` processes over gloo on this machine
+    ``parallel`` (:class:`fxmem.FSDP`, :class:`fxmem.DDP`, :class:`fxmem.TP`,
+    :class:`fxmem.Parallel`): the step of each rank of a real parallel run on the CPU,
+    ``world_size`` processes over gloo on this machine
     (:mod:`fxmem.validate.distributed`); returns a tuple of one :class:`Measurement` per
     rank, rank 0 first, ``B`` each rank's batch."""
     if device is UNSET and step is None:

@@ -1,0 +1,252 @@
+"""Tensor parallel and FSDP2 x TP per rank (issue 18): each rank's predicted peak equals a
+real multi-process run of the same step (gloo, on this machine's CPU,
+fxmem.measure(..., parallel=...)), to the byte, at batch sizes other than the traced one;
+ranks with uneven shards included."""
+
+import gc
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+import fxmem
+from fxmem import FSDP, TP, Parallel
+
+BATCHES = (3, 17)  # the example batch is 4
+
+
+class MLP(nn.Module):
+    """Up, ReLU, down and a head; ``hidden`` rows split over the ranks (30 over 4: 8, 8, 8,
+    6, uneven)."""
+
+    def __init__(self, d=16, hidden=64, out=10):
+        super().__init__()
+        self.up = nn.Linear(d, hidden)
+        self.down = nn.Linear(hidden, d)
+        self.head = nn.Linear(d, out)
+
+    def forward(self, x):
+        return self.head(self.down(F.relu(self.up(x))))
+
+
+MLP_PLAN = {"up": ColwiseParallel(), "down": RowwiseParallel()}
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention whose reshapes take the local heads (``-1``), as Megatron's
+    and HF's do, then an MLP; a stack of these and a head."""
+
+    def __init__(self, d=32, heads=4):
+        super().__init__()
+        self.head_dim = d // heads
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.up, self.down = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (f(x).view(b, n, -1, self.head_dim).transpose(1, 2)
+                   for f in (self.q, self.k, self.v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o(a.transpose(1, 2).reshape(b, n, -1))
+        return x + self.down(F.gelu(self.up(x)))
+
+
+class Blocks(nn.Module):
+    def __init__(self, d=32, n=2, out=10):
+        super().__init__()
+        self.layers = nn.ModuleList([Attention(d) for _ in range(n)])
+        self.head = nn.Linear(d, out)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+BLOCK_PLAN = {"layers.*.q": ColwiseParallel(), "layers.*.k": ColwiseParallel(),
+              "layers.*.v": ColwiseParallel(), "layers.*.o": RowwiseParallel(),
+              "layers.*.up": ColwiseParallel(), "layers.*.down": RowwiseParallel()}
+
+STEP = dict(loss=F.cross_entropy, optimizer=torch.optim.Adam, device="cpu")
+
+
+def _mlp_batch():
+    torch.manual_seed(0)
+    return torch.randn(4, 16), torch.randint(0, 10, (4,))
+
+
+def _seq_loss(out, y):
+    return F.cross_entropy(out.flatten(0, 1), y.flatten())
+
+
+def _blocks_batch():
+    torch.manual_seed(0)
+    return torch.randn(4, 8, 32), torch.randint(0, 10, (4, 8))
+
+
+def _exact(model, inputs, targets, parallel, batches=BATCHES, **step):
+    """analyze once; measure every rank at each B in real processes: the same bytes."""
+    step = {**STEP, **step}
+    report = fxmem.analyze(model, inputs, targets, parallel=parallel, **step)
+    for b in batches:
+        measured = fxmem.measure(model, inputs, targets, B=b, parallel=parallel, **step)
+        assert len(measured) == parallel.world_size
+        got = [report.peak_bytes(b, rank=k) for k in range(parallel.world_size)]
+        assert got == [m.peak_bytes for m in measured], (b, got)
+    return report
+
+
+# up's output a DTensor: its global shape travels with it, so the rows may split unevenly
+# (a local tensor would be taken as an even shard by RowwiseParallel's DTensor.from_local)
+UNEVEN_PLAN = {"up": ColwiseParallel(use_local_output=False), "down": RowwiseParallel()}
+
+
+@pytest.mark.parametrize("world,hidden,plan,groups", [
+    (2, 64, MLP_PLAN, [(0, 1)]),
+    (4, 64, MLP_PLAN, [(0, 1, 2, 3)]),
+    (4, 30, UNEVEN_PLAN, [(0, 1, 2), (3,)]),  # 30 rows over 4 ranks: 8, 8, 8, 6
+])
+def test_mlp_per_rank(world, hidden, plan, groups):
+    torch.manual_seed(0)
+    r = _exact(MLP(hidden=hidden), *_mlp_batch(), TP(world, plan))
+    assert [g.ranks for g in r.groups] == groups
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_attention_per_rank(world):
+    torch.manual_seed(0)
+    r = _exact(Blocks(), *_blocks_batch(), TP(world, BLOCK_PLAN), loss=_seq_loss)
+    assert [g.ranks for g in r.groups] == [tuple(range(world))]
+
+
+def test_the_shards_are_the_parts():
+    """Params per rank are the planned layers' shards (rows for colwise, columns for
+    rowwise, the rowwise bias whole) and the unplanned head whole."""
+    m = MLP()
+    r = fxmem.analyze(m, *_mlp_batch(), parallel=TP(4, MLP_PLAN), **STEP)
+    sharded = (m.up.weight.numel() + m.up.bias.numel() + m.down.weight.numel()) // 4
+    whole = m.down.bias.numel() + m.head.weight.numel() + m.head.bias.numel()
+    assert r.parts(0)["params"] == 4 * (sharded + whole)
+
+
+def _llama():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=64)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+LLAMA_PLAN = {"model.layers.*.self_attn.q_proj": ColwiseParallel(),
+              "model.layers.*.self_attn.k_proj": ColwiseParallel(),
+              "model.layers.*.self_attn.v_proj": ColwiseParallel(),
+              "model.layers.*.self_attn.o_proj": RowwiseParallel(),
+              "model.layers.*.mlp.gate_proj": ColwiseParallel(),
+              "model.layers.*.mlp.up_proj": ColwiseParallel(),
+              "model.layers.*.mlp.down_proj": RowwiseParallel()}
+
+
+def _lm_loss(out, y):
+    return F.cross_entropy(out.logits.flatten(0, 1), y.flatten())
+
+
+def test_llama_tp2():
+    """HF Llama's attention reshapes to ``(*input_shape, -1, head_dim)``: with the q, k, v
+    projections colwise each rank runs its local heads (2 of 4 query heads, 1 of 2 key and
+    value heads; the 2 key-value heads do not split over 4 ranks)."""
+    m = _llama()
+    ids = torch.randint(0, 128, (2, 16))
+    _exact(m, ids, ids, TP(2, LLAMA_PLAN), batches=(3, 5), loss=_lm_loss,
+           optimizer=torch.optim.AdamW)
+
+
+def test_fsdp_x_tp_blocks():
+    """FSDP2 over dp=2 of TP over tp=2: 4 processes on a (2, 2) mesh named ("dp", "tp")."""
+    p = Parallel(fsdp=FSDP(2), tp=TP(2, BLOCK_PLAN))
+    torch.manual_seed(0)
+    r = _exact(Blocks(), *_blocks_batch(), p, loss=_seq_loss)
+    assert p.world_size == 4 and p.mesh_shape == (2, 2)
+    assert [g.ranks for g in r.groups] == [(0, 1, 2, 3)]
+
+
+def test_fsdp_x_tp_llama():
+    m = _llama()
+    ids = torch.randint(0, 128, (2, 16))
+    _exact(m, ids, ids, Parallel(fsdp=FSDP(2), tp=TP(2, LLAMA_PLAN)), batches=(3, 5),
+           loss=_lm_loss, optimizer=torch.optim.AdamW)
+
+
+def test_nothing_changes_outside():
+    """The user's model keeps its parameters and class; no process group is left."""
+    m = MLP()
+    before = [(id(p), type(p)) for p in m.parameters()]
+    fxmem.analyze(m, *_mlp_batch(), parallel=TP(2, MLP_PLAN), **STEP)
+    fxmem.analyze(m, *_mlp_batch(), parallel=Parallel(fsdp=FSDP(2), tp=TP(2, MLP_PLAN)),
+                  **STEP)
+    gc.collect()
+    assert [(id(p), type(p)) for p in m.parameters()] == before
+    assert type(m) is MLP and not dist.is_initialized()
+    assert "resize_" not in vars(torch.UntypedStorage)
+
+
+@pytest.mark.parametrize("make,words", [
+    (lambda: TP(0, MLP_PLAN), "world_size"),
+    (lambda: TP(2, {}), "plan"),
+    (lambda: TP(2, {"up": "colwise"}), "plan"),
+    (lambda: TP(2, ["up"]), "plan"),
+    (lambda: Parallel(fsdp=2, tp=TP(2, MLP_PLAN)), "fsdp"),
+    (lambda: Parallel(fsdp=FSDP(2), tp=4), "tp"),
+])
+def test_bad_strategies(make, words):
+    with pytest.raises(fxmem.InputError, match=words) as e:
+        make()
+    assert "\n" not in str(e.value)
+
+
+def test_bad_uses():
+    x, y = _mlp_batch()
+    with pytest.raises(fxmem.InputError, match="no submodule 'mid'"):
+        fxmem.analyze(MLP(), x, y, parallel=TP(2, {"mid": ColwiseParallel()}), **STEP)
+    with pytest.raises(fxmem.InputError, match="TP"):
+        fxmem.analyze(MLP(), x, y, parallel="tp", **STEP)
+    with pytest.raises(fxmem.InputError, match="on the CPU"):
+        fxmem.measure(MLP(), x, y, B=2, parallel=TP(2, MLP_PLAN), **{**STEP, "device": "cuda"})
+
+
+class SeqMLP(nn.Module):
+    """A pre-norm residual MLP and a head; with the sequence-parallel plan each rank is
+    given its own stretch of the sequence, the norm runs on it, ``up`` all-gathers the
+    sequence and ``down`` reduce-scatters it back (Megatron's sequence parallelism)."""
+
+    def __init__(self, d=32, out=10):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.up, self.down = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+        self.head = nn.Linear(d, out)
+
+    def forward(self, x):
+        return self.head(x + self.down(F.gelu(self.up(self.norm(x)))))
+
+
+def test_sequence_parallel():
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import SequenceParallel
+
+    plan = {"norm": SequenceParallel(), "up": ColwiseParallel(input_layouts=Shard(1)),
+            "down": RowwiseParallel(output_layouts=Shard(1))}
+    torch.manual_seed(0)
+    _exact(SeqMLP(), *_blocks_batch(), TP(2, plan), loss=_seq_loss)
+
+
+def test_fsdp_x_tp_uneven():
+    """dp=2 x tp=2 with 30 hidden rows: each tp rank holds 15, which FSDP2 splits 8 and 7
+    over dp; rank r is (dp r // 2, tp r % 2), so ranks 0, 1 hold 8 rows and ranks 2, 3
+    hold 7."""
+    torch.manual_seed(0)
+    p = Parallel(fsdp=FSDP(2), tp=TP(2, UNEVEN_PLAN))
+    r = _exact(MLP(hidden=30), *_mlp_batch(), p)
+    assert [g.ranks for g in r.groups] == [(0, 1), (2, 3)]
