@@ -142,13 +142,16 @@ def min_world_size(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train
     ...                      budget_bytes=2_500_000, B=16)
     3
     """
-    from dataclasses import replace
+    from dataclasses import fields, replace
 
     from .errors import InfeasibleBudgetError, InputError
 
     check_parallel(parallel)
     if isinstance(B, bool) or not isinstance(B, int) or B < 1:
         raise InputError(f"B must be a positive int, got {B!r}")
+    if "world_size" not in {f.name for f in fields(parallel)}:
+        raise InputError(f"min_world_size varies the world size of fxmem.FSDP, fxmem.DDP or "
+                         f"fxmem.TP; for {parallel.name}, vary one of its parts")
     step = Step.of(step, loss=loss, optimizer=optimizer, train=train, device=device, **options)
     memo: dict = {}
 

@@ -261,3 +261,21 @@ def test_whatif_has_a_sharding_row():
     assert row.method == "sharding" and row.peak_bytes == r.peak_bytes(16)
     assert row.max_batch_size == r.max_batch_size(2**20)
     assert row.peak_bytes < rows[0].peak_bytes  # the unsharded step's
+
+
+@pytest.mark.parametrize("options", [dict(grad_accum=2), dict(amp=torch.bfloat16)],
+                         ids=["grad_accum", "amp"])
+def test_composes_with_the_training_loop(options):
+    """Gradient accumulation (FSDP2 reduce-scatters after each micro-batch and accumulates
+    the sharded gradient) and CPU autocast: exact per rank."""
+    _exact(Stack(), *_batch(), FSDP(4), **options)
+
+
+def test_composes_with_checkpointing():
+    """Blocks under checkpoint_wrapper, gathered again for the recomputed forward: the
+    Llama's recomputed blocks hold their input until the recompute lets go of it."""
+    _exact(fxmem.apply_checkpoints(Stack(), ["layers.0", "layers.1", "layers.2"]),
+           *_batch(), FSDP(4))
+    m = fxmem.apply_checkpoints(_hf("llama"), ["model.layers.0", "model.layers.1"])
+    ids = torch.randint(0, 128, (2, 16))
+    _exact(m, ids, ids, FSDP(2), batches=(3, 5), loss=_lm_loss, optimizer=torch.optim.AdamW)

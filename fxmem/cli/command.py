@@ -124,6 +124,13 @@ def cli():
               help="Data parallel with FSDP2 (fully_shard on each block of the model's "
                    "stacks, then the root) over RANKS GPUs: the report is per rank, B each "
                    "rank's micro-batch, shown for the ranks with the least room.")
+@click.option("--ddp", "ddp", type=click.IntRange(min=1), default=None, metavar="RANKS",
+              help="Data parallel with DistributedDataParallel over RANKS GPUs (each a whole "
+                   "replica, gradients all-reduced in 25 MiB buckets): the report is per "
+                   "rank, B each rank's micro-batch.")
+@click.option("--zero1", is_flag=True,
+              help="With --ddp: the optimizer state partitioned over the ranks "
+                   "(ZeroRedundancyOptimizer, ZeRO stage 1).")
 @click.option("--reshard/--no-reshard", default=True, show_default=True,
               help="With --fsdp: free each block's gathered parameters after its forward "
                    "(FSDP2's reshard_after_forward).")
@@ -145,8 +152,8 @@ def cli():
 @click.option("--debug", is_flag=True, help="Show the traceback of an error.")
 def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, inference,
             grad_accum, batch, budget, gpu, cuda_context, checkpoint, config, dim_sizes, seq,
-            cudnn_workspace, fsdp, reshard, param_dtype, reduce_dtype, fmt, out, whatif, top,
-            debug):
+            cudnn_workspace, fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, fmt, out,
+            whatif, top, debug):
     """Analyse one step of the model TARGET: path/to/file.py:ClassOrFactory,
     package.module:ClassOrFactory, timm:NAME, torchvision:NAME (a classifier), or Hugging
     Face's hf:PRESET (gpt2, llama, mistral, bert), hf:ConfigClass (hf:T5Config) or
@@ -158,7 +165,8 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
         if device == "cpu" and capability is not None:
             raise InputError("--compute-capability names the GPU whose kernels --device cuda "
                              "follows: drop it with --device cpu")
-        parallel = _parallel(fsdp, reshard, param_dtype, reduce_dtype, checkpoint, whatif)
+        parallel = _parallel(fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, checkpoint,
+                             whatif)
         with _silenced():
             text = _analyze(target, inputs, targets, loss, optimizer, amp, device, inference,
                             grad_accum, batch, budget, checkpoint, config, seq, fmt, top,
@@ -286,22 +294,30 @@ def _fail(e, debug: bool, cause: BaseException | None = None):
     sys.exit(e.code if isinstance(e, _Exit) else _code(e))
 
 
-def _parallel(fsdp, reshard, param_dtype, reduce_dtype, checkpoint, whatif):
-    """The data-parallel strategy the options name, or None."""
+def _parallel(fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, checkpoint, whatif):
+    """The parallel strategy the options name, or None."""
+    if fsdp is not None and ddp is not None:
+        raise InputError("give --fsdp or --ddp, not both")
+    if ddp is None and zero1:
+        raise InputError("--zero1 partitions DDP's optimizer state: give --ddp RANKS too")
     if fsdp is None:
         given = [o for o, v in (("--no-reshard", not reshard), ("--param-dtype", param_dtype),
                                 ("--reduce-dtype", reduce_dtype)) if v]
         if given:
             raise InputError(f"{given[0]} is an FSDP option: give --fsdp RANKS too")
-        return None
+        if ddp is None:
+            return None
+    flag = "--fsdp" if fsdp is not None else "--ddp"
     if checkpoint == "auto":
-        raise InputError("--checkpoint auto is not available with --fsdp yet: name the "
+        raise InputError(f"--checkpoint auto is not available with {flag} yet: name the "
                          "modules to checkpoint (e.g. --checkpoint model.layers.0,...)")
     if whatif:
-        raise InputError("--whatif has no rows for a sharded step yet: drop --whatif or "
-                         "--fsdp")
-    from ..trace.parallel import FSDP
+        raise InputError(f"--whatif has no rows for a parallel step yet: drop --whatif or "
+                         f"{flag}")
+    from ..trace.parallel import DDP, FSDP
 
+    if ddp is not None:
+        return DDP(ddp, zero1=zero1)
     dtypes = {k: dtype_of(v, what=f"--{k.replace('_', '-')}")
               for k, v in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)) if v}
     return FSDP(fsdp, reshard_after_forward=reshard, **dtypes)
