@@ -13,7 +13,7 @@ import torch.nn as nn
 
 import fxmem
 from fxmem.trace.parallel import DDP
-from tests.test_fsdp import STEP, Stack, _batch, _exact, _hf, _lm_loss
+from test_fsdp import STEP, Stack, _batch, _exact, _hf, _lm_loss
 
 
 def _buckets(report, rank=0):

@@ -14,8 +14,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 import fxmem
 from fxmem import FSDP, TP, Parallel
-
-BATCHES = (3, 17)  # the example batch is 4
+from test_fsdp import _exact  # analyse once, measure every rank at B = 3 and 17
 
 
 class MLP(nn.Module):
@@ -85,18 +84,6 @@ def _seq_loss(out, y):
 def _blocks_batch():
     torch.manual_seed(0)
     return torch.randn(4, 8, 32), torch.randint(0, 10, (4, 8))
-
-
-def _exact(model, inputs, targets, parallel, batches=BATCHES, **step):
-    """analyze once; measure every rank at each B in real processes: the same bytes."""
-    step = {**STEP, **step}
-    report = fxmem.analyze(model, inputs, targets, parallel=parallel, **step)
-    for b in batches:
-        measured = fxmem.measure(model, inputs, targets, B=b, parallel=parallel, **step)
-        assert len(measured) == parallel.world_size
-        got = [report.peak_bytes(b, rank=k) for k in range(parallel.world_size)]
-        assert got == [m.peak_bytes for m in measured], (b, got)
-    return report
 
 
 # up's output a DTensor: its global shape travels with it, so the rows may split unevenly
