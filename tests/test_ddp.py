@@ -133,3 +133,18 @@ def test_names():
     assert DDP(2, bucket_cap_mb=1, gradient_as_bucket_view=True, zero1=True).name == (
         "DDP over 2 ranks (bucket_cap_mb=1, gradient_as_bucket_view=True, ZeRO-1)")
     assert DDP(2).rank_groups(nn.Linear(2, 2)) == ((0, 1),)
+
+
+def test_names_and_plans_are_the_users():
+    """Parameters are named, and plans written, as in the user's model (``layers.0``, not
+    DDP's ``module.layers.0``); a checkpointed DDP step is exact per rank."""
+    x, y = _batch()
+    m = Stack()
+    plan = ["layers.0", "layers.1"]
+    r = fxmem.analyze(m, x, y, parallel=DDP(2), checkpoint=plan, **STEP)
+    names = [s.name for s in r.rank(0).trace.storages if s.category == "param"]
+    assert names[0] == "layers.0.0.weight" and not any(n.startswith("module.") for n in names)
+    wrapped = fxmem.apply_checkpoints(Stack(), plan)
+    for b in (3, 17):
+        measured = fxmem.measure(wrapped, x, y, B=b, parallel=DDP(2), **STEP)
+        assert [r.peak_bytes(b, rank=k) for k in range(2)] == [v.peak_bytes for v in measured]

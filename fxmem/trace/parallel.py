@@ -194,6 +194,14 @@ def check_parallel(parallel, rank: int = 0) -> None:
                          f"{parallel.name}, got {rank!r}")
 
 
+def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The user's model inside a wrapper module (``DistributedDataParallel``'s ``.module``),
+    or ``model`` itself: its names, not the wrapper's (``layers.0``, not ``module.layers.0``)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
 def meta_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A deep copy of ``model`` whose parameters and buffers are on the meta device (ties
     kept; nothing the size of the model is allocated)."""

@@ -53,7 +53,7 @@ from .modstate import (
     slots,
     watch_buffers,
 )
-from .parallel import check_parallel, sharded
+from .parallel import check_parallel, sharded, unwrapped
 from .recorder import (
     Recorder,
     _as_trace_error,
@@ -304,6 +304,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
          warm_steps=1) -> Trace:
     # fake parameters and buffers, registered under their names (``prepared``: the model's
     # own are fakes of ``mode`` already, e.g. a rank's shards: fxmem.trace.parallel)
+    wrapper, model = model, unwrapped(model)  # names, plans and buffers are the user's model's
     named_p = list(model.named_parameters())
     named_b = [(n, b) for n, b in model.named_buffers() if b is not None]
     fparams = dict(named_p) if prepared else \
@@ -360,7 +361,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     params = list(fparams.values())
 
     def forward(*args):
-        return model(*args)
+        return wrapper(*args)
 
     with mode:
         opt = make_optimizer(spec.optimizer, params, spec.device, spec) \
@@ -474,7 +475,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
             register_buffers(rec, model)
             if kept is not None:  # the wrapper's own storages, e.g. DDP's gradient buckets
                 for i, st in enumerate(kept.left([*fparams.values(), *fbufs.values()])):
-                    rec.register_named(st, "grad", f"<{wrapper_name(model)}>[{i}]")
+                    rec.register_named(st, "grad", f"<{wrapper_name(wrapper)}>[{i}]")
                 kept.close()
         if needs_closure(opt):
             # steady state: LBFGS's history is full after some steps; run them unrecorded
