@@ -169,9 +169,6 @@ def _rank_main(rank, world, store_path, conn, model, parallel, measure_one, time
         os.environ["GLOO_SOCKET_IFNAME"] = LOOPBACK
         torch.set_num_threads(1)
         _as_nccl_allocates()
-        from .measure import _Tracker
-
-        _Tracker.settle_seconds = SETTLE_SECONDS  # this process's own class (fork)
         store = dist.FileStore(store_path, world)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout))

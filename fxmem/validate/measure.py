@@ -188,9 +188,10 @@ def measure(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     ins = [batch_of(t, B, device, d) for t, d in zip(spec.inputs, spec.batch_dims)]
     tgs = [batch_of(t, B, device, d) for t, d in zip(spec.targets, spec.batch_dims[n_in:])]
     if parallel is not None:
-        from .distributed import measure_ranks
+        from .distributed import SETTLE_SECONDS, measure_ranks
 
         def one_rank(wrapped, params, kept=None):  # in each rank's process, wrapped
+            _Tracker.settle_seconds = SETTLE_SECONDS  # this process's own class (fork)
             factory = parallel.optimizer(spec.optimizer)  # ZeRO-1's over the user's
             opt = make_optimizer(factory, params, device, spec) if factory else None
             with frozen_gc():
