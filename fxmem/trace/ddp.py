@@ -69,10 +69,7 @@ class DDP(Strategy):
     zero1: bool = False
 
     def __post_init__(self):
-        w = self.world_size
-        if isinstance(w, bool) or not isinstance(w, int) or w < 1:
-            raise InputError(f"DDP: world_size is a positive int (the number of ranks), "
-                             f"got {w!r}")
+        self.check_world_size("DDP")
         cap = self.bucket_cap_mb
         if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
             raise InputError(f"DDP: bucket_cap_mb is a positive number of MiB, got {cap!r}")

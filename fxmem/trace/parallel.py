@@ -65,9 +65,7 @@ class FSDP(Strategy):
 
     def __post_init__(self):
         w = self.world_size
-        if isinstance(w, bool) or not isinstance(w, int) or w < 1:
-            raise InputError(f"FSDP: world_size is a positive int (the number of ranks), "
-                             f"got {w!r}")
+        self.check_world_size("FSDP")
         r = self.reshard_after_forward
         if not isinstance(r, (bool, int)) or (not isinstance(r, bool) and not 1 <= r <= w):
             raise InputError(f"FSDP: reshard_after_forward is True, False or a world size "

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import InputError
+
 
 class Strategy:
     """What every parallel strategy fxmem wraps a model with has: ``world_size`` ranks on a
@@ -18,6 +20,13 @@ class Strategy:
 
     mesh_dim_names = None
     warmup_steps = 1  # steps before the state is steady (FSDP2's lazy init is in the first)
+
+    def check_world_size(self, who: str) -> None:
+        """``world_size`` is a positive int; else an :class:`fxmem.InputError` naming ``who``."""
+        w = self.world_size
+        if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+            raise InputError(f"{who}: world_size is a positive int (the number of ranks), "
+                             f"got {w!r}")
 
     def optimizer(self, factory):
         """The optimizer factory each rank runs: ``factory`` itself (on its shards); ZeRO-1

@@ -61,10 +61,7 @@ class TP(Strategy):
     plan: dict
 
     def __post_init__(self):
-        w = self.world_size
-        if isinstance(w, bool) or not isinstance(w, int) or w < 1:
-            raise InputError(f"TP: world_size is a positive int (the number of ranks), "
-                             f"got {w!r}")
+        self.check_world_size("TP")
         style = _styles()
         if not isinstance(self.plan, dict) or not self.plan or not all(
                 isinstance(k, str) and isinstance(v, style) for k, v in self.plan.items()):
