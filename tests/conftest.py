@@ -32,12 +32,12 @@ def _global_state_unchanged():
     before = (torch.get_default_dtype(), torch.is_grad_enabled(), torch.clear_autocast_cache,
               torch._C._dispatch_dump("aten::softmax.int"), _routes(), torch.is_autocast_enabled("cpu"),
               len(_get_current_dispatch_mode_stack()), len(_get_current_function_mode_stack()),
-              len(m._global_forward_hooks), len(m._global_forward_pre_hooks))
+              len(m._global_forward_hooks), len(m._global_forward_pre_hooks), sys.excepthook)
     yield
     after = (torch.get_default_dtype(), torch.is_grad_enabled(), torch.clear_autocast_cache,
               torch._C._dispatch_dump("aten::softmax.int"), _routes(), torch.is_autocast_enabled("cpu"),
              len(_get_current_dispatch_mode_stack()), len(_get_current_function_mode_stack()),
-             len(m._global_forward_hooks), len(m._global_forward_pre_hooks))
+             len(m._global_forward_hooks), len(m._global_forward_pre_hooks), sys.excepthook)
     assert after == before, "global state changed"
 
 

@@ -81,13 +81,16 @@ def test_zero1_partition_is_zeros():
             assert got == DDP(world, zero1=True).partition(m)
 
 
-@pytest.mark.parametrize("parallel", [DDP(2), DDP(2, zero1=True)], ids=lambda p: p.name)
-def test_llama(parallel):
-    m = _hf("llama")
+@pytest.mark.parametrize("kind,parallel", [("llama", DDP(2)), ("llama", DDP(2, zero1=True)),
+                                           ("gpt2", DDP(2)), ("gpt2", DDP(4, zero1=True))],
+                         ids=lambda p: p if isinstance(p, str) else p.name)
+def test_language_models(kind, parallel):
+    m = _hf(kind)
     ids = torch.randint(0, 128, (2, 16))
     r = _exact(m, ids, ids, parallel, batches=(3, 5), loss=_lm_loss,
                optimizer=torch.optim.AdamW)
-    assert r.peak_bytes(5) == max(r.peak_bytes(5, rank=k) for k in range(2))
+    w = parallel.world_size
+    assert r.peak_bytes(5) == max(r.peak_bytes(5, rank=k) for k in range(w))
 
 
 def test_nothing_changes_outside():

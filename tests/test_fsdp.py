@@ -2,6 +2,7 @@
 the same step (gloo, on this machine's CPU, fxmem.measure(..., parallel=...)), to the
 byte, at batch sizes other than the traced one; ranks with uneven shards included."""
 
+import dataclasses
 import gc
 
 import pytest
@@ -64,6 +65,57 @@ def test_stack_per_rank(parallel):
     # 30 rows over 4 ranks: 8, 8, 8, 6; 10 rows: 3, 3, 3, 1. The last rank differs.
     groups = [g.ranks for g in r.groups]
     assert groups == ([(0, 1)] if parallel.world_size == 2 else [(0, 1, 2), (3,)])
+
+
+@pytest.mark.parametrize("parallel,groups", [
+    (FSDP(4, replicate=2), [(0, 1, 2, 3)]),       # 30 rows over 2 shards: 15 and 15
+    (FSDP(4, replicate=2, reshard_after_forward=False), [(0, 1, 2, 3)]),
+    (FSDP(6, replicate=2), [(0, 1, 3, 4), (2, 5)]),  # over 3 shards: 10, 10, 10; 4, 4, 2
+], ids=lambda p: p.name if isinstance(p, FSDP) else "")
+def test_hsdp_per_rank(parallel, groups):
+    """HSDP: ``fully_shard`` on a (replicate, shard) mesh; each rank holds the shards of its
+    shard group, gradients reduce-scattered there, then all-reduced across the replicas."""
+    r = _exact(Stack(), *_batch(), parallel)
+    assert [g.ranks for g in r.groups] == groups
+    # a replica's ranks hold what FSDP over the shard group's ranks would
+    alone = fxmem.analyze(Stack(), *_batch(), parallel=FSDP(parallel.shards), **STEP)
+    assert r.parts(0)["params"] == alone.parts(0)["params"]
+
+
+@pytest.mark.parametrize("parallel", [
+    FSDP(2, offload=True),
+    FSDP(4, offload=True),                                   # uneven shards
+    FSDP(2, offload=True, param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+], ids=lambda p: p.name)
+def test_cpu_offload_per_rank(parallel):
+    """CPUOffloadPolicy: the shards, their gradients, the optimizer state and the optimizer
+    step are host memory; the device holds each shard's copy until the all-gather copies it
+    in, the gathered blocks, the reduce-scatter buffers and the activations. The measured
+    ranks make the same host-device copies (fxmem.trace.offload) and leave the host out."""
+    r = _exact(Stack(), *_batch(), parallel)
+    for k in range(parallel.world_size):
+        parts = r.parts(k)
+        assert parts["params"] == parts["grads"] == parts["optimizer_state"] == 0
+    # what the device no longer holds: more than the model states it gave up, less the
+    # device copies of one block's shards
+    kept = fxmem.analyze(Stack(), *_batch(), parallel=dataclasses.replace(parallel,
+                                                                          offload=False), **STEP)
+    states = sum(kept.parts(0)[p] for p in ("params", "grads", "optimizer_state"))
+    assert 0 < kept.peak_bytes(64, rank=0) - r.peak_bytes(64, rank=0) <= states
+
+
+def test_cpu_offload_copies_to_the_device():
+    """Each offloaded shard is copied to the device before its all-gather (a GPU run's
+    host-to-device copy); the CPU's ``.to`` would return the shard itself."""
+    from fxmem.trace import trace
+
+    def copies(offload):
+        t = trace(Stack(), *_batch(), parallel=FSDP(2, offload=offload), **STEP)
+        return [op for op in t.ops if op.op == "aten.clone.default" and op.phase == "forward"]
+
+    assert copies(False) == []
+    # one copy of each of the 8 parameters' shards before its block's forward all-gather
+    assert len(copies(True)) == len(list(Stack().parameters())) == 8
 
 
 def test_reshard_after_forward_false_keeps_the_gathered_blocks():
@@ -279,3 +331,23 @@ def test_composes_with_checkpointing():
     m = fxmem.apply_checkpoints(_hf("llama"), ["model.layers.0", "model.layers.1"])
     ids = torch.randint(0, 128, (2, 16))
     _exact(m, ids, ids, FSDP(2), batches=(3, 5), loss=_lm_loss, optimizer=torch.optim.AdamW)
+
+
+def test_command_line_hsdp_and_offload():
+    """``--fsdp 4 --replicate 2 --offload``: HSDP with CPU offload, the library's figures."""
+    import json
+
+    from click.testing import CliRunner
+
+    from fxmem.cli.command import cli
+
+    r = CliRunner().invoke(cli, [
+        "analyze", "tests/test_fsdp.py:Stack", "--input", "B,30", "--target", "B:int64:10",
+        "--optimizer", "adam", "--device", "cpu", "--fsdp", "4", "--replicate", "2",
+        "--offload", "--batch", "16", "--format", "json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    parallel = FSDP(4, replicate=2, offload=True)
+    report = fxmem.analyze(Stack(), *_batch(), parallel=parallel, **STEP)
+    assert doc["setup"]["parallel"] == parallel.name
+    assert doc["peak_bytes"] == report.peak_bytes(16)

@@ -151,6 +151,25 @@ def test_llama_tp2():
            optimizer=torch.optim.AdamW)
 
 
+def test_llama_own_plan():
+    """``TP(2)``: the model's own Hugging Face plan (``model.tp_plan``), as PyTorch's styles:
+    beside the layers of LLAMA_PLAN the embedding is vocabulary-parallel and the head's
+    logits are all-gathered (``colwise_gather_output``)."""
+    m = _llama()
+    ids = torch.randint(0, 128, (2, 16))
+    plan = fxmem.trace.tp.hf_plan(m)
+    assert set(plan) == set(LLAMA_PLAN) | {"model.embed_tokens", "lm_head"}
+    r = _exact(m, ids, ids, TP(2), batches=(3, 5), loss=_lm_loss,
+               optimizer=torch.optim.AdamW)
+    assert "Hugging Face plan" in r.strategy.name
+    # DTensor's view rule asks whether B divides by 2; the step is the same either way
+    assert not [g for g in r.rank(0).valid_when if "Mod" in str(g)]
+    # the embedding's and the head's weights are split too: fewer bytes than LLAMA_PLAN's
+    mine = fxmem.analyze(m, ids, ids, parallel=TP(2, LLAMA_PLAN), loss=_lm_loss,
+                         optimizer=torch.optim.AdamW, device="cpu")
+    assert r.rank(0).parts["params"] < mine.rank(0).parts["params"]
+
+
 def test_fsdp_x_tp_blocks():
     """FSDP2 over dp=2 of TP over tp=2: 4 processes on a (2, 2) mesh named ("dp", "tp")."""
     p = Parallel(fsdp=FSDP(2), tp=TP(2, BLOCK_PLAN))
@@ -158,6 +177,13 @@ def test_fsdp_x_tp_blocks():
     r = _exact(Blocks(), *_blocks_batch(), p, loss=_seq_loss)
     assert p.world_size == 4 and p.mesh_shape == (2, 2)
     assert [g.ranks for g in r.groups] == [(0, 1, 2, 3)]
+
+
+def test_hsdp_x_tp():
+    """HSDP (2 replicas of 1 shard) over TP 2: a (replicate, shard, tp) mesh of 4 ranks."""
+    p = Parallel(fsdp=FSDP(2, replicate=2), tp=TP(2, MLP_PLAN))
+    assert p.mesh_shape == (2, 1, 2) and p.mesh_dim_names == ("replicate", "shard", "tp")
+    _exact(MLP(), *_mlp_batch(), p)
 
 
 def test_fsdp_x_tp_llama():
@@ -237,3 +263,58 @@ def test_fsdp_x_tp_uneven():
     p = Parallel(fsdp=FSDP(2), tp=TP(2, UNEVEN_PLAN))
     r = _exact(MLP(hidden=30), *_mlp_batch(), p)
     assert [g.ranks for g in r.groups] == [(0, 1), (2, 3)]
+
+
+LLAMA_CLI = ["hf:llama", "--config", "num_hidden_layers=2", "--config", "hidden_size=32",
+             "--config", "intermediate_size=64", "--config", "num_attention_heads=4",
+             "--config", "num_key_value_heads=2", "--config", "vocab_size=128",
+             "--seq", "16", "--optimizer", "adamw", "--device", "cpu", "--batch", "3",
+             "--format", "json"]
+
+
+@pytest.mark.parametrize("extra,strategy", [
+    (["--tp", "2"], lambda: TP(2)),
+    (["--tp", "2", "--fsdp", "2"], lambda: Parallel(fsdp=FSDP(2), tp=TP(2))),
+])
+def test_command_line(extra, strategy):
+    """``fxmem analyze hf:llama --tp 2``: the model's own plan; with ``--fsdp 2``, FSDP2 over
+    it on a (2, 2) mesh; the same figures as the library's on the same model."""
+    import json
+
+    from click.testing import CliRunner
+
+    from fxmem.cli.command import cli
+    from fxmem.cli.targets import load_target, named_dims, parse_tensor
+
+    r = CliRunner().invoke(cli, ["analyze", *LLAMA_CLI, *extra])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    t = load_target("hf:llama", {"num_hidden_layers": 2, "hidden_size": 32,
+                                 "intermediate_size": 64, "num_attention_heads": 4,
+                                 "num_key_value_heads": 2, "vocab_size": 128}, seq=16)
+    ids = parse_tensor(t.inputs[0], 8, t.dims)
+    report = fxmem.analyze(t.model, (ids, ids.clone()), parallel=strategy(), loss=None,
+                           optimizer=torch.optim.AdamW, device="cpu",
+                           dims=named_dims(t.inputs)).at(L=16)
+    assert doc["setup"]["parallel"] == strategy().name
+    assert doc["peak_bytes"] == report.peak_bytes(3)
+
+
+def test_command_line_with_a_plan_file():
+    """``--tp-plan FILE.py:NAME``: the user's plan, the same figures as the library's."""
+    import json
+
+    from click.testing import CliRunner
+
+    from fxmem.cli.command import cli
+
+    r = CliRunner().invoke(cli, [
+        "analyze", "tests/test_tp.py:MLP", "--input", "B,16", "--target", "B:int64:10",
+        "--optimizer", "adam", "--device", "cpu", "--tp", "4", "--tp-plan",
+        "tests/test_tp.py:UNEVEN_PLAN", "--config", "hidden=30", "--batch", "6",
+        "--format", "json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    report = fxmem.analyze(MLP(hidden=30), *_mlp_batch(), parallel=TP(4, UNEVEN_PLAN), **STEP)
+    assert doc["setup"]["parallel"] == "TP over 4 ranks"
+    assert doc["peak_bytes"] == max(report.peak_bytes(6, rank=k) for k in range(4))

@@ -10,6 +10,7 @@ library's log line or warning is shown, and ``--out`` is written whole or not at
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import secrets
@@ -128,12 +129,26 @@ def cli():
               help="Data parallel with DistributedDataParallel over RANKS GPUs (each a whole "
                    "replica, gradients all-reduced in 25 MiB buckets): the report is per "
                    "rank, B each rank's micro-batch.")
+@click.option("--tp", "tp", type=click.IntRange(min=1), default=None, metavar="RANKS",
+              help="Tensor parallel over RANKS GPUs (parallelize_module): with the model's "
+                   "own Hugging Face plan, or --tp-plan's; with --fsdp, FSDP2 over TP on a "
+                   "(dp, tp) mesh of fsdp x tp GPUs. B is each rank's batch.")
+@click.option("--tp-plan", "tp_plan", default=None, metavar="FILE.py:NAME",
+              help="With --tp: the plan, a dict of module path to a PyTorch parallel style "
+                   "(ColwiseParallel(), ...) named NAME in FILE.py or package.module.")
 @click.option("--zero1", is_flag=True,
               help="With --ddp: the optimizer state partitioned over the ranks "
                    "(ZeroRedundancyOptimizer, ZeRO stage 1).")
 @click.option("--reshard/--no-reshard", default=True, show_default=True,
               help="With --fsdp: free each block's gathered parameters after its forward "
                    "(FSDP2's reshard_after_forward).")
+@click.option("--replicate", type=click.IntRange(min=1), default=None, metavar="R",
+              help="With --fsdp: HSDP, R replicas of RANKS/R GPUs each, the parameters "
+                   "sharded within a replica (fully_shard on an (R, RANKS/R) mesh).")
+@click.option("--offload", is_flag=True,
+              help="With --fsdp: FSDP2's CPU offload (CPUOffloadPolicy): the shards, their "
+                   "gradients and the optimizer state in host memory, the optimizer step on "
+                   "the host; the device holds the gathered blocks and the activations.")
 @click.option("--param-dtype", default=None, metavar="DTYPE",
               help="With --fsdp: the dtype parameters are gathered and computed in "
                    "(FSDP2's MixedPrecisionPolicy), e.g. bf16.")
@@ -152,7 +167,7 @@ def cli():
 @click.option("--debug", is_flag=True, help="Show the traceback of an error.")
 def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, inference,
             grad_accum, batch, budget, gpu, cuda_context, checkpoint, config, dim_sizes, seq,
-            cudnn_workspace, fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, fmt, out,
+            cudnn_workspace, fsdp, ddp, tp, tp_plan, zero1, reshard, replicate, offload, param_dtype, reduce_dtype, fmt, out,
             whatif, top, debug):
     """Analyse one step of the model TARGET: path/to/file.py:ClassOrFactory,
     package.module:ClassOrFactory, timm:NAME, torchvision:NAME (a classifier), or Hugging
@@ -165,8 +180,8 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
         if device == "cpu" and capability is not None:
             raise InputError("--compute-capability names the GPU whose kernels --device cuda "
                              "follows: drop it with --device cpu")
-        parallel = _parallel(fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, checkpoint,
-                             whatif)
+        parallel = _tensor_parallel(tp, tp_plan, ddp, _sharding(replicate, offload, _parallel(
+            fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, checkpoint, whatif)))
         with _silenced():
             text = _analyze(target, inputs, targets, loss, optimizer, amp, device, inference,
                             grad_accum, batch, budget, checkpoint, config, seq, fmt, top,
@@ -279,7 +294,11 @@ def write_file(path: str, text: str) -> None:
 # the library's words for what the command's options say
 _API_WORDS = (("loss=None needs the model", "--loss none needs the model"),
               ("give a loss function (and its targets)",
-               "give --target (the loss is then cross_entropy; --loss picks another)"))
+               "give --target (the loss is then cross_entropy; --loss picks another)"),
+              ("pass fxmem.TP(world_size, plan) with yours",
+               "give --tp-plan FILE.py:NAME, a dict of module path to a parallel style"),
+              ("pass fxmem.TP(world_size, plan) with your own", "give --tp-plan FILE.py:NAME"),
+              ("FSDP: replicate is the number", "--replicate is the number"))
 
 
 def _fail(e, debug: bool, cause: BaseException | None = None):
@@ -321,6 +340,40 @@ def _parallel(fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, checkpoint, 
     dtypes = {k: dtype_of(v, what=f"--{k.replace('_', '-')}")
               for k, v in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)) if v}
     return FSDP(fsdp, reshard_after_forward=reshard, **dtypes)
+
+
+def _sharding(replicate, offload, data):
+    """``--fsdp``'s strategy with ``--replicate``'s HSDP replicas and ``--offload``."""
+    from ..trace.parallel import FSDP
+
+    for flag, given in (("--replicate", replicate is not None), ("--offload", offload)):
+        if given and not isinstance(data, FSDP):
+            raise InputError(f"{flag} is an FSDP2 option: give --fsdp RANKS too")
+    if replicate is not None:
+        data = dataclasses.replace(data, replicate=replicate)
+    return dataclasses.replace(data, offload=True) if offload else data
+
+
+def _tensor_parallel(tp, tp_plan, ddp, data):
+    """``--tp``'s strategy, over ``data`` (``--fsdp``'s) when given, or ``data`` itself."""
+    if tp is None:
+        if tp_plan is not None:
+            raise InputError("--tp-plan is the plan of --tp: give --tp RANKS too")
+        return data
+    if ddp is not None:
+        raise InputError("--tp composes with --fsdp (FSDP2 over TP on a 2-D mesh), not "
+                         "--ddp: give --fsdp RANKS instead")
+    from ..trace.tp import TP, Parallel
+    from .targets import load_object
+
+    plan = None
+    if tp_plan is not None:
+        plan = load_object(tp_plan, what="--tp-plan")
+        if not isinstance(plan, dict):
+            raise InputError(f"--tp-plan {tp_plan} is a {type(plan).__name__}, not a dict of "
+                             f"module path to a parallel style")
+    tensor = TP(tp, plan)
+    return tensor if data is None else Parallel(fsdp=data, tp=tensor)
 
 
 def _one_rank(report, batch, budget_bytes, conv_ws, extra: dict):

@@ -177,20 +177,23 @@ class Target:
     targets: tuple = ()  # default ``--target`` specs (a classifier's labels)
 
 
-def _load_object(target: str):
+def load_object(target: str, what: str = "TARGET"):
+    """The object ``path/to/file.py:Name`` or ``package.module:Name`` names; a one-line
+    :class:`fxmem.InputError` naming ``what`` (the option) when it cannot be had."""
     if "::" in target:
-        raise InputError(f"TARGET takes one colon, file.py:Name (not pytest's ::), got "
+        raise InputError(f"{what} takes one colon, file.py:Name (not pytest's ::), got "
                          f"{target!r}; write {target.replace('::', ':', 1)!r}")
     where, sep, attr = target.rpartition(":")
     if not sep or not where or not attr:
-        raise InputError(f"TARGET is path/to/file.py:Name, package.module:Name or hf:PRESET, "
-                         f"got {target!r}")
+        forms = "path/to/file.py:Name, package.module:Name" + (
+            " or hf:PRESET" if what == "TARGET" else "")
+        raise InputError(f"{what} is {forms}, got {target!r}")
     if where.endswith(".py") or os.sep in where:
         if not os.path.exists(where):
             hint = f"; did you mean {where}.py:{attr}?" if os.path.isfile(where + ".py") else ""
             raise InputError(f"no such file: {where}{hint}")
         if not os.path.isfile(where) or not where.endswith(".py"):
-            raise InputError(f"{where} is not a Python file: TARGET is path/to/file.py:Name")
+            raise InputError(f"{where} is not a Python file: {what} is path/to/file.py:Name")
         mod_name = "fxmem_target_" + re.sub(r"\W", "_", os.path.abspath(where))
         spec = importlib.util.spec_from_file_location(mod_name, where)
         module = importlib.util.module_from_spec(spec)
@@ -271,7 +274,7 @@ def load_target(target: str, config: dict | None = None, seq: int | None = None)
     if target.startswith("torchvision:"):
         model, (x, y) = families.torchvision_model(target[12:], config)
         return Target(model, target, (x,), "cross_entropy", targets=(y,))
-    obj: Callable = _load_object(target)
+    obj: Callable = load_object(target)
     if isinstance(obj, torch.nn.Module):  # a model the file made: used as it is
         if config:
             raise InputError(f"--config: {target} is a model already made, not a class or "

@@ -15,6 +15,7 @@ polynomial in those integers with no negative coefficient is then >= 0 everywher
 from __future__ import annotations
 
 import sympy
+from torch.utils._sympy.functions import FloorDiv
 
 from .symbols import B
 
@@ -56,7 +57,7 @@ def valid_when(guards, lower: int = 1, upper: int | None = None, symbol=B) -> tu
     """
     B = symbol  # noqa: N806 - the same folding for every named dim
     lower, excluded, other = max(lower, 1), set(), []
-    for g in guards:
+    for g in [h for g in guards for h in unfloored(g)]:
         g = simplified(g)
         if g is sympy.true:
             continue
@@ -87,6 +88,25 @@ def valid_when(guards, lower: int = 1, upper: int | None = None, symbol=B) -> tu
         out.append(B <= upper)
     out += [sympy.Ne(B, k) for k in sorted(excluded) if k > lower and (upper is None or k <= upper)]
     return tuple(out + other)
+
+
+def unfloored(g) -> list:
+    """``floor(p / q) == k`` (torch's ``FloorDiv``, a ``torch.chunk``'s count of chunks) as
+    the two inequalities it means, ``k*q <= p < (k+1)*q``, for a positive ``q``; any other
+    guard as it is.
+
+    >>> from torch.utils._sympy.functions import FloorDiv
+    >>> unfloored(sympy.Eq(FloorDiv(3 * B - 1, B), 2))
+    [2*B <= 3*B - 1, 3*B - 1 < 3*B]
+    """
+    if isinstance(g, sympy.Eq):
+        for f, k in ((g.lhs, g.rhs), (g.rhs, g.lhs)):
+            if k.is_Integer and isinstance(f, (FloorDiv, sympy.floor)):
+                p, q = f.args if isinstance(f, FloorDiv) else sympy.fraction(f.args[0])
+                if q.is_positive:
+                    return [sympy.Le(k * q, p, evaluate=False),
+                            sympy.Lt(p, (k + 1) * q, evaluate=False)]
+    return [g]
 
 
 def implied(g, lows: dict) -> bool:

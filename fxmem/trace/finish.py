@@ -12,6 +12,7 @@ from ..errors import DataDependentError, TraceError
 from ..formula.guards import implied, lower_bounds, simplified, valid_when
 from ..formula.symbols import B, Size, dim_symbol, plain
 from .datadep import data_symbols
+from .offload import host_storages
 from .recorder import Recorder
 from .records import B_RANGE_MAX, StorageInfo, TensorDesc, Trace
 from .saved import latest
@@ -50,11 +51,15 @@ def finish(rec: Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
     released = rec.saved_tensors.release_times()
     saved_by = rec.saved_tensors.saved_by()
     data_sized: dict = {}
+    host = host_storages({sid: c for sid, (c, _) in rec.names.items()},
+                         {s.sid: phase_of_op[s.created_by] for s in rec.storages
+                          if s.created_by >= 0}, rec.host) if rec.offload else set()
     for s in rec.storages:
         counts = data_symbols(s.nbytes)
         if counts:
             _check_bounded(rec, s, counts, data_sized)
-        expr = to_expr(s.nbytes)
+        # an offloaded rank's host memory takes no device memory (fxmem.trace.offload)
+        expr = to_expr(s.nbytes) if s.sid not in host else sympy.Integer(0)
         if rec.dim_syms:
             expr = sympy.expand(expr)
         size = sizes.get(expr) or sizes.setdefault(expr, Size.of(expr))

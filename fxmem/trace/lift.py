@@ -43,6 +43,8 @@ from fractions import Fraction
 
 import sympy
 import torch
+from torch.utils._sympy.functions import Mod as TorchMod
+from torch.utils._sympy.functions import PythonMod
 
 from ..errors import DataDependentError, FxmemError, SpecializationError, TraceError
 from ..formula.guards import implied, lower_bounds, valid_when
@@ -368,3 +370,43 @@ def _named_guards(t: Trace) -> tuple:
     lows = lower_bounds(t.guards, dims)
     return tuple(g for g in t.guards if g is not sympy.true and (
         isinstance(g, sympy.GreaterThan) and g.lhs in dims or not implied(g, lows)))
+
+
+# the parity of B ------------------------------------------------------------------------
+def parity_checked(t: Trace, trace_with_hint) -> Trace:
+    """``t`` without its conditions on the remainder of B (``Eq(Mod(B, 2), 0)``) when the
+    step is the same whatever the remainder. Such a condition comes from code that asks
+    whether B divides evenly and may take another path when not: DTensor's view rule asks
+    it of every dim it might keep sharded (``_view_ops.py``, ``_analyze_split``:
+    ``guard_or_false(out_size % mesh_dim_size == 0)``), even of a replicated one, whose
+    path the answer does not change. ``trace_with_hint(b)``: the step traced with B
+    symbolic and ``b`` as its example. A B outside the conditions is traced; the
+    conditions are dropped only when that trace's own remainder conditions and ``t``'s
+    cover every B (checked over a whole period) and the two steps are the same op by op,
+    size by size (:func:`_skeleton`). Otherwise ``t`` is returned as it is: the formula
+    then holds only where its conditions say."""
+    def remainders(g):  # sympy's Mod, or torch's (torch/utils/_sympy/functions.py)
+        return [m for m in g.atoms(sympy.Mod, TorchMod, PythonMod) if m.args[1].is_Integer]
+
+    mods = [g for g in t.guards if remainders(g) and g.free_symbols == {B}]
+    if not mods:
+        return t
+    period = math.lcm(*(int(m.args[1]) for g in mods for m in remainders(g)))
+    lo = lower_bounds(t.guards, [B])[B]
+
+    def holds(guards, b):
+        return all(bool(g.xreplace({B: b})) for g in guards)
+
+    other = next((b for b in range(lo, lo + period) if not holds(mods, b)), None)
+    if other is None or period > 16:  # (a period this long: too many paths to trace)
+        return t
+    u = trace_with_hint(other)
+    theirs = [g for g in u.guards if remainders(g) and g.free_symbols == {B}]
+    rest = tuple(g for g in t.guards if g not in mods)
+    if (set(rest) != {g for g in u.guards if g not in theirs}
+            or not all(holds(mods, b) or holds(theirs, b) for b in range(lo, lo + period))):
+        return t
+    a, b = _skeleton(replace(t, guards=rest)), _skeleton(replace(u, guards=rest))
+    if a[0] != b[0] or [v for _, v in a[1]] != [v for _, v in b[1]]:
+        return t
+    return replace(t, guards=rest)

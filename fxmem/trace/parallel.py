@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
+import sys
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -51,10 +52,18 @@ class FSDP(Strategy):
     each block's gathered parameters after its forward and gather them again in backward;
     ``False``: keep them until backward; an int: reshard to that smaller world size).
     ``param_dtype``/``reduce_dtype``: FSDP2's ``MixedPrecisionPolicy`` (``None``: the
-    parameters' dtype). B is each rank's micro-batch.
+    parameters' dtype). ``replicate``: HSDP, ``replicate`` replicas of ``world_size /
+    replicate`` shards each (``fully_shard`` on a 2-D mesh ``(replicate, shard)``: each
+    rank holds its shard group's shards; gradients are reduce-scattered in the shard group,
+    then all-reduced across the replicas). ``offload``: FSDP2's ``CPUOffloadPolicy``, the
+    shards, their gradients and the optimizer state in host memory, the optimizer step on
+    the host (:mod:`fxmem.trace.offload`). B is each rank's micro-batch.
 
     >>> FSDP(8).world_size, FSDP(8, reshard_after_forward=False).name
     (8, 'FSDP2 over 8 ranks (reshard_after_forward=False)')
+    >>> h = FSDP(8, replicate=2)
+    >>> h.name, h.mesh_shape, h.shards
+    ('FSDP2 over 8 ranks (HSDP: 2 replicas of 4 shards)', (2, 4), 4)
     """
 
     world_size: int
@@ -62,14 +71,22 @@ class FSDP(Strategy):
     reshard_after_forward: bool | int = True
     param_dtype: torch.dtype | None = None
     reduce_dtype: torch.dtype | None = None
+    replicate: int = 1
+    offload: bool = False
 
     def __post_init__(self):
         w = self.world_size
         self.check_world_size("FSDP")
-        r = self.reshard_after_forward
-        if not isinstance(r, (bool, int)) or (not isinstance(r, bool) and not 1 <= r <= w):
+        n = self.replicate
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1 or w % n:
+            raise InputError(f"FSDP: replicate is the number of HSDP replicas, a divisor of "
+                             f"the world size {w}, got {n!r}")
+        if not isinstance(self.offload, bool):
+            raise InputError(f"FSDP: offload is True or False, got {self.offload!r}")
+        r, s = self.reshard_after_forward, w // n
+        if not isinstance(r, (bool, int)) or (not isinstance(r, bool) and not 1 <= r <= s):
             raise InputError(f"FSDP: reshard_after_forward is True, False or a world size "
-                             f"from 1 to {w}, got {r!r}")
+                             f"from 1 to {s}, got {r!r}")
         if self.blocks is not None:
             blocks = (self.blocks,) if isinstance(self.blocks, (str, type)) else self.blocks
             if not isinstance(blocks, (tuple, list)) or not all(
@@ -95,7 +112,25 @@ class FSDP(Strategy):
         for field in ("param_dtype", "reduce_dtype"):
             if getattr(self, field) is not None:
                 opts.append(f"{field}={NAMES[getattr(self, field)][0]}")
+        if self.offload:
+            opts.append("CPU offload")
+        if self.replicate > 1:
+            opts.insert(0, f"HSDP: {self.replicate} replicas of {self.shards} shards")
         return f"FSDP2 over {self.world_size} ranks" + (f" ({', '.join(opts)})" if opts else "")
+
+    @property
+    def shards(self) -> int:
+        """Ranks a parameter is sharded over: the world size, or under HSDP a replica's."""
+        return self.world_size // self.replicate
+
+    @property
+    def mesh_shape(self) -> tuple:
+        """``(world_size,)``, or under HSDP ``(replicate, shards)``."""
+        return (self.replicate, self.shards) if self.replicate > 1 else (self.world_size,)
+
+    @property
+    def mesh_dim_names(self):
+        return ("replicate", "shard") if self.replicate > 1 else None
 
     def block_paths(self, model: torch.nn.Module) -> tuple:
         """The module paths ``fully_shard`` wraps before the root, outermost first."""
@@ -120,23 +155,27 @@ class FSDP(Strategy):
     def apply(self, model: torch.nn.Module, mesh) -> torch.nn.Module:
         """``fully_shard`` ``model`` in place on ``mesh``: its blocks, then the root.
         Returns ``model``."""
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import (CPUOffloadPolicy, MixedPrecisionPolicy,
+                                            OffloadPolicy, fully_shard)
 
         mp = MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=self.reduce_dtype)
+        # (pinned or not, host memory is not the device's; this machine cannot pin)
+        off = CPUOffloadPolicy(pin_memory=False) if self.offload else OffloadPolicy()
         named = dict(model.named_modules())
         for path in self.block_paths(model):
             fully_shard(named[path], mesh=mesh, reshard_after_forward=self.reshard_after_forward,
-                        mp_policy=mp)
+                        mp_policy=mp, offload_policy=off)
         # the root's parameters are needed again at once in backward: FSDP2 does not
         # reshard the root after forward whatever the option (fully_shard's docstring)
         fully_shard(model, mesh=mesh, reshard_after_forward=self.reshard_after_forward,
-                    mp_policy=mp)
+                    mp_policy=mp, offload_policy=off)
         return model
 
     def shard_rows(self, rows: int, rank: int) -> int:
-        """Rows of a dim-0 size ``rows`` that ``rank`` holds (``torch.chunk``'s split)."""
-        chunk = -(-rows // self.world_size)
-        return max(0, min(rows, (rank + 1) * chunk) - rank * chunk)
+        """Rows of a dim-0 size ``rows`` that ``rank`` holds (``torch.chunk``'s split over
+        its shard group; under HSDP rank ``r`` is shard ``r % shards`` of its replica)."""
+        chunk, k = -(-rows // self.shards), rank % self.shards
+        return max(0, min(rows, (k + 1) * chunk) - k * chunk)
 
     def rank_groups(self, model: torch.nn.Module) -> tuple:
         """The ranks, grouped by the rows of every parameter they hold (ranks of a group
@@ -233,12 +272,17 @@ def fake_world(world_size: int, rank: int, mesh_shape: tuple | None = None,
     # not by rank, and some hold a rank's local shapes (a view's): a real rank's process
     # has only its own; here ranks take turns in one process, so each starts afresh
     _clear_sharding_prop_cache()
+    # init_process_group wraps sys.excepthook to prefix "[rank0]: " to each line of a
+    # traceback (distributed_c10d.py, _distributed_excepthook), and destroying the group
+    # leaves it: put the user's back
+    hook = sys.excepthook
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         yield init_device_mesh("cpu", mesh_shape or (world_size,),
                                mesh_dim_names=mesh_dim_names)
     finally:
         dist.destroy_process_group()
+        sys.excepthook = hook
         _clear_sharding_prop_cache()
 
 

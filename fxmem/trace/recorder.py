@@ -112,6 +112,7 @@ class Recorder(StorageTracker):
         self.unmodelled: dict = {}  # (op, module) -> what is not modelled
         self._n_repl = 0
         self.plan: tuple = ()
+        self.offload = False  # an FSDP2 rank with CPU offload: host storages left out
         self.calls: list[ModuleCall] = []  # forward module calls, in the order they ended
         self.call_starts: list[int] = []
         self.recomputing = 0  # > 0 while a checkpointed forward re-runs in backward

@@ -19,6 +19,7 @@ class Strategy:
         return (self.world_size,)
 
     mesh_dim_names = None
+    offload = False  # FSDP2's CPU offload (fxmem.trace.offload)
     warmup_steps = 1  # steps before the state is steady (FSDP2's lazy init is in the first)
 
     def check_world_size(self, who: str) -> None:

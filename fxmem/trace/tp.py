@@ -49,37 +49,46 @@ def _styles():
 class TP(Strategy):
     """Tensor parallelism over ``world_size`` ranks with ``plan``, a dict of module path
     (``fnmatch`` wildcards per level allowed, e.g. ``"layers.*.mlp.up_proj"``) to a
-    ``torch.distributed.tensor.parallel`` style, as ``parallelize_module`` takes it. Every
-    rank sees the whole batch: B is the batch each rank's step runs on (the same on all).
+    ``torch.distributed.tensor.parallel`` style, as ``parallelize_module`` takes it; ``None``:
+    a Hugging Face model's own plan (:func:`hf_plan`). Every rank sees the whole batch: B is
+    the batch each rank's step runs on (the same on all).
 
     >>> from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
     >>> TP(4, {"0": ColwiseParallel(), "2": RowwiseParallel()}).name
     'TP over 4 ranks'
+    >>> TP(2).name
+    "TP over 2 ranks (the model's Hugging Face plan)"
     """
 
     world_size: int
-    plan: dict
+    plan: dict | None = None
 
     def __post_init__(self):
         self.check_world_size("TP")
         style = _styles()
-        if not isinstance(self.plan, dict) or not self.plan or not all(
-                isinstance(k, str) and isinstance(v, style) for k, v in self.plan.items()):
+        if self.plan is not None and (not isinstance(self.plan, dict) or not self.plan or not all(
+                isinstance(k, str) and isinstance(v, style) for k, v in self.plan.items())):
             raise InputError("TP: plan is a dict of module path to a parallel style such as "
-                             f"ColwiseParallel(), got {self.plan!r}")
+                             f"ColwiseParallel() (or None: a Hugging Face model's own plan), "
+                             f"got {self.plan!r}")
 
     def __hash__(self):  # the plan is a dict
-        return hash((self.world_size, tuple(self.plan)))
+        return hash((self.world_size, tuple(self.plan or ())))
+
+    def plan_for(self, model: torch.nn.Module) -> dict:
+        """The plan applied to ``model``: ``plan``, or the model's own (:func:`hf_plan`)."""
+        return dict(self.plan) if self.plan is not None else hf_plan(model)
 
     @property
     def name(self) -> str:
         """A short description, e.g. ``TP over 4 ranks``."""
-        return f"TP over {self.world_size} ranks"
+        own = " (the model's Hugging Face plan)" if self.plan is None else ""
+        return f"TP over {self.world_size} ranks{own}"
 
     def check_plan(self, model: torch.nn.Module) -> None:
         """Every path of the plan names a submodule of ``model`` (as ``parallelize_module``
         matches it, level by level with ``fnmatch``); one ``InputError`` if not."""
-        for path in self.plan:
+        for path in self.plan_for(model):
             if path and not _matches(model, path.split(".")):
                 raise InputError(f"TP: the model has no submodule {path!r} (plan key)")
 
@@ -88,7 +97,7 @@ class TP(Strategy):
         from torch.distributed.tensor.parallel import parallelize_module
 
         self.check_plan(model)
-        parallelize_module(model, mesh, dict(self.plan))
+        parallelize_module(model, mesh, self.plan_for(model))
 
     def rank_groups(self, model: torch.nn.Module) -> tuple:
         """The ranks, grouped by the shapes of their local parameters (wrapped on a meta
@@ -134,7 +143,10 @@ class Parallel(Strategy):
     fsdp: FSDP
     tp: TP
 
-    mesh_dim_names = ("dp", "tp")
+    @property
+    def mesh_dim_names(self) -> tuple:
+        """``("dp", "tp")``; with HSDP, ``("replicate", "shard", "tp")``."""
+        return ("replicate", "shard", "tp") if self.fsdp.replicate > 1 else ("dp", "tp")
 
     def __post_init__(self):
         if not isinstance(self.fsdp, FSDP):
@@ -149,7 +161,11 @@ class Parallel(Strategy):
 
     @property
     def mesh_shape(self) -> tuple:
-        return (self.fsdp.world_size, self.tp.world_size)
+        return (*self.fsdp.mesh_shape, self.tp.world_size)
+
+    @property
+    def offload(self) -> bool:
+        return self.fsdp.offload
 
     @property
     def name(self) -> str:
@@ -158,7 +174,8 @@ class Parallel(Strategy):
     def apply(self, model: torch.nn.Module, mesh) -> None:
         """The plan on ``mesh["tp"]``, then ``fully_shard`` on ``mesh["dp"]``."""
         self.tp.apply(model, mesh["tp"])
-        self.fsdp.apply(model, mesh["dp"])
+        self.fsdp.apply(model, mesh[self.mesh_dim_names[:-1]] if self.fsdp.replicate > 1
+                        else mesh["dp"])
 
     def rank_groups(self, model: torch.nn.Module) -> tuple:
         """The ranks, grouped by the shapes of their local parameter shards (each wrapped on
@@ -211,3 +228,71 @@ def metadata_unrecorded(tracker) -> Iterator[None]:
         yield
     finally:
         ShardingPropagator._propagate_tensor_meta_non_cached = base
+
+
+def _hf_styles() -> dict:
+    """Hugging Face's tensor-parallel style names, as PyTorch's styles. Transformers
+    registers each name as its own ``ColwiseParallel``/``RowwiseParallel``/``EmbeddingParallel``
+    with these layouts (``transformers/distributed/tensor_parallel.py``, the
+    ``ALL_PARALLEL_STYLES.register`` calls): the same weight shards and the same
+    redistributions of the input and output as PyTorch's styles below."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   SequenceParallel)
+
+    return {
+        # weight Shard(0); input Replicate; output this rank's Shard(-1), local
+        "colwise": lambda: ColwiseParallel(),
+        # weight Shard(-1), bias Replicate; input Shard(-1); output all-reduced, local
+        "rowwise": lambda: RowwiseParallel(),
+        # colwise whose output is all-gathered (a language model's head: the logits whole)
+        "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
+        "colwise_rep": lambda: ColwiseParallel(output_layouts=Replicate()),
+        # rowwise on a replicated input (each rank takes its slice of it)
+        "rowwise_split_input": lambda: RowwiseParallel(input_layouts=Replicate()),
+        "rowwise_rep": lambda: RowwiseParallel(input_layouts=Replicate()),
+        # vocabulary-parallel embedding: weight Shard(0), ids replicated, lookups summed
+        "embedding_rowwise": lambda: RowwiseParallel(input_layouts=Replicate()),
+        # hidden-dim-parallel embedding: weight Shard(1), the slices gathered
+        "embedding_colwise": lambda: ColwiseParallel(output_layouts=Replicate()),
+        "sequence_parallel": lambda: SequenceParallel(),
+        "replicate": None,  # every rank keeps the whole parameter: nothing to apply
+    }
+
+
+def hf_plan(model: torch.nn.Module) -> dict:
+    """A Hugging Face model's own tensor-parallel plan (``model.tp_plan``: its class's
+    ``_tp_plan`` and its config's ``base_model_tp_plan``, as ``from_pretrained(...,
+    tp_plan="auto")`` applies them), each style as PyTorch's equivalent
+    (:func:`_hf_styles`). A model without one, or a style PyTorch's styles cannot
+    express (packed, expert-parallel, ...), is an :class:`fxmem.InputError`.
+
+    >>> import torch
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> with torch.device("meta"):
+    ...     m = LlamaForCausalLM(LlamaConfig(num_hidden_layers=1))
+    >>> plan = hf_plan(m)
+    >>> type(plan["model.layers.*.self_attn.o_proj"]).__name__, len(plan)
+    ('RowwiseParallel', 9)
+    """
+    # the model's, or that of the outermost module with one (a wrapper's Hugging Face model)
+    hf = [(n, m) for n, m in model.named_modules() if isinstance(getattr(m, "tp_plan", None),
+                                                                   dict)]
+    prefix, own = next(((f"{n}." if n else "", m.tp_plan) for n, m in hf if m.tp_plan),
+                       ("", None))
+    cls = type(hf[0][1] if hf else model).__name__
+    if own is None:
+        why = ("Hugging Face gives it none" if hf else
+               "only Hugging Face models carry one, and not every one does")
+        raise InputError(f"TP: {cls} has no tensor-parallel plan of its own ({why}): pass "
+                         f"fxmem.TP(world_size, plan) with yours")
+    styles = _hf_styles()
+    out = {}
+    for path, name in own.items():
+        if name not in styles:
+            raise InputError(f"TP: {cls}'s plan shards {path} with Hugging Face's "
+                             f"{name!r}, which fxmem cannot express with PyTorch's styles: "
+                             f"pass fxmem.TP(world_size, plan) with your own")
+        if styles[name] is not None:
+            out[prefix + path] = styles[name]()
+    return out

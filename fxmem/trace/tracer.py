@@ -44,7 +44,8 @@ from .cuda.kernels import cuda_kernels
 from .datadep import TORCH_AND_FXMEM
 from .ddp import local_optimizer, wrapper_name
 from .finish import finish
-from .lift import lift
+from .lift import lift, parity_checked
+from .offload import offloaded
 from .messages import loss_error, named_symbols, quiet
 from .modstate import (
     BufferAssigned,
@@ -155,7 +156,7 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
           device=UNSET, *, step: Step | None = None, batch_hint: int | None = None,
           checkpoint=None, dims=None, reuse_blocks: bool = True, kernel_semantics: bool = True,
           concrete_batch: int | None = None, warm_up: bool = False, batch_dim=0,
-          parallel=None, rank: int = 0, **options) -> Trace:
+          parallel=None, rank: int = 0, check_parity: bool = True, **options) -> Trace:
     """Trace one steady-state step of ``model``; see the module docstring. The step is
     ``step`` with the options given here (``loss``, ``optimizer``, ``train``, ``device`` and
     any other :class:`~fxmem.trace.step.Step` field as a keyword). ``checkpoint``:
@@ -230,7 +231,13 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
                               reuse_blocks, warm_up, prepared=parallel is not None,
                               kept=kept, warm_steps=getattr(parallel, "warmup_steps", 1))
             if rec.assigned is None:
-                return traced
+                if concrete_batch is not None or not check_parity:
+                    return traced
+                return parity_checked(traced, lambda b: trace(
+                    model, inputs, targets, step=step, batch_hint=b, checkpoint=checkpoint,
+                    dims=dims, reuse_blocks=reuse_blocks, kernel_semantics=kernel_semantics,
+                    warm_up=warm_up, batch_dim=batch_dim, parallel=parallel, rank=rank,
+                    check_parity=False))
             # the model caught BufferAssigned: the buffer was not even assigned
             retry, warm_up = True, True
         except SpecializationError as e:
@@ -280,7 +287,9 @@ def _as_rank(model, parallel, rank: int, mode, rec):
     if parallel is None:
         yield model, None
         return
-    with sharded(model, parallel, rank, mode) as (copied, kept), metadata_unrecorded(rec):
+    rec.offload = parallel.offload
+    with sharded(model, parallel, rank, mode) as (copied, kept), metadata_unrecorded(rec), \
+            offloaded(rec) if parallel.offload else contextlib.nullcontext():
         yield copied, kept
 
 

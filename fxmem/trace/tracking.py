@@ -117,6 +117,7 @@ class StorageTracker(TorchDispatchMode):
         self._current = WeakIdKeyDictionary()  # storage -> [sid of its live allocation]
         # storages freed by a resize to 0: gone then, whatever still refers to them
         self.resized_away: set[int] = set()
+        self.host: set[int] = set()  # host memory, not the device's (fxmem.trace.offload)
 
     # storages -------------------------------------------------------------------------
     def sid(self, t: torch.Tensor) -> int | None:
@@ -147,6 +148,12 @@ class StorageTracker(TorchDispatchMode):
         if created_by >= 0:
             self.events.append(StorageEvent("alloc", sid, created_by))
         return sid
+
+    def mark_host(self, t: torch.Tensor) -> None:
+        """``t``'s storage is host memory: it takes no device memory."""
+        sid = self.sid(t)
+        if sid is not None:
+            self.host.add(sid)
 
     def alias(self, t: torch.Tensor, sid: int) -> None:
         """Count ``t``'s storage as storage ``sid`` (a stand-in for it: no free is recorded)."""

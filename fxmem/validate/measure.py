@@ -28,6 +28,7 @@ from torch.utils._pytree import tree_leaves
 
 from ..errors import InputError
 from ..trace.ddp import local_optimizer
+from ..trace.offload import host_storages, offloaded
 from ..trace.parallel import check_parallel
 from ..trace.step import (
     PHASES,
@@ -197,7 +198,8 @@ def measure(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
             with frozen_gc():
                 return _measure_cpu(wrapped, spec, ins, tgs, params, opt, B, device,
                                     make_grad_scaler(spec, device), kept=kept,
-                                    warm_steps=parallel.warmup_steps)
+                                    warm_steps=parallel.warmup_steps,
+                                    offload=parallel.offload)
 
         return measure_ranks(model, spec, parallel, B, one_rank)
     params = [p for p in model.parameters()]
@@ -215,13 +217,16 @@ def measure(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
 
 
 def _measure_cpu(model, spec, ins, tgs, params, opt, B, device, scaler, kept=None,
-                 warm_steps: int = 1) -> Measurement:
+                 warm_steps: int = 1, offload: bool = False) -> Measurement:
     """CPU protocol: warm up, collect, then the live bytes of the storages the next step
     makes, replayed from the tracker's events. ``kept`` (:class:`fxmem.trace.ddp.Kept`,
     which saw a wrapper's construction): active in the warm-up too, and the storages it
     saw made and still alive count as live before the step (DDP's gradient buckets, which
-    only its C++ Reducer refers to); ``warm_steps``: the wrapper's warm-up steps."""
-    with kept if kept is not None else contextlib.nullcontext():
+    only its C++ Reducer refers to); ``warm_steps``: the wrapper's warm-up steps.
+    ``offload``: an FSDP2 rank with CPU offload, its host-device copies made as on a GPU
+    and its host storages left out (:mod:`fxmem.trace.offload`)."""
+    with kept if kept is not None else contextlib.nullcontext(), \
+            offloaded(None) if offload else contextlib.nullcontext():
         _warm_up(model, spec, ins, tgs, params, opt, scaler, warm_steps)
     _steady_grads(spec, params)
     gc.collect()
@@ -231,17 +236,20 @@ def _measure_cpu(model, spec, ins, tgs, params, opt, B, device, scaler, kept=Non
     for t in [*params, *model.buffers(), *_tensors(state), *grads, *ins, *tgs,
               *scaler_tensors(scaler).values()]:
         tracker.register(t)
+    if offload:  # the shards, their gradients and optimizer state: host memory
+        tracker.host |= {tracker.register(t)[0] for t in [*params, *_tensors(state), *grads]}
     if kept is not None:
         for st in kept.left([*params, *model.buffers()]):
             tracker.register(st)
         kept.close()
-    baseline = sum(int(s.nbytes) for s in tracker.storages)
+    baseline = sum(int(s.nbytes) for s in tracker.storages if s.sid not in tracker.host)
 
     def on_phase(name):
         tracker.phase = name
 
     scale = scaler.get_scale() if scaler is not None else None
-    with tracker, storage_resizes(tracker):
+    with tracker, storage_resizes(tracker), \
+            offloaded(tracker) if offload else contextlib.nullcontext():
         out = run_step(model, spec, ins, tgs, params, opt, on_phase, scaler=scaler)
     tracker.close()
     del out
@@ -251,8 +259,11 @@ def _measure_cpu(model, spec, ins, tgs, params, opt, B, device, scaler, kept=Non
     live, peak = baseline, baseline
     phase_peaks = {}
     phase_of = dict(tracker.deltas)
+    host = host_storages({}, {ev.sid: phase_of.get(ev.op_index, "start")
+                              for ev in tracker.events if ev.kind == "alloc"},
+                         tracker.host) if offload else set()
     for ev in tracker.events:
-        n = int(tracker.storages[ev.sid].nbytes)
+        n = int(tracker.storages[ev.sid].nbytes) if ev.sid not in host else 0
         live += n if ev.kind == "alloc" else -n
         if ev.kind == "alloc":
             peak = max(peak, live)
