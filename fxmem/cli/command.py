@@ -10,7 +10,6 @@ library's log line or warning is shown, and ``--out`` is written whole or not at
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import secrets
@@ -24,6 +23,7 @@ import torch.nn.functional as F  # noqa: N812
 
 from ..errors import FxmemError, InfeasibleBudgetError, InputError, TraceError, one_line
 from ..trace.dtypes import AMP, accepted, dtype_of
+from .strategies import sharding, tensor_parallel
 
 EXIT_INTERNAL, EXIT_USAGE, EXIT_TRACE, EXIT_BUDGET, EXIT_INTERRUPTED = 1, 2, 3, 4, 130
 LOSSES = {"cross_entropy": F.cross_entropy, "mse": F.mse_loss, "none": None}
@@ -180,7 +180,7 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
         if device == "cpu" and capability is not None:
             raise InputError("--compute-capability names the GPU whose kernels --device cuda "
                              "follows: drop it with --device cpu")
-        parallel = _tensor_parallel(tp, tp_plan, ddp, _sharding(replicate, offload, _parallel(
+        parallel = tensor_parallel(tp, tp_plan, ddp, sharding(replicate, offload, _parallel(
             fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, checkpoint, whatif)))
         with _silenced():
             text = _analyze(target, inputs, targets, loss, optimizer, amp, device, inference,
@@ -340,40 +340,6 @@ def _parallel(fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, checkpoint, 
     dtypes = {k: dtype_of(v, what=f"--{k.replace('_', '-')}")
               for k, v in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)) if v}
     return FSDP(fsdp, reshard_after_forward=reshard, **dtypes)
-
-
-def _sharding(replicate, offload, data):
-    """``--fsdp``'s strategy with ``--replicate``'s HSDP replicas and ``--offload``."""
-    from ..trace.parallel import FSDP
-
-    for flag, given in (("--replicate", replicate is not None), ("--offload", offload)):
-        if given and not isinstance(data, FSDP):
-            raise InputError(f"{flag} is an FSDP2 option: give --fsdp RANKS too")
-    if replicate is not None:
-        data = dataclasses.replace(data, replicate=replicate)
-    return dataclasses.replace(data, offload=True) if offload else data
-
-
-def _tensor_parallel(tp, tp_plan, ddp, data):
-    """``--tp``'s strategy, over ``data`` (``--fsdp``'s) when given, or ``data`` itself."""
-    if tp is None:
-        if tp_plan is not None:
-            raise InputError("--tp-plan is the plan of --tp: give --tp RANKS too")
-        return data
-    if ddp is not None:
-        raise InputError("--tp composes with --fsdp (FSDP2 over TP on a 2-D mesh), not "
-                         "--ddp: give --fsdp RANKS instead")
-    from ..trace.tp import TP, Parallel
-    from .targets import load_object
-
-    plan = None
-    if tp_plan is not None:
-        plan = load_object(tp_plan, what="--tp-plan")
-        if not isinstance(plan, dict):
-            raise InputError(f"--tp-plan {tp_plan} is a {type(plan).__name__}, not a dict of "
-                             f"module path to a parallel style")
-    tensor = TP(tp, plan)
-    return tensor if data is None else Parallel(fsdp=data, tp=tensor)
 
 
 def _one_rank(report, batch, budget_bytes, conv_ws, extra: dict):
