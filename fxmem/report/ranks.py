@@ -171,7 +171,8 @@ class ParallelReport:
         """The per-rank table at micro-batch ``B``: one :class:`RankRow` per group, first
         rank first, each read from the group's report; with ``budget_bytes``, its largest
         B (``options`` as for :meth:`fxmem.Report.max_batch_size`: ``by``,
-        ``cudnn_workspace``, ...). The group :meth:`tightest` picks is marked.
+        ``cudnn_workspace``, ...). The group :meth:`tightest` picks is marked. A report in
+        named dims answers once they are fixed (``r.at(L=512).per_rank(8)``).
 
         >>> import torch, fxmem
         >>> m = torch.nn.Sequential(*[torch.nn.Linear(30, 30) for _ in range(3)])
