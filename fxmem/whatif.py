@@ -89,7 +89,8 @@ def whatif(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, *, B: int,  #
         rows.append(WhatIf(method, report.peak, b, report.peak_bytes(b), most,
                            report.peak_bytes(b) - b0, note, by))
 
-    row("baseline", base, B, "the step as given")
+    row("baseline", base, B, "the step as given" if parallel is None else
+        f"the step on one device, without {parallel.name}")
     half = max(base.min_batch_size, B // 2)
     row("smaller batch", base, half, f"B = {half} instead of {B}: the same formula")
     if smaller_model is not None:

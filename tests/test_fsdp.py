@@ -265,8 +265,8 @@ def test_a_failing_rank_is_one_error():
 
 
 def test_command_line():
-    """``fxmem analyze ... --fsdp 4``: the ranks with the least room, each group's peak
-    beside it, the same figures as the library's."""
+    """``fxmem analyze ... --fsdp 4``: the ranks with the least room, the per-rank table
+    beside it (tests/test_rank_table.py), the same figures as the library's."""
     import json
     import os
     import subprocess
@@ -284,7 +284,7 @@ def test_command_line():
     report = fxmem.analyze(Stack(), *_batch(), parallel=FSDP(4), **STEP)
     assert setup["parallel"] == "FSDP2 over 4 ranks"
     assert setup["ranks shown"] == "0-2 (the least room)"
-    assert set(setup) >= {"ranks 0-2: peak at B=16", "ranks 3: peak at B=16"}
+    assert [(r["label"], r["tightest"]) for r in doc["ranks"]] == [("0-2", True), ("3", False)]
     assert doc["max_batch_size"] == report.max_batch_size(2**30) == min(
         report.rank(k).max_batch_size(2**30) for k in range(4))
     assert doc["peak_bytes"] == report.peak_bytes(16, rank=0)

@@ -1,6 +1,7 @@
 """The HTML report's layout in a real browser (headless Chromium driven by Playwright), at a
 phone's width and a desktop's, for the CLI's own pages: the seed CNN, a GPT-2 whose formula is
-in B and L, and an LSTM on CUDA (a long setup entry, notes). The page never scrolls sideways;
+in B and L, an LSTM on CUDA (a long setup entry, notes), and a step under FSDP2 (the per-rank
+table). The page never scrolls sideways;
 nothing, text included, runs past the screen but inside a box that scrolls itself; the peak
 formulas are shown whole, across the page's width, not in a narrow cell; the plots scale to
 the screen, undistorted.
@@ -29,6 +30,9 @@ REPORTS = {
     # cuDNN's LSTM on CUDA: a long "CUDA kernels" setup entry and a "Not modelled" list
     "lstm": ["examples/lstm_classifier.py:LSTMClassifier", "--input", "B,32:int64:1000",
              "--target", "B:int64:4", "--optimizer", "adam"],
+    # FSDP2 over 4 ranks, two groups: the per-rank table (parts as columns, a formula each)
+    "fsdp": ["tests/test_fsdp.py:Stack", "--input", "B,30", "--target", "B:int64:10",
+             "--optimizer", "adam", "--device", "cpu", "--fsdp", "4", "--budget", "1MiB"],
 }
 
 # Everything the checks need, measured in the page. An element "sticks out" when its box
@@ -161,6 +165,8 @@ def test_report_fits_the_screen(browser, pages, report, viewport, tmp_path):
     assert _layout_problems(m) == []
     assert len(m["images"]) >= 3
     assert shot.stat().st_size > 20_000  # a drawn page, not a blank one
+    if report == "fsdp":  # the per-rank table is on the page (and held within the screen)
+        assert '<table id="rank-table">' in pages[report].read_text(encoding="utf-8")
     if report == "gpt2-BL":  # the formula in B and L has a full-width block of its own
         bl = [f for f in m["formulas"] if f["name"] == "pre.formula" and "*L" in f["text"]]
         assert bl and bl[0]["width"] >= FORMULA_SHARE * m["vw"], m["formulas"]

@@ -210,8 +210,9 @@ CLI = [
     ("offload_with_ddp", [*NET, "--ddp", "2", "--offload"], 2, ["--offload", "give --fsdp"]),
     ("replicate_not_a_divisor", [*NET, "--fsdp", "4", "--replicate", "3"], 2,
      ["--replicate is the number of HSDP replicas", "a divisor of the world size 4"]),
-    ("ddp_with_whatif", [*NET, "--ddp", "2", "--whatif", "--budget", "1GiB"], 2,
-     ["--whatif", "drop --whatif or --ddp"]),
+    # --whatif with --fsdp/--ddp works (test_whatif_with_a_parallel_step); a budget it needs
+    ("ddp_whatif_without_budget", [*NET, "--ddp", "2", "--whatif"], 2,
+     ["--whatif", "give --budget"]),
     ("gpu_and_budget", [*NET[:6], "--gpu", "H100-80GB", "--budget", "8GiB"], 2,
      ["--gpu", "--budget", "not both"]),
     ("cuda_context_without_gpu", [*NET[:6], "--cuda-context", "1GiB"], 2, ["give --gpu"]),
@@ -607,6 +608,26 @@ def test_a_noisy_model_on_the_command_line_prints_the_report_alone(capfd):
                                      "B:int64:3", *CPU, "--format", "json"], capfd)
     assert code == 0 and err == "", err
     assert out.lstrip().startswith("{") and "a torch log line" not in out
+
+
+@pytest.mark.parametrize("flag", ["--ddp", "--fsdp"])
+def test_whatif_with_a_parallel_step(flag, capfd):
+    """Once refused: ``--whatif`` with ``--ddp``/``--fsdp`` gives the one-GPU rows and a
+    sharding row (the API's, ``fxmem.whatif(..., parallel=)``), the report alone on stdout,
+    global state unchanged."""
+    import json
+
+    code, out, err = run_in_process([*NET, flag, "2", "--whatif", "--budget", "1MiB",
+                                     "--batch", "16", "--format", "json"], capfd)
+    assert code == 0 and err == "", err
+    doc = json.loads(out)
+    parallel = fxmem.DDP(2) if flag == "--ddp" else fxmem.FSDP(2)
+    sharded = fxmem.analyze(mm.Net(), X, Y, loss=F.cross_entropy, device="cpu",
+                            parallel=parallel)
+    rows = {w["method"]: w for w in doc["whatifs"]}
+    assert rows["sharding"]["peak_bytes"] == sharded.peak_bytes(16) == doc["peak_bytes"]
+    assert rows["sharding"]["max_batch_size"] == sharded.max_batch_size(2**20)
+    assert rows["baseline"]["peak_bytes"] == _report().peak_bytes(16)
 
 
 @pytest.mark.parametrize("spelling", ["fp16", "float16", "half", "torch.float16", "FP16"])

@@ -161,7 +161,8 @@ def cli():
 @click.option("--whatif", is_flag=True,
               help="Add the seed article's ways to save memory (smaller batch, mixed "
                    "precision, gradient accumulation, no_grad, checkpointing) as rows; needs "
-                   "--budget and a training step.")
+                   "--budget and a training step. With --fsdp/--ddp the rows are the "
+                   "step on one GPU, and a sharding row: the step on each rank.")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
               help="Modules listed in the breakdown at the peak.")
 @click.option("--debug", is_flag=True, help="Show the traceback of an error.")
@@ -181,7 +182,7 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
             raise InputError("--compute-capability names the GPU whose kernels --device cuda "
                              "follows: drop it with --device cpu")
         parallel = tensor_parallel(tp, tp_plan, ddp, sharding(replicate, offload, _parallel(
-            fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, checkpoint, whatif)))
+            fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, checkpoint)))
         with _silenced():
             text = _analyze(target, inputs, targets, loss, optimizer, amp, device, inference,
                             grad_accum, batch, budget, checkpoint, config, seq, fmt, top,
@@ -313,7 +314,7 @@ def _fail(e, debug: bool, cause: BaseException | None = None):
     sys.exit(e.code if isinstance(e, _Exit) else _code(e))
 
 
-def _parallel(fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, checkpoint, whatif):
+def _parallel(fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, checkpoint):
     """The parallel strategy the options name, or None."""
     if fsdp is not None and ddp is not None:
         raise InputError("give --fsdp or --ddp, not both")
@@ -330,9 +331,6 @@ def _parallel(fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, checkpoint, 
     if checkpoint == "auto":
         raise InputError(f"--checkpoint auto is not available with {flag} yet: name the "
                          "modules to checkpoint (e.g. --checkpoint model.layers.0,...)")
-    if whatif:
-        raise InputError(f"--whatif has no rows for a parallel step yet: drop --whatif or "
-                         f"{flag}")
     from ..trace.parallel import DDP, FSDP
 
     if ddp is not None:
@@ -340,18 +338,6 @@ def _parallel(fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, checkpoint, 
     dtypes = {k: dtype_of(v, what=f"--{k.replace('_', '-')}")
               for k, v in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)) if v}
     return FSDP(fsdp, reshard_after_forward=reshard, **dtypes)
-
-
-def _one_rank(report, batch, budget_bytes, conv_ws, extra: dict):
-    """The report of the ranks with the least room, each group's peak in ``extra``."""
-    from ..report.text import fmt_bytes
-
-    extra["parallel"] = report.strategy.name
-    for g in report.groups:
-        extra[f"ranks {g.label}: peak at B={batch}"] = fmt_bytes(g.report.peak_bytes(batch))
-    chosen = report.tightest(batch, budget_bytes, cudnn_workspace=conv_ws)
-    extra["ranks shown"] = f"{chosen.label} (the least room)"
-    return chosen.report
 
 
 def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, grad_accum,
@@ -463,8 +449,8 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                 if limit is not None:
                     extra[f"{name} limit (the model's positions)"] = limit
             report = report.at(**{n: sizes[n] for n in dims})
-        if parallel is not None:
-            report = _one_rank(report, batch, budget_bytes, conv_ws, extra)
+        # a data-parallel report stays whole: the summary shows the per-rank table and the
+        # report of the ranks with the least room (fxmem.report.summary.summarize)
         frontier = ()
         if checkpoint == "auto" and not inference:
             status.update("choosing a checkpoint plan ...")
@@ -483,7 +469,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
 
             status.update("answering the what-ifs ...")
             rows = whatifs(t.model, xs, ys, step=step, B=batch, budget_bytes=budget_bytes,
-                           batch_dim=where,
+                           batch_dim=where, parallel=parallel,
                            amp=torch.float16 if device == "cuda" else torch.bfloat16)
     setup = {"model": target, "inputs": " ".join(specs),
              **({"targets": " ".join(tgt_specs)} if ys else {}),

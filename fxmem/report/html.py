@@ -138,7 +138,10 @@ def _budget_line(s) -> Markup:
 def _context(s) -> dict:
     text, math = _formula(s.peak_formula)
     setup_short, setup_long = _setup(s.setup)
-    return dict(s=s, plots=_plots(s), formula_text=text, formula_mathml=math,
+    from .text import rank_columns
+
+    return dict(s=s, plots=_plots(s), rank_parts=rank_columns(s.ranks),
+                budget_ranks=s.budget_bytes is not None, formula_text=text, formula_mathml=math,
                 setup_short=setup_short, setup_long=setup_long, budget_line=_budget_line(s),
                 budget_others=largest_b(s).others if s.budget_bytes is not None else "",
                 parts_total=sum(s.parts_bytes.values()),

@@ -25,11 +25,37 @@ def _rows(header: str, align: str, rows) -> list[str]:
     return [header, align, *rows]
 
 
+def rank_table(s) -> list[str]:
+    """The per-rank table of a data-parallel summary (``s.ranks``) as Markdown lines: the
+    ranks (the ones with the least room in bold), peak and largest B, parts at B, formula."""
+    from .text import rank_columns
+
+    parts = rank_columns(s.ranks)
+    budget = s.budget_bytes is not None
+    head = ["ranks", f"peak at B = {s.B}", *(["largest B"] if budget else []), *parts,
+            "peak (bytes, formula in B)"]
+    out = ["| " + " | ".join(head) + " |",
+           "|---|" + "---:|" * (len(head) - 2) + "---|"]
+    for r in s.ranks:
+        most = [("none fits" if r["max_batch_size"] is None else f"{r['max_batch_size']:,}")
+                ] if budget else []
+        label = f"**{r['label']}** (least room)" if r["tightest"] else r["label"]
+        out.append("| " + " | ".join([label, fmt_bytes(r["peak_bytes"]), *most,
+                                      *(fmt_bytes(r["parts_bytes"].get(p, 0)) for p in parts),
+                                      f"`{r['peak_formula']}`"]) + " |")
+    return out
+
+
 def render_markdown(s) -> str:
     """The report as Markdown: formula, where it holds, numbers at ``s.B``, the largest B for
     the budget, parts, what is live at the peak, checkpointing and what-ifs when present."""
     out = [f"# {s.title}", ""]
     out += _rows("| setup | |", "|---|---|", (f"| {k} | {v} |" for k, v in s.setup.items()))
+    if s.ranks:
+        out += ["", f"## Per rank ({s.setup.get('parallel', 'data parallel')})", "",
+                "B is each rank's micro-batch; one row per group of ranks with alike shards. "
+                "The sections below are the report of the ranks with the least room.", "",
+                *rank_table(s)]
     out += ["", "## Peak memory as a formula of B", "",
             f"`{s.peak_formula}` bytes, valid when {', '.join(s.valid_when) or 'B >= 1'}.", ""]
     if s.lifted:

@@ -32,6 +32,37 @@ class RankGroup:
 
 
 @dataclass(frozen=True)
+class RankRow:
+    """One row of the per-rank table (:meth:`ParallelReport.per_rank`): a group of alike
+    ranks, read from its :class:`fxmem.Report` at micro-batch ``B``.
+
+    ``peak``: its peak, a formula in B, and ``peak_bytes`` at ``B``; ``max_batch_size``:
+    the largest B within the budget, as its report's ``max_batch_size`` answers (``None``
+    without a budget or when none fits); ``tightest``: the group with the least room
+    (:meth:`ParallelReport.tightest`); ``parts``/``parts_bytes``: its nonzero parts
+    (sharded parameters, gradients, optimizer state, activations, ...) in B and at ``B``.
+    """
+
+    ranks: tuple
+    label: str
+    peak: sympy.Expr
+    B: int
+    peak_bytes: int
+    max_batch_size: int | None
+    tightest: bool
+    parts: dict
+    parts_bytes: dict
+
+    def as_dict(self) -> dict:
+        """The row as the JSON report's ``ranks`` entries carry it (formulas as text)."""
+        return dict(ranks=list(self.ranks), label=self.label, peak_formula=str(self.peak),
+                    B=self.B, peak_bytes=self.peak_bytes, max_batch_size=self.max_batch_size,
+                    tightest=self.tightest,
+                    parts_formulas={k: str(v) for k, v in self.parts.items()},
+                    parts_bytes=dict(self.parts_bytes))
+
+
+@dataclass(frozen=True)
 class ParallelReport:
     """Memory per rank of one data-parallel step (``fxmem.analyze(..., parallel=...)``),
     in bytes, as formulas in :data:`fxmem.B`, each rank's micro-batch.
@@ -135,6 +166,45 @@ class ParallelReport:
         formula in B: its shards, and what the wrapping allocates (the gathered
         parameters and the collectives' buffers count as temporaries)."""
         return self.rank(rank).parts
+
+    def per_rank(self, B: int, budget_bytes: int | None = None, **options) -> tuple:  # noqa: N803
+        """The per-rank table at micro-batch ``B``: one :class:`RankRow` per group, first
+        rank first, each read from the group's report; with ``budget_bytes``, its largest
+        B (``options`` as for :meth:`fxmem.Report.max_batch_size`: ``by``,
+        ``cudnn_workspace``, ...). The group :meth:`tightest` picks is marked. A report in
+        named dims answers once they are fixed (``r.at(L=512).per_rank(8)``).
+
+        >>> import torch, fxmem
+        >>> m = torch.nn.Sequential(*[torch.nn.Linear(30, 30) for _ in range(3)])
+        >>> r = fxmem.analyze(m, torch.randn(4, 30), loss=lambda o: o.sum(),
+        ...                   optimizer=torch.optim.Adam, device="cpu", parallel=fxmem.FSDP(4))
+        >>> rows = r.per_rank(64, 2**20)
+        >>> [(row.label, row.tightest) for row in rows]
+        [('0-2', True), ('3', False)]
+        >>> rows[1].peak_bytes == r.peak_bytes(64, rank=3)
+        True
+        """
+        from ..errors import InfeasibleBudgetError
+        from ..formula.symbols import B as SYM_B
+        from ..memory.liveness import PARTS
+
+        if isinstance(B, bool) or not isinstance(B, int) or B < 1:
+            raise InputError(f"B must be a positive int, got {B!r}")
+        chosen = self.tightest(B, budget_bytes, **options)
+        rows = []
+        for g in self.groups:
+            r = g.report
+            most = None
+            if budget_bytes is not None:
+                try:
+                    most = int(r.max_batch_size(budget_bytes, **options))
+                except InfeasibleBudgetError:
+                    pass
+            parts = {p: r.parts[p] for p in PARTS if r.parts[p] != 0}
+            rows.append(RankRow(g.ranks, g.label, r.peak, B, r.peak_bytes(B), most,
+                                g is chosen, parts,
+                                {p: int(e.subs(SYM_B, B)) for p, e in parts.items()}))
+        return tuple(rows)
 
     def __str__(self) -> str:
         from .text import render_ranks

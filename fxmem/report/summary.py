@@ -64,6 +64,9 @@ class Summary:
     only): what ``torch.cuda`` would report at ``B``, from :meth:`fxmem.Report.cuda_memory`:
     ``max_allocated``, ``max_reserved``, the library ``workspaces`` ([what, bytes]) and
     ``max_batch_size``: the largest B whose ``max_allocated`` fits the budget.
+    ``ranks`` (a data-parallel step only): the per-rank table, one dict per group of alike
+    ranks (:meth:`fxmem.report.ranks.RankRow.as_dict`); the rest of the summary is then the
+    report of the group marked ``tightest``.
     """
 
     title: str
@@ -98,6 +101,7 @@ class Summary:
     next_oom: str = ""
     gpu: dict | None = None
     caveats: tuple = ()
+    ranks: tuple = ()
 
     def to_dict(self, timeline: bool = False) -> dict:
         """The JSON document (see ``docs/json-schema.md``); ``timeline=True`` adds the
@@ -112,6 +116,7 @@ class Summary:
         d["whatifs"] = [dict(w) for w in self.whatifs]
         d["unmodelled"] = list(self.unmodelled)
         d["caveats"] = list(self.caveats)
+        d["ranks"] = [dict(r) for r in self.ranks]
         if timeline:
             d["timeline"] = [list(t) for t in self.timeline]
         else:
@@ -133,8 +138,14 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
     ``cudnn_workspace``: bytes each convolution holds on CUDA (:meth:`fxmem.Report.cuda_memory`).
     ``gpu``: a card's name (:mod:`fxmem.device.gpus`): the budget is what its allocator can
     get, its capacity less ``context_bytes`` for the CUDA context (then ``budget_bytes`` is
-    left None)."""
+    left None).
+
+    ``report`` may be a :class:`fxmem.ParallelReport` (in B alone: see its ``at``): the
+    summary is then the report of the ranks with the least room, with the per-rank table
+    (:meth:`~fxmem.report.ranks.ParallelReport.per_rank`) in ``ranks``, its largest B
+    answered as the summary's own."""
     from ..memory.liveness import PARTS
+    from .ranks import ParallelReport
 
     card = None
     if gpu is not None:
@@ -146,6 +157,16 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
         budget_bytes = g.usable_bytes(ctx)
         card = dict(name=g.name, total_bytes=g.total_bytes, context_bytes=ctx,
                     usable_bytes=budget_bytes, source=g.source)
+    ranks, shown = (), {}
+    if isinstance(report, ParallelReport):
+        opts = dict(by=_by(report.device), cudnn_workspace=cudnn_workspace) \
+            if budget_bytes is not None else {}
+        rows = report.per_rank(B, budget_bytes, **opts)
+        ranks = tuple(r.as_dict() for r in rows)
+        chosen = next(r for r in rows if r.tightest)
+        shown = {"parallel": report.strategy.name,
+                 "ranks shown": f"{chosen.label} (the least room)"}
+        report = report.rank(chosen.ranks[0])
     bd = report.breakdown(B, top=top)
     by, answers = _answers(report, budget_bytes, cudnn_workspace)
     most, next_oom = answers.get(by), ""
@@ -163,7 +184,7 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
     info = {"device": report.device, "step": "training" if report.trace.train else "inference",
             **({"CUDA kernels": kernels} if kernels else {}),
             **({"grad_accum": report.grad_accum} if report.grad_accum > 1 else {}),
-            **(setup or {})}
+            **(setup or {}), **shown}
     parts = {p: report.parts[p] for p in PARTS if report.parts[p] != 0}
     rows = tuple(as_dict(w) for w in (whatifs or ()))
     unmodelled = _unmodelled(report.unmodelled)
@@ -191,7 +212,13 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
                                for p in (frontier or ())),
         whatifs=rows, unmodelled=unmodelled, lifted=report.lifted,
         cuda=_cuda(report, B, answers.get("allocated"), cudnn_workspace),
-        max_batch_size_by=by, answers=answers, next_oom=next_oom, gpu=card, caveats=caveats)
+        max_batch_size_by=by, answers=answers, next_oom=next_oom, gpu=card, caveats=caveats,
+        ranks=ranks)
+
+
+def _by(device: str) -> str:
+    """The headline's kind of answer on ``device``."""
+    return "device" if device == "cuda" else "live"
 
 
 def _answers(report, budget: int | None, cudnn_workspace: int) -> tuple:
@@ -206,7 +233,7 @@ def _answers(report, budget: int | None, cudnn_workspace: int) -> tuple:
                                                     cudnn_workspace=cudnn_workspace))
         except InfeasibleBudgetError:
             answers[by] = None
-    return ("device" if cuda else "live"), answers
+    return _by(report.device), answers
 
 
 def _unmodelled(entries, shown: int = 3) -> tuple:

@@ -28,6 +28,34 @@ def _table(title: str, *columns: str, right=()) -> Table:
     return t
 
 
+def _ranks(s) -> list:
+    """The per-rank table of a data-parallel summary (the ranks with the least room bold,
+    ``*``), numbers unbroken, and each group's peak formula under it."""
+    from rich import box
+
+    from .text import rank_columns
+
+    parts = rank_columns(s.ranks)
+    budget = s.budget_bytes is not None
+    rows = [[r["label"] + (" *" if r["tightest"] else ""), fmt_bytes(r["peak_bytes"]),
+             *([("none fits" if r["max_batch_size"] is None else f"{r['max_batch_size']:,}")]
+               if budget else []),
+             *(fmt_bytes(r["parts_bytes"].get(p, 0)) for p in parts)] for r in s.ranks]
+    t = Table(title=f"Per rank ({s.setup.get('parallel', 'data parallel')}): B is each "
+                    "rank's micro-batch; below, the ranks with the least room (*)",
+              title_justify="left", title_style="bold", box=box.SIMPLE_HEAD,
+              padding=0, show_edge=False)
+    heads = ("ranks", f"peak at B = {s.B}", *(["largest B"] if budget else []),
+             *(p.replace("_", " ") for p in parts))
+    for i, c in enumerate(heads):  # narrow terminals: cells and headings wrap at a space
+        t.add_column(c, justify="right" if i else "left",
+                     min_width=max(len(row[i]) for row in rows), overflow="fold")
+    for r, row in zip(s.ranks, rows):
+        t.add_row(*row, style="bold" if r["tightest"] else None)
+    return [t, *(Text.assemble(f"ranks {r['label']}: peak bytes = ", (r["peak_formula"], "cyan"))
+                 for r in s.ranks)]
+
+
 def render_terminal(s) -> Group:
     """Setup, formula and regimes, numbers at B, budget, parts, live at the peak, plan and
     frontier, what-ifs: rich tables in one group."""
@@ -36,6 +64,8 @@ def render_terminal(s) -> Group:
     for k, v in s.setup.items():
         setup.add_row(k, str(v))
     items.append(setup)
+    if s.ranks:
+        items += _ranks(s)
     items.append(Text.assemble(("Peak memory (bytes): ", "bold"), (s.peak_formula, "cyan"),
                                f"   valid when {', '.join(s.valid_when) or 'B >= 1'}"))
     if s.lifted:  # how the formula was obtained, beside it

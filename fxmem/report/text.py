@@ -45,24 +45,58 @@ def render_text(report, B: int | None = None) -> str:  # noqa: N803
     return "\n".join(lines)
 
 
-def render_ranks(report, B: int | None = None) -> str:  # noqa: N803
-    """A data-parallel step's memory per rank (:class:`fxmem.report.ranks.ParallelReport`):
-    each group of alike ranks' peak formula and figures at ``B``, then rank 0's report."""
-    from ..formula.symbols import B as SYM_B
+def rank_columns(rows) -> list:
+    """The parts any row of a per-rank table has, in :data:`PARTS` order."""
     from ..memory.liveness import PARTS
 
+    return [p for p in PARTS if any(p in r["parts_bytes"] for r in rows)]
+
+
+def rank_table(rows, budget_bytes: int | None = None) -> list[str]:
+    """The per-rank table as aligned text lines, from rows as dicts
+    (:meth:`fxmem.report.ranks.RankRow.as_dict`): the ranks (``*`` the tightest), the
+    peak and largest B, the parts at B, and the peak formula last."""
+    b = rows[0]["B"]
+    parts = rank_columns(rows)
+    head = ["ranks", f"peak at B={b}",
+            *(["largest B"] if budget_bytes is not None else []), *parts, "peak (formula in B)"]
+    body = []
+    for r in rows:
+        most = [("none fits" if r["max_batch_size"] is None else f"{r['max_batch_size']:,}")
+                ] if budget_bytes is not None else []
+        body.append([r["label"] + (" *" if r["tightest"] else ""), fmt_bytes(r["peak_bytes"]),
+                     *most, *(fmt_bytes(r["parts_bytes"].get(p, 0)) for p in parts),
+                     r["peak_formula"]])
+    widths = [max(len(x[i]) for x in (head, *body)) for i in range(len(head) - 1)]
+
+    def line(cells):
+        return "  ".join([cells[0].ljust(widths[0]),
+                          *(c.rjust(w) for c, w in zip(cells[1:-1], widths[1:])),
+                          cells[-1]]).rstrip()
+    return [line(head), *map(line, body)]
+
+
+def render_ranks(report, B: int | None = None, budget_bytes: int | None = None,  # noqa: N803
+                 **options) -> str:
+    """A data-parallel step's memory per rank (:class:`fxmem.report.ranks.ParallelReport`):
+    one line per group of alike ranks (:meth:`~fxmem.report.ranks.ParallelReport.per_rank`)
+    at ``B``, with the largest B for ``budget_bytes`` when given (``options`` as for
+    :meth:`fxmem.Report.max_batch_size`); ``*`` marks the ranks with the least room.
+
+    >>> import torch, fxmem
+    >>> m = torch.nn.Sequential(*[torch.nn.Linear(30, 30) for _ in range(3)])
+    >>> r = fxmem.analyze(m, torch.randn(4, 30), loss=lambda o: o.sum(),
+    ...                   optimizer=torch.optim.Adam, device="cpu", parallel=fxmem.FSDP(4))
+    >>> print(render_ranks(r, 64, 2**20).splitlines()[2])
+    0-2 *     54.98 KiB      2,131  2.91 KiB  7.50 KiB  2.91 KiB         5.84 KiB    15.00 KiB  480*B + 25576
+    """
     first = report.groups[0].report
     b = B or max(first.trace.batch_hint, first.min_batch_size)
+    rows = [r.as_dict() for r in report.per_rank(b, budget_bytes, **options)]
+    budget = "" if budget_bytes is None else f", largest B within {fmt_bytes(budget_bytes)}"
     lines = [f"fxmem report per rank: {report.strategy.name} "
              f"({'training' if first.trace.train else 'inference'} step, "
-             f"device={report.device}); B is each rank's micro-batch"]
-    for g in report.groups:
-        r = g.report
-        bd = r.breakdown(b)
-        lines.append(f"ranks {g.label}: peak bytes = {r.peak}")
-        lines.append(f"  at B={b}: {bd.peak_bytes:,} B ({fmt_bytes(bd.peak_bytes)}) after "
-                     f"{bd.op} ({bd.phase}, {bd.module or '(root)'})")
-        parts = [f"{p} {fmt_bytes(int(r.parts[p].subs(SYM_B, b)))}" for p in PARTS
-                 if r.parts[p] != 0]
-        lines.append("  parts: " + ", ".join(parts))
+             f"device={report.device}); B is each rank's micro-batch{budget}",
+             *rank_table(rows, budget_bytes),
+             "* the ranks with the least room"]
     return "\n".join(lines)
