@@ -119,12 +119,12 @@ def test_the_shards_are_the_parts():
     assert r.parts(0)["params"] == 4 * (sharded + whole)
 
 
-def _llama():
+def _llama(kv_heads=2):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
                                    num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, max_position_embeddings=64)
+                                   num_key_value_heads=kv_heads, max_position_embeddings=64)
     return transformers.LlamaForCausalLM(cfg)
 
 
@@ -168,6 +168,16 @@ def test_llama_own_plan():
     mine = fxmem.analyze(m, ids, ids, parallel=TP(2, LLAMA_PLAN), loss=_lm_loss,
                          optimizer=torch.optim.AdamW, device="cpu")
     assert r.rank(0).parts["params"] < mine.rank(0).parts["params"]
+
+
+def test_llama_own_plan_tp4():
+    """Four ranks: with 4 key-value heads each rank runs one query and one key-value head;
+    the vocabulary (128) and the MLP (64) split in four."""
+    m = _llama(kv_heads=4)
+    ids = torch.randint(0, 128, (2, 16))
+    r = _exact(m, ids, ids, TP(4), batches=(3, 5), loss=_lm_loss,
+               optimizer=torch.optim.AdamW)
+    assert [g.ranks for g in r.groups] == [(0, 1, 2, 3)]
 
 
 def test_fsdp_x_tp_blocks():
