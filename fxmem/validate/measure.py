@@ -29,6 +29,7 @@ from torch.utils._pytree import tree_leaves
 from ..errors import InputError
 from ..trace.ddp import local_optimizer
 from ..trace.parallel import check_parallel
+from ..trace.wrapped import refuse_wrapped
 from ..trace.step import (
     PHASES,
     UNSET,
@@ -180,6 +181,7 @@ def measure(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     if any(p.is_meta for p in model.parameters()):
         raise InputError("measure needs a model with real weights (this one is on meta)")
     check_parallel(parallel)
+    refuse_wrapped(model, parallel, "measure")  # its processes wrap their own copies
     if parallel is not None and (device != "cpu" or record_history):
         raise InputError(f"a {parallel.name} step is measured on the CPU (gloo), not on "
                          f"{device!r}")
