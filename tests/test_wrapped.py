@@ -18,6 +18,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 import fxmem
 from fxmem import DDP, FSDP, TP, Parallel
+from fxmem.trace.strategy import Strategy
 from test_fsdp import STEP, Stack, _batch, _hf, _lm_loss
 from test_tp import (BLOCK_PLAN, LLAMA_PLAN, MLP, MLP_PLAN, UNEVEN_PLAN, Blocks, _blocks_batch,
                      _mlp_batch, _seq_loss)
@@ -140,6 +141,56 @@ def test_fsdp2_llama(world):
     _exact_as_wrapped(world, lambda: _hf("llama"),
                       _per_block(blocks=lambda m: m.model.layers), FSDP(2), (1,), ids, ids,
                       batches=(3, 5), loss=_lm_loss, optimizer=torch.optim.AdamW)
+
+
+class Recipe(Strategy):
+    """The user's own wrapping code as a strategy, for the reference and the real run:
+    fxmem.analyze(..., parallel=Recipe(...)) runs ``wrap`` on its meta copy over its fake
+    group, fxmem.measure in each gloo process on the real copy."""
+
+    def __init__(self, world_size, wrap, name):
+        self.world_size, self.wrap, self.name = world_size, wrap, name
+
+    def apply(self, model, mesh):
+        self.wrap(model, mesh)
+        return model
+
+    def rank_groups(self, model):
+        return tuple((r,) for r in range(self.world_size))
+
+
+def _torchtitan(model, mesh):
+    """torchtitan's recipe: every block but the last resharded after forward (the last is
+    needed at once in backward), the root's option left to FSDP2, and each block told to
+    prefetch the next one's all-gather in forward (FSDPModule's setter, after
+    fully_shard)."""
+    n = len(model.layers)
+    for i, block in enumerate(model.layers):
+        fully_shard(block, mesh=mesh, reshard_after_forward=i < n - 1)
+    fully_shard(model, mesh=mesh)
+    for a, b in zip(model.layers, model.layers[1:]):
+        a.set_modules_to_forward_prefetch([b])
+
+
+def _mixed(model, mesh):
+    """Options that change the peak: the first block kept gathered after forward, the
+    others not, and prefetching from the first to the third."""
+    for i, block in enumerate(model.layers):
+        fully_shard(block, mesh=mesh, reshard_after_forward=i > 0)
+    fully_shard(model, mesh=mesh)
+    model.layers[0].set_modules_to_forward_prefetch([model.layers[2]])
+
+
+def test_fsdp2_per_block_options(world):
+    """Options no fxmem.FSDP spec has (reshard per block, prefetching and resharding set
+    after fully_shard) are reproduced: the copy's step equals the real run of the same
+    code."""
+    _exact_as_wrapped(world, Stack, _torchtitan, Recipe(4, _torchtitan, "torchtitan"), (3,),
+                      *_batch())
+    mixed = _exact_as_wrapped(world, Stack, _mixed, Recipe(4, _mixed, "mixed"), (3,), *_batch())
+    # and these matter: the same blocks with one option for all predict otherwise
+    uniform = fxmem.analyze(Stack(), *_batch(), parallel=FSDP(4), **STEP)
+    assert uniform.peak_bytes(17, rank=3) != mixed.peak_bytes(17, rank=3)
 
 
 def test_tp(world):
