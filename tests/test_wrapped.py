@@ -193,6 +193,25 @@ def test_fsdp2_per_block_options(world):
     assert uniform.peak_bytes(17, rank=3) != mixed.peak_bytes(17, rank=3)
 
 
+def test_after_training_steps(world):
+    """A wrapped model the user has run steps with (FSDP2's lazy init done, the root's
+    reshard option settled, Adam's state made) is analysed as before its first step."""
+    x, y = _batch()
+    world(1, 2)
+    m = Stack()
+    for block in m.layers:
+        fully_shard(block)
+    fully_shard(m)
+    before = fxmem.analyze(m, x, y, **STEP)
+    opt = torch.optim.Adam(m.parameters())
+    for _ in range(2):
+        torch.nn.functional.cross_entropy(m(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    after = fxmem.analyze(m, x, y, **STEP)
+    assert [after.peak_bytes(b) for b in (3, 17)] == [before.peak_bytes(b) for b in (3, 17)]
+
+
 def test_tp(world):
     """parallelize_module with a plan, evenly (W = 2) and unevenly split (30 rows over 4:
     the last rank holds 6 in a padded storage of 8)."""
