@@ -300,6 +300,27 @@ def test_unsupported(world):
         fxmem.analyze(m, x, y, **STEP)
 
 
+@pytest.mark.parametrize("wrap,words", [
+    (lambda m, mesh: fully_shard(m, mesh=mesh), r"HSDP or on an SPMD mesh"),
+    (lambda m, mesh: fully_shard(m, mesh=mesh["b"], reshard_after_forward=2),
+     r"reshards after forward to 2 ranks \(an int reshard_after_forward\)"),
+    (lambda m, mesh: _replicate(m), r"ReplicateStack at '' is not fully_shard's"),
+], ids=["hsdp", "int-reshard", "replicate"])
+def test_fsdp2_options_refused(world, wrap, words):
+    mesh = world(0, 8, (2, 4), ("a", "b"))
+    m = Stack()
+    wrap(m, mesh)
+    with pytest.raises(fxmem.InputError, match=words) as e:
+        fxmem.analyze(m, *_batch(), **STEP)
+    assert "\n" not in str(e.value)
+
+
+def _replicate(m):
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+
+    replicate(m)
+
+
 def test_fsdp1_is_refused(world):
     from torch.distributed.fsdp import FullyShardedDataParallel
 

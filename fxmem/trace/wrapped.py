@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import sys
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -76,7 +77,12 @@ class AsWrapped(Strategy):
     ``name`` says what was found, ``world_size`` the ranks of the user's process group,
     ``rank`` the user's; ``ddp``: for a DDP model, its options read back (its module is
     wrapped again in the trace), else None (the model's own wrapping re-applied to a
-    copy)."""
+    copy).
+
+    >>> s = AsWrapped("FSDP2 over 4 ranks, as wrapped (rank 3 of 4)", 4, 3)
+    >>> s.rank_groups(torch.nn.Linear(2, 2)), s.warmup_steps
+    (((3,),), 1)
+    """
 
     name: str
     world_size: int
@@ -135,20 +141,34 @@ def as_wrapped(model) -> tuple:
     options read back; for FSDP2 and tensor parallelism the model itself; ``(model,
     None)`` for a model not wrapped. One :class:`fxmem.InputError` for a wrapping fxmem
     does not analyse as it is (FSDP1, ``DataParallel``, DeepSpeed, HSDP, CPU offload, a
-    real process group of more than one rank, ...)."""
+    real process group, ...).
+
+    >>> m = torch.nn.Linear(2, 2)
+    >>> as_wrapped(m) == (m, None)
+    True
+    >>> as_wrapped(torch.nn.DataParallel(m))
+    Traceback (most recent call last):
+    ...
+    fxmem.errors.InputError: torch.nn.DataParallel is not analysed as it is: pass the unwrapped model with parallel=fxmem.FSDP(...), fxmem.DDP(...), fxmem.TP(...) or fxmem.Parallel(...)
+    """
     if not isinstance(model, torch.nn.Module) or not torch.distributed.is_available():
         return model, None
     kind = type(model).__module__.split(".")[0]
     if kind == "deepspeed":
         raise InputError(f"a DeepSpeed engine ({type(model).__name__}) is not analysed as "
                          f"it is: {WHAT_TO_DO} (ZeRO-3 is FSDP, ZeRO-1 fxmem.DDP(zero1=True))")
-    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-    from torch.distributed.tensor import DTensor
     from torch.nn.parallel import DistributedDataParallel
 
+    # FSDP's and DTensor's classes if their modules are imported (a model wrapped by them
+    # has them imported): none is imported here for a model that is not
+    fsdp_mod = sys.modules.get("torch.distributed.fsdp")
+    tensor_mod = sys.modules.get("torch.distributed.tensor")
+    FSDPModule = getattr(fsdp_mod, "FSDPModule", ())  # noqa: N806 - classes
+    FSDP1 = getattr(fsdp_mod, "FullyShardedDataParallel", ())  # noqa: N806
+    DTensor = getattr(tensor_mod, "DTensor", ())  # noqa: N806
     for name, m in model.named_modules():
         where = f" at {name!r}" if name else ""
-        if isinstance(m, FullyShardedDataParallel):
+        if isinstance(m, FSDP1):
             raise InputError(f"FSDP1 (FullyShardedDataParallel{where}) is not analysed as "
                              f"it is: {WHAT_TO_DO} (FSDP2, fully_shard)")
         if isinstance(m, torch.nn.DataParallel):
@@ -282,6 +302,9 @@ def _states(model) -> list:
     for m in order:
         if isinstance(m, FSDPModule):
             st = fully_shard.state(m)
+            if st is None:  # e.g. torch.distributed._composable's replicate()
+                raise InputError(f"{type(m).__name__} at {paths[id(m)]!r} is not "
+                                 f"fully_shard's: not analysed as it is; {WHAT_TO_DO}")
             if id(st) not in out:
                 out[id(st)] = (st, [paths[id(x)] for x in st._modules])
     for st, where in out.values():
