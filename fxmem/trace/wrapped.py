@@ -408,9 +408,10 @@ def _rewrapped(model) -> tuple:
         for k, v in vars(m).items():
             if k in _FSDP_ATTRS or k.startswith("__composable_api_state_key"):
                 continue
-            if k in _HOOKS:
-                v = type(v)((i, h) for i, h in v.items() if not (_is_fsdp(h) and
-                                                                 not dropped.add(i)))
+            if k in _HOOKS:  # FSDP2's hooks left out; fully_shard registers its own
+                fsdp = {i for i, h in v.items() if _is_fsdp(h)}
+                dropped |= fsdp
+                v = type(v)((i, h) for i, h in v.items() if i not in fsdp)
             state[k] = v
         for k in _HOOK_FLAGS:
             if k in state:
