@@ -321,6 +321,15 @@ def _replicate(m):
     replicate(m)
 
 
+def test_parallel_with_a_group_of_ones_own(world):
+    """parallel= for an unwrapped model while the user's group is initialised: fxmem's own
+    fake group cannot be made beside it; the message says what to do."""
+    world(0, 2)
+    with pytest.raises(fxmem.InputError, match="initialised already.*without parallel="):
+        fxmem.analyze(Stack(), *_batch(), parallel=FSDP(2), **STEP)
+    assert _state()[:3] == (True, 0, 2)
+
+
 def test_fsdp1_is_refused(world):
     from torch.distributed.fsdp import FullyShardedDataParallel
 
