@@ -13,8 +13,8 @@ from .trace.checkpointing import normalize_plan
 from .trace.parallel import check_parallel
 from .trace.step import UNSET, Step
 from .trace.tracer import trace
-from .trace.wrapped import as_wrapped, refuse_wrapped
 from .trace.tracking import frozen_gc
+from .trace.wrapped import as_wrapped, refuse_wrapped
 
 
 @frozen_gc()

@@ -149,7 +149,7 @@ def as_wrapped(model) -> tuple:
     >>> as_wrapped(torch.nn.DataParallel(m))
     Traceback (most recent call last):
     ...
-    fxmem.errors.InputError: torch.nn.DataParallel is not analysed as it is: pass the unwrapped model with parallel=fxmem.FSDP(...), fxmem.DDP(...), fxmem.TP(...) or fxmem.Parallel(...)
+    fxmem.errors.InputError: torch.nn.DataParallel is not analysed as it is: pass the ...
     """
     if not isinstance(model, torch.nn.Module) or not torch.distributed.is_available():
         return model, None
@@ -221,9 +221,10 @@ def refuse_wrapped(model, parallel=None, who: str = "analyze") -> None:
     if what is None:
         return
     if parallel is not None:
-        raise InputError(f"parallel={parallel.name} was given for a model wrapped already "
-                         f"({what}): analyse it without parallel= (as it is), or pass the "
-                         "unwrapped model")
+        given = getattr(parallel, "name", parallel)
+        raise InputError(f"parallel={given} was given for a model wrapped already ({what}): "
+                         "analyse it without parallel= (as it is), or pass the unwrapped "
+                         "model")
     raise InputError(f"{who} takes the unwrapped model and parallel=fxmem.FSDP(...), "
                      f"fxmem.DDP(...), ... (this one is wrapped already: {what}); "
                      "fxmem.analyze takes it as it is")
