@@ -12,7 +12,8 @@ The pipeline, one folder per stage, each importing only the ones above it in thi
   (:mod:`fxmem.trace.cuda`); stacks of identical blocks traced as two; checkpoint plans;
   one rank of a data-parallel step, the model wrapped by PyTorch's own FSDP2
   (:mod:`fxmem.trace.parallel`) or DDP, optionally with ZeRO-1 (:mod:`fxmem.trace.ddp`);
-  tensor parallel plans and FSDP2 x TP (:mod:`fxmem.trace.tp`);
+  tensor parallel plans and FSDP2 x TP (:mod:`fxmem.trace.tp`); a model the user wrapped
+  already, analysed as it is (:mod:`fxmem.trace.wrapped`);
 - :mod:`fxmem.memory`      stage 2-3: the step as a networkx graph, each storage's device
   size, live bytes after every op and the peak as an exact ``Max`` in B (and in the named
   dims, :mod:`fxmem.memory.dims`);

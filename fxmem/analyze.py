@@ -14,6 +14,7 @@ from .trace.parallel import check_parallel
 from .trace.step import UNSET, Step
 from .trace.tracer import trace
 from .trace.tracking import frozen_gc
+from .trace.wrapped import as_wrapped, refuse_wrapped
 
 
 @frozen_gc()
@@ -65,7 +66,11 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     model wrapped by PyTorch's own code as that rank runs it, over a fake process group
     (:mod:`fxmem.trace.parallel`). Returns a
     :class:`fxmem.report.ranks.ParallelReport`, one report per group of alike ranks; a
-    checkpoint plan is then traced for real.
+    checkpoint plan is then traced for real. A model you wrapped yourself (FSDP2's
+    ``fully_shard``, ``parallelize_module``, both, or ``DistributedDataParallel``) over a
+    fake process group is analysed as it is, without ``parallel=``: the report of your
+    rank (every rank under DDP), its wrapping re-applied to a copy
+    (:mod:`fxmem.trace.wrapped`).
 
     >>> import torch, fxmem
     >>> m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
@@ -82,6 +87,10 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     2
     """
     step = Step.of(step, loss=loss, optimizer=optimizer, train=train, device=device, **options)
+    if parallel is None:
+        model, parallel = as_wrapped(model)  # a model the user wrapped: as it is
+    else:
+        refuse_wrapped(model, parallel)
     if parallel is not None:
         return _per_rank(model, inputs, targets, step, parallel, checkpoint, batch_hint, dims,
                          batch_dim)

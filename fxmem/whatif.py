@@ -24,6 +24,7 @@ import torch
 from .analyze import analyze as analyze_step
 from .errors import InfeasibleBudgetError, InputError
 from .trace.step import UNSET, Step, make_spec
+from .trace.wrapped import refuse_wrapped
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ def whatif(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, *, B: int,  #
     """
     if isinstance(B, bool) or not isinstance(B, int) or B < 1:
         raise InputError(f"B must be a positive int, got {B!r}")
+    refuse_wrapped(model, parallel, "whatif")  # its rows are the unwrapped model's
     step = Step.of(step, loss=loss, optimizer=optimizer, device=device, **options)
     spec = make_spec(model, inputs, targets, step, batch_dim)
 

@@ -124,6 +124,10 @@ class ParallelReport:
         for g in self.groups:
             if rank in g.ranks:
                 return g.report
+        if isinstance(rank, int) and 0 <= rank < self.world_size:
+            had = ", ".join(g.label for g in self.groups)
+            raise InputError(f"rank {rank} is not in this report (ranks {had}: "
+                             f"{self.strategy.name})")
         raise InputError(f"rank is an int from 0 to {self.world_size - 1}, got {rank!r}")
 
     @property

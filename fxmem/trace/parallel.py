@@ -265,7 +265,8 @@ def fake_world(world_size: int, rank: int, mesh_shape: tuple | None = None,
     if dist.is_initialized():
         raise InputError("a process group is initialised already: fxmem makes its own fake "
                          "one to trace a rank; call analyze before init_process_group, or "
-                         "destroy the group first")
+                         "destroy the group first (a model you wrapped over it is analysed "
+                         "as it is, without parallel=)")
     from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
     # DTensor caches its sharding decisions per process, keyed by global shapes and meshes,

@@ -111,20 +111,7 @@ class TP(Strategy):
         (``placement_types.py``, ``Shard._shard_tensor``: ``output =
         torch.empty_like(first)``, then ``_maybe_unpad_tensor_with_sizes``), so a rank with
         fewer rows holds the padded buffer (``to_empty`` would make it the rows' size)."""
-        from torch.distributed.tensor import DTensor
-
-        def fresh(t):
-            local = plain(t)
-            base = torch.empty(local.untyped_storage().nbytes() // local.element_size(),
-                               dtype=local.dtype, device="cpu")
-            new = base.as_strided(local.shape, local.stride(), local.storage_offset())
-            if local is t:
-                return new
-            return DTensor.from_local(new, t.device_mesh, t.placements, run_check=False,
-                                      shape=t.shape, stride=t.stride())
-
-        with mode:
-            model._apply(fresh)
+        materialize_shards(model, mode)
 
 
 @dataclass(frozen=True)
@@ -182,6 +169,25 @@ class Parallel(Strategy):
         a meta copy), first rank first."""
         self.tp.check_plan(model)
         return _groups(self, model)
+
+
+def materialize_shards(model: torch.nn.Module, mode) -> None:
+    """Fakes of ``mode`` for ``model``'s meta parameters and buffers, a ``DTensor``'s local
+    shard keeping its storage's size (:meth:`TP.materialize`)."""
+    from torch.distributed.tensor import DTensor
+
+    def fresh(t):
+        local = plain(t)
+        base = torch.empty(local.untyped_storage().nbytes() // local.element_size(),
+                           dtype=local.dtype, device="cpu")
+        new = base.as_strided(local.shape, local.stride(), local.storage_offset())
+        if local is t:
+            return new
+        return DTensor.from_local(new, t.device_mesh, t.placements, run_check=False,
+                                  shape=t.shape, stride=t.stride())
+
+    with mode:
+        model._apply(fresh)
 
 
 def _matches(module: torch.nn.Module, tokens: list) -> bool:

@@ -55,6 +55,7 @@ from .modstate import (
     watch_buffers,
 )
 from .parallel import check_parallel, sharded, unwrapped
+from .wrapped import AsWrapped
 from .recorder import (
     Recorder,
     _as_trace_error,
@@ -286,6 +287,10 @@ def _as_rank(model, parallel, rank: int, mode, rec):
     DTensor's shape propagation unrecorded (:func:`fxmem.trace.tp.metadata_unrecorded`)."""
     if parallel is None:
         yield model, None
+        return
+    if isinstance(parallel, AsWrapped):  # the user's own wrapping (fxmem.trace.wrapped)
+        with parallel.copy(model, rank, mode) as (copied, kept), metadata_unrecorded(rec):
+            yield copied, kept
         return
     rec.offload = parallel.offload
     with sharded(model, parallel, rank, mode) as (copied, kept), metadata_unrecorded(rec), \

@@ -30,6 +30,7 @@ from ..errors import InputError
 from ..trace.ddp import local_optimizer
 from ..trace.offload import host_storages, offloaded
 from ..trace.parallel import check_parallel
+from ..trace.wrapped import refuse_wrapped
 from ..trace.step import (
     PHASES,
     UNSET,
@@ -178,9 +179,10 @@ def measure(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     device = step.device
     if not isinstance(B, int) or B < 1:
         raise InputError(f"B must be a positive int, got {B!r}")
+    check_parallel(parallel)
+    refuse_wrapped(model, parallel, "measure")  # its processes wrap their own copies
     if any(p.is_meta for p in model.parameters()):
         raise InputError("measure needs a model with real weights (this one is on meta)")
-    check_parallel(parallel)
     if parallel is not None and (device != "cpu" or record_history):
         raise InputError(f"a {parallel.name} step is measured on the CPU (gloo), not on "
                          f"{device!r}")
