@@ -8,6 +8,7 @@ Every test that initialises a process group does so through the ``world`` fixtur
 destroys it afterwards."""
 
 import gc
+import sys
 
 import pytest
 import torch
@@ -35,9 +36,11 @@ def world():
         dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=size)
         return init_device_mesh("cpu", mesh_shape or (size,), mesh_dim_names=names)
 
+    hook = sys.excepthook  # init_process_group wraps it; destroying the group does not undo it
     yield init
     if dist.is_initialized():
         dist.destroy_process_group()
+    sys.excepthook = hook
 
 
 def _state():
@@ -342,6 +345,7 @@ def test_fsdp1_is_refused(world):
 
 def test_a_real_group_is_refused(tmp_path):
     """FSDP2 over a real (gloo) group: a trace cannot run its collectives."""
+    hook = sys.excepthook
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0,
                             world_size=1)
     try:
@@ -351,6 +355,7 @@ def test_a_real_group_is_refused(tmp_path):
             fxmem.analyze(m, *_batch(), **STEP)
     finally:
         dist.destroy_process_group()
+        sys.excepthook = hook
 
 
 def test_an_unwrapped_model_is_not_touched():
