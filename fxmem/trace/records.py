@@ -46,11 +46,20 @@ class OpInfo:
 @dataclass(frozen=True)
 class ModuleCall:
     """One forward call of a submodule: its ops are ``first_op..last_op`` (none if
-    ``last_op < first_op``)."""
+    ``last_op < first_op``); the first ``hook_ops`` of them ran in the module's own forward
+    pre-hooks (FSDP2's all-gather of a sharded block), before its ``forward``."""
 
     path: str
     first_op: int
     last_op: int
+    hook_ops: int = 0
+    arg_sids: tuple = ()  # storages of the tensors its forward was given (args and kwargs)
+
+    @property
+    def forward_op(self) -> int:
+        """The first op of the module's ``forward`` itself (after its own pre-hooks):
+        where a checkpoint of it starts, and re-runs from."""
+        return self.first_op + self.hook_ops
 
 
 @dataclass(frozen=True)
