@@ -165,8 +165,7 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
         if device == "cpu" and capability is not None:
             raise InputError("--compute-capability names the GPU whose kernels --device cuda "
                              "follows: drop it with --device cpu")
-        parallel = _parallel(fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, checkpoint,
-                             whatif)
+        parallel = _parallel(fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, whatif)
         with _silenced():
             text = _analyze(target, inputs, targets, loss, optimizer, amp, device, inference,
                             grad_accum, batch, budget, checkpoint, config, seq, fmt, top,
@@ -294,7 +293,7 @@ def _fail(e, debug: bool, cause: BaseException | None = None):
     sys.exit(e.code if isinstance(e, _Exit) else _code(e))
 
 
-def _parallel(fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, checkpoint, whatif):
+def _parallel(fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, whatif):
     """The parallel strategy the options name, or None."""
     if fsdp is not None and ddp is not None:
         raise InputError("give --fsdp or --ddp, not both")
@@ -308,9 +307,6 @@ def _parallel(fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, checkpoint, 
         if ddp is None:
             return None
     flag = "--fsdp" if fsdp is not None else "--ddp"
-    if checkpoint == "auto":
-        raise InputError(f"--checkpoint auto is not available with {flag} yet: name the "
-                         "modules to checkpoint (e.g. --checkpoint model.layers.0,...)")
     if whatif:
         raise InputError(f"--whatif has no rows for a parallel step yet: drop --whatif or "
                          f"{flag}")
@@ -444,17 +440,19 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                 if limit is not None:
                     extra[f"{name} limit (the model's positions)"] = limit
             report = report.at(**{n: sizes[n] for n in dims})
-        if parallel is not None:
-            report = _one_rank(report, batch, budget_bytes, conv_ws, extra)
         frontier = ()
-        if checkpoint == "auto" and not inference:
+        if checkpoint == "auto" and not inference:  # under --fsdp/--ddp: one plan, all ranks
             status.update("choosing a checkpoint plan ...")
             frontier = report.frontier(batch)
             if budget_bytes is not None:
                 choice = report.plan_for(budget_bytes, batch)
                 report = choice.report
             elif frontier:
-                report = report.with_plan(frontier[-1].plan)
+                plan = frontier[-1].plan
+                traced = getattr(report, "retrace", None)  # a parallel step: traced with it
+                report = traced(plan) if traced and plan else report.with_plan(plan)
+        if parallel is not None:
+            report = _one_rank(report, batch, budget_bytes, conv_ws, extra)
         if budget_bytes is not None:  # raises InfeasibleBudgetError (exit 4)
             status.update("finding the largest B that runs ...")
             report.max_batch_size(budget_bytes, cudnn_workspace=conv_ws)
