@@ -271,6 +271,19 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
                          warm_up=warm_up, batch_dim=batch_dim, parallel=parallel, rank=rank)
 
 
+def _given(rec, args, kwargs) -> tuple:
+    """Storages of the tensors a module's forward was given (checkpoint holds them all,
+    read or not); a tensor with no storage of its own (sparse, nested) is left out."""
+    sids = set()
+    for t in tree_leaves((args, kwargs)):
+        if isinstance(t, torch.Tensor):
+            try:
+                sids.add(rec.sid(t))
+            except (RuntimeError, NotImplementedError):
+                continue
+    return tuple(sorted(sids - {None}))
+
+
 @contextlib.contextmanager
 def _as_rank(model, parallel, rank: int, mode, rec):
     """``model`` itself, or with ``parallel``, a copy wrapped as rank ``rank`` runs it
@@ -347,11 +360,8 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
             start = rec.call_starts.pop() if rec.call_starts else rec.op_count
             if rec.phase == "forward" and name:
                 hook_ops = inner - start if inner is not None and inner >= start else 0
-                # the tensors its forward was given (checkpoint holds them all, read or not)
-                sids = {rec.sid(t) for t in tree_leaves((args, kwargs))
-                        if isinstance(t, torch.Tensor)}
                 rec.calls.append(ModuleCall(name, start, rec.op_count - 1, hook_ops,
-                                            tuple(sorted(sids - {None}))))
+                                            _given(rec, args, kwargs)))
 
     def began(mod, args):  # after the module's own pre-hooks (FSDP2's all-gather): the
         if id(mod) in name_of:  # ops before this are not its forward's (not re-run)
