@@ -74,8 +74,11 @@ def test_derived_plans_are_the_traced_ones(parallel):
     """A plan derived from a rank's trace is the plan traced, to the byte: FSDP2's
     all-gather, run by a block's pre-forward hook, is not re-run with the block (checkpoint
     replaces the forward, inside the hooks), and checkpoint holds every tensor the block
-    is given (the Llama's ``cache_position``, read by no op of the block)."""
-    cases = [(Blocks(), _batch(), {}, [["layers.0"], ["layers.0", "layers.1", "layers.2"]]),
+    is given (the Llama's ``cache_position``, read by no op of the block); a module inside
+    a block reads the block's gathered parameters, freed by FSDP2's reshard whatever
+    checkpoint holds (``layers.0.mlp``)."""
+    cases = [(Blocks(), _batch(), {}, [["layers.0"], ["layers.0", "layers.1", "layers.2"],
+                                       ["layers.0.mlp"]]),
              (_llama(use_cache=False), _ids(), LM, [["model.layers.1"],
                                                     ["model.layers.0", "model.layers.1"]])]
     for model, args, step, plans in cases:
@@ -192,3 +195,13 @@ def test_command_line_auto_under_fsdp_and_ddp(tmp_path):
         assert doc["plan"] == list(choice.plan) and doc["frontier"]
         assert doc["peak_bytes"] == choice.peak_bytes
         assert doc["setup"][f"ranks 0, 1: peak at B={B}"]
+
+
+def test_no_process_group_state_is_left():
+    """``init_process_group`` wraps ``sys.excepthook`` (a ``[rank0]:`` prefix on every
+    traceback after it); the fake group's is unwrapped when it is destroyed."""
+    import sys
+
+    hook = sys.excepthook
+    fxmem.analyze(Blocks(), *_batch(), parallel=FSDP(2), **STEP)
+    assert sys.excepthook is hook

@@ -119,8 +119,8 @@ def derive(trace: Trace, plan) -> Trace:
         held = packs_of.get(st.sid, ())
         kept = [p.released_after for p in held
                 if not any(_inside(p.module, sc.path) for sc in scheds)]
-        if len(kept) == len(held) and st.sid not in keep_until:
-            new_storages.append(st)
+        if (len(kept) == len(held) and st.sid not in keep_until) or st.resized_away:
+            new_storages.append(st)  # (resized away: freed then, whoever refers to it)
             continue
         free = latest(st.unref_after if st.created_by >= 0 else None, *kept,
                        *keep_until.get(st.sid, ()))

@@ -189,7 +189,9 @@ class ParallelReport:
         traced with the plan applied: the choice's ``report`` and ``peak_bytes`` are the
         traced ones. Should the traced peak not fit (a forward that changes state when it
         re-runs, e.g. a key/value cache), the budget is tightened by the excess and the plan
-        chosen again. Raises :class:`fxmem.InfeasibleBudgetError` when no plan fits."""
+        chosen again; a plan checkpoint cannot run on fake tensors (``nn.MultiheadAttention``
+        alone) is returned derived, with ``exact=False``. Raises
+        :class:`fxmem.InfeasibleBudgetError` when no plan fits."""
         if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int):
             raise InputError(f"budget_bytes must be an int, got {budget_bytes!r}")
         from ..checkpoint.ranks import choose
@@ -205,7 +207,7 @@ class ParallelReport:
         traced with its plan when ``retrace`` is set (``again(budget)``: choose with a
         smaller budget when the traced peak does not fit)."""
         from ..checkpoint.choose import MAX_TIGHTENINGS, PlanChoice
-        from ..errors import InfeasibleBudgetError
+        from ..errors import InfeasibleBudgetError, TraceError
 
         plan, peak, cost, step, exact = got
         if self.retrace is None:
@@ -213,7 +215,12 @@ class ParallelReport:
             return PlanChoice(b, plan, peak, cost, step, report, exact)
         budget = budget_bytes
         for _ in range(MAX_TIGHTENINGS):
-            traced = self.retrace(plan) if plan else self
+            try:
+                traced = self.retrace(plan) if plan else self
+            except TraceError:  # a plan checkpoint cannot run on fake tensors (an
+                # nn.MultiheadAttention alone: docs/checkpointing.md): the derived one
+                report = self.with_plan(plan)
+                return PlanChoice(b, plan, report.peak_bytes(b), cost, step, report, False)
             real = traced.peak_bytes(b)
             if real <= budget_bytes:
                 return PlanChoice(b, plan, real, cost, step, traced, exact and real == peak)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
+import sys
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -235,12 +236,14 @@ def fake_world(world_size: int, rank: int, mesh_shape: tuple | None = None,
     # not by rank, and some hold a rank's local shapes (a view's): a real rank's process
     # has only its own; here ranks take turns in one process, so each starts afresh
     _clear_sharding_prop_cache()
+    hook = sys.excepthook  # init_process_group wraps it (a "[rank0]:" prefix on tracebacks)
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         yield init_device_mesh("cpu", mesh_shape or (world_size,),
                                mesh_dim_names=mesh_dim_names)
     finally:
         dist.destroy_process_group()
+        sys.excepthook = hook
         _clear_sharding_prop_cache()
 
 

@@ -81,6 +81,8 @@ class StorageInfo:
     # (autograd's saved copies aside: ``freed_after`` is the later of the two)
     data_bound: bool = False  # its size depends on a count the data sets (a mask's True
     # values): ``size`` is its largest (fxmem.trace.datadep)
+    resized_away: bool = False  # freed by a resize to 0 (FSDP2's reshard), whatever still
+    # refers to it: autograd's and checkpoint's references keep nothing of it
 
 
 @dataclass(frozen=True)
