@@ -191,7 +191,18 @@ class ParallelReport:
         re-runs, e.g. a key/value cache), the budget is tightened by the excess and the plan
         chosen again; a plan checkpoint cannot run on fake tensors (``nn.MultiheadAttention``
         alone) is returned derived, with ``exact=False``. Raises
-        :class:`fxmem.InfeasibleBudgetError` when no plan fits."""
+        :class:`fxmem.InfeasibleBudgetError` when no plan fits.
+
+        >>> import torch, fxmem
+        >>> m = torch.nn.Sequential(*[torch.nn.Sequential(
+        ...     torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 16))
+        ...     for _ in range(3)])
+        >>> r = fxmem.analyze(m, torch.randn(4, 16), loss=lambda o: o.sum(), device="cpu",
+        ...                   parallel=fxmem.FSDP(2))
+        >>> c = r.plan_for(r.peak_bytes(256) * 7 // 8, B=256)
+        >>> c.plan, c.peak_bytes == max(c.report.peak_bytes(256, rank=k) for k in (0, 1))
+        (('0',), True)
+        """
         if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int):
             raise InputError(f"budget_bytes must be an int, got {budget_bytes!r}")
         from ..checkpoint.ranks import choose
@@ -200,12 +211,13 @@ class ParallelReport:
         b = _check_b(B)
         got = choose(reports, choosers, budget_bytes, b)
         return self._confirmed(got, b, budget_bytes,
-                               lambda budget: choose(reports, choosers, budget, b))
+                               lambda budget: choose(reports, choosers, budget, b), {})
 
-    def _confirmed(self, got, b: int, budget_bytes: int, again):
+    def _confirmed(self, got, b: int, budget_bytes: int, again, traced_plans: dict):
         """The :class:`fxmem.PlanChoice` of ``got`` (plan, peak, cost, step FLOPs, exact),
         traced with its plan when ``retrace`` is set (``again(budget)``: choose with a
-        smaller budget when the traced peak does not fit)."""
+        smaller budget when the traced peak does not fit; ``traced_plans``: plan -> its
+        traced report, filled here)."""
         from ..checkpoint.choose import MAX_TIGHTENINGS, PlanChoice
         from ..errors import InfeasibleBudgetError, TraceError
 
@@ -216,7 +228,9 @@ class ParallelReport:
         budget = budget_bytes
         for _ in range(MAX_TIGHTENINGS):
             try:
-                traced = self.retrace(plan) if plan else self
+                if plan not in traced_plans:
+                    traced_plans[plan] = self.retrace(plan) if plan else self
+                traced = traced_plans[plan]
             except TraceError:  # a plan checkpoint cannot run on fake tensors (an
                 # nn.MultiheadAttention alone: docs/checkpointing.md): the derived one
                 report = self.with_plan(plan)
@@ -263,11 +277,13 @@ class ParallelReport:
                 f"{max_recompute:.0%} recompute on every rank; the smallest with any plan is "
                 f"{least:,} B", minimum_bytes=least)
         b = largest(lambda b: at(b) is not None, lo, limit=2**40)
+        traced: dict = {}
         while True:  # the traced plan must fit; else one B less
             try:
                 return self._confirmed(
                     at(b), b, budget_bytes,
-                    lambda budget, b=b: choose(reports, choosers, budget, b, max_recompute))
+                    lambda budget, b=b: choose(reports, choosers, budget, b, max_recompute),
+                    traced)
             except InfeasibleBudgetError:
                 if b == lo:
                     raise
