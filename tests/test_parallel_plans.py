@@ -90,6 +90,25 @@ def test_derived_plans_are_the_traced_ones(parallel):
                 assert _ranks(base.with_plan(plan), b) == _ranks(traced, b), (plan, b)
 
 
+def test_derived_plans_under_tensor_parallelism():
+    """TP redistributes a layer's input in a pre-hook of its own (not re-run, but held by
+    checkpoint as what the forward is given); under FSDP2 x TP a layer inside a block
+    reads the block's gathered parameters, which FSDP2's reshard frees whatever
+    checkpoint holds: derived = traced on every rank."""
+    from fxmem import TP, Parallel
+    from test_tp import BLOCK_PLAN, _blocks_batch, _seq_loss
+    from test_tp import Blocks as TPBlocks
+
+    x, y = _blocks_batch()
+    for parallel in (TP(2, BLOCK_PLAN), Parallel(fsdp=FSDP(2), tp=TP(2, BLOCK_PLAN))):
+        step = {**STEP, "loss": _seq_loss}
+        base = fxmem.analyze(TPBlocks(), x, y, parallel=parallel, **step)
+        plan = ["layers.0.up", "layers.1"]
+        traced = fxmem.analyze(TPBlocks(), x, y, parallel=parallel, checkpoint=plan, **step)
+        for b in (3, B):
+            assert _ranks(base.with_plan(plan), b) == _ranks(traced, b), (parallel.name, b)
+
+
 def _measured(model, args, parallel, choice, batches, **step):
     """The step with the plan applied for real, every rank measured at each of ``batches``:
     the choice's prediction on every rank."""
