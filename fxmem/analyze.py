@@ -129,7 +129,11 @@ def _per_rank(model, inputs, targets, step, parallel, checkpoint, batch_hint, di
             lv = liveness(build_graph(t))
             report = Report(lv, parts_of(lv), t.guards)
         groups.append(RankGroup(ranks, report))
-    return ParallelReport(parallel, tuple(groups))
+
+    def retrace(plan):  # the planner's confirmation: this step traced with ``plan``
+        return _per_rank(model, inputs, targets, step, parallel, plan, batch_hint, dims,
+                         batch_dim)
+    return ParallelReport(parallel, tuple(groups), None if plan else retrace)
 
 
 def min_world_size(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,

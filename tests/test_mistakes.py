@@ -192,8 +192,12 @@ CLI = [
                                                                             "floating"]),
     ("fsdp_bad_dtype", [*NET, "--fsdp", "2", "--reduce-dtype", "fp13"], 2, ["--reduce-dtype",
                                                                              "fp13"]),
-    ("fsdp_auto_checkpoint", [*NET, "--fsdp", "2", "--checkpoint", "auto"], 2,
-     ["--checkpoint auto", "--fsdp", "name the modules"]),
+    ("fsdp_auto_checkpoint_budget_too_small", [*NET, "--fsdp", "2", "--checkpoint", "auto",
+                                               "--budget", "100"], 4,
+     ["no checkpoint plan", "fits"]),
+    ("ddp_auto_checkpoint_budget_too_small", [*NET, "--ddp", "2", "--checkpoint", "auto",
+                                              "--budget", "100"], 4,
+     ["no checkpoint plan", "fits"]),
     ("fsdp_and_ddp", [*NET, "--fsdp", "2", "--ddp", "2"], 2, ["--fsdp or --ddp", "not both"]),
     ("zero1_without_ddp", [*NET, "--zero1"], 2, ["--zero1", "give --ddp"]),
     ("tp_plan_without_tp", [*NET, "--tp-plan", f"{M}:Net"], 2, ["--tp-plan", "give --tp"]),
@@ -423,6 +427,20 @@ def test_a_mistake_in_a_real_process(row, broken, tmp_path):
     r = subprocess.run([sys.executable, "-m", "fxmem", *_argv(argv, broken, out)], cwd=ROOT,
                        capture_output=True, text=True, timeout=300, env=env)
     _check_cli(r.returncode, r.stdout, r.stderr, code, words, out)
+
+
+@pytest.mark.parametrize("flag", ["--fsdp", "--ddp"])
+def test_auto_checkpoint_with_a_parallel_step(flag, capfd):
+    """``--checkpoint auto`` with ``--fsdp``/``--ddp`` (once refused) chooses one plan for
+    every rank: the report shows it, its frontier and each group's peak with it."""
+    import json
+
+    code, out, err = run_in_process([*NET, flag, "2", "--checkpoint", "auto", "--budget",
+                                     "1GiB", "--format", "json"], capfd)
+    assert code == 0 and err == "", err
+    doc = json.loads(out)
+    assert doc["setup"]["checkpoint"] == "auto" and doc["frontier"]
+    assert "plan" in doc and [k for k in doc["setup"] if k.endswith(": peak at B=32")]
 
 
 def test_the_rows_are_many_and_distinct():

@@ -44,12 +44,15 @@ _STATIC = ("param", "buffer", "grad", "optimizer_state")
 class SegmentSchedule:
     """What checkpointing one module call changes (op indices of the base trace).
 
-    ``first_op..last_op``: its forward; ``stop``: the re-run covers ops ``first_op ..
+    ``first_op..last_op``: its forward (after the module's own pre-hooks, e.g. FSDP2's
+    all-gather, which checkpoint does not re-run: :attr:`ModuleCall.forward_op
+    <fxmem.trace.records.ModuleCall.forward_op>`); ``stop``: the re-run covers ops ``first_op ..
     stop - 1`` (early stop after the last save); ``recompute_at``: the re-run happens right
     before this base op (``None``: nothing it saved is read back, no re-run);
     ``order``: rank of that first unpack, for re-runs before the same op; ``done_after``:
     op after which the last saved tensor is released (checkpoint then drops the inputs;
-    ``None``: never); ``inputs``: storages of the activations entering it.
+    ``None``: never); ``inputs``: storages of the activations entering it (read by it, or
+    given to its forward: checkpoint holds every tensor argument, read or not).
     """
 
     path: str
@@ -82,10 +85,11 @@ def schedule(trace: Trace, path: str) -> SegmentSchedule | None:
     first = min(unpacked, key=lambda p: p.unpack_order) if unpacked else None
     ops = trace.ops
     storages = trace.storages
-    inputs = sorted({s for i in range(call.first_op, call.last_op + 1) for s in ops[i].in_sids
-                     if storages[s].created_by < call.first_op
-                     and storages[s].category not in _STATIC})
-    return SegmentSchedule(path, call.first_op, call.last_op, max(p.at for p in packs),
+    read = {s for i in range(call.forward_op, call.last_op + 1) for s in ops[i].in_sids
+            if storages[s].created_by < call.first_op}
+    given = {s for s in call.arg_sids if storages[s].created_by < call.forward_op}
+    inputs = sorted(s for s in read | given if storages[s].category not in _STATIC)
+    return SegmentSchedule(path, call.forward_op, call.last_op, max(p.at for p in packs),
                            first.unpacked_at if first else None,
                            first.unpack_order if first else 0,
                            latest(*(p.released_after for p in packs)), tuple(inputs))
@@ -115,8 +119,8 @@ def derive(trace: Trace, plan) -> Trace:
         held = packs_of.get(st.sid, ())
         kept = [p.released_after for p in held
                 if not any(_inside(p.module, sc.path) for sc in scheds)]
-        if len(kept) == len(held) and st.sid not in keep_until:
-            new_storages.append(st)
+        if (len(kept) == len(held) and st.sid not in keep_until) or st.resized_away:
+            new_storages.append(st)  # (resized away: freed then, whoever refers to it)
             continue
         free = latest(st.unref_after if st.created_by >= 0 else None, *kept,
                        *keep_until.get(st.sid, ()))

@@ -182,7 +182,7 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
             raise InputError("--compute-capability names the GPU whose kernels --device cuda "
                              "follows: drop it with --device cpu")
         parallel = tensor_parallel(tp, tp_plan, ddp, sharding(replicate, offload, _parallel(
-            fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, checkpoint)))
+            fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype)))
         with _silenced():
             text = _analyze(target, inputs, targets, loss, optimizer, amp, device, inference,
                             grad_accum, batch, budget, checkpoint, config, seq, fmt, top,
@@ -314,7 +314,7 @@ def _fail(e, debug: bool, cause: BaseException | None = None):
     sys.exit(e.code if isinstance(e, _Exit) else _code(e))
 
 
-def _parallel(fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, checkpoint):
+def _parallel(fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype):
     """The parallel strategy the options name, or None."""
     if fsdp is not None and ddp is not None:
         raise InputError("give --fsdp or --ddp, not both")
@@ -327,10 +327,6 @@ def _parallel(fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, checkpoint):
             raise InputError(f"{given[0]} is an FSDP option: give --fsdp RANKS too")
         if ddp is None:
             return None
-    flag = "--fsdp" if fsdp is not None else "--ddp"
-    if checkpoint == "auto":
-        raise InputError(f"--checkpoint auto is not available with {flag} yet: name the "
-                         "modules to checkpoint (e.g. --checkpoint model.layers.0,...)")
     from ..trace.parallel import DDP, FSDP
 
     if ddp is not None:
@@ -452,14 +448,16 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
         # a data-parallel report stays whole: the summary shows the per-rank table and the
         # report of the ranks with the least room (fxmem.report.summary.summarize)
         frontier = ()
-        if checkpoint == "auto" and not inference:
+        if checkpoint == "auto" and not inference:  # under --fsdp/--ddp: one plan, all ranks
             status.update("choosing a checkpoint plan ...")
             frontier = report.frontier(batch)
             if budget_bytes is not None:
                 choice = report.plan_for(budget_bytes, batch)
                 report = choice.report
             elif frontier:
-                report = report.with_plan(frontier[-1].plan)
+                plan = frontier[-1].plan
+                traced = getattr(report, "retrace", None)  # a parallel step: traced with it
+                report = traced(plan) if traced and plan else report.with_plan(plan)
         if budget_bytes is not None:  # raises InfeasibleBudgetError (exit 4)
             status.update("finding the largest B that runs ...")
             report.max_batch_size(budget_bytes, cudnn_workspace=conv_ws)

@@ -2,16 +2,18 @@
 ranks (:meth:`fxmem.FSDP.rank_groups`), and the answers a user of many GPUs asks for: each
 rank's peak, the largest per-rank batch that fits every rank, the parts per rank.
 
-A report only reads the per-rank reports; it never re-traces."""
+A report only reads the per-rank reports; the one exception is the checkpoint plan it
+chooses (:meth:`ParallelReport.plan_for`), which it traces with the plan applied to confirm
+it, when it was made by :func:`fxmem.analyze` (``retrace``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import sympy
 
 from ..errors import InputError
-from .result import Report
+from .result import Report, _check_b
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,9 @@ class ParallelReport:
 
     strategy: object
     groups: tuple
+    # plan -> this step traced with the plan applied (fxmem.analyze sets it; None: plans
+    # are derived only)
+    retrace: object = field(default=None, repr=False, compare=False)
 
     @property
     def world_size(self) -> int:
@@ -100,8 +105,10 @@ class ParallelReport:
 
     def at(self, **values) -> "ParallelReport":
         """Every rank's report in B alone with the named dims fixed, e.g. ``at(L=512)``."""
+        retrace = None if self.retrace is None else \
+            (lambda plan, f=self.retrace: f(plan).at(**values))
         return ParallelReport(self.strategy, tuple(RankGroup(g.ranks, g.report.at(**values))
-                                                   for g in self.groups))
+                                                   for g in self.groups), retrace)
 
     def tightest(self, B: int, budget_bytes: int | None = None, **options) -> RankGroup:  # noqa: N803
         """The group of ranks with the least room: with ``budget_bytes``, the one whose
@@ -148,15 +155,176 @@ class ParallelReport:
             return self.rank(rank).peak_bytes(B)
         return max(g.report.peak_bytes(B) for g in self.groups)
 
-    def max_batch_size(self, budget_bytes: int | None = None, *, rank: int | None = None,
-                       **options):
+    def max_batch_size(self, budget_bytes: int | None = None,
+                       max_recompute: float | None = None, candidates=None, *,
+                       rank: int | None = None, **options):
         """The largest micro-batch B per rank that fits every rank (or rank ``rank``), as
         :meth:`fxmem.Report.max_batch_size` answers for each (the same ``by``, ``gpu``,
-        ``context_bytes``, ...): the smallest of the ranks' answers."""
+        ``context_bytes``, ...): the smallest of the ranks' answers.
+
+        With ``max_recompute`` (a fraction of the step's FLOPs): the largest B that fits
+        every rank by live bytes with one checkpoint plan for all of them re-running at most
+        that share, as a :class:`fxmem.PlanChoice` whose ``report`` is this step under the
+        plan (traced with it when it can be: :meth:`plan_for`)."""
         if rank is not None:
-            return self.rank(rank).max_batch_size(budget_bytes, **options)
-        return min((g.report.max_batch_size(budget_bytes, **options) for g in self.groups),
-                   key=int)
+            return self.rank(rank).max_batch_size(budget_bytes, max_recompute, candidates,
+                                                  **options)
+        if max_recompute is None:
+            return min((g.report.max_batch_size(budget_bytes, **options)
+                        for g in self.groups), key=int)
+        return self._most_with_plan(budget_bytes, max_recompute, candidates)
+
+    # checkpoint plans: one for every rank ---------------------------------------------
+    def with_plan(self, plan) -> "ParallelReport":
+        """Every rank's step under checkpoint ``plan`` (module paths), derived from each
+        group's trace without a plan (:meth:`fxmem.Report.with_plan`)."""
+        return ParallelReport(self.strategy, tuple(RankGroup(g.ranks, g.report.with_plan(plan))
+                                                   for g in self.groups))
+
+    @property
+    def plan(self) -> tuple:
+        """Module paths whose forward is checkpointed, on every rank."""
+        return self.groups[0].report.plan
+
+    @property
+    def recompute_flops(self) -> sympy.Expr:
+        """FLOPs a rank spends re-running checkpointed forwards (the largest group's)."""
+        flops = list(dict.fromkeys(g.report.recompute_flops for g in self.groups))
+        return flops[0] if len(flops) == 1 else sympy.Max(*flops)
+
+    def _planner(self, candidates):
+        from ..checkpoint.choose import Chooser
+
+        reports = [g.report for g in self.groups]
+        if reports[0].named is not None:
+            example = ", ".join(f"{n}=..." for n in self.dims)
+            raise InputError(f"checkpoint plans of a report in B and {', '.join(self.dims)}: "
+                             f"ask report.at({example})")
+        choosers = [r._chooser(candidates) if candidates is None else Chooser(r, candidates)
+                    for r in reports]
+        return reports, choosers
+
+    def frontier(self, B: int, candidates=None) -> tuple:  # noqa: N803
+        """Pareto-optimal checkpoint plans at micro-batch ``B`` for every rank: a tuple of
+        :class:`fxmem.FrontierPoint` (the largest rank's peak, recompute FLOPs, plan), from
+        no plan to the smallest peak, over the plans of each group's own frontier
+        (:meth:`fxmem.Report.frontier`); derived, not traced."""
+        from ..checkpoint.ranks import frontier
+
+        return frontier(*self._planner(candidates), _check_b(B))
+
+    def plan_for(self, budget_bytes: int, B: int, candidates=None):  # noqa: N803
+        """The checkpoint plan with the least recompute FLOPs found whose peak at micro-batch
+        ``B`` fits ``budget_bytes`` on every rank (one plan for all: every rank runs the
+        same code), as a :class:`fxmem.PlanChoice` whose ``report`` is this
+        :class:`ParallelReport` under the plan and ``peak_bytes`` the largest rank's.
+
+        The plan is chosen on plans derived from each group's trace
+        (:mod:`fxmem.checkpoint.ranks`), then, for a report made by :func:`fxmem.analyze`,
+        traced with the plan applied: the choice's ``report`` and ``peak_bytes`` are the
+        traced ones. Should the traced peak not fit (a forward that changes state when it
+        re-runs, e.g. a key/value cache), the budget is tightened by the excess and the plan
+        chosen again; a plan checkpoint cannot run on fake tensors (``nn.MultiheadAttention``
+        alone) is returned derived, with ``exact=False``. Raises
+        :class:`fxmem.InfeasibleBudgetError` when no plan fits.
+
+        >>> import torch, fxmem
+        >>> m = torch.nn.Sequential(*[torch.nn.Sequential(
+        ...     torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 16))
+        ...     for _ in range(3)])
+        >>> r = fxmem.analyze(m, torch.randn(4, 16), loss=lambda o: o.sum(), device="cpu",
+        ...                   parallel=fxmem.FSDP(2))
+        >>> c = r.plan_for(r.peak_bytes(256) * 7 // 8, B=256)
+        >>> c.plan, c.peak_bytes == max(c.report.peak_bytes(256, rank=k) for k in (0, 1))
+        (('0',), True)
+        """
+        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int):
+            raise InputError(f"budget_bytes must be an int, got {budget_bytes!r}")
+        from ..checkpoint.ranks import choose
+
+        reports, choosers = self._planner(candidates)
+        b = _check_b(B)
+        got = choose(reports, choosers, budget_bytes, b)
+        return self._confirmed(got, b, budget_bytes,
+                               lambda budget: choose(reports, choosers, budget, b), {})
+
+    def _confirmed(self, got, b: int, budget_bytes: int, again, traced_plans: dict):
+        """The :class:`fxmem.PlanChoice` of ``got`` (plan, peak, cost, step FLOPs, exact),
+        traced with its plan when ``retrace`` is set (``again(budget)``: choose with a
+        smaller budget when the traced peak does not fit; ``traced_plans``: plan -> its
+        traced report, filled here)."""
+        from ..checkpoint.choose import MAX_TIGHTENINGS, PlanChoice
+        from ..errors import InfeasibleBudgetError, TraceError
+
+        plan, peak, cost, step, exact = got
+        if self.retrace is None:
+            report = self.with_plan(plan) if plan else self
+            return PlanChoice(b, plan, peak, cost, step, report, exact)
+        budget = budget_bytes
+        for _ in range(MAX_TIGHTENINGS):
+            try:
+                if plan not in traced_plans:
+                    traced_plans[plan] = self.retrace(plan) if plan else self
+                traced = traced_plans[plan]
+            except TraceError:  # a plan checkpoint cannot run on fake tensors (an
+                # nn.MultiheadAttention alone: docs/checkpointing.md): the derived one
+                report = self.with_plan(plan)
+                return PlanChoice(b, plan, report.peak_bytes(b), cost, step, report, False)
+            real = traced.peak_bytes(b)
+            if real <= budget_bytes:
+                return PlanChoice(b, plan, real, cost, step, traced, exact and real == peak)
+            budget -= real - budget_bytes
+            try:
+                got = again(budget)
+            except InfeasibleBudgetError:
+                got = None
+            if got is None:
+                break
+            plan, peak, cost, step, exact = got
+        raise InfeasibleBudgetError(
+            f"no checkpoint plan found fits {budget_bytes:,} bytes at B={b} on every rank "
+            f"when traced (plan {list(plan)} peaks at {real:,} bytes)", minimum_bytes=real)
+
+    def _most_with_plan(self, budget_bytes, max_recompute, candidates):
+        from ..checkpoint.ranks import choose, smallest
+        from ..errors import InfeasibleBudgetError
+        from ..formula.search import largest
+
+        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) \
+                or budget_bytes <= 0:
+            raise InputError(f"budget_bytes must be a positive int, got {budget_bytes!r}")
+        if not 0 <= max_recompute:
+            raise InputError(f"max_recompute is a fraction of the step's FLOPs, got "
+                             f"{max_recompute!r}")
+        reports, choosers = self._planner(candidates)
+        memo: dict = {}
+
+        def at(b):
+            if b not in memo:
+                memo[b] = choose(reports, choosers, budget_bytes, b, max_recompute)
+            return memo[b]
+
+        lo = max(r.min_batch_size for r in reports)
+        if at(lo) is None:
+            least = smallest(reports, choosers, lo)[1]
+            raise InfeasibleBudgetError(
+                f"budget {budget_bytes:,} B is below the smallest peak at B={lo} within "
+                f"{max_recompute:.0%} recompute on every rank; the smallest with any plan is "
+                f"{least:,} B", minimum_bytes=least)
+        b = largest(lambda b: at(b) is not None, lo, limit=2**40)
+        traced: dict = {}
+        while True:  # the traced plan must fit; else one B less
+            try:
+                return self._confirmed(
+                    at(b), b, budget_bytes,
+                    lambda budget, b=b: choose(reports, choosers, budget, b, max_recompute),
+                    traced)
+            except InfeasibleBudgetError:
+                if b == lo:
+                    raise
+                b -= 1
+                if at(b) is None:
+                    raise
 
     def max_length(self, budget_bytes: int, B: int, name: str | None = None,  # noqa: N803
                    limit: int | None = None, **values) -> int:
@@ -214,3 +382,4 @@ class ParallelReport:
         from .text import render_ranks
 
         return render_ranks(self)
+

@@ -190,7 +190,8 @@ class FSDP(Strategy):
 def stack_blocks(model: torch.nn.Module) -> tuple:
     """The blocks of the model's stacks: the children of each outermost ``ModuleList`` or
     ``Sequential`` with two or more children, all of one class (a transformer's layers,
-    a ResNet stage's blocks), outermost first.
+    a ResNet stage's blocks; a block under ``checkpoint_wrapper`` is of its module's class,
+    so a plan applied to some blocks wraps the same blocks), outermost first.
 
     >>> m = torch.nn.Sequential(torch.nn.ModuleList([torch.nn.Linear(2, 2) for _ in "ab"]),
     ...                         torch.nn.ReLU())
@@ -203,7 +204,8 @@ def stack_blocks(model: torch.nn.Module) -> tuple:
             continue
         if isinstance(mod, (torch.nn.ModuleList, torch.nn.Sequential)):
             kids = list(mod.named_children())
-            if len(kids) >= 2 and len({type(k) for _, k in kids}) == 1:
+            if len(kids) >= 2 and len({type(getattr(k, "_checkpoint_wrapped_module", k))
+                                       for _, k in kids}) == 1:
                 out.extend(f"{name}.{n}" if name else n for n, _ in kids)
     return tuple(out)
 

@@ -115,6 +115,8 @@ class Recorder(StorageTracker):
         self.offload = False  # an FSDP2 rank with CPU offload: host storages left out
         self.calls: list[ModuleCall] = []  # forward module calls, in the order they ended
         self.call_starts: list[int] = []
+        self.forward_starts: dict[int, int] = {}  # call depth -> op its forward began at,
+        # after the module's own pre-hooks (fxmem.trace.records.ModuleCall.hook_ops)
         self.recomputing = 0  # > 0 while a checkpointed forward re-runs in backward
         self.saved_tensors = SavedTensors(self, lambda: (self.phase, self.module_stack[-1]),
                                           self._node_of)

@@ -46,11 +46,20 @@ class OpInfo:
 @dataclass(frozen=True)
 class ModuleCall:
     """One forward call of a submodule: its ops are ``first_op..last_op`` (none if
-    ``last_op < first_op``)."""
+    ``last_op < first_op``); the first ``hook_ops`` of them ran in the module's own forward
+    pre-hooks (FSDP2's all-gather of a sharded block), before its ``forward``."""
 
     path: str
     first_op: int
     last_op: int
+    hook_ops: int = 0
+    arg_sids: tuple = ()  # storages of the tensors its forward was given (args and kwargs)
+
+    @property
+    def forward_op(self) -> int:
+        """The first op of the module's ``forward`` itself (after its own pre-hooks):
+        where a checkpoint of it starts, and re-runs from."""
+        return self.first_op + self.hook_ops
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,8 @@ class StorageInfo:
     # (autograd's saved copies aside: ``freed_after`` is the later of the two)
     data_bound: bool = False  # its size depends on a count the data sets (a mask's True
     # values): ``size`` is its largest (fxmem.trace.datadep)
+    resized_away: bool = False  # freed by a resize to 0 (FSDP2's reshard), whatever still
+    # refers to it: autograd's and checkpoint's references keep nothing of it
 
 
 @dataclass(frozen=True)

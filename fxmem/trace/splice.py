@@ -355,7 +355,9 @@ class _Splice:
                                                for p in standin_paths):
                 continue
             calls_new.append(replace(mc, first_op=before(mc.first_op),
-                                     last_op=after(mc.last_op)))
+                                     last_op=after(mc.last_op),
+                                     arg_sids=tuple(final[s] for s in mc.arg_sids
+                                                    if s not in dropped)))
         for calls in self.runs:
             pat = calls[1]
             inside = pat_info[id(pat)][0]
@@ -367,7 +369,9 @@ class _Splice:
                         last = (copy_index(c, inside[mc.last_op]) if mc.last_op in inside
                                 else first - 1)
                         calls_new.append(replace(mc, path=rename(c, mc.path),
-                                                 first_op=first, last_op=last))
+                                                 first_op=first, last_op=last,
+                                                 arg_sids=tuple(sid_in(c, s)
+                                                                for s in mc.arg_sids)))
         # the rest of the recorder -------------------------------------------------------
         saved = {final[s] for s in rec.saved if s not in dropped}
         for calls in self.runs:

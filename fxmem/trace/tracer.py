@@ -279,6 +279,19 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
                          warm_up=warm_up, batch_dim=batch_dim, parallel=parallel, rank=rank)
 
 
+def _given(rec, args, kwargs) -> tuple:
+    """Storages of the tensors a module's forward was given (checkpoint holds them all,
+    read or not); a tensor with no storage of its own (sparse, nested) is left out."""
+    sids = set()
+    for t in tree_leaves((args, kwargs)):
+        if isinstance(t, torch.Tensor):
+            try:
+                sids.add(rec.sid(t))
+            except (RuntimeError, NotImplementedError):
+                continue
+    return tuple(sorted(sids - {None}))
+
+
 @contextlib.contextmanager
 def _as_rank(model, parallel, rank: int, mode, rec):
     """``model`` itself, or with ``parallel``, a copy wrapped as rank ``rank`` runs it
@@ -352,13 +365,30 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
         if name is not None:
             rec.module_stack.append(name)  # returns None: inputs unchanged
             rec.call_starts.append(rec.op_count)
+            rec.forward_starts.pop(len(rec.call_starts), None)
 
-    def leave(mod, args, out):
+    def leave(mod, args, kwargs, out):
         if id(mod) in name_of and len(rec.module_stack) > 1:
             name = rec.module_stack.pop()  # returns None: output unchanged
+            inner = rec.forward_starts.pop(len(rec.call_starts), None)
             start = rec.call_starts.pop() if rec.call_starts else rec.op_count
             if rec.phase == "forward" and name:
-                rec.calls.append(ModuleCall(name, start, rec.op_count - 1))
+                hook_ops = inner - start if inner is not None and inner >= start else 0
+                rec.calls.append(ModuleCall(name, start, rec.op_count - 1, hook_ops,
+                                            _given(rec, args, kwargs)))
+
+    def began(mod, args):  # after the module's own pre-hooks (FSDP2's all-gather): the
+        if id(mod) in name_of:  # ops before this are not its forward's (not re-run)
+            rec.forward_starts[len(rec.call_starts)] = rec.op_count
+
+    # global hooks run before a module's own ones: under a parallel wrapping (FSDP2's
+    # pre-forward all-gather, TP's input redistribution), a pre-hook of the module's own,
+    # added last, marks where its forward begins, as checkpoint (which replaces the
+    # forward, the hooks outside it) re-runs it; only on modules with pre-hooks already,
+    # so no module sees a hook it would not have had
+    hooked = {id(m): m for m in wrapper.modules() if m._forward_pre_hooks} if prepared else {}
+    for m in hooked.values():
+        handles.append(m.register_forward_pre_hook(began))
 
     from torch.nn.modules.module import (
         register_module_forward_hook,
@@ -366,7 +396,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     )
 
     handles.append(register_module_forward_pre_hook(enter))
-    handles.append(register_module_forward_hook(leave))
+    handles.append(register_module_forward_hook(leave, with_kwargs=True))
 
     if not warm:  # a buffer the forward assigns: trace again after a warm-up step
         handles.append(watch_buffers(rec, name_of))
