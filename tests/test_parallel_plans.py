@@ -213,7 +213,8 @@ def test_command_line_auto_under_fsdp_and_ddp(tmp_path):
         choice = r.plan_for(budget, B)
         assert doc["plan"] == list(choice.plan) and doc["frontier"]
         assert doc["peak_bytes"] == choice.peak_bytes
-        assert doc["setup"][f"ranks 0, 1: peak at B={B}"]
+        (row,) = doc["ranks"]  # each rank's peak with the plan
+        assert row["ranks"] == [0, 1] and row["peak_bytes"] == choice.peak_bytes
 
 
 def test_no_process_group_state_is_left():
