@@ -52,7 +52,7 @@ import torch
 
 from ..errors import InputError
 from .ddp import DDP, Kept, RealInts, _EchoGroup
-from .parallel import meta_copy
+from .parallel import empty_tied, meta_copy
 from .strategy import Strategy
 from .tp import materialize_shards
 
@@ -108,7 +108,7 @@ class AsWrapped(Strategy):
         if self.ddp is not None:
             copied = meta_copy(model)
             with mode:
-                copied.to_empty(device="cpu")
+                empty_tied(copied)
             kept = Kept()
             kept.know([*copied.parameters(), *copied.buffers()])
             kept.real = RealInts()
