@@ -328,3 +328,18 @@ def test_command_line_with_a_plan_file():
     report = fxmem.analyze(MLP(hidden=30), *_mlp_batch(), parallel=TP(4, UNEVEN_PLAN), **STEP)
     assert doc["setup"]["parallel"] == "TP over 4 ranks"
     assert doc["peak_bytes"] == max(report.peak_bytes(6, rank=k) for k in range(4))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: fxmem.DDP(2), lambda: fxmem.DDP(2, zero1=True), lambda: TP(2, BLOCK_PLAN),
+    lambda: Parallel(fsdp=FSDP(2), tp=TP(2, BLOCK_PLAN)),
+], ids=["DDP", "ZeRO-1", "TP", "FSDP2xTP"])
+def test_composes_with_checkpointing_and_autocast(make):
+    """Each strategy with a block checkpointed (checkpoint_wrapper, applied before the
+    wrapping, as torchtitan does) and CPU autocast to bfloat16 at once: exact per rank."""
+    m = fxmem.apply_checkpoints(Blocks(), ["layers.0"])
+    r = _exact(m, *_blocks_batch(), make(), loss=_seq_loss, amp=torch.bfloat16)
+    # the plan reaches the checkpointed block's layers too: the shards are the same
+    plain = fxmem.analyze(Blocks(), *_blocks_batch(), parallel=make(),
+                          **{**STEP, "loss": _seq_loss})
+    assert r.parts(0)["params"] == plain.parts(0)["params"]

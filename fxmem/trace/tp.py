@@ -76,8 +76,10 @@ class TP(Strategy):
         return hash((self.world_size, tuple(self.plan or ())))
 
     def plan_for(self, model: torch.nn.Module) -> dict:
-        """The plan applied to ``model``: ``plan``, or the model's own (:func:`hf_plan`)."""
-        return dict(self.plan) if self.plan is not None else hf_plan(model)
+        """The plan applied to ``model``: ``plan``, or the model's own (:func:`hf_plan`),
+        seen through checkpoint wrappers (:func:`through_wrappers`)."""
+        return through_wrappers(model, dict(self.plan) if self.plan is not None
+                                else hf_plan(model))
 
     @property
     def name(self) -> str:
@@ -188,6 +190,40 @@ def materialize_shards(model: torch.nn.Module, mode) -> None:
 
     with mode:
         model._apply(fresh)
+
+
+WRAPPED = "_checkpoint_wrapped_module"  # checkpoint_wrapper's child (checkpoint_wrapper.py)
+
+
+def through_wrappers(model: torch.nn.Module, plan: dict) -> dict:
+    """``plan`` for ``model`` whose blocks may be under ``checkpoint_wrapper``: each key
+    matched against the module paths with the wrappers' ``_checkpoint_wrapped_module``
+    left out, and a module inside a wrapper named by its full path (``parallelize_module``
+    matches a path level by level, so ``layers.*.q`` would miss ``layers.0``'s ``q`` under
+    a wrapper, skipping it with a warning). A model without wrappers keeps ``plan``.
+
+    >>> from torch.distributed.tensor.parallel import ColwiseParallel
+    >>> import fxmem
+    >>> m = fxmem.apply_checkpoints(torch.nn.Sequential(torch.nn.Sequential(
+    ...     torch.nn.Linear(2, 2))), ["0"])
+    >>> list(through_wrappers(m, {"*.0": ColwiseParallel()}))
+    ['0._checkpoint_wrapped_module.0']
+    """
+    names = [n for n, _ in model.named_modules() if n]
+    if not any(WRAPPED in n.split(".") for n in names):
+        return plan
+    out = {}
+    for key, style in plan.items():
+        tokens = key.split(".")
+        found = [n for n in names if n.split(".")[-1] != WRAPPED and _fits(n, tokens)]
+        for n in found or [key]:  # (a key that names nothing: TP.check_plan says so)
+            out[n] = style
+    return out
+
+
+def _fits(path: str, tokens: list) -> bool:
+    seen = [t for t in path.split(".") if t != WRAPPED]
+    return len(seen) == len(tokens) and all(fnmatch(a, b) for a, b in zip(seen, tokens))
 
 
 def _matches(module: torch.nn.Module, tokens: list) -> bool:
