@@ -223,6 +223,13 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     rec.capability = step.compute_capability
     if spec.device == "cuda" and kernel_semantics:  # CUDA's kernels, not the CPU's
         rec.kernels = cuda_kernels(rec.capability)
+    def again(**changes) -> Trace:  # this step traced again, some options changed
+        options = dict(step=step, batch_hint=batch_hint, checkpoint=checkpoint, dims=dims,
+                       reuse_blocks=reuse_blocks, kernel_semantics=kernel_semantics,
+                       concrete_batch=concrete_batch, warm_up=warm_up, batch_dim=batch_dim,
+                       parallel=parallel, rank=rank, check_parity=check_parity)
+        return trace(model, inputs, targets, **{**options, **changes})
+
     with named_symbols(rec):  # B and the named dims in messages, not s44
         handles, retry, fixed = [], False, None
         try:
@@ -234,11 +241,8 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
             if rec.assigned is None:
                 if concrete_batch is not None or not check_parity:
                     return traced
-                return parity_checked(traced, lambda b: trace(
-                    model, inputs, targets, step=step, batch_hint=b, checkpoint=checkpoint,
-                    dims=dims, reuse_blocks=reuse_blocks, kernel_semantics=kernel_semantics,
-                    warm_up=warm_up, batch_dim=batch_dim, parallel=parallel, rank=rank,
-                    check_parity=False))
+                return parity_checked(traced, lambda b: again(batch_hint=b,
+                                                              check_parity=False))
             # the model caught BufferAssigned: the buffer was not even assigned
             retry, warm_up = True, True
         except SpecializationError as e:
@@ -265,18 +269,10 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
             # (the conditions on B met before it was fixed hold)
             guards = [g.expr.xreplace(rec.subs) for g in shape_env.guards
                       if g.expr.free_symbols <= {sym}]
-            return lift(lambda b: trace(model, inputs, targets, step=step,
-                                        checkpoint=checkpoint, dims=dims,
-                                        reuse_blocks=reuse_blocks,
-                                        kernel_semantics=kernel_semantics, concrete_batch=b,
-                                        warm_up=warm_up, batch_dim=batch_dim,
-                                        parallel=parallel, rank=rank),
+            return lift(lambda b: again(batch_hint=None, concrete_batch=b),
                         fixed[0], guards, hint=hint, cause=fixed[1])
         if retry:  # the blocks did not behave alike (trace each one), or a buffer is assigned
-            return trace(model, inputs, targets, step=step, batch_hint=batch_hint,
-                         checkpoint=checkpoint, dims=dims, reuse_blocks=False,
-                         kernel_semantics=kernel_semantics, concrete_batch=concrete_batch,
-                         warm_up=warm_up, batch_dim=batch_dim, parallel=parallel, rank=rank)
+            return again(reuse_blocks=False)
 
 
 def _given(rec, args, kwargs) -> tuple:
