@@ -23,7 +23,7 @@ import torch.nn.functional as F  # noqa: N812
 
 from ..errors import FxmemError, InfeasibleBudgetError, InputError, TraceError, one_line
 from ..trace.dtypes import AMP, accepted, dtype_of
-from .strategies import sharding, tensor_parallel
+from .strategies import data_parallel, tensor_parallel
 
 EXIT_INTERNAL, EXIT_USAGE, EXIT_TRACE, EXIT_BUDGET, EXIT_INTERRUPTED = 1, 2, 3, 4, 130
 LOSSES = {"cross_entropy": F.cross_entropy, "mse": F.mse_loss, "none": None}
@@ -168,8 +168,8 @@ def cli():
 @click.option("--debug", is_flag=True, help="Show the traceback of an error.")
 def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, inference,
             grad_accum, batch, budget, gpu, cuda_context, checkpoint, config, dim_sizes, seq,
-            cudnn_workspace, fsdp, ddp, tp, tp_plan, zero1, reshard, replicate, offload, param_dtype, reduce_dtype, fmt, out,
-            whatif, top, debug):
+            cudnn_workspace, fsdp, ddp, tp, tp_plan, zero1, reshard, replicate, offload,
+            param_dtype, reduce_dtype, fmt, out, whatif, top, debug):
     """Analyse one step of the model TARGET: path/to/file.py:ClassOrFactory,
     package.module:ClassOrFactory, timm:NAME, torchvision:NAME (a classifier), or Hugging
     Face's hf:PRESET (gpt2, llama, mistral, bert), hf:ConfigClass (hf:T5Config) or
@@ -181,8 +181,8 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
         if device == "cpu" and capability is not None:
             raise InputError("--compute-capability names the GPU whose kernels --device cuda "
                              "follows: drop it with --device cpu")
-        parallel = tensor_parallel(tp, tp_plan, ddp, sharding(replicate, offload, _parallel(
-            fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype)))
+        parallel = tensor_parallel(tp, tp_plan, ddp, data_parallel(
+            fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, replicate, offload))
         with _silenced():
             text = _analyze(target, inputs, targets, loss, optimizer, amp, device, inference,
                             grad_accum, batch, budget, checkpoint, config, seq, fmt, top,
@@ -312,28 +312,6 @@ def _fail(e, debug: bool, cause: BaseException | None = None):
         msg += f"; {e.cli_hint}"
     click.echo(f"fxmem: error: {msg}", err=True)
     sys.exit(e.code if isinstance(e, _Exit) else _code(e))
-
-
-def _parallel(fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype):
-    """The parallel strategy the options name, or None."""
-    if fsdp is not None and ddp is not None:
-        raise InputError("give --fsdp or --ddp, not both")
-    if ddp is None and zero1:
-        raise InputError("--zero1 partitions DDP's optimizer state: give --ddp RANKS too")
-    if fsdp is None:
-        given = [o for o, v in (("--no-reshard", not reshard), ("--param-dtype", param_dtype),
-                                ("--reduce-dtype", reduce_dtype)) if v]
-        if given:
-            raise InputError(f"{given[0]} is an FSDP option: give --fsdp RANKS too")
-        if ddp is None:
-            return None
-    from ..trace.parallel import DDP, FSDP
-
-    if ddp is not None:
-        return DDP(ddp, zero1=zero1)
-    dtypes = {k: dtype_of(v, what=f"--{k.replace('_', '-')}")
-              for k, v in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)) if v}
-    return FSDP(fsdp, reshard_after_forward=reshard, **dtypes)
 
 
 def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, grad_accum,

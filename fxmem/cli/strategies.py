@@ -1,24 +1,36 @@
-"""The command line's model-parallel options beside ``--fsdp``/``--ddp``: ``--replicate``
-and ``--offload`` (FSDP2's HSDP and CPU offload), ``--tp`` and ``--tp-plan`` (tensor
-parallelism, over FSDP2 when both are given)."""
+"""The command line's parallel options as a strategy: ``--fsdp`` (with ``--replicate``,
+``--offload``, ``--no-reshard``, the dtypes) or ``--ddp`` (with ``--zero1``), and ``--tp``
+with ``--tp-plan`` (tensor parallelism, over FSDP2 when both are given)."""
 
 from __future__ import annotations
 
-import dataclasses
-
 from ..errors import InputError
+from ..trace.dtypes import dtype_of
 
 
-def sharding(replicate, offload, data):
-    """``--fsdp``'s strategy with ``--replicate``'s HSDP replicas and ``--offload``."""
-    from ..trace.parallel import FSDP
+def data_parallel(fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, replicate, offload):
+    """The data-parallel strategy ``--fsdp`` or ``--ddp`` and their options name, or None."""
+    if fsdp is not None and ddp is not None:
+        raise InputError("give --fsdp or --ddp, not both")
+    if ddp is None and zero1:
+        raise InputError("--zero1 partitions DDP's optimizer state: give --ddp RANKS too")
+    if fsdp is None:
+        given = [o for o, v in (("--no-reshard", not reshard), ("--param-dtype", param_dtype),
+                                ("--reduce-dtype", reduce_dtype),
+                                ("--replicate", replicate is not None),
+                                ("--offload", offload)) if v]
+        if given:
+            raise InputError(f"{given[0]} is an FSDP option: give --fsdp RANKS too")
+        if ddp is None:
+            return None
+    from ..trace.parallel import DDP, FSDP
 
-    for flag, given in (("--replicate", replicate is not None), ("--offload", offload)):
-        if given and not isinstance(data, FSDP):
-            raise InputError(f"{flag} is an FSDP2 option: give --fsdp RANKS too")
-    if replicate is not None:
-        data = dataclasses.replace(data, replicate=replicate)
-    return dataclasses.replace(data, offload=True) if offload else data
+    if ddp is not None:
+        return DDP(ddp, zero1=zero1)
+    dtypes = {k: dtype_of(v, what=f"--{k.replace('_', '-')}")
+              for k, v in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)) if v}
+    return FSDP(fsdp, reshard_after_forward=reshard, replicate=replicate or 1, offload=offload,
+                **dtypes)
 
 
 def tensor_parallel(tp, tp_plan, ddp, data):
