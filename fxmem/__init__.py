@@ -42,6 +42,7 @@ True
 
 from .analyze import analyze, min_world_size, plan_checkpoints
 from .checkpoint.choose import FrontierPoint, PlanChoice
+from .trace.regions import Plan, Region, load_plan
 from .errors import (
     DataDependentError,
     FxmemError,
@@ -63,7 +64,7 @@ from .whatif import WhatIf, whatif
 DimsReport = Report  # deprecated alias: analyze(..., dims=...) returns a Report in B and the dims
 
 __all__ = ["analyze", "Step", "Report", "Breakdown", "B", "L", "measure", "Measurement",
-           "plan_checkpoints", "apply_checkpoints", "PlanChoice", "FrontierPoint", "whatif",
+           "plan_checkpoints", "apply_checkpoints", "Plan", "Region", "load_plan", "PlanChoice", "FrontierPoint", "whatif",
            "WhatIf", "FSDP", "DDP", "TP", "Parallel", "ParallelReport", "min_world_size",
            "FxmemError", "InputError", "TraceError", "SpecializationError", "DataDependentError",
            "InfeasibleBudgetError", "DimsReport"]

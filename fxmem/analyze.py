@@ -105,7 +105,7 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
               batch_dim=batch_dim)
     if plan and not retrace:
         runs = Counter(c.path for c in t.calls)
-        if t.plan or any(runs[p] > 1 for p in plan):
+        if t.plan or any(runs[p] > 1 for p in plan.modules):
             return analyze(model, inputs, targets, step=step, checkpoint=plan, retrace=True,
                            batch_hint=batch_hint, reuse_blocks=reuse_blocks,
                            batch_dim=batch_dim)
@@ -197,13 +197,14 @@ def min_world_size(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train
 
 def plan_checkpoints(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
                      device=UNSET, *, budget_bytes: int, B: int, candidates=None,  # noqa: N803
-                     step: Step | None = None, batch_hint: int | None = None, batch_dim=0,
+                     kinds=None, step: Step | None = None, batch_hint: int | None = None, batch_dim=0,
                      **options):
     """The checkpoint plan with the least recompute FLOPs whose peak at batch size ``B``
     fits ``budget_bytes``, with its report: a :class:`fxmem.PlanChoice`. The step and the
     other arguments (``batch_dim`` too) as for :func:`analyze`; ``candidates``: module paths to choose from
     (default: the blocks of the model's stacks,
-    :func:`fxmem.checkpoint.choose.default_candidates`). Apply the plan with
+    :func:`fxmem.checkpoint.choose.default_candidates`); ``kinds``: whole modules, groups of
+    blocks, selective checkpointing (default: all, :meth:`fxmem.Report.plan_for`). Apply the plan with
     :func:`fxmem.apply_checkpoints`. Raises :class:`fxmem.InfeasibleBudgetError` stating the
     smallest reachable peak when no plan fits.
 
@@ -212,9 +213,9 @@ def plan_checkpoints(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, tra
     ...                                               torch.nn.Linear(64, 16)) for _ in range(3)])
     >>> c = fxmem.plan_checkpoints(m, torch.randn(4, 16), loss=lambda o: o.sum(),
     ...                            device="cpu", budget_bytes=350_000, B=256)
-    >>> c.plan, c.peak_bytes <= 350_000, c.recompute_flops > 0
-    (('0',), True, True)
+    >>> str(c.plan), c.peak_bytes <= 350_000, c.recompute_flops > 0
+    ('0', True, True)
     """
     report = analyze(model, inputs, targets, loss, optimizer, train, device, step=step,
                      batch_hint=batch_hint, batch_dim=batch_dim, **options)
-    return report.plan_for(budget_bytes, B, candidates)
+    return report.plan_for(budget_bytes, B, candidates, kinds=kinds)

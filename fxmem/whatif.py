@@ -118,7 +118,7 @@ def whatif(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, *, B: int,  #
         plan = front[-1].plan if front else ()
     planned = base.with_plan(plan)
     row("checkpointing", planned, B,
-        f"plan {list(plan)}" if plan else "no checkpoint plan lowers the peak")
+        f"plan {', '.join(map(str, plan))}" if plan else "no checkpoint plan lowers the peak")
     if parallel is not None:
         where = spec.batch_dims
         sharded = analyze_step(model, inputs, targets, step=step, batch_dim=where,

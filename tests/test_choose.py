@@ -27,8 +27,8 @@ CASES = {  # name -> (model, inputs, targets, loss, B)
 
 def _all_plans(report, b):
     """(exact peak, recompute FLOPs, plan) of every subset of the default candidates."""
-    cands = report._chooser().candidates
-    ch = report._chooser()
+    cands = report._chooser(None, ("module",)).candidates
+    ch = report._chooser(None, ("module",))
     out = []
     for k in range(len(cands) + 1):
         for idx in itertools.combinations(range(len(cands)), k):
@@ -61,7 +61,7 @@ def test_the_chosen_plan_is_the_cheapest_that_fits(case):
     peaks = sorted({p for p, _, _ in plans})
     for budget in peaks + [(lo + hi) // 2 for lo, hi in zip(peaks, peaks[1:])]:
         best = min(c for p, c, _ in plans if p <= budget)
-        got = report.plan_for(budget, b)
+        got = report.plan_for(budget, b, kinds=["module"])
         assert got.peak_bytes <= budget and got.recompute_flops == best, (name, budget)
 
 
@@ -69,7 +69,7 @@ def test_no_plan_fits_below_the_smallest_peak(case):
     *_, b, report, plans = case
     smallest = min(p for p, _, _ in plans)
     with pytest.raises(fxmem.InfeasibleBudgetError) as e:
-        report.plan_for(smallest - 1, b)
+        report.plan_for(smallest - 1, b, kinds=["module"])
     assert e.value.minimum_bytes == smallest
     assert f"{smallest:,}" in str(e.value)
 
@@ -78,7 +78,7 @@ def test_frontier_is_the_pareto_set_of_all_plans(case):
     *_, b, report, plans = case
     pareto = {(p, c) for p, c, _ in plans
               if not any(p2 <= p and c2 <= c and (p2, c2) != (p, c) for p2, c2, _ in plans)}
-    front = report.frontier(b)
+    front = report.frontier(b, kinds=["module"])
     assert {(f.peak_bytes, f.recompute_flops) for f in front} == pareto
     assert [f.peak_bytes for f in front] == sorted((f.peak_bytes for f in front), reverse=True)
 
@@ -98,12 +98,12 @@ def test_max_batch_size_within_a_recompute_share():
     report = fxmem.analyze(model, x, y, loss=loss, optimizer=OPTIMIZERS["adam"], device="cpu")
     budget = 4 * 2**20
     plain = report.max_batch_size(budget)
-    got = report.max_batch_size(budget, max_recompute=0.25)
+    got = report.max_batch_size(budget, max_recompute=0.25, kinds=["module"])
     assert got.B > plain and got.peak_bytes <= budget
     assert got.recompute_flops <= 0.25 * got.step_flops and got.plan
     assert got.report.peak_bytes(got.B) == got.peak_bytes
     # one more sample does not fit with any plan within the share
-    ch = report._chooser()
+    ch = report._chooser(None, ("module",))
     for k in range(len(ch.candidates) + 1):
         for idx in itertools.combinations(range(len(ch.candidates)), k):
             assert (ch.peak(idx, got.B + 1) > budget

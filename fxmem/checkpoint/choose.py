@@ -1,4 +1,5 @@
-"""Choosing a checkpoint plan: the solver's numbers from one trace, and the checks after it.
+"""Choosing a plan of whole modules (``kinds=["module"]``, and any candidates that are not a chain
+of blocks): the solver's numbers from one trace, and the checks after it.
 
 At one batch size, for each candidate segment j (:func:`default_candidates`), the plan ``{j}``
 is derived from the base trace (:mod:`fxmem.checkpoint.plans`) and its live bytes compared with
@@ -23,7 +24,7 @@ budget is tightened by the excess and the solver asked again.
 ...                               torch.nn.Linear(256, 32)) for _ in range(4)]
 >>> m = torch.nn.Sequential(*blocks)
 >>> r = fxmem.analyze(m, torch.randn(8, 32), loss=lambda o: o.square().mean(), device="cpu")
->>> choice = r.plan_for(budget_bytes=r.peak_bytes(512) * 3 // 4, B=512)
+>>> choice = r.plan_for(budget_bytes=r.peak_bytes(512) * 3 // 4, B=512, kinds=["module"])
 >>> choice.plan, choice.peak_bytes <= r.peak_bytes(512) * 3 // 4
 (('0', '1'), True)
 """
@@ -251,14 +252,14 @@ def _start_bytes(storages, sizes, b: int) -> int:
 
 
 def max_batch_size(report, budget_bytes: int, max_recompute: float,
-                   candidates=None) -> PlanChoice:
+                   candidates=None, kinds=None) -> PlanChoice:
     """The largest B whose peak fits ``budget_bytes`` with a plan re-running at most
     ``max_recompute`` of the step's FLOPs, with that plan (see :meth:`Report.max_batch_size`)."""
     if not 0 <= max_recompute:
         raise InputError(f"max_recompute is a fraction of the step's FLOPs, got {max_recompute!r}")
     from ..formula.search import largest
 
-    ch = report._chooser(candidates)
+    ch = report._chooser(candidates, kinds)
     choices: dict = {}
 
     def at(b):

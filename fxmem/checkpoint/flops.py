@@ -46,7 +46,8 @@ class FlopCount:
     forwards in backward; ``by_phase``: forward / backward / optimizer / ...;
     ``uncounted``: ``(op, times)`` for ops that do arithmetic but have no formula;
     ``from_pytorch``: the part counted by PyTorch's own formulas (what
-    ``torch.utils.flop_counter.FlopCounterMode`` reports for the same step).
+    ``torch.utils.flop_counter.FlopCounterMode`` reports for the same step: not the CPU
+    flash-attention kernels of ``ALIASES``, which it does not count).
     """
 
     total: sympy.Expr
@@ -67,8 +68,8 @@ def _shape(v):
 def _node_flops(node) -> tuple[sympy.Expr | None, bool]:
     """FLOPs of one graph node (None: no formula), and whether PyTorch's formula gave them."""
     func = node.target
-    packet = getattr(func, "overloadpacket", None)
-    packet = ALIASES.get(packet, packet)
+    own = getattr(func, "overloadpacket", None)
+    packet = ALIASES.get(own, own)
     formula = flop_registry.get(packet)
 
     def arg(a):
@@ -78,8 +79,8 @@ def _node_flops(node) -> tuple[sympy.Expr | None, bool]:
     if formula is not None:
         args = tuple(torch.fx.node.map_arg(a, arg) for a in node.args)
         kwargs = {k: torch.fx.node.map_arg(v, arg) for k, v in node.kwargs.items()}
-        try:
-            return sympy.sympify(formula(*args, out_val=out, **kwargs)), True
+        try:  # FlopCounterMode counts an op of the registry, not its twin
+            return sympy.sympify(formula(*args, out_val=out, **kwargs)), packet is own
         except Exception:  # noqa: BLE001 - a formula that cannot take these args
             return None, False
     if isinstance(func, torch._ops.OpOverload) and torch.Tag.pointwise in func.tags:

@@ -200,7 +200,7 @@ class ParallelReport:
             example = ", ".join(f"{n}=..." for n in self.dims)
             raise InputError(f"checkpoint plans of a report in B and {', '.join(self.dims)}: "
                              f"ask report.at({example})")
-        choosers = [r._chooser(candidates) if candidates is None else Chooser(r, candidates)
+        choosers = [r._chooser(candidates, ("module",)) if candidates is None else Chooser(r, candidates)
                     for r in reports]
         return reports, choosers
 

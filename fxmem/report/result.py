@@ -202,39 +202,52 @@ class Report:
         lv = liveness(build_graph(derive(self.trace, plan)), self.device)
         return Report(lv, parts_of(lv), self.valid_when)
 
-    def plan_for(self, budget_bytes: int, B: int, candidates=None, **dims):  # noqa: N803
+    def plan_for(self, budget_bytes: int, B: int, candidates=None, *,  # noqa: N803
+                 kinds=None, **dims):
         """The checkpoint plan with the least recompute FLOPs whose peak at batch size ``B``
-        fits ``budget_bytes``, as a :class:`fxmem.PlanChoice` (see :mod:`fxmem.checkpoint.choose`).
-        Raises :class:`fxmem.InfeasibleBudgetError` (with the smallest reachable peak) when
-        no plan fits."""
+        fits ``budget_bytes``, as a :class:`fxmem.PlanChoice` (see :mod:`fxmem.checkpoint.options`).
+        ``kinds``: what a plan may use, among ``"module"`` (whole blocks), ``"group"``
+        (consecutive blocks as one segment) and ``"selective"`` (op outputs kept); default
+        all three. Raises :class:`fxmem.InfeasibleBudgetError` (with the smallest reachable
+        peak) when no plan fits."""
         if self.named is not None:
-            return self.at(**dims).plan_for(budget_bytes, B, candidates)
+            return self.at(**dims).plan_for(budget_bytes, B, candidates, kinds=kinds)
         self._no_dims(dims)
         if not isinstance(budget_bytes, int) or isinstance(budget_bytes, bool):
             raise InputError(f"budget_bytes must be an int, got {budget_bytes!r}")
-        return self._chooser(candidates).choose(budget_bytes, _check_b(B))
+        return self._chooser(candidates, kinds).choose(budget_bytes, _check_b(B))
 
-    def frontier(self, B: int, candidates=None, **dims) -> tuple:  # noqa: N803
+    def frontier(self, B: int, candidates=None, *, kinds=None, **dims) -> tuple:  # noqa: N803
         """Pareto-optimal checkpoint plans at batch size ``B``: a tuple of
         :class:`fxmem.FrontierPoint` (peak bytes, recompute FLOPs, plan), from no plan
-        (largest peak, no recompute) to the smallest peak; at most 256 points from the
-        cheap end, then a sample down to the smallest peak (:meth:`Chooser.frontier
-        <fxmem.checkpoint.choose.Chooser.frontier>`)."""
+        (largest peak, no recompute) to the smallest peak, each derived exactly
+        (``kinds``: see :meth:`plan_for`)."""
         if self.named is not None:
-            return self.at(**dims).frontier(B, candidates)
+            return self.at(**dims).frontier(B, candidates, kinds=kinds)
         self._no_dims(dims)
-        return self._chooser(candidates).frontier(_check_b(B))
+        return self._chooser(candidates, kinds).frontier(_check_b(B))
 
-    def _chooser(self, candidates=None):
+    def _chooser(self, candidates=None, kinds=None):
+        """The planner for ``kinds`` (default all) over ``candidates``: every granularity on
+        a chain of blocks (:class:`fxmem.checkpoint.options.Planner`), else whole modules
+        (:class:`fxmem.checkpoint.choose.Chooser`)."""
         from ..checkpoint.choose import Chooser
+        from ..checkpoint.options import KINDS, NotAChain, Planner
 
-        return self._default_chooser if candidates is None else Chooser(self, candidates)
-
-    @functools.cached_property
-    def _default_chooser(self):
-        from ..checkpoint.choose import Chooser
-
-        return Chooser(self)
+        kinds = KINDS if kinds is None else tuple(dict.fromkeys(kinds))
+        key = (None if candidates is None else tuple(candidates), kinds)
+        cache = self.__dict__.setdefault("_choosers", {})
+        if key not in cache:
+            if kinds == ("module",):
+                cache[key] = Chooser(self, candidates)
+            else:
+                try:
+                    cache[key] = Planner(self, candidates, kinds)
+                except NotAChain:
+                    if "module" not in kinds:
+                        raise
+                    cache[key] = Chooser(self, candidates)
+        return cache[key]
 
     @property
     def recompute_flops(self) -> sympy.Expr:
@@ -406,7 +419,7 @@ class Report:
 
     def max_batch_size(self, budget_bytes: int | None = None,
                        max_recompute: float | None = None, candidates=None, *,
-                       by: str | None = None, gpu=None, context_bytes: int | None = None,
+                       kinds=None, by: str | None = None, gpu=None, context_bytes: int | None = None,
                        config=None, cudnn_workspace: int = 0, **dims):
         """The largest integer B that fits, as a :class:`fxmem.report.capacity.MaxBatchSize`
         (an ``int`` whose ``.by`` and ``.explain`` say what it answers):
@@ -444,7 +457,7 @@ class Report:
 
         if self.named is not None:
             return self.at(**dims).max_batch_size(
-                budget_bytes, max_recompute, candidates, by=by, gpu=gpu,
+                budget_bytes, max_recompute, candidates, kinds=kinds, by=by, gpu=gpu,
                 context_bytes=context_bytes, config=config, cudnn_workspace=cudnn_workspace)
         self._no_dims(dims)
         card = ""
@@ -465,7 +478,7 @@ class Report:
         if max_recompute is not None:
             from ..checkpoint.choose import max_batch_size
 
-            return max_batch_size(self, budget_bytes, max_recompute, candidates)
+            return max_batch_size(self, budget_bytes, max_recompute, candidates, kinds)
         if by == "device":
             return device_max_batch_size(self, budget_bytes, config=config,
                                          cudnn_workspace=cudnn_workspace, gpu=card)

@@ -207,9 +207,10 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
         by_category=dict(bd.by_category), by_module=dict(bd.by_module), curve=curve,
         timeline=tuple((t.index, t.op, t.phase, t.module, t.live_bytes)
                        for t in report.timeline(B)),
-        plan=tuple(report.plan), recompute_flops=_at(report.recompute_flops, B) if report.plan
-        else 0, frontier=tuple((p.peak_bytes, p.recompute_flops, tuple(p.plan))
-                               for p in (frontier or ())),
+        plan=tuple(map(str, report.plan)),  # entries as printed: "h.0", "h.1..h.3", ...
+        recompute_flops=_at(report.recompute_flops, B) if report.plan else 0,
+        frontier=tuple((p.peak_bytes, p.recompute_flops, tuple(map(str, p.plan)))
+                       for p in (frontier or ())),
         whatifs=rows, unmodelled=unmodelled, lifted=report.lifted,
         cuda=_cuda(report, B, answers.get("allocated"), cudnn_workspace),
         max_batch_size_by=by, answers=answers, next_oom=next_oom, gpu=card, caveats=caveats,

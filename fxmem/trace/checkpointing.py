@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterable
 
 import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
@@ -29,9 +28,11 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     CheckpointWrapper,
     checkpoint_wrapper,
 )
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, noop_context_fn
 
+from .regions import Plan, Region, modules_of, simple
 from ..errors import InputError
+from .selective import SaveCalls, context_fn, group_of, install_group, own_forward
 
 WRAPPED = "._checkpoint_wrapped_module"  # the child name checkpoint_wrapper inserts
 
@@ -41,43 +42,45 @@ def user_path(path: str) -> str:
     return path.replace(WRAPPED, "").replace(WRAPPED[1:], "").strip(".")
 
 
-def normalize_plan(model: torch.nn.Module, plan: Iterable[str] | None) -> tuple[str, ...]:
-    """The plan as a sorted tuple of module paths, checked against ``model``.
+def normalize_plan(model: torch.nn.Module, plan) -> Plan:
+    """The plan as a sorted :class:`fxmem.Plan`, checked against ``model``.
 
-    Raises :class:`fxmem.InputError` for a path that names no submodule, the root module, or
-    a path inside another path of the plan (nested checkpoints are not plans: checkpoint the
-    outer module, or the inner ones).
+    Raises :class:`fxmem.InputError` for a path that names no submodule, the root module, a
+    path inside another path of the plan (nested checkpoints are not plans: checkpoint the
+    outer module, or the inner ones), or a group whose modules are not siblings.
     """
     if plan is None:
-        return ()
+        return Plan()
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     return check_plan({user_path(m) for m in _named_modules(model)}, plan)
 
 
-def check_plan(paths, plan: Iterable[str] | None) -> tuple[str, ...]:
-    """``plan`` as a sorted tuple, checked against the module paths ``paths`` (see
-    :func:`normalize_plan`)."""
+def check_plan(paths, plan) -> Plan:
+    """``plan`` as a sorted :class:`fxmem.Plan`, checked against the module paths ``paths``
+    (see :func:`normalize_plan`)."""
     if plan is None:
-        return ()
-    if isinstance(plan, str):
-        raise InputError(f"a checkpoint plan is a collection of module paths, got the string "
-                         f"{plan!r} (write [{plan!r}])")
-    out = []
-    for p in plan:
-        if not isinstance(p, str) or not p:
-            raise InputError(f"checkpoint plan entries are non-empty module paths, got {p!r}")
-        if p not in paths:
-            raise InputError(f"checkpoint plan: the model has no submodule {p!r}"
-                             f"{_paths_hint(p, paths)}")
-        out.append(p)
-    out = sorted(set(out))
-    for a in out:
-        for b in out:
+        return Plan()
+    plan = Plan.of(plan)
+    for e in plan:
+        for p in modules_of(e):
+            if p not in paths:
+                raise InputError(f"checkpoint plan: the model has no submodule {p!r}"
+                                 f"{_paths_hint(p, paths)}")
+        mods = modules_of(e)
+        if len({m.rpartition(".")[0] for m in mods}) > 1:
+            raise InputError(f"checkpoint group {e}: {', '.join(mods)} are not siblings "
+                             "(one segment is consecutive modules of one parent)")
+    every = plan.modules
+    if len(set(every)) != len(every):
+        twice = sorted(m for m in set(every) if every.count(m) > 1)
+        raise InputError(f"checkpoint plan: {twice[0]!r} is in two of its regions")
+    for a in every:
+        for b in every:
             if b != a and b.startswith(a + "."):
                 raise InputError(f"checkpoint plan: {b!r} is inside {a!r}; nested checkpoints "
                                  "are not a plan (keep one of them)")
-    return tuple(out)
+    return plan
 
 
 def _paths_hint(p: str, paths) -> str:
@@ -109,47 +112,81 @@ def _submodule(model, path):
     raise InputError(f"checkpoint plan: the model has no submodule {path!r}")
 
 
-def apply_checkpoints(model: torch.nn.Module, plan: Iterable[str]) -> torch.nn.Module:
-    """Wrap each module of ``plan`` in place with PyTorch's ``checkpoint_wrapper``
-    (non-reentrant, RNG state preserved) and return ``model``. Already wrapped modules are
-    left as they are. Gradients are the same as without the plan, bit for bit.
+def apply_checkpoints(model: torch.nn.Module, plan) -> torch.nn.Module:
+    """Checkpoint ``plan`` (module paths, :class:`fxmem.Region` s, a :class:`fxmem.Plan` or
+    :func:`fxmem.load_plan`'s result) in ``model``, in place, and return ``model``.
+
+    A module path, or a region of one module, is wrapped with PyTorch's ``checkpoint_wrapper``
+    (non-reentrant, RNG state preserved; a region's ``save`` calls through
+    ``create_selective_checkpoint_contexts``). A group of modules becomes one checkpoint
+    through :func:`fxmem.trace.selective.install_group` (module paths do not change).
+    Already wrapped modules are left as they are. Gradients are the same as without the plan.
     """
-    for path in normalize_plan(model, plan):
-        name, mod = _submodule(model, path)
-        if isinstance(mod, CheckpointWrapper):
+    for e in normalize_plan(model, plan):
+        mods = [_submodule(model, p) for p in modules_of(e)]
+        if any(isinstance(m, CheckpointWrapper) or group_of(m) is not None for _, m in mods):
             continue
+        save = getattr(e, "save", ())
+        if len(mods) > 1:
+            install_group([m for _, m in mods], modules_of(e), save)
+            continue
+        name, mod = mods[0]
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, checkpoint_wrapper(mod, checkpoint_impl=CheckpointImpl.NO_REENTRANT))
+        setattr(parent, child, checkpoint_wrapper(mod, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+                                                  context_fn=context_fn(save)))
     return model
 
 
 @contextlib.contextmanager
-def checkpointing(model: torch.nn.Module, plan: Iterable[str], region=None):
-    """Run the plan's module forwards under ``torch.utils.checkpoint`` until the block exits.
+def checkpointing(model: torch.nn.Module, plan, region=None):
+    """Run the plan's forwards under ``torch.utils.checkpoint`` until the block exits.
 
     Installs an instance attribute ``forward`` on each module of the plan (and on modules
-    the user already wrapped with ``checkpoint_wrapper``), removed on exit. ``region(path,
-    fn)``, if given, wraps the function that checkpoint runs (and re-runs in backward), so a
-    tracer can tell recomputation apart.
+    the user already wrapped with ``checkpoint_wrapper`` or grouped with
+    :func:`apply_checkpoints`), restored on exit. ``region(path, fn)``, if given, wraps each
+    function that checkpoint runs (and re-runs in backward), so a tracer can tell
+    recomputation apart. Yields the plan in effect (a :class:`fxmem.Plan`).
     """
-    targets = [_submodule(model, p) for p in normalize_plan(model, plan)]
-    targets += [(n, m) for n, m in model.named_modules() if isinstance(m, CheckpointWrapper)]
-    installed = []
+    plan = normalize_plan(model, plan)
+    targets = [(e, [_submodule(model, p) for p in modules_of(e)]) for e in plan]
+    seen = set()
+    for n, m in model.named_modules():  # what the user applied already
+        if isinstance(m, CheckpointWrapper):
+            fn = m.checkpoint_fn.keywords.get("context_fn", noop_context_fn) \
+                if isinstance(m.checkpoint_fn, functools.partial) else noop_context_fn
+            save = tuple(fn.save) if isinstance(fn, SaveCalls) else ()
+            targets.append((Region((user_path(n),), save), [(n, m)], fn))
+        elif (g := group_of(m)) is not None and id(g) not in seen:
+            seen.add(id(g))
+            mods = [_submodule(model, p) for p in g.paths]
+            targets.append((Region(g.paths, tuple(getattr(g.context_fn, "save", ()))),
+                            mods, g.context_fn))
+    installed = []  # (module, its own forward attribute or None)
     try:
-        for name, mod in targets:
-            if isinstance(mod, CheckpointWrapper):
-                inner = mod._checkpoint_wrapped_module.forward
-            else:
-                inner = mod.forward
-            fn = region(user_path(name), inner) if region else inner
-            mod.forward = functools.partial(_checkpointed, fn)
-            installed.append(mod)
-        yield tuple(user_path(n) for n, _ in targets)
+        for t in targets:
+            e, mods = t[0], t[1]
+            fn = t[2] if len(t) > 2 else context_fn(getattr(e, "save", ()))
+            for _, m in mods:
+                installed.append((m, m.__dict__.get("forward")))
+            if len(mods) > 1:
+                install_group([m for _, m in mods], [user_path(n) for n, _ in mods],
+                              wrap=region, ctx_fn=fn)
+                continue
+            name, mod = mods[0]
+            inner = mod._checkpoint_wrapped_module.forward if isinstance(
+                mod, CheckpointWrapper) else own_forward(mod)
+            run = region(user_path(name), inner) if region else inner
+            mod.forward = functools.partial(_checkpointed, run, fn)
+        yield Plan.of(simple(t[0]) for t in targets)
     finally:
-        for mod in installed:
-            del mod.forward
+        for mod, before in reversed(installed):
+            if before is None:
+                mod.__dict__.pop("forward", None)
+            else:
+                mod.forward = before
 
 
-def _checkpointed(fn, *args, **kwargs):
-    return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+def _checkpointed(fn, ctx_fn, *args, **kwargs):
+    return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=True,
+                      context_fn=ctx_fn, **kwargs)

@@ -459,7 +459,7 @@ class _Splice:
                 if "index" in src.meta:
                     groups[src.meta["index"]].append(node)
         g = torch.fx.Graph()
-        env, by_sid = {}, {}
+        env, by_sid, copies = {}, {}, {}  # by_sid: sid -> nodes whose value is on it
 
         def desc(v, fs):
             if isinstance(v, TensorDesc):
@@ -478,7 +478,7 @@ class _Splice:
             env[ph] = new
             v = new.meta["val"]
             if isinstance(v, TensorDesc):
-                by_sid[v.sid] = new
+                by_sid.setdefault(v.sid, []).append(new)
 
         def lookup(n, fs):
             if fs is real_fs and n in env:
@@ -487,8 +487,9 @@ class _Splice:
             target = fs(v.sid) if isinstance(v, TensorDesc) else None
             if target is not None:
                 got = by_sid.get(target)
-                if got is not None:
-                    return got
+                if got is not None:  # the last tensor on that storage of the same shape
+                    same = [x for x in got if _same_desc(x.meta.get("val"), v)]
+                    return (same or got)[-1]
                 if target == real_fs(v.sid) and n in env:
                     return env[n]
             elif n in env:
@@ -498,7 +499,7 @@ class _Splice:
                 ph = g.placeholder(f"copied_{len(env)}_{len(by_sid)}")
             ph.meta["val"] = desc(v, fs)
             if target is not None:
-                by_sid[target] = ph
+                by_sid.setdefault(target, []).append(ph)
             return ph
 
         for j, item in enumerate(order):
@@ -507,7 +508,9 @@ class _Splice:
                 mod_of = None
             else:
                 _, c, _, q, _ = item
-                nodes, local = groups.get(q, []), {}
+                # a copy's ops read the copy's own earlier tensors (not whatever tensor was
+                # last seen on that storage: a view's shape is not its storage's)
+                nodes, local = groups.get(q, []), copies.setdefault(id(c), {})
 
                 def fs(s, c=c):
                     try:
@@ -528,5 +531,11 @@ class _Splice:
                 vals = new.meta["val"]
                 for v in (vals if isinstance(vals, tuple) else (vals,)):
                     if isinstance(v, TensorDesc):
-                        by_sid[v.sid] = new
+                        by_sid.setdefault(v.sid, []).append(new)
         return g
+
+
+def _same_desc(a, b) -> bool:
+    """Same shape and dtype (a node's value against the tensor a copied op reads)."""
+    return getattr(a, "shape", None) == getattr(b, "shape", None) and \
+        getattr(a, "dtype", None) == getattr(b, "dtype", None)

@@ -1,0 +1,188 @@
+"""The plan solver over a chain of blocks with several ways to checkpoint each: plain
+numbers, no torch.
+
+**Model.** ``n`` blocks ``0..n-1`` run in forward order (and backward in reverse). A
+:class:`Choice` covers the consecutive blocks ``first..last``: left alone (the *none* choice
+of one block), checkpointed whole, checkpointed with a selective policy, or grouped with its
+neighbours as one segment. A plan picks choices that tile ``0..n-1``. Live bytes are
+summarised so (every figure from an exact derivation of that choice alone, see
+:mod:`fxmem.checkpoint.options`):
+
+- ``boundary[k]``: the most bytes live at moments outside every block's own ops whose windows
+  are those of the choices ending before block ``k`` (``k = 0..n``: between block ``k-1`` and
+  ``k`` in the forward, and between their backwards);
+- ``Choice.own``: the most bytes live during the choice's own forward, recomputation and
+  backward under that choice;
+- each is lowered by ``Choice.released`` for every chosen choice whose window (from the end
+  of its forward to its recomputation) holds it: the choices before block ``k`` for
+  ``boundary[k]`` and for a choice starting at block ``k``.
+
+The plan's peak is the largest of these (and ``start``, the bytes before the step).
+
+**Algorithm.** Dynamic programming over the block boundaries, as rotor's over a chain
+(Beaumont et al., *Optimal checkpointing for heterogeneous chains*), with a choice of many
+kinds per stretch: a state at boundary ``k`` is (bytes released so far ``R``, cost, peak so
+far); a state survives unless another has ``R`` at least as large, a cost at most as large
+and a peak at most as large. Exact for this model; the caller derives the returned plan
+exactly and tightens the budget if the model was short.
+
+>>> none = [Choice(k, k, 0, 0, 50, "none") for k in range(2)]
+>>> full = [Choice(k, k, 30, 10, 45, f"ck{k}") for k in range(2)]
+>>> group = [Choice(0, 1, 45, 20, 60, "group")]
+>>> p = ChainProblem(2, tuple(none + full + group), boundary=(10, 80, 90), start=10)
+>>> [(s.names, s.peak_bytes, s.cost) for s in frontier(p)]
+[(('none', 'none'), 90, 0), (('ck0', 'none'), 60, 10), (('ck0', 'ck1'), 50, 20)]
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+
+from ..errors import InfeasibleBudgetError
+
+_NONE = float("-inf")
+MAX_STATES = 1 << 14
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Checkpointing blocks ``first..last`` one way: ``released`` bytes over its window,
+    ``cost`` FLOPs re-run, ``own`` the most bytes live during its own ops; ``name`` is the
+    caller's (a plan entry, or a marker for "none")."""
+
+    first: int
+    last: int
+    released: int
+    cost: int
+    own: float
+    name: object
+
+
+@dataclass(frozen=True)
+class ChainProblem:
+    n: int
+    choices: tuple
+    boundary: tuple  # n + 1 values (-inf: no such moment)
+    start: int = 0
+
+    def __post_init__(self):
+        if len(self.boundary) != self.n + 1:
+            raise ValueError(f"{self.n} blocks need {self.n + 1} boundary values, "
+                             f"got {len(self.boundary)}")
+        for c in self.choices:
+            if not 0 <= c.first <= c.last < self.n or c.released < 0 or c.cost < 0:
+                raise ValueError(f"{c} is not a choice over blocks 0..{self.n - 1}")
+        starts = {c.first for c in self.choices}
+        if not all(k in starts for k in range(self.n)):
+            raise ValueError("every block needs a choice starting at it (its 'none' at least)")
+
+
+@dataclass(frozen=True)
+class ChainSolution:
+    """Chosen choices (in block order), the model's peak and the total cost."""
+
+    choices: tuple
+    peak_bytes: int
+    cost: int
+
+    @property
+    def names(self) -> tuple:
+        return tuple(c.name for c in self.choices)
+
+
+def peak(problem: ChainProblem, choices) -> int:
+    """The model's peak of a plan (choices tiling the blocks)."""
+    R, top = 0, max(problem.start, problem.boundary[0])
+    for c in sorted(choices, key=lambda c: c.first):
+        top = max(top, c.own - R)
+        R += c.released
+        top = max(top, problem.boundary[c.last + 1] - R)
+    return int(top)
+
+
+def _by_first(problem):
+    out = [[] for _ in range(problem.n)]
+    for c in problem.choices:
+        out[c.first].append(c)
+    return out
+
+
+def _run(problem: ChainProblem, budget, max_states: int = MAX_STATES):
+    """States at the last boundary that fit ``budget`` (None: any), as
+    ``(cost, peak, -R, choices)``."""
+    starts = _by_first(problem)
+    limit = float("inf") if budget is None else budget
+    top0 = max(problem.start, problem.boundary[0])
+    if top0 > limit:
+        return []
+    layers: list = [[] for _ in range(problem.n + 1)]
+    layers[0] = [(0, top0, 0, ())]
+    for k in range(problem.n):
+        states = _prune(layers[k], max_states)
+        layers[k] = None
+        for c in starts[k]:
+            nxt = layers[c.last + 1]
+            b = problem.boundary[c.last + 1]
+            for cost, pk, nR, ch in states:
+                R = -nR
+                v = max(pk, c.own - R, b - R - c.released)
+                if v <= limit:
+                    nxt.append((cost + c.cost, v, nR - c.released, ch + (c,)))
+    return _prune(layers[problem.n], max_states)
+
+
+def _prune(states, max_states):
+    """Drop states another beats on R, cost and peak at once: in (cost, peak) order, a state
+    survives when no earlier one has a peak at most its own and R at least its own (the
+    earlier ones kept as a staircase: peak ascending, -R descending)."""
+    states.sort(key=lambda s: (s[0], s[1], s[2]))
+    kept: list = []
+    peaks: list = []  # the staircase
+    nRs: list = []
+    for st in states:
+        j = bisect_right(peaks, st[1])
+        if j and nRs[j - 1] <= st[2]:
+            continue
+        kept.append(st)
+        k = j
+        while k < len(peaks) and nRs[k] >= st[2]:
+            k += 1
+        peaks[j:k] = [st[1]]
+        nRs[j:k] = [st[2]]
+    if len(kept) > max_states:  # keep the cheapest; the caller still checks exactly
+        kept = kept[:max_states]
+    return kept
+
+
+def solve(problem: ChainProblem, budget_bytes: int) -> ChainSolution:
+    """The least-cost plan whose model peak fits ``budget_bytes`` (ties: lower peak)."""
+    final = _run(problem, budget_bytes)
+    if not final:
+        low = min_peak(problem)
+        raise InfeasibleBudgetError(
+            f"no checkpoint plan keeps the peak within {budget_bytes} bytes; the smallest "
+            f"peak is {low.peak_bytes} bytes", minimum_bytes=low.peak_bytes)
+    cost, pk, _, ch = min(final, key=lambda s: (s[0], s[1]))
+    return ChainSolution(ch, int(pk), cost)
+
+
+def min_peak(problem: ChainProblem) -> ChainSolution:
+    """The plan of the smallest model peak (ties: least cost)."""
+    final = _run(problem, None)
+    cost, pk, _, ch = min(final, key=lambda s: (s[1], s[0]))
+    return ChainSolution(ch, int(pk), cost)
+
+
+def frontier(problem: ChainProblem, max_points: int = 256) -> tuple:
+    """Pareto-optimal (peak, cost) plans of the model, peak descending, from the cheapest."""
+    final = _run(problem, None)
+    pts = sorted(((s[0], s[1], s[3]) for s in final), key=lambda s: (s[0], s[1]))
+    out: list = []
+    for cost, pk, ch in pts:
+        if not out or pk < out[-1].peak_bytes:
+            out.append(ChainSolution(ch, int(pk), cost))
+    if len(out) > max_points:  # evenly spaced, both ends kept
+        step = (len(out) - 1) / (max_points - 1)
+        out = [out[round(i * step)] for i in range(max_points)]
+    return tuple(out)

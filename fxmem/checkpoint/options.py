@@ -1,0 +1,310 @@
+"""The planner over every granularity: for a chain of blocks (a stack: ``blocks.0`` ..
+``blocks.11``, ``transformer.h.*``), each block can be left alone, checkpointed whole,
+checkpointed with a selective policy (op outputs kept, :class:`fxmem.Region` ``save``), or
+grouped with its neighbours as one segment (Chen et al.'s sqrt(n) segments, or any other
+grouping). Each such choice is derived alone from the one trace
+(:func:`fxmem.checkpoint.plans.derive`), which gives its numbers for
+:mod:`fxmem.checkpoint.chain`'s dynamic program; the plan the program returns is derived
+exactly, and the budget tightened if the model was short.
+
+Selective policies considered for each block (:func:`policies`):
+
+- ``knapsack:k``: the k op calls re-running the most FLOPs per byte kept (k = 1 ..);
+- ``pointwise``: keep every op output but pointwise ones (``torch.Tag.pointwise``): only
+  pointwise ops re-run;
+- ``torchtitan``: torchtitan's default policy (torchtitan/distributed/activation_checkpoint.py
+  ``_save_list`` and ``_custom_policy``): keep matmuls (``aten.mm``, every other one
+  re-run), attention kernels and ``aten.max``.
+
+Recompute cost is FLOPs as PyTorch counts them (``torch.utils.flop_counter``'s formulas, what
+``FlopCounterMode`` reports), ties broken by the pointwise FLOPs fxmem also counts.
+
+>>> import torch, fxmem
+>>> blocks = [torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.GELU(),
+...                               torch.nn.Linear(128, 32)) for _ in range(4)]
+>>> r = fxmem.analyze(torch.nn.Sequential(*blocks), torch.randn(8, 32),
+...                   loss=lambda o: o.square().mean(), device="cpu")
+>>> c = r.plan_for(budget_bytes=r.peak_bytes(512) * 3 // 4, B=512)
+>>> c.peak_bytes <= r.peak_bytes(512) * 3 // 4
+True
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..errors import InfeasibleBudgetError, InputError
+from ..formula.symbols import Size
+from ..memory.liveness import timeline
+from ..memory.sizes import device_sizes
+from . import chain as C
+from .flops import ALIASES
+from .plans import derive, region_calls, sac_calls, schedule
+from ..trace.regions import Plan, Region
+
+KINDS = ("module", "group", "selective")
+MAX_TIGHTENINGS = 6
+_ATTENTION = ("aten._scaled_dot_product_flash_attention.default",
+              "aten._scaled_dot_product_efficient_attention.default",
+              "aten._scaled_dot_product_cudnn_attention.default",
+              "aten._scaled_dot_product_flash_attention_for_cpu.default")
+# torchtitan's _save_list (torchtitan/distributed/activation_checkpoint.py): mm, the SDPA
+# kernels (the CPU flash kernel is its CPU twin), max (low-precision scales),
+# reduce_scatter_tensor (tensor parallel)
+TORCHTITAN_SAVE = ("aten.mm.default", *_ATTENTION, "aten.max.default",
+                   "_c10d_functional.reduce_scatter_tensor.default")
+
+
+def primary_flops(report) -> dict:
+    """``{op index: (FLOPs as a function of B, primary)}``: primary FLOPs are those of
+    PyTorch's formulas (the CPU attention kernels' twins too), the rest pointwise."""
+    twins = {str(k) for k in ALIASES}
+    ops = report.trace.ops
+    return {i: (Size.of(f), reg or ops[i].op.rsplit(".", 1)[0] in twins)
+            for i, (f, reg) in report._op_flops.items()}
+
+
+class NotAChain(InputError):
+    """The candidates are not a chain of blocks (the module-only solver handles them)."""
+
+
+def _overload(name: str):
+    ns, op, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, ns), op), overload)
+
+
+def _pointwise(name: str) -> bool:
+    try:
+        return torch.Tag.pointwise in _overload(name).tags
+    except (AttributeError, ValueError):
+        return False
+
+
+def policies(report, path: str, b: int) -> dict:
+    """Selective policies for the block ``path``: ``{name: save calls}`` (see the module
+    docstring), duplicates and the empty policy left out."""
+    trace = report.trace
+    call = region_calls(trace, path)[0]
+    sc = schedule(trace, path)
+    if sc is None:
+        return {}
+    ops = trace.ops
+    names = sac_calls(trace, call.forward_op, call.last_op)
+    index = {i: k for k, i in names.items()}
+    written = {}  # sid -> last op of the region writing it
+    for i in range(call.forward_op, call.last_op + 1):
+        for s in ops[i].written_sids:
+            written[s] = i
+    sizes = report.liveness.sizes
+    flops = primary_flops(report)
+    cands = [i for i in index if i < sc.stop and ops[i].new_sids
+             and not any(written.get(s, -1) > i for s in ops[i].new_sids)]
+    out: dict = {}
+    reg = [i for i in cands if i in flops and flops[i][1]]
+
+    def ratio(i):
+        nbytes = sum(sizes[s](b) for s in ops[i].new_sids) or 1
+        return -flops[i][0](b) / nbytes, i
+    reg.sort(key=ratio)
+    for k in range(1, min(len(reg), 8) + 1):
+        out[f"knapsack:{k}"] = tuple(sorted(index[i] for i in reg[:k]))
+    out["pointwise"] = tuple(sorted(index[i] for i in cands if not _pointwise(ops[i].op)))
+    out["torchtitan"] = tuple(sorted(
+        k for k in names if k[0] in TORCHTITAN_SAVE and (k[0] != "aten.mm.default" or k[1] % 2 == 0)))
+    seen, uniq = set(), {}
+    for n, save in out.items():
+        if save and save not in seen:
+            seen.add(save)
+            uniq[n] = save
+    return uniq
+
+
+class Planner:
+    """Every granularity over the chain of blocks ``candidates`` (default:
+    :func:`fxmem.checkpoint.choose.default_candidates`); the same methods as
+    :class:`fxmem.checkpoint.choose.Chooser`."""
+
+    def __init__(self, report, candidates=None, kinds=KINDS, max_group: int | None = None):
+        from .choose import default_candidates
+
+        bad = set(kinds) - set(KINDS)
+        if bad or not kinds:
+            raise InputError(f"checkpoint plan kinds are {', '.join(KINDS)}; got {sorted(kinds)}")
+        if report.plan:
+            raise InputError("choose a plan from a report without one (this one has "
+                             f"{list(report.plan)})")
+        self.report, self.kinds = report, tuple(kinds)
+        trace = report.trace
+        cands = default_candidates(report) if candidates is None else tuple(candidates)
+        scheds = [(p, schedule(trace, p)) for p in cands]
+        scheds = sorted(((p, s) for p, s in scheds if s is not None and s.recompute_at is not None),
+                        key=lambda ps: ps[1].first_op)
+        for (_, a), (q, b_) in zip(scheds, scheds[1:]):
+            if not (a.last_op < b_.first_op and b_.recompute_at <= a.recompute_at):
+                raise NotAChain(f"{q} does not follow the block before it in a chain")
+        self.blocks = tuple(p for p, _ in scheds)
+        self.windows = [(s.last_op + 1, s.recompute_at) for _, s in scheds]
+        n = len(self.blocks)
+        ops = trace.ops
+        self.own = [-1] * len(ops)  # op -> the block whose op it is
+        for k, p in enumerate(self.blocks):
+            for o in ops:
+                if o.phase in ("forward", "backward") and (o.module == p or
+                                                           o.module.startswith(p + ".")):
+                    self.own[o.index] = k
+        self.cover = [0] * len(ops)  # op -> how many blocks' windows hold it (a prefix)
+        for t in range(len(ops)):
+            inside = [k for k, (lo, hi) in enumerate(self.windows) if lo <= t < hi]
+            if inside != list(range(len(inside))):
+                raise NotAChain(f"the windows over op {t} are not a prefix of the blocks")
+            self.cover[t] = len(inside)
+        b0 = trace.batch_hint
+        entries = []  # (first, last, plan entry)
+        for k, p in enumerate(self.blocks):
+            if "module" in kinds:
+                entries.append((k, k, p))
+            if "selective" in kinds:
+                for save in policies(report, p, b0).values():
+                    entries.append((k, k, Region((p,), save)))
+        if "group" in kinds and n > 1:
+            longest = max_group or max(2, math.ceil(2 * math.sqrt(n)))
+            for i in range(n):
+                for j in range(i + 1, min(n, i + longest)):
+                    g = Region(self.blocks[i:j + 1])
+                    try:
+                        region_calls(trace, g)
+                    except InputError:
+                        break  # not one segment: nor are longer ones
+                    entries.append((i, j, g))
+        self.entries = []
+        for i, j, e in entries:
+            sc = schedule(trace, e)
+            if sc is None or sc.recompute_at is None:
+                continue
+            d = derive(trace, (e,))
+            self.entries.append((i, j, e, d, device_sizes(d.storages, report.device),
+                                 (sc.last_op + 1, sc.recompute_at)))
+        self._flops = primary_flops(report)
+        self._step = Size.of(report.flop_count.total)
+        self._peaks: dict = {}
+
+    # numbers -----------------------------------------------------------------------------
+    def step_flops(self, b: int) -> int:
+        return self._step(b)
+
+    def _costs(self, t, b):
+        """(PyTorch-counted, other) FLOPs of the recomputed ops of derived trace ``t``."""
+        reg = other = 0
+        for o in t.ops:
+            if o.recompute and o.source in self._flops:
+                f, r = self._flops[o.source]
+                v = f(b)
+                if r:
+                    reg += v
+                else:
+                    other += v
+        return reg, other
+
+    def problem(self, b: int) -> C.ChainProblem:
+        base = self.report.liveness.timeline(b)
+        n = len(self.blocks)
+        weight = 1 + sum(f(b) for f, r in self._flops.values() if not r)
+        boundary = [C._NONE] * (n + 1)
+        none = [C._NONE] * n
+        for t, v in enumerate(base):
+            k = self.own[t]
+            if k >= 0:
+                none[k] = max(none[k], v)
+            else:
+                boundary[self.cover[t]] = max(boundary[self.cover[t]], v)
+        choices = [C.Choice(k, k, 0, 0, none[k], None) for k in range(n)]
+        for i, j, e, d, sizes, (lo, hi) in self.entries:
+            tl = timeline(d.storages, sizes, len(d.ops), b)
+            drop, own = [], C._NONE
+            for o, v in zip(d.ops, tl):
+                if o.recompute:
+                    own = max(own, v)
+                    continue
+                s = o.source
+                if lo <= s < hi:
+                    drop.append(base[s] - v)
+                elif i <= self.own[s] <= j or v != base[s]:
+                    own = max(own, v)
+            reg, other = self._costs(d, b)
+            choices.append(C.Choice(i, j, max(0, min(drop, default=0)), reg * weight + other,
+                                    own, e))
+        start = sum(z(b) for s, z in zip(self.report.trace.storages, self.report.liveness.sizes)
+                    if s.created_by < 0)
+        return C.ChainProblem(n, tuple(choices), tuple(boundary), start)
+
+    # exact answers --------------------------------------------------------------------------
+    def _exact(self, plan, b: int):
+        """(exact peak, recompute FLOPs, PyTorch-counted recompute FLOPs) of ``plan`` at b."""
+        key = (plan, b)
+        if key not in self._peaks:
+            t = derive(self.report.trace, plan) if plan else self.report.trace
+            sizes = device_sizes(t.storages, self.report.device)
+            peak = max([sum(z(b) for s, z in zip(t.storages, sizes) if s.created_by < 0),
+                        *timeline(t.storages, sizes, len(t.ops), b)])
+            reg, other = self._costs(t, b) if plan else (0, 0)
+            self._peaks[key] = (peak, reg + other, reg)
+        return self._peaks[key]
+
+    @staticmethod
+    def _plan(sol) -> Plan:
+        return Plan.of(c.name for c in sol.choices if c.name is not None)
+
+    def choose(self, budget_bytes: int, b: int, max_recompute_flops: int | None = None):
+        """The cheapest plan whose exact peak at ``b`` fits, as a :class:`PlanChoice`."""
+        problem = self.problem(b)
+        budget, exact = budget_bytes, True
+        for _ in range(MAX_TIGHTENINGS):
+            try:
+                sol = C.solve(problem, budget)
+            except InfeasibleBudgetError:
+                break
+            plan = self._plan(sol)
+            peak, cost, _ = self._exact(plan, b)
+            if peak <= budget_bytes:
+                if max_recompute_flops is not None and cost > max_recompute_flops:
+                    return None
+                return self._choice(plan, b, exact)
+            budget -= peak - budget_bytes
+            exact = False
+        if max_recompute_flops is not None:
+            return None
+        low = self.smallest(b)
+        raise InfeasibleBudgetError(
+            f"no checkpoint plan over {len(self.blocks)} blocks fits {budget_bytes:,} bytes at "
+            f"B={b}: the smallest peak is {low.peak_bytes:,} bytes (plan {low.plan})",
+            minimum_bytes=low.peak_bytes)
+
+    def smallest(self, b: int):
+        """The plan of the smallest exact peak among the model's frontier at ``b``."""
+        pts = self.frontier(b)
+        best = min(pts, key=lambda p: (p.peak_bytes, p.recompute_flops))
+        return self._choice(best.plan, b, False)
+
+    def frontier(self, b: int) -> tuple:
+        """Pareto-optimal (exact peak, recompute FLOPs, plan) at ``b``, peak descending."""
+        from .choose import FrontierPoint
+
+        pts = set()
+        for sol in C.frontier(self.problem(b)):
+            plan = self._plan(sol)
+            peak, cost, reg = self._exact(plan, b)
+            pts.add((reg, cost, peak, plan))
+        out = []
+        for reg, cost, peak, plan in sorted(pts, key=lambda p: (p[0], p[1], p[2])):
+            if not out or peak < out[-1].peak_bytes:
+                out.append(FrontierPoint(peak, cost, plan))
+        return tuple(out)
+
+    def _choice(self, plan, b: int, exact: bool):
+        from .choose import PlanChoice
+
+        rep = self.report.with_plan(plan) if plan else self.report
+        peak, cost, _ = self._exact(plan, b)
+        return PlanChoice(b, Plan.of(plan), peak, cost, self.step_flops(b), rep, exact)

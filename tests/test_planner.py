@@ -1,0 +1,160 @@
+"""The planner over every granularity (fxmem.checkpoint.options): its plans are exact
+against a real step, never cost more than the best plan of whole modules, and match or beat
+the peers' plans it can represent (torchtitan's selective policy, pointwise-only recompute,
+Chen's groups) at their own peak as the budget."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+import fxmem
+from fxmem import Region
+from fxmem.checkpoint.options import policies
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d=64, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.qkv, self.proj = torch.nn.Linear(d, 3 * d, bias=False), torch.nn.Linear(d, d, bias=False)
+        self.fc1, self.fc2 = torch.nn.Linear(d, 4 * d, bias=False), torch.nn.Linear(4 * d, d, bias=False)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                           v.transpose(1, 2), is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class GPT(torch.nn.Module):
+    def __init__(self, n=4, d=64, vocab=128, seq=16):
+        super().__init__()
+        self.emb, self.pos = torch.nn.Embedding(vocab, d), torch.nn.Parameter(torch.zeros(seq, d))
+        self.blocks = torch.nn.ModuleList(Block(d) for _ in range(n))
+        self.head = torch.nn.Linear(d, vocab, bias=False)
+
+    def forward(self, ids):
+        x = self.emb(ids) + self.pos
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(x)
+
+
+def gpt():
+    torch.manual_seed(0)
+    return GPT()
+
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Sequential(
+        torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64), torch.nn.Tanh())
+        for _ in range(4)])
+
+
+def gpt_loss(o, y):
+    return F.cross_entropy(o.flatten(0, 1), y.flatten())
+
+
+MODELS = {
+    "mlp": (mlp, lambda b: (torch.randn(b, 64),), lambda o: o.square().mean(), 256),
+    "gpt": (gpt, lambda b: (torch.randint(0, 128, (b, 16)), torch.randint(0, 128, (b, 16))),
+            gpt_loss, 48),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def case(request):
+    build, batch, loss, b = MODELS[request.param]
+    inputs = batch(4)
+    x, y = inputs[0], inputs[1:]
+    r = fxmem.analyze(build(), x, *y, loss=loss, device="cpu")
+    return request.param, build, batch, loss, b, r
+
+
+def _real(build, batch, loss, plan, b):
+    """(measured peak, PyTorch-counted FLOPs of forward + backward) of the real step."""
+    inputs = batch(4)
+    x, y = inputs[0], inputs[1:]
+    peak = fxmem.measure(fxmem.apply_checkpoints(build(), plan), x, *y, loss=loss, B=b).peak_bytes
+    m = fxmem.apply_checkpoints(build(), plan)
+    xb = batch(b)
+    with FlopCounterMode(display=False) as fc:
+        loss(m(xb[0]), *xb[1:]).backward()
+    return peak, fc.get_total_flops()
+
+
+def _pytorch_recompute(report, b):
+    per_op = report._op_flops
+    return sum(int(per_op[o.source][0].subs(fxmem.B, b)) for o in report.trace.ops
+               if o.recompute and o.source in per_op and per_op[o.source][1])
+
+
+def test_frontier_points_are_exact(case):
+    name, build, batch, loss, b, r = case
+    front = r.frontier(B=b)
+    assert len(front) >= 3 and front[0].recompute_flops == 0
+    assert all(p.peak_bytes > q.peak_bytes for p, q in zip(front, front[1:]))
+    for p in front:
+        assert r.with_plan(p.plan).peak_bytes(b) == p.peak_bytes
+    _, none_flops = _real(build, batch, loss, (), b)
+    for p in (front[len(front) // 2], front[-1]):  # a middle point and the smallest peak
+        peak, flops = _real(build, batch, loss, p.plan, b)
+        assert peak == p.peak_bytes, str(fxmem.Plan.of(p.plan))
+        assert flops - none_flops == _pytorch_recompute(r.with_plan(p.plan), b)
+
+
+def test_never_worse_than_whole_modules(case):
+    name, build, batch, loss, b, r = case
+    for p in r.frontier(B=b, kinds=["module"])[1:]:
+        got = r.plan_for(p.peak_bytes, b)
+        assert got.peak_bytes <= p.peak_bytes
+        assert got.recompute_flops <= p.recompute_flops, (str(got.plan), p.plan)
+
+
+def _peers(r, b):
+    blocks = r._chooser().blocks
+    n = len(blocks)
+    size = math.ceil(n / math.ceil(math.sqrt(n)))
+    out = {"every block": list(blocks),
+           "chen": [Region(blocks[i:i + size]) if len(blocks[i:i + size]) > 1 else blocks[i]
+                    for i in range(0, n, size)]}
+    for kind in ("torchtitan", "pointwise"):
+        out[kind] = [Region((p,), policies(r, p, b)[kind]) for p in blocks
+                     if kind in policies(r, p, b)]
+    return out
+
+
+def test_beats_each_peer_at_its_peak(case):
+    name, build, batch, loss, b, r = case
+    for peer, plan in _peers(r, b).items():
+        if not plan:
+            continue
+        rep = r.with_plan(plan)
+        budget = rep.peak_bytes(b)
+        got = r.plan_for(budget, b)
+        cost = int(rep.recompute_flops.subs(fxmem.B, b))
+        assert got.peak_bytes <= budget, peer
+        # no more FLOPs as PyTorch counts them; at a tie, no more pointwise FLOPs either
+        assert (_pytorch_recompute(got.report, b), got.recompute_flops) <= \
+            (_pytorch_recompute(rep, b), cost), peer
+
+
+def test_torchtitan_policy_is_its_own():
+    r = fxmem.analyze(gpt(), *MODELS["gpt"][1](4), loss=gpt_loss, device="cpu")
+    save = policies(r, "blocks.0", 8)["torchtitan"]
+    # the CPU attention kernel, and every other mm of the block (qkv, proj, fc1, fc2: 0, 2)
+    assert save == (("aten._scaled_dot_product_flash_attention_for_cpu.default", 0),
+                    ("aten.mm.default", 0), ("aten.mm.default", 2))
+
+
+def test_kinds_are_checked(case):
+    r = case[-1]
+    with pytest.raises(fxmem.InputError, match="kinds are"):
+        r.plan_for(10**9, 8, kinds=["modules"])
