@@ -69,6 +69,25 @@ def test_checkpoint_auto_and_paths():
     assert given["peak_bytes"] <= json.loads(run("analyze", *args).stdout)["peak_bytes"]
 
 
+def test_save_plan_and_load_it(tmp_path):
+    """--save-plan writes the plan --checkpoint auto chose (a selective one here); given back
+    with --checkpoint PLAN.json it gives the same report, and fxmem.load_plan reads it."""
+    import fxmem
+
+    f = tmp_path / "plan.json"
+    args = ["tests/zoo.py:ResNetish", "--input", "B,3,8,8", "--target", "B:int64:10",
+            "--optimizer", "sgd", "--device", "cpu", "--batch", "64", "--format", "json"]
+    r = run("analyze", *args, "--checkpoint", "auto", "--save-plan", str(f))
+    assert r.returncode == 0, r.stderr
+    auto = json.loads(r.stdout)
+    plan = fxmem.load_plan(str(f))
+    assert [str(e) for e in plan] == auto["plan"] and plan
+    again = json.loads(run("analyze", *args, "--checkpoint", str(f)).stdout)
+    assert again["peak_bytes"] == auto["peak_bytes"] and again["plan"] == auto["plan"]
+    r = run("analyze", *args, "--save-plan", str(tmp_path / "no" / "plan.json"))
+    assert r.returncode == 2 and "--save-plan" in r.stderr and "no such folder" in r.stderr
+
+
 def test_whatif_rows():
     r = run("analyze", *SEED, "--budget", "8GiB", "--whatif", "--format", "json")
     assert r.returncode == 0, r.stderr

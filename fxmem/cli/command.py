@@ -103,10 +103,15 @@ def cli():
               help="Device memory the CUDA context takes outside the allocator, with --gpu "
                    "(default 512MiB, an estimate: measure yours as total - free - "
                    "memory_reserved() after a step).")
-@click.option("--checkpoint", metavar="auto|none|PATH,...", default="none",
+@click.option("--checkpoint", metavar="auto|none|PATH,...|PLAN.json", default="none",
               show_default=True,
               help="Activation checkpointing: auto (the cheapest plan that fits --budget at "
-                   "--batch, else the smallest peak), none, or module paths.")
+                   "--batch, else the smallest peak; whole blocks, groups of blocks and "
+                   "selective checkpointing), none, module paths, or a plan file that "
+                   "--save-plan or fxmem.Plan.to_json wrote.")
+@click.option("--save-plan", "save_plan", default=None, metavar="FILE",
+              help="Write the checkpoint plan in effect as JSON, for a training script: "
+                   "fxmem.apply_checkpoints(model, fxmem.load_plan(FILE)).")
 @click.option("--config", "config", multiple=True, metavar="KEY=VALUE",
               help="Keyword arguments for the model's class or factory (hf: targets: for "
                    "the config class; timm:, torchvision:: for the model), e.g. n_layer=6; "
@@ -167,8 +172,8 @@ def cli():
               help="Modules listed in the breakdown at the peak.")
 @click.option("--debug", is_flag=True, help="Show the traceback of an error.")
 def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, inference,
-            grad_accum, batch, budget, gpu, cuda_context, checkpoint, config, dim_sizes, seq,
-            cudnn_workspace, fsdp, ddp, tp, tp_plan, zero1, reshard, replicate, offload,
+            grad_accum, batch, budget, gpu, cuda_context, checkpoint, save_plan, config,
+            dim_sizes, seq, cudnn_workspace, fsdp, ddp, tp, tp_plan, zero1, reshard, replicate, offload,
             param_dtype, reduce_dtype, fmt, out, whatif, top, debug):
     """Analyse one step of the model TARGET: path/to/file.py:ClassOrFactory,
     package.module:ClassOrFactory, timm:NAME, torchvision:NAME (a classifier), or Hugging
@@ -178,6 +183,8 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
     the model's config; --config keys are checked against its fields."""
     with _failing(debug):
         _check_out(out)  # before any work: a report with nowhere to go is lost
+        if save_plan:
+            _check_out(save_plan, "--save-plan")
         if device == "cpu" and capability is not None:
             raise InputError("--compute-capability names the GPU whose kernels --device cuda "
                              "follows: drop it with --device cpu")
@@ -188,9 +195,11 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
                             grad_accum, batch, budget, checkpoint, config, seq, fmt, top,
                             whatif, dim_sizes, cudnn_workspace=cudnn_workspace,
                             capability=capability, gpu=gpu, cuda_context=cuda_context,
-                            parallel=parallel)
+                            parallel=parallel, save_plan=save_plan)
         if out:
             write_file(out, text)
+    if save_plan:
+        click.echo(f"wrote the checkpoint plan to {save_plan}", err=True)
     if out:
         click.echo(f"wrote {out}", err=True)
     elif fmt == "table":
@@ -259,17 +268,17 @@ def _silenced():
             logging.disable(disabled)
 
 
-def _check_out(path) -> None:
-    """``--out``'s folder exists and takes a new file, before any work is done."""
+def _check_out(path, option: str = "--out") -> None:
+    """``--out``'s (``option``'s) folder exists and takes a new file, before any work."""
     if not path:
         return
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
-        raise InputError(f"--out {path} is a folder: give a file name")
+        raise InputError(f"{option} {path} is a folder: give a file name")
     if not os.path.isdir(folder):
-        raise InputError(f"--out {path}: no such folder {folder}: create it first")
+        raise InputError(f"{option} {path}: no such folder {folder}: create it first")
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise InputError(f"--out {path}: cannot write in {folder}")
+        raise InputError(f"{option} {path}: cannot write in {folder}")
 
 
 def write_file(path: str, text: str) -> None:
@@ -317,7 +326,7 @@ def _fail(e, debug: bool, cause: BaseException | None = None):
 def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, grad_accum,
              batch, budget, checkpoint, config, seq, fmt, top, whatif=False, dim_sizes=(),
              cudnn_workspace=None, capability=None, gpu=None, cuda_context=None,
-             parallel=None):
+             parallel=None, save_plan=None):
     from rich.console import Console
 
     from ..analyze import analyze as run_analysis
@@ -393,8 +402,13 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
     if whatif and (inference or budget_bytes is None):
         raise InputError("--whatif compares training setups within a budget: give --budget "
                          "(and no --inference)")
-    plan = () if checkpoint in ("none", "auto") else tuple(
-        p.strip() for p in checkpoint.split(",") if p.strip())
+    if checkpoint.strip().endswith(".json"):
+        from ..trace.regions import load_plan
+
+        plan = load_plan(checkpoint.strip())
+    else:
+        plan = () if checkpoint in ("none", "auto") else tuple(
+            p.strip() for p in checkpoint.split(",") if p.strip())
     step = Step(loss=LOSSES[loss_name], optimizer=opt, train=not inference, device=device,
                 amp=amp_dtype, grad_accum=grad_accum, compute_capability=cc)
     status = Console(stderr=True).status(f"tracing {t.name} on fake tensors ...")
@@ -436,6 +450,10 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                 plan = frontier[-1].plan
                 traced = getattr(report, "retrace", None)  # a parallel step: traced with it
                 report = traced(plan) if traced and plan else report.with_plan(plan)
+        if save_plan:
+            from ..trace.regions import Plan
+
+            write_file(save_plan, Plan.of(report.plan).to_json(indent=1) + "\n")
         if budget_bytes is not None:  # raises InfeasibleBudgetError (exit 4)
             status.update("finding the largest B that runs ...")
             report.max_batch_size(budget_bytes, cudnn_workspace=conv_ws)
