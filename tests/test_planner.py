@@ -158,3 +158,16 @@ def test_kinds_are_checked(case):
     r = case[-1]
     with pytest.raises(fxmem.InputError, match="kinds are"):
         r.plan_for(10**9, 8, kinds=["modules"])
+
+
+def test_max_batch_size_with_every_kind(case):
+    """The largest B within a budget and a recompute share: never below what whole modules
+    reach, within both limits, and exact against a real step at that B."""
+    name, build, batch, loss, b, r = case
+    budget = r.peak_bytes(b)
+    got = r.max_batch_size(budget, max_recompute=0.05)
+    modules = r.max_batch_size(budget, max_recompute=0.05, kinds=["module"])
+    assert got.B >= modules.B >= b and got.peak_bytes <= budget
+    assert got.recompute_flops <= 0.05 * got.step_flops
+    peak, _ = _real(build, batch, loss, got.plan, got.B)
+    assert peak == got.peak_bytes

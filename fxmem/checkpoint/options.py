@@ -82,9 +82,10 @@ def _pointwise(name: str) -> bool:
         return False
 
 
-def policies(report, path: str, b: int) -> dict:
+def policies(report, path: str, b: int, flops: dict | None = None) -> dict:
     """Selective policies for the block ``path``: ``{name: save calls}`` (see the module
-    docstring), duplicates and the empty policy left out."""
+    docstring), duplicates and the empty policy left out. ``flops``: the report's
+    :func:`primary_flops`, if at hand."""
     trace = report.trace
     call = region_calls(trace, path)[0]
     sc = schedule(trace, path)
@@ -98,7 +99,7 @@ def policies(report, path: str, b: int) -> dict:
         for s in ops[i].written_sids:
             written[s] = i
     sizes = report.liveness.sizes
-    flops = primary_flops(report)
+    flops = primary_flops(report) if flops is None else flops
     cands = [i for i in index if i < sc.stop and ops[i].new_sids
              and not any(written.get(s, -1) > i for s in ops[i].new_sids)]
     out: dict = {}
@@ -161,12 +162,13 @@ class Planner:
                 raise NotAChain(f"the windows over op {t} are not a prefix of the blocks")
             self.cover[t] = len(inside)
         b0 = trace.batch_hint
+        self._flops = primary_flops(report)
         entries = []  # (first, last, plan entry)
         for k, p in enumerate(self.blocks):
             if "module" in kinds:
                 entries.append((k, k, p))
             if "selective" in kinds:
-                for save in policies(report, p, b0).values():
+                for save in policies(report, p, b0, self._flops).values():
                     entries.append((k, k, Region((p,), save)))
         if "group" in kinds and n > 1:
             longest = max_group or max(2, math.ceil(2 * math.sqrt(n)))
@@ -186,7 +188,6 @@ class Planner:
             d = derive(trace, (e,))
             self.entries.append((i, j, e, d, device_sizes(d.storages, report.device),
                                  (sc.last_op + 1, sc.recompute_at)))
-        self._flops = primary_flops(report)
         self._step = Size.of(report.flop_count.total)
         self._peaks: dict = {}
 

@@ -91,7 +91,12 @@ def modules_of(entry) -> tuple[str, ...]:
 
 
 def sort_key(entry):
-    return (modules_of(entry), getattr(entry, "save", ()))
+    """Plan order: module paths with their numbers as numbers (``h.2`` before ``h.10``)."""
+    return (tuple(_natural(m) for m in modules_of(entry)), getattr(entry, "save", ()))
+
+
+def _natural(path: str) -> tuple:
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in path.split("."))
 
 
 class Plan(tuple):
