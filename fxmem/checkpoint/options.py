@@ -241,8 +241,9 @@ class Planner:
         return C.ChainProblem(n, tuple(choices), tuple(boundary), start)
 
     # exact answers --------------------------------------------------------------------------
-    def _exact(self, plan, b: int):
+    def exact_numbers(self, plan, b: int):
         """(exact peak, recompute FLOPs, PyTorch-counted recompute FLOPs) of ``plan`` at b."""
+        plan = Plan.of(plan)
         key = (plan, b)
         if key not in self._peaks:
             t = derive(self.report.trace, plan) if plan else self.report.trace
@@ -267,7 +268,7 @@ class Planner:
             except InfeasibleBudgetError:
                 break
             plan = self._plan(sol)
-            peak, cost, _ = self._exact(plan, b)
+            peak, cost, _ = self.exact_numbers(plan, b)
             if peak <= budget_bytes:
                 if max_recompute_flops is not None and cost > max_recompute_flops:
                     return None
@@ -295,7 +296,7 @@ class Planner:
         pts = set()
         for sol in C.frontier(self.problem(b)):
             plan = self._plan(sol)
-            peak, cost, reg = self._exact(plan, b)
+            peak, cost, reg = self.exact_numbers(plan, b)
             pts.add((reg, cost, peak, plan))
         out = []
         for reg, cost, peak, plan in sorted(pts, key=lambda p: (p[0], p[1], p[2])):
@@ -307,5 +308,5 @@ class Planner:
         from .choose import PlanChoice
 
         rep = self.report.with_plan(plan) if plan else self.report
-        peak, cost, _ = self._exact(plan, b)
+        peak, cost, _ = self.exact_numbers(plan, b)
         return PlanChoice(b, Plan.of(plan), peak, cost, self.step_flops(b), rep, exact)

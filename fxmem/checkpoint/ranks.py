@@ -32,6 +32,12 @@ def evaluate(reports, choosers, plan, b: int) -> tuple:
     the groups (peaks derived exactly from each group's trace)."""
     peaks, costs, steps = [], [], []
     for rep, ch in zip(reports, choosers):
+        if hasattr(ch, "exact_numbers"):  # fxmem.checkpoint.options.Planner
+            peak, cost, _ = ch.exact_numbers(plan, b)
+            peaks.append(peak)
+            costs.append(cost)
+            steps.append(ch.step_flops(b))
+            continue
         idx = _indices(ch, plan)
         if idx is not None:
             peaks.append(ch.peak(idx, b))

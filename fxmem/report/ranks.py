@@ -157,7 +157,7 @@ class ParallelReport:
 
     def max_batch_size(self, budget_bytes: int | None = None,
                        max_recompute: float | None = None, candidates=None, *,
-                       rank: int | None = None, **options):
+                       rank: int | None = None, kinds=None, **options):
         """The largest micro-batch B per rank that fits every rank (or rank ``rank``), as
         :meth:`fxmem.Report.max_batch_size` answers for each (the same ``by``, ``gpu``,
         ``context_bytes``, ...): the smallest of the ranks' answers.
@@ -168,11 +168,11 @@ class ParallelReport:
         plan (traced with it when it can be: :meth:`plan_for`)."""
         if rank is not None:
             return self.rank(rank).max_batch_size(budget_bytes, max_recompute, candidates,
-                                                  **options)
+                                                  kinds=kinds, **options)
         if max_recompute is None:
             return min((g.report.max_batch_size(budget_bytes, **options)
                         for g in self.groups), key=int)
-        return self._most_with_plan(budget_bytes, max_recompute, candidates)
+        return self._most_with_plan(budget_bytes, max_recompute, candidates, kinds)
 
     # checkpoint plans: one for every rank ---------------------------------------------
     def with_plan(self, plan) -> "ParallelReport":
@@ -192,28 +192,26 @@ class ParallelReport:
         flops = list(dict.fromkeys(g.report.recompute_flops for g in self.groups))
         return flops[0] if len(flops) == 1 else sympy.Max(*flops)
 
-    def _planner(self, candidates):
-        from ..checkpoint.choose import Chooser
-
+    def _planner(self, candidates, kinds=None):
         reports = [g.report for g in self.groups]
         if reports[0].named is not None:
             example = ", ".join(f"{n}=..." for n in self.dims)
             raise InputError(f"checkpoint plans of a report in B and {', '.join(self.dims)}: "
                              f"ask report.at({example})")
-        choosers = [r._chooser(candidates, ("module",)) if candidates is None else Chooser(r, candidates)
-                    for r in reports]
+        choosers = [r._chooser(candidates, kinds) for r in reports]
         return reports, choosers
 
-    def frontier(self, B: int, candidates=None) -> tuple:  # noqa: N803
+    def frontier(self, B: int, candidates=None, *, kinds=None) -> tuple:  # noqa: N803
         """Pareto-optimal checkpoint plans at micro-batch ``B`` for every rank: a tuple of
         :class:`fxmem.FrontierPoint` (the largest rank's peak, recompute FLOPs, plan), from
         no plan to the smallest peak, over the plans of each group's own frontier
         (:meth:`fxmem.Report.frontier`); derived, not traced."""
         from ..checkpoint.ranks import frontier
 
-        return frontier(*self._planner(candidates), _check_b(B))
+        return frontier(*self._planner(candidates, kinds), _check_b(B))
 
-    def plan_for(self, budget_bytes: int, B: int, candidates=None):  # noqa: N803
+    def plan_for(self, budget_bytes: int, B: int, candidates=None, *,  # noqa: N803
+                 kinds=None):
         """The checkpoint plan with the least recompute FLOPs found whose peak at micro-batch
         ``B`` fits ``budget_bytes`` on every rank (one plan for all: every rank runs the
         same code), as a :class:`fxmem.PlanChoice` whose ``report`` is this
@@ -235,14 +233,14 @@ class ParallelReport:
         >>> r = fxmem.analyze(m, torch.randn(4, 16), loss=lambda o: o.sum(), device="cpu",
         ...                   parallel=fxmem.FSDP(2))
         >>> c = r.plan_for(r.peak_bytes(256) * 7 // 8, B=256)
-        >>> c.plan, c.peak_bytes == max(c.report.peak_bytes(256, rank=k) for k in (0, 1))
-        (('0',), True)
+        >>> str(c.plan), c.peak_bytes == max(c.report.peak_bytes(256, rank=k) for k in (0, 1))
+        ('0', True)
         """
         if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int):
             raise InputError(f"budget_bytes must be an int, got {budget_bytes!r}")
         from ..checkpoint.ranks import choose
 
-        reports, choosers = self._planner(candidates)
+        reports, choosers = self._planner(candidates, kinds)
         b = _check_b(B)
         got = choose(reports, choosers, budget_bytes, b)
         return self._confirmed(got, b, budget_bytes,
@@ -285,7 +283,7 @@ class ParallelReport:
             f"no checkpoint plan found fits {budget_bytes:,} bytes at B={b} on every rank "
             f"when traced (plan {list(plan)} peaks at {real:,} bytes)", minimum_bytes=real)
 
-    def _most_with_plan(self, budget_bytes, max_recompute, candidates):
+    def _most_with_plan(self, budget_bytes, max_recompute, candidates, kinds=None):
         from ..checkpoint.ranks import choose, smallest
         from ..errors import InfeasibleBudgetError
         from ..formula.search import largest
@@ -296,7 +294,7 @@ class ParallelReport:
         if not 0 <= max_recompute:
             raise InputError(f"max_recompute is a fraction of the step's FLOPs, got "
                              f"{max_recompute!r}")
-        reports, choosers = self._planner(candidates)
+        reports, choosers = self._planner(candidates, kinds)
         memo: dict = {}
 
         def at(b):
