@@ -37,6 +37,7 @@ from ..errors import InfeasibleBudgetError, InputError
 from ..formula.symbols import B, Size
 from ..memory.liveness import timeline
 from ..memory.sizes import device_sizes
+from ..trace.regions import Plan
 from . import solve as S
 from .plans import derive, schedule
 
@@ -63,6 +64,9 @@ class PlanChoice:
     report: object = field(repr=False)
     exact: bool = True
 
+    def __post_init__(self):
+        object.__setattr__(self, "plan", Plan.of(self.plan))
+
     @property
     def recompute_fraction(self) -> float:
         """Recompute FLOPs as a fraction of the step's FLOPs."""
@@ -76,6 +80,9 @@ class FrontierPoint:
     peak_bytes: int
     recompute_flops: int
     plan: tuple
+
+    def __post_init__(self):
+        object.__setattr__(self, "plan", Plan.of(self.plan))
 
 
 def default_candidates(report) -> tuple:

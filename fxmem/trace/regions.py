@@ -102,8 +102,8 @@ def _natural(path: str) -> tuple:
 class Plan(tuple):
     """A checkpoint plan: a sorted tuple of entries (module paths and :class:`Region` s).
 
-    Equal to the plain tuple of its entries, so ``plan == ("blocks.0", "blocks.1")`` holds
-    for a plan of two whole modules.
+    A tuple (its repr too), so ``plan == ("blocks.0", "blocks.1")`` holds for a plan of two
+    whole modules; ``str(plan)`` is the readable form, :meth:`to_json` the loadable one.
     """
 
     @classmethod
@@ -144,9 +144,6 @@ class Plan(tuple):
     def __str__(self) -> str:
         return ", ".join(map(str, self)) if self else "(no checkpoint)"
 
-    def __repr__(self) -> str:
-        return f"Plan({list(self)!r})"
-
     def to_dict(self) -> dict:
         return {"format": FORMAT,
                 "regions": [{"modules": list(r.modules), "save": [list(s) for s in r.save]}
@@ -180,7 +177,7 @@ def load_plan(source) -> Plan:
     wrote), for :func:`fxmem.apply_checkpoints`.
 
     >>> load_plan('{"format": "fxmem.checkpoint-plan/1", "regions": [{"modules": ["fc"]}]}')
-    Plan(['fc'])
+    ('fc',)
     """
     if isinstance(source, dict):
         return Plan.from_dict(source)
