@@ -184,3 +184,16 @@ def test_counting_addmm_as_mm_makes_torchtitan_recompute(measured):
     # per block: the 2nd (proj) and 4th (the MLP's second) matmuls recomputed
     assert counted.flops - titan.flops == 4 * (2 * m * d * d + 2 * m * (4 * d) * d)
     assert counted.peak_bytes <= titan.peak_bytes  # equal at this size: the peak is elsewhere
+
+
+def test_memory_budget_sets_the_partitioner_flag_and_restores_every_flag():
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    before = (functorch_config.activation_memory_budget, functorch_config.enable_autograd_cache,
+              inductor_config.fx_graph_cache)
+    with cf.memory_budget(0.3):
+        assert functorch_config.activation_memory_budget == 0.3
+        assert not functorch_config.enable_autograd_cache and not inductor_config.fx_graph_cache
+    assert (functorch_config.activation_memory_budget, functorch_config.enable_autograd_cache,
+            inductor_config.fx_graph_cache) == before
