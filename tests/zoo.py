@@ -193,3 +193,74 @@ def adam(params):
 
 
 OPTIMIZERS = {"sgd_momentum": sgd_momentum, "adam": adam}
+
+
+# decoder-only language models for the checkpointing benchmarks (issue 23) ---------------------
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention: one ``nn.Linear`` for q, k and v, PyTorch's SDPA
+    (``is_causal=True``), an output projection."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x):
+        b, seq, d = x.shape
+        q, k, v = (t.view(b, seq, self.heads, d // self.heads).transpose(1, 2)
+                   for t in self.qkv(x).split(d, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, seq, d))
+
+
+class GPTBlock(nn.Module):
+    """A pre-LayerNorm GPT block: x + attn(ln1(x)), then x + mlp(ln2(x)) (4x, GELU)."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.ln1, self.attn = nn.LayerNorm(d), CausalSelfAttention(d, heads)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPTStack(nn.Module):
+    """A GPT-style decoder-only stack: token embedding + learned positions, ``n_layers``
+    blocks as ``blocks.0`` .. (an ``nn.Sequential``), a final LayerNorm and an LM head;
+    ``forward(ids)`` returns the logits ``(B, L, vocab)``.
+
+    >>> m = GPTStack(vocab=16, d=8, seq=4, n_layers=2, heads=2)
+    >>> m(torch.zeros(3, 4, dtype=torch.long)).shape
+    torch.Size([3, 4, 16])
+    """
+
+    def __init__(self, vocab=512, d=256, seq=128, n_layers=12, heads=4):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Parameter(torch.zeros(seq, d))
+        nn.init.normal_(self.pos, std=0.02)
+        self.blocks = nn.Sequential(*[GPTBlock(d, heads) for _ in range(n_layers)])
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, ids):
+        x = self.tok(ids) + self.pos[: ids.shape[1]]
+        return self.head(self.ln_f(self.blocks(x)))
+
+
+def token_loss(logits, targets):
+    """Cross-entropy over every position: ``logits (B, L, V)``, ``targets (B, L)``."""
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def llama(**config):
+    """A Llama causal LM with random weights from transformers' LlamaConfig, called as
+    ``model(ids, labels)``; ``use_cache=False`` and SDPA attention unless given."""
+    import transformers
+
+    config = {"use_cache": False, "attn_implementation": "sdpa", **config}
+    return LM(transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)))
