@@ -1,7 +1,7 @@
 """Activation checkpointing frontier (issue 23): every peer's plan, applied for real.
 
     python benchmarks/checkpoint_frontier.py [--models gpt_stack,gpt2,llama] [--batch gpt2=4]
-                                             [--no-compile] [--validate]
+                                             [--no-compile] [--validate] [--plot PNG]
 
 Three models, random weights from their constructors (nothing is downloaded), one CPU
 training step each (forward, loss, backward, optimizer step), float32:
@@ -51,7 +51,11 @@ Known gap of PyTorch's formulas on CPU: ``aten._scaled_dot_product_flash_attenti
 (and its backward) has no FLOP formula, so attention FLOPs are 0 in every column, eager and
 compiled alike.
 
-The lead adds fxmem's own planner points where marked ``FXMEM POINTS`` in :func:`main`.
+fxmem (:func:`fxmem_side`): the model traced once at an example batch of 2 (``device="cpu"``,
+as the peers run), its frontier at B, and for each peer's measured peak as the budget the
+cheapest plan (``report.plan_for``), applied with ``fxmem.apply_checkpoints`` and measured
+as the peers are: it wins when its measured peak and FLOPs are both no higher. ``--plot``
+draws peak against step FLOPs (docs/img/checkpoint_frontier.png).
 """
 
 from __future__ import annotations
@@ -547,6 +551,125 @@ def peers(model_name: str, B: int | None = None, compile: bool = True) -> list[P
     return out
 
 
+# fxmem's planner ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Answer:
+    """fxmem's plan with one peer's measured peak as the budget (``plan`` None: no plan
+    fits), its predicted peak, and the step with it applied (``apply_checkpoints``) measured
+    as the peers are."""
+
+    peer: Peer
+    plan: object
+    predicted_peak: int | None
+    measured: Peer | None
+    plan_seconds: float
+
+    @property
+    def wins(self) -> bool:
+        """No higher measured peak and no more FLOPs than the peer."""
+        return self.measured is not None and self.measured.peak_bytes <= self.peer.peak_bytes \
+            and self.measured.flops <= self.peer.flops
+
+
+@dataclass(frozen=True)
+class Planned:
+    """fxmem on one model: the trace's and the planner's times, the frontier at B
+    (predicted peak, FLOPs of the step by PyTorch's formulas, plan) and the answers."""
+
+    trace_seconds: float
+    frontier_seconds: float
+    frontier: tuple
+    answers: tuple
+
+
+def fxmem_side(bundle: Bundle, B: int, rows: list[Peer]) -> Planned:
+    """Trace once (an example batch of 2, ``device="cpu"`` as the peers run), the frontier at
+    ``B``, then for every peer but ``none`` the cheapest plan within its measured peak,
+    applied and measured."""
+    inputs, targets = bundle.batch(2)
+    t0 = time.perf_counter()
+    report = fxmem.analyze(bundle.build(), inputs, targets, loss=bundle.loss,
+                           optimizer=bundle.optimizer, device="cpu")
+    t_trace = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    front = report.frontier(B)
+    t_front = time.perf_counter() - t0
+    step = int(report.flop_count.from_pytorch.subs(fxmem.B, B))
+    points = tuple((p.peak_bytes, step + _pytorch_recompute(report.with_plan(p.plan), B), p.plan)
+                   for p in front)
+    answers = []
+    for peer in rows:
+        if peer.name == "none":
+            continue
+        t0 = time.perf_counter()
+        try:
+            choice = report.plan_for(peer.peak_bytes, B)
+        except fxmem.InfeasibleBudgetError:
+            answers.append(Answer(peer, None, None, None, time.perf_counter() - t0))
+            continue
+        took = time.perf_counter() - t0
+        model = fxmem.apply_checkpoints(bundle.build(), choice.plan)
+        peak = measured_peak(bundle, model, B)
+        flops, seconds = flops_and_seconds(bundle, model, B)
+        answers.append(Answer(peer, choice.plan, choice.peak_bytes,
+                              Peer(f"fxmem at {peer.name}", peak, flops, seconds), took))
+    return Planned(t_trace, t_front, points, tuple(answers))
+
+
+def _pytorch_recompute(report, b: int) -> int:
+    """Recompute FLOPs by PyTorch's own formulas (what FlopCounterMode counts)."""
+    per_op = report._op_flops
+    return sum(int(per_op[o.source][0].subs(fxmem.B, b)) for o in report.trace.ops
+               if o.recompute and o.source in per_op and per_op[o.source][1])
+
+
+def answers_table(planned: Planned) -> str:
+    lines = ["| budget: the peer's peak | fxmem plan | predicted MiB | measured MiB | "
+             "GFLOPs (peer's) | no higher peak, no more FLOPs |", "|---|---|---|---|---|---|"]
+    for a in planned.answers:
+        if a.measured is None:
+            lines.append(f"| {a.peer.name}: {a.peer.peak_bytes / MIB:.1f} MiB | no plan fits | "
+                         f"| | ({a.peer.flops / 1e9:.1f}) | no |")
+            continue
+        plan = str(a.plan)
+        plan = plan if len(plan) <= 90 else plan[:87] + "..."
+        lines.append(f"| {a.peer.name}: {a.peer.peak_bytes / MIB:.1f} MiB | {plan} | "
+                     f"{a.predicted_peak / MIB:.1f} | {a.measured.peak_bytes / MIB:.1f} | "
+                     f"{a.measured.flops / 1e9:.1f} ({a.peer.flops / 1e9:.1f}) | "
+                     f"{'yes' if a.wins else 'no'} |")
+    return "\n".join(lines)
+
+
+def plot(results: dict, path: str) -> None:
+    """Peak against step FLOPs, one panel per model: the peers (measured), fxmem's frontier
+    (predicted) and fxmem's answers (measured)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.6), squeeze=False)
+    for ax, (name, (bundle, B, rows, planned)) in zip(axes[0], results.items()):
+        fx = sorted(planned.frontier, key=lambda p: p[1])
+        ax.step([f / 1e9 for _, f, _ in fx], [p / MIB for p, _, _ in fx], where="post",
+                color="tab:blue", label="fxmem frontier (predicted)")
+        for p in rows:
+            ax.scatter(p.flops / 1e9, p.peak_bytes / MIB, marker="s" if "compile" in p.name
+                       else "o", color="tab:orange" if "compile" in p.name else "tab:red",
+                       zorder=3)
+            ax.annotate(p.name, (p.flops / 1e9, p.peak_bytes / MIB), fontsize=7,
+                        xytext=(4, 3), textcoords="offset points")
+        got = [a.measured for a in planned.answers if a.measured is not None]
+        ax.scatter([m.flops / 1e9 for m in got], [m.peak_bytes / MIB for m in got],
+                   marker="x", color="tab:blue", zorder=4, label="fxmem's plans (measured)")
+        ax.set_title(f"{name}, B={B}", fontsize=10)
+        ax.set_xlabel("step GFLOPs (PyTorch's formulas, recompute included)")
+        ax.set_ylabel("peak MiB")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 # report -------------------------------------------------------------------------------
 def table(rows: list[Peer]) -> str:
     lines = ["| peer | measured peak MiB | step GFLOPs | step s |", "|---|---|---|---|"]
@@ -580,6 +703,8 @@ def main():
     ap.add_argument("--models", default="gpt_stack,gpt2,llama")
     ap.add_argument("--batch", action="append", default=[], help="NAME=B, e.g. gpt2=2")
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--plot", default=None, metavar="PNG",
+                    help="write the peak-against-FLOPs plot here")
     ap.add_argument("--validate", action="store_true",
                     help="check the compiled-step methods (profiler peak, graph FLOPs)")
     args = ap.parse_args()
@@ -588,6 +713,7 @@ def main():
           f"{platform.machine()} ({platform.processor() or 'cpu'}), {os.cpu_count()} cores, "
           f"{torch.get_num_threads()} threads")
     bundles = models()
+    results = {}
     for name in args.models.split(","):
         bundle = bundles[name]
         B = batch.get(name, bundle.B)
@@ -600,13 +726,20 @@ def main():
             rows += [compiled[b].peer for b in BUDGETS]
         if name == "gpt_stack":
             rows += [eager_peer(bundle, plan, B) for plan in DIAGNOSTIC_PLANS]
-        # FXMEM POINTS: the lead adds fxmem's planner points here (rows += [...]), each
-        # applied with fxmem.apply_checkpoints and measured as eager_peer measures a plan.
+        planned = fxmem_side(bundle, B, rows)
+        results[name] = (bundle, B, rows, planned)
         print(f"\n### {bundle.title}, B={B}\n")
         print(table(rows))
+        print(f"\nfxmem: traced in {planned.trace_seconds:.1f} s, frontier of "
+              f"{len(planned.frontier)} plans in {planned.frontier_seconds:.1f} s, each budget's "
+              f"plan in {max(a.plan_seconds for a in planned.answers):.1f} s at most\n")
+        print(answers_table(planned))
         print(f"\n({time.perf_counter() - t0:.0f} s)")
         if args.validate and compiled:
             validate(bundle, B, rows[:len(EAGER_PLANS)], compiled)
+    if args.plot:
+        plot(results, args.plot)
+        print(f"\nwrote {args.plot}")
 
 
 if __name__ == "__main__":
