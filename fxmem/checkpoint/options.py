@@ -66,6 +66,21 @@ def primary_flops(report) -> dict:
             for i, (f, reg) in report._op_flops.items()}
 
 
+def stack_blocks(report) -> tuple:
+    """The blocks of the model's outermost stack: numbered children of an ``nn.Sequential`` /
+    ``nn.ModuleList`` (``blocks.3``, ``model.layers.3``) run once per step, outermost first.
+    Unlike :func:`fxmem.checkpoint.choose.default_candidates` they need not be valid single
+    segments: a Llama layer is also given the rotary ``cos``/``sin``, float tensors made once
+    before the stack; the planner checks the chain itself (each block's window inside the one
+    before it). Without such blocks, the module-only candidates."""
+    from .choose import default_candidates
+
+    paths = [s.path for s in report.segments
+             if s.calls == 1 and s.path.rsplit(".", 1)[-1].isdigit() and s.last_op >= s.first_op]
+    out = tuple(p for p in paths if not any(p.startswith(q + ".") for q in paths))
+    return out or default_candidates(report)
+
+
 class NotAChain(InputError):
     """The candidates are not a chain of blocks (the module-only solver handles them)."""
 
@@ -124,12 +139,10 @@ def policies(report, path: str, b: int, flops: dict | None = None) -> dict:
 
 class Planner:
     """Every granularity over the chain of blocks ``candidates`` (default:
-    :func:`fxmem.checkpoint.choose.default_candidates`); the same methods as
+    :func:`stack_blocks`); the same methods as
     :class:`fxmem.checkpoint.choose.Chooser`."""
 
     def __init__(self, report, candidates=None, kinds=KINDS, max_group: int | None = None):
-        from .choose import default_candidates
-
         bad = set(kinds) - set(KINDS)
         if bad or not kinds:
             raise InputError(f"checkpoint plan kinds are {', '.join(KINDS)}; got {sorted(kinds)}")
@@ -138,7 +151,7 @@ class Planner:
                              f"{list(report.plan)})")
         self.report, self.kinds = report, tuple(kinds)
         trace = report.trace
-        cands = default_candidates(report) if candidates is None else tuple(candidates)
+        cands = stack_blocks(report) if candidates is None else tuple(candidates)
         scheds = [(p, schedule(trace, p)) for p in cands]
         scheds = sorted(((p, s) for p, s in scheds if s is not None and s.recompute_at is not None),
                         key=lambda ps: ps[1].first_op)
