@@ -183,19 +183,15 @@ class Chooser:
     def choose(self, budget_bytes: int, b: int, max_recompute_flops: int | None = None):
         """The cheapest plan whose exact peak at ``b`` fits, as a :class:`PlanChoice`."""
         problem = self.problem(b)
-        budget, exact = budget_bytes, True
-        for _ in range(MAX_TIGHTENINGS):
-            try:
-                sol = S.solve(problem, budget)
-            except InfeasibleBudgetError:
-                break
-            peak = self.peak(sol.plan, b)
-            if peak <= budget_bytes:
-                if max_recompute_flops is not None and self.costs(sol.plan, b) > max_recompute_flops:
-                    return None
-                return self._choice(sol.plan, b, exact and sol.exact)
-            budget -= peak - budget_bytes  # the model was short by this much
-            exact = False
+
+        def solve(budget):
+            sol = S.solve(problem, budget)
+            return sol.plan, sol.exact
+
+        got = tightened(solve, lambda idx: (self.peak(idx, b), self.costs(idx, b)),
+                        budget_bytes, max_recompute_flops)
+        if got is not None:
+            return self._choice(got[0], b, got[1]) if got[0] is not None else None
         if max_recompute_flops is not None:
             return None
         low = self.smallest(b)
@@ -251,6 +247,29 @@ class Chooser:
         rep = self.report.with_plan(plan) if plan else self.report
         return PlanChoice(b, plan, rep.peak_bytes(b), self.costs(idx, b), self.step_flops(b),
                           rep, exact)
+
+
+def tightened(solve, numbers, budget_bytes: int, max_recompute_flops: int | None):
+    """The solver's answer checked exactly, the budget tightened while the model was short.
+
+    ``solve(budget)`` -> ``(plan, exact)`` (raises :class:`fxmem.InfeasibleBudgetError`);
+    ``numbers(plan)`` -> its exact ``(peak, recompute FLOPs)``. Returns ``(plan, exact)`` for
+    a plan that fits, ``(None, False)`` when it costs more than ``max_recompute_flops``, and
+    ``None`` when nothing was found within ``MAX_TIGHTENINGS`` solves."""
+    budget, exact = budget_bytes, True
+    for _ in range(MAX_TIGHTENINGS):
+        try:
+            plan, solved_exactly = solve(budget)
+        except InfeasibleBudgetError:
+            return None
+        peak, cost = numbers(plan)
+        if peak <= budget_bytes:
+            if max_recompute_flops is not None and cost > max_recompute_flops:
+                return None, False
+            return plan, exact and solved_exactly
+        budget -= peak - budget_bytes  # the model was short by this much
+        exact = False
+    return None
 
 
 def _start_bytes(storages, sizes, b: int) -> int:

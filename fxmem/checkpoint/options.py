@@ -40,12 +40,12 @@ from ..formula.symbols import Size
 from ..memory.liveness import timeline
 from ..memory.sizes import device_sizes
 from . import chain as C
+from .choose import FrontierPoint, PlanChoice, _start_bytes, default_candidates, tightened
 from .flops import ALIASES
 from .plans import derive, region_calls, sac_calls, schedule
 from ..trace.regions import Plan, Region
 
 KINDS = ("module", "group", "selective")
-MAX_TIGHTENINGS = 6
 _ATTENTION = ("aten._scaled_dot_product_flash_attention.default",
               "aten._scaled_dot_product_efficient_attention.default",
               "aten._scaled_dot_product_cudnn_attention.default",
@@ -73,8 +73,6 @@ def stack_blocks(report) -> tuple:
     segments: a Llama layer is also given the rotary ``cos``/``sin``, float tensors made once
     before the stack; the planner checks the chain itself (each block's window inside the one
     before it). Without such blocks, the module-only candidates."""
-    from .choose import default_candidates
-
     paths = [s.path for s in report.segments
              if s.calls == 1 and s.path.rsplit(".", 1)[-1].isdigit() and s.last_op >= s.first_op]
     out = tuple(p for p in paths if not any(p.startswith(q + ".") for q in paths))
@@ -249,8 +247,7 @@ class Planner:
             reg, other = self._costs(d, b)
             choices.append(C.Choice(i, j, max(0, min(drop, default=0)), reg * weight + other,
                                     own, e))
-        start = sum(z(b) for s, z in zip(self.report.trace.storages, self.report.liveness.sizes)
-                    if s.created_by < 0)
+        start = _start_bytes(self.report.trace.storages, self.report.liveness.sizes, b)
         return C.ChainProblem(n, tuple(choices), tuple(boundary), start)
 
     # exact answers --------------------------------------------------------------------------
@@ -261,7 +258,7 @@ class Planner:
         if key not in self._peaks:
             t = derive(self.report.trace, plan) if plan else self.report.trace
             sizes = device_sizes(t.storages, self.report.device)
-            peak = max([sum(z(b) for s, z in zip(t.storages, sizes) if s.created_by < 0),
+            peak = max([_start_bytes(t.storages, sizes, b),
                         *timeline(t.storages, sizes, len(t.ops), b)])
             reg, other = self._costs(t, b) if plan else (0, 0)
             self._peaks[key] = (peak, reg + other, reg)
@@ -274,20 +271,11 @@ class Planner:
     def choose(self, budget_bytes: int, b: int, max_recompute_flops: int | None = None):
         """The cheapest plan whose exact peak at ``b`` fits, as a :class:`PlanChoice`."""
         problem = self.problem(b)
-        budget, exact = budget_bytes, True
-        for _ in range(MAX_TIGHTENINGS):
-            try:
-                sol = C.solve(problem, budget)
-            except InfeasibleBudgetError:
-                break
-            plan = self._plan(sol)
-            peak, cost, _ = self.exact_numbers(plan, b)
-            if peak <= budget_bytes:
-                if max_recompute_flops is not None and cost > max_recompute_flops:
-                    return None
-                return self._choice(plan, b, exact)
-            budget -= peak - budget_bytes
-            exact = False
+        got = tightened(lambda budget: (self._plan(C.solve(problem, budget)), True),
+                        lambda plan: self.exact_numbers(plan, b)[:2], budget_bytes,
+                        max_recompute_flops)
+        if got is not None:
+            return self._choice(got[0], b, got[1]) if got[0] is not None else None
         if max_recompute_flops is not None:
             return None
         low = self.smallest(b)
@@ -304,8 +292,6 @@ class Planner:
 
     def frontier(self, b: int) -> tuple:
         """Pareto-optimal (exact peak, recompute FLOPs, plan) at ``b``, peak descending."""
-        from .choose import FrontierPoint
-
         pts = set()
         for sol in C.frontier(self.problem(b)):
             plan = self._plan(sol)
@@ -318,8 +304,6 @@ class Planner:
         return tuple(out)
 
     def _choice(self, plan, b: int, exact: bool):
-        from .choose import PlanChoice
-
         rep = self.report.with_plan(plan) if plan else self.report
         peak, cost, _ = self.exact_numbers(plan, b)
         return PlanChoice(b, Plan.of(plan), peak, cost, self.step_flops(b), rep, exact)
