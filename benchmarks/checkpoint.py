@@ -40,7 +40,7 @@ from torch import nn
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 import fxmem  # noqa: E402
 from fxmem.checkpoint import solve as S  # noqa: E402
-from zoo import gpt2  # noqa: E402
+from zoo import Group, gpt2  # noqa: E402
 
 GIB = 2**30
 
@@ -84,19 +84,6 @@ class ResNet50ish(nn.Module):
     def forward(self, x):
         return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(
             self.blocks(self.stem(x)), 1), 1))
-
-
-class Group(nn.Module):
-    """Consecutive blocks run as one module (for Chen's segments); same call signature."""
-
-    def __init__(self, blocks):
-        super().__init__()
-        self.blocks = nn.ModuleList(blocks)
-
-    def forward(self, hidden, *args, **kwargs):
-        for b in self.blocks:
-            hidden = b(hidden, *args, **kwargs)
-        return hidden
 
 
 def chen_groups(blocks):

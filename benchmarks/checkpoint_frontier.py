@@ -18,7 +18,7 @@ Each peer's plan is applied to a fresh copy of the model with PyTorch's own tool
 - ``none``;
 - ``every block``: each block wrapped in ``checkpoint_wrapper`` (``NO_REENTRANT``);
 - ``Chen sqrt(n)``: the n blocks regrouped into ceil(sqrt(n)) runs of ceil(n / ceil(sqrt(n)))
-  consecutive blocks, each run a :class:`Group` module (same call signature as one block)
+  consecutive blocks, each run a :class:`zoo.Group` module (same call signature as one block)
   wrapped in one ``checkpoint_wrapper``;
 - ``torchtitan SAC``: torchtitan's default op-level selective checkpointing policy
   (:func:`torchtitan_policy`), per block;
@@ -85,7 +85,7 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 import fxmem  # noqa: E402
-from zoo import GPTStack, gpt2, llama, token_loss  # noqa: E402
+from zoo import GPTStack, Group, gpt2, llama, token_loss  # noqa: E402
 
 MIB = 2**20
 BUDGETS = (0.3, 0.5, 0.7)
@@ -159,21 +159,6 @@ def models() -> dict:
 
 
 # plans, applied with PyTorch's own tools ----------------------------------------------
-class Group(nn.Module):
-    """Consecutive blocks run as one module, with one block's call signature: the hidden
-    state goes through each in turn, every other argument is passed to all of them (the
-    attention mask, position embeddings, ...). Chen's segments wrap one Group each."""
-
-    def __init__(self, blocks):
-        super().__init__()
-        self.blocks = nn.ModuleList(blocks)
-
-    def forward(self, hidden, *args, **kwargs):
-        for b in self.blocks:
-            hidden = b(hidden, *args, **kwargs)
-        return hidden
-
-
 def wrap_blocks(model: nn.Module, path: str, wrap: Callable[[nn.Module], nn.Module]) -> nn.Module:
     """Each block of the container at ``path`` replaced by ``wrap(block)``, in place."""
     container = model.get_submodule(path)

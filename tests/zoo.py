@@ -228,6 +228,21 @@ class GPTBlock(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+class Group(nn.Module):
+    """Consecutive blocks run as one module, with one block's call signature: the hidden
+    state goes through each in turn, every other argument is passed to all of them (the
+    attention mask, position embeddings, ...). Chen's segments wrap one Group each."""
+
+    def __init__(self, blocks):
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+
+    def forward(self, hidden, *args, **kwargs):
+        for b in self.blocks:
+            hidden = b(hidden, *args, **kwargs)
+        return hidden
+
+
 class GPTStack(nn.Module):
     """A GPT-style decoder-only stack: token embedding + learned positions, ``n_layers``
     blocks as ``blocks.0`` .. (an ``nn.Sequential``), a final LayerNorm and an LM head;
