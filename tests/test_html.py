@@ -67,7 +67,7 @@ def resnet():
     r = fxmem.analyze(model, x, y, **kw)
     rows = fxmem.whatif(model, x, y, **kw, B=64, budget_bytes=2**24)
     return summarize(r.with_plan(["layer1.0"]), B=64, budget_bytes=2**24,
-                     frontier=r.frontier(64), whatifs=rows,
+                     frontier=r.frontier(64, kinds=["module"]), whatifs=rows,
                      setup={"model": "resnet", "optimizer": "adam"})
 
 

@@ -172,7 +172,8 @@ class ParallelReport:
         if max_recompute is None:
             return min((g.report.max_batch_size(budget_bytes, **options)
                         for g in self.groups), key=int)
-        return self._most_with_plan(budget_bytes, max_recompute, candidates, kinds)
+        return _without_selective_if_not_replayable(
+            lambda k: self._most_with_plan(budget_bytes, max_recompute, candidates, k), kinds)
 
     # checkpoint plans: one for every rank ---------------------------------------------
     def with_plan(self, plan) -> "ParallelReport":
@@ -240,11 +241,15 @@ class ParallelReport:
             raise InputError(f"budget_bytes must be an int, got {budget_bytes!r}")
         from ..checkpoint.ranks import choose
 
-        reports, choosers = self._planner(candidates, kinds)
         b = _check_b(B)
-        got = choose(reports, choosers, budget_bytes, b)
-        return self._confirmed(got, b, budget_bytes,
-                               lambda budget: choose(reports, choosers, budget, b), {})
+
+        def pick(kinds):
+            reports, choosers = self._planner(candidates, kinds)
+            got = choose(reports, choosers, budget_bytes, b)
+            return self._confirmed(got, b, budget_bytes,
+                                   lambda budget: choose(reports, choosers, budget, b), {})
+
+        return _without_selective_if_not_replayable(pick, kinds)
 
     def _confirmed(self, got, b: int, budget_bytes: int, again, traced_plans: dict):
         """The :class:`fxmem.PlanChoice` of ``got`` (plan, peak, cost, step FLOPs, exact),
@@ -264,8 +269,11 @@ class ParallelReport:
                 if plan not in traced_plans:
                     traced_plans[plan] = self.retrace(plan) if plan else self
                 traced = traced_plans[plan]
-            except TraceError:  # a plan checkpoint cannot run on fake tensors (an
-                # nn.MultiheadAttention alone: docs/checkpointing.md): the derived one
+            except TraceError as e:
+                if _not_replayable(e, plan):
+                    raise _NotReplayable(plan) from e
+                # a plan checkpoint cannot run on fake tensors (an nn.MultiheadAttention
+                # alone: docs/checkpointing.md): the derived one
                 report = self.with_plan(plan)
                 return PlanChoice(b, plan, report.peak_bytes(b), cost, step, report, False)
             real = traced.peak_bytes(b)
@@ -380,4 +388,34 @@ class ParallelReport:
         from .text import render_ranks
 
         return render_ranks(self)
+
+
+class _NotReplayable(Exception):
+    """A selective plan whose re-run forward calls other ops than its forward did."""
+
+
+def _not_replayable(error, plan) -> bool:
+    """Whether tracing ``plan`` failed because selective checkpointing found, in the re-run,
+    an op call it had not kept in the forward: PyTorch raises it for real too
+    (``_CachedTorchDispatchMode`` in torch/utils/checkpoint.py: "... encountered during
+    backward but not found in storage"), as for a forward that appends to a key/value cache
+    each time it runs."""
+    return "not found in storage" in str(error) and any(r.save for r in getattr(plan, "regions", ()))
+
+
+def _without_selective_if_not_replayable(pick, kinds):
+    """``pick(kinds)``; when its plan keeps op outputs the step's re-run cannot find (see
+    :func:`_not_replayable`), ``pick`` again with whole modules and groups only."""
+    from ..checkpoint.options import KINDS
+
+    kinds = KINDS if kinds is None else tuple(kinds)
+    try:
+        return pick(kinds)
+    except _NotReplayable:
+        fewer = tuple(k for k in kinds if k != "selective")
+        if not fewer:
+            raise InputError("no checkpoint plan of the kinds asked can run: selective "
+                             "checkpointing's re-run calls other ops than the forward did "
+                             "(a forward that changes state, e.g. a key/value cache)") from None
+        return pick(fewer)
 
