@@ -47,9 +47,13 @@ included; ``seconds``, the wall time of one steady-state step (2 shared cores: i
   ``FlopCounterMode`` on the eager step; it also prints, per budget, what the partitioner
   saves for the backward (so that a budget that changes nothing shows).
 
-Known gap of PyTorch's formulas on CPU: ``aten._scaled_dot_product_flash_attention_for_cpu``
-(and its backward) has no FLOP formula, so attention FLOPs are 0 in every column, eager and
-compiled alike.
+Attention is counted as on a GPU, on every side: PyTorch registers no FLOP formula for the
+CPU's ``aten._scaled_dot_product_flash_attention_for_cpu`` (and its backward), so on CPU
+``FlopCounterMode`` counts attention as 0 while on CUDA it counts the flash kernels. Here the
+CPU kernels are counted by their CUDA twins' formulas (:data:`GPU_COUNTED`, the twins of
+``fxmem.checkpoint.flops.ALIASES``), in ``FlopCounterMode`` (``custom_mapping``) and in
+:func:`graph_flops` alike, and fxmem's side counts them too: a plan that recomputes attention
+pays for it, as it does on a GPU.
 
 fxmem (:func:`fxmem_side`): the model traced once at an example batch of 2 (``device="cpu"``,
 as the peers run), its frontier at B, and for each peer's measured peak as the budget the
@@ -85,10 +89,23 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 import fxmem  # noqa: E402
+from fxmem.checkpoint.flops import ALIASES  # noqa: E402
+from fxmem.checkpoint.options import primary_flops  # noqa: E402
 from zoo import GPTStack, Group, gpt2, llama, token_loss  # noqa: E402
 
 MIB = 2**20
 BUDGETS = (0.3, 0.5, 0.7)
+
+
+def _raw(formula):  # a registry formula (already shape-wrapped), given as is
+    def counted(*args, **kwargs):
+        return formula(*args, **kwargs)
+    counted._get_raw = True
+    return counted
+
+
+# the CPU flash-attention kernels counted by their CUDA twins' formulas, as on a GPU
+GPU_COUNTED = {cpu: _raw(flop_registry[cuda]) for cpu, cuda in ALIASES.items()}
 
 
 # models -------------------------------------------------------------------------------
@@ -352,7 +369,7 @@ def flops_and_seconds(bundle: Bundle, model: nn.Module, B: int) -> tuple[int, fl
     t0 = time.perf_counter()
     train_step(bundle, model, opt, inputs, targets)
     seconds = time.perf_counter() - t0
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False, custom_mapping=GPU_COUNTED) as counter:
         train_step(bundle, model, opt, inputs, targets)
     return counter.get_total_flops(), seconds
 
@@ -417,7 +434,8 @@ def graph_flops(gm: torch.fx.GraphModule) -> int:
     for node in gm.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
-        formula = flop_registry.get(node.target.overloadpacket)
+        packet = node.target.overloadpacket
+        formula = flop_registry.get(ALIASES.get(packet, packet))
         if formula is None:
             continue
         args, kwargs = tree_map_only(torch.fx.Node, lambda a: a.meta["val"], (node.args, node.kwargs))
@@ -579,8 +597,8 @@ def fxmem_side(bundle: Bundle, B: int, rows: list[Peer]) -> Planned:
     t0 = time.perf_counter()
     front = report.frontier(B)
     t_front = time.perf_counter() - t0
-    step = int(report.flop_count.from_pytorch.subs(fxmem.B, B))
-    points = tuple((p.peak_bytes, step + _pytorch_recompute(report.with_plan(p.plan), B), p.plan)
+    step = _counted(report, B)
+    points = tuple((p.peak_bytes, step + _counted(report.with_plan(p.plan), B, True), p.plan)
                    for p in front)
     answers = []
     for peer in rows:
@@ -601,11 +619,13 @@ def fxmem_side(bundle: Bundle, B: int, rows: list[Peer]) -> Planned:
     return Planned(t_trace, t_front, points, tuple(answers))
 
 
-def _pytorch_recompute(report, b: int) -> int:
-    """Recompute FLOPs by PyTorch's own formulas (what FlopCounterMode counts)."""
-    per_op = report._op_flops
-    return sum(int(per_op[o.source][0].subs(fxmem.B, b)) for o in report.trace.ops
-               if o.recompute and o.source in per_op and per_op[o.source][1])
+def _counted(report, b: int, recompute: bool = False) -> int:
+    """FLOPs of the step (``recompute``: of its re-run ops only) by PyTorch's formulas,
+    attention by its CUDA twin's (what FlopCounterMode counts here with GPU_COUNTED)."""
+    per_op = primary_flops(report)
+    return sum(per_op[key][0](b) for o in report.trace.ops
+               if (key := o.index if o.source is None else o.source) in per_op
+               and per_op[key][1] and (o.recompute or not recompute))
 
 
 def answers_table(planned: Planned) -> str:

@@ -110,6 +110,19 @@ def test_frontier_points_are_exact(case):
         assert flops - none_flops == _pytorch_recompute(r.with_plan(p.plan), b)
 
 
+def test_each_frontier_point_answers_its_own_peak(case):
+    """plan_for at a frontier point's exact peak finds a plan no worse, the smallest included
+    (the chain model can put that plan a few bytes above its exact peak)."""
+    name, build, batch, loss, b, r = case
+    planner = r._chooser()
+    for p in r.frontier(B=b):
+        got = r.plan_for(p.peak_bytes, b)  # no more FLOPs by PyTorch's formulas (the
+        # planner's objective; pointwise ops' one FLOP per element only breaks ties)
+        assert got.peak_bytes <= p.peak_bytes
+        assert planner.exact_numbers(got.plan, b)[2] <= planner.exact_numbers(p.plan, b)[2]
+        assert got.peak_bytes == r.with_plan(got.plan).peak_bytes(b)
+
+
 def test_never_worse_than_whole_modules(case):
     name, build, batch, loss, b, r = case
     for p in r.frontier(B=b, kinds=["module"])[1:]:

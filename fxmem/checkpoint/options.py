@@ -219,7 +219,11 @@ class Planner:
                     other += v
         return reg, other
 
-    def problem(self, b: int) -> C.ChainProblem:
+    def problem(self, b: int, optimistic: bool = False) -> C.ChainProblem:
+        """The chain model at ``b``. A choice releases, over its window, the least its
+        derivation drops there (the model's peak is then never below the exact one, but can
+        be a few bytes above it); ``optimistic``: the most, a model whose peak is never
+        above the exact one, whose answers are checked exactly."""
         base = self.report.liveness.timeline(b)
         n = len(self.blocks)
         weight = 1 + sum(f(b) for f, r in self._flops.values() if not r)
@@ -245,8 +249,8 @@ class Planner:
                 elif i <= self.own[s] <= j or v != base[s]:
                     own = max(own, v)
             reg, other = self._costs(d, b)
-            choices.append(C.Choice(i, j, max(0, min(drop, default=0)), reg * weight + other,
-                                    own, e))
+            released = (max if optimistic else min)(drop, default=0)
+            choices.append(C.Choice(i, j, max(0, released), reg * weight + other, own, e))
         start = _start_bytes(self.report.trace.storages, self.report.liveness.sizes, b)
         return C.ChainProblem(n, tuple(choices), tuple(boundary), start)
 
@@ -270,12 +274,23 @@ class Planner:
 
     def choose(self, budget_bytes: int, b: int, max_recompute_flops: int | None = None):
         """The cheapest plan whose exact peak at ``b`` fits, as a :class:`PlanChoice`."""
-        problem = self.problem(b)
-        got = tightened(lambda budget: (self._plan(C.solve(problem, budget)), True),
-                        lambda plan: self.exact_numbers(plan, b)[:2], budget_bytes,
-                        max_recompute_flops)
-        if got is not None:
-            return self._choice(got[0], b, got[1]) if got[0] is not None else None
+        found = []
+        for optimistic in (False, True):  # the model above the exact peaks, and below
+            problem = self.problem(b, optimistic)
+            got = tightened(lambda budget: (self._plan(C.solve(problem, budget)), True),
+                            lambda plan: self.exact_numbers(plan, b)[:2], budget_bytes,
+                            max_recompute_flops)
+            if got is not None and got[0] is not None:
+                found.append(got)
+        if found:  # proven cheapest when the model below the exact peaks found it untightened
+            plan, exact = min(reversed(found), key=lambda g: self._rank(g[0], b))
+            return self._choice(plan, b, exact and len(found) == 2 and plan == found[1][0])
+        # the chain model can put a plan a few bytes above its exact peak: the exact frontier
+        fits = [p for p in self.frontier(b) if p.peak_bytes <= budget_bytes]
+        if fits:
+            best = min(fits, key=lambda p: (p.recompute_flops, p.peak_bytes))
+            if max_recompute_flops is None or best.recompute_flops <= max_recompute_flops:
+                return self._choice(best.plan, b, False)
         if max_recompute_flops is not None:
             return None
         low = self.smallest(b)
@@ -283,6 +298,12 @@ class Planner:
             f"no checkpoint plan over {len(self.blocks)} blocks fits {budget_bytes:,} bytes at "
             f"B={b}: the smallest peak is {low.peak_bytes:,} bytes (plan {low.plan})",
             minimum_bytes=low.peak_bytes)
+
+    def _rank(self, plan, b: int) -> tuple:
+        """What the planner minimises: PyTorch-counted recompute FLOPs, then the others,
+        then the peak."""
+        peak, cost, reg = self.exact_numbers(plan, b)
+        return reg, cost, peak
 
     def smallest(self, b: int):
         """The plan of the smallest exact peak among the model's frontier at ``b``."""
