@@ -167,7 +167,8 @@ class Report:
 
     @property
     def plan(self) -> tuple:
-        """Module paths whose forward is checkpointed (recomputed in backward)."""
+        """The checkpoint plan of the step, a :class:`fxmem.Plan` (empty: none): the modules
+        and groups whose forward is recomputed in backward, with the op outputs each keeps."""
         return self.trace.plan
 
     @functools.cached_property
