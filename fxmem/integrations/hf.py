@@ -62,7 +62,7 @@ import torch
 
 from ..analyze import analyze
 from ..checkpoint.choose import PlanChoice
-from ..errors import InfeasibleBudgetError, InputError
+from ..errors import InfeasibleBudgetError, InputError, TraceError
 from ..trace.checkpointing import apply_checkpoints
 from ..trace.step import Step
 from ..validate.measure import measure
@@ -172,6 +172,14 @@ def _checkpointing(args):
     return bool(on), dict(kw or {})
 
 
+def _checkpointing_on(model) -> bool:
+    """Whether the model's activation checkpointing is on already."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name):
+            return bool(getattr(model, name))
+    return False
+
+
 def _accepts_loss_kwargs(model) -> bool:
     """Whether the Trainer passes ``num_items_in_batch`` to the model (its
     ``model_accepts_loss_kwargs``)."""
@@ -231,7 +239,7 @@ class TrainerStep:
         model = self.model
         modes = [(m, m.training) for m in model.modules()]
         on, kw = self.checkpointing[0], dict(self.checkpointing[1])
-        enable = on and not getattr(model, "is_gradient_checkpointing", False)
+        enable = on and not _checkpointing_on(model)
         try:
             model.train()
             if enable:
@@ -305,7 +313,9 @@ class TrainerFit:
     batch size was answered by, :meth:`fxmem.Report.max_batch_size`); ``checkpoint``: a
     :class:`fxmem.PlanChoice` when a checkpoint plan is needed (its paths are the
     :class:`TrainerBatch`'s, ``model.``-prefixed: :meth:`apply_checkpoint` applies it to the
-    model); ``report``: the step's :class:`fxmem.Report` (under the plan, if any)."""
+    model; its own ``B`` and ``peak_bytes`` are the planner's derived figures, while this
+    fit's are those of the step traced with the plan); ``report``: the step's
+    :class:`fxmem.Report` (traced with the plan, if any)."""
 
     per_device_train_batch_size: int
     gradient_accumulation_steps: int
@@ -380,46 +390,73 @@ def batch_size_for(model, args, example_batch, budget_bytes: int | None = None, 
         return TrainerFit(b, k, report(k).peak_bytes(b), most.budget_bytes, most.by, None,
                           report(k))
 
-    def planned(k, choice):
-        return TrainerFit(choice.B, k, choice.peak_bytes, _live_budget(budget), "live", choice,
-                          choice.report)
+    live = _live_budget(budget) if budget_bytes is not None or gpu is not None else None
+    mr = 1.0 if max_recompute is None else max_recompute
+
+    def planned(k, b=None):
+        """The plan for micro-batch ``b`` (None: the largest batch with one), confirmed by
+        tracing the step with it (a plan's derived peak can differ from its traced one, and
+        PyTorch may refuse to re-run a selective plan): a :class:`TrainerFit` or None."""
+        r = report(k)
+        if b is not None and b < r.min_batch_size:
+            return None
+        for kinds in (None, ("module", "group")):  # then without selective plans
+            try:
+                choice = r.max_batch_size(live, max_recompute=mr, kinds=kinds) if b is None \
+                    else r.plan_for(live, b, kinds=kinds)
+            except InfeasibleBudgetError:
+                return None
+            if b is not None and choice.recompute_fraction > mr:
+                return None
+            try:
+                traced = step.analyze(grad_accum=k, checkpoint=choice.plan, retrace=True)
+            except TraceError:
+                continue
+            most = _most(traced, dict(budget_bytes=live, by="live"))
+            if most is not None and (b is None or most >= b):
+                got = int(most) if b is None else b
+                return TrainerFit(got, k, traced.peak_bytes(got), live, "live", choice, traced)
+        return None
+
+    def infeasible(k, what):
+        r = report(k)
+        least = r.frontier(r.min_batch_size)[-1].peak_bytes
+        raise InfeasibleBudgetError(
+            f"{what} fits {live:,} B: the smallest peak any checkpoint plan reaches at "
+            f"B={r.min_batch_size} is {least:,} B (derived; plans are confirmed by tracing)",
+            minimum_bytes=least)
 
     if target_batch_size is None:
         k = args.gradient_accumulation_steps
         most = None if max_recompute is not None else _most(report(k), budget)
         if most is not None:
             return plain(k, int(most), most)
-        return planned(k, report(k).max_batch_size(
-            _live_budget(budget), max_recompute=1.0 if max_recompute is None else max_recompute))
+        if live is None:
+            raise InputError("give budget_bytes (or gpu=)")
+        return planned(k) or infeasible(k, f"no batch size, with or without a plan re-running "
+                                           f"at most {mr:.0%} of the step,")
     t = target_batch_size
     divisors = [k for k in range(1, t + 1) if t % k == 0]
 
     def search(with_plans: bool):
         for k in divisors:  # every micro-batch after the first sees the gradients: k >= 2 alike
             b, r = t // k, report(min(k, 2))
+            if b < r.min_batch_size:
+                continue
             most = _most(r, budget)
             if most is not None and most >= b:
                 return plain(k, b, _most(report(k), budget))
-            if not with_plans:
-                continue
-            try:
-                choice = r.plan_for(_live_budget(budget), b)
-            except InfeasibleBudgetError:
-                continue
-            if max_recompute is None or choice.recompute_fraction <= max_recompute:
-                return planned(k, report(k).plan_for(_live_budget(budget), b) if k > 2 else choice)
+            if with_plans and (found := planned(k, b)) is not None:
+                return found
         return None
 
-    found = search(max_recompute is not None) or (search(True) if max_recompute is None
-                                                   else None)
-    if found is None:  # say why, with the smallest peak any plan reaches
-        least = report(min(t, 2)).frontier(1)[-1].peak_bytes
-        why = f"even micro-batches of one peak at {least:,} B with any checkpoint plan" \
-            if least > _live_budget(budget) else \
-            f"only plans re-running more than {max_recompute:.0%} of the step fit it"
-        raise InfeasibleBudgetError(f"no batch of {t} per optimizer step fits "
-                                    f"{_live_budget(budget):,} B: {why}", minimum_bytes=least)
-    return found
+    found = None if max_recompute is not None else search(False)
+    if found is None:
+        if live is None:
+            raise InputError("give budget_bytes (or gpu=)")
+        found = search(True)
+    return found or infeasible(min(t, 2), f"no effective batch of {t} (micro-batches of a "
+                                          f"divisor of it, plans re-running at most {mr:.0%})")
 
 
 def _live_budget(budget: dict) -> int:
@@ -427,8 +464,6 @@ def _live_budget(budget: dict) -> int:
     budget, or the card's usable memory when given by ``gpu``."""
     if budget["budget_bytes"] is not None:
         return budget["budget_bytes"]
-    if budget["gpu"] is None:
-        raise InputError("give budget_bytes (or gpu=)")
     from ..device.gpus import gpu as lookup
 
     return lookup(budget["gpu"]).usable_bytes(budget["context_bytes"])
