@@ -156,6 +156,12 @@ def test_weight_decay_groups_leave_the_cuda_prediction_unchanged(tmp_path):
         during = [max(p.live_bytes for p in r.timeline(b) if p.phase == "optimizer")
                   for r in (one, two)]
         assert during[0] == during[1], b
+    # without a GPU the CUDA step is measured on the CPU, with the Trainer's CPU optimizer
+    # (clip_grad_norm_'s foreach norms are CUDA's)
+    if not torch.cuda.is_available():
+        cpu = hf.trainer_step(model, args, BATCH, device="cpu")
+        assert step.measure(3).peak_bytes == cpu.measure(3).peak_bytes == \
+            cpu.analyze().peak_bytes(3)
 
 
 def test_target_batch_size_takes_the_fewest_accumulation_steps(tmp_path):

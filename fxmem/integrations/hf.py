@@ -231,6 +231,7 @@ class TrainerStep:
     batch_dim: tuple
     checkpointing: tuple = (False, {})  # (on, kwargs) as the Trainer enables it
     model: torch.nn.Module = field(default=None, repr=False)
+    args: object = field(default=None, repr=False)  # the TrainingArguments
 
     @contextlib.contextmanager
     def prepared(self):
@@ -268,10 +269,13 @@ class TrainerStep:
                            **options)
 
     def measure(self, B: int, **options):  # noqa: N803
-        """:func:`fxmem.measure` of this step at batch size ``B`` (on the CPU unless the
-        step's device is ``"cuda"`` and one is here)."""
-        step = self.step if options.pop("device", self.step.device) == "cuda" and \
-            torch.cuda.is_available() else Step.of(self.step, device="cpu")
+        """:func:`fxmem.measure` of this step at batch size ``B``: on the CPU (the
+        optimizer as the Trainer builds it there), or on CUDA when the step's device is
+        ``"cuda"`` and one is here."""
+        step = self.step
+        if step.device != "cuda" or not torch.cuda.is_available():
+            step = Step.of(step, device="cpu",
+                           optimizer=trainer_optimizer(self.args, self.model, "cpu"))
         with self.prepared():
             return measure(self.module, self.inputs, step=step, batch_dim=self.batch_dim,
                            B=B, **options)
@@ -300,7 +304,7 @@ def trainer_step(model, args, example_batch, *, device: str = "cuda") -> Trainer
     step = Step(optimizer=trainer_optimizer(args, model, device), device=device, amp=amp,
                 grad_accum=args.gradient_accumulation_steps, set_to_none=True)
     return TrainerStep(TrainerBatch(model, keys, num_items, amp is not None), inputs, step,
-                       dims, _checkpointing(args), model)
+                       dims, _checkpointing(args), model, args)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils._pytree import tree_leaves
 
+from ..errors import FxmemError
 from ..trace.tracking import StorageTracker
 
 try:
@@ -81,7 +82,10 @@ class FxmemCallback(TrainerCallback):
         report = p if callable(getattr(p, "peak_bytes", None)) else p.report
         if b is None:
             return None if report is p else p.peak_bytes
-        return int(report.peak_bytes(b))
+        try:
+            return int(report.peak_bytes(b))
+        except FxmemError:  # a batch size the formula does not hold at: no prediction
+            return None
 
     # Trainer events ------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, **kwargs):
