@@ -197,6 +197,19 @@ def test_below_a_batch_of_one_a_checkpoint_plan(tmp_path):
     assert again.measure(fit.per_device_train_batch_size).peak_bytes == fit.peak_bytes
 
 
+def test_callback_leaves_no_tracker_behind(tmp_path):
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    model, callback = gpt2(), hf.FxmemCallback(123)
+    state = transformers.TrainerState()
+    state.global_step = 1
+    callback.on_train_begin(None, state, None, model=model)
+    callback.on_step_begin(None, state, None, model=model, optimizer=None)
+    assert _get_current_dispatch_mode() is callback._tracker is not None
+    callback.close()  # a step that raised: the Trainer calls no on_step_end
+    assert _get_current_dispatch_mode() is None and not model._forward_pre_hooks
+
+
 @pytest.mark.parametrize("options,message", [
     (dict(torch_compile=True), "torch_compile=True"),
     (dict(optim="adamw_bnb_8bit"), "optim='adamw_bnb_8bit'"),

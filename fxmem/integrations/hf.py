@@ -26,7 +26,8 @@ The step is the one the Trainer runs (``transformers/trainer.py``, ``training_st
   then copied to float32 as accelerate's ``convert_outputs_to_fp32`` does, and with ``fp16``
   a GradScaler;
 - ``gradient_accumulation_steps`` micro-batches before the step, the loss divided by their
-  number when the model does not normalise it with ``num_items_in_batch``;
+  number when the model does not normalise it with ``num_items_in_batch``; all of them
+  fetched before the first and held to the step's end, as ``get_batch_samples`` does;
 - ``gradient_checkpointing`` (``activation_checkpointing``): the model traced with
   ``activation_checkpointing_enable`` applied as the Trainer applies it (undone afterwards);
 - zero_grad with ``set_to_none=True`` (``model.zero_grad()``), the model in train mode.
@@ -221,8 +222,8 @@ def _batch(example_batch) -> tuple:
 @dataclass(frozen=True)
 class TrainerStep:
     """The Trainer's training step as fxmem runs it: ``module`` (the model called as the
-    Trainer calls it, :class:`TrainerBatch`), its example ``inputs``, the :class:`fxmem.Step`
-    and ``batch_dim``. :meth:`analyze` and :meth:`measure` run it with the model in train
+    Trainer calls it, :class:`TrainerBatch`), its example ``inputs`` (one micro-batch:
+    :meth:`batch` gives a step's), the :class:`fxmem.Step` and ``batch_dim``. :meth:`analyze` and :meth:`measure` run it with the model in train
     mode and the Trainer's checkpointing applied, both undone afterwards."""
 
     module: torch.nn.Module
@@ -261,12 +262,20 @@ class TrainerStep:
             for m, mode in modes:
                 m.training = mode
 
+    def batch(self, k: int) -> tuple:
+        """``(inputs, batch_dim)`` of a step of ``k`` micro-batches: the Trainer fetches all
+        of them before the first (``get_batch_samples``) and holds them to the step's end,
+        so the ``k - 1`` others are inputs the model is not called with (:class:`TrainerBatch`
+        uses the first ones)."""
+        n = len(self.module.keys)
+        return self.inputs + self.inputs[:n] * (k - 1), self.batch_dim + (0,) * (n * (k - 1))
+
     def analyze(self, **options):
         """:func:`fxmem.analyze` of this step (``options``: its keywords, e.g.
         ``grad_accum=4``)."""
+        inputs, dims = self.batch(options.get("grad_accum", self.step.grad_accum))
         with self.prepared():
-            return analyze(self.module, self.inputs, step=self.step, batch_dim=self.batch_dim,
-                           **options)
+            return analyze(self.module, inputs, step=self.step, batch_dim=dims, **options)
 
     def measure(self, B: int, **options):  # noqa: N803
         """:func:`fxmem.measure` of this step at batch size ``B``: on the CPU (the
@@ -276,9 +285,9 @@ class TrainerStep:
         if step.device != "cuda" or not torch.cuda.is_available():
             step = Step.of(step, device="cpu",
                            optimizer=trainer_optimizer(self.args, self.model, "cpu"))
+        inputs, dims = self.batch(options.get("grad_accum", self.step.grad_accum))
         with self.prepared():
-            return measure(self.module, self.inputs, step=step, batch_dim=self.batch_dim,
-                           B=B, **options)
+            return measure(self.module, inputs, step=step, batch_dim=dims, B=B, **options)
 
 
 def trainer_step(model, args, example_batch, *, device: str = "cuda") -> TrainerStep:
