@@ -172,7 +172,7 @@ def test_target_batch_size_takes_the_fewest_accumulation_steps(tmp_path):
     fit = hf.batch_size_for(model, args, BATCH, budget, device="cpu", target_batch_size=12)
     k = fit.gradient_accumulation_steps
     assert fit.effective_batch_size == 12 and k > 1 and fit.report.grad_accum == k
-    assert fit.peak_bytes == step.analyze(grad_accum=k).peak_bytes(12 // k) <= budget
+    assert fit.peak_bytes == fit.report.peak_bytes(12 // k) <= budget
     for fewer in range(1, k):  # every smaller divisor's micro-batch is over the budget
         if 12 % fewer == 0:
             assert step.analyze(grad_accum=fewer).peak_bytes(12 // fewer) > budget
@@ -301,3 +301,8 @@ def test_accelerate_fallback_is_kept_on_a_real_oom():
 def test_accelerate_drop_in_refuses_a_budget_without_prediction():
     with pytest.raises(fxmem.InputError, match="need a prediction"):
         find_executable_batch_size(lambda batch_size: 0, budget_bytes=10**9)
+    if not torch.cuda.is_available():
+        report = fxmem.analyze(torch.nn.Linear(4, 4), torch.randn(2, 4), loss=lambda o: o.sum(),
+                               device="cpu")
+        with pytest.raises(fxmem.InputError, match="give budget_bytes"):
+            find_executable_batch_size(lambda batch_size: 0, prediction=report)

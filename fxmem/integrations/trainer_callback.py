@@ -54,7 +54,7 @@ class FxmemCallback(TrainerCallback):
     Each step's :class:`StepMemory` is kept in :attr:`steps`; at each of the Trainer's log
     calls the last one is added to the logged dict and to ``state.log_history`` as
     ``fxmem_batch_size``, ``fxmem_predicted_peak_bytes`` and ``fxmem_measured_peak_bytes``
-    (reporting callbacks the Trainer calls before this one, such as wandb's, do not see
+    (those known; reporting callbacks the Trainer calls before this one, such as wandb's, do not see
     them). ``cpu_steps``: how many steps after the first to measure on the CPU.
 
     >>> cb = FxmemCallback(123_456)
@@ -135,6 +135,7 @@ class FxmemCallback(TrainerCallback):
         extra = {"fxmem_batch_size": last.batch_size,
                  "fxmem_predicted_peak_bytes": last.predicted_peak_bytes,
                  "fxmem_measured_peak_bytes": last.measured_peak_bytes}
+        extra = {k: v for k, v in extra.items() if v is not None}  # reporters take numbers
         logs.update(extra)
         if state.log_history and state.log_history[-1].get("step") == state.global_step:
             state.log_history[-1].update(extra)
