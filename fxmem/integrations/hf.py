@@ -452,13 +452,17 @@ def batch_size_for(model, args, example_batch, budget_bytes: int | None = None, 
     divisors = [k for k in range(1, t + 1) if t % k == 0]
 
     def search(with_plans: bool):
-        for k in divisors:  # every micro-batch after the first sees the gradients: k >= 2 alike
+        for k in divisors:
+            # k >= 2: the micro-batches after the first see the gradients, and the step holds
+            # all k batches, so a batch over the budget with 2 is over it with more
             b, r = t // k, report(min(k, 2))
             if b < r.min_batch_size:
                 continue
             most = _most(r, budget)
             if most is not None and most >= b:
-                return plain(k, b, _most(report(k), budget))
+                most = _most(report(k), budget)
+                if most is not None and most >= b:
+                    return plain(k, b, most)
             if with_plans and (found := planned(k, b)) is not None:
                 return found
         return None
