@@ -27,6 +27,8 @@ The pipeline, one folder per stage, each importing only the ones above it in thi
 - :mod:`fxmem.validate`    ground truth: :func:`measure` (a real eager step; a data-parallel
   one in several processes, :mod:`fxmem.validate.distributed`), the zoo, the harness, and
   where a missed case parts ways with the prediction;
+- :mod:`fxmem.integrations`  the Hugging Face Trainer and accelerate's batch-size finder,
+  imported only when used;
 - :mod:`fxmem.cli`         the ``fxmem`` command.
 
 The public API is ``fxmem.__all__`` below and the command; every module is importable but

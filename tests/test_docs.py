@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCTEST_PAGES = ("index.md", "concepts.md", "distributed.md")  # pages whose ```pycon blocks are doctests
+DOCTEST_PAGES = ("index.md", "concepts.md", "distributed.md", "integrations.md")  # pages whose ```pycon blocks are doctests
 
 
 def _load_gallery():

@@ -25,6 +25,7 @@ LAYERS = (
     {"report"},  # the Report and its renderers
     {"analyze", "whatif"},  # the pipeline in one call
     {"validate"},  # ground truth: measure, the zoo, the harness
+    {"integrations"},  # the Hugging Face Trainer, accelerate (imported only when used)
     {"cli"},  # the command
 )
 MAX_LINES = 600
