@@ -201,6 +201,7 @@ class Planner:
                                  (sc.last_op + 1, sc.recompute_at)))
         self._step = Size.of(report.flop_count.total)
         self._peaks: dict = {}
+        self._problems: dict = {}
 
     # numbers -----------------------------------------------------------------------------
     def step_flops(self, b: int) -> int:
@@ -223,7 +224,14 @@ class Planner:
         """The chain model at ``b``. A choice releases, over its window, the least its
         derivation drops there (the model's peak is then never below the exact one, but can
         be a few bytes above it); ``optimistic``: the most, a model whose peak is never
-        above the exact one, whose answers are checked exactly."""
+        above the exact one, whose answers are checked exactly. Built once per ``(b,
+        optimistic)``."""
+        key = (b, optimistic)
+        if key not in self._problems:
+            self._problems[key] = self._problem(b, optimistic)
+        return self._problems[key]
+
+    def _problem(self, b: int, optimistic: bool) -> C.ChainProblem:
         base = self.report.liveness.timeline(b)
         n = len(self.blocks)
         weight = 1 + sum(f(b) for f, r in self._flops.values() if not r)
@@ -288,7 +296,7 @@ class Planner:
         # the chain model can put a plan a few bytes above its exact peak: the exact frontier
         fits = [p for p in self.frontier(b) if p.peak_bytes <= budget_bytes]
         if fits:
-            best = min(fits, key=lambda p: (p.recompute_flops, p.peak_bytes))
+            best = min(fits, key=lambda p: self._rank(p.plan, b))
             if max_recompute_flops is None or best.recompute_flops <= max_recompute_flops:
                 return self._choice(best.plan, b, False)
         if max_recompute_flops is not None:
