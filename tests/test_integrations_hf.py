@@ -16,6 +16,7 @@ pytest.importorskip("accelerate")
 
 from fxmem.integrations import hf  # noqa: E402
 from fxmem.integrations.accelerate import find_executable_batch_size  # noqa: E402
+from fxmem.integrations.common import clipping  # noqa: E402
 from fxmem.validate.zoo import CausalLM  # noqa: E402
 
 V = 100
@@ -147,7 +148,7 @@ def test_weight_decay_groups_leave_the_cuda_prediction_unchanged(tmp_path):
     args = training_args(tmp_path)
     step = hf.trainer_step(model, args, BATCH, device="cuda")  # foreach AdamW, per group
     cls, kw = transformers.Trainer.get_optimizer_cls_and_kwargs(args, model)
-    one_group = fxmem.Step.of(step.step, optimizer=lambda p: hf._clipping(cls, 1.0, True)(
+    one_group = fxmem.Step.of(step.step, optimizer=lambda p: clipping(cls, 1.0, True)(
         p, **kw))
     two = step.analyze()
     one = fxmem.analyze(step.module, step.inputs, step=one_group, batch_dim=step.batch_dim)

@@ -116,10 +116,45 @@ def test_sparse_gradients_are_refused():
     assert fxmem.analyze(Bag(), x, train=False).peak_bytes(4) > 0  # inference is fine
 
 
+@pytest.mark.parametrize("name", ["mlp", "resnet", "transformer_train_mode", "seed_cnn"])
+@pytest.mark.parametrize("opt", ["adam", "sgd_momentum", None])
+def test_zero_grad_before_backward_keeps_last_gradients_through_the_forward(name, opt):
+    # Lightning's closure order: training_step, zero_grad, backward
+    optim = (lambda p: OPTIMIZERS[opt](p, foreach=False)) if opt else None
+    r = _check(name, optim, zero_grad_at="backward")
+    old = [s for s in r.trace.storages if s.category == "grad" and s.created_by < 0]
+    assert old and all(s.freed_after is not None for s in old)  # freed at zero_grad
+    base = fxmem.analyze(*ZOO[name]()[:2], ZOO[name]()[2], loss=ZOO[name]()[3],
+                         optimizer=optim, device="cpu")
+    assert r.parts["grads"] == base.parts["grads"]
+    assert r.peak_bytes(13) >= base.peak_bytes(13)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_zero_grad_before_backward_through_the_cuda_allocator(k):
+    # each replayed step finds the previous step's gradients live at its start: the peak
+    # the allocator reaches is the same at every step after the first
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
+                                torch.nn.Linear(512, 256))
+    x, y, loss = torch.randn(4, 256), (), lambda o: o.sum()
+    kw = dict(loss=loss, optimizer=lambda p: O.SGD(p, lr=0.1, foreach=True), grad_accum=k)
+    late = fxmem.analyze(model, x, y, zero_grad_at="backward", **kw)
+    early = fxmem.analyze(model, x, y, **kw)
+    for b in (2, 64, 4096):
+        run = late.runs_on_device(b, 2**30)
+        assert run.fits and run.steps >= 2
+        assert run.max_allocated - late.peak_bytes(b) == \
+            early.runs_on_device(b, 2**30).max_allocated - early.peak_bytes(b)
+    if k == 1:  # the forward with all of them (with k = 2, the second forward has them anyway)
+        assert late.peak_bytes(64) > early.peak_bytes(64)
+
+
 def test_set_to_none_is_checked():
     model, x, y, loss = ZOO["mlp"]()
     with pytest.raises(fxmem.InputError, match="set_to_none"):
         fxmem.analyze(model, x, y, loss=loss, device="cpu", set_to_none="no")
+    with pytest.raises(fxmem.InputError, match="zero_grad_at must be 'start' or 'backward'"):
+        fxmem.analyze(model, x, y, loss=loss, device="cpu", zero_grad_at="end")
 
 
 @pytest.mark.parametrize("name", ["mlp", "resnet", "transformer_train_mode", "seed_cnn",

@@ -198,6 +198,10 @@ class _Replay:
         self.handles: dict = {}
         self.workspaces: list = []
         self.before = [s for s in self.storages if s.created_by < 0]
+        # what the step frees of what was there before it: the previous step's gradients
+        # under a late zero_grad (zero_grad_at="backward") are freed there and made again
+        freed = {sid for sids in self.frees for sid in sids}
+        self.remade = [s for s in self.before if s.sid in freed and s.category == "grad"]
         self.at = -1  # the op running (-1: before the first)
 
     def alloc(self, key, n):
@@ -249,8 +253,9 @@ class _Replay:
     def _first_use(self, i, op):
         ops = self.ops
         if op.phase == "optimizer" and (i == 0 or ops[i - 1].phase != "optimizer"):
+            remade = {s.sid for s in self.remade}  # this step made them already
             for s in self.before:
-                if s.sid not in self.handles:
+                if s.sid not in self.handles and s.sid not in remade:
                     self.alloc(s.sid, self.size[s.sid])
         if op.op in CUBLAS_OPS and self.ws:
             thread = "backward" if op.phase == "backward" else "main"
@@ -259,8 +264,13 @@ class _Replay:
                 self.workspaces.append((f"cuBLAS workspace ({thread} thread)", self.ws))
 
     def end_step(self):
-        """The step's leftovers (the output, set_to_none gradients) are freed."""
+        """The step's leftovers (the output, set_to_none gradients) are freed; gradients the
+        next step frees late (``zero_grad_at="backward"``) stay: the blocks of this step's are
+        taken again for them, as the same sizes are asked for right after the frees."""
         self.at = len(self.ops)
         for s in self.storages:
             if s.created_by >= 0:
                 self.free(s.sid)
+        for s in self.remade:
+            if s.sid not in self.handles:
+                self.alloc(s.sid, self.size[s.sid])

@@ -63,10 +63,11 @@ import torch
 
 from ..analyze import analyze
 from ..checkpoint.choose import PlanChoice
-from ..errors import InfeasibleBudgetError, InputError, TraceError
+from ..errors import InfeasibleBudgetError, InputError
 from ..trace.checkpointing import apply_checkpoints
 from ..trace.step import Step
 from ..validate.measure import measure
+from .common import clipping, confirmed_plan, largest, least_peak_message, live_budget
 from .trainer_callback import FxmemCallback  # noqa: F401 - part of this module's API
 
 
@@ -107,19 +108,6 @@ class TrainerBatch(torch.nn.Module):
         return out
 
 
-def _clipping(cls, max_norm: float, foreach):
-    """``cls`` whose ``step`` first clips the gradients of its parameters to ``max_norm``
-    (the Trainer's ``clip_grad_norm_`` before each optimizer step; on CUDA the foreach
-    norms it runs there)."""
-
-    def step(self, closure=None):
-        params = [p for g in self.param_groups for p in g["params"]]
-        torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=foreach)
-        return cls.step(self, closure)
-
-    return type(cls.__name__, (cls,), {"step": step, "__module__": cls.__module__})
-
-
 def trainer_optimizer(args, model, device: str = "cuda"):
     """``callable(params)``: the optimizer the Trainer builds for ``args`` (its class and
     keywords from ``Trainer.get_optimizer_cls_and_kwargs``), over its two parameter groups
@@ -145,7 +133,7 @@ def trainer_optimizer(args, model, device: str = "cuda"):
     decay = set(T.Trainer.get_decay_parameter_names(None, model))
     wd = args.weight_decay
     norm = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else math.inf
-    opt_cls = _clipping(cls, norm, True if device == "cuda" else None)
+    opt_cls = clipping(cls, norm, True if device == "cuda" else None)
 
     def make(params):
         params = list(params)
@@ -358,15 +346,6 @@ class TrainerFit:
         return model
 
 
-def _most(report, budget: dict):
-    """The largest B fitting (a :class:`fxmem.report.capacity.MaxBatchSize`), or None when
-    even the smallest does not."""
-    try:
-        return report.max_batch_size(**budget)
-    except InfeasibleBudgetError:
-        return None
-
-
 def batch_size_for(model, args, example_batch, budget_bytes: int | None = None, *,
                    device: str = "cuda", by: str | None = None, gpu=None,
                    context_bytes: int | None = None, target_batch_size: int | None = None,
@@ -403,45 +382,26 @@ def batch_size_for(model, args, example_batch, budget_bytes: int | None = None, 
         return TrainerFit(b, k, report(k).peak_bytes(b), most.budget_bytes, most.by, None,
                           report(k))
 
-    live = _live_budget(budget) if budget_bytes is not None or gpu is not None else None
+    live = live_budget(budget) if budget_bytes is not None or gpu is not None else None
     mr = 1.0 if max_recompute is None else max_recompute
 
     def planned(k, b=None):
         """The plan for micro-batch ``b`` (None: the largest batch with one), confirmed by
-        tracing the step with it (a plan's derived peak can differ from its traced one, and
-        PyTorch may refuse to re-run a selective plan): a :class:`TrainerFit` or None."""
-        r = report(k)
-        if b is not None and b < r.min_batch_size:
+        tracing the step with it: a :class:`TrainerFit` or None."""
+        found = confirmed_plan(report(k), lambda plan: step.analyze(
+            grad_accum=k, checkpoint=plan, retrace=True), live, mr, b)
+        if found is None:
             return None
-        for kinds in (None, ("module", "group")):  # then without selective plans
-            try:
-                choice = r.max_batch_size(live, max_recompute=mr, kinds=kinds) if b is None \
-                    else r.plan_for(live, b, kinds=kinds)
-            except InfeasibleBudgetError:
-                return None
-            if b is not None and choice.recompute_fraction > mr:
-                return None
-            try:
-                traced = step.analyze(grad_accum=k, checkpoint=choice.plan, retrace=True)
-            except TraceError:
-                continue
-            most = _most(traced, dict(budget_bytes=live, by="live"))
-            if most is not None and (b is None or most >= b):
-                got = int(most) if b is None else b
-                return TrainerFit(got, k, traced.peak_bytes(got), live, "live", choice, traced)
-        return None
+        got, choice, traced = found
+        return TrainerFit(got, k, traced.peak_bytes(got), live, "live", choice, traced)
 
     def infeasible(k, what):
-        r = report(k)
-        least = r.frontier(r.min_batch_size)[-1].peak_bytes
-        raise InfeasibleBudgetError(
-            f"{what} fits {live:,} B: the smallest peak any checkpoint plan reaches at "
-            f"B={r.min_batch_size} is {least:,} B (derived; plans are confirmed by tracing)",
-            minimum_bytes=least)
+        message, least = least_peak_message(report(k), what, live)
+        raise InfeasibleBudgetError(message, minimum_bytes=least)
 
     if target_batch_size is None:
         k = args.gradient_accumulation_steps
-        most = None if max_recompute is not None else _most(report(k), budget)
+        most = None if max_recompute is not None else largest(report(k), budget)
         if most is not None:
             return plain(k, int(most), most)
         if live is None:
@@ -458,9 +418,9 @@ def batch_size_for(model, args, example_batch, budget_bytes: int | None = None, 
             b, r = t // k, report(min(k, 2))
             if b < r.min_batch_size:
                 continue
-            most = _most(r, budget)
+            most = largest(r, budget)
             if most is not None and most >= b:
-                most = _most(report(k), budget)
+                most = largest(report(k), budget)
                 if most is not None and most >= b:
                     return plain(k, b, most)
             if with_plans and (found := planned(k, b)) is not None:
@@ -474,16 +434,6 @@ def batch_size_for(model, args, example_batch, budget_bytes: int | None = None, 
         found = search(True)
     return found or infeasible(min(t, 2), f"no effective batch of {t} (micro-batches of a "
                                           f"divisor of it, plans re-running at most {mr:.0%})")
-
-
-def _live_budget(budget: dict) -> int:
-    """The byte count a checkpoint plan must fit (plans are chosen by live bytes): the
-    budget, or the card's usable memory when given by ``gpu``."""
-    if budget["budget_bytes"] is not None:
-        return budget["budget_bytes"]
-    from ..device.gpus import gpu as lookup
-
-    return lookup(budget["gpu"]).usable_bytes(budget["context_bytes"])
 
 
 __all__ = ["batch_size_for", "trainer_step", "trainer_optimizer", "TrainerFit", "TrainerStep",

@@ -13,37 +13,15 @@ until it is freed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-from torch.utils._pytree import tree_leaves
 
 from ..errors import FxmemError
-from ..trace.tracking import StorageTracker
+from .common import StepMemory, cpu_tracker, tensors_in, tracked_peak
 
 try:
     from transformers import TrainerCallback
 except ImportError:  # the class still imports; the Trainer needs transformers anyway
     TrainerCallback = object
-
-
-@dataclass(frozen=True)
-class StepMemory:
-    """One optimizer step of a Trainer run: its ``global_step`` (1 for the first),
-    ``batch_size`` (dim 0 of the batch the model was called with), fxmem's
-    ``predicted_peak_bytes`` at that batch size and the ``measured_peak_bytes`` (None when
-    the step was not measured), ``how`` it was measured (``"cuda max_memory_allocated"``,
-    ``"cpu live bytes"``)."""
-
-    global_step: int
-    batch_size: int | None
-    predicted_peak_bytes: int | None
-    measured_peak_bytes: int | None
-    how: str
-
-
-def _tensors(obj) -> list:
-    return [x for x in tree_leaves(obj) if isinstance(x, torch.Tensor)]
 
 
 class FxmemCallback(TrainerCallback):
@@ -110,13 +88,11 @@ class FxmemCallback(TrainerCallback):
         measured = sum(s.measured_peak_bytes is not None for s in self.steps)
         if state.global_step < 1 or measured >= self.cpu_steps:
             return
-        tracker = self._tracker = StorageTracker()
         opt = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper
-        state_tensors = _tensors(opt.state) if opt is not None else []
-        for t in [*model.parameters(), *model.buffers(), *state_tensors,
-                  *(p.grad for p in model.parameters() if p.grad is not None)]:
-            tracker.register(t)
-        tracker.__enter__()
+        state_tensors = tensors_in(opt.state) if opt is not None else []
+        self._tracker = cpu_tracker([
+            *model.parameters(), *model.buffers(), *state_tensors,
+            *(p.grad for p in model.parameters() if p.grad is not None)])
 
     def on_step_end(self, args, state, control, **kwargs):
         peak, how = None, "not measured"
@@ -147,15 +123,7 @@ class FxmemCallback(TrainerCallback):
     def _stop(self) -> int:
         """Leave the tracker; the step's peak from its events (as :func:`fxmem.measure`)."""
         tracker, self._tracker = self._tracker, None
-        tracker.__exit__(None, None, None)
-        tracker.close()
-        live = sum(int(s.nbytes) for s in tracker.storages if s.created_by < 0)
-        peak = live
-        for ev in tracker.events:
-            n = int(tracker.storages[ev.sid].nbytes)
-            live += n if ev.kind == "alloc" else -n
-            peak = max(peak, live)
-        return peak
+        return tracked_peak(tracker)
 
     def close(self) -> None:
         """Remove the hook and leave a tracker still active (a step that raised)."""

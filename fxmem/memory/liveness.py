@@ -320,10 +320,14 @@ _PART_OF = {"param": "params", "buffer": "buffers", "input": "inputs", "grad": "
 
 
 def parts_of(lv: Liveness) -> dict:
-    """Bytes by part, as sympy expressions in B (device sizes)."""
+    """Bytes by part, as sympy expressions in B (device sizes). The previous step's
+    gradients that a late zero_grad frees (``zero_grad_at="backward"``) are the ones the
+    step makes again: counted once."""
     out = {p: sympy.Integer(0) for p in PARTS}
     for s, size in zip(lv.graph.storages, lv.sizes):
         p = _PART_OF.get(s.category)
+        if p == "grads" and s.created_by < 0 and s.freed_after is not None:
+            continue
         if p is not None:
             out[p] += size.expr
     return out

@@ -13,6 +13,12 @@ variable beyond the loss computation)::
         scaler.scale(loss).backward()          # with a GradScaler; else loss.backward()
     scaler.step(optimizer); scaler.update()    # with a GradScaler; else optimizer.step()
 
+With ``zero_grad_at="backward"`` the ``zero_grad`` moves to just before the first backward,
+after the first micro-batch's forward, as Lightning's automatic optimization runs it (its
+closure: ``training_step``, ``zero_grad``, ``backward``;
+``lightning/pytorch/loops/optimization/automatic.py``): the previous step's gradients are
+live through that forward.
+
 An inference step is ``out = model(*inputs)`` under ``torch.no_grad()`` (or
 ``torch.inference_mode()``); ``out`` is kept.
 """
@@ -63,6 +69,9 @@ class Step:
     does (:attr:`scaled`).
     ``compute_capability``: the GPU whose kernels ``device="cuda"`` follows,
     ``(major, minor)`` or a number such as ``8.0`` (default ``(9, 0)``, an H100).
+    ``zero_grad_at``: ``"start"`` (before the first forward) or ``"backward"`` (after the
+    first micro-batch's forward, before its backward: Lightning's order, the previous step's
+    gradients live through that forward).
 
     >>> import torch
     >>> s = Step(optimizer=torch.optim.AdamW, amp=torch.float16)
@@ -86,6 +95,7 @@ class Step:
     amp: Any = None
     grad_scaler: bool | None = None
     compute_capability: tuple = (9, 0)
+    zero_grad_at: str = "start"
 
     def __post_init__(self):
         from .cuda.kernels import check_capability
@@ -111,6 +121,9 @@ class Step:
             raise InputError("train=False runs no backward pass, so no optimizer step")
         if not isinstance(self.set_to_none, bool):
             raise InputError(f"set_to_none must be True or False, got {self.set_to_none!r}")
+        if self.zero_grad_at not in ("start", "backward"):
+            raise InputError(f"zero_grad_at must be 'start' or 'backward', got "
+                             f"{self.zero_grad_at!r}")
         g = self.grad_accum
         if isinstance(g, bool) or not isinstance(g, int) or g < 1:
             raise InputError(f"grad_accum must be a positive int, got {g!r}")
@@ -392,13 +405,20 @@ def check_optimizer(spec: StepSpec, optimizer) -> None:
 
 def _closure_step(forward, spec, inputs, targets, optimizer, on_phase):
     """``optimizer.step(closure)``, the closure being the usual zero_grad, forward, loss and
-    backward; each evaluation goes through the phases again."""
+    backward (``zero_grad_at="backward"``: forward, loss, zero_grad, backward, as
+    Lightning's closure); each evaluation goes through the phases again."""
+    late = spec.zero_grad_at == "backward"
+
     def closure():
-        on_phase("zero_grad")
-        optimizer.zero_grad(set_to_none=spec.set_to_none)
+        if not late:
+            on_phase("zero_grad")
+            optimizer.zero_grad(set_to_none=spec.set_to_none)
         on_phase("forward")
         with _autocast(spec, inputs):
             loss = compute_loss(forward(*inputs), targets, spec.loss)
+        if late:
+            on_phase("zero_grad")
+            optimizer.zero_grad(set_to_none=spec.set_to_none)
         on_phase("backward")
         loss.backward()
         on_phase("optimizer")
@@ -431,21 +451,28 @@ def run_step(forward: Callable, spec: StepSpec, inputs: Sequence, targets: Seque
         return out
     if needs_closure(optimizer):
         return _closure_step(forward, spec, inputs, targets, optimizer, on_phase)
-    on_phase("zero_grad")
-    if optimizer is not None:
-        optimizer.zero_grad(set_to_none=spec.set_to_none)
-    else:
-        for p in params:
-            if spec.set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.zero_()
-    for _ in range(spec.grad_accum if micro_steps is None else micro_steps):
+    def zero_grad():
+        on_phase("zero_grad")
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=spec.set_to_none)
+        else:
+            for p in params:
+                if spec.set_to_none:
+                    p.grad = None
+                elif p.grad is not None:
+                    p.grad.zero_()
+
+    late = spec.zero_grad_at == "backward"
+    if not late:
+        zero_grad()
+    for i in range(spec.grad_accum if micro_steps is None else micro_steps):
         on_phase("forward")
         with _autocast(spec, inputs):
             loss = compute_loss(forward(*inputs), targets, spec.loss)
         if spec.grad_accum > 1:
             loss = loss / spec.grad_accum
+        if late and i == 0:
+            zero_grad()
         on_phase("backward")
         if scaler is not None:
             scaler.scale(loss).backward()

@@ -344,7 +344,9 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
         rec.register_named(p, "param", user_path(n))
     # steady state: the previous step left every gradient allocated (set_to_none=False),
     # and the buffers its forward assigned; an unrecorded step first makes them
-    warm = warm_up or prepared or spec.train and not spec.set_to_none
+    # (zero_grad_at="backward": the previous step's gradients live until the first backward)
+    kept_grads = spec.train and (not spec.set_to_none or spec.zero_grad_at == "backward")
+    warm = warm_up or prepared or kept_grads
     for n, b in fbufs.items() if not warm else ():  # else: those the warm-up leaves
         rec.register_named(b, "buffer", user_path(n))
     for i, t in enumerate(fins):
@@ -482,7 +484,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
         return run
 
     reuse = None
-    if (reuse_blocks and not plan and spec.grad_accum == 1 and (spec.set_to_none or not spec.train)
+    if (reuse_blocks and not plan and spec.grad_accum == 1 and not kept_grads
             and not needs_closure(opt) and not warm_up):
         runs = find_runs(model)
         if runs:
@@ -508,7 +510,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
             for n, p in fparams.items() if prepared else ():
                 rec.register_named(p, "param", user_path(n))
             for n, p in fparams.items():
-                if p.grad is not None and not spec.set_to_none:
+                if p.grad is not None and kept_grads:
                     rec.register_named(p.grad, "grad", user_path(n))
                 elif kept is not None:  # as the step's zero_grad will (not the wrapper's)
                     p.grad = None

@@ -96,8 +96,9 @@ def _tensors(obj) -> list:
 
 
 def _steady_grads(spec, params) -> None:
-    """Gradients as the previous step leaves them: gone, unless ``set_to_none=False``."""
-    if spec.set_to_none:
+    """Gradients as the previous step leaves them: gone, unless ``set_to_none=False`` or
+    the step zeroes them late (``zero_grad_at="backward"``)."""
+    if spec.set_to_none and spec.zero_grad_at == "start":
         for p in params:
             p.grad = None
 
@@ -240,6 +241,7 @@ def _measure_cpu(model, spec, ins, tgs, params, opt, B, device, scaler, kept=Non
         tracker.register(t)
     if offload:  # the shards, their gradients and optimizer state: host memory
         tracker.host |= {tracker.register(t)[0] for t in [*params, *_tensors(state), *grads]}
+    del grads, t  # a late zero_grad (zero_grad_at="backward") frees the gradients mid-step
     if kept is not None:
         for st in kept.left([*params, *model.buffers()]):
             tracker.register(st)
