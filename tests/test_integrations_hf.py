@@ -81,13 +81,12 @@ def test_trainer_trains_at_the_answer_and_its_peak_is_measured(tmp_path):
     assert [s.predicted_peak_bytes for s in callback.steps] == [fit.peak_bytes] * 3
     measured = [s.measured_peak_bytes for s in callback.steps]
     assert measured[0] is None  # the first step makes the optimizer state
-    # the Trainer's real steps, tracked live: one float32 scalar above the prediction,
-    # accelerate's `loss / gradient_accumulation_steps` copy held through backward
-    # (Accelerator.backward), which the mirrored step does not make
-    assert measured[1:] == [fit.peak_bytes + 4] * 2
+    # the Trainer's real steps, tracked live, equal to the byte (accelerate's `loss / 1`
+    # copy held through backward included: Accelerator.backward)
+    assert measured[1:] == [fit.peak_bytes] * 2
     logged = [h for h in trainer.state.log_history if "fxmem_predicted_peak_bytes" in h]
     assert logged and logged[0]["fxmem_batch_size"] == 5
-    assert logged[-1]["fxmem_measured_peak_bytes"] == fit.peak_bytes + 4
+    assert logged[-1]["fxmem_measured_peak_bytes"] == fit.peak_bytes
 
 
 @pytest.mark.parametrize("options", [

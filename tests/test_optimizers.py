@@ -149,6 +149,19 @@ def test_zero_grad_before_backward_through_the_cuda_allocator(k):
         assert late.peak_bytes(64) > early.peak_bytes(64)
 
 
+@pytest.mark.parametrize("name", ["mlp", "transformer_train_mode"])
+@pytest.mark.parametrize("k", [1, 2])
+def test_backward_on_a_copy_of_the_loss(name, k):
+    # accelerate's Accelerator.backward: loss / gradient_accumulation_steps, held through
+    # backward beside the loss
+    r = _check(name, lambda p: O.AdamW(p, foreach=False), backward_copy=True, grad_accum=k)
+    base = fxmem.analyze(*ZOO[name]()[:2], ZOO[name]()[2], loss=ZOO[name]()[3],
+                         optimizer=lambda p: O.AdamW(p, foreach=False), device="cpu",
+                         grad_accum=k)
+    copies = [op for op in r.trace.ops if op.phase == "backward" and op.op == "aten.div.Tensor"]
+    assert len(copies) >= k and r.peak_bytes(13) >= base.peak_bytes(13)
+
+
 def test_set_to_none_is_checked():
     model, x, y, loss = ZOO["mlp"]()
     with pytest.raises(fxmem.InputError, match="set_to_none"):

@@ -30,6 +30,9 @@ The step is the one the Trainer runs (``transformers/trainer.py``, ``training_st
   fetched before the first and held to the step's end, as ``get_batch_samples`` does;
 - ``gradient_checkpointing`` (``activation_checkpointing``): the model traced with
   ``activation_checkpointing_enable`` applied as the Trainer applies it (undone afterwards);
+- the loss divided by the accumulation steps when the model does not normalise it (by 1
+  too), and backward on accelerate's copy of it (``Accelerator.backward``: ``loss / 1``
+  under the Trainer, held through backward);
 - zero_grad with ``set_to_none=True`` (``model.zero_grad()``), the model in train mode.
 
 ``torch_compile``, DeepSpeed and FSDP are refused with a clear error (FSDP: analyse with
@@ -89,11 +92,18 @@ class TrainerBatch(torch.nn.Module):
     """The model called as the Trainer calls it: ``model(**batch)``, the batch's tensors
     given positionally in ``keys`` order (fxmem's inputs), ``num_items_in_batch`` as a
     keyword when the model takes loss keywords, and with ``amp`` the output's float16 and
-    bfloat16 tensors copied to float32 (accelerate's ``convert_outputs_to_fp32``)."""
+    bfloat16 tensors copied to float32 (accelerate's ``convert_outputs_to_fp32``).
+
+    The loss's divisions before backward: ``training_step`` divides it by the accumulation
+    steps when the model does not normalise it with ``num_items_in_batch``, by 1 too, a new
+    tensor: with ``accum`` > 1 fxmem's ``loss / grad_accum`` stands for it, with 1 the
+    output's ``loss`` is replaced by ``loss / 1`` here. (``Accelerator.backward``'s copy
+    is the step's ``backward_copy``.)"""
 
     def __init__(self, model, keys, num_items: bool = False, amp: bool = False):
         super().__init__()
         self.model, self.keys, self.num_items, self.amp = model, tuple(keys), num_items, amp
+        self.accum = 1  # the step's micro-batches (TrainerStep sets it)
 
     def forward(self, *tensors):
         n = len(self.keys)
@@ -105,6 +115,8 @@ class TrainerBatch(torch.nn.Module):
             from accelerate.utils.operations import convert_to_fp32
 
             out = convert_to_fp32(out)
+        if not self.num_items and self.accum == 1 and getattr(out, "loss", None) is not None:
+            out["loss"] = out["loss"] / 1
         return out
 
 
@@ -261,7 +273,9 @@ class TrainerStep:
     def analyze(self, **options):
         """:func:`fxmem.analyze` of this step (``options``: its keywords, e.g.
         ``grad_accum=4``)."""
-        inputs, dims = self.batch(options.get("grad_accum", self.step.grad_accum))
+        k = options.get("grad_accum", self.step.grad_accum)
+        inputs, dims = self.batch(k)
+        self.module.accum = k
         with self.prepared():
             return analyze(self.module, inputs, step=self.step, batch_dim=dims, **options)
 
@@ -273,7 +287,9 @@ class TrainerStep:
         if step.device != "cuda" or not torch.cuda.is_available():
             step = Step.of(step, device="cpu",
                            optimizer=trainer_optimizer(self.args, self.model, "cpu"))
-        inputs, dims = self.batch(options.get("grad_accum", self.step.grad_accum))
+        k = options.get("grad_accum", self.step.grad_accum)
+        inputs, dims = self.batch(k)
+        self.module.accum = k
         with self.prepared():
             return measure(self.module, inputs, step=step, batch_dim=dims, B=B, **options)
 
@@ -299,7 +315,8 @@ def trainer_step(model, args, example_batch, *, device: str = "cuda") -> Trainer
         inputs += (labels[..., 1:].ne(-100).sum().to(torch.float32),)
         dims += (None,)
     step = Step(optimizer=trainer_optimizer(args, model, device), device=device, amp=amp,
-                grad_accum=args.gradient_accumulation_steps, set_to_none=True)
+                grad_accum=args.gradient_accumulation_steps, set_to_none=True,
+                backward_copy=True)
     return TrainerStep(TrainerBatch(model, keys, num_items, amp is not None), inputs, step,
                        dims, _checkpointing(args), model, args)
 

@@ -71,7 +71,10 @@ class Step:
     ``(major, minor)`` or a number such as ``8.0`` (default ``(9, 0)``, an H100).
     ``zero_grad_at``: ``"start"`` (before the first forward) or ``"backward"`` (after the
     first micro-batch's forward, before its backward: Lightning's order, the previous step's
-    gradients live through that forward).
+    gradients live through that forward). ``backward_copy=True``: backward runs on a new
+    tensor, ``loss / 1``, freed after it, the loss kept (accelerate's
+    ``Accelerator.backward``, which divides by its own accumulation steps, 1 under the
+    Hugging Face Trainer).
 
     >>> import torch
     >>> s = Step(optimizer=torch.optim.AdamW, amp=torch.float16)
@@ -96,6 +99,7 @@ class Step:
     grad_scaler: bool | None = None
     compute_capability: tuple = (9, 0)
     zero_grad_at: str = "start"
+    backward_copy: bool = False
 
     def __post_init__(self):
         from .cuda.kernels import check_capability
@@ -121,6 +125,8 @@ class Step:
             raise InputError("train=False runs no backward pass, so no optimizer step")
         if not isinstance(self.set_to_none, bool):
             raise InputError(f"set_to_none must be True or False, got {self.set_to_none!r}")
+        if not isinstance(self.backward_copy, bool):
+            raise InputError(f"backward_copy must be True or False, got {self.backward_copy!r}")
         if self.zero_grad_at not in ("start", "backward"):
             raise InputError(f"zero_grad_at must be 'start' or 'backward', got "
                              f"{self.zero_grad_at!r}")
@@ -420,7 +426,7 @@ def _closure_step(forward, spec, inputs, targets, optimizer, on_phase):
             on_phase("zero_grad")
             optimizer.zero_grad(set_to_none=spec.set_to_none)
         on_phase("backward")
-        loss.backward()
+        _backward(loss / 1 if spec.backward_copy else loss, None)
         on_phase("optimizer")
         return loss
 
@@ -435,6 +441,13 @@ def _autocast(spec: StepSpec, inputs: Sequence):
     if spec.amp is None:
         return contextlib.nullcontext()
     return torch.autocast(inputs[0].device.type, dtype=spec.amp)
+
+
+def _backward(loss, scaler) -> None:
+    if scaler is not None:
+        scaler.scale(loss).backward()
+    else:
+        loss.backward()
 
 
 def run_step(forward: Callable, spec: StepSpec, inputs: Sequence, targets: Sequence,
@@ -474,10 +487,7 @@ def run_step(forward: Callable, spec: StepSpec, inputs: Sequence, targets: Seque
         if late and i == 0:
             zero_grad()
         on_phase("backward")
-        if scaler is not None:
-            scaler.scale(loss).backward()
-        else:
-            loss.backward()
+        _backward(loss / 1 if spec.backward_copy else loss, scaler)
     on_phase("optimizer")
     if optimizer is not None and scaler is not None:
         scaler.step(optimizer)
