@@ -111,7 +111,22 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
                            batch_dim=batch_dim)
         t = derive(t, plan)
     lv = liveness(build_graph(t))
-    return Report(lv, parts_of(lv), t.guards)
+    if plan:
+        return Report(lv, parts_of(lv), t.guards)
+    modes = [(m, m.training) for m in model.modules()]
+
+    def again(plan):  # the planner's confirmation: this step traced with ``plan``, the
+        now = [(m, m.training) for m, _ in modes]  # modules in the modes they had here
+        try:
+            for m, mode in modes:
+                m.training = mode
+            return analyze(model, inputs, targets, step=step, checkpoint=plan, retrace=True,
+                           batch_hint=batch_hint, reuse_blocks=reuse_blocks,
+                           batch_dim=batch_dim)
+        finally:
+            for m, mode in now:
+                m.training = mode
+    return Report(lv, parts_of(lv), t.guards, retrace=again)
 
 
 def _per_rank(model, inputs, targets, step, parallel, checkpoint, batch_hint, dims,

@@ -100,3 +100,37 @@ def test_each_frontier_point_answers_its_own_peak_on_llama():
         assert got.peak_bytes <= p.peak_bytes
         assert counted(got.plan) <= counted(p.plan)
         assert got.peak_bytes == r.with_plan(got.plan).peak_bytes(8)
+
+
+def test_plans_are_confirmed_by_tracing_on_a_forward_with_a_cache():
+    # GPT-2 with use_cache=True (its default) builds a key/value cache in every forward:
+    # the planner's derived peak of a checkpointed block is not the step's, and a selective
+    # plan cannot re-run (PyTorch: "... not found in storage"). plan_for traces the plan it
+    # chose: a plan that runs, its peak the measured one.
+    from fxmem.validate.zoo import CausalLM
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100,
+                                  n_positions=32, bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(cfg).train()
+    ids = torch.randint(0, 100, (4, 32))
+    kw = dict(optimizer=torch.optim.SGD, device="cpu")
+    r = fxmem.analyze(CausalLM(model), (ids, ids), **kw)
+    budget = r.peak_bytes(2) - 20_000
+    derived = r.plan_for(budget, 2, confirm=False)
+    with pytest.raises(RuntimeError, match="not found in storage"):
+        fxmem.measure(fxmem.apply_checkpoints(CausalLM(_copy(model)), derived.plan), (ids, ids),
+                      **kw, B=2)
+    chosen = r.plan_for(budget, 2)
+    assert not any(reg.save for reg in chosen.plan.regions) and not chosen.exact
+    measured = fxmem.measure(fxmem.apply_checkpoints(CausalLM(_copy(model)), chosen.plan),
+                             (ids, ids), **kw, B=2).peak_bytes
+    assert chosen.peak_bytes == chosen.report.peak_bytes(2) == measured <= budget
+    most = r.max_batch_size(budget, max_recompute=0.5)
+    assert most.peak_bytes == most.report.peak_bytes(most.B) <= budget
+
+
+def _copy(model):
+    import copy
+
+    return copy.deepcopy(model)

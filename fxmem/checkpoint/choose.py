@@ -280,7 +280,14 @@ def _start_bytes(storages, sizes, b: int) -> int:
 def max_batch_size(report, budget_bytes: int, max_recompute: float,
                    candidates=None, kinds=None) -> PlanChoice:
     """The largest B whose peak fits ``budget_bytes`` with a plan re-running at most
-    ``max_recompute`` of the step's FLOPs, with that plan (see :meth:`Report.max_batch_size`)."""
+    ``max_recompute`` of the step's FLOPs, with that plan (see :meth:`Report.max_batch_size`;
+    derived: :func:`fxmem.checkpoint.confirm.max_batch_size` traces it)."""
+    return most(report, budget_bytes, max_recompute, candidates, kinds)[0]
+
+
+def most(report, budget_bytes, max_recompute, candidates=None, kinds=None):
+    """``(the choice at the largest B, at(b) -> the choice at b)`` for
+    :func:`max_batch_size`."""
     if not 0 <= max_recompute:
         raise InputError(f"max_recompute is a fraction of the step's FLOPs, got {max_recompute!r}")
     from ..formula.search import largest
@@ -300,4 +307,4 @@ def max_batch_size(report, budget_bytes: int, max_recompute: float,
             f"budget {budget_bytes:,} B is below the smallest peak at B={lo} within "
             f"{max_recompute:.0%} recompute; the smallest with any plan is "
             f"{low.peak_bytes:,} B", minimum_bytes=low.peak_bytes)
-    return at(largest(lambda b: at(b) is not None, lo, limit=2**40))
+    return at(largest(lambda b: at(b) is not None, lo, limit=2**40)), at

@@ -72,8 +72,10 @@ def confirmed_plan(report, retrace, live: int, max_recompute: float, b: int | No
         return None
     for kinds in (None, ("module", "group")):  # then without selective plans
         try:
-            choice = report.max_batch_size(live, max_recompute=max_recompute, kinds=kinds) \
-                if b is None else report.plan_for(live, b, kinds=kinds)
+            # confirmed here, by the caller's retrace (its module prepared as it runs)
+            choice = report.max_batch_size(live, max_recompute=max_recompute, kinds=kinds,
+                                           confirm=False) if b is None else \
+                report.plan_for(live, b, kinds=kinds, confirm=False)
         except InfeasibleBudgetError:
             return None
         if b is not None and choice.recompute_fraction > max_recompute:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
+from ..checkpoint.confirm import without_selective
 from ..errors import InputError
 from .result import Report, _check_b
 
@@ -172,7 +173,7 @@ class ParallelReport:
         if max_recompute is None:
             return min((g.report.max_batch_size(budget_bytes, **options)
                         for g in self.groups), key=int)
-        return _without_selective_if_not_replayable(
+        return without_selective(
             lambda k: self._most_with_plan(budget_bytes, max_recompute, candidates, k), kinds)
 
     # checkpoint plans: one for every rank ---------------------------------------------
@@ -249,47 +250,23 @@ class ParallelReport:
             return self._confirmed(got, b, budget_bytes,
                                    lambda budget: choose(reports, choosers, budget, b), {})
 
-        return _without_selective_if_not_replayable(pick, kinds)
+        return without_selective(pick, kinds)
 
     def _confirmed(self, got, b: int, budget_bytes: int, again, traced_plans: dict):
         """The :class:`fxmem.PlanChoice` of ``got`` (plan, peak, cost, step FLOPs, exact),
-        traced with its plan when ``retrace`` is set (``again(budget)``: choose with a
-        smaller budget when the traced peak does not fit; ``traced_plans``: plan -> its
-        traced report, filled here)."""
-        from ..checkpoint.choose import MAX_TIGHTENINGS, PlanChoice
-        from ..errors import InfeasibleBudgetError, TraceError
+        traced with its plan when ``retrace`` is set (:func:`fxmem.checkpoint.confirm.confirmed`;
+        ``again(budget)``: choose with a smaller budget when the traced peak does not fit;
+        ``traced_plans``: plan -> its traced report, filled here)."""
+        from ..checkpoint.choose import PlanChoice
+        from ..checkpoint.confirm import confirmed
 
         plan, peak, cost, step, exact = got
         if self.retrace is None:
             report = self.with_plan(plan) if plan else self
             return PlanChoice(b, plan, peak, cost, step, report, exact)
-        budget = budget_bytes
-        for _ in range(MAX_TIGHTENINGS):
-            try:
-                if plan not in traced_plans:
-                    traced_plans[plan] = self.retrace(plan) if plan else self
-                traced = traced_plans[plan]
-            except TraceError as e:
-                if _not_replayable(e, plan):
-                    raise _NotReplayable(plan) from e
-                # a plan checkpoint cannot run on fake tensors (an nn.MultiheadAttention
-                # alone: docs/checkpointing.md): the derived one
-                report = self.with_plan(plan)
-                return PlanChoice(b, plan, report.peak_bytes(b), cost, step, report, False)
-            real = traced.peak_bytes(b)
-            if real <= budget_bytes:
-                return PlanChoice(b, plan, real, cost, step, traced, exact and real == peak)
-            budget -= real - budget_bytes
-            try:
-                got = again(budget)
-            except InfeasibleBudgetError:
-                got = None
-            if got is None:
-                break
-            plan, peak, cost, step, exact = got
-        raise InfeasibleBudgetError(
-            f"no checkpoint plan found fits {budget_bytes:,} bytes at B={b} on every rank "
-            f"when traced (plan {list(plan)} peaks at {real:,} bytes)", minimum_bytes=real)
+        return confirmed(got, b, budget_bytes, again,
+                         lambda plan: self.retrace(plan) if plan else self, self.with_plan,
+                         traced_plans, " on every rank")
 
     def _most_with_plan(self, budget_bytes, max_recompute, candidates, kinds=None):
         from ..checkpoint.ranks import choose, smallest
@@ -388,34 +365,3 @@ class ParallelReport:
         from .text import render_ranks
 
         return render_ranks(self)
-
-
-class _NotReplayable(Exception):
-    """A selective plan whose re-run forward calls other ops than its forward did."""
-
-
-def _not_replayable(error, plan) -> bool:
-    """Whether tracing ``plan`` failed because selective checkpointing found, in the re-run,
-    an op call it had not kept in the forward: PyTorch raises it for real too
-    (``_CachedTorchDispatchMode`` in torch/utils/checkpoint.py: "... encountered during
-    backward but not found in storage"), as for a forward that appends to a key/value cache
-    each time it runs."""
-    return "not found in storage" in str(error) and any(r.save for r in getattr(plan, "regions", ()))
-
-
-def _without_selective_if_not_replayable(pick, kinds):
-    """``pick(kinds)``; when its plan keeps op outputs the step's re-run cannot find (see
-    :func:`_not_replayable`), ``pick`` again with whole modules and groups only."""
-    from ..checkpoint.options import KINDS
-
-    kinds = KINDS if kinds is None else tuple(kinds)
-    try:
-        return pick(kinds)
-    except _NotReplayable:
-        fewer = tuple(k for k in kinds if k != "selective")
-        if not fewer:
-            raise InputError("no checkpoint plan of the kinds asked can run: selective "
-                             "checkpointing's re-run calls other ops than the forward did "
-                             "(a forward that changes state, e.g. a key/value cache)") from None
-        return pick(fewer)
-

@@ -102,6 +102,7 @@ class Report:
     valid_when: tuple = ()
     named: DimsFormula | None = field(default=None, repr=False)  # formulas in B and the dims
     _at: dict = field(default_factory=dict, repr=False, compare=False)
+    retrace: object = field(default=None, repr=False, compare=False)  # plan -> traced Report
 
     @classmethod
     def in_dims(cls, trace, device: str) -> "Report":
@@ -204,19 +205,31 @@ class Report:
         return Report(lv, parts_of(lv), self.valid_when)
 
     def plan_for(self, budget_bytes: int, B: int, candidates=None, *,  # noqa: N803
-                 kinds=None, **dims):
+                 kinds=None, confirm: bool = True, **dims):
         """The checkpoint plan with the least recompute FLOPs whose peak at batch size ``B``
         fits ``budget_bytes``, as a :class:`fxmem.PlanChoice` (see :mod:`fxmem.checkpoint.options`).
         ``kinds``: what a plan may use, among ``"module"`` (whole blocks), ``"group"``
         (consecutive blocks as one segment) and ``"selective"`` (op outputs kept); default
-        all three. Raises :class:`fxmem.InfeasibleBudgetError` (with the smallest reachable
-        peak) when no plan fits."""
+        all three. For a report made by :func:`fxmem.analyze`, the plan is traced (unless
+        ``confirm=False``): ``peak_bytes`` and ``report`` are the traced ones
+        (:mod:`fxmem.checkpoint.confirm`). Raises :class:`fxmem.InfeasibleBudgetError`
+        (with the smallest reachable peak) when no plan fits."""
+        from ..checkpoint.confirm import confirm_choice, without_selective
+
         if self.named is not None:
             return self.at(**dims).plan_for(budget_bytes, B, candidates, kinds=kinds)
         self._no_dims(dims)
         if not isinstance(budget_bytes, int) or isinstance(budget_bytes, bool):
             raise InputError(f"budget_bytes must be an int, got {budget_bytes!r}")
-        return self._chooser(candidates, kinds).choose(budget_bytes, _check_b(B))
+        b = _check_b(B)
+
+        def pick(kinds):
+            ch = self._chooser(candidates, kinds)
+            choice = ch.choose(budget_bytes, b)
+            return confirm_choice(self, choice, budget_bytes,
+                                  lambda budget: ch.choose(budget, b)) if confirm else choice
+
+        return without_selective(pick, kinds) if confirm else pick(kinds)
 
     def frontier(self, B: int, candidates=None, *, kinds=None, **dims) -> tuple:  # noqa: N803
         """Pareto-optimal checkpoint plans at batch size ``B``: a tuple of
@@ -421,7 +434,7 @@ class Report:
     def max_batch_size(self, budget_bytes: int | None = None,
                        max_recompute: float | None = None, candidates=None, *,
                        kinds=None, by: str | None = None, gpu=None, context_bytes: int | None = None,
-                       config=None, cudnn_workspace: int = 0, **dims):
+                       config=None, cudnn_workspace: int = 0, confirm: bool = True, **dims):
         """The largest integer B that fits, as a :class:`fxmem.report.capacity.MaxBatchSize`
         (an ``int`` whose ``.by`` and ``.explain`` say what it answers):
 
@@ -438,8 +451,8 @@ class Report:
         With ``max_recompute`` (a fraction, e.g. ``0.25``): the largest B that fits by live
         bytes with a checkpoint plan re-running at most that share of the step's FLOPs,
         returned as a :class:`fxmem.PlanChoice` (``.B``, ``.plan``, ``.peak_bytes``,
-        ``.recompute_flops``, ``.report``); ``candidates``: module paths to choose from
-        (default: :func:`fxmem.checkpoint.choose.default_candidates`).
+        ``.recompute_flops``, ``.report``), traced as :meth:`plan_for`'s (``confirm``);
+        ``candidates``: module paths (default: :func:`fxmem.checkpoint.choose.default_candidates`).
 
         Raises :class:`fxmem.InfeasibleBudgetError` if even the smallest valid B does not fit.
         A report in named dims takes their values too (``max_batch_size(budget, L=512)``).
@@ -477,9 +490,10 @@ class Report:
             raise InputError(f"budget_bytes must be positive, got {budget_bytes:,}")
         by = check_by(by, self.device)
         if max_recompute is not None:
-            from ..checkpoint.choose import max_batch_size
+            from ..checkpoint import choose, confirm as traced
 
-            return max_batch_size(self, budget_bytes, max_recompute, candidates, kinds)
+            return (traced if confirm and self.retrace is not None else choose).max_batch_size(
+                self, budget_bytes, max_recompute, candidates, kinds)
         if by == "device":
             return device_max_batch_size(self, budget_bytes, config=config,
                                          cudnn_workspace=cudnn_workspace, gpu=card)
