@@ -90,7 +90,7 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 import fxmem  # noqa: E402
 from fxmem.checkpoint.flops import ALIASES  # noqa: E402
-from fxmem.checkpoint.options import primary_flops  # noqa: E402
+from fxmem.checkpoint.options import counted_flops  # noqa: E402
 from zoo import GPTStack, Group, gpt2, llama, token_loss  # noqa: E402
 
 MIB = 2**20
@@ -622,10 +622,7 @@ def fxmem_side(bundle: Bundle, B: int, rows: list[Peer]) -> Planned:
 def _counted(report, b: int, recompute: bool = False) -> int:
     """FLOPs of the step (``recompute``: of its re-run ops only) by PyTorch's formulas,
     attention by its CUDA twin's (what FlopCounterMode counts here with GPU_COUNTED)."""
-    per_op = primary_flops(report)
-    return sum(per_op[key][0](b) for o in report.trace.ops
-               if (key := o.index if o.source is None else o.source) in per_op
-               and per_op[key][1] and (o.recompute or not recompute))
+    return counted_flops(report, b, recompute=recompute)
 
 
 def answers_table(planned: Planned) -> str:

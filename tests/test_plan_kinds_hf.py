@@ -50,10 +50,10 @@ def _plans(report, stack):
     }
 
 
-def _pytorch_recompute(report, b):
-    per_op = report._op_flops
-    return sum(int(per_op[o.source][0].subs(fxmem.B, b)) for o in report.trace.ops
-               if o.recompute and o.source in per_op and per_op[o.source][1])
+def _pytorch_recompute(report, b):  # as FlopCounterMode counts the re-run on this CPU
+    from fxmem.checkpoint.options import counted_flops
+
+    return counted_flops(report, b, recompute=True, twins=False)
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

@@ -66,6 +66,20 @@ def primary_flops(report) -> dict:
             for i, (f, reg) in report._op_flops.items()}
 
 
+def counted_flops(report, b: int, *, recompute: bool = False, twins: bool = True) -> int:
+    """FLOPs of the step at batch size ``b`` by PyTorch's formulas (what ``FlopCounterMode``
+    counts: matmuls, convolutions, attention; not the pointwise ops fxmem counts too), of its
+    re-run ops only with ``recompute``. ``twins``: the CPU attention kernels counted as their
+    CUDA twins, as on a GPU (the planner's measure); False: as ``FlopCounterMode`` counts on
+    this CPU. The planner minimises this count first; a plan's ``recompute_flops`` is the
+    total, pointwise included (docs/checkpointing.md)."""
+    per_op = primary_flops(report) if twins else \
+        {i: (Size.of(f), reg) for i, (f, reg) in report._op_flops.items()}
+    return sum(int(per_op[key][0](b)) for o in report.trace.ops
+               if (key := o.index if o.source is None else o.source) in per_op
+               and per_op[key][1] and (o.recompute or not recompute))
+
+
 def stack_blocks(report) -> tuple:
     """The blocks of the model's outermost stack: numbered children of an ``nn.Sequential`` /
     ``nn.ModuleList`` (``blocks.3``, ``model.layers.3``) run once per step, outermost first.
