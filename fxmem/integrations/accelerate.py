@@ -54,16 +54,9 @@ def start_from(prediction, budget_bytes: int | None = None, **options) -> int:
         raise InputError("prediction must be a fxmem.Report, a TrainerFit or a batch size, got "
                          f"{type(prediction).__name__}")
     if budget_bytes is None and options.get("gpu") is None:
-        import torch
+        from .common import device_budget
 
-        if not torch.cuda.is_available():
-            raise InputError("give budget_bytes (or gpu=): there is no CUDA device to read "
-                             "the memory of")
-        from ..device.gpus import DEFAULT_CONTEXT_BYTES
-
-        context = options.pop("context_bytes", None)
-        budget_bytes = torch.cuda.mem_get_info()[1] - (
-            DEFAULT_CONTEXT_BYTES if context is None else context)
+        budget_bytes = device_budget(options.pop("context_bytes", None))
     return int(prediction.max_batch_size(budget_bytes, **options))
 
 

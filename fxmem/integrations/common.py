@@ -62,6 +62,19 @@ def live_budget(budget: dict) -> int:
     return lookup(budget["gpu"]).usable_bytes(budget.get("context_bytes"))
 
 
+def device_budget(context_bytes: int | None = None) -> int:
+    """The current CUDA device's total memory less the CUDA context (``context_bytes``,
+    default :data:`fxmem.device.gpus.DEFAULT_CONTEXT_BYTES`): the budget when none is given."""
+    from ..device.gpus import DEFAULT_CONTEXT_BYTES
+    from ..errors import InputError
+
+    if not torch.cuda.is_available():
+        raise InputError("give budget_bytes (or gpu=): there is no CUDA device to read the "
+                         "memory of")
+    context = DEFAULT_CONTEXT_BYTES if context_bytes is None else context_bytes
+    return torch.cuda.mem_get_info()[1] - context
+
+
 def confirmed_plan(report, retrace, live: int, max_recompute: float, b: int | None = None):
     """A checkpoint plan for batch ``b`` (None: the largest batch with one) within ``live``
     bytes, re-running at most ``max_recompute`` of the step's FLOPs, confirmed by tracing
@@ -143,5 +156,5 @@ def tracked_peak(tracker: StorageTracker) -> int:
     return peak
 
 
-__all__ = ["clipping", "largest", "live_budget", "confirmed_plan", "StepMemory", "tensors_in",
+__all__ = ["clipping", "largest", "live_budget", "device_budget", "confirmed_plan", "StepMemory", "tensors_in",
            "cpu_tracker", "tracked_peak"]

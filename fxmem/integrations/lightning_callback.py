@@ -15,14 +15,13 @@ peak (:class:`fxmem.integrations.common.StepMemory`) and logs them.
 
 from __future__ import annotations
 
-import importlib
 import logging
 
 import torch
 
 from ..errors import FxmemError, InputError
-from .common import StepMemory, cpu_tracker, tensors_in, tracked_peak
-from .lightning_step import batch_size_for, lightning_step
+from .common import StepMemory, cpu_tracker, device_budget, tensors_in, tracked_peak
+from .lightning_step import batch_size_for, lightning_package, lightning_step
 
 log = logging.getLogger("fxmem.integrations.lightning")
 
@@ -72,7 +71,7 @@ class BatchSizeFromFxmem:
     def setup(self, trainer, pl_module, stage=None):
         if stage not in (None, "fit") or not self.set_batch_size:
             return
-        parsing = _utilities(trainer, "parsing")
+        parsing = lightning_package(trainer, "utilities.parsing")
         if not parsing.lightning_hasattr(pl_module, self.batch_arg_name):
             raise InputError(f"{self.batch_arg_name!r} is not an attribute of the module, its "
                              "hparams, the datamodule or its hparams: fxmem sets the batch size "
@@ -85,7 +84,7 @@ class BatchSizeFromFxmem:
         self._cuda = trainer.strategy.root_device.type == "cuda"
         budget, gpu = self.budget_bytes, self.gpu
         if budget is None and gpu is None:
-            budget = _device_budget(self.context_bytes)
+            budget = device_budget(self.context_bytes)
         if budget is not None or gpu is not None:
             self.fit = batch_size_for(step, budget, by=self.by, gpu=gpu,
                                       context_bytes=self.context_bytes,
@@ -94,7 +93,7 @@ class BatchSizeFromFxmem:
                 self.fit.apply_checkpoint(pl_module)
                 self.report = self.fit.report
             if self.set_batch_size:
-                _utilities(trainer, "parsing").lightning_setattr(
+                lightning_package(trainer, "utilities.parsing").lightning_setattr(
                     pl_module, self.batch_arg_name, self.fit.batch_size)
             fit = self.fit
             log.info("fxmem: batch size %d (predicted peak %s B within %s B, by %s%s)",
@@ -175,12 +174,6 @@ class BatchSizeFromFxmem:
             tracked_peak(tracker)
 
 
-def _utilities(trainer, name: str):
-    root = type(trainer).__module__.split(".")[0]
-    package = "lightning.pytorch" if root == "lightning" else root
-    return importlib.import_module(f"{package}.utilities.{name}")
-
-
 def _first_batch(trainer):
     """The first batch of the train dataloader the Trainer will make (its source's
     ``train_dataloader``, called once more)."""
@@ -193,17 +186,6 @@ def _first_batch(trainer):
         return next(iter(loader))
     except StopIteration:
         raise InputError("the train dataloader is empty: give example_batch=") from None
-
-
-def _device_budget(context_bytes):
-    """The current CUDA device's total memory less the context, or None without one."""
-    if not torch.cuda.is_available():
-        raise InputError("give budget_bytes (or gpu=): there is no CUDA device to read the "
-                         "memory of")
-    from ..device.gpus import DEFAULT_CONTEXT_BYTES
-
-    context = DEFAULT_CONTEXT_BYTES if context_bytes is None else context_bytes
-    return torch.cuda.mem_get_info()[1] - context
 
 
 __all__ = ["BatchSizeFromFxmem"]

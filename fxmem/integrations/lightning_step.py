@@ -131,12 +131,14 @@ def _no_autocast_cache(off: bool):
         torch.set_autocast_cache_enabled(before)
 
 
-def _pl(trainer):
-    """The ``lightning.pytorch`` or ``pytorch_lightning`` package ``trainer`` comes from."""
+def lightning_package(trainer, sub: str = ""):
+    """The ``lightning.pytorch`` or ``pytorch_lightning`` package ``trainer`` comes from, or
+    its submodule ``sub`` (``"utilities.parsing"``)."""
     import importlib
 
     root = type(trainer).__module__.split(".")[0]
-    return importlib.import_module("lightning.pytorch" if root == "lightning" else root)
+    package = "lightning.pytorch" if root == "lightning" else root
+    return importlib.import_module(f"{package}.{sub}" if sub else package)
 
 
 def _precision(pl, trainer):
@@ -154,7 +156,7 @@ def _precision(pl, trainer):
                      "32-true, 16-mixed, bf16-mixed, 16-true, bf16-true and 64-true")
 
 
-def _optimizer(pl, trainer, module, device: str):
+def _optimizer(trainer, module, device: str):
     """``callable(params)``: the optimizer ``configure_optimizers`` made, rebuilt over
     ``params`` (the module's parameters, or their fakes, in ``named_parameters`` order),
     clipping first as the Trainer does."""
@@ -163,9 +165,7 @@ def _optimizer(pl, trainer, module, device: str):
         raise InputError(f"configure_optimizers made {len(opts)} optimizers; automatic "
                          "optimization steps one")
     opt = opts[0]
-    import importlib
-
-    helpers = importlib.import_module(pl.__name__ + ".utilities.model_helpers")
+    helpers = lightning_package(trainer, "utilities.model_helpers")
     if helpers.is_overridden("configure_gradient_clipping", module):
         raise InputError(f"{type(module).__name__} overrides configure_gradient_clipping: fxmem "
                          "models Lightning's own (gradient_clip_val and "
@@ -279,7 +279,7 @@ def lightning_step(trainer, module, batch, *, device: str | None = None) -> Ligh
     its optimizer made, its precision applied): see the module's docstring for what is
     mirrored. ``device``: the device fxmem predicts for (default: the Trainer's, ``"cuda"``
     or ``"cpu"``)."""
-    pl = _pl(trainer)
+    pl = lightning_package(trainer)
     _check(pl, trainer, module)
     if device is None:
         device = "cuda" if trainer.strategy.root_device.type == "cuda" else "cpu"
@@ -295,11 +295,11 @@ def lightning_step(trainer, module, batch, *, device: str | None = None) -> Ligh
                                             for i, v in enumerate(leaves)], positions,
                              normalize=k == 1, autocast_cache=amp is None, context=context,
                              batch_idx=len(sig) >= 2 or "batch_idx" in sig)
-    step = Step(optimizer=_optimizer(pl, trainer, wrapper.module, device), device=device,
+    step = Step(optimizer=_optimizer(trainer, wrapper.module, device), device=device,
                 amp=amp, grad_scaler=scaled if amp is not None else None, grad_accum=k,
                 set_to_none=True, zero_grad_at="backward")
     inputs = tuple(leaves[i] for i in positions)
-    return LightningStep(wrapper, inputs, step, dims, _optimizer(pl, trainer, module, "cpu"))
+    return LightningStep(wrapper, inputs, step, dims, _optimizer(trainer, module, "cpu"))
 
 
 @dataclass(frozen=True)
