@@ -30,6 +30,7 @@ import time
 import warnings
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 
 def gpt2():
@@ -49,7 +50,10 @@ class Device:
         self.handle = model.register_forward_pre_hook(self.check, with_kwargs=True)
 
     def check(self, module, args, kwargs):
-        b = next(t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)).shape[0]
+        x = next(t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor))
+        if is_fake(x):  # fxmem's trace: no device step
+            return
+        b = x.shape[0]
         self.calls += 1
         if not self.tried or self.tried[-1] != b:
             self.tried.append(b)

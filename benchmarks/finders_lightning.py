@@ -25,8 +25,9 @@ import time
 import warnings
 
 import torch
-from torch._subclasses.fake_tensor import is_fake
 from torch.utils.data import DataLoader, TensorDataset
+
+from finders import Device  # the simulated device, shared with benchmarks/finders.py
 
 V, L, W = 512, 128, 128
 
@@ -60,26 +61,6 @@ def lm_class(pl):
             return DataLoader(TensorDataset(ids, ids), batch_size=self.hparams.batch_size)
 
     return LM
-
-
-class Device:
-    """Out of memory when the model is called with a batch over ``limit``; counts tries."""
-
-    def __init__(self, model, limit):
-        self.limit, self.ooms, self.calls, self.tried = limit, 0, 0, []
-        self.handle = model.register_forward_pre_hook(self.check)
-
-    def check(self, module, args):
-        if is_fake(args[0]):  # fxmem's trace: no device step
-            return
-        b = args[0].shape[0]
-        self.calls += 1
-        if not self.tried or self.tried[-1] != b:
-            self.tried.append(b)
-        if b > self.limit:
-            self.ooms += 1
-            raise torch.cuda.OutOfMemoryError(
-                f"CUDA out of memory. Tried to allocate a batch of {b} (simulated)")
 
 
 def run(pl, callback, limit, steps):
