@@ -65,3 +65,11 @@ def golden(request):
                                   "intended, run pytest --update-golden")
 
     return check
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (the README's ``-n 2``) each worker runs one intra-op thread: two
+    workers on two cores instead of four threads fighting over them (the bytes counted, live
+    storages, do not depend on the thread count)."""
+    if hasattr(config, "workerinput"):
+        torch.set_num_threads(1)
