@@ -176,7 +176,28 @@ def bench_model(case, b):
     print(row(f"Chen sqrt(n): {len(groups)} groups", chen, b, step, base_act))
     _goals("fxmem, whole modules", base, modules, b, step, base_act)
     _goals("fxmem, every kind", base, front, b, step, base_act)
+    _answer_times(base, front, b)
     return ch.problem(b)
+
+
+def _answer_times(base, front, b):
+    """What one answer costs after the frontier is known: ``plan_for`` at the budget halfway
+    down the frontier, derived only (``confirm=False``) and confirmed by tracing the plan
+    (the default), and ``max_batch_size`` within 25 % recompute at that budget."""
+    budget = (front[0].peak_bytes + front[-1].peak_bytes) // 2
+    t0 = time.perf_counter()
+    base.plan_for(budget, b, confirm=False)
+    t_derived = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    choice = base.plan_for(budget, b)
+    t_confirmed = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    most = base.max_batch_size(budget, max_recompute=0.25)
+    t_most = time.perf_counter() - t0
+    print(f"\n`plan_for` at {budget / GIB:.2f} GiB (halfway down the frontier): "
+          f"{len(choice.plan.regions)} segments, derived in {t_derived:.1f} s, confirmed by "
+          f"tracing the plan in {t_confirmed:.1f} s; `max_batch_size` there within 25 % "
+          f"recompute: B = {most.B}, in {t_most:.1f} s.")
 
 
 def measure_gpt2(seq):

@@ -137,6 +137,23 @@ def choice_parts(expr):
     return None
 
 
+def _remembered(expr, most: int = 256) -> Callable[[int], int]:
+    """``b -> int(expr at B=b)`` for an expression that is not a polynomial (``Max``,
+    ``Piecewise``, ``ceiling``: sympy substitutes and simplifies, ~1 ms a call), each value
+    kept: a planner asks for the same storage at the same B once per candidate plan."""
+    seen: dict = {}
+
+    def value(b: int) -> int:
+        v = seen.get(b)
+        if v is None:
+            if len(seen) >= most:
+                seen.clear()
+            v = seen[b] = int(expr.xreplace({B: sympy.Integer(b)}))
+        return v
+
+    return value
+
+
 @dataclass(frozen=True, eq=False)
 class Size:
     """Bytes of one storage as a function of B.
@@ -167,8 +184,7 @@ class Size:
                 return Size(expr, p, p, lambda b, ints=ints: P.evaluate(ints, b))
             return Size(expr, p, p, lambda b, p=p: int(P.evaluate(p, b)))
         bd = bounds(expr)
-        return Size(expr, bd[0] if bd else None, bd[1] if bd else None,
-                    lambda b, e=expr: int(e.xreplace({B: sympy.Integer(b)})))
+        return Size(expr, bd[0] if bd else None, bd[1] if bd else None, _remembered(expr))
 
     def rounded(self, block: int) -> "Size":
         """The size rounded up to a multiple of ``block`` bytes (e.g. CUDA's 512)."""
