@@ -215,6 +215,7 @@ class Planner:
                                  (sc.last_op + 1, sc.recompute_at)))
         self._step = Size.of(report.flop_count.total)
         self._peaks: dict = {}
+        self._traces: dict = {}  # plan -> (derived trace, device sizes), least recent first
         self._problems: dict = {}
 
     # numbers -----------------------------------------------------------------------------
@@ -282,13 +283,27 @@ class Planner:
         plan = Plan.of(plan)
         key = (plan, b)
         if key not in self._peaks:
-            t = derive(self.report.trace, plan) if plan else self.report.trace
-            sizes = device_sizes(t.storages, self.report.device)
+            t, sizes = self._derived(plan)
             peak = max([_start_bytes(t.storages, sizes, b),
                         *timeline(t.storages, sizes, len(t.ops), b)])
             reg, other = self._costs(t, b) if plan else (0, 0)
             self._peaks[key] = (peak, reg + other, reg)
         return self._peaks[key]
+
+    def _derived(self, plan: Plan, most: int = 256):
+        """``(trace, device sizes)`` of ``plan``: the same at every B, kept for the next B a
+        search asks about (the ``most`` recently used)."""
+        if not plan:
+            t = self.report.trace
+            return t, device_sizes(t.storages, self.report.device)
+        got = self._traces.pop(plan, None)
+        if got is None:
+            t = derive(self.report.trace, plan)
+            got = t, device_sizes(t.storages, self.report.device)
+            if len(self._traces) >= most:
+                del self._traces[next(iter(self._traces))]
+        self._traces[plan] = got  # most recent last
+        return got
 
     @staticmethod
     def _plan(sol) -> Plan:

@@ -123,7 +123,14 @@ def _sac_ignored() -> frozenset:
 def schedule(trace: Trace, entry) -> SegmentSchedule | None:
     """Where the checkpoint of plan entry ``entry`` (a module path or a
     :class:`fxmem.Region`) acts in ``trace``; ``None`` if it saves nothing (checkpointing it
-    changes nothing)."""
+    changes nothing). Kept on the trace: a planner derives many plans sharing entries."""
+    known = trace.__dict__.setdefault("_schedules", {})
+    if entry not in known:
+        known[entry] = _schedule(trace, entry)
+    return known[entry]
+
+
+def _schedule(trace: Trace, entry) -> SegmentSchedule | None:
     calls = region_calls(trace, entry)
     mods = modules_of(entry)
     path = str(entry)
@@ -180,11 +187,17 @@ def derive(trace: Trace, plan) -> Trace:
         for j in sc.cached:
             for s in ops[j].out_sids:
                 cache.setdefault(s, (sc, j))
+    planned: dict = {}  # module -> whether a segment of the plan holds it
+
+    def outside(module: str) -> bool:
+        if module not in planned:
+            planned[module] = not any(_inside(module, sc.modules) for sc in scheds)
+        return planned[module]
+
     new_storages = []
     for st in storages:
         held = packs_of.get(st.sid, ())
-        kept = [p.released_after for p in held
-                if not any(_inside(p.module, sc.modules) for sc in scheds)]
+        kept = [p.released_after for p in held if outside(p.module)]
         if (len(kept) == len(held) and st.sid not in keep_until and st.sid not in cache) \
                 or st.resized_away:
             new_storages.append(st)  # (resized away: freed then, whoever refers to it)
