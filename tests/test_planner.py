@@ -184,3 +184,19 @@ def test_max_batch_size_with_every_kind(case):
     assert got.recompute_flops <= 0.05 * got.step_flops
     peak, _ = _real(build, batch, loss, got.plan, got.B)
     assert peak == got.peak_bytes
+
+
+def test_lowest_peak_bounds_every_plan(case):
+    """``chain.lowest_peak`` of the model below the exact peaks (what ``max_batch_size``
+    rules a batch size out with, before deriving its frontier): the model's own smallest
+    peak, and no plan's exact peak is below it."""
+    from fxmem.checkpoint import chain as C
+
+    name, build, batch, loss, b, r = case
+    ch = r._chooser()
+    for at in (b, 3 * b):
+        problem = ch.problem(at, True)
+        low = C.lowest_peak(problem)
+        assert low == C.min_peak(problem).peak_bytes
+        assert all(low <= p.peak_bytes for p in ch.frontier(at))
+        assert low <= ch.smallest(at).peak_bytes

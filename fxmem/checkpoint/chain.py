@@ -174,6 +174,27 @@ def min_peak(problem: ChainProblem) -> ChainSolution:
     return ChainSolution(ch, int(pk), cost)
 
 
+def lowest_peak(problem: ChainProblem) -> int:
+    """The smallest model peak of any plan, costs ignored: states kept on peak and bytes
+    released alone (one dominates another with no higher peak and no less released), never
+    cut to ``MAX_STATES`` as :func:`min_peak`'s may be, so a bound that holds."""
+    starts = _by_first(problem)
+    layers: list = [[] for _ in range(problem.n + 1)]
+    layers[0] = [(max(problem.start, problem.boundary[0]), 0)]
+    for k in range(problem.n):
+        states, most = [], -1
+        for pk, R in sorted(layers[k], key=lambda s: (s[0], -s[1])):
+            if R > most:  # no state of a lower or equal peak released as much
+                states.append((pk, R))
+                most = R
+        layers[k] = None
+        for c in starts[k]:
+            b = problem.boundary[c.last + 1]
+            layers[c.last + 1] += [(max(pk, c.own - R, b - R - c.released), R + c.released)
+                                   for pk, R in states]
+    return int(min(pk for pk, _ in layers[problem.n]))
+
+
 def frontier(problem: ChainProblem, max_points: int = 256) -> tuple:
     """Pareto-optimal (peak, cost) plans of the model, peak descending, from the cheapest."""
     final = _run(problem, None)

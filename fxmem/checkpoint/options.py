@@ -322,6 +322,9 @@ class Planner:
         if found:  # proven cheapest when the model below the exact peaks found it untightened
             plan, exact = min(reversed(found), key=lambda g: self._rank(g[0], b))
             return self._choice(plan, b, exact and len(found) == 2 and plan == found[1][0])
+        if max_recompute_flops is not None and \
+                C.lowest_peak(self.problem(b, True)) > budget_bytes:
+            return None  # over the budget even in the model below every exact peak
         # the chain model can put a plan a few bytes above its exact peak: the exact frontier
         fits = [p for p in self.frontier(b) if p.peak_bytes <= budget_bytes]
         if fits:
