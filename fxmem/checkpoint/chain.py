@@ -190,6 +190,7 @@ def lowest_peak(problem: ChainProblem) -> int:
         layers[k] = None
         for c in starts[k]:
             b = problem.boundary[c.last + 1]
+            # _run's step, costs left out
             layers[c.last + 1] += [(max(pk, c.own - R, b - R - c.released), R + c.released)
                                    for pk, R in states]
     return int(min(pk for pk, _ in layers[problem.n]))

@@ -31,6 +31,7 @@ True
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -215,7 +216,7 @@ class Planner:
                                  (sc.last_op + 1, sc.recompute_at)))
         self._step = Size.of(report.flop_count.total)
         self._peaks: dict = {}
-        self._traces: dict = {}  # plan -> (derived trace, device sizes), least recent first
+        self._derived = functools.lru_cache(maxsize=256)(self._derive)
         self._problems: dict = {}
 
     # numbers -----------------------------------------------------------------------------
@@ -290,20 +291,11 @@ class Planner:
             self._peaks[key] = (peak, reg + other, reg)
         return self._peaks[key]
 
-    def _derived(self, plan: Plan, most: int = 256):
-        """``(trace, device sizes)`` of ``plan``: the same at every B, kept for the next B a
-        search asks about (the ``most`` recently used)."""
-        if not plan:
-            t = self.report.trace
-            return t, device_sizes(t.storages, self.report.device)
-        got = self._traces.pop(plan, None)
-        if got is None:
-            t = derive(self.report.trace, plan)
-            got = t, device_sizes(t.storages, self.report.device)
-            if len(self._traces) >= most:
-                del self._traces[next(iter(self._traces))]
-        self._traces[plan] = got  # most recent last
-        return got
+    def _derive(self, plan: Plan):
+        """``(trace, device sizes)`` of ``plan``: the same at every B. ``self._derived``
+        keeps the most recent for the next B a search asks about."""
+        t = derive(self.report.trace, plan) if plan else self.report.trace
+        return t, device_sizes(t.storages, self.report.device)
 
     @staticmethod
     def _plan(sol) -> Plan:

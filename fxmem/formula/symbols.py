@@ -13,6 +13,7 @@ peak formula, and a fast exact evaluator for a numeric B.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable
@@ -137,21 +138,11 @@ def choice_parts(expr):
     return None
 
 
-def _remembered(expr, most: int = 256) -> Callable[[int], int]:
+def _remembered(expr) -> Callable[[int], int]:
     """``b -> int(expr at B=b)`` for an expression that is not a polynomial (``Max``,
-    ``Piecewise``, ``ceiling``: sympy substitutes and simplifies, ~1 ms a call), each value
-    kept: a planner asks for the same storage at the same B once per candidate plan."""
-    seen: dict = {}
-
-    def value(b: int) -> int:
-        v = seen.get(b)
-        if v is None:
-            if len(seen) >= most:
-                seen.clear()
-            v = seen[b] = int(expr.xreplace({B: sympy.Integer(b)}))
-        return v
-
-    return value
+    ``Piecewise``, ``ceiling``: sympy substitutes and simplifies, ~1 ms a call), the last
+    values kept: a planner asks for the same storage at the same B once per candidate plan."""
+    return functools.lru_cache(maxsize=256)(lambda b: int(expr.xreplace({B: sympy.Integer(b)})))
 
 
 @dataclass(frozen=True, eq=False)
