@@ -134,8 +134,11 @@ def radix_sort_temp_bytes(n, key_size, passes, capability=(9, 0), n_lo=0):
     tile = _tile(capability, key_size)
     portion = ((1 << 28) - 1) // tile * tile
     portions, blocks = _cdiv(n, portion), _cdiv(torch.sym_min(n, portion), tile)
+    alternate = 2 * _r256(n * key_size)  # only when passes > 1; passes >= 1, and a
+    # Min(1, passes - 1) factor keeps sympy from folding Piecewise into Piecewise
     onesweep = (_r256(portions * passes * 256 * 8) + _r256(blocks * 256 * 4)
-                + _ite(passes > 1, 2 * _r256(n * key_size), 0)
+                + (alternate * torch.sym_min(1, passes - 1) if isinstance(passes, torch.SymInt)
+                   else alternate if passes > 1 else 0)
                 + _r256(portions * passes * 4) + 255)
     single = 256 * (19 * 4 // key_size)
     return onesweep if n_lo > single else _ite(n > single, onesweep, 1)
@@ -299,7 +302,9 @@ def _sort_kernel(self_t, indices, value_shape, value_contig, value_size, cap, fr
                   and all(_known(x == y) for x, y in zip(value_shape, vals_shape)))
     run = _and(K > 0, slice_size > 0)
     big = 0 if _known(slice_size == 0) else (numel - 1) // slice_size  # largestIndex/sliceSize
-    passes = (1 + sum(_ite(big >= 2 ** (8 * j), 1, 0) for j in range(1, 8))
+    # 1 + the j in 1..7 with big >= 256**j, each as Min(1, big // 256**j) (big >= 0): the same
+    # integer, which sympy folds in milliseconds where seven nested Piecewise took seconds
+    passes = (1 + sum(torch.sym_min(1, big // 2 ** (8 * j)) for j in range(1, 8))
               if isinstance(big, torch.SymInt) else max(1, _cdiv(big.bit_length(), 8)))
     phases = {"sort": ([("value.expand(vals_shape).contiguous()",
                          math.prod(vals_shape) * value_size)] if copy_v else []) + [
