@@ -73,3 +73,31 @@ def pytest_configure(config):
     storages, do not depend on the thread count)."""
     if hasattr(config, "workerinput"):
         torch.set_num_threads(1)
+
+
+def _slow_list() -> set[str]:
+    from tiers import LIST
+
+    return {line.strip() for line in LIST.read_text(encoding="utf-8").splitlines()
+            if line.strip() and not line.startswith("#")}
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Mark ``slow`` the tests tests/slow.txt lists (tests/tiers.py writes it from a measured
+    run): the README's test command, run by CI, leaves them out with ``-m "not slow"``."""
+    listed = _slow_list()
+    for item in items:
+        if item.nodeid in listed:
+            item.add_marker(pytest.mark.slow)
+    collected = {item.nodeid for item in items}
+    files = {n.split("::")[0] for n in collected}
+    config._fxmem_unknown_slow = {n for n in listed - collected if n.split("::")[0] in files}
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The listed slow tests a run did not find in files it collected whole (renamed or
+    removed: run tests/tiers.py again)."""
+    unknown = getattr(config, "_fxmem_unknown_slow", set())
+    if unknown and not config.getoption("keyword") and "::" not in " ".join(config.args):
+        terminalreporter.write_line(f"tests/slow.txt lists {len(unknown)} tests that do not "
+                                    f"exist, e.g. {sorted(unknown)[0]}: run tests/tiers.py")

@@ -28,6 +28,11 @@ def gallery():
     return _load_gallery()
 
 
+# the gallery, made once for the tests that read it, takes 80 s on two cores: the slow tier
+# (tests/tiers.py cannot see a module fixture's cost, timed with whichever test comes first)
+GALLERY_TIER = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def generated(gallery):
     pytest.importorskip("transformers", reason="the gallery's GPT-2 needs transformers "
@@ -35,6 +40,7 @@ def generated(gallery):
     return gallery.generate()
 
 
+@GALLERY_TIER
 def test_generated_pages_match_the_code(gallery, generated):
     """``python examples/gallery.py --check``: the committed pages are what the code makes."""
     expected = {"docs/cli.md", "docs/gallery/index.md", "docs/seed-example.md"} | {
@@ -45,6 +51,7 @@ def test_generated_pages_match_the_code(gallery, generated):
                      "run `python examples/gallery.py` and commit the result")
 
 
+@GALLERY_TIER
 def test_seed_example_is_the_scripts_output(generated):
     """docs/seed-example.md is what examples/seed_doc.py writes from its runs (fxmem, real CPU
     steps, the CLI and the example scripts), so none of its figures can go stale."""
@@ -62,6 +69,7 @@ def test_gallery_pages_are_in_the_nav(gallery):
     assert not missing, f"add the gallery pages of {missing} to the nav in mkdocs.yml"
 
 
+@GALLERY_TIER
 def test_generated_pages_are_portable(generated):
     """No absolute paths of this machine, no empty pages."""
     for path, text in generated.items():

@@ -157,6 +157,9 @@ def _layout_problems(m: dict, formula_share: float = FORMULA_SHARE) -> list[str]
     return bad
 
 
+# the slow tier: the reports, made once by the `pages` fixture (four CLI runs, 30 s on two
+# cores), are timed with whichever of these comes first, which tests/tiers.py cannot see
+@pytest.mark.slow
 @pytest.mark.parametrize("viewport", VIEWPORTS)
 @pytest.mark.parametrize("report", REPORTS)
 def test_report_fits_the_screen(browser, pages, report, viewport, tmp_path):

@@ -1,0 +1,92 @@
+"""Which tests are slow: ``tests/slow.txt``, written from a measured run of the whole suite.
+
+CI runs the fast tier (``-m "not slow"``) so that it stays under fifteen minutes on a
+two-core machine; the slow tier (``-m slow``) holds the same kinds of checks on bigger
+models, over more ranks, through the command line in a subprocess. A test is slow when it
+took ``--threshold`` seconds or more in the measured run, except that every file keeps its
+cheapest test in the fast tier, so that every file is exercised by CI. Refresh the list
+after a full run::
+
+    python -m pytest -q -n 2 --dist loadfile --junitxml=/tmp/junit.xml
+    python -m pytest -q -n 2 --dist loadfile -m "not slow" --junitxml=/tmp/fast.xml
+    python tests/tiers.py /tmp/junit.xml /tmp/fast.xml
+
+``tests/conftest.py`` marks the listed tests ``slow`` as it collects them; a listed test
+that no longer exists is reported at the end of a whole-suite run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LIST = Path(__file__).resolve().parent / "slow.txt"
+HEADER = """\
+# Tests marked `slow` (tests/conftest.py): CI runs the others, `-m slow` runs these.
+# Written by `python tests/tiers.py JUNIT.xml... --threshold {threshold:g}` from a whole-suite run
+# and fast-tier runs ({total:.0f} s of tests; these {n} took {slow:.0f} s). Do not edit by hand.
+"""
+
+
+def node_id(classname: str, name: str, root: Path = ROOT) -> str:
+    """pytest's node id of a JUnit test case: ``tests.test_x.TestY`` + ``test_z[p]`` ->
+    ``tests/test_x.py::TestY::test_z[p]``; a doctest's ``fxmem.analyze`` +
+    ``fxmem.analyze.analyze`` -> ``fxmem/analyze.py::fxmem.analyze.analyze``.
+
+    >>> node_id("tests.test_cli", "test_help_and_version")
+    'tests/test_cli.py::test_help_and_version'
+    """
+    parts = classname.split(".")
+    for i in range(len(parts), 0, -1):
+        path = "/".join(parts[:i]) + ".py"
+        if (root / path).is_file():
+            return "::".join([path, *parts[i:], name])
+    raise ValueError(f"no file for the test case {classname}::{name}")
+
+
+def slow_tests(junits: list[Path], threshold: float) -> tuple[list[str], float, float]:
+    """(node ids of the slow tests, seconds of all tests, seconds of the slow ones), a test's
+    seconds those of the last of the runs ``junits`` that ran it (a module's fixtures are
+    timed with the first test that asks for them: a later run of the fast tier alone finds
+    the fixtures of the tests it no longer runs first; a later run of a few files, what a
+    change made faster or slower)."""
+    took: dict[str, float] = {}
+    for junit in junits:
+        for case in ET.parse(junit).getroot().iter("testcase"):
+            if case.find("skipped") is None:
+                took[node_id(case.get("classname"), case.get("name"))] = \
+                    float(case.get("time") or 0)
+    per_file = collections.defaultdict(list)
+    for nid, s in took.items():
+        per_file[nid.split("::")[0]].append((s, nid))
+    slow, total, slow_s = [], 0.0, 0.0
+    for cases in per_file.values():
+        cases.sort()
+        total += sum(s for s, _ in cases)
+        for s, nid in cases[1:]:  # the cheapest of each file stays fast
+            if s >= threshold:
+                slow.append(nid)
+                slow_s += s
+    return sorted(slow), total, slow_s
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("junit", type=Path, nargs="+",
+                    help="JUnit XML of a whole-suite run (and of fast-tier runs)")
+    ap.add_argument("--threshold", type=float, default=3.0, help="seconds (default 3)")
+    args = ap.parse_args(argv)
+    slow, total, slow_s = slow_tests(args.junit, args.threshold)
+    LIST.write_text(HEADER.format(threshold=args.threshold, total=total, n=len(slow),
+                                  slow=slow_s) + "".join(f"{n}\n" for n in slow),
+                    encoding="utf-8")
+    print(f"{len(slow)} slow tests ({slow_s:.0f} s of {total:.0f} s) -> {LIST.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
