@@ -186,6 +186,26 @@ def test_max_batch_size_with_every_kind(case):
     assert peak == got.peak_bytes
 
 
+def test_max_batch_size_search_is_the_plain_search(case):
+    """``max_batch_size`` follows a plan found at one B up the batch sizes before it bisects
+    (fewer solves): its B is the plain doubling-and-bisection's over the planner's answers,
+    and at B + 1 no plan of the exact frontier fits the budget within the share."""
+    from fxmem.formula.search import largest
+
+    name, build, batch, loss, b, r = case
+    budget, ch = r.peak_bytes(b), r._chooser()
+
+    def share(x):
+        return int(0.05 * ch.step_flops(x))
+
+    got = r.max_batch_size(budget, max_recompute=0.05, confirm=False)
+    assert got.B == largest(lambda x: ch.choose(budget, x, share(x)) is not None,
+                            r.min_batch_size)
+    assert got.peak_bytes <= budget and got.recompute_flops <= share(got.B)
+    assert all(p.peak_bytes > budget or p.recompute_flops > share(got.B + 1)
+               for p in ch.frontier(got.B + 1))
+
+
 def test_lowest_peak_bounds_every_plan(case):
     """``chain.lowest_peak`` of the model below the exact peaks (what ``max_batch_size``
     rules a batch size out with, before deriving its frontier): the model's own smallest

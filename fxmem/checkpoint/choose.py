@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import InfeasibleBudgetError, InputError
+from ..errors import FxmemError, InfeasibleBudgetError, InputError
 from ..formula.symbols import B, Size
 from ..memory.liveness import timeline
 from ..memory.sizes import device_sizes
@@ -42,6 +42,7 @@ from . import solve as S
 from .plans import derive, schedule
 
 MAX_TIGHTENINGS = 6  # re-solves with a smaller budget when the exact peak is over it
+LIMIT_B = 2**40  # a batch size past this fits: the peak does not grow with B
 MAX_FRONTIER = 256  # Pareto points asked of the solver (each is then derived exactly)
 FRONTIER_SAMPLES = 64  # budgets sampled down to the smallest peak beyond MAX_FRONTIER
 
@@ -226,6 +227,18 @@ class Chooser:
                 out.append(FrontierPoint(peak, cost, self.paths(idx)))
         return tuple(out)
 
+    def numbers(self, plan, b: int) -> tuple:
+        """(exact peak, recompute FLOPs) of ``plan`` (candidate paths) at ``b``."""
+        idx = self._index(plan)
+        return self.peak(idx, b), self.costs(idx, b)
+
+    def choice_of(self, plan, b: int) -> PlanChoice:
+        """``plan`` at ``b`` as a :class:`PlanChoice` (not proven the cheapest)."""
+        return self._choice(self._index(plan), b, False)
+
+    def _index(self, plan) -> tuple:
+        return tuple(sorted(self.candidates.index(p) for p in Plan.of(plan)))
+
     def paths(self, idx) -> tuple:
         return tuple(sorted(self.candidates[i] for i in idx))
 
@@ -287,18 +300,36 @@ def max_batch_size(report, budget_bytes: int, max_recompute: float,
 
 def most(report, budget_bytes, max_recompute, candidates=None, kinds=None):
     """``(the choice at the largest B, at(b) -> the choice at b)`` for
-    :func:`max_batch_size`."""
+    :func:`max_batch_size`.
+
+    Doubling, then bisection, as :func:`fxmem.formula.search.largest`, but a plan found at
+    one B is followed up the batch sizes first: the largest B it still fits within the
+    recompute share (its exact numbers, no solve) is where the search goes on from. A plan
+    found at one B is also tried at a B where the solver finds none."""
     if not 0 <= max_recompute:
         raise InputError(f"max_recompute is a fraction of the step's FLOPs, got {max_recompute!r}")
     from ..formula.search import largest
 
     ch = report._chooser(candidates, kinds)
     choices: dict = {}
+    found: dict = {}  # plans that fit somewhere, in the order found
+
+    def fits(plan, b) -> bool:
+        peak, cost = ch.numbers(plan, b)
+        return peak <= budget_bytes and cost <= int(max_recompute * ch.step_flops(b))
 
     def at(b):
         if b not in choices:
-            choices[b] = ch.choose(budget_bytes, b, int(max_recompute * ch.step_flops(b)))
+            c = ch.choose(budget_bytes, b, int(max_recompute * ch.step_flops(b)))
+            if c is None:
+                c = next((ch.choice_of(p, b) for p in found if fits(p, b)), None)
+            if c is not None:
+                found.setdefault(c.plan)
+            choices[b] = c
         return choices[b]
+
+    def reach(b) -> int:  # the largest B >= b at which the plan found at b fits
+        return largest(lambda x: x == b or fits(at(b).plan, x), b, limit=LIMIT_B)
 
     lo = report.min_batch_size
     if at(lo) is None:
@@ -307,4 +338,13 @@ def most(report, budget_bytes, max_recompute, candidates=None, kinds=None):
             f"budget {budget_bytes:,} B is below the smallest peak at B={lo} within "
             f"{max_recompute:.0%} recompute; the smallest with any plan is "
             f"{low.peak_bytes:,} B", minimum_bytes=low.peak_bytes)
-    return at(largest(lambda b: at(b) is not None, lo, limit=2**40)), at
+    lo, hi = reach(lo), None
+    while hi is None or hi - lo > 1:  # at(lo), not at(hi)
+        mid = 2 * lo if hi is None else (lo + hi) // 2
+        if mid > LIMIT_B:
+            raise FxmemError("the peak does not grow with B, so every batch size fits")
+        if at(mid) is None:
+            hi = mid
+        else:
+            lo = reach(mid)
+    return at(lo), at

@@ -291,6 +291,14 @@ class Planner:
             self._peaks[key] = (peak, reg + other, reg)
         return self._peaks[key]
 
+    def numbers(self, plan, b: int) -> tuple:
+        """(exact peak, recompute FLOPs) of ``plan`` at ``b``."""
+        return self.exact_numbers(plan, b)[:2]
+
+    def choice_of(self, plan, b: int):
+        """``plan`` at ``b`` as a :class:`PlanChoice` (not proven the cheapest)."""
+        return self._choice(Plan.of(plan), b, False)
+
     def _derive(self, plan: Plan):
         """``(trace, device sizes)`` of ``plan``: the same at every B. ``self._derived``
         keeps the most recent for the next B a search asks about."""
@@ -317,12 +325,15 @@ class Planner:
         if max_recompute_flops is not None and \
                 C.lowest_peak(self.problem(b, True)) > budget_bytes:
             return None  # over the budget even in the model below every exact peak
-        # the chain model can put a plan a few bytes above its exact peak: the exact frontier
-        fits = [p for p in self.frontier(b) if p.peak_bytes <= budget_bytes]
+        # the chain model can put a plan a few bytes above its exact peak: the frontier's
+        # plans, exactly, but for those over the budget in the model below the exact peaks
+        fits = [p for p in self._frontier_plans(b, budget_bytes)
+                if self.exact_numbers(p, b)[0] <= budget_bytes]
         if fits:
-            best = min(fits, key=lambda p: self._rank(p.plan, b))
-            if max_recompute_flops is None or best.recompute_flops <= max_recompute_flops:
-                return self._choice(best.plan, b, False)
+            best = min(fits, key=lambda p: self._rank(p, b))
+            if max_recompute_flops is None or \
+                    self.exact_numbers(best, b)[1] <= max_recompute_flops:
+                return self._choice(best, b, False)
         if max_recompute_flops is not None:
             return None
         low = self.smallest(b)
@@ -343,11 +354,22 @@ class Planner:
         best = min(pts, key=lambda p: (p.peak_bytes, p.recompute_flops))
         return self._choice(best.plan, b, False)
 
+    def _frontier_plans(self, b: int, budget_bytes: int | None = None):
+        """The plans of the chain model's frontier at ``b``; with ``budget_bytes``, only
+        those whose peak fits it in the model below the exact peaks (``optimistic``: a plan
+        over the budget there is over it exactly), which need no derivation."""
+        sols = C.frontier(self.problem(b))
+        if budget_bytes is not None:
+            low = self.problem(b, optimistic=True)
+            by = {(c.first, c.last, c.name): c for c in low.choices}
+            sols = [s for s in sols if C.peak(low, [by[c.first, c.last, c.name]
+                                                    for c in s.choices]) <= budget_bytes]
+        return [self._plan(s) for s in sols]
+
     def frontier(self, b: int) -> tuple:
         """Pareto-optimal (exact peak, recompute FLOPs, plan) at ``b``, peak descending."""
         pts = set()
-        for sol in C.frontier(self.problem(b)):
-            plan = self._plan(sol)
+        for plan in self._frontier_plans(b):
             peak, cost, reg = self.exact_numbers(plan, b)
             pts.add((reg, cost, peak, plan))
         out = []
