@@ -158,19 +158,22 @@ def test_find_runs_groups_identical_siblings_only():
 
 
 def test_frozen_gc_freezes_once_when_nested_and_still_collects_new_garbage():
+    # A frozen object freed by reference counting leaves the permanent generation (another
+    # thread, such as pytest-xdist's, can free some at any time: CI saw the count fall by 2),
+    # so inside the block the count can only fall; a second freeze would add made's lists.
     freeze = gc.get_freeze_count()
     with frozen_gc():
         inner = gc.get_freeze_count()
         assert inner >= freeze
-        made = [[] for _ in range(100)]  # a second freeze would take these too
+        made = [[] for _ in range(1000)]  # a second freeze would take these too
         with frozen_gc():  # analyze runs trace: one freeze, one unfreeze
-            assert gc.get_freeze_count() == inner
+            assert inner - len(made) < gc.get_freeze_count() <= inner
         del made
         cycle = []
         cycle.append(cycle)
         del cycle
         assert gc.collect() >= 1  # garbage made inside the block is collected
-        assert gc.get_freeze_count() == inner
+        assert gc.get_freeze_count() <= inner
     assert gc.get_freeze_count() == freeze
     fxmem.measure(torch.nn.Linear(4, 2), torch.randn(3, 4), loss=lambda o: o.sum(), B=2)
     assert gc.get_freeze_count() == freeze
