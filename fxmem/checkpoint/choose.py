@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import FxmemError, InfeasibleBudgetError, InputError
+from ..errors import InfeasibleBudgetError, InputError
 from ..formula.symbols import B, Size
 from ..memory.liveness import timeline
 from ..memory.sizes import device_sizes
@@ -302,10 +302,10 @@ def most(report, budget_bytes, max_recompute, candidates=None, kinds=None):
     """``(the choice at the largest B, at(b) -> the choice at b)`` for
     :func:`max_batch_size`.
 
-    Doubling, then bisection, as :func:`fxmem.formula.search.largest`, but a plan found at
-    one B is followed up the batch sizes first: the largest B it still fits within the
-    recompute share (its exact numbers, no solve) is where the search goes on from. A plan
-    found at one B is also tried at a B where the solver finds none."""
+    :func:`fxmem.formula.search.largest` over the batch sizes where a plan is chosen, its
+    ``advance`` following the plan found at one B up to the largest B it still fits within
+    the recompute share (its exact numbers, no solve). A plan found at one B is also tried
+    at a B where the solver finds none."""
     if not 0 <= max_recompute:
         raise InputError(f"max_recompute is a fraction of the step's FLOPs, got {max_recompute!r}")
     from ..formula.search import largest
@@ -314,13 +314,16 @@ def most(report, budget_bytes, max_recompute, candidates=None, kinds=None):
     choices: dict = {}
     found: dict = {}  # plans that fit somewhere, in the order found
 
+    def share(b) -> int:  # recompute FLOPs allowed at b
+        return int(max_recompute * ch.step_flops(b))
+
     def fits(plan, b) -> bool:
         peak, cost = ch.numbers(plan, b)
-        return peak <= budget_bytes and cost <= int(max_recompute * ch.step_flops(b))
+        return peak <= budget_bytes and cost <= share(b)
 
     def at(b):
         if b not in choices:
-            c = ch.choose(budget_bytes, b, int(max_recompute * ch.step_flops(b)))
+            c = ch.choose(budget_bytes, b, share(b))
             if c is None:
                 c = next((ch.choice_of(p, b) for p in found if fits(p, b)), None)
             if c is not None:
@@ -338,13 +341,5 @@ def most(report, budget_bytes, max_recompute, candidates=None, kinds=None):
             f"budget {budget_bytes:,} B is below the smallest peak at B={lo} within "
             f"{max_recompute:.0%} recompute; the smallest with any plan is "
             f"{low.peak_bytes:,} B", minimum_bytes=low.peak_bytes)
-    lo, hi = reach(lo), None
-    while hi is None or hi - lo > 1:  # at(lo), not at(hi)
-        mid = 2 * lo if hi is None else (lo + hi) // 2
-        if mid > LIMIT_B:
-            raise FxmemError("the peak does not grow with B, so every batch size fits")
-        if at(mid) is None:
-            hi = mid
-        else:
-            lo = reach(mid)
+    lo = largest(lambda b: at(b) is not None, lo, limit=LIMIT_B, advance=reach)
     return at(lo), at
