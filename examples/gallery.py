@@ -71,7 +71,7 @@ EXAMPLE_MODELS = (
             "A text classifier: embedding, two-layer LSTM over 32 tokens, linear head. "
             "On CUDA the LSTM runs cuDNN's kernel (`_cudnn_rnn`, fxmem.trace.cuda.rnn), whose "
             "reserve space (kept for backward) and workspaces only cuDNN sizes: they are "
-            "listed under *Not modelled*, so leave headroom for them.",
+            "listed under *Caveats*, so leave headroom for them.",
             B=64, loss="cross_entropy", optimizer="Adam",
             setup={"input": "B x 32 token ids, int64", "target": "B labels, int64 (4 classes)"}),
 )

@@ -50,6 +50,7 @@ from .errors import (
     FxmemError,
     InfeasibleBudgetError,
     InputError,
+    ModelError,
     SpecializationError,
     TraceError,
 )
@@ -69,4 +70,5 @@ __all__ = ["analyze", "Step", "Report", "Breakdown", "B", "L", "measure", "Measu
            "plan_checkpoints", "apply_checkpoints", "Plan", "Region", "load_plan", "PlanChoice", "FrontierPoint", "whatif",
            "WhatIf", "FSDP", "DDP", "TP", "Parallel", "ParallelReport", "min_world_size",
            "FxmemError", "InputError", "TraceError", "SpecializationError", "DataDependentError",
+           "ModelError",
            "InfeasibleBudgetError", "DimsReport"]

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
+from dataclasses import replace
+
+import torch
 
 from .checkpoint.plans import derive
 from .memory.graph import build_graph
@@ -94,12 +98,19 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     if parallel is not None:
         return _per_rank(model, inputs, targets, step, parallel, checkpoint, batch_hint, dims,
                          batch_dim)
+    plan = normalize_plan(model, checkpoint)
+    as_here = _modes(model)
+
+    def below(b):  # B below where the formulas hold: the step traced with B the int b
+        with as_here():
+            t = trace(model, inputs, targets, step=step, checkpoint=plan, dims=dims,
+                      reuse_blocks=reuse_blocks, batch_dim=batch_dim, concrete_batch=b)
+        return _report(t, dims, step.device)
     if dims:
         t = trace(model, inputs, targets, step=step, batch_hint=batch_hint,
                   checkpoint=checkpoint, dims=dims, reuse_blocks=reuse_blocks,
                   batch_dim=batch_dim)
-        return Report.in_dims(t, step.device)
-    plan = normalize_plan(model, checkpoint)
+        return replace(Report.in_dims(t, step.device), below=below)
     t = trace(model, inputs, targets, step=step, batch_hint=batch_hint,
               checkpoint=None if plan and not retrace else plan, reuse_blocks=reuse_blocks,
               batch_dim=batch_dim)
@@ -112,21 +123,42 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
         t = derive(t, plan)
     lv = liveness(build_graph(t))
     if plan:
-        return Report(lv, parts_of(lv), t.guards)
-    modes = [(m, m.training) for m in model.modules()]
+        return Report(lv, parts_of(lv), t.guards, below=below)
 
-    def again(plan):  # the planner's confirmation: this step traced with ``plan``, the
-        now = [(m, m.training) for m, _ in modes]  # modules in the modes they had here
-        try:
-            for m, mode in modes:
-                m.training = mode
+    def again(plan):  # the planner's confirmation: this step traced with ``plan``
+        with as_here():
             return analyze(model, inputs, targets, step=step, checkpoint=plan, retrace=True,
                            batch_hint=batch_hint, reuse_blocks=reuse_blocks,
                            batch_dim=batch_dim)
+    return Report(lv, parts_of(lv), t.guards, retrace=again, below=below)
+
+
+def _report(t, dims, device: str) -> Report:
+    """The report of trace ``t`` (in the named ``dims`` when there are any)."""
+    if dims:
+        return Report.in_dims(t, device)
+    lv = liveness(build_graph(t))
+    return Report(lv, parts_of(lv), t.guards)
+
+
+def _modes(model):
+    """A context manager that puts ``model``'s modules back in the train/eval modes they
+    have now while it runs, and in the ones they had before it afterwards: a trace made
+    later (a plan confirmed, a small B traced) sees the step as :func:`analyze` saw it."""
+    modes = [(m, m.training) for m in model.modules()] \
+        if isinstance(model, torch.nn.Module) else []  # (not a model: the trace says so)
+
+    @contextlib.contextmanager
+    def as_here():
+        now = [(m, m.training) for m, _ in modes]
+        try:
+            for m, mode in modes:
+                m.training = mode
+            yield
         finally:
             for m, mode in now:
                 m.training = mode
-    return Report(lv, parts_of(lv), t.guards, retrace=again)
+    return as_here
 
 
 def _per_rank(model, inputs, targets, step, parallel, checkpoint, batch_hint, dims,
@@ -135,15 +167,17 @@ def _per_rank(model, inputs, targets, step, parallel, checkpoint, batch_hint, di
     check_parallel(parallel)
     plan = normalize_plan(model, checkpoint)
     groups = []
+    as_here = _modes(model)
     for ranks in parallel.rank_groups(model):
         t = trace(model, inputs, targets, step=step, batch_hint=batch_hint, checkpoint=plan,
                   dims=dims, batch_dim=batch_dim, parallel=parallel, rank=ranks[0])
-        if dims:
-            report = Report.in_dims(t, step.device)
-        else:
-            lv = liveness(build_graph(t))
-            report = Report(lv, parts_of(lv), t.guards)
-        groups.append(RankGroup(ranks, report))
+
+        def below(b, rank=ranks[0]):  # B below where the formulas hold: traced at b
+            with as_here():
+                return _report(trace(model, inputs, targets, step=step, checkpoint=plan,
+                                     dims=dims, batch_dim=batch_dim, parallel=parallel,
+                                     rank=rank, concrete_batch=b), dims, step.device)
+        groups.append(RankGroup(ranks, replace(_report(t, dims, step.device), below=below)))
 
     def retrace(plan):  # the planner's confirmation: this step traced with ``plan``
         return _per_rank(model, inputs, targets, step, parallel, plan, batch_hint, dims,

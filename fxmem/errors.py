@@ -51,6 +51,12 @@ class TraceError(FxmemError):
         super().__init__(f"{reason} ({', '.join(where)})" if where else reason)
 
 
+class ModelError(TraceError):
+    """The model itself fails at an op on these shapes or dtypes, as eager PyTorch would:
+    not a limit of tracing (checked by running the op on meta tensors of the example's
+    concrete sizes, with no fake tensor nor symbol involved)."""
+
+
 class SpecializationError(TraceError):
     """The batch size was fixed to a number while tracing, so no formula in B exists."""
 

@@ -126,12 +126,13 @@ def test_loss_none_needs_a_scalar():
 def test_budget_below_fixed_memory_is_infeasible():
     r = fxmem.analyze(nn.Linear(64, 64), torch.randn(4, 64), loss=_loss,
                       optimizer=torch.optim.Adam, device="cpu")
-    smallest = r.peak_bytes(r.min_batch_size)
+    assert (r.min_batch_size, r.least_batch_size) == (2, 1)  # B = 1: traced at 1
+    smallest = r.peak_bytes(1)
     with pytest.raises(fxmem.InfeasibleBudgetError) as e:
         r.max_batch_size(smallest - 1)
     assert e.value.minimum_bytes == smallest
-    assert f"{smallest:,}" in str(e.value)
-    assert r.max_batch_size(smallest) == r.min_batch_size
+    assert f"{smallest:,}" in str(e.value) and "(at B=1)" in str(e.value)
+    assert r.max_batch_size(smallest) == 1
     with pytest.raises(fxmem.InputError):
         r.max_batch_size(1.5e9)
     with pytest.raises(fxmem.InputError):

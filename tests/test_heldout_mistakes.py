@@ -1,6 +1,8 @@
 """A new user's mistakes, written by someone who had read only the README, the CLI's help and
 the examples, before the fixes of issue 22 were known to them (``mistakes_models/heldout.json``:
-118 cases, with what they expected and the words a good message must contain). Each is run
+118 cases, with what they expected and the words a good message must contain), and what
+stopped a new user in their first hour (issue 40: the ``first-hour-*`` cases, with the words a
+full report must hold, ``expect_out``). Each is run
 here as ``test_mistakes.py`` runs the team's own: one line on stderr, the expected exit code,
 no traceback, no torch log line, global state unchanged.
 
@@ -56,6 +58,9 @@ def test_a_new_users_mistake(case, tmp_path, monkeypatch, capfd):
             assert err.startswith("fxmem: error: ") and err.count("\n") == 1, err
             assert out == "", out
             msg = err
+        flat = " ".join(out.split())  # the report, however the terminal wrapped it
+        missing = [w for w in case.get("expect_out", ()) if " ".join(w.split()) not in flat]
+        assert not missing, (missing, out)
     else:
         try:
             exec(compile(case["code"], f"{case['id']}.py", "exec"), {"__name__": "__main__"})

@@ -31,6 +31,10 @@ HEADER = """\
 # and fast-tier runs ({total:.0f} s of tests; these {n} took {slow:.0f} s). Do not edit by hand.
 """
 
+# Tests CI must run whatever they take: what no other fast test checks (the docs site's
+# strict build, which a renamed heading breaks; issue 40).
+ALWAYS_FAST = frozenset({"tests/test_docs.py::test_site_builds_strict"})
+
 
 def node_id(classname: str, name: str, root: Path = ROOT) -> str:
     """pytest's node id of a JUnit test case: ``tests.test_x.TestY`` + ``test_z[p]`` ->
@@ -68,7 +72,7 @@ def slow_tests(junits: list[Path], threshold: float) -> tuple[list[str], float, 
         cases.sort()
         total += sum(s for s, _ in cases)
         for s, nid in cases[1:]:  # the cheapest of each file stays fast
-            if s >= threshold:
+            if s >= threshold and nid not in ALWAYS_FAST:
                 slow.append(nid)
                 slow_s += s
     return sorted(slow), total, slow_s

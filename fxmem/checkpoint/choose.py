@@ -26,7 +26,7 @@ budget is tightened by the excess and the solver asked again.
 >>> r = fxmem.analyze(m, torch.randn(8, 32), loss=lambda o: o.square().mean(), device="cpu")
 >>> choice = r.plan_for(budget_bytes=r.peak_bytes(512) * 3 // 4, B=512, kinds=["module"])
 >>> choice.plan, choice.peak_bytes <= r.peak_bytes(512) * 3 // 4
-(('0', '1'), True)
+(<Plan: 0, 1>, True)
 """
 
 from __future__ import annotations

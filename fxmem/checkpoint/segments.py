@@ -13,6 +13,11 @@ tensors that existed before the step (the batch) read inside it.
 >>> r = fxmem.analyze(m, torch.randn(4, 8), loss=lambda o: o.sum(), device="cpu")
 >>> [(s.path, s.valid) for s in r.segments]
 [('0', True), ('1', True), ('2', True)]
+>>> r.segments
+3 of 3 modules are valid checkpoint segments (released_bytes: what a checkpoint frees):
+  0  released_bytes = 0
+  1  released_bytes = -32*B
+  2  released_bytes = 0
 """
 
 from __future__ import annotations
@@ -53,8 +58,32 @@ class Segment:
     valid: bool
     reason: str
 
+    def __repr__(self) -> str:
+        state = (f"valid, released_bytes = {self.released_bytes}" if self.valid else
+                 f"not a segment: {self.reason}")
+        return f"<Segment {self.path or '(root)'}: {state}>"
 
-def segments(graph: StorageGraph) -> tuple[Segment, ...]:
+
+class Segments(tuple):
+    """The checkpoint candidates (:class:`Segment` s, in call order): a tuple that prints
+    one line per module, valid ones first with the bytes a checkpoint of each frees at the
+    end of its forward (negative: it would hold more), then the others with why not."""
+
+    def __repr__(self) -> str:
+        if not self:
+            return "Segments(): no module ran in the forward"
+        good = [s for s in self if s.valid]
+        lines = [f"{len(good)} of {len(self)} modules are valid checkpoint segments "
+                 "(released_bytes: what a checkpoint frees):"]
+        width = max(len(s.path or "(root)") for s in self)
+        lines += [f"  {s.path or '(root)':<{width}}  released_bytes = {s.released_bytes}"
+                  for s in good]
+        lines += [f"  {s.path or '(root)':<{width}}  not a segment: {s.reason}"
+                  for s in self if not s.valid]
+        return "\n".join(lines)
+
+
+def segments(graph: StorageGraph) -> Segments:
     """Every submodule that ran in the forward, as a :class:`Segment`, in call order."""
     trace = graph.trace
     storages = trace.storages
@@ -86,7 +115,7 @@ def segments(graph: StorageGraph) -> tuple[Segment, ...]:
         reason = _why_not(n_calls[call.path], len(entering), len(leaving), len(ops))
         out.append(Segment(call.path, n_calls[call.path], call.first_op, call.last_op,
                            entering, leaving, saved, saved - kept, not reason, reason))
-    return tuple(out)
+    return Segments(out)
 
 
 def _activation(storage) -> bool:

@@ -50,8 +50,9 @@ def _code(e: BaseException) -> int:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=(
     "Errors are one line on stderr, 'fxmem: error: ...', naming what was wrong and what to "
-    "do, with an exit code: 2 usage or input, 3 the step cannot be traced (the line names "
-    "the op, the module and your source line), 4 nothing fits the budget, 130 interrupted, "
+    "do, with an exit code: 2 usage or input, 3 the step cannot be traced, or the model "
+    "itself fails at an op as eager PyTorch would (the line says which, and names the op, "
+    "the module and your source line), 4 nothing fits the budget, 130 interrupted, "
     "1 a bug in fxmem (--debug shows its traceback). Nothing else is printed: no other "
     "library's log line or warning; --out is written whole or not at all."))
 @click.version_option(package_name="fxmem")
@@ -85,7 +86,9 @@ def cli():
               help="The GPU whose kernels --device cuda follows (9.0 H100, 8.0 A100, 8.6 "
                    "RTX 30xx, 8.9 L4/RTX 40xx, 7.5 T4, 10.0 B200): attention backends "
                    "and workspace sizes depend on it. Default: --gpu's, else 9.0.")
-@click.option("--inference", is_flag=True, help="An inference step under no_grad.")
+@click.option("--inference", is_flag=True,
+              help="An inference step: the model in eval mode, forward only under no_grad "
+                   "(hf: models without their labels, so no loss).")
 @click.option("--grad-accum", type=click.IntRange(min=1), default=1, show_default=True,
               help="Micro-batches per optimizer step (B is one micro-batch).")
 @click.option("--batch", type=click.IntRange(min=1), default=32, show_default=True,
@@ -369,7 +372,10 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
         raise InputError(f"--seq sets the sequence length of hf: text models, not of {target}: "
                          "name the length in the spec and size it with --dim (--input "
                          "B,L:int64:VOCAB --dim L=128)")
-    specs = inputs or t.inputs
+    specs = inputs or (t.inference_inputs if inference and t.inference_inputs is not None
+                       else t.inputs)
+    if inference:  # dropout off, batch norm on its running statistics: as inference runs
+        t.model.eval()
     if not specs:
         raise InputError("give the model's inputs with --input (e.g. --input B,3,32,32)")
     tgt_specs = targets or t.targets

@@ -89,7 +89,7 @@ def _hf_config(name: str, overrides: dict):
     ``overrides`` checked and applied, and the model class a preset fixes (or None)."""
     transformers = _transformers()
     if name.endswith(".json") or os.sep in name:
-        data = _read_json(name)
+        data = _read_json(_local_config(name))
         model_type = data.pop("model_type", None)
         if not model_type:
             raise InputError(f"{name} has no model_type: not a Hugging Face config")
@@ -123,6 +123,28 @@ def _hf_config(name: str, overrides: dict):
         return config_class(**{**base, **overrides}), model_class
     except Exception as e:  # noqa: BLE001 - transformers' validation, in one line
         raise InputError(f"hf:{name}: bad --config: {one_line(str(e))}") from None
+
+
+def _local_config(name: str) -> str:
+    """``name`` itself when it is a file, or the config.json of the Hugging Face Hub id
+    ``name`` (``meta-llama/Llama-3.1-8B``) when the local Hub cache already holds it:
+    fxmem downloads nothing, so a Hub id not in the cache is an :class:`fxmem.InputError`
+    saying how to get its config.json."""
+    if os.path.exists(name) or name.endswith(".json") or name.count("/") != 1 \
+            or name.startswith((".", "/", "~")):
+        return name
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        cached = try_to_load_from_cache(name, "config.json")
+    except Exception:  # noqa: BLE001 - not a valid repo id, or no huggingface_hub: not cached
+        cached = None
+    if isinstance(cached, str) and os.path.isfile(cached):
+        return cached
+    raise InputError(f"hf:{name} looks like a Hugging Face Hub id, and fxmem downloads "
+                     "nothing (its config is not in the local Hub cache either): save the "
+                     f"model's config.json (e.g. `hf download {name} config.json --local-dir "
+                     f"{name.split('/')[1]}`) and give its path, hf:{name.split('/')[1]}/"
+                     "config.json; the weights are never needed")
 
 
 def _read_json(name: str) -> dict:
@@ -236,13 +258,55 @@ def _init_keys(module_name: str) -> set:
     return out
 
 
+def torchvision_release() -> str:
+    """The torchvision release made for the running torch (torch 2.N ships with
+    torchvision 0.(N + 15)), e.g. ``"0.29"`` beside torch 2.14.
+
+    >>> import re
+    >>> bool(re.fullmatch(r"0\\.\\d+", torchvision_release()))
+    True
+    """
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    return f"0.{minor + 15}" if major == 2 else "(the one made for your torch)"
+
+
+def _vision_package(name: str):
+    """``import name`` (torchvision, or timm, which imports torchvision), or an
+    :class:`fxmem.InputError` saying which torchvision this torch needs: a torchvision built
+    for another torch fails at import ('operator torchvision::nms does not exist'), as
+    PyPI's does beside a CPU build of torch from elsewhere."""
+    import importlib
+
+    route = (f"install the torchvision made for torch {torch.__version__}: "
+             f"torchvision=={torchvision_release()}.*, from the same package index as your "
+             "torch (a CPU build of torch needs a CPU build of torchvision); see the "
+             "README's 'Models from torchvision and timm'")
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        if e.name == name:
+            raise InputError(f"{name}: targets need {name}: " + (
+                route if name == "torchvision" else
+                f"pip install {name}, beside the torchvision made for your torch ({route})")
+            ) from None
+        failure = e
+    except Exception as e:  # noqa: BLE001 - a mismatched torchvision fails as it loads
+        failure = e
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        have = f"torchvision {version('torchvision')}"
+    except PackageNotFoundError:
+        have = "torchvision"
+    raise InputError(f"{name}: targets need torchvision, and the installed {have} does not "
+                     f"load beside torch {torch.__version__} ({type(failure).__name__}: "
+                     f"{one_line(str(failure), 120)}): {route}") from None
+
+
 def timm_model(name: str, overrides: dict):
     """``timm.create_model(name, pretrained=False, **overrides)`` on the meta device, with its
     default input size (``pretrained_cfg["input_size"]``) and class count."""
-    try:
-        import timm
-    except ImportError:
-        raise InputError("timm: targets need timm (pip install timm)") from None
+    timm = _vision_package("timm")
     if not timm.is_model(name):
         near = closest(name, timm.list_models())
         raise InputError(f"timm has no model {name}" + (f"; did you mean {near}?" if near
@@ -268,11 +332,7 @@ def timm_model(name: str, overrides: dict):
 def torchvision_model(name: str, overrides: dict):
     """``torchvision.models.get_model(name, weights=None, **overrides)`` on the meta device, a
     classifier, with the crop size of its weights' transforms."""
-    try:
-        import torchvision
-    except ImportError:
-        raise InputError("torchvision: targets need torchvision (pip install torchvision, the "
-                         "build matching your torch)") from None
+    torchvision = _vision_package("torchvision")
     models = torchvision.models
     classifiers = set(models.list_models(module=models))
     if name not in classifiers:

@@ -175,6 +175,9 @@ class Target:
     loss: str | None = None
     dims: dict = field(default_factory=dict)
     targets: tuple = ()  # default ``--target`` specs (a classifier's labels)
+    # default ``--input`` specs of an ``--inference`` step, when they differ from ``inputs``
+    # (a Hugging Face model's inputs without the labels it would compute a loss from)
+    inference_inputs: tuple | None = None
 
 
 def load_object(target: str, what: str = "TARGET"):
@@ -267,7 +270,7 @@ def load_target(target: str, config: dict | None = None, seq: int | None = None)
     config = config or {}
     if target.startswith("hf:"):
         model, name, specs, loss, dims = families.hf(target[3:], config, seq)
-        return Target(model, name, specs, loss, dims)
+        return Target(model, name, specs, loss, dims, inference_inputs=specs[:1])
     if target.startswith("timm:"):
         model, (x, y) = families.timm_model(target[5:], config)
         return Target(model, target, (x,), "cross_entropy", targets=(y,))

@@ -12,11 +12,12 @@
   has no caching allocator.
 
 :meth:`fxmem.Report.max_batch_size` returns a :class:`MaxBatchSize`, an ``int`` that says
-which of them it is.
+which of them it is, and with ``max_recompute`` carries the checkpoint plan that gets there
+(``.plan``, ``.choice``); without, its plan is empty.
 
 >>> b = MaxBatchSize(5, by="live", budget_bytes=2**20)
->>> b + 1, b.by, b.explain
-(6, 'live', 'the largest B whose live tensors fit in 1.00 MiB')
+>>> b + 1, b.by, b.explain, b.plan
+(6, 'live', 'the largest B whose live tensors fit in 1.00 MiB', <Plan: (no checkpoint)>)
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ..formula.search import largest
 
 BY = ("device", "allocated", "live")
 _WHAT = {
-    "device": "the largest B whose training steps, replayed through the CUDA caching "
+    "device": "the largest B whose steps, replayed through the CUDA caching "
               "allocator, run within {budget} of device memory",
     "allocated": "the largest B whose predicted max_memory_allocated() fits in {budget}",
     "live": "the largest B whose live tensors fit in {budget}",
@@ -38,18 +39,29 @@ class MaxBatchSize(int):
     ``budget_bytes``: the bytes it was checked against (for ``"device"``, what the
     allocator can get); ``gpu``: the card's name when the budget came from one, else
     ``""``; ``limit``: ``True`` when B stopped at the formula's own upper limit (a
-    ``B <= n`` in ``valid_when``) rather than at the budget."""
+    ``B <= n`` in ``valid_when``) rather than at the budget; ``choice``: with
+    ``max_recompute``, the :class:`fxmem.PlanChoice` at this B (its ``plan``,
+    ``peak_bytes``, ``recompute_flops``, ``recompute_fraction``, ``report`` read through
+    here too), else None and ``plan`` empty."""
 
     by: str
     budget_bytes: int
     gpu: str
+    choice: object
     limit: bool
 
     def __new__(cls, value: int, *, by: str, budget_bytes: int, gpu: str = "",
-                limit: bool = False):
+                limit: bool = False, choice=None):
         self = super().__new__(cls, value)
-        self.by, self.budget_bytes, self.gpu, self.limit = by, budget_bytes, gpu, limit
+        self.by, self.budget_bytes, self.gpu, self.choice = by, budget_bytes, gpu, choice
+        self.limit = limit
         return self
+
+    @classmethod
+    def with_plan(cls, choice, budget_bytes: int) -> "MaxBatchSize":
+        """The answer of ``max_batch_size(..., max_recompute=)``: ``choice.B`` by live
+        bytes, with the plan ``choice`` that gets there."""
+        return cls(choice.B, by="live", budget_bytes=budget_bytes, choice=choice)
 
     def __setattr__(self, name, value):
         if hasattr(self, "limit"):
@@ -57,7 +69,40 @@ class MaxBatchSize(int):
         super().__setattr__(name, value)
 
     def __reduce__(self):
-        return (_rebuild, (int(self), self.by, self.budget_bytes, self.gpu, self.limit))
+        return (_rebuild, (int(self), self.by, self.budget_bytes, self.gpu, self.limit,
+                           self.choice))
+
+    @property
+    def B(self) -> int:  # noqa: N802 - the batch size is B everywhere
+        """The batch size, a plain int."""
+        return int(self)
+
+    @property
+    def plan(self):
+        """The checkpoint plan that makes this B fit (a :class:`fxmem.Plan`; empty when
+        none was asked for or needed)."""
+        from ..trace.regions import Plan
+
+        return self.choice.plan if self.choice is not None else Plan(())
+
+    def _chosen(self, what: str):
+        if self.choice is None:
+            raise AttributeError(f"{what}: this answer has no checkpoint plan (ask "
+                                 "max_batch_size(..., max_recompute=0.25) for one)")
+        return getattr(self.choice, what)
+
+    peak_bytes = property(lambda self: self._chosen("peak_bytes"),
+                          doc="The peak under the plan at this B (bytes).")
+    recompute_flops = property(lambda self: self._chosen("recompute_flops"),
+                               doc="FLOPs the plan re-runs at this B.")
+    step_flops = property(lambda self: self._chosen("step_flops"),
+                          doc="FLOPs of the step without the plan at this B.")
+    recompute_fraction = property(lambda self: self._chosen("recompute_fraction"),
+                                  doc="recompute_flops / step_flops.")
+    report = property(lambda self: self._chosen("report"),
+                      doc="The :class:`fxmem.Report` of the step under the plan.")
+    exact = property(lambda self: self._chosen("exact"),
+                     doc="The solver proved the plan the cheapest that fits.")
 
     @property
     def explain(self) -> str:
@@ -66,11 +111,14 @@ class MaxBatchSize(int):
 
         where = f"{fmt_bytes(self.budget_bytes)}" + (f" ({self.gpu})" if self.gpu else "")
         text = _WHAT[self.by].format(budget=where)
+        if self.choice is not None:
+            text += (f" with checkpoint plan {self.plan}, re-running "
+                     f"{self.recompute_fraction:.0%} of the step's FLOPs")
         return text + (" (B stops at the formula's upper limit)" if self.limit else "")
 
 
-def _rebuild(value, by, budget, gpu, limit):
-    return MaxBatchSize(value, by=by, budget_bytes=budget, gpu=gpu, limit=limit)
+def _rebuild(value, by, budget, gpu, limit, choice=None):
+    return MaxBatchSize(value, by=by, budget_bytes=budget, gpu=gpu, limit=limit, choice=choice)
 
 
 def check_by(by, device: str) -> str:
@@ -101,18 +149,41 @@ def search(fits, lo: int, hi_hint: int | None, upper: int | None) -> tuple:
     return largest(fits, lo, limit=10**12), False
 
 
+def allocated_max_batch_size(report, budget_bytes: int, config=None, compute_capability=None,
+                             cudnn_workspace: int = 0) -> int:
+    """:meth:`fxmem.Report.cuda_max_batch_size` (a report in B alone): the largest B whose
+    predicted ``max_memory_allocated()`` fits ``budget_bytes``."""
+    def allocated(b):
+        return report.cuda_memory(b, config, compute_capability,
+                                  cudnn_workspace=cudnn_workspace).max_allocated
+
+    def fits(b):
+        return allocated(b) <= budget_bytes
+
+    lo = report.start_batch_size(fits)
+    if lo is None:
+        least = allocated(report.least_batch_size)
+        raise InfeasibleBudgetError(
+            f"budget {budget_bytes:,} B is below the smallest max_memory_allocated "
+            f"{least:,} B (at B={report.least_batch_size})", minimum_bytes=least)
+    if lo < report.min_batch_size:  # traced at lo; lo + 1 does not fit
+        return lo
+    live = report.max_batch_size(budget_bytes, by="live")  # also: a peak that grows with B
+    return search(fits, lo, int(live) + 1, report.max_valid_batch_size)[0]
+
+
 def device_max_batch_size(report, budget_bytes: int, *, config=None, compute_capability=None,
                           cudnn_workspace: int = 0, gpu: str = "") -> MaxBatchSize:
     """The ``"device"`` answer of :meth:`fxmem.Report.max_batch_size` (a report in B alone).
     Raises :class:`fxmem.InfeasibleBudgetError` naming where the smallest B runs out."""
-    lo = report.min_batch_size
-
     def run(b):
         return report.runs_on_device(b, budget_bytes, config, compute_capability,
                                      cudnn_workspace=cudnn_workspace)
 
-    first = run(lo)
-    if not first.fits:
+    lo = report.start_batch_size(lambda b: run(b).fits)
+    if lo is None:
+        lo = report.least_batch_size
+        first = run(lo)
         from .text import fmt_bytes
 
         step, at, op, phase, module = first.oom
@@ -123,6 +194,8 @@ def device_max_batch_size(report, budget_bytes: int, *, config=None, compute_cap
             f"B={lo} does not run within {fmt_bytes(budget_bytes)} of device memory: the "
             f"caching allocator runs out {where}; its live tensors alone peak at "
             f"{fmt_bytes(least)} ({least:,} B)", minimum_bytes=max(first.max_reserved, least))
+    if lo < report.min_batch_size:  # traced at lo; lo + 1 does not run
+        return MaxBatchSize(lo, by="device", budget_bytes=budget_bytes, gpu=gpu)
     hint = None
     try:  # live bytes never exceed what the allocator holds: a B past their answer fails
         hint = int(report.max_batch_size(budget_bytes, by="live")) + 1

@@ -59,7 +59,8 @@ def largest_b(s) -> Headline:
                  f"{fmt_bytes(s.min_peak_bytes)})")
         return Headline(f"No B fits {where}: {least}", "", "", others, fails=True)
     if s.max_batch_size_by == "device":
-        tail = (" — its training steps, replayed through the CUDA caching allocator (with "
+        tail = (f" — its {s.setup.get('step', 'training')} steps, replayed through the CUDA "
+                "caching allocator (with "
                 "its free-and-retry on out-of-memory), run"
                 + (f"; B = {s.max_batch_size + 1:,} runs out at {s.next_oom}"
                    if s.next_oom else ""))

@@ -84,7 +84,7 @@ def render_markdown(s) -> str:
         if h.others:
             out += ["", h.others]
     if s.caveats:  # beside the numbers they qualify
-        out += ["", "Caveats:", "", *(f"- {c}" for c in s.caveats)]
+        out += ["", "### Caveats", "", *(f"- {c}" for c in s.caveats)]
     out += ["", "## Parts", ""]
     out += _rows(f"| part | bytes (formula in B) | at B = {s.B} |", "|---|---|---:|",
                  (f"| {k} | `{s.parts_formulas[k]}` | {fmt_bytes(v)} |"

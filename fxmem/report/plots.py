@@ -38,6 +38,7 @@ KIND_COLORS = {"param": "#4c78a8", "buffer": "#72b7b2", "grad": "#f58518",
                "temporary": "#bab0ac"}
 OTHER_COLORS = ("#eeca3b", "#9d755d", "#ff9da6", "#79706e")
 LINE, ACCENT, BUDGET = "#4c78a8", "#e45756", "#d62728"
+RESERVED = "#f58518"  # the caching allocator's reserved bytes
 FIGSIZE = (5.6, 3.3)  # inches; every plot the same size so a grid of them lines up
 SAVE_RC = {"svg.hashsalt": "fxmem", "svg.fonttype": "path"}
 NO_SVG_METADATA = {"Date": None, "Creator": None, "Format": None, "Type": None}
@@ -96,20 +97,32 @@ def _legend_below(fig, ncol: int = 4) -> None:
 
 def peak_vs_batch(s) -> Figure:
     """Peak bytes against the batch size (``s.curve``), with the budget line, the chosen B
-    and the largest B within the budget marked."""
+    and the largest B within the budget marked on the curve that answer is read from: for
+    a CUDA step the caching allocator's ``max_memory_reserved`` (``s.cuda_curve``, also
+    drawn with ``max_memory_allocated``), else the live bytes."""
     bs = [b for b, _ in s.curve]
     peaks = [p for _, p in s.curve]
-    unit, k = unit_for(max(peaks + [s.budget_bytes or 0]))
+    curves = {"live": dict(s.curve)}
+    if s.cuda_curve:
+        curves["allocated"] = {b: a for b, a, _ in s.cuda_curve}
+        curves["device"] = {b: r for b, _, r in s.cuda_curve}
+    top = max(max(c.values()) for c in curves.values())
+    unit, k = unit_for(max(top, s.budget_bytes or 0))
     fig, ax = _axes("Peak memory vs batch size", "batch size B", f"peak memory ({unit})")
     ax.xaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))
-    ax.plot(bs, [p / k for p in peaks], color=LINE, linewidth=1.8, label="peak(B)")
+    ax.plot(bs, [p / k for p in peaks], color=LINE, linewidth=1.8, label="live tensors: peak(B)")
+    if s.cuda_curve:
+        ax.plot(bs, [curves["allocated"][b] / k for b in bs], color=LINE, linewidth=1.0,
+                linestyle=":", label="max_memory_allocated")
+        ax.plot(bs, [curves["device"][b] / k for b in bs], color=RESERVED, linewidth=1.4,
+                label="max_memory_reserved")
     if s.budget_bytes is not None:
         ax.axhline(s.budget_bytes / k, color=BUDGET, linestyle="--", linewidth=1.1,
                    label=f"budget {fmt_bytes(s.budget_bytes)}")
     ax.plot([s.B], [s.peak_bytes / k], "o", color="#222", markersize=6, zorder=3,
             label=f"B = {s.B:,}: {fmt_bytes(s.peak_bytes)}", clip_on=False)
     if s.max_batch_size is not None:
-        most = dict(s.curve)[s.max_batch_size]
+        most = curves.get(s.max_batch_size_by, curves["live"])[s.max_batch_size]
         ax.plot([s.max_batch_size], [most / k], "D", color=ACCENT, markersize=6, zorder=3,
                 label="largest B within budget", clip_on=False)
         # below and right of the point: an increasing curve never passes there

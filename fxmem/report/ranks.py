@@ -165,16 +165,20 @@ class ParallelReport:
 
         With ``max_recompute`` (a fraction of the step's FLOPs): the largest B that fits
         every rank by live bytes with one checkpoint plan for all of them re-running at most
-        that share, as a :class:`fxmem.PlanChoice` whose ``report`` is this step under the
-        plan (traced with it when it can be: :meth:`plan_for`)."""
+        that share: the same :class:`~fxmem.report.capacity.MaxBatchSize` carrying the
+        plan (its ``choice`` a :class:`fxmem.PlanChoice` whose ``report`` is this step under
+        the plan, traced with it when it can be: :meth:`plan_for`)."""
         if rank is not None:
             return self.rank(rank).max_batch_size(budget_bytes, max_recompute, candidates,
                                                   kinds=kinds, **options)
         if max_recompute is None:
             return min((g.report.max_batch_size(budget_bytes, **options)
                         for g in self.groups), key=int)
-        return without_selective(
-            lambda k: self._most_with_plan(budget_bytes, max_recompute, candidates, k), kinds)
+        from .capacity import MaxBatchSize
+
+        return MaxBatchSize.with_plan(without_selective(
+            lambda k: self._most_with_plan(budget_bytes, max_recompute, candidates, k), kinds),
+            budget_bytes)
 
     # checkpoint plans: one for every rank ---------------------------------------------
     def with_plan(self, plan) -> "ParallelReport":

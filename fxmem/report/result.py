@@ -16,66 +16,7 @@ from ..errors import FxmemError, InfeasibleBudgetError, InputError
 from ..formula.symbols import B
 from ..memory.dims import DimsFormula
 from ..memory.liveness import Liveness, parts_of
-
-
-@dataclass(frozen=True)
-class TimelinePoint:
-    """Live bytes right after one op allocated its outputs."""
-
-    index: int
-    op: str
-    phase: str
-    module: str
-    live_bytes: int
-
-
-@dataclass(frozen=True)
-class Breakdown:
-    """What is live at the peak for one batch size, in bytes.
-
-    ``by_category``: param, buffer, input, grad, optimizer_state, activation, temporary.
-    ``by_module``: top-level module (or ``(inputs)``, ``<loss>``, ``<optimizer>``).
-    ``op``/``phase``/``module``: where the peak happens (``op_index`` -1: before the step).
-    A storage counts for the module of the op that made it; in backward that is the module
-    whose forward made the autograd node running the op (``fc``'s weight gradient counts for
-    ``fc``).
-    """
-
-    B: int
-    peak_bytes: int
-    op_index: int
-    op: str
-    phase: str
-    module: str
-    by_category: dict
-    by_module: dict
-
-
-@dataclass(frozen=True)
-class PeakRegime:
-    """From batch size ``B_from`` (an int) until the next regime, the peak is right after this
-    op. ``crossing``: the exact real B where this op's live bytes overtake the previous
-    regime's (a sympy number; ``B_from`` is the first valid integer at or after it)."""
-
-    B_from: int
-    op_index: int
-    op: str
-    phase: str
-    module: str
-    expr: sympy.Expr
-    crossing: object = None
-
-
-def _top_module(storage) -> str:
-    if storage.category == "input":
-        return "(inputs)"
-    if storage.category in ("param", "buffer", "grad", "optimizer_state") and storage.name:
-        parts = storage.name.split(".")
-        return parts[0] if len(parts) > 1 else "(root)"
-    m = storage.module
-    if m.startswith("<"):
-        return m
-    return m.split(".")[0] if m else "(root)"
+from .points import Breakdown, PeakRegime, TimelinePoint, _top_module
 
 
 @dataclass(frozen=True)
@@ -103,6 +44,9 @@ class Report:
     named: DimsFormula | None = field(default=None, repr=False)  # formulas in B and the dims
     _at: dict = field(default_factory=dict, repr=False, compare=False)
     retrace: object = field(default=None, repr=False, compare=False)  # plan -> traced Report
+    # b -> this step traced with B the int b (fxmem.analyze sets it), for a B below where
+    # the formulas hold (B = 1 takes other paths in some kernels: ``valid_when``'s B >= 2)
+    below: object = field(default=None, repr=False, compare=False)
 
     @classmethod
     def in_dims(cls, trace, device: str) -> "Report":
@@ -129,8 +73,21 @@ class Report:
 
             t = specialize(self.named.trace, **values)
             lv = liveness(build_graph(t), self.device)
-            self._at[key] = Report(lv, parts_of(lv), t.guards)
+            below = None if self.below is None else \
+                (lambda b, f=self.below: f(b).at(**values))
+            self._at[key] = Report(lv, parts_of(lv), t.guards, below=below)
         return self._at[key]
+
+    def _small(self, B) -> "Report | None":  # noqa: N803
+        """For a ``B`` below :attr:`min_batch_size`, where the formulas do not hold, the
+        step traced with B the int ``B`` (cached); None for any other B."""
+        b = _check_b(B)
+        if self.below is None or b >= self.min_batch_size:
+            return None
+        cache = self.__dict__.setdefault("_below_at", {})
+        if b not in cache:
+            cache[b] = self.below(b)
+        return cache[b]
 
     def _no_dims(self, values: dict) -> None:
         if values:
@@ -153,6 +110,8 @@ class Report:
         if self.named is None:
             raise InputError("max_length needs a report in named dims: analyze(..., "
                              "dims={'L': [(tensor, dim), ...]})")
+        if small := self._small(B):
+            return small.max_length(budget_bytes, B, name, limit, **values)
         return self.named.max_length(budget_bytes, B, name, limit, **values)
 
     @functools.cached_property
@@ -176,7 +135,8 @@ class Report:
     def segments(self) -> tuple:
         """Checkpoint candidates: every submodule as a
         :class:`fxmem.checkpoint.segments.Segment`, with whether it is a valid segment and,
-        if not, why."""
+        if not, why (a :class:`~fxmem.checkpoint.segments.Segments` tuple, which prints a
+        line per module)."""
         from ..checkpoint.segments import segments
 
         self._b_only("segments")
@@ -202,7 +162,8 @@ class Report:
         self._b_only("with_plan(plan)")
         plan = check_plan({c.path for c in self.trace.calls}, plan)
         lv = liveness(build_graph(derive(self.trace, plan)), self.device)
-        return Report(lv, parts_of(lv), self.valid_when)
+        below = None if self.below is None else (lambda b, f=self.below: f(b).with_plan(plan))
+        return Report(lv, parts_of(lv), self.valid_when, below=below)
 
     def plan_for(self, budget_bytes: int, B: int, candidates=None, *,  # noqa: N803
                  kinds=None, confirm: bool = True, **dims):
@@ -219,6 +180,8 @@ class Report:
         if self.named is not None:
             return self.at(**dims).plan_for(budget_bytes, B, candidates, kinds=kinds)
         self._no_dims(dims)
+        if small := self._small(B):
+            return small.plan_for(budget_bytes, B, candidates, kinds=kinds, confirm=confirm)
         if not isinstance(budget_bytes, int) or isinstance(budget_bytes, bool):
             raise InputError(f"budget_bytes must be an int, got {budget_bytes!r}")
         b = _check_b(B)
@@ -239,6 +202,8 @@ class Report:
         if self.named is not None:
             return self.at(**dims).frontier(B, candidates, kinds=kinds)
         self._no_dims(dims)
+        if small := self._small(B):
+            return small.frontier(B, candidates, kinds=kinds)
         return self._chooser(candidates, kinds).frontier(_check_b(B))
 
     def _chooser(self, candidates=None, kinds=None):
@@ -314,6 +279,8 @@ class Report:
 
     def peak_bytes(self, B: int, **dims) -> int:  # noqa: N803 - the batch size is B everywhere
         """Peak bytes at batch size ``B`` (and the named dims' values), exact."""
+        if small := self._small(B):
+            return small.peak_bytes(B, **dims)
         if self.named is not None:
             return self.named.peak_bytes(B, **dims)
         self._no_dims(dims)
@@ -347,6 +314,9 @@ class Report:
             return self.at(**dims).cuda_memory(B, config, compute_capability,
                                                cublas_workspace, cudnn_workspace)
         self._no_dims(dims)
+        if small := self._small(B):
+            return small.cuda_memory(B, config, compute_capability, cublas_workspace,
+                                     cudnn_workspace)
         if compute_capability is None:
             compute_capability = self.liveness.graph.trace.compute_capability
         return cuda_memory(self.liveness, _check_b(B), config, compute_capability,
@@ -373,6 +343,8 @@ class Report:
         if self.named is not None:
             return self.at(**dims).breakdown(B, top)
         self._no_dims(dims)
+        if small := self._small(B):
+            return small.breakdown(B, top)
         b = _check_b(B)
         cand = self.liveness.peak_candidate(b)
         by_cat, by_mod = {}, {}
@@ -394,6 +366,8 @@ class Report:
         if self.named is not None:
             return self.at(**dims).timeline(B)
         self._no_dims(dims)
+        if small := self._small(B):
+            return small.timeline(B)
         live = self.liveness.timeline(_check_b(B))
         return tuple(TimelinePoint(o.index, o.op, o.phase, o.module, v)
                      for o, v in zip(self.trace.ops, live))
@@ -423,6 +397,22 @@ class Report:
         return 1
 
     @property
+    def least_batch_size(self) -> int:
+        """The smallest B this report answers at: 1 when it can trace the step at a B below
+        :attr:`min_batch_size` (``below``, set by :func:`fxmem.analyze`), else
+        :attr:`min_batch_size`."""
+        return 1 if self.below is not None else self.min_batch_size
+
+    def start_batch_size(self, fits) -> int | None:
+        """Where a search for the largest B with ``fits(B)`` starts: :attr:`min_batch_size`
+        when it fits, else the largest smaller B that fits (the step traced at it), else
+        None. A smaller B is traced only when :attr:`min_batch_size` does not fit."""
+        lo = self.min_batch_size
+        if fits(lo):
+            return lo
+        return next((b for b in range(lo - 1, self.least_batch_size - 1, -1) if fits(b)), None)
+
+    @property
     def max_valid_batch_size(self) -> int | None:
         """The largest B the formula is valid for (a ``B <= n`` in ``valid_when``, e.g. a
         step that slices a fixed table by B), or None when it has no upper limit."""
@@ -438,7 +428,7 @@ class Report:
         """The largest integer B that fits, as a :class:`fxmem.report.capacity.MaxBatchSize`
         (an ``int`` whose ``.by`` and ``.explain`` say what it answers):
 
-        * ``by="device"`` (the default for a CUDA step): the largest B whose training steps
+        * ``by="device"`` (the default for a CUDA step): the largest B whose steps
           **run**, replayed through the CUDA caching allocator with its free-and-retry on
           out-of-memory (:meth:`runs_on_device`), within ``budget_bytes`` of device memory:
           what the allocator can get, i.e. the card's capacity minus the CUDA context.
@@ -450,9 +440,12 @@ class Report:
 
         With ``max_recompute`` (a fraction, e.g. ``0.25``): the largest B that fits by live
         bytes with a checkpoint plan re-running at most that share of the step's FLOPs,
-        returned as a :class:`fxmem.PlanChoice` (``.B``, ``.plan``, ``.peak_bytes``,
-        ``.recompute_flops``, ``.report``), traced as :meth:`plan_for`'s (``confirm``);
+        the same :class:`~fxmem.report.capacity.MaxBatchSize` carrying its plan (``.plan``,
+        ``.peak_bytes``, ``.recompute_flops``, ``.report``; ``.choice``, the
+        :class:`fxmem.PlanChoice`), traced as :meth:`plan_for`'s (``confirm``);
         ``candidates``: module paths (default: :func:`fxmem.checkpoint.choose.default_candidates`).
+        Without it, ``.plan`` is empty: ``fxmem.apply_checkpoints(model, b.plan)`` does for
+        either.
 
         Raises :class:`fxmem.InfeasibleBudgetError` if even the smallest valid B does not fit.
         A report in named dims takes their values too (``max_batch_size(budget, L=512)``).
@@ -463,8 +456,8 @@ class Report:
         >>> card, live = r.max_batch_size(2**30), r.max_batch_size(2**30, by="live")
         >>> card.by, live.by, card < live          # the allocator's blocks and workspaces
         ('device', 'live', True)
-        >>> r.max_batch_size(gpu="A100-40GB").explain[:52]
-        'the largest B whose training steps, replayed through'
+        >>> r.max_batch_size(gpu="A100-40GB").explain[:43]
+        'the largest B whose steps, replayed through'
         """
         from ..device.gpus import gpu as lookup_gpu
         from .capacity import MaxBatchSize, check_by, device_max_batch_size, search
@@ -492,8 +485,9 @@ class Report:
         if max_recompute is not None:
             from ..checkpoint import choose, confirm as traced
 
-            return (traced if confirm and self.retrace is not None else choose).max_batch_size(
-                self, budget_bytes, max_recompute, candidates, kinds)
+            return MaxBatchSize.with_plan((traced if confirm and self.retrace is not None
+                                           else choose).max_batch_size(
+                self, budget_bytes, max_recompute, candidates, kinds), budget_bytes)
         if by == "device":
             return device_max_batch_size(self, budget_bytes, config=config,
                                          cudnn_workspace=cudnn_workspace, gpu=card)
@@ -502,13 +496,15 @@ class Report:
                                             cudnn_workspace=cudnn_workspace)
             return MaxBatchSize(most, by=by, budget_bytes=budget_bytes, gpu=card,
                                 limit=most == self.max_valid_batch_size)
-        lo = self.min_batch_size
-        fixed = self.fixed_bytes
-        if self.peak_bytes(lo) > budget_bytes:
+        lo = self.start_batch_size(lambda b: self.peak_bytes(b) <= budget_bytes)
+        if lo is None:
+            least = self.peak_bytes(self.least_batch_size)
             raise InfeasibleBudgetError(
-                f"budget {budget_bytes:,} B is below the smallest peak {self.peak_bytes(lo):,} B "
-                f"(at B={lo}); memory that does not depend on B alone is {fixed:,} B",
-                minimum_bytes=self.peak_bytes(lo))
+                f"budget {budget_bytes:,} B is below the smallest peak {least:,} B "
+                f"(at B={self.least_batch_size}); memory that does not depend on B alone is "
+                f"{self.fixed_bytes:,} B", minimum_bytes=least)
+        if lo < self.min_batch_size:  # traced at lo; lo + 1 does not fit
+            return MaxBatchSize(lo, by="live", budget_bytes=budget_bytes, gpu=card)
         if self.peak_bytes(lo) == self.peak_bytes(2 * lo + 1) == self.peak_bytes(10**9):
             raise FxmemError("the peak does not grow with B, so every batch size fits")
         most, limit = search(lambda b: self.peak_bytes(b) <= budget_bytes, lo, None,
@@ -535,6 +531,9 @@ class Report:
         if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) \
                 or capacity_bytes <= 0:
             raise InputError(f"capacity_bytes must be a positive int, got {capacity_bytes!r}")
+        if small := self._small(B):
+            return small.runs_on_device(B, capacity_bytes, config, compute_capability,
+                                        cudnn_workspace)
         if compute_capability is None:
             compute_capability = self.liveness.graph.trace.compute_capability
         return run_on_device(self.liveness, _check_b(B), capacity_bytes, config,
@@ -554,34 +553,26 @@ class Report:
         >>> r.cuda_max_batch_size(2**30) < r.max_batch_size(2**30, by="live")  # workspaces
         True
         """
-        from .capacity import search
+        from .capacity import allocated_max_batch_size
 
         if self.named is not None:
             return self.at(**dims).cuda_max_batch_size(budget_bytes, config,
                                                        compute_capability, cudnn_workspace)
         self._no_dims(dims)
-
-        def allocated(b):
-            return self.cuda_memory(b, config, compute_capability,
-                                    cudnn_workspace=cudnn_workspace).max_allocated
-
-        def fits(b):
-            return allocated(b) <= budget_bytes
-
-        lo = self.min_batch_size
-        if not fits(lo):
-            least = allocated(lo)
-            raise InfeasibleBudgetError(
-                f"budget {budget_bytes:,} B is below the smallest max_memory_allocated "
-                f"{least:,} B (at B={lo})", minimum_bytes=least)
-        live = self.max_batch_size(budget_bytes, by="live")  # also: a peak that grows with B
-        return search(fits, lo, int(live) + 1, self.max_valid_batch_size)[0]
+        return allocated_max_batch_size(self, budget_bytes, config, compute_capability,
+                                        cudnn_workspace)
 
     @property
     def fixed_bytes(self) -> int:
         """Bytes that do not depend on B: params, buffers, grads, optimizer state."""
         return sum(int(self.parts[p].subs(B, 0)) if p != "inputs" else 0
                    for p in ("params", "buffers", "grads", "optimizer_state"))
+
+    def __repr__(self) -> str:
+        dims = "".join(f", {n}" for n in self.dims)
+        plan = f", checkpoint plan {self.plan}" if self.plan else ""
+        return (f"<fxmem.Report in B{dims} on {self.device}{plan}: peak {self.peak} bytes, "
+                f"valid when {', '.join(map(str, self.valid_when)) or 'B >= 1'}>")
 
     def __str__(self) -> str:
         from .text import render_text

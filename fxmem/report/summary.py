@@ -57,7 +57,9 @@ class Summary:
     answers); ``gpu``: the card the budget came from (name, ``total_bytes``,
     ``context_bytes``, ``usable_bytes``, ``source``) or None. ``caveats``: what the figures
     leave out, shown beside them. ``by_category``/``by_module``: what is live at
-    the peak at ``B``. ``curve``: (B, peak bytes) samples; ``timeline``: live bytes after
+    the peak at ``B``. ``curve``: (B, peak bytes) samples; ``cuda_curve`` (a CUDA step):
+    (B, max_allocated, max_reserved) at the same B's, the replayed allocator's figures that
+    the ``"device"`` and ``"allocated"`` answers are read from; ``timeline``: live bytes after
     every op at ``B`` (index, op, phase, module, bytes). ``plan``/``frontier``: the
     checkpoint plan applied, and Pareto points (peak bytes, recompute FLOPs, plan) at ``B``.
     ``whatifs``: rows of :func:`fxmem.whatif` (dicts), when given. ``cuda`` (``device="cuda"``
@@ -102,6 +104,7 @@ class Summary:
     gpu: dict | None = None
     caveats: tuple = ()
     ranks: tuple = ()
+    cuda_curve: tuple = ()
 
     def to_dict(self, timeline: bool = False) -> dict:
         """The JSON document (see ``docs/json-schema.md``); ``timeline=True`` adds the
@@ -109,6 +112,7 @@ class Summary:
         d = {"schema": SCHEMA, **asdict(self)}
         d["regimes"] = [asdict(r) for r in self.regimes]
         d["curve"] = [list(p) for p in self.curve]
+        d["cuda_curve"] = [list(p) for p in self.cuda_curve]
         d["frontier"] = [dict(peak_bytes=p, recompute_flops=f, plan=list(pl))
                          for p, f, pl in self.frontier]
         d["plan"] = list(self.plan)
@@ -180,6 +184,9 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
     step = max(1, (hi - b_min) // (CURVE_POINTS - 1))
     bs = sorted({*range(b_min, hi + 1, step), B, *((most, most + 1) if most else ())})
     curve = tuple((b, report.peak_bytes(b)) for b in bs)
+    cuda_curve = () if report.device != "cuda" else tuple(
+        (b, d.max_allocated, d.max_reserved)
+        for b, d in ((b, report.cuda_memory(b, cudnn_workspace=cudnn_workspace)) for b in bs))
     kernels = "; ".join(what for _, what in report.trace.kernel_choices)
     info = {"device": report.device, "step": "training" if report.trace.train else "inference",
             **({"CUDA kernels": kernels} if kernels else {}),
@@ -214,7 +221,7 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
         whatifs=rows, unmodelled=unmodelled, lifted=report.lifted,
         cuda=_cuda(report, B, answers.get("allocated"), cudnn_workspace),
         max_batch_size_by=by, answers=answers, next_oom=next_oom, gpu=card, caveats=caveats,
-        ranks=ranks)
+        ranks=ranks, cuda_curve=cuda_curve)
 
 
 def _by(device: str) -> str:

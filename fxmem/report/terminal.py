@@ -31,29 +31,67 @@ def _table(title: str, *columns: str, right=()) -> Table:
 def _ranks(s) -> list:
     """The per-rank table of a data-parallel summary (the ranks with the least room bold,
     ``*``), numbers unbroken, and each group's peak formula under it."""
-    from rich import box
+    return [_RankTable(s), *(Text.assemble(f"ranks {r['label']}: peak bytes = ",
+                                           (r["peak_formula"], "cyan")) for r in s.ranks)]
 
-    from .text import rank_columns
 
-    parts = rank_columns(s.ranks)
-    budget = s.budget_bytes is not None
-    rows = [[r["label"] + (" *" if r["tightest"] else ""), fmt_bytes(r["peak_bytes"]),
-             *([("none fits" if r["max_batch_size"] is None else f"{r['max_batch_size']:,}")]
-               if budget else []),
-             *(fmt_bytes(r["parts_bytes"].get(p, 0)) for p in parts)] for r in s.ranks]
-    t = Table(title=f"Per rank ({s.setup.get('parallel', 'data parallel')}): B is each "
-                    "rank's micro-batch; below, the ranks with the least room (*)",
-              title_justify="left", title_style="bold", box=box.SIMPLE_HEAD,
-              padding=0, show_edge=False)
-    heads = ("ranks", f"peak at B = {s.B}", *(["largest B"] if budget else []),
-             *(p.replace("_", " ") for p in parts))
-    for i, c in enumerate(heads):  # narrow terminals: cells and headings wrap at a space
-        t.add_column(c, justify="right" if i else "left",
-                     min_width=max(len(row[i]) for row in rows), overflow="fold")
-    for r, row in zip(s.ranks, rows):
-        t.add_row(*row, style="bold" if r["tightest"] else None)
-    return [t, *(Text.assemble(f"ranks {r['label']}: peak bytes = ", (r["peak_formula"], "cyan"))
-                 for r in s.ranks)]
+class _RankTable:
+    """The per-rank table, laid out for the width it is printed at (a terminal, or 80
+    columns in a pipe): one row per group of ranks when that fits, else one column per
+    group (the quantities as rows), as many groups side by side as fit. Numbers are never
+    broken nor cut off."""
+
+    def __init__(self, s):
+        from .text import rank_columns
+
+        self.s, parts = s, rank_columns(s.ranks)
+        budget = s.budget_bytes is not None
+        self.heads = ("ranks", f"peak at B = {s.B}", *(["largest B"] if budget else []),
+                      *(p.replace("_", " ") for p in parts))
+        self.rows = [[r["label"] + (" *" if r["tightest"] else ""), fmt_bytes(r["peak_bytes"]),
+                      *([("none fits" if r["max_batch_size"] is None else
+                          f"{r['max_batch_size']:,}")] if budget else []),
+                      *(fmt_bytes(r["parts_bytes"].get(p, 0)) for p in parts)]
+                     for r in s.ranks]
+        self.title = (f"Per rank ({s.setup.get('parallel', 'data parallel')}): B is each "
+                      "rank's micro-batch; the ranks with the least room are marked *")
+
+    def _table(self, heads, rows, bold) -> Table:
+        from rich import box
+
+        t = Table(title=self.title, title_justify="left", title_style="bold",
+                  box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), show_edge=False)
+        for i, c in enumerate(heads):  # headings wrap at a space; numbers stay whole
+            t.add_column(c, justify="right" if i else "left", overflow="fold",
+                         min_width=max(len(row[i]) for row in rows))
+        for row, b in zip(rows, bold):
+            t.add_row(*row, style="bold" if b else None)
+        return t
+
+    @staticmethod
+    def _width(heads, rows) -> int:
+        """Columns the table needs: each column its widest cell or heading word, and a
+        space."""
+        return sum(max(*(len(r[i]) for r in rows), *map(len, h.split())) + 1
+                   for i, h in enumerate(heads))
+
+    def __rich_console__(self, console, options):
+        if self._width(self.heads, self.rows) <= options.max_width:
+            yield self._table(self.heads, self.rows, [r["tightest"] for r in self.s.ranks])
+            return
+        # transposed: a column per group of ranks, as many per table as fit the width
+        labels = [row[0] for row in self.rows]
+        first = max(len(h) for h in self.heads[1:])
+        per, used = 0, first + 1
+        for row in self.rows:
+            used += max(map(len, row)) + 1
+            if used > options.max_width and per:
+                break
+            per += 1
+        for i in range(0, len(labels), per):
+            cols = self.rows[i:i + per]
+            rows = [[h, *(c[j] for c in cols)] for j, h in enumerate(self.heads) if j]
+            yield self._table(("", *labels[i:i + per]), rows, [False] * len(rows))
 
 
 def render_terminal(s) -> Group:

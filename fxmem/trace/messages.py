@@ -11,6 +11,8 @@
   :class:`fxmem.TraceError` names its signature.
 - :func:`loss_error`: a loss that fails on the model's output and the targets, with both
   shapes.
+- :func:`fails_in_eager`: whether an op that failed in the trace fails in eager PyTorch too
+  (the model's error, :class:`fxmem.errors.ModelError`), not only on fake tensors.
 
 >>> import logging, warnings
 >>> before = (logging.getLogger("torch").level, list(warnings.filters))
@@ -215,3 +217,59 @@ def op_hint(op: str | None, reason: str) -> str | None:
         if all(w in reason for w in words):
             return hint
     return None
+
+
+def fails_in_eager(func, args, kwargs, shape_env, error: Exception) -> bool:
+    """Does ``func`` fail on ``args`` in eager PyTorch too, as it failed in the trace with
+    ``error``? The op is run again on meta tensors of the example's concrete sizes and
+    strides (each symbol at its hint), outside every dispatch mode: no fake tensor, no
+    symbol, no rule of fxmem's. True only when it raises the same kind of error there, so a
+    shape or dtype mistake in the model (``Linear(63, 10)`` fed 64 features) is told from
+    what only tracing cannot do. An error raised for fake tensors' or symbols' sake, and any
+    op whose check needs values (meta tensors have none), is never the model's.
+
+    >>> import torch
+    >>> a, b = torch.empty(2, 64), torch.empty(63, 10)
+    >>> fails_in_eager(torch.ops.aten.mm.default, (a, b), {}, None, RuntimeError("x"))
+    True
+    >>> fails_in_eager(torch.ops.aten.mm.default, (a, torch.empty(64, 10)), {}, None,
+    ...                RuntimeError("x"))
+    False
+    """
+    from torch._subclasses import fake_tensor as ft
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+    from torch.utils._python_dispatch import _disable_current_modes
+    from torch.utils._pytree import tree_map
+
+    from ..errors import FxmemError
+
+    trace_only = (NotImplementedError, GuardOnDataDependentSymNode, FxmemError,
+                  ft.DataDependentOutputException, ft.DynamicOutputShapeException,
+                  ft.UnsupportedOperatorException, ft.UnsupportedFakeTensorException)
+    if isinstance(error, trace_only):
+        return False
+
+    def hint_int(d) -> int:  # a size at the example's value
+        return int(d.node.shape_env.size_hint(d.node.expr)) if isinstance(d, torch.SymInt) \
+            else int(d)
+
+    def concrete(x):
+        if isinstance(x, torch.SymInt):
+            return hint_int(x)
+        if isinstance(x, (torch.SymFloat, torch.SymBool)):
+            raise ValueError("a symbolic scalar")
+        if isinstance(x, torch.Tensor):
+            return torch.empty_strided([hint_int(d) for d in x.shape],
+                                       [hint_int(d) for d in x.stride()],
+                                       dtype=x.dtype, device="meta")
+        return x
+
+    try:
+        with _disable_current_modes():
+            args, kwargs = tree_map(concrete, (args, kwargs))
+            func(*args, **kwargs)
+    except type(error):
+        return True
+    except Exception:  # noqa: BLE001 - it fails otherwise: not the same mistake
+        return False
+    return False

@@ -15,7 +15,7 @@ from torch._dispatch.python import enable_python_dispatcher
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from ..errors import DataDependentError, SpecializationError, TraceError
+from ..errors import DataDependentError, ModelError, SpecializationError, TraceError
 from ..formula.symbols import B, dim_symbol
 from .datadep import (
     TORCH_AND_FXMEM,
@@ -28,7 +28,7 @@ from .datadep import (
     drawn_at_random,
     internal_file,
 )
-from .messages import op_hint
+from .messages import fails_in_eager, op_hint
 from .records import ModuleCall, OpInfo, TensorDesc
 from .rules import (
     CONSTANT_LIFT_OPS,
@@ -225,7 +225,8 @@ class Recorder(StorageTracker):
         except Exception as e:
             if self.failed is None:
                 self.failed = (str(func), self.module(), self.phase,
-                               _user_frame(traceback.extract_stack()), e)
+                               _user_frame(traceback.extract_stack()), e,
+                               fails_in_eager(func, args, kwargs, self.shape_env, e))
             raise
 
     def note_read(self, func, t: torch.Tensor, value) -> None:
@@ -546,8 +547,12 @@ def _as_trace_error(e: Exception, rec: Recorder) -> TraceError:
             or (origin.source if origin is not None else None),
             phase=failed[2] if failed else rec.phase)
     if rec.failed is not None and rec.failed[4] is e or (rec.failed and _chained(e, rec.failed[4])):
-        op, module, phase, src, _ = rec.failed
+        op, module, phase, src, _, eager = rec.failed
         hint = op_hint(op, reason)
+        if eager:  # the model's own error, not the trace's
+            return ModelError(f"the model fails at this op, as eager PyTorch would on these "
+                              f"shapes and dtypes: {reason}" + (f"; {hint}" if hint else ""),
+                              op=op, module=module, source=src or source, phase=phase)
         return TraceError(f"cannot trace this op on fake tensors: {reason}"
                           + (f"; {hint}" if hint else ""), op=op,
                           module=module, source=src or source, phase=phase)

@@ -72,6 +72,9 @@ class Region:
         n = len(self.save)
         return _label(self.modules) + (f" (saving {n} op output{'s' * (n != 1)})" if n else "")
 
+    def __repr__(self) -> str:  # the saved op calls can be dozens: counted, not listed
+        return f"<Region {self}>"
+
 
 def _label(mods) -> str:
     return mods[0] if len(mods) == 1 else f"{mods[0]}..{mods[-1]}"
@@ -102,8 +105,12 @@ def _natural(path: str) -> tuple:
 class Plan(tuple):
     """A checkpoint plan: a sorted tuple of entries (module paths and :class:`Region` s).
 
-    A tuple (its repr too), so ``plan == ("blocks.0", "blocks.1")`` holds for a plan of two
-    whole modules; ``str(plan)`` is the readable form, :meth:`to_json` the loadable one.
+    A tuple, so ``plan == ("blocks.0", "blocks.1")`` holds for a plan of two whole
+    modules; ``str(plan)`` and its repr are the readable form (a selective region's saved op
+    calls counted, not listed: ``plan.regions`` has them), :meth:`to_json` the loadable one.
+
+    >>> Plan.of(["h.1", Region(("h.0",), save=(("aten.mm.default", 0),))])
+    <Plan: h.0 (saving 1 op output), h.1>
     """
 
     @classmethod
@@ -144,6 +151,9 @@ class Plan(tuple):
     def __str__(self) -> str:
         return ", ".join(map(str, self)) if self else "(no checkpoint)"
 
+    def __repr__(self) -> str:
+        return f"<Plan: {self}>"
+
     def to_dict(self) -> dict:
         return {"format": FORMAT,
                 "regions": [{"modules": list(r.modules), "save": [list(s) for s in r.save]}
@@ -177,7 +187,7 @@ def load_plan(source) -> Plan:
     wrote), for :func:`fxmem.apply_checkpoints`.
 
     >>> load_plan('{"format": "fxmem.checkpoint-plan/1", "regions": [{"modules": ["fc"]}]}')
-    ('fc',)
+    <Plan: fc>
     """
     if isinstance(source, dict):
         return Plan.from_dict(source)

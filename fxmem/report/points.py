@@ -1,0 +1,78 @@
+"""What a :class:`fxmem.Report` answers at one batch size, or over a range of them: the
+breakdown at the peak (:class:`Breakdown`), the live bytes after every op
+(:class:`TimelinePoint`), and where the peak is by range of B (:class:`PeakRegime`).
+Numbers in bytes.
+
+>>> import torch, fxmem
+>>> r = fxmem.analyze(torch.nn.Linear(8, 2), torch.randn(4, 8), loss=lambda o: o.sum(),
+...                   device="cpu")
+>>> bd = r.breakdown(16)
+>>> isinstance(bd, Breakdown), bd.B, bd.peak_bytes == r.peak_bytes(16)
+(True, 16, True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+
+@dataclass(frozen=True)
+class TimelinePoint:
+    """Live bytes right after one op allocated its outputs."""
+
+    index: int
+    op: str
+    phase: str
+    module: str
+    live_bytes: int
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """What is live at the peak for one batch size, in bytes.
+
+    ``by_category``: param, buffer, input, grad, optimizer_state, activation, temporary.
+    ``by_module``: top-level module (or ``(inputs)``, ``<loss>``, ``<optimizer>``).
+    ``op``/``phase``/``module``: where the peak happens (``op_index`` -1: before the step).
+    A storage counts for the module of the op that made it; in backward that is the module
+    whose forward made the autograd node running the op (``fc``'s weight gradient counts for
+    ``fc``).
+    """
+
+    B: int
+    peak_bytes: int
+    op_index: int
+    op: str
+    phase: str
+    module: str
+    by_category: dict
+    by_module: dict
+
+
+@dataclass(frozen=True)
+class PeakRegime:
+    """From batch size ``B_from`` (an int) until the next regime, the peak is right after this
+    op. ``crossing``: the exact real B where this op's live bytes overtake the previous
+    regime's (a sympy number; ``B_from`` is the first valid integer at or after it)."""
+
+    B_from: int
+    op_index: int
+    op: str
+    phase: str
+    module: str
+    expr: sympy.Expr
+    crossing: object = None
+
+
+def _top_module(storage) -> str:
+    if storage.category == "input":
+        return "(inputs)"
+    if storage.category in ("param", "buffer", "grad", "optimizer_state") and storage.name:
+        parts = storage.name.split(".")
+        return parts[0] if len(parts) > 1 else "(root)"
+    m = storage.module
+    if m.startswith("<"):
+        return m
+    return m.split(".")[0] if m else "(root)"
