@@ -148,11 +148,6 @@ class Recorder(StorageTracker):
         if new or sid not in self.names:
             self.names[sid] = (category, name)
 
-    def composite(self, func) -> bool:
-        # a CUDA-only op given a stub CPU kernel (fxmem.trace.cuda.kernels) is a kernel, as on CUDA
-        return super().composite(func) and not (self.kernels is not None
-                                                and func in self.kernels.stubbed)
-
     def name_workspace(self, sid: int, what: str) -> None:
         self.names[sid] = ("temporary", what)
 

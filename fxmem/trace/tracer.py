@@ -223,6 +223,7 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     rec.capability = step.compute_capability
     if spec.device == "cuda" and kernel_semantics:  # CUDA's kernels, not the CPU's
         rec.kernels = cuda_kernels(rec.capability)
+        rec.backend = "cuda"  # an op with a CUDA kernel of its own runs whole (tracking)
     def again(**changes) -> Trace:  # this step traced again, some options changed
         options = dict(step=step, batch_hint=batch_hint, checkpoint=checkpoint, dims=dims,
                        reuse_blocks=reuse_blocks, kernel_semantics=kernel_semantics,

@@ -59,6 +59,48 @@ class TrackedStorage:
     freed_after: int | None = None  # op index after which it was freed; None: alive at end
 
 
+# Ops with a CompositeImplicitAutograd kernel *and* a kernel of their own for a device: the
+# dispatcher runs the device's kernel (autograd's slot takes a composite only where the
+# backend has no kernel: c10/core/dispatch/OperatorEntry.cpp, computeDispatchTableEntry),
+# so on that device they are one op that allocates its outputs, never the composite's ops.
+# "cpu": read off the registrations of the CPU build (2.13.0+cpu) and the CUDA one
+# (2.14.1+cu130), which agree; "cuda": the CUDA build's registrations, and
+# aten/src/ATen/native/native_functions.yaml (silu_backward, mish_backward: "CPU, CUDA"
+# dispatch entries beside "CompositeImplicitAutograd: math_*"; _fused_rms_norm: "CUDA:
+# _fused_rms_norm_cuda" beside its composite). A build that runs decides for its own
+# devices (:func:`has_backend_kernel`); these tables decide for CUDA on a CPU build, and
+# ``tests/test_ground_truth.py`` fails when a release adds an op to either list.
+BACKEND_KERNEL_OVER_COMPOSITE = {
+    "cpu": frozenset({"aten::silu_backward", "aten::mish_backward",
+                      "aten::native_channel_shuffle"}),
+    "cuda": frozenset({"aten::silu_backward", "aten::mish_backward", "aten::_fused_rms_norm"}),
+}
+_DISPATCH_KEY = {"cpu": "CPU", "cuda": "CUDA"}
+
+
+def builds_kernels_for(device: str) -> bool:
+    """Does the running build register kernels for ``device`` (a CUDA build for "cuda")?"""
+    return torch._C._dispatch_has_kernel_for_dispatch_key("aten::add.Tensor",
+                                                          _DISPATCH_KEY[device])
+
+
+@functools.lru_cache(maxsize=None)
+def has_backend_kernel(name: str, device: str) -> bool:
+    """Has the op ``name`` (``"aten::silu_backward"``) a kernel of its own for ``device``
+    ("cpu" or "cuda"), which the dispatcher runs in place of its composite? From the running
+    build's registrations when it has kernels for ``device``, else from
+    :data:`BACKEND_KERNEL_OVER_COMPOSITE`.
+
+    >>> has_backend_kernel("aten::silu_backward", "cpu"), has_backend_kernel("aten::matmul", "cpu")
+    (True, False)
+    >>> has_backend_kernel("aten::_fused_rms_norm", "cuda")
+    True
+    """
+    if builds_kernels_for(device):
+        return torch._C._dispatch_has_kernel_for_dispatch_key(name, _DISPATCH_KEY[device])
+    return name in BACKEND_KERNEL_OVER_COMPOSITE[device]
+
+
 def _composite(func) -> bool:
     """Is ``func`` implemented by a CompositeImplicitAutograd kernel (calls to other ops)?
 
@@ -118,6 +160,7 @@ class StorageTracker(TorchDispatchMode):
         # storages freed by a resize to 0: gone then, whatever still refers to them
         self.resized_away: set[int] = set()
         self.host: set[int] = set()  # host memory, not the device's (fxmem.trace.offload)
+        self.backend = "cpu"  # whose kernels run: "cuda" when the tracer follows CUDA's
 
     # storages -------------------------------------------------------------------------
     def sid(self, t: torch.Tensor) -> int | None:
@@ -226,8 +269,9 @@ class StorageTracker(TorchDispatchMode):
         return out
 
     def composite(self, func) -> bool:
-        """Does ``func`` reach this mode whole although its kernel is a composite?"""
-        return _composite(func)
+        """Does ``func`` reach this mode whole although its kernel is a composite (none of
+        its own for :attr:`backend`, which the dispatcher would run instead)?"""
+        return _composite(func) and not has_backend_kernel(func.name(), self.backend)
 
     def run_op(self, func, args, kwargs):
         return func(*args, **kwargs)

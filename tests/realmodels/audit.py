@@ -42,6 +42,7 @@ class Result:
     seconds: float = 0.0
     points: list = field(default_factory=list)
     unmodelled: list = field(default_factory=list)
+    witnessed: list = field(default_factory=list)  # [B, bytes] of tests/witness.py's steps
     note: str = ""
 
     @property
@@ -72,8 +73,11 @@ def one_line(exc: BaseException) -> str:
     return portable(f"{type(exc).__name__}: {text[0] if text else ''}")[:400]
 
 
-def audit(case: Case | str, batches=BATCHES, trace_batch: int = TRACE_BATCH) -> Result:
-    """Predict the case's step at ``trace_batch`` and measure it at each of ``batches``."""
+def audit(case: Case | str, batches=BATCHES, trace_batch: int = TRACE_BATCH,
+          witness: bool = False) -> Result:
+    """Predict the case's step at ``trace_batch`` and measure it at each of ``batches``;
+    ``witness``: also run each step under ``tests/witness.py`` (which shares no code with
+    fxmem), its peaks in ``witnessed``."""
     case = CASES[case] if isinstance(case, str) else case
     torch.manual_seed(0)
     try:
@@ -107,6 +111,11 @@ def audit(case: Case | str, batches=BATCHES, trace_batch: int = TRACE_BATCH) -> 
             res.message = f"the real step fails at B={b}: {one_line(e)}"
             return res
         res.points.append([b, int(report.peak_bytes(b)), int(measured)])
+        if witness:
+            from witness import witness_step
+
+            res.witnessed.append([b, witness_step(model, inputs, targets, loss,
+                                                  torch.optim.Adam, B=b).peak_bytes])
     res.status = "exact" if all(p == m for _, p, m in res.points) else "inexact"
     return res
 

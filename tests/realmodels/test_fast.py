@@ -53,9 +53,11 @@ FAST = [
 
 @pytest.mark.parametrize("name", FAST)
 def test_real_model_exact(name):
-    r = audit(name)
+    """Predicted == fxmem.measure == the independent witness (tests/witness.py), at each B."""
+    r = audit(name, witness=True)
     assert r.status == "exact", f"{name}: {status_text(r)}; points (B, predicted, measured): " \
                                 f"{r.points}"
+    assert [[b, m] for b, _, m in r.points] == r.witnessed, (name, r.points, r.witnessed)
 
 
 @pytest.mark.parametrize("name, flag", [

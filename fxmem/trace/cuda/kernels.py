@@ -309,8 +309,6 @@ class CudaKernels:
         self._host = dict(sdpa_memory.HOST_OUTPUTS)
         self._stack = contextlib.ExitStack()
         self._choices: dict = {}
-        # the stubbed ops' overloads: kernels on CUDA, not composites to take apart
-        self.stubbed = frozenset(getattr(aten, n).default for n in STUBS)
         # the ops whose Meta kernel is replaced while tracing (fxmem.trace.cuda.rnn.META)
         self.meta_ops = frozenset(getattr(aten, n).default for n in cuda_rnn.META)
 
