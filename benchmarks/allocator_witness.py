@@ -47,12 +47,13 @@ def allocator_peak(prof) -> int:
     return peak
 
 
-def scratch_by_op(prof) -> dict:
+def scratch_by_op(prof, seen) -> dict:
     """aten op name -> the most bytes one call of it held for a while and gave back before
-    it returned (its running total's peak within the call, less what it kept): kernel
-    scratch, which no storage the op returns holds."""
+    it returned (its running total's peak within the call, less what it kept), for the ops
+    the witness saw whole (``seen``, ``aten::name``): kernel scratch, which no storage the
+    op returns holds, and no dispatch mode sees."""
     ops = [(e.start_ns(), e.end_ns(), e.name()) for e in prof.profiler.kineto_results.events()
-           if e.name().startswith("aten::") and str(e.device_type()).endswith("CPU")]
+           if e.name() in seen and str(e.device_type()).endswith("CPU")]
     mem = _memory_events(prof)
     out: dict = {}
     for start, end, name in ops:
@@ -72,7 +73,8 @@ def one(name, model, inputs, targets, loss, optimizer, b, **kw) -> dict:
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
     w = witness_step(model, inputs, targets, loss, optimizer, B=b, also=prof, **kw)
     storages = w.peak_bytes - w.baseline_bytes
-    scratch = scratch_by_op(prof)
+    scratch = scratch_by_op(prof, {"aten::" + op.split(".")[1] for op in w.ops
+                                   if op.startswith("aten.")})
     top = sorted(scratch.items(), key=lambda kv: -kv[1])[:2]
     return dict(name=name, B=b, storages=storages, allocator=allocator_peak(prof),
                 scratch=", ".join(f"{op[6:]} {n:,}" for op, n in top))
@@ -102,7 +104,7 @@ def rows() -> list[dict]:
 
 def table(rs: list[dict]) -> str:
     lines = ["| step | B | storages (witness = measure) | CPU allocator | only the allocator "
-             "| largest scratch within one op call (bytes) |", "|---|---:|---:|---:|---:|---|"]
+             "| the most scratch one call held (op, bytes) |", "|---|---:|---:|---:|---:|---|"]
     for r in rs:
         d = r["allocator"] - r["storages"]
         lines.append(f"| {r['name']} | {r['B']} | {r['storages']:,} | {r['allocator']:,} | "

@@ -5,7 +5,9 @@ docs/real-models.md and docs/real-models.json.
 
 Each case runs in its own Python process (a crash, a hang or a model's memory stays there):
 ``fxmem.analyze`` traces its training step with Adam at B=4 on the CPU, ``fxmem.measure``
-runs the real step at B=2 and B=5, and the row says ``exact``, the error at each batch size,
+runs the real step at B=2 and B=5 (and ``tests/witness.py``, which shares no code with fxmem,
+witnesses each of those steps: the page counts where ``measure`` equals it), and the row says
+``exact``, the error at each batch size,
 or ``refused`` with fxmem's one-line message. ``--only`` keeps the cases whose name contains
 one of the comma-separated strings; their rows replace the same rows of the existing JSON,
 so a partial run updates the table instead of shrinking it (``--fresh``: start from nothing).
@@ -51,7 +53,7 @@ def run_worker(name: str, held_out: bool) -> None:
     from realmodels.heldout import heldout_case
 
     case = heldout_case(name) if held_out else CASES[name]
-    print("RESULT " + json.dumps(audit(case).to_json()), flush=True)
+    print("RESULT " + json.dumps(audit(case, witness=True).to_json()), flush=True)
 
 
 def run_case(case, timeout: float, threads: int, held_out: bool) -> dict:
@@ -104,6 +106,10 @@ def summary(rows: list[dict]) -> dict:
     res = [_row(r) for r in rows]
     count = {s: sum(1 for r in res if r.status == s)
              for s in ("exact", "inexact", "refused", "invalid", "error")}
+    measured = [r for r in res if r.points]
+    count["witnessed"] = sum(1 for r in measured if r.witnessed)
+    count["witness_agrees"] = sum(1 for r in measured if r.witnessed
+                                  and [[b, m] for b, _, m in r.points] == r.witnessed)
     for name, tol in (("within_1pct", 0.01), ("within_half_pct", 0.005)):
         count[name] = sum(1 for r in res
                           if r.status in ("exact", "inexact") and abs(r.worst[1]) <= tol)
@@ -146,6 +152,10 @@ def markdown(rows: list[dict], header: dict, held_out: bool = False) -> str:
          f"{s['refused']} refused. Besides: {s['invalid']} invalid, {s['error']} errors "
          f"(crashed or timed out), of {s['total']} in all.**"),
         "",
+        f"The measurements themselves: `fxmem.measure` equals the independent witness "
+        f"(`tests/witness.py`, which shares no code with fxmem) at every batch size in "
+        f"{s['witness_agrees']} of the {s['witnessed']} cases witnessed.",
+        "",
     ]
     causes = os.path.join(DOCS, ("real-models-heldout-causes.md" if held_out
                                  else "real-models-causes.md"))
@@ -159,6 +169,8 @@ def markdown(rows: list[dict], header: dict, held_out: bool = False) -> str:
     for r in sorted(rows, key=lambda r: r["name"]):
         res = _row(r)
         status = status_text(res).replace("|", "\\|")
+        if res.witnessed and [[b, m] for b, _, m in res.points] != res.witnessed:
+            status += f" (measure differs from the witness: {res.witnessed})"
         if res.unmodelled:
             status += " (not modelled: " + "; ".join(res.unmodelled).replace("|", "\\|") + ")"
         params = f"{res.params:,}"
