@@ -283,3 +283,13 @@ def test_the_plot_marks_the_largest_b_on_the_curve_it_is_read_from():
     assert marker.get_ydata()[0] * unit == pytest.approx(reserved[most], rel=1e-12)
     labels = [ln.get_label() for ln in ax.get_lines()]
     assert "max_memory_reserved" in labels and "max_memory_allocated" in labels
+
+
+def test_nothing_fits_says_what_to_try(capfd):
+    """A 7B+ step on one card does not fit at B = 1: the one line says what would."""
+    code, out, err = run_in_process(["analyze", "examples/seed_convnet.py:SimpleConvNet",
+                                     "--input", "B,3,32,32", "--target", "B:int64:10",
+                                     "--optimizer", "adam", "--budget", "1MiB"], capfd)
+    assert code == 4 and out == "" and err.count("\n") == 1
+    assert "B=1 does not run within 1.00 MiB" in err
+    assert "to fit, try --checkpoint auto, --amp bf16, --fsdp N" in err

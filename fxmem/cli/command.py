@@ -462,7 +462,17 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
             write_file(save_plan, Plan.of(report.plan).to_json(indent=1) + "\n")
         if budget_bytes is not None:  # raises InfeasibleBudgetError (exit 4)
             status.update("finding the largest B that runs ...")
-            report.max_batch_size(budget_bytes, cudnn_workspace=conv_ws)
+            try:
+                report.max_batch_size(budget_bytes, cudnn_workspace=conv_ws)
+            except InfeasibleBudgetError as e:
+                ways = [w for w, given in (
+                    ("--checkpoint auto", checkpoint == "auto" or inference),
+                    ("--amp bf16", amp_dtype is not None),
+                    ("--fsdp N (the step of each of N GPUs)", parallel is not None))
+                    if not given]
+                raise InfeasibleBudgetError(
+                    f"{e}; to fit, try {', '.join(ways)} or a larger card" if ways else
+                    f"{e}; more GPUs or a larger card", minimum_bytes=e.minimum_bytes) from e
         rows = ()
         if whatif:
             from ..whatif import whatif as whatifs
