@@ -42,7 +42,14 @@ internal (its path may change between releases).
 True
 """
 
-from .analyze import analyze, min_world_size, plan_checkpoints
+import warnings as _warnings
+
+from .trace.compat import untested_release as _untested
+
+if _untested():  # a release no test ran on: said once, at import (issue 37)
+    _warnings.warn(_untested(), stacklevel=2)
+
+from .analyze import analyze, min_world_size, plan_checkpoints  # noqa: E402
 from .checkpoint.choose import FrontierPoint, PlanChoice
 from .trace.regions import Plan, Region, load_plan
 from .errors import (

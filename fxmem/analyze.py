@@ -133,6 +133,24 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     return Report(lv, parts_of(lv), t.guards, retrace=again, below=below)
 
 
+def _own_world_free(parallel, b: int, guards) -> None:
+    """A rank traced at B=``b`` (below where the formulas hold) runs over fxmem's own fake
+    process group, which cannot be made while the caller's is initialised (a model the
+    caller wrapped is traced over the caller's: no such limit)."""
+    import torch.distributed as dist
+
+    from .errors import InputError
+    from .trace.wrapped import AsWrapped
+
+    if isinstance(parallel, AsWrapped) or not (dist.is_available() and dist.is_initialized()):
+        return
+    held = ", ".join(map(str, guards))
+    raise InputError(f"B={b} is below where this report's formulas hold ({held}), so fxmem "
+                     f"traces the step at B={b} over its own fake process group, and a "
+                     "process group is initialised already: ask for it before "
+                     "init_process_group, or after destroy_process_group")
+
+
 def _report(t, dims, device: str) -> Report:
     """The report of trace ``t`` (in the named ``dims`` when there are any)."""
     if dims:
@@ -172,7 +190,8 @@ def _per_rank(model, inputs, targets, step, parallel, checkpoint, batch_hint, di
         t = trace(model, inputs, targets, step=step, batch_hint=batch_hint, checkpoint=plan,
                   dims=dims, batch_dim=batch_dim, parallel=parallel, rank=ranks[0])
 
-        def below(b, rank=ranks[0]):  # B below where the formulas hold: traced at b
+        def below(b, rank=ranks[0], guards=t.guards):  # B below where the formulas hold
+            _own_world_free(parallel, b, guards)
             with as_here():
                 return _report(trace(model, inputs, targets, step=step, checkpoint=plan,
                                      dims=dims, batch_dim=batch_dim, parallel=parallel,

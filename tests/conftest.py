@@ -73,6 +73,12 @@ def pytest_configure(config):
     storages, do not depend on the thread count)."""
     if hasattr(config, "workerinput"):
         torch.set_num_threads(1)
+    # the process's first backward a plain one, before any test's own FakeTensorMode
+    # backward: on a CUDA build, forked ranks (fxmem.measure(parallel=)) can then run
+    # autograd (fxmem.trace.compat.plain_backward_first)
+    from fxmem.trace.compat import plain_backward_first
+
+    plain_backward_first()
 
 
 def _slow_list() -> set[str]:

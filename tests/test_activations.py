@@ -135,12 +135,26 @@ def _call(fn, args, x):
     return fn(x, *args)
 
 
+def _required(fn) -> int:
+    """Parameters ``fn`` needs (0 when its signature cannot be read: a C builtin)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 0
+    return sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+               for p in params)
+
+
 def _inplace_functions() -> dict:
+    """The in-place pointwise functions of torch.nn.functional: public names ending in
+    ``_`` that take the input and at most :data:`INPLACE_ARGS` (2.15's ``scaled_addmm_``,
+    a scaled matrix product into its first argument, needs six more: no activation)."""
     out = {}
     for name in dir(F):
         if name.endswith("_") and not name.startswith("_"):
             args = INPLACE_ARGS.get(name, ())
-            out[f"F.{name}"] = partial(_call, getattr(F, name), args)
+            if _required(getattr(F, name)) <= 1 + len(args):
+                out[f"F.{name}"] = partial(_call, getattr(F, name), args)
     return out
 
 

@@ -114,6 +114,9 @@ def test_no_stub_is_needed_and_registrations_are_removed_on_exit():
 
     with cuda_rnn.installed():
         gru_cell()  # FakeTensorMode caches the answer process-wide: installed() drops it
+    assert _dumps() == before
+    if torch._C._dispatch_has_kernel_for_dispatch_key("aten::_thnn_fused_gru_cell", "Meta"):
+        return  # 2.15 has its own meta kernel for the GRU cell (fxmem's replaces it meanwhile)
     with pytest.raises(NotImplementedError):
         gru_cell()
 

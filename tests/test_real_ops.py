@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import fxmem
 from fxmem.formula.symbols import B
+from fxmem.trace.compat import TORCH
 from fxmem.trace import rules, symbolic
 
 aten = torch.ops.aten
@@ -521,9 +522,13 @@ def test_a_concrete_size_read_of_the_batch_is_a_specialization_error():
             return self.linear(x).sum(1) * (torch.ones(2 ** n).sum() if self.power else n)
 
     assert not fxmem.analyze(ReadsSizes(False), torch.randn(4, 8), device="cpu", **KW).lifted
-    with pytest.raises(fxmem.SpecializationError, match="aten.size.default") as e:
+    with pytest.raises(fxmem.SpecializationError, match="specialized to 4") as e:
         fxmem.analyze(ReadsSizes(True, power=True), torch.randn(4, 8), device="cpu", **KW)
     assert "does not exist" not in str(e.value) and "no polynomial in B" in str(e.value)
+    # 2.15 answers a Python call of aten.size before any dispatch reaches the tracer
+    # (fxmem.trace.compat): the error then names the next op, in the same forward
+    named = "aten.size.default" if TORCH < (2, 15) else "aten.t.default"
+    assert f"op {named}" in str(e.value) and "in forward" in str(e.value)
     m = ReadsSizes(True)
     r = fxmem.analyze(m, torch.randn(4, 8), device="cpu", **KW)
     assert r.lifted and r.peak_bytes(7) == fxmem.measure(m, torch.randn(4, 8), **KW, B=7).peak_bytes

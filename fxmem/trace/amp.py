@@ -90,7 +90,9 @@ RULES: dict[str, dict[str, Policy]] = {
             logsumexp upsample_nearest1d _upsample_nearest_exact1d upsample_nearest2d
             _upsample_nearest_exact2d upsample_nearest3d _upsample_nearest_exact3d
             upsample_linear1d upsample_bilinear2d _upsample_bilinear2d_aa
-            upsample_trilinear3d upsample_bicubic2d _upsample_bicubic2d_aa""",
+            upsample_trilinear3d upsample_bicubic2d _upsample_bicubic2d_aa
+            linalg_matrix_sqrth""",  # 2.15, registered outside the header's lists; its meta
+        # kernel refuses 16-bit inputs: fp32, as on the CPU (read there: bf16 in, fp32 out)
         FP32_SET_OPT_DTYPE="""prod prod.dim_int softmax.int log_softmax.int cumprod cumsum
             linalg_vector_norm linalg_matrix_norm linalg_matrix_norm.str_ord sum
             sum.dim_IntList prod.dim_Dimname softmax.Dimname log_softmax.Dimname
@@ -126,7 +128,8 @@ RULES: dict[str, dict[str, Policy]] = {
             linalg_tensorinv linalg_tensorsolve fake_quantize_per_tensor_affine geqrf
             _lu_with_info qr svd triangular_solve fractional_max_pool2d fractional_max_pool3d
             adaptive_max_pool3d multilabel_margin_loss_forward linalg_qr linalg_cholesky_ex
-            linalg_svd linalg_eig linalg_eigh linalg_lstsq linalg_inv_ex""",
+            linalg_svd linalg_eig linalg_eigh linalg_lstsq linalg_inv_ex
+            linalg_matrix_sqrth""",  # linalg_matrix_sqrth: 2.15 (a bfloat16 input comes out float32)
         PROMOTE="stack cat index_copy index_copy.dimname",
     ),
 }

@@ -39,7 +39,7 @@ from ..errors import (
 from .amp import emulate
 from .checkpointing import checkpointing, normalize_plan, user_path
 from .checks import CheckingShapeEnv
-from .compat import tracing_shims
+from .compat import plain_backward_first, tracing_shims
 from .cuda.kernels import cuda_kernels
 from .datadep import TORCH_AND_FXMEM
 from .ddp import local_optimizer, wrapper_name
@@ -188,6 +188,7 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     step = Step.of(step, loss=loss, optimizer=optimizer, train=train, device=device, **options)
     spec = make_spec(model, inputs, targets, step, batch_dim)
     check_parallel(parallel, rank)
+    plain_backward_first()  # forks stay usable on a CUDA build (fxmem.trace.compat)
     if parallel is not None:  # FSDP2's hooks run in every block: no block is copied
         reuse_blocks = False
         spec = _replace_optimizer(spec, parallel.optimizer(spec.optimizer))  # ZeRO-1

@@ -51,6 +51,7 @@ from typing import Iterator
 import torch
 
 from ..errors import InputError
+from .compat import fsdp_group_policy
 from .ddp import DDP, Kept, RealInts, _EchoGroup
 from .parallel import empty_tied, meta_copy
 from .strategy import Strategy
@@ -433,14 +434,16 @@ def _rewrapped(model) -> tuple:
             reshard = None
         else:
             reshard = g is None or g.post_forward_mesh_info is not None
-        placement = {} if g is None else {
-            id(memo[id(getattr(fp._module_info.module, fp._module_info.param_name))]):
-            fp.fsdp_placement for fp in g.fsdp_params}
+        def copy_of(fp):  # the copy's parameter for one of the group's
+            return memo[id(getattr(fp._module_info.module, fp._module_info.param_name))]
+
+        placement = {} if g is None else {id(copy_of(fp)): fp.fsdp_placement
+                                          for fp in g.fsdp_params}
         targets = [path_of_copy[p] for p in paths]
         fully_shard(targets if len(targets) > 1 else targets[0], mesh=mesh,
                     reshard_after_forward=reshard,
                     shard_placement_fn=lambda p, _pl=placement: _pl.get(id(p)),
-                    mp_policy=g.mp_policy if g is not None else st._mp_policy,
+                    mp_policy=fsdp_group_policy(st, g, copy_of),
                     ignored_params=ignored or None)
         made[id(st)] = fully_shard.state(targets[0])
     by_state = {id(st): made[id(st)] for st, _ in states}

@@ -133,6 +133,11 @@ def measure_ranks(model, spec, parallel, B: int, measure_one, timeout: float = 3
     failed = [(r, msg) for r, (kind, msg) in enumerate(results) if kind != "ok"]
     if failed:
         rank, msg = failed[0]
+        if "fork-based multiprocessing" in msg:  # fxmem.trace.compat.plain_backward_first
+            msg = ("autograd cannot run in a process forked from this one: on a CUDA build "
+                   "of torch, this process's first backward ran on fake tensors outside "
+                   "fxmem (fxmem runs a plain one first); measure the parallel step from a "
+                   "fresh process")
         raise FxmemError(f"the real {parallel.name} step failed on rank {rank}: {msg}")
     return tuple(m for _, m in results)
 

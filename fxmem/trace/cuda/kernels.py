@@ -54,7 +54,7 @@ from typing import Callable, Iterator
 import torch
 
 from ...errors import InputError
-from ..compat import register
+from ..compat import TORCH, register
 
 aten = torch.ops.aten
 
@@ -114,10 +114,12 @@ def _softmax(fn):
 
 
 def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):
-    """aten/src/ATen/native/group_norm.cpp ``group_norm``: the input is checked, then, on
-    every device but the CPU, made contiguous in the default memory format before
-    ``native_group_norm``, which autograd saves: a channels_last input is copied, and the
-    copy kept for backward (the CPU keeps the input's suggested format, no copy)."""
+    """aten/src/ATen/native/group_norm.cpp ``group_norm``: the input is checked, then,
+    up to 2.14, on every device but the CPU, made contiguous in the default memory format
+    before ``native_group_norm``, which autograd saves: a channels_last input is copied, and
+    the copy kept for backward (the CPU keeps the input's suggested format, no copy). From
+    2.15 the input goes to ``native_group_norm`` as it is, which makes the copy itself while
+    it runs (a workspace, :mod:`fxmem.trace.cuda.workspaces`) and autograd saves the input."""
     n, c = input.shape[0], input.shape[1]
     if num_groups <= 0:
         raise RuntimeError(f"Expected num groups to be greater than 0, got {num_groups}")
@@ -126,8 +128,8 @@ def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabl
                            f"num_groups, but got input of shape {list(input.shape)} and "
                            f"num_groups={num_groups}")
     hxw = math.prod(input.shape[2:])
-    return aten.native_group_norm.default(input.contiguous(), weight, bias, n, c, hxw,
-                                          num_groups, eps)[0]
+    x = input.contiguous() if TORCH < (2, 15) else input
+    return aten.native_group_norm.default(x, weight, bias, n, c, hxw, num_groups, eps)[0]
 
 
 def _routes(capability, cudnn_version, on_choice) -> dict[str, Callable]:
@@ -522,11 +524,12 @@ RULES: tuple = (
                "aten/src/ATen/native/IndexingUtils.h: expandTensors; TensorAdvancedIndexing"
                ".cpp: _index_put_impl_; cuda/Nonzero.cu: nonzero_cuda_out_impl"),
     KernelRule("group_norm", "route",
-               "the input is made contiguous before native_group_norm, which saves it: a "
-               "channels_last input is copied and the copy kept for backward (the CPU keeps "
-               "channels_last, no copy)",
+               "up to 2.14 the input is made contiguous before native_group_norm, which "
+               "saves it: a channels_last input is copied and the copy kept for backward "
+               "(the CPU keeps channels_last, no copy); from 2.15 the input is passed as it "
+               "is (native_group_norm's own copy is its workspace, the input saved)",
                "aten/src/ATen/native/group_norm.cpp: group_norm",
-               checked=BOTH),
+               checked=("2.11", "2.13", "2.15")),
     KernelRule("native_group_norm, native_group_norm_backward", "outputs",
                "Y and dX are contiguous (the meta kernel keeps X's memory format)",
                "aten/src/ATen/native/group_norm.cpp: native_group_norm, "
