@@ -179,16 +179,17 @@ def test_target_batch_size_takes_the_fewest_accumulation_steps(tmp_path):
     assert fit.peak_bytes == step.measure(12 // k, grad_accum=k).peak_bytes
 
 
-def test_below_a_batch_of_one_a_checkpoint_plan(tmp_path):
+def test_a_checkpoint_plan_fits_a_batch_that_does_not_fit_without_one(tmp_path):
     model = gpt2()
     args = training_args(tmp_path)
     step = hf.trainer_step(model, args, BATCH, device="cpu")
     r = step.analyze()
     b = r.min_batch_size  # 2: GPT-2's label shift needs two tokens in all (valid_when)
     least = r.frontier(b)[-1].peak_bytes  # the smallest peak any plan reaches there
-    assert least < r.peak_bytes(b)
-    budget = (least + r.peak_bytes(b)) // 2  # no batch fits without a plan
-    fit = hf.batch_size_for(model, args, BATCH, budget, device="cpu")
+    assert r.peak_bytes(1) < least < r.peak_bytes(b)
+    budget = (least + r.peak_bytes(b)) // 2  # B = 2 only with a plan (B = 1 without one)
+    assert hf.batch_size_for(model, args, BATCH, budget, device="cpu").checkpoint is None
+    fit = hf.batch_size_for(model, args, BATCH, budget, device="cpu", max_recompute=1.0)
     assert fit.checkpoint is not None and fit.per_device_train_batch_size >= b
     assert fit.peak_bytes <= budget and fit.report.plan == fit.checkpoint.plan
     # applied to the model, the plan's step measures as predicted (the step traced with it)
