@@ -34,6 +34,11 @@ _WHAT = {
 }
 
 
+def _of_choice(name: str, doc: str) -> property:
+    """A :class:`MaxBatchSize` attribute read from its plan choice (``_chosen``)."""
+    return property(lambda self: self._chosen(name), doc=doc)
+
+
 class MaxBatchSize(int):
     """An ``int``: the largest batch size, with what it answers. ``by``: one of :data:`BY`;
     ``budget_bytes``: the bytes it was checked against (for ``"device"``, what the
@@ -91,18 +96,12 @@ class MaxBatchSize(int):
                                  "max_batch_size(..., max_recompute=0.25) for one)")
         return getattr(self.choice, what)
 
-    peak_bytes = property(lambda self: self._chosen("peak_bytes"),
-                          doc="The peak under the plan at this B (bytes).")
-    recompute_flops = property(lambda self: self._chosen("recompute_flops"),
-                               doc="FLOPs the plan re-runs at this B.")
-    step_flops = property(lambda self: self._chosen("step_flops"),
-                          doc="FLOPs of the step without the plan at this B.")
-    recompute_fraction = property(lambda self: self._chosen("recompute_fraction"),
-                                  doc="recompute_flops / step_flops.")
-    report = property(lambda self: self._chosen("report"),
-                      doc="The :class:`fxmem.Report` of the step under the plan.")
-    exact = property(lambda self: self._chosen("exact"),
-                     doc="The solver proved the plan the cheapest that fits.")
+    peak_bytes = _of_choice("peak_bytes", "The peak under the plan at this B (bytes).")
+    recompute_flops = _of_choice("recompute_flops", "FLOPs the plan re-runs at this B.")
+    step_flops = _of_choice("step_flops", "FLOPs of the step without the plan at this B.")
+    recompute_fraction = _of_choice("recompute_fraction", "recompute_flops / step_flops.")
+    report = _of_choice("report", "The :class:`fxmem.Report` of the step under the plan.")
+    exact = _of_choice("exact", "The solver proved the plan the cheapest that fits.")
 
     @property
     def explain(self) -> str:
