@@ -1,0 +1,49 @@
+"""A fake GPU: PyTorch's real CUDA build running a training step with no GPU and no driver.
+
+A small C library (``stub.c``, compiled by :func:`build` with gcc against the CUDA headers
+of the target environment, named ``libcuda.so.1``) is preloaded with ``LD_PRELOAD`` into a
+subprocess. It answers the calls PyTorch makes to the CUDA runtime, the driver API, cuBLAS
+and cuBLASLt as one H100 80GB (sm_90, 132 SMs) would: ``cudaMalloc`` hands out zero-filled
+host memory (and fails past 80 GB), copies and memsets happen on the host, kernel launches
+and GEMMs do nothing. :func:`measure_step` runs a step there and returns
+``torch.cuda.max_memory_allocated()`` / ``max_memory_reserved()`` of the measured step.
+
+What it shares with a real GPU run of the same PyTorch build:
+
+- PyTorch's CUDA host code: dispatch, autograd, the optimizer's foreach/fused paths, the
+  kernel (and cuBLAS/cuBLASLt path) selection made on the host from device properties;
+- every allocation through the CUDACachingAllocator, with its real block sizes, rounding,
+  splitting, caching and stream bookkeeping, so both peaks are PyTorch's own figures,
+  including the cuBLAS workspaces PyTorch allocates itself.
+
+What it cannot know:
+
+- the CUDA context and the driver's own memory (not in PyTorch's figures anyway, but in
+  ``nvidia-smi``'s);
+- what cuBLAS, cuDNN, NCCL or other libraries allocate outside PyTorch's allocator, and
+  the workspace sizes their heuristics would choose (the stub's cuBLASLt heuristic always
+  returns one algorithm needing no workspace);
+- anything that depends on computed values: kernels do not run, so tensor contents are
+  garbage (deterministically: zeros, or whatever the host copied); data-dependent shapes
+  (``nonzero``, boolean masks), ``.item()``-driven control flow, GradScaler's inf checks
+  and NaN checks see these values, not real ones;
+- CUDA graphs, stream-ordered allocation (``cudaMallocAsync`` backend), expandable
+  segments (the driver's virtual-memory API is reported unsupported), IPC, multi-GPU.
+
+Usage::
+
+    from fxmem.validate.fakegpu import measure_step
+    r = measure_step("/path/to/cuda-venv/bin/python", "mymodule:make_step", kwargs={"B": 64})
+    print(r.max_allocated, r.max_reserved)
+
+From a shell: ``python -m fxmem.validate.fakegpu run PYTHON module:function '{"B": 64}'``
+prints the measured step as JSON; ``python -m fxmem.validate.fakegpu build OUT_DIR PYTHON``
+prints the library's path, for running any script by hand:
+``LD_PRELOAD=<that path> TRITON_LIBCUDA_PATH=<its folder> PYTHON script.py``
+(``FAKEGPU_DEBUG=1`` logs device mallocs/frees and driver entry points the stub lacks).
+"""
+
+from .build import build, find_include_dirs
+from .run import FakeGPUError, StepResult, measure_step, stub_env
+
+__all__ = ["build", "find_include_dirs", "measure_step", "stub_env", "StepResult", "FakeGPUError"]

@@ -1,0 +1,128 @@
+"""Runs inside the subprocess (a CUDA-build Python with the fake-GPU stub preloaded).
+
+Kept free of fxmem imports so that any CUDA build of PyTorch can run it. Reads one JSON
+object from argv[1]: ``target`` ("module:function" or "path/to/file.py:function"),
+``kwargs`` for that function, ``sys_path`` (extra import folders), ``steps`` (warm-up steps
+before the measured one). The function returns ``(model, inputs, targets, loss_fn,
+optimizer_factory)``:
+
+- ``inputs``: a tensor, a tuple/list of tensors (positional) or a dict (keyword arguments);
+- ``targets``: a tensor, a tuple of tensors, or None;
+- ``loss_fn(output, *targets)``, or None: the output's ``.loss`` (HF models given labels),
+  else the output itself (a scalar);
+- ``optimizer_factory(params)``, or None for no optimizer step.
+
+Prints one line ``FAKEGPU_RESULT {json}``.
+"""
+
+import gc
+import importlib
+import importlib.util
+import json
+import os
+import sys
+import time
+import traceback
+
+
+def _load(target):
+    mod_name, _, fn_name = target.rpartition(":")
+    if not mod_name or not fn_name:
+        raise ValueError(f"target must be 'module:function' or 'file.py:function', got {target!r}")
+    if mod_name.endswith(".py") or os.sep in mod_name:
+        spec = importlib.util.spec_from_file_location("_fakegpu_target", mod_name)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["_fakegpu_target"] = mod
+        spec.loader.exec_module(mod)
+    else:
+        mod = importlib.import_module(mod_name)
+    return getattr(mod, fn_name)
+
+
+def _to(obj, device):
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _to(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to(v, device) for v in obj)
+    return obj
+
+
+def main():
+    cfg = json.loads(sys.argv[1])
+    for p in reversed(cfg.get("sys_path", [])):
+        sys.path.insert(0, p)
+    import torch
+
+    result = {"torch": torch.__version__}
+    try:
+        fn = _load(cfg["target"])
+        model, inputs, targets, loss_fn, opt_factory = fn(**cfg.get("kwargs", {}))
+        dev = "cuda"
+        model = model.to(dev)
+        inputs = _to(inputs, dev)
+        targets = _to(targets, dev)
+        if targets is None:
+            targets = ()
+        elif not isinstance(targets, (tuple, list)):
+            targets = (targets,)
+        opt = opt_factory(list(model.parameters())) if opt_factory is not None else None
+        params = list(model.parameters())
+
+        def step():
+            if opt is not None:
+                opt.zero_grad(set_to_none=True)
+            else:
+                for p in params:
+                    p.grad = None
+            if isinstance(inputs, dict):
+                out = model(**inputs)
+            elif isinstance(inputs, (tuple, list)):
+                out = model(*inputs)
+            else:
+                out = model(inputs)
+            if loss_fn is not None:
+                loss = loss_fn(out, *targets)
+            else:
+                loss = getattr(out, "loss", None)
+                if loss is None:
+                    loss = out[0] if isinstance(out, (tuple, list)) else out
+            del out
+            loss.backward()
+            if opt is not None:  # the loss stays alive through it, as in a usual loop
+                opt.step()
+            del loss
+
+        t0 = time.time()
+        for _ in range(int(cfg.get("steps", 1))):
+            step()
+        # steady state: gradients gone (as zero_grad(set_to_none=True) at the next step's
+        # start leaves them), optimizer state present
+        for p in params:
+            p.grad = None
+        torch.cuda.synchronize()
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        result["baseline_allocated"] = torch.cuda.memory_allocated()
+        result["baseline_reserved"] = torch.cuda.memory_reserved()
+        step()
+        torch.cuda.synchronize()
+        result["max_allocated"] = torch.cuda.max_memory_allocated()
+        result["max_reserved"] = torch.cuda.max_memory_reserved()
+        result["end_allocated"] = torch.cuda.memory_allocated()
+        result["end_reserved"] = torch.cuda.memory_reserved()
+        result["device_name"] = torch.cuda.get_device_name()
+        result["seconds"] = round(time.time() - t0, 3)
+    except BaseException as e:  # report, don't crash without a result line
+        result["error"] = f"{type(e).__name__}: {e}"
+        result["traceback"] = traceback.format_exc()
+    sys.stdout.flush()
+    print("FAKEGPU_RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

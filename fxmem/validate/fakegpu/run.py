@@ -1,0 +1,119 @@
+"""Run a training step on the fake GPU, in a subprocess, and read PyTorch's own peaks.
+
+>>> r = measure_step("/work/venv2/bin/python", "mymodels:mlp", kwargs={"B": 64})  # doctest: +SKIP
+>>> r.max_allocated, r.max_reserved                                               # doctest: +SKIP
+
+The target function (``"module:function"`` or ``"path/to/file.py:function"``, imported in
+the child) returns ``(model, inputs, targets, loss_fn, optimizer_factory)``; see
+:mod:`fxmem.validate.fakegpu._child` for their forms. The child moves model and batch to
+``cuda``, runs ``steps`` warm-up steps, drops the gradients, then ``synchronize``,
+``gc.collect``, ``empty_cache``, ``reset_peak_memory_stats`` and one measured step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .build import build
+
+CHILD = Path(__file__).with_name("_child.py")
+DEFAULT_BUILD_DIR = Path(tempfile.gettempdir()) / "fxmem_fakegpu"
+
+# variables that would change what the child's PyTorch sees or does
+_DROP_ENV = ("CUDA_VISIBLE_DEVICES", "PYTORCH_NO_CUDA_MEMORY_CACHING", "PYTORCH_NVML_BASED_CUDA_CHECK",
+             "CUDA_LAUNCH_BLOCKING")
+
+
+class FakeGPUError(RuntimeError):
+    """The child failed: its message, traceback and output are in the text."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """Bytes as the child's PyTorch reports them for the measured step."""
+
+    max_allocated: int
+    max_reserved: int
+    baseline_allocated: int
+    baseline_reserved: int
+    end_allocated: int
+    end_reserved: int
+    torch_version: str
+    device_name: str
+    seconds: float
+    raw: dict = field(default_factory=dict, repr=False)
+
+
+def stub_env(lib: Path, base: dict | None = None) -> dict:
+    """Environment for a process that should see the fake GPU: the stub preloaded (ahead of
+    anything already in LD_PRELOAD) and triton pointed at its folder."""
+    env = dict(os.environ if base is None else base)
+    for k in _DROP_ENV:
+        env.pop(k, None)
+    pre = env.get("LD_PRELOAD", "")
+    env["LD_PRELOAD"] = str(lib) + (" " + pre if pre else "")
+    env["TRITON_LIBCUDA_PATH"] = str(lib.parent)
+    return env
+
+
+def measure_step(
+    python_exe: str | os.PathLike,
+    target: str,
+    *,
+    kwargs: dict | None = None,
+    steps: int = 1,
+    sys_path: list[str] | None = None,
+    build_dir: str | os.PathLike | None = None,
+    env: dict | None = None,
+    timeout: float | None = 1800,
+) -> StepResult:
+    """Run ``target``'s training step on the fake GPU in ``python_exe`` (a CUDA build of
+    PyTorch); return the measured step's ``max_memory_allocated`` / ``max_memory_reserved``.
+
+    ``kwargs``: JSON-able keyword arguments for the target function. ``steps``: warm-up
+    steps before the measured one. ``sys_path``: folders the child imports from (default:
+    the current directory). ``build_dir``: where the stub is compiled and cached.
+    """
+    lib = build(build_dir or DEFAULT_BUILD_DIR, python_exe)
+    cfg = {
+        "target": target,
+        "kwargs": kwargs or {},
+        "steps": steps,
+        "sys_path": [str(Path(p).resolve()) for p in (sys_path or [os.getcwd()])],
+    }
+    proc = subprocess.run(
+        [str(python_exe), str(CHILD), json.dumps(cfg)],
+        env=stub_env(lib, env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    line = next((ln for ln in reversed(proc.stdout.splitlines())
+                 if ln.startswith("FAKEGPU_RESULT ")), None)
+    if line is None:
+        raise FakeGPUError(
+            f"the fake-GPU child produced no result (exit code {proc.returncode})\n"
+            f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}")
+    res = json.loads(line[len("FAKEGPU_RESULT "):])
+    if "error" in res:
+        raise FakeGPUError(f"{res['error']}\n{res.get('traceback', '')}\nstderr:\n"
+                           f"{proc.stderr[-4000:]}")
+    return StepResult(
+        max_allocated=res["max_allocated"],
+        max_reserved=res["max_reserved"],
+        baseline_allocated=res["baseline_allocated"],
+        baseline_reserved=res["baseline_reserved"],
+        end_allocated=res["end_allocated"],
+        end_reserved=res["end_reserved"],
+        torch_version=res["torch"],
+        device_name=res["device_name"],
+        seconds=res["seconds"],
+        raw=res,
+    )
+
