@@ -100,12 +100,8 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
                          batch_dim)
     plan = normalize_plan(model, checkpoint)
     as_here = _modes(model)
-
-    def below(b):  # B below where the formulas hold: the step traced with B the int b
-        with as_here():
-            t = trace(model, inputs, targets, step=step, checkpoint=plan, dims=dims,
-                      reuse_blocks=reuse_blocks, batch_dim=batch_dim, concrete_batch=b)
-        return _report(t, dims, step.device)
+    below = _below(as_here, model, inputs, targets, step=step, checkpoint=plan, dims=dims,
+                   reuse_blocks=reuse_blocks, batch_dim=batch_dim)
     if dims:
         t = trace(model, inputs, targets, step=step, batch_hint=batch_hint,
                   checkpoint=checkpoint, dims=dims, reuse_blocks=reuse_blocks,
@@ -133,6 +129,17 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     return Report(lv, parts_of(lv), t.guards, retrace=again, below=below)
 
 
+def _below(as_here, model, inputs, targets, guards=(), **options):
+    """``b -> Report``: the step (``trace``'s ``options``) traced with B the int ``b``, for a
+    B below where the formulas hold, the modules in the modes ``as_here`` restores."""
+    def below(b):
+        _own_world_free(options.get("parallel"), b, guards)
+        with as_here():
+            t = trace(model, inputs, targets, concrete_batch=b, **options)
+        return _report(t, options.get("dims"), options["step"].device)
+    return below
+
+
 def _own_world_free(parallel, b: int, guards) -> None:
     """A rank traced at B=``b`` (below where the formulas hold) runs over fxmem's own fake
     process group, which cannot be made while the caller's is initialised (a model the
@@ -142,7 +149,8 @@ def _own_world_free(parallel, b: int, guards) -> None:
     from .errors import InputError
     from .trace.wrapped import AsWrapped
 
-    if isinstance(parallel, AsWrapped) or not (dist.is_available() and dist.is_initialized()):
+    if parallel is None or isinstance(parallel, AsWrapped) or not (
+            dist.is_available() and dist.is_initialized()):
         return
     held = ", ".join(map(str, guards))
     raise InputError(f"B={b} is below where this report's formulas hold ({held}), so fxmem "
@@ -190,12 +198,8 @@ def _per_rank(model, inputs, targets, step, parallel, checkpoint, batch_hint, di
         t = trace(model, inputs, targets, step=step, batch_hint=batch_hint, checkpoint=plan,
                   dims=dims, batch_dim=batch_dim, parallel=parallel, rank=ranks[0])
 
-        def below(b, rank=ranks[0], guards=t.guards):  # B below where the formulas hold
-            _own_world_free(parallel, b, guards)
-            with as_here():
-                return _report(trace(model, inputs, targets, step=step, checkpoint=plan,
-                                     dims=dims, batch_dim=batch_dim, parallel=parallel,
-                                     rank=rank, concrete_batch=b), dims, step.device)
+        below = _below(as_here, model, inputs, targets, t.guards, step=step, checkpoint=plan,
+                       dims=dims, batch_dim=batch_dim, parallel=parallel, rank=ranks[0])
         groups.append(RankGroup(ranks, replace(_report(t, dims, step.device), below=below)))
 
     def retrace(plan):  # the planner's confirmation: this step traced with ``plan``
