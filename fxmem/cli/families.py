@@ -266,8 +266,9 @@ def torchvision_release() -> str:
     >>> bool(re.fullmatch(r"0\\.\\d+", torchvision_release()))
     True
     """
-    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
-    return f"0.{minor + 15}" if major == 2 else "(the one made for your torch)"
+    from ..trace.compat import TORCH
+
+    return f"0.{TORCH[1] + 15}" if TORCH[0] == 2 else "(the one made for your torch)"
 
 
 def _vision_package(name: str):
