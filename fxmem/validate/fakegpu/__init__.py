@@ -44,6 +44,6 @@ prints the library's path, for running any script by hand:
 """
 
 from .build import build, find_include_dirs
-from .run import FakeGPUError, StepResult, measure_step, stub_env
+from .run import FakeGPUError, StepResult, call, measure_step, stub_env
 
-__all__ = ["build", "find_include_dirs", "measure_step", "stub_env", "StepResult", "FakeGPUError"]
+__all__ = ["build", "find_include_dirs", "call", "measure_step", "stub_env", "StepResult", "FakeGPUError"]

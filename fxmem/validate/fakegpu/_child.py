@@ -12,6 +12,9 @@ optimizer_factory)``:
   else the output itself (a scalar);
 - ``optimizer_factory(params)``, or None for no optimizer step.
 
+With ``"call": true`` the function is instead called with ``kwargs`` and what it returns
+(JSON-able) is the result, under ``"value"``: for probes of single ops.
+
 Prints one line ``FAKEGPU_RESULT {json}``.
 """
 
@@ -51,6 +54,10 @@ def _to(obj, device):
     return obj
 
 
+class _Done(Exception):
+    """A ``call`` target returned: its value is the result."""
+
+
 def main():
     cfg = json.loads(sys.argv[1])
     for p in reversed(cfg.get("sys_path", [])):
@@ -60,6 +67,9 @@ def main():
     result = {"torch": torch.__version__}
     try:
         fn = _load(cfg["target"])
+        if cfg.get("call"):
+            result["value"] = fn(**cfg.get("kwargs", {}))
+            raise _Done
         model, inputs, targets, loss_fn, opt_factory = fn(**cfg.get("kwargs", {}))
         dev = "cuda"
         model = model.to(dev)
@@ -117,6 +127,8 @@ def main():
         result["end_reserved"] = torch.cuda.memory_reserved()
         result["device_name"] = torch.cuda.get_device_name()
         result["seconds"] = round(time.time() - t0, 3)
+    except _Done:
+        pass
     except BaseException as e:  # report, don't crash without a result line
         result["error"] = f"{type(e).__name__}: {e}"
         result["traceback"] = traceback.format_exc()

@@ -62,6 +62,49 @@ def stub_env(lib: Path, base: dict | None = None) -> dict:
     return env
 
 
+def _run_child(python_exe, cfg: dict, build_dir, env, timeout) -> dict:
+    lib = build(build_dir or DEFAULT_BUILD_DIR, python_exe)
+    proc = subprocess.run(
+        [str(python_exe), str(CHILD), json.dumps(cfg)],
+        env=stub_env(lib, env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    line = next((ln for ln in reversed(proc.stdout.splitlines())
+                 if ln.startswith("FAKEGPU_RESULT ")), None)
+    if line is None:
+        raise FakeGPUError(
+            f"the fake-GPU child produced no result (exit code {proc.returncode})\n"
+            f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}")
+    res = json.loads(line[len("FAKEGPU_RESULT "):])
+    if "error" in res:
+        raise FakeGPUError(f"{res['error']}\n{res.get('traceback', '')}\nstderr:\n"
+                           f"{proc.stderr[-4000:]}")
+    return res
+
+
+def _paths(sys_path):
+    return [str(Path(p).resolve()) for p in (sys_path or [os.getcwd()])]
+
+
+def call(
+    python_exe: str | os.PathLike,
+    target: str,
+    *,
+    kwargs: dict | None = None,
+    sys_path: list[str] | None = None,
+    build_dir: str | os.PathLike | None = None,
+    env: dict | None = None,
+    timeout: float | None = 1800,
+):
+    """Call ``target(**kwargs)`` in ``python_exe`` on the fake GPU and return what it returns
+    (JSON-able: numbers, strings, lists, dicts). For probes of single ops: what PyTorch's
+    CUDA host code chooses or allocates, read with ``torch.cuda``'s own functions."""
+    cfg = {"target": target, "kwargs": kwargs or {}, "call": True, "sys_path": _paths(sys_path)}
+    return _run_child(python_exe, cfg, build_dir, env, timeout)["value"]
+
+
 def measure_step(
     python_exe: str | os.PathLike,
     target: str,
@@ -80,30 +123,9 @@ def measure_step(
     steps before the measured one. ``sys_path``: folders the child imports from (default:
     the current directory). ``build_dir``: where the stub is compiled and cached.
     """
-    lib = build(build_dir or DEFAULT_BUILD_DIR, python_exe)
-    cfg = {
-        "target": target,
-        "kwargs": kwargs or {},
-        "steps": steps,
-        "sys_path": [str(Path(p).resolve()) for p in (sys_path or [os.getcwd()])],
-    }
-    proc = subprocess.run(
-        [str(python_exe), str(CHILD), json.dumps(cfg)],
-        env=stub_env(lib, env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    line = next((ln for ln in reversed(proc.stdout.splitlines())
-                 if ln.startswith("FAKEGPU_RESULT ")), None)
-    if line is None:
-        raise FakeGPUError(
-            f"the fake-GPU child produced no result (exit code {proc.returncode})\n"
-            f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}")
-    res = json.loads(line[len("FAKEGPU_RESULT "):])
-    if "error" in res:
-        raise FakeGPUError(f"{res['error']}\n{res.get('traceback', '')}\nstderr:\n"
-                           f"{proc.stderr[-4000:]}")
+    cfg = {"target": target, "kwargs": kwargs or {}, "steps": steps,
+           "sys_path": _paths(sys_path)}
+    res = _run_child(python_exe, cfg, build_dir, env, timeout)
     return StepResult(
         max_allocated=res["max_allocated"],
         max_reserved=res["max_reserved"],
