@@ -20,10 +20,13 @@ import sys
 from pathlib import Path
 
 STUB_SOURCE = Path(__file__).with_name("stub.c")
+#: the cuDNN entry points, compiled into the same library when cuDNN's headers are found
+CUDNN_SOURCE = Path(__file__).with_name("cudnn_stub.c")
 LIB_NAME = "libcuda.so.1"
 
 #: headers whose contents decide the binary (struct layouts, enum values, versions)
-_KEY_HEADERS = ("cuda.h", "cuda_runtime_api.h", "driver_types.h", "cublas_api.h")
+_KEY_HEADERS = ("cuda.h", "cuda_runtime_api.h", "driver_types.h", "cublas_api.h",
+                "cudnn_version.h", "cudnn_graph_v9.h")
 
 
 def site_packages(python_exe: str | os.PathLike | None = None) -> list[Path]:
@@ -99,6 +102,17 @@ def find_include_dirs(python_exe: str | os.PathLike | None = None) -> list[Path]
     return dirs
 
 
+def find_cudnn_include_dir(python_exe: str | os.PathLike | None = None) -> Path | None:
+    """The folder holding ``cudnn.h`` in ``python_exe``'s ``nvidia`` wheels (the cuDNN that
+    its PyTorch loads), or None: the stub then leaves cuDNN to the real library."""
+    for sp in site_packages(python_exe):
+        for d in sorted(glob.glob(str(sp / "nvidia/cudnn/include"))) + sorted(
+                glob.glob(str(sp / "nvidia/cu1*/include"))):
+            if (Path(d) / "cudnn.h").is_file() and (Path(d) / "cudnn_graph.h").is_file():
+                return Path(d)
+    return None
+
+
 def _cublas_version(include_dirs: list[Path]) -> int:
     for d in include_dirs:
         f = d / "cublas_api.h"
@@ -127,6 +141,14 @@ def build(
     it, for triton); an existing build with the same hash is reused.
     """
     incs = [Path(d) for d in include_dirs] if include_dirs else find_include_dirs(python_exe)
+    sources = [STUB_SOURCE]
+    cudnn_inc = None if include_dirs else find_cudnn_include_dir(python_exe)
+    if include_dirs:
+        cudnn_inc = next((d for d in incs if (d / "cudnn_graph.h").is_file()), None)
+    if cudnn_inc is not None:
+        sources.append(CUDNN_SOURCE)
+        if cudnn_inc not in incs:
+            incs = incs + [cudnn_inc]
     blas_ver = _cublas_version(incs)
     cmd_tail = [
         "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wno-deprecated-declarations",
@@ -136,7 +158,8 @@ def build(
         "-ldl",
     ]
     h = hashlib.sha256()
-    h.update(STUB_SOURCE.read_bytes())
+    for src in sources:
+        h.update(src.read_bytes())
     h.update(" ".join([cc] + cmd_tail).encode())
     for name in _KEY_HEADERS:
         for d in incs:
@@ -151,7 +174,7 @@ def build(
         return lib
     dest_dir.mkdir(parents=True, exist_ok=True)
     tmp = dest_dir / f".{LIB_NAME}.{os.getpid()}.tmp"
-    cmd = [cc, str(STUB_SOURCE), "-o", str(tmp), *cmd_tail]
+    cmd = [cc, *[str(s) for s in sources], "-o", str(tmp), *cmd_tail]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"building the fake-GPU stub failed:\n{' '.join(cmd)}\n{res.stderr}")
