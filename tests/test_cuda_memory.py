@@ -1,5 +1,6 @@
 """Report.cuda_memory: the step replayed through the caching allocator model, with the cuBLAS
-workspaces PyTorch keeps. Checked here against the formula where the allocator adds nothing
+workspaces (kept per thread up to torch 2.14; taken and freed by each call from 2.15: both
+checked on PyTorch's own build in tests/test_fake_gpu_blas.py). Checked here against the formula where the allocator adds nothing
 but its 512-byte rounding (every block in the small pool), and for what it adds otherwise;
 against a GPU by fxmem.validate."""
 
@@ -9,6 +10,7 @@ from torch import nn
 import fxmem
 from fxmem.device.allocator import cublas_workspace_bytes
 from fxmem.device.caching_allocator import AllocatorConfig
+from fxmem.trace.cuda import blas
 from zoo import ZOO
 
 MiB = 2**20
@@ -21,19 +23,35 @@ def _report(name="mlp", **kw):
 
 def test_small_blocks_only_add_the_workspaces():
     r = _report()  # every storage under 1 MiB at these B: small pool, 512-byte blocks
-    ws = cublas_workspace_bytes((9, 0))
+    ws, lt = cublas_workspace_bytes((9, 0)), blas.lt_workspace_bytes()
     for b in (2, 13, 100):
         d = r.cuda_memory(b)
-        assert [n for _, n in d.workspaces] == [ws, ws]  # forward thread, autograd's thread
-        assert d.max_allocated == r.peak_bytes(b) + 2 * ws
+        if blas.PER_CALL:  # Linear's addmm runs cuBLASLt, backward's mm cuBLAS
+            assert d.workspaces == (("cuBLAS workspace per call (freed after it)", ws),
+                                    ("cuBLASLt workspace per call (freed after it)", lt))
+            # each matmul holds its workspace on top of what is live after its output is
+            # made: computed from the timeline, independently of the replay
+            size = {"cublas": ws, "cublaslt": lt}
+            at_matmuls = [t.live_bytes + size[r.trace.ops[t.index].blas]
+                          for t in r.timeline(b) if r.trace.ops[t.index].blas]
+            # 3 Linear: addmm each, and in backward an mm for each weight and for the
+            # inputs of the last two (the batch needs no gradient)
+            assert len(at_matmuls) == 3 + 3 + 2
+            assert d.max_allocated == max(r.peak_bytes(b), *at_matmuls)
+        else:
+            assert [n for _, n in d.workspaces] == [ws, ws]  # forward thread, autograd's
+            assert d.max_allocated == r.peak_bytes(b) + 2 * ws
         assert d.max_reserved >= d.max_allocated
         assert max(d.phase_max_allocated.values()) == d.max_allocated
 
 
-def test_workspace_sizes_follow_the_gpu_and_the_environment():
+def test_workspace_sizes_follow_the_gpu_and_the_environment(monkeypatch):
     r = _report()
     a100 = r.cuda_memory(8, compute_capability=(8, 0))
-    assert [n for _, n in a100.workspaces] == [8 * MiB + 128 * 1024] * 2
+    assert a100.workspaces[0][1] == 8 * MiB + 128 * 1024
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:2")
+    assert r.cuda_memory(8).workspaces[0][1] == 8 * MiB
+    monkeypatch.setenv("CUBLASLT_WORKSPACE_SIZE", "0")
     none = r.cuda_memory(8, cublas_workspace=0)
     assert none.workspaces == () and none.max_allocated == r.peak_bytes(8)
 
@@ -41,7 +59,9 @@ def test_workspace_sizes_follow_the_gpu_and_the_environment():
 def test_inference_and_matmul_free_models():
     model, x, _, _ = ZOO["mlp"]()
     inf = fxmem.analyze(model, x, train=False).cuda_memory(8)
-    assert [w for w, _ in inf.workspaces] == ["cuBLAS workspace (main thread)"]
+    assert [w for w, _ in inf.workspaces] == (
+        ["cuBLASLt workspace per call (freed after it)"] if blas.PER_CALL
+        else ["cuBLAS workspace (main thread)"])
     conv = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())
     r = fxmem.analyze(conv, torch.randn(2, 3, 16, 16), loss=lambda o: o.sum(),
                       optimizer=torch.optim.SGD)
@@ -82,13 +102,14 @@ def test_largest_batch_by_max_memory_allocated():
         r.cuda_max_batch_size(MiB)
 
 
-def test_cudnn_workspace_is_held_during_each_convolution():
+def test_cudnn_workspace_is_held_during_each_convolution(monkeypatch):
     # each convolution (forward, and each half of its backward) holds the workspace on top of
     # what is live after the op; computed here from the timeline, independently of the replay
     from fxmem.device.allocator import CUDNN_CONV_OPS
 
     r = _report("seed_cnn")
     for b in (2, 13):
+        monkeypatch.setenv("CUBLASLT_WORKSPACE_SIZE", "0")  # its Linear's (2.15)
         assert r.cuda_memory(b, cublas_workspace=0).max_allocated == r.peak_bytes(b)
         for w in (512, 3 * MiB, 2**30):
             d = r.cuda_memory(b, cublas_workspace=0, cudnn_workspace=w)

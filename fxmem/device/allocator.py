@@ -4,22 +4,24 @@ The formula of ``Report.peak`` counts each storage as the block it takes
 (:mod:`fxmem.memory.sizes`: 512-byte blocks on CUDA). What ``torch.cuda.max_memory_allocated()``
 and ``max_memory_reserved()`` report on top is a replay of the step's allocations through
 the caching allocator (:mod:`fxmem.device.caching_allocator`: segments, block splitting and
-the slack of unsplit large blocks) with the cuBLAS workspaces that PyTorch keeps:
+the slack of unsplit large blocks) with the cuBLAS workspaces: kept per thread up to torch
+2.14, taken and freed by every matmul from 2.15 (:mod:`fxmem.trace.cuda.blas`):
 :func:`cuda_memory` (``Report.cuda_memory(B)``).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from ..memory.sizes import _host_resident
+from ..trace.cuda import blas
 
 # --- the caching allocator, replayed over a step -------------------------------------------
 
-# ops that run through cuBLAS (each thread's handle gets its own workspace on first use)
-CUBLAS_OPS = frozenset(f"aten.{n}.default" for n in (
-    "mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot",
-    "_addmm_activation"))
+# ops that run through cuBLAS (up to 2.14 each thread's handle gets its own workspace on first
+# use; from 2.15 each call takes one while it runs)
+CUBLAS_OPS = blas.OP_NAMES
 
 
 # ops that run through cuDNN on CUDA: each call allocates a workspace through the caching
@@ -33,9 +35,10 @@ CUDNN_CONV_OPS = frozenset(f"aten.{n}.default" for n in (
 def cublas_workspace_bytes(compute_capability=(9, 0), env: str | None = None) -> int:
     """PyTorch's cuBLAS workspace (``parseChosenWorkspaceSize`` in
     ``aten/src/ATen/cuda/CublasHandlePool.cpp``): ``CUBLAS_WORKSPACE_CONFIG`` (``:SIZE:COUNT``
-    pairs, SIZE in KiB) summed, else 32 MiB on compute capability 9.x (Hopper), 10.x and
-    12.x (Blackwell), else 4096 KiB x 2 + 16 KiB x 8. cuBLASLt shares it by default
-    (``TORCH_CUBLASLT_UNIFIED_WORKSPACE``).
+    pairs, SIZE in KiB; ``env``, default the environment's) summed, else 32 MiB on compute
+    capability 9.x (Hopper), 10.x and 12.x (Blackwell), else 4096 KiB x 2 + 16 KiB x 8. Up to
+    2.14 cuBLASLt shares it by default (``TORCH_CUBLASLT_UNIFIED_WORKSPACE``); from 2.15 a
+    cuBLASLt call takes its own (:func:`fxmem.trace.cuda.blas.lt_workspace_bytes`).
 
     >>> cublas_workspace_bytes((9, 0)), cublas_workspace_bytes((8, 0))
     (33554432, 8519680)
@@ -44,6 +47,7 @@ def cublas_workspace_bytes(compute_capability=(9, 0), env: str | None = None) ->
     """
     import re
 
+    env = os.environ.get("CUBLAS_WORKSPACE_CONFIG") if env is None else env
     if env:
         pairs = re.findall(r":([0-9]+):([0-9]+)", env)
         if pairs:
@@ -79,8 +83,9 @@ def cuda_memory(liveness, B: int, config=None, compute_capability=(9, 0),  # noq
     """Replay ``liveness``'s step at batch size ``B`` through
     :class:`fxmem.device.caching_allocator.CachingAllocator`, as ``fxmem.measure`` runs it on a GPU:
     parameters, buffers and the batch first, then a warm-up step in which the optimizer
-    state appears at the optimizer phase and each thread's cuBLAS workspace at its first
-    matmul (forward: the main thread; backward: autograd's), then ``empty_cache()``, a reset
+    state appears at the optimizer phase and (up to torch 2.14) each thread's cuBLAS
+    workspace at its first matmul (forward: the main thread; backward: autograd's; from
+    2.15 every matmul takes its workspace after its output and frees it), then ``empty_cache()``, a reset
     of the peaks, and the measured step. Storages keep the order of the trace.
 
     cuDNN's convolution workspaces are not in the trace: their size is the algorithm's that
@@ -147,8 +152,8 @@ def run_on_device(liveness, B: int, capacity_bytes: int, config=None,  # noqa: N
     >>> ok = r.runs_on_device(64, 2**30)
     >>> ok.fits, ok.max_reserved <= 2**30
     (True, True)
-    >>> r.runs_on_device(64, 40 * 2**20).oom[2:4]  # cuBLAS's 32 MiB beside the weight's segment
-    ('aten.addmm.default', 'forward')
+    >>> r.runs_on_device(64, 40 * 2**20).fits  # cuBLAS's 32 MiB beside the weight's segment
+    False
     """
     import dataclasses
 
@@ -193,6 +198,7 @@ class _Replay:
         self.size = [s.size(B) if on_device[s.sid] else 0 for s in self.storages]
         self.ws = cublas_workspace_bytes(compute_capability) if cublas_workspace is None \
             else cublas_workspace
+        self.lt_ws = blas.lt_workspace_bytes()
         self.cudnn_workspace = cudnn_workspace
         self.allocator = CachingAllocator(config)
         self.handles: dict = {}
@@ -240,11 +246,21 @@ class _Replay:
                 self.alloc(sid, self.size[sid])
             if self.cudnn_workspace and op.op in CUDNN_CONV_OPS:  # held while it runs
                 a.free(a.malloc(self.cudnn_workspace))
+            if blas.PER_CALL and op.op in CUBLAS_OPS:  # 2.15: taken and freed by each call
+                n = self.lt_ws if op.blas == "cublaslt" else self.ws
+                if n:
+                    a.free(a.malloc(n))
             for sid in self.frees[i + 1]:
                 self.free(sid)
         if warm_up and self.cudnn_workspace and any(op.op in CUDNN_CONV_OPS for op in ops):
             self.workspaces.append(("cuDNN workspace per convolution call (freed after it)",
                                     self.cudnn_workspace))
+        if warm_up and blas.PER_CALL:
+            used = {op.blas for op in ops if op.op in CUBLAS_OPS}
+            for lib, what, n in (("cublas", "cuBLAS", self.ws), ("cublaslt", "cuBLASLt",
+                                                                 self.lt_ws)):
+                if n and lib in used:
+                    self.workspaces.append((f"{what} workspace per call (freed after it)", n))
         if phase is not None:
             phase_alloc[phase] = max(phase_alloc.get(phase, 0), a.max_allocated)
             phase_res[phase] = max(phase_res.get(phase, 0), a.max_reserved)
@@ -257,7 +273,7 @@ class _Replay:
             for s in self.before:
                 if s.sid not in self.handles and s.sid not in remade:
                     self.alloc(s.sid, self.size[s.sid])
-        if op.op in CUBLAS_OPS and self.ws:
+        if op.op in CUBLAS_OPS and self.ws and not blas.PER_CALL:
             thread = "backward" if op.phase == "backward" else "main"
             if ("ws", thread) not in self.handles:
                 self.alloc(("ws", thread), self.ws)

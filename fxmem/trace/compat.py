@@ -24,9 +24,12 @@ What else differs between releases, where fxmem follows each (the tests name the
   fitted, :mod:`fxmem.trace.lift`) naming the next op of the same forward, not the read.
 - 2.15: ``linalg_matrix_sqrth`` has autocast kernels (fp32: :mod:`fxmem.trace.amp`);
   ``_thnn_fused_gru_cell`` and its backward have meta kernels of PyTorch's own, which
-  :mod:`fxmem.trace.cuda.rnn` replaces while tracing as on older releases;
-  ``group_norm`` no longer makes a CUDA input contiguous before ``native_group_norm``
-  (:mod:`fxmem.trace.cuda.kernels`).
+  :mod:`fxmem.trace.cuda.rnn` replaces while tracing as on older releases.
+- 2.15: every cuBLAS and cuBLASLt call takes its workspace through the caching allocator and
+  frees it when it returns (2.14 keeps one per thread): :mod:`fxmem.trace.cuda.blas`, seen on
+  2.15's binary on the fake GPU.
+- 2.14: ``group_norm`` no longer makes a CUDA input contiguous before ``native_group_norm``
+  (:mod:`fxmem.trace.cuda.kernels`; seen on 2.14.1's and 2.15's binaries).
 
 On every release, :func:`plain_backward_first` runs before the first trace: on a CUDA build
 (2.14.1+cu130 and 2.15.0+cu132 checked; not the CPU build), the autograd engine started by a

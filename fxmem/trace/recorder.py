@@ -17,6 +17,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from ..errors import DataDependentError, ModelError, SpecializationError, TraceError
 from ..formula.symbols import B, dim_symbol
+from .cuda import blas as cuda_blas
 from .datadep import (
     TORCH_AND_FXMEM,
     DataSymbol,
@@ -406,7 +407,9 @@ class Recorder(StorageTracker):
         self.ops.append(OpInfo(index, str(func), self.phase, module, tuple(out_sids),
                                tuple(new_sids), tuple(dict.fromkeys(in_sids)),
                                self._written(func, args, kwargs), grad_node,
-                               self.phase == "backward" and self.recomputing > 0))
+                               self.phase == "backward" and self.recomputing > 0,
+                               blas=None if self.kernels is None
+                               else cuda_blas.library(func, args, kwargs)))
         if len(self.shape_env.replacements) != self._n_repl:
             self._n_repl = len(self.shape_env.replacements)
             self.check_specialized(str(func), module)

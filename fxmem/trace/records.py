@@ -41,6 +41,7 @@ class OpInfo:
     autograd_node: str | None  # backward: the autograd node that ran it
     recompute: bool = False  # backward: re-running a checkpointed forward
     source: int | None = None  # the traced op this one repeats (plans derived from a trace)
+    blas: str | None = None  # CUDA matmuls: "cublas" or "cublaslt" (fxmem.trace.cuda.blas)
 
 
 @dataclass(frozen=True)
