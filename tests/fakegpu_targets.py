@@ -36,3 +36,92 @@ def gpt2(B=4, L=128, seed=0):
     torch.manual_seed(seed)
     ids = torch.randint(0, 50257, (B, L))
     return GPT2WithLabels(), (ids, ids), None, None, adamw
+
+
+# --- one model per CUDA kernel rule (fxmem.trace.cuda.kernels.RULES), for test_fake_gpu.py ------
+
+class _Op(nn.Module):
+    """``fn(x * w)`` for a parameter ``w`` shaped like a sample (so the op is in autograd)."""
+
+    def __init__(self, fn, sample_shape, *modules, dtype=torch.float32):
+        super().__init__()
+        self.fn = fn
+        self.w = nn.Parameter(torch.ones(sample_shape, dtype=dtype))
+        self.mods = nn.ModuleList(modules)
+
+    def forward(self, x):
+        return self.fn(self, x * self.w)
+
+
+def _sum(out):
+    return out.float().sum()
+
+
+def _channels_last(t):
+    return t.contiguous(memory_format=torch.channels_last)
+
+
+F = nn.functional
+RULES = {
+    # name: (forward fn(self, x), sample shape, dtype, modules, makes the batch from B)
+    "dropout": (lambda m, x: F.dropout(x, 0.1), (64, 96), torch.float32, ()),
+    "softmax fp16 to fp32": (lambda m, x: torch.softmax(x, -1, dtype=torch.float32),
+                             (64, 96), torch.float16, ()),
+    "log_softmax fp32": (lambda m, x: torch.log_softmax(x, -1), (64, 96), torch.float32, ()),
+    "softmax of a transpose": (lambda m, x: torch.softmax(x.transpose(1, 2), -1),
+                               (64, 96), torch.float32, ()),
+    "rms_norm": (lambda m, x: m.mods[0](x), (64, 96), torch.float32, (nn.RMSNorm(96),)),
+    "rms_norm bf16": (lambda m, x: m.mods[0](x), (64, 96), torch.bfloat16,
+                      (nn.RMSNorm(96, dtype=torch.bfloat16),)),
+    "layer_norm fp16": (lambda m, x: m.mods[0](x), (64, 96), torch.float16,
+                        (nn.LayerNorm(96, dtype=torch.float16),)),
+    "layer_norm many rows": (lambda m, x: m.mods[0](x), (40000, 8), torch.float32,
+                             (nn.LayerNorm(8),)),
+    "batch_norm 2-d (native kernel)": (lambda m, x: m.mods[0](x), (96,), torch.float32,
+                                       (nn.BatchNorm1d(96),)),
+    "batch_norm bf16 (native kernel)": (lambda m, x: m.mods[0](x), (16, 12, 12),
+                                        torch.bfloat16,
+                                        (nn.BatchNorm2d(16, dtype=torch.bfloat16),)),
+    "log_sigmoid": (lambda m, x: F.logsigmoid(x), (64, 96), torch.float32, ()),
+    "group_norm": (lambda m, x: m.mods[0](x), (16, 12, 12), torch.float32,
+                   (nn.GroupNorm(4, 16),)),
+    "group_norm channels_last": (lambda m, x: m.mods[0](_channels_last(x)), (16, 12, 12),
+                                 torch.float32, (nn.GroupNorm(4, 16),)),
+    "embedding_bag sum": (lambda m, x: m.mods[0]((x.sum(-1).long() % 1000).abs()),
+                          (8, 4), torch.float32, (nn.EmbeddingBag(1000, 64, mode="sum"),)),
+    "embedding_bag max": (lambda m, x: m.mods[0]((x.sum(-1).long() % 1000).abs()),
+                          (8, 4), torch.float32, (nn.EmbeddingBag(1000, 64, mode="max"),)),
+    "index_put accumulate": (lambda m, x: torch.zeros(
+        512, x.shape[-1], device=x.device).index_put((torch.arange(x.shape[0], device=x.device)
+                                                      % 512,), x[:, 0], accumulate=True),
+        (4, 96), torch.float32, ()),
+}
+
+
+def rule(B=2, case="dropout", seed=0):
+    """A training step (no optimizer) of one op under one of fxmem's CUDA kernel rules."""
+    torch.manual_seed(seed)
+    fn, shape, dtype, mods = RULES[case]
+    model = _Op(fn, shape, *mods, dtype=dtype)
+    return model, torch.randn(B, *shape).to(dtype), None, _sum, None
+RULES.update({
+    "batch_norm 2-d eval-mode grads": (lambda m, x: m.mods[0].eval()(x), (96,), torch.float32,
+                                       (nn.BatchNorm1d(96),)),
+    "batch_norm bf16 channels_last (native kernel)": (
+        lambda m, x: m.mods[0](_channels_last(x)), (16, 12, 12), torch.bfloat16,
+        (nn.BatchNorm2d(16, dtype=torch.bfloat16),)),
+    "batch_norm 3-d {N, C, 1} (native kernel)": (lambda m, x: m.mods[0](x), (96, 1),
+                                                 torch.bfloat16,
+                                                 (nn.BatchNorm1d(96, dtype=torch.bfloat16),)),
+})
+RULES.update({
+    "group_norm channels_last, no affine": (
+        lambda m, x: m.mods[0](_channels_last(x)), (16, 12, 12), torch.float32,
+        (nn.GroupNorm(4, 16, affine=False),)),
+    "group_norm channels_last bf16": (
+        lambda m, x: m.mods[0](_channels_last(x)), (16, 12, 12), torch.bfloat16,
+        (nn.GroupNorm(4, 16, dtype=torch.bfloat16),)),
+    "group_norm channels_last, a contiguous gradient": (
+        lambda m, x: m.mods[0](_channels_last(x)).contiguous(), (16, 12, 12), torch.float32,
+        (nn.GroupNorm(4, 16),)),
+})

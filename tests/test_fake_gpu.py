@@ -13,7 +13,6 @@ import pytest
 import torch
 
 import fxmem
-from fxmem.trace.compat import TORCH
 
 pytestmark = [
     pytest.mark.skipif(torch.version.cuda is None,
@@ -21,10 +20,6 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc to build the stub"),
 ]
 HERE = os.path.dirname(os.path.abspath(__file__))
-WORKSPACE_215 = pytest.mark.xfail(
-    TORCH >= (2, 15), strict=True,
-    reason="2.15 keeps cuBLAS's workspace out of memory_allocated (still in reserved), and "
-           "addmm takes none; fxmem's rule is 2.14's (seen: the MLP 64 MiB under)")
 
 
 def _fake(target, **kwargs):
@@ -45,7 +40,6 @@ def _predicted(target, B, **kwargs):
     return fxmem.analyze(model, inputs, targets, loss=loss, optimizer=opt).cuda_memory(B)
 
 
-@WORKSPACE_215
 @pytest.mark.parametrize("B", [32, 64])
 def test_mlp_is_exact_on_the_fake_gpu(B):
     got, want = _fake("mlp", B=B), _predicted("mlp", B)
@@ -53,7 +47,6 @@ def test_mlp_is_exact_on_the_fake_gpu(B):
     assert (got.max_allocated, got.max_reserved) == (want.max_allocated, want.max_reserved)
 
 
-@WORKSPACE_215
 def test_gpt2_allocated_is_exact_on_the_fake_gpu():
     got, want = _fake("gpt2", B=4), _predicted("gpt2", 4)
     assert got.max_allocated == want.max_allocated
@@ -72,3 +65,23 @@ def test_the_fake_gpu_is_pytorchs_own_allocator():
     small, big = _fake("mlp", B=8), _fake("mlp", B=128)
     assert big.max_allocated > small.max_allocated
     assert big.max_reserved >= big.max_allocated > 0
+
+
+# known differences: the case, and what was measured
+KNOWN = {
+    "index_put accumulate": "index_put_with_sort_kernel's makeLinearIndex makes small int64 and "
+                            "bool temporaries fxmem does not list (2.14.1, B=2: 404,992 B on "
+                            "the fake GPU, 403,456 predicted)",
+}
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=KNOWN[c])) if c in KNOWN else c
+    for c in sorted(__import__("fakegpu_targets").RULES)])
+def test_each_kernel_rule_on_pytorchs_own_build(case):
+    """Each of fxmem's CUDA kernel rules (a route, the outputs a CUDA kernel makes, its
+    workspaces) on the release's own CUDA build: max_memory_allocated exact at two B."""
+    for B in (2, 7):
+        got, want = _fake("rule", B=B, case=case), _predicted("rule", B, case=case)
+        assert got.max_allocated == want.max_allocated, (B, got.max_allocated,
+                                                          want.max_allocated)

@@ -115,11 +115,13 @@ def _softmax(fn):
 
 def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):
     """aten/src/ATen/native/group_norm.cpp ``group_norm``: the input is checked, then,
-    up to 2.14, on every device but the CPU, made contiguous in the default memory format
+    up to 2.13, on every device but the CPU, made contiguous in the default memory format
     before ``native_group_norm``, which autograd saves: a channels_last input is copied, and
     the copy kept for backward (the CPU keeps the input's suggested format, no copy). From
-    2.15 the input goes to ``native_group_norm`` as it is, which makes the copy itself while
-    it runs (a workspace, :mod:`fxmem.trace.cuda.workspaces`) and autograd saves the input."""
+    2.14 the input goes to ``native_group_norm`` as it is, which makes the copy itself while
+    it runs (a workspace, :mod:`fxmem.trace.cuda.workspaces`) and autograd saves the input
+    (2.14.1 and 2.15.0: their composite on fake CUDA tensors, and their binaries on the fake
+    GPU, ``tests/test_fake_gpu.py``)."""
     n, c = input.shape[0], input.shape[1]
     if num_groups <= 0:
         raise RuntimeError(f"Expected num groups to be greater than 0, got {num_groups}")
@@ -128,7 +130,7 @@ def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabl
                            f"num_groups, but got input of shape {list(input.shape)} and "
                            f"num_groups={num_groups}")
     hxw = math.prod(input.shape[2:])
-    x = input.contiguous() if TORCH < (2, 15) else input
+    x = input.contiguous() if TORCH < (2, 14) else input
     return aten.native_group_norm.default(x, weight, bias, n, c, hxw, num_groups, eps)[0]
 
 
@@ -216,6 +218,16 @@ def _first_contiguous(args, out):
     return (torch.empty(dx.shape, dtype=dx.dtype), *out[1:])
 
 
+def _group_norm_outputs(x_at: int) -> Callable:
+    """:func:`_first_contiguous`, but for 2.15's channels-last GroupNorm, which keeps X's
+    (argument ``x_at``) memory format (:func:`fxmem.trace.cuda.workspaces.nhwc_group_norm`)."""
+    def fix(args, out):
+        from .workspaces import nhwc_group_norm
+
+        return out if nhwc_group_norm(args[x_at]) else _first_contiguous(args, out)
+    return fix
+
+
 def _no_buffer(args, out):
     """cuda/Activation.cpp ``log_sigmoid_forward_cuda``: the buffer "is only used by CPU
     dispatch", so CUDA returns ``empty({0})``; the CPU a full-size one that backward keeps."""
@@ -251,8 +263,8 @@ OUTPUT_RULES: dict = {
     aten.native_batch_norm.default: _batch_norm_stats,
     aten.log_sigmoid_forward.default: _no_buffer,
     aten.native_layer_norm_backward.default: _first_contiguous,
-    aten.native_group_norm.default: _first_contiguous,
-    aten.native_group_norm_backward.default: _first_contiguous,
+    aten.native_group_norm.default: _group_norm_outputs(0),
+    aten.native_group_norm_backward.default: _group_norm_outputs(1),
 }
 
 
@@ -524,9 +536,9 @@ RULES: tuple = (
                "aten/src/ATen/native/IndexingUtils.h: expandTensors; TensorAdvancedIndexing"
                ".cpp: _index_put_impl_; cuda/Nonzero.cu: nonzero_cuda_out_impl"),
     KernelRule("group_norm", "route",
-               "up to 2.14 the input is made contiguous before native_group_norm, which "
+               "up to 2.13 the input is made contiguous before native_group_norm, which "
                "saves it: a channels_last input is copied and the copy kept for backward "
-               "(the CPU keeps channels_last, no copy); from 2.15 the input is passed as it "
+               "(the CPU keeps channels_last, no copy); from 2.14 the input is passed as it "
                "is (native_group_norm's own copy is its workspace, the input saved)",
                "aten/src/ATen/native/group_norm.cpp: group_norm",
                checked=("2.11", "2.13", "2.15")),

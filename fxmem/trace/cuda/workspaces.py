@@ -40,6 +40,7 @@ import torch
 from torch._prims_common import compute_elementwise_output_strides
 from torch.fx.experimental.symbolic_shapes import statically_known_true as _known
 
+from ..compat import TORCH
 from .sdpa_memory import _DEFAULT_SMS, _by_name
 
 aten = torch.ops.aten
@@ -363,14 +364,26 @@ def _index_add(a, cap, sms, fresh=False):
 
 # --- 3. GroupNorm (group_norm_kernel.cu) --------------------------------------------------------
 
+def nhwc_group_norm(x) -> bool:
+    """2.15's channels-last GroupNorm kernels run (a 4-d input laid out channels_last, not also
+    contiguous): ``native_group_norm`` keeps X's memory format for Y and dX and copies
+    nothing of X; its backward makes dY channels_last (a copy when it is not). Seen on
+    2.15.0's binary on the fake GPU (``tests/test_fake_gpu.py``); 2.14.1 copies X to the
+    default format and runs the NCHW kernels."""
+    if TORCH < (2, 15) or x.dim() != 4 or _contiguous(x):
+        return False
+    order = (0, 2, 3, 1)
+    return _contiguous([x.shape[i] for i in order], [x.stride()[i] for i in order])
+
+
 def _group_norm(a, cap, sms):
     """``GroupNormKernelImplInternal``: a, b = empty({N, C}, acc) when N != 0, HxW != 1 and
-    gamma or beta is defined."""
+    gamma or beta is defined; X made contiguous first (none on 2.15's channels-last path)."""
     N, C, HxW = a["N"], a["C"], a["HxW"]
     affine = a["weight"] is not None or a["bias"] is not None
     n = _ite(_and(N != 0, HxW != 1, affine), N * C * _acc(a["input"]), 0)
-    return _clean(_made_contiguous(a, ("input",))
-                  + [("a = empty({N, C}, acc)", n), ("b = empty({N, C}, acc)", n)])
+    copies = [] if nhwc_group_norm(a["input"]) else _made_contiguous(a, ("input",))
+    return _clean(copies + [("a = empty({N, C}, acc)", n), ("b = empty({N, C}, acc)", n)])
 
 
 def _made_contiguous(a, names) -> list:
@@ -388,11 +401,54 @@ def _group_norm_backward(a, cap, sms):
     N, C, HxW, G, acc = a["N"], a["C"], a["HxW"], a["group"], _acc(a["input"])
     dx = a["output_mask"][0]
     nc, ng = _ite(N != 0, N * C * acc, 0), _ite(N != 0, N * G * acc, 0) if dx else 0
+    if nhwc_group_norm(a["input"]):  # 2.15, seen on the fake GPU: dY in X's format; ds, db,
+        dy = a["grad_out"]           # c2, c3 as below, no c1
+        copy = [] if nhwc_group_norm(dy) else [("grad_out in channels_last",
+                                                dy.numel() * dy.element_size())]
+        return _clean(copy + [("ds = empty({N, C}, acc)", nc), ("db = empty({N, C}, acc)", nc),
+                              ("c2 = empty({N, G}, acc)", ng), ("c3 = empty({N, G}, acc)", ng)])
     return _clean(_made_contiguous(a, ("grad_out", "input")) + [
                   ("ds = empty({N, C}, acc)", nc), ("db = empty({N, C}, acc)", nc),
                    ("c1 = rstd * gamma, {N, G, D} acc",
                     _ite(HxW != 1, nc, 0) if dx and a["weight"] is not None else 0),
                    ("c2 = empty({N, G}, acc)", ng), ("c3 = empty({N, G}, acc)", ng)])
+
+
+def _channels_last_kernels(x) -> bool:
+    """Normalization.cuh ``batch_norm_use_channels_last_kernels``: a channels_last(_3d) input,
+    or a contiguous one whose dim 1 has stride 1 (a 2-D ``{N, C}``, or ``{N, C, 1}``)."""
+    order = {4: (0, 2, 3, 1), 5: (0, 2, 3, 4, 1)}.get(x.dim())
+    if order and _contiguous([x.shape[i] for i in order], [x.stride()[i] for i in order]):
+        return True
+    return x.dim() >= 2 and _contiguous(x) and _known(x.stride()[1] == 1)
+
+
+def _batch_norm_backward(a, cap, sms):
+    """cuda/Normalization.cu ``batch_norm_backward_cuda`` (the native kernel; a cuDNN batch
+    norm has its own backward, whose temporaries cuDNN sizes): with a reduction to make
+    (training, or the weight's or bias's gradient wanted), the fused kernel runs when the input's
+    gradient is wanted and the input is not laid out for the channels-last kernels; otherwise
+    ``batch_norm_backward_reduce_cuda`` returns ``sum_dy`` and ``sum_dy_xmu``, ``{C}`` in the
+    accumulate type, which ``batch_norm_backward_elemt_cuda`` reads, freed when the op returns
+    (seen on 2.14.1's and 2.15's binaries on the fake GPU, a 2-D ``{N, C}`` input)."""
+    x, mask, train = a["input"], a["output_mask"], a["train"]
+    reduce = train or mask[1] or mask[2]
+    if not reduce or (mask[0] and not _channels_last_kernels(x)):
+        return []
+    if _cudnn_batch_norm_backward(a):
+        return []
+    c = x.shape[1] if x.dim() > 1 else 1
+    n = c * _acc(x)
+    return [("sum_dy = empty({C}, acc)", n), ("sum_dy_xmu = empty({C}, acc)", n)]
+
+
+def _cudnn_batch_norm_backward(a) -> bool:
+    """The forward ran cuDNN (fxmem.trace.cuda.kernels._cudnn_batch_norm, with a bias
+    whenever there is a weight: affine batch norms have both)."""
+    from .kernels import _cudnn_batch_norm
+
+    x, w = a["input"], a["weight"]
+    return _cudnn_batch_norm((x, w, w, a["running_mean"], a["running_var"], a["train"]))
 
 
 # --- 4. LayerNorm / RMSNorm backward (layer_norm_kernel.cu) ------------------------------------
@@ -513,6 +569,7 @@ _RULES = {
     aten.index_add.out: _index_add,
     aten.native_group_norm.default: _group_norm,
     aten.native_group_norm_backward.default: _group_norm_backward,
+    aten.native_batch_norm_backward.default: _batch_norm_backward,
     aten.native_layer_norm_backward.default: lambda a, c, s: _norm_backward(a, c, s, False),
     aten._fused_rms_norm_backward.default: lambda a, c, s: _norm_backward(a, c, s, True),
     aten.im2col.default: _im2col,  # F.unfold, and F.fold's backward
