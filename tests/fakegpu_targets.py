@@ -77,6 +77,8 @@ RULES = {
                         (nn.LayerNorm(96, dtype=torch.float16),)),
     "layer_norm many rows": (lambda m, x: m.mods[0](x), (40000, 8), torch.float32,
                              (nn.LayerNorm(8),)),
+    "rms_norm many rows": (lambda m, x: m.mods[0](x), (40000, 8), torch.float32,
+                           (nn.RMSNorm(8),)),
     "batch_norm 2-d (native kernel)": (lambda m, x: m.mods[0](x), (96,), torch.float32,
                                        (nn.BatchNorm1d(96),)),
     "batch_norm bf16 (native kernel)": (lambda m, x: m.mods[0](x), (16, 12, 12),
@@ -125,3 +127,21 @@ RULES.update({
         lambda m, x: m.mods[0](_channels_last(x)).contiguous(), (16, 12, 12), torch.float32,
         (nn.GroupNorm(4, 16),)),
 })
+
+
+class _Embed(nn.Module):
+    """An embedding looked up with ids made from the batch (so its backward is in the step)."""
+
+    def __init__(self, vocab=50257, dim=64, dtype=torch.float32):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim, dtype=dtype)
+
+    def forward(self, ids):
+        return self.emb(ids)
+
+
+def embedding(B=2, L=2048, dtype="float32", seed=0):
+    """``embedding_dense_backward`` past 3,072 indices (B·L): the sort-based path."""
+    torch.manual_seed(seed)
+    model = _Embed(dtype=getattr(torch, dtype))
+    return model, torch.randint(0, 50257, (B, L)), None, _sum, None

@@ -85,3 +85,14 @@ def test_each_kernel_rule_on_pytorchs_own_build(case):
         got, want = _fake("rule", B=B, case=case), _predicted("rule", B, case=case)
         assert got.max_allocated == want.max_allocated, (B, got.max_allocated,
                                                           want.max_allocated)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_embedding_backward_sorts_on_pytorchs_own_build(dtype):
+    """embedding_dense_backward above 3,072 indices: the sorted indices, CUB's radix-sort
+    storage, the segments and partial sums (fxmem.trace.cuda.workspaces)."""
+    for B in (1, 2, 5):
+        got = _fake("embedding", B=B, dtype=dtype)
+        want = _predicted("embedding", B, dtype=dtype)
+        assert got.max_allocated == want.max_allocated, (B, got.max_allocated,
+                                                          want.max_allocated)

@@ -2,6 +2,9 @@
 op or a derivation from the source, and a whole transformer layer against the published
 formula of Korthikanti et al. 2022."""
 
+from pathlib import Path
+
+import fakegpu_targets
 import pytest
 import sympy
 import torch
@@ -34,12 +37,21 @@ def _created(t, op):
 
 # --- rules table ------------------------------------------------------------------------------
 
+HERE = Path(__file__).resolve().parent
+FAKE_GPU_TESTS = ("test_fake_gpu.py", "test_fake_gpu_blas.py", "test_fake_gpu_sdpa.py",
+                  "test_fake_gpu_cudnn.py")
+
 def test_every_rule_names_its_source_and_releases():
     assert kernels.RULES
     for r in kernels.RULES:
         assert r.kind in ("route", "outputs", "workspace", "host", "unmodelled", "stub"), r
         assert ".c" in r.follows or ".py" in r.follows or ".h" in r.follows, r
-        assert "2.13" in r.checked, r  # the release CI installs
+        # read on 2.13's sources (the release CI installs), or run on the fake GPU
+        assert "2.13" in r.checked or set(r.ran) >= {"2.14", "2.15"}, r
+        assert bool(r.ran) == bool(r.cases), r
+        for case in r.cases:  # each names a model or a test that CI runs on the fake GPU
+            assert case in fakegpu_targets.RULES or any(
+                f"def {case}(" in (HERE / f).read_text() for f in FAKE_GPU_TESTS), (r.op, case)
         if "attention" in r.op:
             assert set(r.checked) >= {"2.11", "2.13"}, r  # fxmem.trace.cuda.sdpa gates 2.11's rules
         assert r.cuda, r
