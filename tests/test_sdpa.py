@@ -6,6 +6,7 @@ compared with PyTorch's own kernels (its meta kernels, and the C++ math composit
 fake CUDA tensors); workspace sizes are re-derived from the kernels' formulas by hand.
 """
 
+import contextlib
 import math
 
 import pytest
@@ -81,9 +82,19 @@ CASES = [
     ("dropout 1/8 sm90", {}, dict(dropout_p=0.125), (9, 0), "cudnn", "a multiple of 1/16"),
     ("gqa bf16 sm80", dict(hk=2), dict(enable_gqa=True), (8, 0), "flash", "flash supports GQA"),
     ("gqa bf16 sm90", dict(hk=2), dict(enable_gqa=True), (9, 0), "cudnn", "cuDNN supports GQA"),
-    ("gqa fp32", dict(hk=2, dtype=F32), dict(enable_gqa=True), (8, 0), "math",
-     "efficient: no GQA in 2.13 (check_batch_size_and_num_heads_dense<false>)"),
+    ("gqa fp32", dict(hk=2, dtype=F32), dict(enable_gqa=True), (8, 0),
+     "efficient" if sdpa.TORCH >= (2, 14) else "math",
+     "efficient: GQA from 2.14 (check_batch_size_and_num_heads_dense<true>; 2.13: <false>)"),
     ("heads differ, no gqa", dict(hk=2), {}, (8, 0), "math", "equal heads needed without GQA"),
+    ("one kv head, no gqa", dict(hk=1), {}, (8, 0), "flash" if sdpa.TORCH >= (2, 14) else "math",
+     "2.14+: fused kernels broadcast a single key/value head (supports_mqa)"),
+    ("train hd 160 sm90", dict(d=160, grad=True), {}, (9, 0),
+     "flash" if sdpa.TORCH >= (2, 14) else "cudnn",
+     "2.14+: cuDNN backward takes head dims <= 128, (192, 128) or (256, 256) on sm90"),
+    ("train hd 256 sm90", dict(d=256, grad=True), {}, (9, 0), "cudnn", "(256, 256) is allowed"),
+    ("batch 70000 sm90", dict(b=70000, l=16), {}, (9, 0),
+     "efficient" if sdpa.TORCH >= (2, 15) else "flash" if MODERN else "cudnn",
+     "cuDNN (2.13+) and flash (2.15) take batch and heads <= 65535"),
     ("fp16 sm75", dict(dtype=F16), {}, (7, 5), "efficient", "flash and cuDNN need sm80+"),
     ("bf16 sm75", {}, {}, (7, 5), "math", "efficient takes fp16/fp32 below sm80"),
     ("sm70 fp32", dict(dtype=F32), {}, (7, 0), "efficient", "efficient runs on sm50..sm121"),
@@ -148,7 +159,9 @@ def test_cudnn_version_rules(monkeypatch):
 
 def test_cudnn_batch_limit():
     q, k, v = qkv(b=70000, l=16)
-    assert pick(q, k, v) == ("flash" if MODERN else "cudnn")  # cuDNN: batch <= 65535 (2.13)
+    # cuDNN: batch <= 65535 (2.13); flash too from 2.15 (check_flash_attention_grid_size)
+    assert pick(q, k, v) == ("efficient" if sdpa.TORCH >= (2, 15) else
+                             "flash" if MODERN else "cudnn")
 
 
 def test_sdpa_kernel_flags_and_priority():
@@ -299,8 +312,10 @@ def test_math_matches_pytorch_composite_on_cuda_fakes():
 
 def test_math_backward_runs_with_gqa():
     q, k, v = qkv(dtype=F16, hk=2, grad=True)
-    assert pick(q, k, v, cap=(7, 5), enable_gqa=True) == "math"  # sm75: no flash, no cuDNN
-    out, ops = run(q, k, v, cap=(7, 5), enable_gqa=True)
+    # sm75: no flash, no cuDNN; efficient takes GQA from 2.14 on
+    with sdpa_kernel([SDPBackend.MATH]) if sdpa.TORCH >= (2, 14) else contextlib.nullcontext():
+        assert pick(q, k, v, cap=(7, 5), enable_gqa=True) == "math"
+        out, ops = run(q, k, v, cap=(7, 5), enable_gqa=True)
     assert out.shape == q.shape and q.grad.shape == q.shape and k.grad.shape == k.shape
     assert ops.find(aten._softmax_backward_data.default)
 

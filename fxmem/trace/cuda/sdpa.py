@@ -41,11 +41,12 @@ from torch.fx.experimental.symbolic_shapes import (
 aten = torch.ops.aten
 TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 
-# The cuDNN the torch wheel on PyPI ships: its METADATA requires nvidia-cudnn-cu13==9.20.0.48
-# (2.12, 2.13) or ==9.19.0.56 (2.11); cudnnGetVersion() is major*10000 + minor*100 + patch.
-# 2.13's libtorch_cuda.so was also built with CUDNN_VERSION 92000 (a constant in the warning of
-# can_use_cudnn_attention).
-CUDNN_VERSION = {(2, 11): 91900}.get(TORCH, 92000)
+# The cuDNN the torch wheel on PyPI ships: its METADATA requires nvidia-cudnn-cu13==9.26.0.51
+# (2.15), ==9.24.0.43 (2.14), ==9.20.0.48 (2.12, 2.13) or ==9.19.0.56 (2.11); cudnnGetVersion()
+# is major*10000 + minor*100 + patch. 2.13's libtorch_cuda.so was also built with CUDNN_VERSION
+# 92000 (a constant in the warning of can_use_cudnn_attention); torch.backends.cudnn.version()
+# is 92400 under 2.14.1 and 92600 under 2.15 on the fake GPU (tests/test_fake_gpu_sdpa.py).
+CUDNN_VERSION = {(2, 11): 91900, (2, 14): 92400, (2, 15): 92600}.get(TORCH, 92000)
 
 # at::SDPBackend: math 0, flash 1, efficient 2, cudnn 3, overrideable 4 (Context's default order)
 _NAMES = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
@@ -145,17 +146,27 @@ def _last_stride(ignore_singleton):  # check_last_dim_stride_equals_1_dense<igno
     return _rule("last dimension of q, k, v (and attn_mask) must have stride 1", ok)
 
 
-def _batch_heads(supports_gqa, same_heads):  # check_batch_size_and_num_heads_dense<gqa, same>
+def _eq(a, b):
+    """A SymInt ``==`` as the release's sdp_utils_cpp.h writes it: plain (guard_bool) through
+    2.14, ``TORCH_GUARD_OR_FALSE(a.sym_eq(b))`` in 2.15 (its installed header)."""
+    return guard_or_false(a == b) if TORCH >= (2, 15) else a == b
+
+
+def _batch_heads(supports_gqa, same_heads, mqa=False):
+    """check_batch_size_and_num_heads_dense<gqa, same, mqa> (2.14+ headers have ``mqa``: key and
+    value of one head broadcast to the query's heads, without enable_gqa)."""
     def f(p):
         (qb, qh), (kb, kh), (vb, vh) = ((t.size(0), t.size(-3)) for t in (p.q, p.k, p.v))
-        if not (qb == kb and qb == vb):
+        if not (_eq(qb, kb) and _eq(qb, vb)):
             return "query, key and value must have the same batch size"
         if p.gqa and supports_gqa:  # check_grouped_query_attention<same_heads>
-            if same_heads and not kh == vh:
+            if same_heads and not _eq(kh, vh):
                 return "key and value must have the same num_heads"
-            if qh % kh != 0 or (not same_heads and qh % vh != 0):
+            if not (_eq(qh % kh, 0) and (same_heads or _eq(qh % vh, 0))):
                 return "key/value heads must divide query heads"
-        elif not (qh == kh and qh == vh):
+        elif not (_eq(qh, kh) and _eq(qh, vh)):
+            if mqa and TORCH >= (2, 14) and qh > 0 and _eq(kh, 1) and _eq(vh, 1):
+                return None
             return "query, key and value must have the same num_heads (no enable_gqa)"
     return f
 
@@ -229,6 +240,8 @@ def _mask_shape_ok(p):  # check_attn_mask_shape (2.13: statically known, or a co
     def fits(md, td):
         if TORCH < (2, 13):
             return md == td or md == 1
+        if TORCH >= (2, 15):  # dim_compatible: TORCH_GUARD_OR_FALSE (its installed header)
+            return guard_or_false(md == td) or _int(md) == 1
         return statically_known_true(md == td) or _int(md) == 1
     return (not m.requires_grad and fits(m.size(-2), q.size(2)) and fits(m.size(-1), p.k.size(2))
             and (m.dim() == 2 or (m.dim() == 4 and fits(m.size(0), q.size(0))
@@ -261,16 +274,42 @@ def _cudnn_shapes(p):  # sdp_utils.cpp check_cudnn_tensor_shapes, as compiled in
         return "query sequence length 1 with dropout"
 
 
+def _cudnn_bprop_head_dims(p):
+    """sdp_utils.cpp ``check_cudnn_d256_bprop_head_dim`` (2.14, 2.15): when the inputs need
+    grad, on sm90 and sm10x the backward takes head dims (d_qk, d_v) both <= 128, (192, 128) or
+    (256, 256) only. 2.14.1 and 2.15: seen on their binaries on the fake GPU (sm90; the warning
+    names SM 9.0/10.x), rejecting (136|160|192|200|224|248, same), (128, 192|256), (256, 128|192),
+    (192, 64), (64, 256)."""
+    if TORCH < (2, 14) or not _grad(p.q, p.k, p.v):
+        return None
+    if not (tuple(p.cap) == (9, 0) or p.cap[0] == 10):
+        return None
+    d_qk, d_v = p.q.size(-1), p.v.size(-1)
+    if (d_qk <= 128 and d_v <= 128) or (d_qk, d_v) in ((192, 128), (256, 256)):
+        return None
+    return f"cuDNN SDPA on SM 9.0/10.x does not support backward with head dims ({d_qk}, {d_v})"
+
+
+_flash_grid = _rule(  # sdp_utils.cpp check_flash_attention_grid_size (2.15)
+    "flash attention: batch size or num_heads > 65535",
+    lambda p: TORCH < (2, 15) or not (p.q.size(0) > 65535 or p.q.size(1) > 65535))
+
+
 # sdp_utils.cpp can_use_{flash,mem_efficient,cudnn}_attention: the general constraints, then the
-# dense ones (check_all_tensors_on_device passes: these model CUDA tensors; no nested inputs)
+# dense ones (check_all_tensors_on_device passes: these model CUDA tensors; no nested inputs).
+# 2.14 and 2.15 (seen on their binaries on the fake GPU): every fused kernel takes a key and value
+# of one head without enable_gqa (MQA), and efficient attention takes enable_gqa's grouped heads.
 _FILTERS = {
-    "flash": (_flag("flash"), _shapes, _no_mask, _flash_head_dim, _hw((8, 0)), _flash_train_hd,
-              _flash_causal, _flash_dtypes, _batch_heads(True, True), _nonzero, _last_stride(True)),
+    "flash": (_flag("flash"), _shapes, _no_mask, _flash_grid, _flash_head_dim, _hw((8, 0)),
+              _flash_train_hd, _flash_causal, _flash_dtypes, _batch_heads(True, True, mqa=True),
+              _nonzero, _last_stride(True)),
     "efficient": (_flag("mem_efficient"), _hw((5, 0)), _shapes, _eff_head_dim, _eff_ptr_alignment,
-                  _nonzero, _last_stride(False), _batch_heads(False, True), _eff_dtypes),
+                  _nonzero, _last_stride(False),
+                  _batch_heads(TORCH >= (2, 14), True, mqa=True), _eff_dtypes),
     "cudnn": (_cudnn_dropout_version, _flag("cudnn"), _shapes, _cudnn_deterministic,
               _low_precision, _mask_shape, _hw((8, 0)), _cudnn_dropout_step, _nonzero,
-              _last_stride(True), _batch_heads(True, False), _cudnn_shapes),
+              _last_stride(True), _batch_heads(True, False, mqa=True), _cudnn_shapes,
+              _cudnn_bprop_head_dims),
 }
 
 
