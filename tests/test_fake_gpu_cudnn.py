@@ -1,0 +1,177 @@
+"""cuDNN on the fake GPU: convolutions (forward, both backwards, transposed), cuDNN batch norm
+and cuDNN RNNs run through ``fxmem.validate.fakegpu``'s cuDNN stub, in PyTorch's own CUDA
+build, and the caching allocator's ``max_memory_allocated`` / ``max_memory_reserved`` are
+checked against ``fxmem.analyze(...).cuda_memory(B)``.
+
+The sizes cuDNN itself decides (convolution workspaces, batch-norm and RNN reserve spaces and
+workspaces, the dropout state) are the stub's, not an H100's: 0 bytes, and the convolution
+workspace ``FAKEGPU_CUDNN_WORKSPACE`` bytes, which the prediction is given as
+``cudnn_workspace``. Everything else is PyTorch's. A known difference is a strict xfail
+naming the measured figures and its cause."""
+
+import os
+import shutil
+import sys
+
+import pytest
+import torch
+
+import fxmem
+
+pytestmark = [
+    pytest.mark.skipif(torch.version.cuda is None,
+                       reason=f"torch {torch.__version__} is not a CUDA build"),
+    pytest.mark.skipif(torch.backends.cudnn.version() is None,
+                       reason=f"torch {torch.__version__} has no cuDNN"),
+    pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc to build the stub"),
+]
+HERE = os.path.dirname(os.path.abspath(__file__))
+TARGETS = "fakegpu_cudnn_targets"
+TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+
+
+def _fake(target, workspace=0, **kwargs):
+    from fxmem.validate.fakegpu import measure_step
+
+    env = dict(os.environ, FAKEGPU_CUDNN_WORKSPACE=str(workspace))
+    return measure_step(sys.executable, f"{TARGETS}:{target}", kwargs=kwargs, sys_path=[HERE],
+                        env=env)
+
+
+def _predicted(target, B, workspace=0, **kwargs):
+    import fakegpu_cudnn_targets
+
+    model, x, y, loss, opt = getattr(fakegpu_cudnn_targets, target)(B=B, **kwargs)
+    inputs = x if isinstance(x, tuple) else (x,)
+    targets = () if y is None else (y,)
+    return fxmem.analyze(model, inputs, targets, loss=loss, optimizer=opt).cuda_memory(
+        B, cudnn_workspace=workspace)
+
+
+def _both(target, B, workspace=0, **kwargs):
+    got = _fake(target, workspace, B=B, **kwargs)
+    want = _predicted(target, B, workspace, **kwargs)
+    return (got.max_allocated, got.max_reserved), (want.max_allocated, want.max_reserved)
+
+
+def _models_cublas_per_call() -> bool:
+    """fxmem knows that from 2.15 every cuBLAS call takes (and frees) a workspace."""
+    try:
+        from fxmem.trace.cuda import blas
+    except ImportError:
+        return False
+    return bool(getattr(blas, "PER_CALL", False))
+
+
+def test_cudnn_runs_on_the_fake_gpu():
+    """cuDNN is there and is the route: a convolution, cuDNN's batch norm and a cuDNN LSTM
+    (its weights flattened into one buffer); the stub's workspace is what PyTorch
+    allocates beside a convolution's output."""
+    from fxmem.validate.fakegpu import call
+
+    env = dict(os.environ, FAKEGPU_CUDNN_WORKSPACE=str(3 << 20))
+    got = call(sys.executable, f"{TARGETS}:probe_cudnn", sys_path=[HERE], env=env)
+    assert got["available"] and got["version"] == torch.backends.cudnn.version()
+    assert got["bn_grad_fn"] == "CudnnBatchNormBackward0"
+    assert got["lstm_grad_fn"] == "CudnnRnnBackward0"
+    assert got["lstm_flat_storages"] == 1
+    assert got["conv_forward_extra_bytes"] == 3 << 20
+
+
+@pytest.mark.parametrize("B", [8, 32])
+def test_cnn_is_exact(B):
+    """Conv2d + BatchNorm2d + ReLU + MaxPool2d (twice), a 1x1 convolution head, fp32."""
+    got, want = _both("cnn", B)
+    assert got == want
+
+
+@pytest.mark.parametrize("variant", ["channels_last", "bf16_autocast"])
+def test_cnn_variant_is_exact(variant):
+    got, want = _both("cnn", 16, **{variant: True})
+    assert got == want
+
+
+def test_cnn_with_a_cudnn_workspace_is_exact():
+    """The stub reports a 4 MiB workspace for every convolution plan: PyTorch allocates it
+    while each convolution call runs, as ``cuda_memory(B, cudnn_workspace=)`` replays
+    (convolutions without bias, as before a batch norm)."""
+    got, want = _both("cnn", 16, workspace=4 << 20, conv_bias=False)
+    assert got == want
+
+
+@pytest.mark.xfail(strict=True, reason="convolution_backward makes the bias gradient after both "
+                   "cuDNN calls (grad_input, then grad_weight, each with its workspace); fxmem "
+                   "makes all three gradients before the one workspace it replays, so its "
+                   "peak holds the bias gradient's 512-byte block too (B=16, 4 MiB workspace: "
+                   "8,973,312 allocated on the fake GPU, 8,973,824 predicted)")
+def test_cnn_with_biases_and_a_cudnn_workspace():
+    got, want = _both("cnn", 16, workspace=4 << 20)
+    assert got[0] == want[0]
+
+
+@pytest.mark.xfail(strict=True, reason="channels_last: the 1x1 head's convolution_backward gets "
+                   "its gradient from the average pool's backward in the contiguous format and "
+                   "copies it to channels_last for the cuDNN calls (a (B, 10, 8, 8) fp32 "
+                   "tensor, 40,960 bytes at B=16) that fxmem does not model; held during the "
+                   "workspaces, it reaches the peak (B=16, 4 MiB workspace: 9,210,880 "
+                   "allocated on the fake GPU, 9,170,432 predicted, -512 of them the bias "
+                   "gradient's block as above); without a workspace the peak is elsewhere and "
+                   "exact")
+def test_cnn_channels_last_with_a_cudnn_workspace():
+    got, want = _both("cnn", 16, workspace=4 << 20, channels_last=True)
+    assert got[0] == want[0]
+
+
+@pytest.mark.xfail(TORCH >= (2, 15) and not _models_cublas_per_call(), strict=True,
+                   reason="torch 2.15: every cuBLAS matmul allocates a transient workspace "
+                          "(32 MiB; cuBLASLt addmm 1 MiB) that this fxmem does not model")
+def test_cnn_with_a_linear_head_is_exact():
+    """The same CNN with an ``nn.Linear`` classifier: cuBLAS beside cuDNN (2.14.1: 69,783,040
+    allocated, the 32 MiB cuBLAS workspaces of both threads included)."""
+    got, want = _both("cnn", 8, head="linear")
+    assert got == want
+
+
+def test_conv_transpose_is_exact():
+    """Conv2d, ConvTranspose2d (cuDNN's backward-data convolution runs its forward) and a
+    BatchNorm2d."""
+    got, want = _both("conv_transpose", 16)
+    assert got == want
+
+
+@pytest.mark.xfail(strict=True, reason="cuDNN batch-norm backward given an expanded (stride 0) "
+                   "gradient (the loss is a sum): cudnn/BatchNorm.cpp copies grad_output "
+                   "contiguous for the call, one output-sized tensor fxmem does not model "
+                   "(B=16: 982,016 allocated on the fake GPU, 719,872 predicted: 262,144 = "
+                   "the (16, 4, 32, 32) fp32 output)")
+def test_batch_norm_backward_with_an_expanded_gradient():
+    got, want = _both("conv_transpose", 16, loss="sum")
+    assert got[0] == want[0]
+
+
+@pytest.mark.parametrize("B", [4, 8])
+def test_lstm_is_exact(B):
+    """A two-layer cuDNN LSTM (batch_first, hidden 64): flat weights, _cudnn_rnn and its
+    backward, AdamW."""
+    got, want = _both("rnn", B)
+    assert got == want
+
+
+@pytest.mark.xfail(strict=True, reason="_cudnn_rnn_backward: PyTorch frees the input pass's "
+                   "copies (dy made contiguous, dx's workspace) before the weight pass "
+                   "allocates dw; fxmem.trace.cuda.rnn.workspace_bytes lists them together, "
+                   "so the backward's peak is over by up to dw (B=32: 1,717,248 allocated on "
+                   "the fake GPU, 1,754,112 predicted)")
+def test_lstm_backward_peak_at_a_larger_batch():
+    got, want = _both("rnn", 32)
+    assert got[0] == want[0]
+
+
+@pytest.mark.xfail(strict=True, reason="on CUDA an RNN's weights are views of one flat buffer "
+                   "(flatten_parameters at .cuda()), rounded to 512 bytes once; fxmem traces "
+                   "them as separate parameters, each rounded: GRU hidden 64 has 768-byte "
+                   "biases, 256 bytes over each (B=8: 928,256 allocated on the fake GPU, "
+                   "929,280 predicted)")
+def test_gru_flat_weights():
+    got, want = _both("rnn", 8, cell="gru")
+    assert got[0] == want[0]
