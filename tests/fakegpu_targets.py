@@ -145,3 +145,16 @@ def embedding(B=2, L=2048, dtype="float32", seed=0):
     torch.manual_seed(seed)
     model = _Embed(dtype=getattr(torch, dtype))
     return model, torch.randint(0, 50257, (B, L)), None, _sum, None
+
+
+def wide_mlp(B=20000, seed=0):
+    """docs/index.md's model: 160 MB activations at B = 20,000, large-pool segments whose reuse
+    (and the cuBLAS workspaces' place among them) decides max_memory_reserved."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 10))
+    return (model, torch.randn(B, 512), torch.randint(0, 10, (B,)),
+            nn.functional.cross_entropy, adam)
+
+
+def adam(params):
+    return torch.optim.Adam(params)

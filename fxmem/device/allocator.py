@@ -244,6 +244,8 @@ class _Replay:
                 self._first_use(i, op)
             for sid in self.allocs[i]:
                 self.alloc(sid, self.size[sid])
+            if warm_up:
+                self._first_workspace(op)
             if self.cudnn_workspace and op.op in CUDNN_CONV_OPS:  # held while it runs
                 a.free(a.malloc(self.cudnn_workspace))
             if blas.PER_CALL and op.op in CUBLAS_OPS:  # 2.15: taken and freed by each call
@@ -273,6 +275,11 @@ class _Replay:
             for s in self.before:
                 if s.sid not in self.handles and s.sid not in remade:
                     self.alloc(s.sid, self.size[s.sid])
+
+    def _first_workspace(self, op):
+        """Up to 2.14, a thread's first matmul gets its cuBLAS workspace, after the op's
+        output (``getCurrentCUDABlasHandle`` runs inside the kernel: seen on 2.14.1's
+        binary on the fake GPU, ``at::cuda::getNewWorkspace`` after the output's block)."""
         if op.op in CUBLAS_OPS and self.ws and not blas.PER_CALL:
             thread = "backward" if op.phase == "backward" else "main"
             if ("ws", thread) not in self.handles:
