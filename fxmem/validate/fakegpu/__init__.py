@@ -8,6 +8,18 @@ host memory (and fails past 80 GB), copies and memsets happen on the host, kerne
 and GEMMs do nothing. :func:`measure_step` runs a step there and returns
 ``torch.cuda.max_memory_allocated()`` / ``max_memory_reserved()`` of the measured step.
 
+cuDNN is answered too (``cudnn_stub.c``, compiled into the same library when the venv's
+``nvidia/cudnn/include`` has the headers): the real libcudnn cannot run on the stub (its
+statically linked CUDA runtime needs the driver's private export tables), so every ``cudnn*``
+function PyTorch imports is defined there: handles and descriptors on the host, the backend
+API cudnn_frontend drives with one engine per operation graph, cuDNN's RNN weight layout;
+compute calls do nothing. Convolutions (forward, backward, transposed), cuDNN batch norm and
+cuDNN LSTM/GRU run. **Sizes cuDNN would choose are the stub's**: each convolution plan (and
+legacy algorithm) reports ``FAKEGPU_CUDNN_WORKSPACE`` bytes of workspace (default 0), and
+batch-norm workspaces and reserve space, RNN workspace and reserve space and the dropout
+state are 0 bytes; so PyTorch's own allocations around cuDNN are checked exactly, and the
+prediction is given the same figure (``cuda_memory(B, cudnn_workspace=...)``).
+
 What it shares with a real GPU run of the same PyTorch build:
 
 - PyTorch's CUDA host code: dispatch, autograd, the optimizer's foreach/fused paths, the
@@ -22,7 +34,7 @@ What it cannot know:
   ``nvidia-smi``'s);
 - what cuBLAS, cuDNN, NCCL or other libraries allocate outside PyTorch's allocator, and
   the workspace sizes their heuristics would choose (the stub's cuBLASLt heuristic always
-  returns one algorithm needing no workspace);
+  returns one algorithm needing no workspace; cuDNN's sizes are the fixed ones above);
 - anything that depends on computed values: kernels do not run, so tensor contents are
   garbage (deterministically: zeros, or whatever the host copied); data-dependent shapes
   (``nonzero``, boolean masks), ``.item()``-driven control flow, GradScaler's inf checks
@@ -40,10 +52,11 @@ From a shell: ``python -m fxmem.validate.fakegpu run PYTHON module:function '{"B
 prints the measured step as JSON; ``python -m fxmem.validate.fakegpu build OUT_DIR PYTHON``
 prints the library's path, for running any script by hand:
 ``LD_PRELOAD=<that path> TRITON_LIBCUDA_PATH=<its folder> PYTHON script.py``
-(``FAKEGPU_DEBUG=1`` logs device mallocs/frees and driver entry points the stub lacks).
+(``FAKEGPU_DEBUG=1`` logs device mallocs/frees, driver entry points the stub lacks and
+cuDNN backend attributes it answers with none).
 """
 
-from .build import build, find_include_dirs
+from .build import build, find_cudnn_include_dir, find_include_dirs
 from .run import FakeGPUError, StepResult, call, measure_step, stub_env
 
-__all__ = ["build", "find_include_dirs", "call", "measure_step", "stub_env", "StepResult", "FakeGPUError"]
+__all__ = ["build", "find_include_dirs", "find_cudnn_include_dir", "call", "measure_step", "stub_env", "StepResult", "FakeGPUError"]

@@ -4,8 +4,10 @@ The stub is compiled against the CUDA headers of the Python environment it is me
 (the ``nvidia`` wheels a CUDA build of PyTorch installs), because struct layouts such as
 ``cudaDeviceProp`` belong to that CUDA version.  Those wheels may lack the ``crt/``
 internal headers that ``cuda_runtime_api.h`` includes; they are then taken from triton's
-bundled copy or, last, from a CUDA toolkit.  Results are cached under ``out_dir`` by a hash
-of the source, the headers used and the compiler command.
+bundled copy or, last, from a CUDA toolkit.  When the environment's cuDNN wheel has its
+headers (``nvidia/cudnn/include``), ``cudnn_stub.c`` is compiled into the same library, so
+the one preloaded object also answers cuDNN.  Results are cached under ``out_dir`` by a hash
+of the sources, the headers used and the compiler command.
 """
 
 from __future__ import annotations
@@ -135,16 +137,18 @@ def build(
     include_dirs: list[str | os.PathLike] | None = None,
     cc: str = "gcc",
 ) -> Path:
-    """Compile the stub for ``python_exe``'s CUDA headers; return the path of libcuda.so.1.
+    """Compile the stub (and, with cuDNN's headers, the cuDNN stub) for ``python_exe``'s CUDA
+    headers; return the path of libcuda.so.1.
 
     The library lands in ``out_dir/<hash>/libcuda.so.1`` (with a ``libcuda.so`` link beside
     it, for triton); an existing build with the same hash is reused.
     """
     incs = [Path(d) for d in include_dirs] if include_dirs else find_include_dirs(python_exe)
     sources = [STUB_SOURCE]
-    cudnn_inc = None if include_dirs else find_cudnn_include_dir(python_exe)
-    if include_dirs:
+    if include_dirs:  # cuDNN is stubbed if the given folders hold its headers
         cudnn_inc = next((d for d in incs if (d / "cudnn_graph.h").is_file()), None)
+    else:
+        cudnn_inc = find_cudnn_include_dir(python_exe)
     if cudnn_inc is not None:
         sources.append(CUDNN_SOURCE)
         if cudnn_inc not in incs:
