@@ -62,9 +62,11 @@ def test_large_segments_are_exact_on_the_fake_gpu(B):
     assert (got.max_allocated, got.max_reserved) == (want.max_allocated, want.max_reserved)
 
 
-@pytest.mark.xfail(strict=True, reason="max_memory_reserved one 2 MiB segment over (2.14.1: "
-                   "650,117,120 B on the fake GPU, 648,019,968 predicted); the replay parts "
-                   "from PyTorch's allocations in the backward: cause not found yet")
+@pytest.mark.xfail(strict=True, reason="max_memory_reserved one 2 MiB segment over, already "
+                   "at the baseline (2.14.1: 325,058,560 B reserved after the warm-up's "
+                   "empty_cache on the fake GPU, 322,961,408 predicted; the peaks then "
+                   "650,117,120 and 648,019,968): one more small segment keeps a persistent "
+                   "block; where the warm-up places them: cause not found yet")
 def test_gpt2_reserved_is_exact_on_the_fake_gpu():
     got, want = _fake("gpt2", B=4), _predicted("gpt2", 4)
     assert got.max_reserved == want.max_reserved
@@ -106,3 +108,18 @@ def test_embedding_backward_sorts_on_pytorchs_own_build(dtype):
         want = _predicted("embedding", B, dtype=dtype)
         assert got.max_allocated == want.max_allocated, (B, got.max_allocated,
                                                           want.max_allocated)
+
+
+def test_cuda_autocast_casts_as_pytorchs_own_build():
+    """The dtypes a kernel receives under CUDA autocast (bfloat16), on the release's own build
+    and under fxmem's emulation on the CPU (fxmem.trace.amp): one op of each policy, and
+    2.15's linalg_matrix_sqrth, whose policy is not in the installed header."""
+    import sys
+
+    import fakegpu_amp_targets
+    from fxmem.validate.fakegpu import call
+
+    real = call(sys.executable, "fakegpu_amp_targets:seen", sys_path=[HERE])
+    assert real == fakegpu_amp_targets.seen("cpu", emulate=True)
+    assert real["mm"] == ["bfloat16", "bfloat16"] and real["relu"] == ["bfloat16"]
+    assert real.get("linalg_matrix_sqrth", ["float32"]) == ["float32"]

@@ -91,8 +91,9 @@ RULES: dict[str, dict[str, Policy]] = {
             _upsample_nearest_exact2d upsample_nearest3d _upsample_nearest_exact3d
             upsample_linear1d upsample_bilinear2d _upsample_bilinear2d_aa
             upsample_trilinear3d upsample_bicubic2d _upsample_bicubic2d_aa
-            linalg_matrix_sqrth""",  # 2.15, registered outside the header's lists; its meta
-        # kernel refuses 16-bit inputs: fp32, as on the CPU (read there: bf16 in, fp32 out)
+            linalg_matrix_sqrth""",  # 2.15, registered outside the header's lists: fp32, as
+        # on the CPU (bf16 in, fp32 out), and on 2.15's CUDA build on the fake GPU
+        # (tests/test_fake_gpu.py: the kernel receives float32 under bfloat16 autocast)
         FP32_SET_OPT_DTYPE="""prod prod.dim_int softmax.int log_softmax.int cumprod cumsum
             linalg_vector_norm linalg_matrix_norm linalg_matrix_norm.str_ord sum
             sum.dim_IntList prod.dim_Dimname softmax.Dimname log_softmax.Dimname
