@@ -166,3 +166,115 @@ def choices(cases):
     return {"cudnn": torch.backends.cudnn.version(), "torch": torch.__version__,
             "enum": {n: int(e.value) for n, e in enum.items()},
             "sm": list(torch.cuda.get_device_capability()), "choices": out}
+
+
+# --- training steps of one attention, forced onto a backend (memory) ---------------------------
+
+class Attention(nn.Module):
+    """``sdpa(x * wq, x * wk, x * wv)`` under ``sdpa_kernel([backend])``: q, k, v are products
+    with sample-shaped parameters (no matmul: on 2.15 every cuBLAS call takes a transient
+    workspace), so the step's memory is the attention kernels' own."""
+
+    def __init__(self, backend, H, L, E, Hkv, dropout, causal, dtype):
+        super().__init__()
+        self.backend, self.dropout, self.causal = backend, dropout, causal
+        self.wq = nn.Parameter(torch.ones(H, L, E, dtype=dtype))
+        self.wk = nn.Parameter(torch.ones(Hkv, L, E, dtype=dtype))
+        self.wv = nn.Parameter(torch.ones(Hkv, L, E, dtype=dtype))
+
+    def forward(self, x):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        kind = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                "cudnn": SDPBackend.CUDNN_ATTENTION}[self.backend]
+        hkv = self.wk.shape[0]
+        kx = x[:, :hkv]
+        with sdpa_kernel([kind]):
+            return nn.functional.scaled_dot_product_attention(
+                x * self.wq, kx * self.wk, kx * self.wv, dropout_p=self.dropout,
+                is_causal=self.causal, enable_gqa=hkv != self.wq.shape[0])
+
+
+def _sum(out):
+    return out.float().sum()
+
+
+def attention(B=2, backend="flash", dtype="float16", H=4, L=128, E=64, Hkv=None, dropout=0.0,
+              causal=False, seed=0):
+    """A training step (no optimizer) of :class:`Attention`: ``(model, x, None, loss, None)``."""
+    torch.manual_seed(seed)
+    dt = getattr(torch, dtype)
+    model = Attention(backend, H, L, E, Hkv or H, dropout, causal, dt)
+    return model, torch.randn(B, H, L, E).to(dt), None, _sum, None
+
+
+def steps(cases):
+    """On the fake GPU: ``max_memory_allocated`` of one measured step of :func:`attention` per
+    case (a dict of its keyword arguments), as fxmem.validate.fakegpu's child measures a step
+    (one warm-up step, gradients dropped, synchronize, gc, empty_cache, reset_peak), all in one
+    process; an exception's text where the step fails."""
+    import gc
+
+    out = []
+    for kw in cases:
+        try:
+            model, x, _, loss_fn, _ = attention(**kw)
+            model, x = model.cuda(), x.cuda()
+            params = list(model.parameters())
+
+            def step():
+                for p in params:
+                    p.grad = None
+                loss = loss_fn(model(x))
+                loss.backward()
+                del loss
+
+            step()
+            for p in params:
+                p.grad = None
+            torch.cuda.synchronize()
+            gc.collect()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            step()
+            torch.cuda.synchronize()
+            out.append(torch.cuda.max_memory_allocated())
+        except Exception as exc:  # noqa: BLE001
+            out.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+        finally:
+            model = x = params = step = None
+            gc.collect()
+            torch.cuda.empty_cache()
+    return out
+
+
+def _memory_cases():
+    cases = {}
+    for backend, dtypes in (("flash", ("float16", "bfloat16")),
+                            ("efficient", ("float16", "bfloat16", "float32")),
+                            ("math", ("float16", "bfloat16", "float32"))):
+        for dt in dtypes:
+            for dropout in (0.0, 0.125):
+                for causal in (False, True):
+                    name = f"{backend} {dt} dropout {dropout} causal {causal}"
+                    cases[name] = dict(backend=backend, dtype=dt, dropout=dropout, causal=causal)
+    cases.update({
+        "efficient float32 GQA (Hkv 2)": dict(backend="efficient", dtype="float32", Hkv=2),
+        "efficient float16 one kv head, dropout": dict(backend="efficient", dtype="float16",
+                                                       Hkv=1, dropout=0.125),
+        "efficient bfloat16 GQA dropout causal": dict(backend="efficient", dtype="bfloat16",
+                                                      Hkv=2, dropout=0.125, causal=True),
+        "flash bfloat16 GQA (Hkv 2)": dict(backend="flash", dtype="bfloat16", Hkv=2),
+        "flash float16 head dim 60 (padded)": dict(backend="flash", dtype="float16", E=60),
+        "flash bfloat16 head dim 256": dict(backend="flash", dtype="bfloat16", E=256),
+        "efficient float16 head dim 160, dropout": dict(backend="efficient", dtype="float16",
+                                                        E=160, dropout=0.125),
+        "efficient float32 head dim 96, L 200": dict(backend="efficient", dtype="float32", E=96,
+                                                     L=200),
+    })
+    return cases
+
+
+MEMORY = _memory_cases()
+MEMORY_B = (2, 5)

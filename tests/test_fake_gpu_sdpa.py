@@ -73,3 +73,88 @@ def test_the_grid_is_not_vacuous(seen):
              for c in seen["choices"]}
     assert {"math", "flash", "efficient", "cudnn", "error: RuntimeError",
             "error: IndexError"} <= kinds
+
+
+# --- memory: a training step forced onto each backend -----------------------------------------
+
+# cuDNN attention does not run on the fake GPU: cudnn_frontend finds no execution plan for the
+# SDPA graph with the stub's cuDNN ("No execution plans support the graph"), so it has no case.
+_MATH_215 = ("2.15's cuBLAS takes a 32 MiB workspace at every matmul (fxmem.device.allocator, "
+             "being changed): the math backend's bmm are compared on 2.14.1 only")
+_SEED = ("efficient attention with dropout 0 returns its philox seed and offset as two CUDA "
+         "int64 scalars (at::empty({}, kCUDA): 2 x 512 B, live until the backward), with "
+         "dropout as host scalars; fxmem's HOST_OUTPUTS marks them host always, and "
+         "kernels.CudaKernels.host_outputs(func) cannot see dropout_p (2.14.1 and 2.15: 1,024 B "
+         "over the prediction at B=2 and 5, e.g. fp16 1,780,224 vs 1,779,200)")
+_MATH = ("math backend on 2.14.1 (matmul of the attention, _safe_softmax): fxmem's allocation "
+         "sequence differs; suspected 2.14's torch._native eager override of bmm (its frames "
+         "'eager_router' in the allocation history) and _safe_softmax's CUDA temporaries "
+         "(a B.H.L.L bool, a (B, H, L) bool, a scalar) that fxmem does not list. Seen (B=2, B=5; "
+         "fake GPU vs fxmem): ")
+MATH_SEEN = {
+    ("float16", 0.0, False): "70,321,664 vs 70,321,152; 74,845,184 vs 74,843,136",
+    ("float16", 0.0, True): "70,387,200 vs 70,402,048; 74,910,720 vs 74,924,032",
+    ("float16", 0.125, True): "71,041,024 vs 71,057,408; 76,546,048 vs 76,562,432",
+    ("float32", 0.125, False): "70,779,904 vs 70,648,832; 75,695,104 vs 75,367,424",
+    ("float32", 0.125, True): "70,779,904 vs 70,648,832; 75,695,104 vs 75,367,424",
+}
+MATH_SEEN.update({("bfloat16",) + k[1:]: v for k, v in MATH_SEEN.items() if k[0] == "float16"})
+
+
+def _marks(name):
+    kw = targets.MEMORY[name]
+    if kw["backend"] == "math":
+        if sdpa.TORCH >= (2, 15):
+            return [pytest.mark.skip(reason=_MATH_215)]
+        seen = MATH_SEEN.get((kw["dtype"], kw["dropout"], kw["causal"]))
+        return [pytest.mark.xfail(strict=True, reason=_MATH + seen)] if seen else []
+    if kw["backend"] == "efficient" and not kw.get("dropout"):
+        return [pytest.mark.xfail(strict=True, reason=_SEED)]
+    return []
+
+
+@pytest.fixture(scope="module")
+def measured():
+    """max_memory_allocated of every memory case at each B, from one fake-GPU child."""
+    from fxmem.validate.fakegpu import call
+
+    out = {}
+    # the math backend's matmuls make cuBLAS workspaces that stay: a child of their own
+    for math in (False, True):
+        cases = [dict(B=B, **kw) for kw in targets.MEMORY.values() for B in targets.MEMORY_B
+                 if (kw["backend"] == "math") == math]
+        if not cases or (math and sdpa.TORCH >= (2, 15)):
+            continue
+        got = call(sys.executable, "fakegpu_sdpa_targets:steps", kwargs={"cases": cases},
+                   sys_path=[HERE])
+        out.update({(c["B"], tuple(sorted((k, v) for k, v in c.items() if k != "B"))): g
+                    for c, g in zip(cases, got)})
+    return out
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_marks(n)) for n in targets.MEMORY])
+def test_attention_step_memory_is_exact(name, measured):
+    """A training step of one attention forced onto a backend: PyTorch's max_memory_allocated
+    on the fake GPU equals fxmem's prediction at two batch sizes."""
+    import fxmem
+
+    kw = targets.MEMORY[name]
+    model, x, _, loss, _ = targets.attention(B=targets.MEMORY_B[0], **kw)
+    report = fxmem.analyze(model, (x,), (), loss=loss, optimizer=None)
+    for B in targets.MEMORY_B:
+        got = measured[(B, tuple(sorted(kw.items())))]
+        want = report.cuda_memory(B).max_allocated
+        assert got == want, (B, got, want)
+
+
+def test_a_batched_step_is_measure_steps_step():
+    """The memory cases share one child (fakegpu_sdpa_targets.steps); the same step alone
+    through fxmem.validate.fakegpu.measure_step gives the same peak."""
+    from fxmem.validate.fakegpu import call, measure_step
+
+    kw = dict(B=2, backend="flash", dtype="float16", dropout=0.125)
+    alone = measure_step(sys.executable, "fakegpu_sdpa_targets:attention", kwargs=kw,
+                         sys_path=[HERE])
+    batched = call(sys.executable, "fakegpu_sdpa_targets:steps", kwargs={"cases": [kw]},
+                   sys_path=[HERE])
+    assert batched == [alone.max_allocated]

@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from .sdpa import _HALF, _deterministic
+from .sdpa import _HALF, TORCH, _deterministic
 
 aten = torch.ops.aten
 
@@ -60,8 +60,10 @@ WORKSPACES = {
     "_scaled_dot_product_efficient_attention_backward": [
         ("grad_out.contiguous() of its (B, L, H, D) view", "B·Lq·H·Dv·e if not contiguous",
          "attention_backward.cu _efficient_attention_backward"),
-        ("delta; fp32 also grad_out*out and its sum", "4·B·H·Lq; + 4·B·Lq·H·Dv + 4·B·Lq·H",
-         "_efficient_attention_backward"),
+        ("delta; fp32 also grad_out*out and its sum (freed before the workspace)",
+         "4·B·H·Lq; + 4·B·Lq·H·Dv + 4·B·Lq·H", "_efficient_attention_backward"),
+        ("dk_expanded, dv_expanded (GQA, 2.14+)", "B·H·Lk·(D + Dv)·e",
+         "seen on the 2.14.1 and 2.15 binaries on the fake GPU"),
         ("workspace: gQ (+ gK/gV staging when !kOutputInRF)", "4·B·H·r(gk + gv + "
          "⌈Lq/I⌉·⌈D/J⌉·(4 + I·J), 4), gk = nsk·J·r(D, I), gv = nsk·J·r(Dv, I); (I, J) the "
          "cutlassB.h kernel", "kernel_backward.h workspace_size")],
@@ -208,10 +210,25 @@ def _ws_efficient_bwd(a, cap, sms):  # attention_backward.cu _efficient_attentio
     b, h, m, dv = q.size(0), q.size(1), q.size(2), v.size(3)
     out = _copy_if_strided("efficient backward grad_out.contiguous()", a["grad_out_"])
     out.append(("efficient backward delta", 4 * b * h * m))
+    k = a["key"]
+    if TORCH >= (2, 14) and k.size(1) != h:  # GQA / one kv head (2.14+: sdpa.choose)
+        # 2.14.1 and 2.15 on the fake GPU: the backward computes the key and value gradients
+        # at the query's heads, then reduces them (fp16 B=2 H=4 Hkv=1 L=128 D=64: 262,144 B
+        # more than the step without; fp32 B=3 Hkv=2: 786,432 B)
+        e, n = q.element_size(), k.size(2)
+        out += [("efficient backward dk_expanded (GQA)", b * h * n * k.size(3) * e),
+                ("efficient backward dv_expanded (GQA)", b * h * n * dv * e)]
+    ws = _efficient_bwd_workspace(q, a["key"], v, a["dropout_p"] != 0, tuple(cap))
     if q.dtype not in _HALF:  # !kKernelComputesDelta: (grad_out * out).sum(-1) in float
-        out += [("efficient backward delta: grad_out*out", 4 * b * m * h * dv),
-                ("efficient backward delta: its sum", 4 * b * m * h)]
-    return out + _efficient_bwd_workspace(q, a["key"], v, a["dropout_p"] != 0, tuple(cap))
+        # freed before the workspace is allocated (2.14.1 and 2.15 on the fake GPU, fp32
+        # B=2 H=4 L=128 D=64: grad_out*out 262,144 and its sum 4,096 B freed, then the
+        # 262,400 B workspace): one temporary, the larger of the two in turn
+        delta = 4 * b * m * h * dv + 4 * b * m * h
+        size = ws[0][1] if ws else 0
+        both = torch.sym_max(delta, _rup(size, 512)) if size else delta
+        return out + [("efficient backward delta: grad_out*out and its sum, then the "
+                       "workspace", both)]
+    return out + ws
 
 
 def _ws_cudnn_bwd(a, cap, sms):  # MHA.cpp run_cudnn_SDP_bprop: permute_to_matching_layout(o, dO)
