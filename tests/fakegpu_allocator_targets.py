@@ -59,3 +59,30 @@ def _run(seed, n):
         out.append((torch.cuda.memory_allocated(), torch.cuda.memory_reserved(),
                     torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()))
     return out
+
+
+def run_limited(seed, fraction, n=1500):
+    """The program under ``torch.cuda.set_per_process_memory_fraction(fraction)``: an
+    allocation the allocator refuses (after freeing its cache and retrying) is skipped and
+    marked; returns the allowed bytes and, per event, the counters and whether it failed."""
+    import torch
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(fraction)
+    side = torch.cuda.Stream()
+    live, out = {}, []
+    for ev in program(seed, n):
+        failed = False
+        if ev[0] == "alloc":
+            try:
+                with torch.cuda.stream(side if ev[3] else torch.cuda.current_stream()):
+                    live[ev[1]] = torch.empty(ev[2], dtype=torch.uint8, device="cuda")
+            except torch.OutOfMemoryError:
+                failed = True
+        elif ev[0] == "free":
+            live.pop(ev[1], None)
+        else:
+            torch.cuda.empty_cache()
+        out.append((torch.cuda.memory_allocated(), torch.cuda.memory_reserved(), failed))
+    return {"allowed": int(fraction * total),
+            "retries": torch.cuda.memory_stats()["num_alloc_retries"], "events": out}

@@ -152,3 +152,34 @@ def test_the_allocator_transcription_is_pytorchs_allocator(conf):
                 a.empty_cache()
             mine = (a.allocated, a.reserved, a.max_allocated, a.max_reserved)
             assert mine == tuple(real[i]), (conf, seed, i, ev, mine, real[i])
+
+
+def test_the_allocator_runs_out_of_memory_where_pytorchs_does():
+    """Under set_per_process_memory_fraction (1 GiB of the fake H100): the same allocations
+    fail, after the same free-the-cache-and-retry, with the same counters after every event
+    (what fxmem's runs_on_device and max_batch_size rest on)."""
+    import sys
+
+    import fakegpu_allocator_targets as prog
+    from fxmem.device.caching_allocator import AllocatorConfig, CachingAllocator, OutOfMemory
+    from fxmem.validate.fakegpu import call
+
+    fraction = 2**30 / 85520809984
+    real = call(sys.executable, "fakegpu_allocator_targets:run_limited",
+                kwargs={"seed": 0, "fraction": fraction}, sys_path=[HERE])
+    a, handles, failures = CachingAllocator(AllocatorConfig(allowed_bytes=real["allowed"])), {}, 0
+    for i, ev in enumerate(prog.program(0)):
+        failed = False
+        if ev[0] == "alloc":
+            try:
+                handles[ev[1]] = a.malloc(ev[2], ev[3])
+            except OutOfMemory:
+                failed = True
+        elif ev[0] == "free":
+            if ev[1] in handles:
+                a.free(handles.pop(ev[1]))
+        else:
+            a.empty_cache()
+        failures += failed
+        assert (a.allocated, a.reserved, failed) == tuple(real["events"][i]), (i, ev)
+    assert failures > 10 and a.num_alloc_retries == real["retries"]  # not vacuous
