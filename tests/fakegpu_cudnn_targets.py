@@ -96,8 +96,9 @@ def _sum(out):
 
 
 def probe_cudnn():
-    """What the child's PyTorch says of cuDNN on the fake GPU, and what one convolution
-    training step allocates beyond its tensors (the workspace the stub reports)."""
+    """What the child's PyTorch says of cuDNN on the fake GPU, what one convolution
+    allocates beyond its output (the workspace the stub reports), and cuDNN attention's
+    route (forward and backward run)."""
     x = torch.randn(4, 8, 12, 12, device="cuda", requires_grad=True)
     conv = nn.Conv2d(8, 8, 3).cuda()
     bn = nn.BatchNorm2d(8).cuda()
@@ -107,7 +108,14 @@ def probe_cudnn():
     a0 = torch.cuda.memory_allocated()
     y = conv(x)
     extra = torch.cuda.max_memory_allocated() - a0 - y.untyped_storage().nbytes()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(2, 4, 128, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        attn = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    attn.sum().backward()
     return {
+        "sdpa_grad_fn": type(attn.grad_fn).__name__,
         "available": torch.backends.cudnn.is_available(),
         "version": torch.backends.cudnn.version(),
         "conv_grad_fn": type(y.grad_fn).__name__,

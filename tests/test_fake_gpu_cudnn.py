@@ -64,9 +64,9 @@ def _models_cublas_per_call() -> bool:
 
 
 def test_cudnn_runs_on_the_fake_gpu():
-    """cuDNN is there and is the route: a convolution, cuDNN's batch norm and a cuDNN LSTM
-    (its weights flattened into one buffer); the stub's workspace is what PyTorch
-    allocates beside a convolution's output."""
+    """cuDNN is there and is the route: a convolution, cuDNN's batch norm, a cuDNN LSTM (its
+    weights flattened into one buffer) and cuDNN attention (forward and backward); the
+    stub's workspace is what PyTorch allocates beside a convolution's output."""
     from fxmem.validate.fakegpu import call
 
     env = dict(os.environ, FAKEGPU_CUDNN_WORKSPACE=str(3 << 20))
@@ -75,6 +75,7 @@ def test_cudnn_runs_on_the_fake_gpu():
     assert got["bn_grad_fn"] == "CudnnBatchNormBackward0"
     assert got["lstm_grad_fn"] == "CudnnRnnBackward0"
     assert got["lstm_flat_storages"] == 1
+    assert got["sdpa_grad_fn"] == "ScaledDotProductCudnnAttentionBackward0"
     assert got["conv_forward_extra_bytes"] == 3 << 20
 
 

@@ -13,9 +13,10 @@ cuDNN is answered too (``cudnn_stub.c``, compiled into the same library when the
 statically linked CUDA runtime needs the driver's private export tables), so every ``cudnn*``
 function PyTorch imports is defined there: handles and descriptors on the host, the backend
 API cudnn_frontend drives with one engine per operation graph, cuDNN's RNN weight layout;
-compute calls do nothing. Convolutions (forward, backward, transposed), cuDNN batch norm and
-cuDNN LSTM/GRU run. **Sizes cuDNN would choose are the stub's**: each convolution plan (and
-legacy algorithm) reports ``FAKEGPU_CUDNN_WORKSPACE`` bytes of workspace (default 0), and
+compute calls do nothing. Convolutions (forward, backward, transposed), cuDNN batch norm,
+cuDNN LSTM/GRU and cuDNN attention run. **Sizes cuDNN would choose are the stub's**: each
+execution plan (convolutions, attention graphs) and legacy convolution algorithm reports
+``FAKEGPU_CUDNN_WORKSPACE`` bytes of workspace (default 0), and
 batch-norm workspaces and reserve space, RNN workspace and reserve space and the dropout
 state are 0 bytes; so PyTorch's own allocations around cuDNN are checked exactly, and the
 prediction is given the same figure (``cuda_memory(B, cudnn_workspace=...)``).

@@ -16,9 +16,10 @@
  *     descriptors keep their shape so PyTorch can read it back;
  *   - the backend ("graph") API that cudnn_frontend drives for
  *     convolutions keeps every attribute it is given, per descriptor;
- *     heuristics return one engine (global index 0, no knobs, no notes),
- *     an operation graph counts one engine, and an execution plan's
- *     workspace is FAKEGPU_CUDNN_WORKSPACE bytes (default 0);
+ *     heuristics return one engine (global index 0, no knobs, no notes,
+ *     no shared memory), an operation graph counts one engine, and every
+ *     execution plan's workspace (convolutions, and cuDNN attention's graphs)
+ *     is FAKEGPU_CUDNN_WORKSPACE bytes (default 0);
  *   - the legacy convolution algorithm queries return one algorithm with
  *     that same workspace;
  *   - batch-norm workspaces and reserve space, RNN workspace and reserve
@@ -60,7 +61,7 @@ static int cudnn_debug(void) {
     return v;
 }
 
-/* The convolution workspace every plan / algorithm reports (bytes). */
+/* The workspace every execution plan / convolution algorithm reports (bytes). */
 static size_t conv_workspace(void) {
     static long long v = -1;
     if (v < 0) {
@@ -733,6 +734,10 @@ EXPORT cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const des
     case CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE:
         if (count) *count = 1;
         if (out && req >= 1) *(int64_t *)out = (int64_t)conv_workspace();
+        return CUDNN_STATUS_SUCCESS;
+    case CUDNN_ATTR_ENGINECFG_SHARED_MEMORY_USED: /* cudnn_frontend checks it fits the SM */
+        if (count) *count = 1;
+        if (out && req >= 1) *(int64_t *)out = 0;
         return CUDNN_STATUS_SUCCESS;
     default:
         break;
