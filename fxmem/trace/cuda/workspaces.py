@@ -41,6 +41,7 @@ from torch._prims_common import compute_elementwise_output_strides
 from torch.fx.experimental.symbolic_shapes import statically_known_true as _known
 
 from ..compat import TORCH
+from .reductions import RULES as _REDUCTIONS
 from .sdpa_memory import _DEFAULT_SMS, _by_name
 
 aten = torch.ops.aten
@@ -579,6 +580,7 @@ _RULES = {
     aten._log_softmax.default: lambda a, c, s: _clean(_made_contiguous(a, ("self",))),
     aten._softmax_backward_data.default: _softmax_backward,
     aten._log_softmax_backward_data.default: lambda a, c, s: _softmax_backward(a, c, s, True),
+    **_REDUCTIONS,  # gpu_reduce_kernel's global-reduce staging (fxmem.trace.cuda.reductions)
 }
 
 OPS: frozenset = frozenset(_RULES)
