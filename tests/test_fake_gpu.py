@@ -22,13 +22,22 @@ pytestmark = [
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _fake(target, **kwargs):
+def _fake(target, memory_bytes=None, **kwargs):
     import sys
 
     from fxmem.validate.fakegpu import measure_step
 
     return measure_step(sys.executable, f"fakegpu_targets:{target}", kwargs=kwargs,
-                        sys_path=[HERE])
+                        sys_path=[HERE], memory_bytes=memory_bytes)
+
+
+def _report(target, B=8, **kwargs):
+    import fakegpu_targets
+
+    model, x, y, loss, opt = getattr(fakegpu_targets, target)(B=B, **kwargs)
+    inputs = x if isinstance(x, tuple) else (x,)
+    targets = () if y is None else (y,)
+    return fxmem.analyze(model, inputs, targets, loss=loss, optimizer=opt)
 
 
 def _predicted(target, B, **kwargs):
@@ -183,3 +192,16 @@ def test_the_allocator_runs_out_of_memory_where_pytorchs_does():
         failures += failed
         assert (a.allocated, a.reserved, failed) == tuple(real["events"][i]), (i, ev)
     assert failures > 10 and a.num_alloc_retries == real["retries"]  # not vacuous
+
+
+def test_the_largest_batch_fits_and_the_next_does_not():
+    """max_batch_size on a 2 GiB card: PyTorch's own allocator, limited to those bytes, runs
+    the step at that B and runs out of memory at the next one."""
+    from fxmem.validate.fakegpu import FakeGPUError
+
+    budget = 2 * 2**30
+    best = _report("wide_mlp").max_batch_size(budget)
+    assert best > 1000
+    _fake("wide_mlp", B=best, memory_bytes=budget)
+    with pytest.raises(FakeGPUError, match="OutOfMemoryError"):
+        _fake("wide_mlp", B=best + 1, memory_bytes=budget)

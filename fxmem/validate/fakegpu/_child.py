@@ -3,7 +3,8 @@
 Kept free of fxmem imports so that any CUDA build of PyTorch can run it. Reads one JSON
 object from argv[1]: ``target`` ("module:function" or "path/to/file.py:function"),
 ``kwargs`` for that function, ``sys_path`` (extra import folders), ``steps`` (warm-up steps
-before the measured one). The function returns ``(model, inputs, targets, loss_fn,
+before the measured one), ``memory_fraction`` (optional: ``set_per_process_memory_fraction``
+first, a card that small). The function returns ``(model, inputs, targets, loss_fn,
 optimizer_factory)``:
 
 - ``inputs``: a tensor, a tuple/list of tensors (positional) or a dict (keyword arguments);
@@ -71,6 +72,8 @@ def main():
             result["value"] = fn(**cfg.get("kwargs", {}))
             raise _Done
         model, inputs, targets, loss_fn, opt_factory = fn(**cfg.get("kwargs", {}))
+        if cfg.get("memory_fraction") is not None:  # a smaller card: the allocator's limit
+            torch.cuda.set_per_process_memory_fraction(cfg["memory_fraction"])
         dev = "cuda"
         model = model.to(dev)
         inputs = _to(inputs, dev)

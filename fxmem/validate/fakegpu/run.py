@@ -24,6 +24,7 @@ from .build import build
 
 CHILD = Path(__file__).with_name("_child.py")
 DEFAULT_BUILD_DIR = Path(tempfile.gettempdir()) / "fxmem_fakegpu"
+TOTAL_BYTES = 85520809984  # the stub's device (stub.c FAKE_TOTAL_MEM: an H100 80GB's)
 
 # variables that would change what the child's PyTorch sees or does
 _DROP_ENV = ("CUDA_VISIBLE_DEVICES", "PYTORCH_NO_CUDA_MEMORY_CACHING", "PYTORCH_NVML_BASED_CUDA_CHECK",
@@ -111,6 +112,7 @@ def measure_step(
     *,
     kwargs: dict | None = None,
     steps: int = 1,
+    memory_bytes: int | None = None,
     sys_path: list[str] | None = None,
     build_dir: str | os.PathLike | None = None,
     env: dict | None = None,
@@ -120,11 +122,15 @@ def measure_step(
     PyTorch); return the measured step's ``max_memory_allocated`` / ``max_memory_reserved``.
 
     ``kwargs``: JSON-able keyword arguments for the target function. ``steps``: warm-up
-    steps before the measured one. ``sys_path``: folders the child imports from (default:
+    steps before the measured one. ``memory_bytes``: what the caching allocator may take
+    (``torch.cuda.set_per_process_memory_fraction`` of the 80 GB device): a step that needs
+    more fails, as on a card of that size, with ``FakeGPUError`` naming
+    ``OutOfMemoryError``. ``sys_path``: folders the child imports from (default:
     the current directory). ``build_dir``: where the stub is compiled and cached.
     """
     cfg = {"target": target, "kwargs": kwargs or {}, "steps": steps,
-           "sys_path": _paths(sys_path)}
+           "sys_path": _paths(sys_path),
+           "memory_fraction": None if memory_bytes is None else memory_bytes / TOTAL_BYTES}
     res = _run_child(python_exe, cfg, build_dir, env, timeout)
     return StepResult(
         max_allocated=res["max_allocated"],
