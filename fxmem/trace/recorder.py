@@ -205,7 +205,7 @@ class Recorder(StorageTracker):
             self._sized = (out[got[0]], got[1]) if got is not None else ()
             if self.kernels is not None:  # what CUDA's kernel allocates (fxmem.trace.cuda.kernels)
                 out = self.kernels.outputs(func, args, kwargs, out)
-                self._host = tuple(out[i] for i in self.kernels.host_outputs(func))
+                self._host = tuple(out[i] for i in self.kernels.host_outputs(func, args, kwargs))
                 what = self.kernels.unmodelled(func, args, kwargs, out)
                 if what is not None:
                     self.unmodelled.setdefault((func, self.module()), what)

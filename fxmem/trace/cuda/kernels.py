@@ -317,7 +317,7 @@ class CudaKernels:
     """What the tracer consults for ``device="cuda"`` (enter it around the step).
 
     ``outputs(func, args, kwargs, out)``: the op's outputs as the CUDA kernel allocates them;
-    ``host_outputs(func)``: positions of outputs that the CUDA kernel keeps in host memory
+    ``host_outputs(func, args, kwargs)``: positions of outputs that the CUDA kernel keeps in host memory
     (they count 0 device bytes); ``workspaces(func, args, kwargs, out)``: ``(what, nbytes)``
     of the temporaries the CUDA kernel allocates while it runs; ``choices``: what the routed
     kernels chose, ``(op, description)`` in the order first seen (e.g. the attention
@@ -369,8 +369,11 @@ class CudaKernels:
                         for o, r in zip(out, real))
         return out
 
-    def host_outputs(self, func) -> tuple:
-        return self._host.get(func, ())
+    def host_outputs(self, func, args=(), kwargs=None) -> tuple:
+        positions = self._host.get(func, ())
+        if positions and not sdpa_host_seed(func, args, kwargs):
+            return ()
+        return positions
 
     def workspaces(self, func, args, kwargs, out) -> list:
         from . import rnn as cuda_rnn
@@ -393,6 +396,18 @@ class CudaKernels:
         return (what or cuda_rnn.unmodelled(func, args, kwargs, out)
                 or cuda_workspaces.unmodelled(func, args, kwargs, out,
                                               capability=self.capability))
+
+
+def sdpa_host_seed(func, args, kwargs) -> bool:
+    """attention.cu ``_efficient_attention_forward``: the philox seed and offset are host
+    tensors when dropout is used (outside CUDA-graph capture); at dropout 0 they are two
+    empty CUDA tensors (a 512-byte block each: seen on 2.14.1's and 2.15's binaries on the
+    fake GPU, ``tests/test_fake_gpu_sdpa.py``)."""
+    from .sdpa_memory import _by_name
+
+    if not args:
+        return True
+    return _by_name(func, args, kwargs).get("dropout_p", 0) > 0
 
 
 def cuda_kernels(capability=(9, 0), cudnn_version: int | None = None) -> CudaKernels:
@@ -601,8 +616,9 @@ RULES: tuple = (
                checked=BOTH,
                ran=FAKE_GPU, cases=("layer_norm fp16",)),
     KernelRule("_scaled_dot_product_efficient_attention", "host",
-               "the philox seed and offset (outputs 2 and 3) are host tensors outside "
-               "CUDA-graph capture: no device memory (fxmem.trace.cuda.sdpa_memory.HOST_OUTPUTS); "
+               "with dropout, the philox seed and offset (outputs 2 and 3) are host tensors "
+               "outside CUDA-graph capture: no device memory (fxmem.trace.cuda.sdpa_memory."
+               "HOST_OUTPUTS); at dropout 0, two empty CUDA tensors; "
                "flash's "
                "rng_state and cuDNN's seed and offset are CUDA tensors",
                "aten/src/ATen/native/transformers/cuda/attention.cu: "
