@@ -477,7 +477,8 @@ RULES: tuple = (
                "aten/src/ATen/native/transformers/attention.cpp: scaled_dot_product_attention; "
                "aten/src/ATen/native/transformers/cuda/sdp_utils.cpp: select_sdp_backend "
                "(fxmem/trace/cuda/sdpa.py)",
-               checked=SDPA_CHECKED_ON),
+               checked=SDPA_CHECKED_ON,
+               ran=FAKE_GPU, cases=("test_every_case_picks_the_backend_pytorch_picks", "test_attention_step_memory_is_exact")),
     KernelRule("softmax.int, log_softmax.int", "route",
                "a float16 input asked for float32 runs _softmax(half_to_float=True): no float32 "
                "copy of the input first, a float16 gradient (CUDA autocast asks this of every "
@@ -498,7 +499,7 @@ RULES: tuple = (
                "aten/src/ATen/native/cuda/Normalization.cu: batch_norm_cuda; "
                "aten/src/ATen/native/cudnn/BatchNorm.cpp: cudnn_batch_norm",
                checked=BOTH,
-               ran=FAKE_GPU, cases=("batch_norm 2-d (native kernel)", "batch_norm bf16 (native kernel)", "batch_norm 2-d eval-mode grads")),
+               ran=FAKE_GPU, cases=("batch_norm 2-d (native kernel)", "batch_norm bf16 (native kernel)", "batch_norm 2-d eval-mode grads", "test_cnn_is_exact")),
     KernelRule("native_batch_norm", "unmodelled",
                "cuDNN's reserve space (kept for backward) and workspaces, when cuDNN runs",
                "aten/src/ATen/native/Normalization.cpp: _select_batch_norm_backend"),
@@ -512,7 +513,8 @@ RULES: tuple = (
                "the cells: _thnn_fused_lstm_cell / _thnn_fused_gru_cell (fxmem/trace/cuda/rnn.py)",
                "aten/src/ATen/native/RNN.cpp: use_cudnn, _cudnn_impl, LSTMCell, GRUCell; "
                "aten/src/ATen/native/cudnn/RNN.cpp: _cudnn_rnn",
-               checked=BOTH),
+               checked=BOTH,
+               ran=FAKE_GPU, cases=("test_lstm_is_exact",)),
     KernelRule("_cudnn_rnn, _cudnn_rnn_backward", "workspace",
                "the batch_first input made time-major, backward's copies of the input and the "
                "gradients (fxmem.trace.cuda.rnn.workspace_bytes)",
@@ -623,7 +625,8 @@ RULES: tuple = (
                "rng_state and cuDNN's seed and offset are CUDA tensors",
                "aten/src/ATen/native/transformers/cuda/attention.cu: "
                "_efficient_attention_forward (Note [Seed and Offset Device])",
-               checked=SDPA_CHECKED_ON),
+               checked=SDPA_CHECKED_ON,
+               ran=FAKE_GPU, cases=("test_attention_step_memory_is_exact",)),
     KernelRule("_scaled_dot_product_flash_attention, _scaled_dot_product_cudnn_attention",
                "outputs",
                "flash's rng_state (2 uint64) and its unused scalar, cuDNN's seed and offset are "
@@ -642,7 +645,8 @@ RULES: tuple = (
                "workspace_bytes); cuDNN's own graph workspace is sized inside cuDNN",
                "aten/src/ATen/native/transformers/cuda/attention_backward.cu; "
                "flash_api.cpp: mha_bwd; mem_eff_attention/kernel_backward.h: workspace_size",
-               checked=SDPA_CHECKED_ON),
+               checked=SDPA_CHECKED_ON,
+               ran=FAKE_GPU, cases=("test_attention_step_memory_is_exact",)),
     KernelRule("native_batch_norm_backward", "workspace",
                "the native kernel on the channels-last layout (a 2-d {N, C} input, a "
                "channels_last one), or without the input's gradient: sum_dy and sum_dy_xmu, "
