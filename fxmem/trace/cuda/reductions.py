@@ -34,6 +34,9 @@ in the input's dtype, any/all in bool, sums and norms in float32 for 16-bit inpu
 code of Reduce.cuh is the same in both releases (the installed headers differ only in ROCm
 code and the jiterator's lock).
 
+Checked on the fake GPU (tests/test_fake_gpu_reductions.py): 3214 cases, every one exact on
+2.14.1 and on 2.15 (prod not run there: the fake GPU's child crashes in it).
+
 Sizes may be SymInts: value-dependent branches of the config become ``torch.sym_ite`` (through
 :func:`fxmem.trace.cuda.workspaces._ite`), never a guard. The iterator's dim order (a choice by
 strides) is taken at the size hints when the ShapeEnv cannot decide it, with guards suppressed.
@@ -640,6 +643,7 @@ RULES = {
     aten.sum.dim_IntList: _sum,
     aten.mean.default: lambda a, c, s: _sum(a, c, s, mean=True),
     aten.mean.dim: lambda a, c, s: _sum(a, c, s, mean=True),
+    # prod: not checked on the fake GPU (its child crashes in prod on 2.14.1); same config code
     aten.prod.default: lambda a, c, s: _sum(a, c, s, prod=True),
     aten.prod.dim_int: lambda a, c, s: _sum(a, c, s, prod=True),
     aten.amax.default: _minmax_values,
