@@ -318,8 +318,17 @@ def outputs(func, args, kwargs, out):
 def workspace_bytes(func, args, kwargs, out) -> list:
     """(what, nbytes) of what cudnn/RNN.cpp allocates and frees within ``_cudnn_rnn`` and
     ``_cudnn_rnn_backward``: ``contiguous()`` copies, ``zeros_like`` for undefined grads, dw
-    when the grads are copied out. Backward's input and weight passes run one after the
-    other; listing their copies together over-estimates by at most the smaller of dy and dw."""
+    when the grads are copied out.
+
+    ``_cudnn_rnn_backward`` makes the ``zeros_like`` for undefined grads first and keeps them
+    to its end; ``_cudnn_rnn_backward_input`` then copies x and the grads contiguous, makes
+    dx, dhx, dcx and frees its copies when it returns; ``_cudnn_rnn_backward_weight`` copies x
+    again and makes ``dw = zeros(weight_buf)`` (seen on 2.14.1's and 2.15's binaries on the
+    fake GPU, ``tests/test_fake_gpu_cudnn.py``). The op's outputs (dw among them when the
+    grads are its views) come before its temporaries here, all held until it ends, so the
+    input pass's grad copies are listed as what they add beyond what the weight pass holds
+    (dw, and grads copied out of it): the op peaks as PyTorch's does, at
+    ``max(copies, weight pass)`` over what both passes hold."""
     if func not in (aten._cudnn_rnn.default, aten._cudnn_rnn_backward.default):
         return []
     a = _named(func, args, kwargs)
@@ -329,19 +338,43 @@ def workspace_bytes(func, args, kwargs, out) -> list:
     grads = (("grad_output", "output", tm), ("grad_hy", "hx", False), ("grad_cy", "cx", False))
     if func is aten._cudnn_rnn.default or all(a[g] is None for g, _, _ in grads):
         return ws if func is aten._cudnn_rnn.default else []
+    copies = []  # the input pass's, freed before the weight pass
     for g, like, time_major in grads:  # dy, dhy, dcy = grad.contiguous()
         t = a[g]
         if t is None and a[like] is not None:  # undefined: zeros_like(like), contiguous
             ws.append((f"cuDNN RNN backward zeros_like({like})", _nbytes(a[like])))
             if time_major:
-                ws.append((f"cuDNN RNN backward {g}.contiguous()", _nbytes(a[like])))
+                copies.append((g, _nbytes(a[like])))
         elif t is not None and not _dense(t.shape, t.stride(), time_major):
-            ws.append((f"cuDNN RNN backward {g}.contiguous()", _nbytes(t)))
-    if a["output_mask"][3] and a["weight_stride0"] != 4 + (a["proj_size"] > 0):
-        n = num_weights(a["weight"], a["weight_stride0"], a["mode"], a["hidden_size"],
-                        a["proj_size"], a["num_layers"], a["bidirectional"])
-        ws.append(("cuDNN RNN weight-gradient buffer dw", n * a["weight"][0].element_size()))
+            copies.append((g, _nbytes(t)))
+    copied = sum(n for _, n in copies)
+    names = ", ".join(f"{g}.contiguous()" for g, _ in copies)
+    if not a["output_mask"][3]:
+        ws += [(f"cuDNN RNN backward {g}.contiguous()", n) for g, n in copies]
+        return ws
+    n = num_weights(a["weight"], a["weight_stride0"], a["mode"], a["hidden_size"],
+                    a["proj_size"], a["num_layers"], a["bidirectional"])
+    buf = a["weight_buf"]
+    size = (a["weight"][0] if buf is None else buf).element_size()
+    if a["weight_stride0"] == 4 + (a["proj_size"] > 0):  # dw is an output: the grads' views
+        if copies:
+            ws.append((f"cuDNN RNN backward {names} beyond dw (freed before dw is made)",
+                       _max(copied - n * size, 0)))
+        return ws
+    # the grads (outputs) are copied out of dw, a temporary of the weight pass
+    held = sum(w.numel() for w in a["weight"]) * size
+    what = "cuDNN RNN weight-gradient buffer dw"
+    if copies:
+        what += f" (or the input pass's {names} beyond the grads, freed before dw is made)"
+    ws.append((what, _max(n * size, copied - held) if copies else n * size))
     return ws
+
+
+def _max(a, b):
+    """max without a guard on a symbolic size."""
+    if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt):
+        return torch.sym_max(a, b)
+    return max(a, b)
 
 
 def unmodelled(func, args, kwargs, out) -> str | None:
