@@ -376,6 +376,7 @@ class CudaKernels:
         return positions
 
     def workspaces(self, func, args, kwargs, out) -> list:
+        from . import cudnn as cuda_cudnn
         from . import rnn as cuda_rnn
         from . import sdpa_memory
         from . import workspaces as cuda_workspaces
@@ -384,7 +385,8 @@ class CudaKernels:
                                              capability=self.capability)
                 + cuda_rnn.workspace_bytes(func, args, kwargs, out)
                 + cuda_workspaces.workspace_bytes(func, args, kwargs, out,
-                                                  capability=self.capability))
+                                                  capability=self.capability)
+                + cuda_cudnn.workspace_bytes(func, args, kwargs, out))
 
     def unmodelled(self, func, args, kwargs, out) -> str | None:
         """What the CUDA kernel of ``func`` allocates that no formula sizes, or None."""
