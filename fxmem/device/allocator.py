@@ -30,6 +30,7 @@ CUBLAS_OPS = blas.OP_NAMES
 CUDNN_CONV_OPS = frozenset(f"aten.{n}.default" for n in (
     "convolution", "convolution_backward", "_convolution", "cudnn_convolution",
     "cudnn_convolution_transpose"))
+CONV_BACKWARD = "aten.convolution_backward.default"
 
 
 def cublas_workspace_bytes(compute_capability=(9, 0), env: str | None = None) -> int:
@@ -90,7 +91,9 @@ def cuda_memory(liveness, B: int, config=None, compute_capability=(9, 0),  # noq
 
     cuDNN's convolution workspaces are not in the trace: their size is the algorithm's that
     cuDNN picks. ``cudnn_workspace`` (bytes) allocates that much at every convolution, after
-    its outputs, and frees it when the op ends. Under ``CUDNN_CONV_WSCAP_DBG=N`` (MiB), cuDNN
+    its outputs, and frees it when the op ends; in ``convolution_backward``, after the input's
+    gradient and again after the weight's (one cuDNN call each), the bias gradient after both
+    (``_Replay._conv_backward``). Under ``CUDNN_CONV_WSCAP_DBG=N`` (MiB), cuDNN
     offers no configuration with a larger workspace, so ``N * 2**20`` bounds what each call
     adds; 0 (the default) leaves the workspaces out."""
     r = _Replay(liveness, B, config, compute_capability, cublas_workspace, cudnn_workspace)
@@ -242,12 +245,15 @@ class _Replay:
                 phase = op.phase
             if warm_up:
                 self._first_use(i, op)
-            for sid in self.allocs[i]:
-                self.alloc(sid, self.size[sid])
+            if self.cudnn_workspace and op.op == CONV_BACKWARD:
+                self._conv_backward(i, op)
+            else:
+                for sid in self.allocs[i]:
+                    self.alloc(sid, self.size[sid])
             if warm_up:
                 self._first_workspace(op)
-            if self.cudnn_workspace and op.op in CUDNN_CONV_OPS:  # held while it runs
-                a.free(a.malloc(self.cudnn_workspace))
+            if self.cudnn_workspace and op.op in CUDNN_CONV_OPS and op.op != CONV_BACKWARD:
+                a.free(a.malloc(self.cudnn_workspace))  # held while it runs
             if blas.PER_CALL and op.op in CUBLAS_OPS:  # 2.15: taken and freed by each call
                 n = self.lt_ws if op.blas == "cublaslt" else self.ws
                 if n:
@@ -267,6 +273,29 @@ class _Replay:
             phase_alloc[phase] = max(phase_alloc.get(phase, 0), a.max_allocated)
             phase_res[phase] = max(phase_res.get(phase, 0), a.max_reserved)
         return phase_alloc, phase_res
+
+    def _conv_backward(self, i, op):
+        """cudnn/ConvShared.cpp ``cudnn_convolution_backward`` as ``convolution_backward``
+        runs it: the temporaries PyTorch makes for the calls first (copies of the incoming
+        gradient), then one cuDNN call per gradient wanted, each allocating its output and
+        then the workspace it holds while it runs: the input's gradient (the other two not
+        yet made), then the weight's (the input's held); the bias gradient (``at::sum``, a
+        1-d output) comes after both (seen on 2.14.1's and 2.15's binaries on the fake GPU,
+        ``tests/test_fake_gpu_cudnn.py``)."""
+        a, outs = self.allocator, set(op.out_sids)
+        for sid in self.allocs[i]:
+            if sid not in outs:
+                self.alloc(sid, self.size[sid])
+        later = []
+        for sid in self.allocs[i]:
+            if sid in outs:
+                if len(self.storages[sid].shape) == 1:
+                    later.append(sid)
+                    continue
+                self.alloc(sid, self.size[sid])
+                a.free(a.malloc(self.cudnn_workspace))
+        for sid in later:
+            self.alloc(sid, self.size[sid])
 
     def _first_use(self, i, op):
         ops = self.ops
