@@ -385,6 +385,37 @@ def test_efficient_forward_output_accumulator():
     assert sdpa_memory.workspace_bytes(op, (q, k, v, None, False), out) == []
 
 
+def test_safe_softmax_temporaries():
+    """SoftMax.cpp _safe_softmax: a bool of the input, its all() over dim, a 0-dim zero."""
+    op = aten._safe_softmax.default
+    with FAKE:
+        x = torch.empty(2, 4, 128, 96)
+    assert sdpa_memory.workspace_bytes(op, (x, -1), None) == [
+        ("_safe_softmax: input == -inf (bool)", 2 * 4 * 128 * 96),
+        ("_safe_softmax: its all() over the softmax dim (bool)", 2 * 4 * 128),
+        ("_safe_softmax: the 0-dim zero", 4)]
+    assert sdpa_memory.workspace_bytes(op, (x, 1), None)[1][1] == 2 * 128 * 96
+    assert sdpa_memory.workspace_bytes(op, (x, -1), None, {"dtype": F16})[2][1] == 2
+
+
+def test_bmm_clones_an_operand_cublas_cannot_take():
+    """Blas.cpp prepare_batch_matrix_for_cublas: an expanded operand (strides 0) is cloned;
+    contiguous and transposed ones are used as they are."""
+    op = aten.bmm.default
+    with FAKE:
+        a = torch.empty(8, 128, 128)
+        g = torch.empty(()).expand(8, 128, 64)  # out.sum()'s gradient, viewed
+        v = torch.empty(8, 128, 64)
+    assert sdpa_memory.workspace_bytes(op, (a.transpose(1, 2), g), None) == [
+        ("bmm: an operand cloned contiguous for cuBLAS (prepare_batch_matrix_for_cublas, 1st)",
+         8 * 128 * 64 * 4)]
+    assert [n for _, n in sdpa_memory.workspace_bytes(op, (g, v.transpose(1, 2)), None)] == [
+        8 * 128 * 64 * 4]
+    assert sdpa_memory.workspace_bytes(op, (a, v), None) == []
+    assert sdpa_memory.workspace_bytes(op, (a.transpose(1, 2), v), None) == []
+    assert sdpa_memory.workspace_bytes(op, (v, v.transpose(1, 2)), None) == []
+
+
 def test_cudnn_meta_corrections():
     op = aten._scaled_dot_product_cudnn_attention.default
     q, k, v = qkv()
@@ -424,10 +455,12 @@ def test_symbolic_sizes_are_not_specialized(dtype, cap, mask, expected):
             out = sdpa.cuda_scaled_dot_product_attention(q, k, v, m, capability=cap)
             out.sum().backward()
         guards = len(env.guards)
-        sizes = [n for c in ops.calls for _, n in sdpa_memory.workspace_bytes(c[0], c[1], c[3], c[2],
-                                                                        capability=cap)]
+        ws = [w for c in ops.calls for w in sdpa_memory.workspace_bytes(c[0], c[1], c[3], c[2],
+                                                                         capability=cap)]
+    sizes = [n for _, n in ws]
     assert len(env.guards) == guards  # workspaces are formulas: they decide nothing
-    assert (expected == "math") == (not sizes)
+    assert sizes  # math: _safe_softmax's temporaries only (its bmm's operands need no copy)
+    assert (expected == "math") == all(w.startswith("_safe_softmax") for w, _ in ws)
     for n in sizes:  # in B and L only
         assert isinstance(n, int) or n.node.expr.free_symbols <= {bsym, lsym}
     for g in env.guards:  # no guard pins B or L to a value

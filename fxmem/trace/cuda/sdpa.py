@@ -404,8 +404,10 @@ def _math(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa):
         if mask is not None:
             raise RuntimeError("_scaled_dot_product_attention: Explicit attn_mask should not be "
                                "set when is_causal=True")
-        ones = aten.ones.default([query.size(-2), ka.size(-2)], dtype=torch.bool, device=q.device)
-        mask = _bool_mask_to_additive(aten.tril.default(ones), query.dtype)
+        # at::ones(...).tril(): the ones are a temporary, freed as tril returns (not kept to
+        # the end of the function: seen on 2.14.1's and 2.15's binaries on the fake GPU)
+        mask = _bool_mask_to_additive(aten.tril.default(aten.ones.default(
+            [query.size(-2), ka.size(-2)], dtype=torch.bool, device=q.device)), query.dtype)
     if enable_gqa:  # pre_process_group_query_attention_input
         qh, kh, vh = query.size(-3), ka.size(-3), va.size(-3)
         if not (qh == kh and kh == vh):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .sdpa import _HALF, TORCH, _deterministic
 
@@ -67,6 +68,12 @@ WORKSPACES = {
         ("workspace: gQ (+ gK/gV staging when !kOutputInRF)", "4·B·H·r(gk + gv + "
          "⌈Lq/I⌉·⌈D/J⌉·(4 + I·J), 4), gk = nsk·J·r(D, I), gv = nsk·J·r(Dv, I); (I, J) the "
          "cutlassB.h kernel", "kernel_backward.h workspace_size")],
+    "_safe_softmax": [
+        ("input == -inf (bool), its all() over dim, a 0-dim zero", "numel + numel/size(dim) + "
+         "e of the output", "SoftMax.cpp _safe_softmax; seen on 2.14.1 and 2.15 on the fake GPU")],
+    "bmm, baddbmm": [
+        ("an operand cloned contiguous for cuBLAS (e.g. expanded: strides 0)", "its numel·e",
+         "Blas.cpp prepare_batch_matrix_for_cublas; seen on 2.14.1 and 2.15 on the fake GPU")],
     "_scaled_dot_product_cudnn_attention": [
         ("cuDNN workspace", "unknown (mha_graph.get_workspace_size())", "cudnn/MHA.cpp")],
     "_scaled_dot_product_cudnn_attention_backward": [
@@ -237,7 +244,72 @@ def _ws_cudnn_bwd(a, cap, sms):  # MHA.cpp run_cudnn_SDP_bprop: permute_to_match
                                           g.numel() * g.element_size())]
 
 
+def _ws_safe_softmax(a, cap, sms):
+    """SoftMax.cpp ``_safe_softmax`` (the math attention's softmax): after the softmax's output,
+    the rows that are all -inf are found and zeroed: a bool of the input's size (the -inf test),
+    its ``all`` over ``dim`` (keepdim) and a 0-dim zero of the output's dtype, freed as it
+    returns; no other output (seen on 2.14.1's and 2.15's binaries on the fake GPU: fp32
+    (2, 4, 128, 128) input: 131,072, 1,024 and 4 bytes after the 524,288-byte output)."""
+    x, dim, dtype = a["self"], a["dim"], a["dtype"]
+    dim = dim % max(x.dim(), 1)
+    e = (dtype or x.dtype).itemsize
+    rows = math.prod(n for i, n in enumerate(x.shape) if i != dim)
+    return [("_safe_softmax: input == -inf (bool)", x.numel()),
+            ("_safe_softmax: its all() over the softmax dim (bool)", rows),
+            ("_safe_softmax: the 0-dim zero", e)]
+
+
+def _cublas_batch_copy(t, transpose_result, m, n) -> bool:
+    """Blas.cpp ``prepare_batch_matrix_for_cublas``: whether ``t`` (3-D) is cloned contiguous
+    because neither of its last two dims has stride 1 with a leading stride cuBLAS takes
+    (e.g. an expanded tensor, strides 0), unless it is contiguous with nonzero strides."""
+    st = t.stride()
+    fast, lead = (2, 1) if transpose_result else (1, 2)
+    if st[fast] == 1 and st[lead] >= max(1, m):
+        return False
+    if st[lead] == 1 and st[fast] >= max(1, n):
+        return False
+    return not (st[1] != 0 and st[2] != 0 and t.is_contiguous())
+
+
+def _ws_bmm(a, cap, sms):
+    """Blas.cpp ``baddbmm_out_cuda_impl`` (bmm and baddbmm): an operand cuBLAS cannot take as
+    it is laid out is cloned contiguous (``prepare_batch_matrix_for_cublas``), after the
+    output, and freed as the call returns (2.15: after the call's cuBLAS workspace). The math
+    attention's backward meets it: ``out.sum()``'s gradient is a scalar expanded (strides 0)
+    into both backward bmm's (seen on 2.14.1's and 2.15's binaries on the fake GPU: fp32
+    (8, 128, 64) gradient, a 262,144-byte clone in each). The result (fresh, contiguous) is
+    used as it is."""
+    b1, b2 = (a["batch1"], a["batch2"]) if "batch1" in a else (a["self"], a["mat2"])
+    if b1 is None or b2 is None or b1.dim() != 3 or b2.dim() != 3:
+        return []
+    bs, m_, k_, n_ = b1.size(0), b1.size(1), b1.size(2), b2.size(2)
+    if statically_known_true(bs * m_ * n_ == 0) or statically_known_true(k_ == 0):
+        return []
+    if TORCH == (2, 14) and "batch1" not in a and _is_outer_product(b1, b2):
+        return []  # torch/_native's override of bmm (2.14) runs it as a Triton kernel
+    # the result (bs, m_, n_) contiguous: cuBLAS writes it transposed unless n_ == 1
+    transpose_result = not (n_ == 1)
+    m, n = (n_, m_) if transpose_result else (m_, n_)
+    k = k_
+    first, second = (b2, b1) if transpose_result else (b1, b2)
+    out = []
+    for what, t, mm, nn in (("1st", first, m, k), ("2nd", second, k, n)):
+        if _cublas_batch_copy(t, transpose_result, mm, nn):
+            out.append((f"bmm: an operand cloned contiguous for cuBLAS "
+                        f"(prepare_batch_matrix_for_cublas, {what})", t.numel() * t.element_size()))
+    return out
+
+
+def _is_outer_product(b1, b2) -> bool:  # torch/_native/ops/bmm_outer_product (2.14)
+    return b1.size(2) == 1 and b2.size(1) == 1 and b1.numel() > 0 and b2.numel() > 0 \
+        and not b1.is_complex()
+
+
 _WS = {aten._scaled_dot_product_flash_attention.default: _ws_flash,
+       aten.bmm.default: _ws_bmm,
+       aten.baddbmm.default: _ws_bmm,
+       aten._safe_softmax.default: _ws_safe_softmax,
        aten._scaled_dot_product_flash_attention_backward.default: _ws_flash_bwd,
        aten._scaled_dot_product_efficient_attention.default: _ws_efficient,
        aten._scaled_dot_product_efficient_attention_backward.default: _ws_efficient_bwd,
