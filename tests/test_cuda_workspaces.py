@@ -16,6 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
 import fxmem
+from fxmem.trace.compat import TORCH
 from fxmem.trace.cuda import workspaces as cw
 
 aten = torch.ops.aten
@@ -399,10 +400,15 @@ def test_group_norm_copies_a_channels_last_input_and_grad():
         x = torch.empty(N, C, 16, 16).to(memory_format=torch.channels_last)
     w, st = fake(C), fake(N, G)
     fwd = ws(aten.native_group_norm.default, x, w, w, N, C, HxW, G, 1e-5)
-    assert fwd == {"input.contiguous()": N * C * HxW * 4, "a = empty({N, C}, acc)": N * C * 4,
-                   "b = empty({N, C}, acc)": N * C * 4}
     bwd = ws(aten.native_group_norm_backward.default, x, x, st, st, w, N, C, HxW, G,
              [True, True, True])
+    stats = {"a = empty({N, C}, acc)": N * C * 4, "b = empty({N, C}, acc)": N * C * 4}
+    if TORCH >= (2, 15):  # its channels-last kernels: nothing of X copied (fxmem.trace.cuda.norms)
+        assert fwd == stats
+        assert bwd == {"ds = empty({N, C}, acc)": N * C * 4, "db = empty({N, C}, acc)": N * C * 4,
+                       "c2 = empty({N, G}, acc)": N * G * 4, "c3 = empty({N, G}, acc)": N * G * 4}
+        return
+    assert fwd == {"input.contiguous()": N * C * HxW * 4, **stats}
     assert bwd["grad_out.contiguous()"] == bwd["input.contiguous()"] == N * C * HxW * 4
 
 

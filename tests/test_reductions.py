@@ -40,13 +40,6 @@ def test_known_cases(op, args, kw, expected):
     assert sorted(ws(op, *args, **kw)) == sorted(expected)
 
 
-def test_reached_through_workspace_bytes():
-    """The one hook: fxmem.trace.cuda.workspaces serves the reduction rules."""
-    assert aten.sum.dim_IntList in cw.OPS and aten.var_mean.correction in cw.OPS
-    got = cw.workspace_bytes(aten.sum.dim_IntList, (meta(4096, 96), [0]), {}, None)
-    assert dict(got) == {STAGING: 786432, SEM: 8}
-
-
 def test_more_sms_more_blocks():
     """ctas_per_output follows the SM count (A100: 108, H100: 132)."""
     x = meta(1 << 20, 96)

@@ -24,7 +24,7 @@ _ORDER = {torch.channels_last: (0, 2, 3, 1), torch.channels_last_3d: (0, 2, 3, 4
 
 def _dense_in(t, fmt) -> bool:
     """``t.is_contiguous(memory_format=fmt)`` when provable, no guard on the symbols."""
-    from .workspaces import _contiguous
+    from .sizing import _contiguous
 
     order = _ORDER.get(fmt)
     if order is None or t.dim() != len(order):
@@ -45,7 +45,7 @@ def _batch_norm_backward(args, kwargs) -> list:
     stands for that call."""
     from torch._prims_common import suggest_memory_format
 
-    from .workspaces import _cudnn_batch_norm_backward
+    from .norms import _cudnn_batch_norm_backward
 
     names = [a.name for a in aten.native_batch_norm_backward.default._schema.arguments]
     a = {**dict(zip(names, args)), **(kwargs or {})}

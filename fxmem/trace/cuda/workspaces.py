@@ -41,72 +41,14 @@ from torch._prims_common import compute_elementwise_output_strides
 from torch.fx.experimental.symbolic_shapes import statically_known_true as _known
 
 from ..compat import TORCH
-from .reductions import RULES as _REDUCTIONS
 from .sdpa_memory import _DEFAULT_SMS, _by_name
+from .norms import (_batch_norm_backward, _group_norm, _group_norm_backward, _large_m,
+                    _made_contiguous, _norm_backward)
+from .sizing import (_acc, _and, _cdiv, _clean, _contiguous, _decide, _deterministic, _ite,  # noqa: F401
+                     _masked, _peak, _r256)
 
 aten = torch.ops.aten
 _HALF = (torch.float16, torch.bfloat16)
-
-
-# --- symbolic helpers: decided without guards when the ShapeEnv can, else exact expressions -------
-
-_cdiv = lambda a, b: (a + b - 1) // b  # ceil_div, SymInt-friendly
-_r256 = lambda x: _cdiv(x, 256) * 256  # cub/util_temporary_storage.cuh AliasTemporaries slots
-_masked = lambda indices: any(t is not None and t.dtype in (torch.bool, torch.uint8)
-                              for t in indices)
-_acc = lambda t: 4 if t.dtype in _HALF else t.element_size()  # acc type: fp32 for fp16/bf16
-
-
-def _decide(c):
-    if isinstance(c, torch.SymBool):
-        return True if _known(c) else False if _known(torch.sym_not(c)) else c
-    return c
-
-
-def _and(*conds):
-    conds = [c for c in map(_decide, conds) if c is not True]
-    return False if any(c is False for c in conds) else reduce(operator.and_, conds, True)
-
-
-def _ite(cond, a, b):
-    cond = _decide(cond)
-    if isinstance(cond, bool):
-        return a if cond else b
-    wrap = lambda x: x if isinstance(x, torch.SymInt) else torch.SymInt(cond.node.wrap_int(x))
-    return torch.sym_ite(cond, wrap(a), wrap(b))
-
-
-def _peak(phases: dict) -> list:
-    """The temporaries of the phase with the largest sum; when that depends on the symbols,
-    the phase largest at the size hints plus ``Max(0, the others' sum - its sum)``."""
-    totals = {k: sum(n for _, n in v) for k, v in phases.items()}
-    main = max(totals, key=lambda k: (totals[k] if isinstance(totals[k], int)
-                                      else totals[k].node.hint) or 0)
-    rest = [k for k in totals if k != main and not _known(totals[k] <= totals[main])]
-    other = reduce(torch.sym_max, [totals[k] for k in rest], 0)
-    return phases[main] + ([(f"kernel's {'/'.join(rest)} phase peak above this set",
-                             torch.sym_max(0, other - totals[main]))] if rest else [])
-
-
-def _contiguous(sizes, strides=None) -> bool:
-    """Contiguous for all values of the symbols; False when not provable, and no guards
-    (torch._prims_common.is_contiguous_or_false guards backed symbols)."""
-    if strides is None:
-        sizes, strides = sizes.shape, sizes.stride()
-    if _known(math.prod(sizes) < 2):
-        return True
-    expected = 1
-    for size, stride in reversed(list(zip(sizes, strides))):
-        if not _known(size == 1):
-            if not _known(stride == expected):
-                return False
-            expected = expected * size
-    return True
-
-
-# at::globalContext().deterministicAlgorithms(), true with warn_only too
-_deterministic = torch.are_deterministic_algorithms_enabled
-_clean = lambda ws: [(w, n) for w, n in ws if not _known(n == 0)]
 
 
 # --- CUB radix sort (CCCL 3.0.1, as in the 2.13.0+cu130 wheel) -----------------------------------
@@ -363,135 +305,6 @@ def _index_add(a, cap, sms, fresh=False):
                              fresh=fresh)
 
 
-# --- 3. GroupNorm (group_norm_kernel.cu) --------------------------------------------------------
-
-def nhwc_group_norm(x) -> bool:
-    """2.15's channels-last GroupNorm kernels run (a 4-d input laid out channels_last, not also
-    contiguous): ``native_group_norm`` keeps X's memory format for Y and dX and copies
-    nothing of X; its backward makes dY channels_last (a copy when it is not). Seen on
-    2.15.0's binary on the fake GPU (``tests/test_fake_gpu.py``); 2.14.1 copies X to the
-    default format and runs the NCHW kernels."""
-    if TORCH < (2, 15) or x.dim() != 4 or _contiguous(x):
-        return False
-    order = (0, 2, 3, 1)
-    return _contiguous([x.shape[i] for i in order], [x.stride()[i] for i in order])
-
-
-def _group_norm(a, cap, sms):
-    """``GroupNormKernelImplInternal``: a, b = empty({N, C}, acc) when N != 0, HxW != 1 and
-    gamma or beta is defined; X made contiguous first (none on 2.15's channels-last path)."""
-    N, C, HxW = a["N"], a["C"], a["HxW"]
-    affine = a["weight"] is not None or a["bias"] is not None
-    n = _ite(_and(N != 0, HxW != 1, affine), N * C * _acc(a["input"]), 0)
-    copies = [] if nhwc_group_norm(a["input"]) else _made_contiguous(a, ("input",))
-    return _clean(copies + [("a = empty({N, C}, acc)", n), ("b = empty({N, C}, acc)", n)])
-
-
-def _made_contiguous(a, names) -> list:
-    """``t.contiguous()`` of each named input, in the default memory format, alive until the
-    op returns; a copy only for a tensor not already contiguous (a channels_last one).
-    group_norm.cpp ``native_group_norm(_backward)``: on CUDA, ``X`` (and ``dY``)."""
-    return [(f"{name}.contiguous()", a[name].numel() * a[name].element_size())
-            for name in names if not _contiguous(a[name])]
-
-
-def _group_norm_backward(a, cap, sms):
-    """``GroupNormBackwardKernelImplInternal`` (N != 0): ds, db = empty({N, C}, acc), all
-    along; with dX also c2, c3 {N, G} acc and, when gamma is defined and HxW != 1, c1 = rstd *
-    gamma {N, G, D} acc (GroupNorm1dBackward, HxW == 1, has no c1)."""
-    N, C, HxW, G, acc = a["N"], a["C"], a["HxW"], a["group"], _acc(a["input"])
-    dx = a["output_mask"][0]
-    nc, ng = _ite(N != 0, N * C * acc, 0), _ite(N != 0, N * G * acc, 0) if dx else 0
-    if nhwc_group_norm(a["input"]):  # 2.15, seen on the fake GPU: dY in X's format; ds, db,
-        dy = a["grad_out"]           # c2, c3 as below, no c1
-        copy = [] if nhwc_group_norm(dy) else [("grad_out in channels_last",
-                                                dy.numel() * dy.element_size())]
-        return _clean(copy + [("ds = empty({N, C}, acc)", nc), ("db = empty({N, C}, acc)", nc),
-                              ("c2 = empty({N, G}, acc)", ng), ("c3 = empty({N, G}, acc)", ng)])
-    return _clean(_made_contiguous(a, ("grad_out", "input")) + [
-                  ("ds = empty({N, C}, acc)", nc), ("db = empty({N, C}, acc)", nc),
-                   ("c1 = rstd * gamma, {N, G, D} acc",
-                    _ite(HxW != 1, nc, 0) if dx and a["weight"] is not None else 0),
-                   ("c2 = empty({N, G}, acc)", ng), ("c3 = empty({N, G}, acc)", ng)])
-
-
-def _channels_last_kernels(x) -> bool:
-    """Normalization.cuh ``batch_norm_use_channels_last_kernels``: a channels_last(_3d) input,
-    or a contiguous one whose dim 1 has stride 1 (a 2-D ``{N, C}``, or ``{N, C, 1}``)."""
-    order = {4: (0, 2, 3, 1), 5: (0, 2, 3, 4, 1)}.get(x.dim())
-    if order and _contiguous([x.shape[i] for i in order], [x.stride()[i] for i in order]):
-        return True
-    return x.dim() >= 2 and _contiguous(x) and _known(x.stride()[1] == 1)
-
-
-def _batch_norm_backward(a, cap, sms):
-    """cuda/Normalization.cu ``batch_norm_backward_cuda`` (the native kernel; a cuDNN batch
-    norm has its own backward, whose temporaries cuDNN sizes): with a reduction to make
-    (training, or the weight's or bias's gradient wanted), the fused kernel runs when the input's
-    gradient is wanted and the input is not laid out for the channels-last kernels; otherwise
-    ``batch_norm_backward_reduce_cuda`` returns ``sum_dy`` and ``sum_dy_xmu``, ``{C}`` in the
-    accumulate type, which ``batch_norm_backward_elemt_cuda`` reads, freed when the op returns
-    (seen on 2.14.1's and 2.15's binaries on the fake GPU, a 2-D ``{N, C}`` input)."""
-    x, mask, train = a["input"], a["output_mask"], a["train"]
-    reduce = train or mask[1] or mask[2]
-    if not reduce or (mask[0] and not _channels_last_kernels(x)):
-        return []
-    if _cudnn_batch_norm_backward(a):
-        return []
-    c = x.shape[1] if x.dim() > 1 else 1
-    n = c * _acc(x)
-    return [("sum_dy = empty({C}, acc)", n), ("sum_dy_xmu = empty({C}, acc)", n)]
-
-
-def _cudnn_batch_norm_backward(a) -> bool:
-    """The forward ran cuDNN (fxmem.trace.cuda.kernels._cudnn_batch_norm, with a bias
-    whenever there is a weight: affine batch norms have both)."""
-    from .kernels import _cudnn_batch_norm
-
-    x, w = a["input"], a["weight"]
-    return _cudnn_batch_norm((x, w, w, a["running_mean"], a["running_var"], a["train"]))
-
-
-# --- 4. LayerNorm / RMSNorm backward (layer_norm_kernel.cu) ------------------------------------
-
-def _large_m(a, sms, rms):
-    """M, N and LaunchGammaBetaBackwardCUDAKernel's condition M > 65536 && N / 32 < sms / 2
-    (reached when M > 0, N > 0 and dgamma or dbeta is wanted)."""
-    x, mask = a["input"], a["output_mask"]
-    axis = x.dim() - len(a["normalized_shape"])
-    M, N = math.prod(x.shape[:axis]), math.prod(x.shape[axis:])
-    wanted = (mask[1] and a["weight"] is not None) or (
-        not rms and mask[2] and a["bias"] is not None)
-    return M, N, _and(wanted, M > 0, N > 0, M > 64 * 1024, N // 32 < sms // 2)
-
-
-def _norm_backward(a, cap, sms, rms):
-    """``layer_norm_backward_cuda`` / ``_fused_rms_norm_backward_cuda``: input, weight (bias)
-    ``expect_contiguous()``; ``LayerNormBackwardKernelImpl`` / ``RMSNormBackwardKernelImpl``:
-    ``dY.contiguous()``; ``LaunchGammaBetaBackwardCUDAKernel``'s large-M branch: dgamma_blocks
-    (and dbeta_blocks, LayerNorm) = empty({blocks.y, dgamma.size(-1)}), blocks.y =
-    min(32768 / ceil(N / 32), ceil(M / 32)), then ``*dgamma = dgamma_blocks.sum(0)``: the
-    preallocated dgamma (then dbeta) is freed once its sum exists, one of them more."""
-    dy, x, w, mask = a["grad_out"], a["input"], a["weight"], a["output_mask"]
-    b = None if rms else a["bias"]
-    M, N, large = _large_m(a, sms, rms)
-    ws = [(f"{name}.expect_contiguous()", t.numel() * t.element_size())
-          for name, t in (("input", x), ("weight", w), ("bias", b))
-          if t is not None and not _contiguous(t)]
-    if not _contiguous(dy):
-        ws.append(("dY.contiguous()", _ite(_and(M > 0, N > 0), M * N * dy.element_size(), 0)))
-    grads = [t for t, k in ((w, 1), (b, 2)) if t is not None and mask[k]]
-    if _decide(large) is False:
-        return _clean(ws)
-    by = torch.sym_min(32768 // _cdiv(N, 32), _cdiv(M, 32))
-    cols = (w if w is not None else grads[0]).size(-1)
-    ws += [(f"d{name}_blocks", _ite(large, by * cols * t.element_size(), 0))
-           for name, t in (("gamma", w), ("beta", b)) if any(t is g for g in grads)]
-    ws.append(("preallocated dgamma/dbeta, replaced by the blocks' sum(0)",
-               _ite(large, grads[0].numel() * grads[0].element_size(), 0)))
-    return _clean(ws)
-
-
 # --- 5. im2col / col2im (F.unfold / F.fold; cuda/Im2Col.cu, cuda/Col2Im.cu) -------------------
 
 def _blocks(sizes, a):
@@ -580,7 +393,6 @@ _RULES = {
     aten._log_softmax.default: lambda a, c, s: _clean(_made_contiguous(a, ("self",))),
     aten._softmax_backward_data.default: _softmax_backward,
     aten._log_softmax_backward_data.default: lambda a, c, s: _softmax_backward(a, c, s, True),
-    **_REDUCTIONS,  # gpu_reduce_kernel's global-reduce staging (fxmem.trace.cuda.reductions)
 }
 
 OPS: frozenset = frozenset(_RULES)
