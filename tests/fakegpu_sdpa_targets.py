@@ -253,7 +253,8 @@ def _memory_cases():
     cases = {}
     for backend, dtypes in (("flash", ("float16", "bfloat16")),
                             ("efficient", ("float16", "bfloat16", "float32")),
-                            ("math", ("float16", "bfloat16", "float32"))):
+                            ("math", ("float16", "bfloat16", "float32")),
+                            ("cudnn", ("float16", "bfloat16"))):
         for dt in dtypes:
             for dropout in (0.0, 0.125):
                 for causal in (False, True):
@@ -272,6 +273,9 @@ def _memory_cases():
                                                         E=160, dropout=0.125),
         "efficient float32 head dim 96, L 200": dict(backend="efficient", dtype="float32", E=96,
                                                      L=200),
+        "cudnn float16 GQA (Hkv 2)": dict(backend="cudnn", dtype="float16", Hkv=2),
+        "cudnn bfloat16 head dim 128, L 200, dropout": dict(backend="cudnn", dtype="bfloat16",
+                                                            E=128, L=200, dropout=0.125),
     })
     return cases
 

@@ -81,7 +81,10 @@ def test_the_grid_is_not_vacuous(seen):
 # 2.15's on the fake GPU): causal's ones are freed as tril returns; _safe_softmax's temporaries
 # (a B.H.L.L bool, a (B, H, L) bool, a 0-dim zero); fp32's backward bmm's clone the expanded
 # gradient of out.sum() for cuBLAS (prepare_batch_matrix_for_cublas).
-# cuDNN attention runs on the fake GPU (the stub's cuDNN), but its memory has no case yet.
+# cuDNN attention runs on the stub's cuDNN, whose execution plans need no workspace
+# (FAKEGPU_CUDNN_WORKSPACE unset): the backward's workspace is then cudnn_frontend's own dQ
+# accumulator and softmax_sum, which fxmem sizes; the plan's part on a real GPU is cuDNN's
+# choice, not modelled.
 
 
 @pytest.fixture(scope="module")

@@ -416,6 +416,17 @@ def test_bmm_clones_an_operand_cublas_cannot_take():
     assert sdpa_memory.workspace_bytes(op, (v, v.transpose(1, 2)), None) == []
 
 
+def test_cudnn_backward_workspace_is_the_frontends_part():
+    """cudnn_frontend's fp32 dQ accumulator and softmax_sum, in the backward's workspace."""
+    b, h, l, d = 2, 8, 128, 64
+    q, k, v = qkv(b=b, h=h, l=l, d=d, grad=True)
+    _, ops = run(q, k, v, cap=(9, 0))
+    (c,) = ops.find(aten._scaled_dot_product_cudnn_attention_backward.default)
+    ws = sdpa_memory.workspace_bytes(c[0], c[1], c[3], c[2], capability=(9, 0))
+    # out.sum()'s gradient is expanded (last stride 0): dO is re-laid out first
+    assert [n for _, n in ws] == [b * h * l * d * 2, 4 * b * h * l * (d + 1)]
+
+
 def test_cudnn_meta_corrections():
     op = aten._scaled_dot_product_cudnn_attention.default
     q, k, v = qkv()

@@ -77,7 +77,9 @@ WORKSPACES = {
     "_scaled_dot_product_cudnn_attention": [
         ("cuDNN workspace", "unknown (mha_graph.get_workspace_size())", "cudnn/MHA.cpp")],
     "_scaled_dot_product_cudnn_attention_backward": [
-        ("cuDNN workspace", "unknown", "cudnn/MHA.cpp run_cudnn_SDP_bprop"),
+        ("cuDNN workspace: cudnn_frontend's dQ accumulator and softmax_sum, + the plan's",
+         "4·B·H·Lq·(D + 1) + unknown (the plan's)", "cudnn/MHA.cpp run_cudnn_SDP_bprop; "
+         "cudnn_frontend SDPA backward node; seen on 2.14.1 and 2.15 on the fake GPU"),
         ("dO re-laid out when dO.stride(-1) != 1", "B·H·Lq·Dv·e", "permute_to_matching_layout")],
 }
 
@@ -238,10 +240,21 @@ def _ws_efficient_bwd(a, cap, sms):  # attention_backward.cu _efficient_attentio
     return out + ws
 
 
-def _ws_cudnn_bwd(a, cap, sms):  # MHA.cpp run_cudnn_SDP_bprop: permute_to_matching_layout(o, dO)
-    g = a["grad_out"]
-    return [] if g.stride(-1) == 1 else [("cuDNN backward dO re-laid out",
-                                          g.numel() * g.element_size())]
+def _ws_cudnn_bwd(a, cap, sms):
+    """MHA.cpp run_cudnn_SDP_bprop: dO re-laid out (permute_to_matching_layout(o, dO)) when its
+    last stride is not 1; then one workspace of ``mha_graph.get_workspace_size()``: the
+    execution plan's (cuDNN's choice: not modelled, 0 here) plus cudnn_frontend's own tensors
+    in it, the fp32 dQ accumulator (B, Hq, Lq, Dqk) and softmax_sum (B, Hq, Lq) (the SDPA
+    backward node's dQ_accum and softmax_sum; GQA does not change them). Seen on 2.14.1's and
+    2.15's binaries on the fake GPU (its cuDNN stub: plan workspace FAKEGPU_CUDNN_WORKSPACE):
+    fp16 B=2 H=4 L=128 D=64 266,240 bytes (with Hkv 2 too), bf16 B=3 L=200 D=128 with dropout
+    and causal 1,238,400; with a 1,000-byte plan workspace, 267,240 in one block."""
+    g, q = a["grad_out"], a["query"]
+    out = [] if g.stride(-1) == 1 else [("cuDNN backward dO re-laid out",
+                                         g.numel() * g.element_size())]
+    b, h, lq, d = q.size(0), q.size(1), q.size(2), q.size(3)
+    return out + [("cuDNN backward workspace: cudnn_frontend's dQ accumulator and softmax_sum "
+                   "(fp32; + the plan's own workspace, not modelled)", 4 * b * h * lq * (d + 1))]
 
 
 def _ws_safe_softmax(a, cap, sms):
