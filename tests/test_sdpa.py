@@ -407,10 +407,12 @@ def test_bmm_clones_an_operand_cublas_cannot_take():
         g = torch.empty(()).expand(8, 128, 64)  # out.sum()'s gradient, viewed
         v = torch.empty(8, 128, 64)
     assert sdpa_memory.workspace_bytes(op, (a.transpose(1, 2), g), None) == [
-        ("bmm: an operand cloned contiguous for cuBLAS (prepare_batch_matrix_for_cublas, 1st)",
+        ("bmm: mat2 cloned contiguous for cuBLAS (prepare_batch_matrix_for_cublas)",
          8 * 128 * 64 * 4)]
     assert [n for _, n in sdpa_memory.workspace_bytes(op, (g, v.transpose(1, 2)), None)] == [
         8 * 128 * 64 * 4]
+    both = sdpa_memory.workspace_bytes(op, (g, g.transpose(1, 2)), None)  # mat2's first
+    assert [w.split()[1] for w, _ in both] == ["mat2", "self"]
     assert sdpa_memory.workspace_bytes(op, (a, v), None) == []
     assert sdpa_memory.workspace_bytes(op, (a.transpose(1, 2), v), None) == []
     assert sdpa_memory.workspace_bytes(op, (v, v.transpose(1, 2)), None) == []

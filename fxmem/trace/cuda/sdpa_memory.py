@@ -291,8 +291,9 @@ def _ws_bmm(a, cap, sms):
     output, and freed as the call returns (2.15: after the call's cuBLAS workspace). The math
     attention's backward meets it: ``out.sum()``'s gradient is a scalar expanded (strides 0)
     into both backward bmm's (seen on 2.14.1's and 2.15's binaries on the fake GPU: fp32
-    (8, 128, 64) gradient, a 262,144-byte clone in each). The result (fresh, contiguous) is
-    used as it is."""
+    (8, 128, 64) gradient, a 262,144-byte clone in each; and bmm/baddbmm alone: an expanded
+    first, second or both operands (the second's clone first), N = 1; a batch-broadcast or
+    transposed operand is not copied). The result (fresh, contiguous) is used as it is."""
     b1, b2 = (a["batch1"], a["batch2"]) if "batch1" in a else (a["self"], a["mat2"])
     if b1 is None or b2 is None or b1.dim() != 3 or b2.dim() != 3:
         return []
@@ -305,12 +306,14 @@ def _ws_bmm(a, cap, sms):
     transpose_result = not (n_ == 1)
     m, n = (n_, m_) if transpose_result else (m_, n_)
     k = k_
-    first, second = (b2, b1) if transpose_result else (b1, b2)
+    names = ("batch1", "batch2") if "batch1" in a else ("self", "mat2")
+    first, second = ((b2, names[1]), (b1, names[0])) if transpose_result else \
+        ((b1, names[0]), (b2, names[1]))
     out = []
-    for what, t, mm, nn in (("1st", first, m, k), ("2nd", second, k, n)):
+    for (t, what), mm, nn in ((first, m, k), (second, k, n)):
         if _cublas_batch_copy(t, transpose_result, mm, nn):
-            out.append((f"bmm: an operand cloned contiguous for cuBLAS "
-                        f"(prepare_batch_matrix_for_cublas, {what})", t.numel() * t.element_size()))
+            out.append((f"bmm: {what} cloned contiguous for cuBLAS "
+                        f"(prepare_batch_matrix_for_cublas)", t.numel() * t.element_size()))
     return out
 
 
