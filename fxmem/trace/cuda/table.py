@@ -222,7 +222,8 @@ RULES: tuple = (
                "(the meta kernels say otherwise: fxmem.trace.cuda.sdpa_memory.META_CORRECTIONS)",
                "aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp: mha_fwd; "
                "attention.cu: _cudnn_attention_forward",
-               checked=SDPA_CHECKED_ON),
+               checked=SDPA_CHECKED_ON,
+               ran=FAKE_GPU, cases=("test_attention_step_memory_is_exact",)),
     KernelRule("_scaled_dot_product_flash_attention(_backward), "
                "_scaled_dot_product_efficient_attention(_backward), "
                "_scaled_dot_product_cudnn_attention_backward", "workspace",
