@@ -3,15 +3,13 @@
 tests/test_fake_gpu_reductions.py), and, with a symbolic batch size B, formulas that put no
 guard on B and equal the concrete answer at every B tried."""
 
-import sympy
 import pytest
 import torch
-from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
 from fxmem.trace.cuda import reductions as red
 from fxmem.trace.cuda import workspaces as cw
+from test_cuda_workspaces import Sym  # the batch symbol B, as fxmem.trace makes it
 
 aten = torch.ops.aten
 STAGING, SEM = red._STAGING, red._SEMAPHORES
@@ -60,26 +58,6 @@ def test_casts_and_copies():
     t = meta(96, 4096).t()
     got = dict(red.workspace_bytes(aten.argmax.default, (t,), {}))
     assert got["self.reshape(-1) (a copy)"] == 4096 * 96 * 4
-
-
-class Sym:
-    """A ShapeEnv with the batch symbol B, as fxmem.trace makes it."""
-
-    def __init__(self, hint=8):
-        self.env = ShapeEnv(specialize_zero_one=False, duck_shape=False)
-        self.mode = FakeTensorMode(shape_env=self.env, allow_non_fake_inputs=True)
-        self.sym = self.env.create_symbol(hint, source=ConstantSource("B"),
-                                          dynamic_dim=DimDynamic.DYNAMIC)
-        self.env.constrain_symbol_range(self.sym, compiler_min=1, compiler_max=2**62)
-        self.B = self.env.create_symintnode(self.sym, hint=hint)
-
-    def at(self, x, b):
-        if isinstance(x, int):
-            return x
-        return int(sympy.sympify(x.node.expr).xreplace({self.sym: sympy.Integer(b)}))
-
-    def untouched(self):
-        return not self.env.guards and not self.env.replacements
 
 
 BS = [1, 2, 3, 7, 8, 100, 127, 128, 255, 256, 1000, 4096, 4097, 30000, 65536, 200000]
