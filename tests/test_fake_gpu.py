@@ -7,18 +7,14 @@ Runs where the installed torch is a CUDA build and gcc can build the stub (CI's 
 its cause: it fails the run the day it is fixed, until the marker goes."""
 
 import os
-import shutil
 
 import pytest
 import torch
 
 import fxmem
+from fakegpu_marks import FAKE_GPU
 
-pytestmark = [
-    pytest.mark.skipif(torch.version.cuda is None,
-                       reason=f"torch {torch.__version__} is not a CUDA build"),
-    pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc to build the stub"),
-]
+pytestmark = FAKE_GPU
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -4,7 +4,6 @@ output, exactly the workspace fxmem says (2.15: 32 MiB for a cuBLAS call, 1 MiB 
 cuBLASLt one, freed after it; 2.14: none after the handle's first use, which keeps its own)."""
 
 import os
-import shutil
 import sys
 
 import pytest
@@ -12,12 +11,9 @@ import torch
 
 from fxmem.device.allocator import cublas_workspace_bytes
 from fxmem.trace.cuda import blas
+from fakegpu_marks import FAKE_GPU
 
-pytestmark = [
-    pytest.mark.skipif(torch.version.cuda is None,
-                       reason=f"torch {torch.__version__} is not a CUDA build"),
-    pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc to build the stub"),
-]
+pytestmark = FAKE_GPU
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import fakegpu_blas_targets as targets  # noqa: E402

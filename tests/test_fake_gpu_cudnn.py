@@ -10,21 +10,15 @@ workspace ``FAKEGPU_CUDNN_WORKSPACE`` bytes, which the prediction is given as
 naming the measured figures and its cause."""
 
 import os
-import shutil
 import sys
 
 import pytest
 import torch
 
 import fxmem
+from fakegpu_marks import FAKE_CUDNN
 
-pytestmark = [
-    pytest.mark.skipif(torch.version.cuda is None,
-                       reason=f"torch {torch.__version__} is not a CUDA build"),
-    pytest.mark.skipif(torch.backends.cudnn.version() is None,
-                       reason=f"torch {torch.__version__} has no cuDNN"),
-    pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc to build the stub"),
-]
+pytestmark = FAKE_CUDNN
 HERE = os.path.dirname(os.path.abspath(__file__))
 TARGETS = "fakegpu_cudnn_targets"
 TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])

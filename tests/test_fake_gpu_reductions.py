@@ -11,19 +11,15 @@ A known difference is a strict xfail naming its numbers: it fails the run the da
 fixed, until the marker goes."""
 
 import os
-import shutil
 import sys
 
 import pytest
 import torch
 
 from fxmem.trace.cuda import reductions
+from fakegpu_marks import FAKE_GPU
 
-pytestmark = [
-    pytest.mark.skipif(torch.version.cuda is None,
-                       reason=f"torch {torch.__version__} is not a CUDA build"),
-    pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc to build the stub"),
-]
+pytestmark = FAKE_GPU
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import fakegpu_reduction_targets as targets  # noqa: E402

@@ -8,19 +8,15 @@ Runs where the installed torch is a CUDA build and gcc can build the stub (2.14.
 skipped on the CPU build. One fake-GPU child answers the whole choice grid."""
 
 import os
-import shutil
 import sys
 
 import pytest
 import torch
 
 from fxmem.trace.cuda import sdpa
+from fakegpu_marks import FAKE_GPU
 
-pytestmark = [
-    pytest.mark.skipif(torch.version.cuda is None,
-                       reason=f"torch {torch.__version__} is not a CUDA build"),
-    pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc to build the stub"),
-]
+pytestmark = FAKE_GPU
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import fakegpu_sdpa_targets as targets  # noqa: E402
