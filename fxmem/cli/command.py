@@ -223,8 +223,12 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
               help="Write the Markdown table here.")
 @click.option("--out-json", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write the JSON table here.")
+@click.option("--fake-gpu", "fake_gpu", metavar="PYTHON", default=None,
+              type=click.Path(exists=True, dir_okay=False),
+              help="Run it all on the fake GPU: in PYTHON (a CUDA build of torch with fxmem's "
+                   "requirements), with fxmem's stub driver; no GPU needed.")
 @click.option("--debug", is_flag=True, help="Show the traceback of an error.")
-def validate(device, scale, only, out_md, out_json, debug):
+def validate(device, scale, only, out_md, out_json, fake_gpu, debug):
     """Run the validation zoo (fxmem.validate.zoo) on a device: fxmem's predictions against measured
     steps, as a Markdown table (also python -m fxmem.validate)."""
     from ..validate.harness import to_json, to_markdown
@@ -233,6 +237,20 @@ def validate(device, scale, only, out_md, out_json, debug):
     with _failing(debug):
         for path in (out_md, out_json):
             _check_out(path)
+        if fake_gpu is not None:
+            if device != "cuda":
+                raise InputError("--fake-gpu runs the CUDA harness: --device cuda")
+            from ..validate.fakegpu.remote import run_module
+
+            args = [*(["--scale", scale] if scale else []),
+                    *[a for o in only for a in ("--only", o)],
+                    *(["--out-md", out_md] if out_md else []),
+                    *(["--out-json", out_json] if out_json else []),
+                    *(["--debug"] if debug else [])]
+            code = run_module(fake_gpu, "fxmem.validate", args)  # its output is the answer
+            if code:
+                raise SystemExit(code)
+            return
         with _silenced():
             v = run_validation(device, scale, list(only) or None)
         md = to_markdown(v)

@@ -68,6 +68,7 @@ class Measurement:
     phase_peak_reserved_bytes: dict | None = None
     baseline_reserved_bytes: int | None = None
     allocations: tuple = ()
+    torch_version: str | None = None  # the release that measured it (the fake GPU's Python's)
 
 
 def batch_of(t: torch.Tensor, b: int, device, dim: int | None = 0) -> torch.Tensor:
@@ -156,7 +157,7 @@ class _Tracker(StorageTracker):
 
 def measure(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET, *, B: int,
             device=UNSET, step: Step | None = None, record_history: bool = False,
-            batch_dim=0, parallel=None, **options) -> Measurement:
+            batch_dim=0, parallel=None, fake_gpu=None, **options) -> Measurement:
     """Peak memory of one real steady-state step at batch size ``B``. The step is ``step``
     with the options given here (``loss``, ``optimizer``, ``train``, ``device`` and any
     other :class:`fxmem.Step` field as a keyword: ``set_to_none``, ``grad_accum``,
@@ -172,7 +173,12 @@ def measure(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     :class:`fxmem.Parallel`): the step of each rank of a real parallel run on the CPU,
     ``world_size`` processes over gloo on this machine
     (:mod:`fxmem.validate.distributed`); returns a tuple of one :class:`Measurement` per
-    rank, rank 0 first, ``B`` each rank's batch."""
+    rank, rank 0 first, ``B`` each rank's batch.
+
+    ``fake_gpu`` (the path of a Python with a CUDA build of PyTorch and fxmem's
+    requirements): a ``device="cuda"`` step measured there on the fake GPU, on a machine
+    with no GPU (:mod:`fxmem.validate.fakegpu.remote`; the model's class, the loss and the
+    optimizer factory must be importable there: defined at a module's top level)."""
     if device is UNSET and step is None:
         device = "cpu"
     step = Step.of(step, loss=loss, optimizer=optimizer, train=train, device=device, **options)
@@ -184,6 +190,9 @@ def measure(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     refuse_wrapped(model, parallel, "measure")  # its processes wrap their own copies
     if any(p.is_meta for p in model.parameters()):
         raise InputError("measure needs a model with real weights (this one is on meta)")
+    if fake_gpu is not None:
+        return _measure_on_fake_gpu(fake_gpu, model, inputs, targets, step, B, batch_dim,
+                                    record_history, parallel)
     if parallel is not None and (device != "cpu" or record_history):
         raise InputError(f"a {parallel.name} step is measured on the CPU (gloo), not on "
                          f"{device!r}")
@@ -281,7 +290,12 @@ def _measure_cuda(model, spec, ins, tgs, params, opt, B, scaler,
                   record_history=False) -> Measurement:
     """CUDA protocol: warm up, collect, empty cache, reset peaks, measure the next step, the
     peaks of ``memory_allocated`` and ``memory_reserved`` read at the end of each phase
-    (and reset at its start)."""
+    (and reset at its start). First the cuBLAS workspaces earlier steps of this process
+    left (up to torch 2.14 one is kept per thread) are let go, so that the warm-up makes
+    them as in a fresh process, the start fxmem predicts."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
     _warm_up(model, spec, ins, tgs, params, opt, scaler)
     _steady_grads(spec, params)
     gc.collect()
@@ -322,3 +336,39 @@ def _measure_cuda(model, spec, ins, tgs, params, opt, B, scaler,
                        max(reserved.values(), default=baseline_reserved),
                        {p: reserved[p] for p in PHASES if p in reserved}, baseline_reserved,
                        tuple(allocations))
+
+
+def _measure_on_fake_gpu(python_exe, model, inputs, targets, step, B, batch_dim,  # noqa: N803
+                         record_history, parallel) -> Measurement:
+    if step.device != "cuda":
+        raise InputError(f"fake_gpu measures a CUDA step: device='cuda', not {step.device!r}")
+    if parallel is not None:
+        raise InputError(f"fake_gpu measures one process's step, not a {parallel.name} step")
+    from .fakegpu.remote import send
+
+    got = send(python_exe, "fxmem.validate.measure:_measure_sent",
+               {"model": model, "inputs": inputs, "targets": targets, "step": step, "B": B,
+                "batch_dim": batch_dim, "record_history": record_history})
+    got["allocations"] = tuple(tuple(a) for a in got["allocations"])
+    return Measurement(**got)
+
+
+def _measure_sent(path: str) -> dict:
+    """On the fake GPU (the child of :func:`fxmem.validate.fakegpu.remote.send`): the step
+    sent in ``path`` measured on ``"cuda"``, as JSON."""
+    import dataclasses
+    import pickle
+
+    from ..errors import FxmemError
+
+    with open(path, "rb") as f:
+        w = pickle.load(f)
+    try:
+        m = measure(w["model"], w["inputs"], w["targets"], step=w["step"], B=w["B"],
+                    batch_dim=w["batch_dim"], record_history=w["record_history"])
+    except FxmemError as e:
+        return {"error": [type(e).__name__, str(e)]}
+    out = dataclasses.asdict(m)
+    out["allocations"] = [list(a) for a in m.allocations]
+    out["torch_version"] = torch.__version__
+    return out
