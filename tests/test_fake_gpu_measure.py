@@ -88,3 +88,63 @@ def test_validate_runs_the_zoo_on_the_fake_gpu(tmp_path):
 def test_validate_on_the_fake_gpu_needs_cuda():
     r = CliRunner().invoke(cli, ["validate", "--device", "cpu", "--fake-gpu", sys.executable])
     assert r.exit_code == 2 and "--fake-gpu runs the CUDA harness" in r.output
+
+
+# --- the validation zoo (fxmem.validate.zoo, scale "small") on the fake GPU, in one child ---
+
+_TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+# case -> (releases where it differs, the cause seen): strict, so a fix fails the run until
+# the marker goes
+_DIFFERS = {
+    "seed CNN, AMP fp16 + GradScaler": (
+        {(2, 14), (2, 15)}, "B=2 only: 1,486,848 B over on 2.14.1 (70,448,640 predicted), "
+        "1,325,056 B on 2.15; the step's first allocation is 16 B at the model's forward where "
+        "the input's fp16 copy (12,288 B) is predicted: cause not found yet"),
+    "ResNet-50, SGD momentum": (
+        {(2, 14)}, "2.14.1: native_batch_norm_backward (blocks.2.down.1) allocates 256 B where "
+        "2,048 B are predicted at B=2; peaks 1,024 B (B=2) and 4,096 B (B=13) over"),
+    "GPT-2 small, every block checkpointed": (
+        {(2, 14), (2, 15)}, "25,600 B under at B=5: the recomputed forward's "
+        "transformers masking_utils.find_packed_sequence_indices allocates 1,280 B where a 5 B "
+        "aten.eq.Scalar is predicted"),
+    "LSTM classifier, Adam": (
+        {(2, 14), (2, 15)}, "1,024 B over: _cudnn_rnn_backward's first allocation is 448 B "
+        "predicted, 256 B measured at B=2 (2,912 / 1,664 at B=13)"),
+}
+
+
+def _zoo_names():
+    from fxmem.validate.zoo import cases
+
+    return [c.name for c in cases("small")]
+
+
+@pytest.fixture(scope="module")
+def fake_zoo(tmp_path_factory):
+    """The whole small zoo and its budget checks, run once by ``fxmem validate --fake-gpu``."""
+    out = tmp_path_factory.mktemp("zoo") / "v.json"
+    r = CliRunner().invoke(cli, ["validate", "--device", "cuda", "--fake-gpu", sys.executable,
+                                 "--scale", "small", "--out-json", str(out)])
+    assert r.exit_code == 0, r.output
+    return json.loads(out.read_text())
+
+
+def _case_param(name):
+    releases, cause = _DIFFERS.get(name, (set(), ""))
+    marks = [pytest.mark.xfail(strict=True, reason=cause)] if _TORCH in releases else []
+    return pytest.param(name, marks=marks, id=name)
+
+
+@_needs_fake_gpu
+@pytest.mark.parametrize("case", [_case_param(n) for n in _zoo_names()])
+def test_the_validation_zoo_is_exact_on_the_fake_gpu(fake_zoo, case):
+    rows = [r for r in fake_zoo["rows"] if r["case"] == case]
+    assert len(rows) == 2  # two batch sizes each
+    assert [(r["B"], r["predicted_allocated"], r["predicted_reserved"]) for r in rows] == \
+        [(r["B"], r["measured_allocated"], r["measured_reserved"]) for r in rows]
+
+
+@_needs_fake_gpu
+def test_the_predicted_largest_batch_fits_on_the_fake_gpu_and_one_more_does_not(fake_zoo):
+    checks = fake_zoo["budget_checks"]
+    assert len(checks) == 3 and all(c["fits"] for c in checks), checks
