@@ -49,6 +49,11 @@ Usage::
     r = measure_step("/path/to/cuda-venv/bin/python", "mymodule:make_step", kwargs={"B": 64})
     print(r.max_allocated, r.max_reserved)
 
+fxmem itself runs there too (:mod:`fxmem.validate.fakegpu.remote`):
+``fxmem.measure(model, x, y, ..., device="cuda", fake_gpu=PYTHON)`` measures a step of
+yours in that Python, and ``fxmem validate --device cuda --fake-gpu PYTHON`` runs the
+validation harness there (prediction and measurement under one release; goal: exact).
+
 From a shell: ``python -m fxmem.validate.fakegpu run PYTHON module:function '{"B": 64}'``
 prints the measured step as JSON; ``python -m fxmem.validate.fakegpu build OUT_DIR PYTHON``
 prints the library's path, for running any script by hand:
