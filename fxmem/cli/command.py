@@ -180,8 +180,11 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
             param_dtype, reduce_dtype, fmt, out, whatif, top, debug):
     """Analyse one step of the model TARGET: path/to/file.py:ClassOrFactory,
     package.module:ClassOrFactory, timm:NAME, torchvision:NAME (a classifier), or Hugging
-    Face's hf:PRESET (gpt2, llama, mistral, bert), hf:ConfigClass (hf:T5Config) or
-    hf:path/to/config.json. Families are built with random weights on the meta device
+    Face's hf:PRESET, hf:ConfigClass (hf:T5Config), hf:path/to/config.json or hf:ORG/NAME
+    (its config.json in your Hugging Face cache). Presets: gpt2, llama, mistral, bert, and
+    published configs of Llama 3.x (hf:llama-3.1-8b), Mistral, Mixtral (hf:mixtral-8x7b),
+    Qwen 2.5 and 3 (hf:qwen3-30b-a3b), DeepSeek-V3, Gemma 2 and 3 and Phi; an unknown name
+    lists them all (docs/models.md). Families are built with random weights on the meta device
     (nothing is downloaded), with their input size, classes and sequence length taken from
     the model's config; --config keys are checked against its fields."""
     with _failing(debug):

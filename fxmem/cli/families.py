@@ -1,6 +1,8 @@
 """Models a user names but does not have as a file: ``timm:NAME``, ``torchvision:NAME``,
-``hf:PRESET``, ``hf:ConfigClass`` and ``hf:path/to/config.json``, built with random weights on
-the meta device (nothing is downloaded), with their example inputs, targets and loss.
+``hf:PRESET`` (:mod:`fxmem.cli.presets`: published configs by name), ``hf:ConfigClass``,
+``hf:path/to/config.json`` and ``hf:ORG/NAME`` (a Hub id whose config.json the local Hugging
+Face cache holds), built with random weights on the meta device (nothing is downloaded), with
+their example inputs, targets and loss.
 
 ``--config key=value`` pairs are checked against what the model's configuration knows before
 anything is built: a Hugging Face config takes any keyword silently, so a mistyped key would
@@ -22,14 +24,7 @@ import torch
 
 from ..errors import InputError, one_line
 from ..validate.zoo import CausalLM
-
-# preset -> (config class, model class)
-HF_PRESETS = {
-    "gpt2": ("GPT2Config", "GPT2LMHeadModel"),
-    "llama": ("LlamaConfig", "LlamaForCausalLM"),
-    "mistral": ("MistralConfig", "MistralForCausalLM"),
-    "bert": ("BertConfig", "BertForMaskedLM"),
-}
+from . import presets
 # where a config says its longest sequence, and its image size
 _POSITIONS = ("n_positions", "max_position_embeddings", "max_source_positions")
 _DEFAULT_SEQ = 512
@@ -88,7 +83,11 @@ def _hf_config(name: str, overrides: dict):
     """The config named by ``name`` (a preset, a config class, or a config.json file) with
     ``overrides`` checked and applied, and the model class a preset fixes (or None)."""
     transformers = _transformers()
-    if name.endswith(".json") or os.sep in name:
+    preset = presets.find(name)
+    if preset is not None:
+        config_class = getattr(transformers, preset.config)
+        base, model_class = dict(preset.fields), getattr(transformers, preset.model)
+    elif name.endswith(".json") or "/" in name or os.sep in name:
         data = _read_json(_local_config(name))
         model_type = data.pop("model_type", None)
         if not model_type:
@@ -105,17 +104,16 @@ def _hf_config(name: str, overrides: dict):
         except Exception as e:  # noqa: BLE001 - transformers' own refusal, in one line
             raise InputError(f"{name}: {one_line(str(e), 200)}") from None
         base, model_class = {**data}, None
-    elif name in HF_PRESETS:
-        config_name, model_name = HF_PRESETS[name]
-        config_class, base = getattr(transformers, config_name), {}
-        model_class = getattr(transformers, model_name)
     else:
         config_class = getattr(transformers, name, None)
         if not (isinstance(config_class, type)
                 and issubclass(config_class, transformers.PretrainedConfig)):
-            raise InputError(f"unknown preset hf:{name}; give a preset "
-                             f"({', '.join('hf:' + k for k in HF_PRESETS)}), a transformers "
-                             "config class (hf:GPT2Config) or a config.json path")
+            near = ", ".join("hf:" + n for n in presets.near(name))
+            raise InputError(f"unknown preset hf:{name}" + (f"; did you mean {near}?" if near
+                                                            else ".") +
+                             f" The presets: {presets.listing()}. Or give a transformers "
+                             "config class (hf:GPT2Config), a config.json path or a Hub id "
+                             "in your Hugging Face cache (hf:ORG/NAME)")
         base, model_class = {}, None
     check_keys(overrides, _config_keys(config_class), config_class.__name__)
     check_types(overrides, config_class)
@@ -125,26 +123,43 @@ def _hf_config(name: str, overrides: dict):
         raise InputError(f"hf:{name}: bad --config: {one_line(str(e))}") from None
 
 
-def _local_config(name: str) -> str:
-    """``name`` itself when it is a file, or the config.json of the Hugging Face Hub id
-    ``name`` (``meta-llama/Llama-3.1-8B``) when the local Hub cache already holds it:
-    fxmem downloads nothing, so a Hub id not in the cache is an :class:`fxmem.InputError`
-    saying how to get its config.json."""
-    if os.path.exists(name) or name.endswith(".json") or name.count("/") != 1 \
-            or name.startswith((".", "/", "~")):
-        return name
+def _hub_id(name: str) -> bool:
+    """Whether ``name`` reads as a Hugging Face Hub id (``ORG/NAME``), not a path."""
+    return (name.count("/") == 1 and not name.endswith(".json")
+            and not name.startswith((".", "/", "~")) and not os.path.exists(name))
+
+
+def _cached(name: str) -> str | None:
+    """The config.json of the Hub id ``name`` in the local Hugging Face cache, or None."""
+    if not _hub_id(name):
+        return None
     try:
         from huggingface_hub import try_to_load_from_cache
         cached = try_to_load_from_cache(name, "config.json")
     except Exception:  # noqa: BLE001 - not a valid repo id, or no huggingface_hub: not cached
         cached = None
-    if isinstance(cached, str) and os.path.isfile(cached):
+    return cached if isinstance(cached, str) and os.path.isfile(cached) else None
+
+
+def _local_config(name: str) -> str:
+    """``name`` itself when it is a file, or the config.json of the Hugging Face Hub id
+    ``name`` (``meta-llama/Llama-3.1-8B``) when the local Hub cache already holds it:
+    fxmem downloads nothing, so a Hub id not in the cache is an :class:`fxmem.InputError`,
+    in one line, naming the presets (the one written from that repository first) and how to
+    get its config.json."""
+    if not _hub_id(name):
+        return name
+    cached = _cached(name)
+    if cached:
         return cached
-    raise InputError(f"hf:{name} looks like a Hugging Face Hub id, and fxmem downloads "
-                     "nothing (its config is not in the local Hub cache either): save the "
-                     f"model's config.json (e.g. `hf download {name} config.json --local-dir "
-                     f"{name.split('/')[1]}`) and give its path, hf:{name.split('/')[1]}/"
-                     "config.json; the weights are never needed")
+    short = name.split("/")[1]
+    near = " or ".join("hf:" + n for n in presets.near(name, 2))
+    raise InputError(f"hf:{name} looks like a Hugging Face Hub id, its config is not in "
+                     "the local Hub cache, and fxmem downloads nothing: use a preset"
+                     + (f" such as {near}" if near else "") +
+                     f" (the presets: {presets.listing()}), or save the model's "
+                     f"config.json (`hf download {name} config.json --local-dir {short}`) "
+                     f"and give hf:{short}/config.json; the weights are never needed")
 
 
 def _read_json(name: str) -> dict:
