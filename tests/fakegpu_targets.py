@@ -85,6 +85,7 @@ RULES = {
                                         torch.bfloat16,
                                         (nn.BatchNorm2d(16, dtype=torch.bfloat16),)),
     "log_sigmoid": (lambda m, x: F.logsigmoid(x), (64, 96), torch.float32, ()),
+    "cumsum of a bool mask": (lambda m, x: x + (x != 1).cumsum(-1), (64, 96), torch.float32, ()),
     "group_norm": (lambda m, x: m.mods[0](x), (16, 12, 12), torch.float32,
                    (nn.GroupNorm(4, 16),)),
     "group_norm channels_last": (lambda m, x: m.mods[0](_channels_last(x)), (16, 12, 12),

@@ -210,24 +210,34 @@ def _promote_type(lower: torch.dtype, values) -> torch.dtype:
     return current
 
 
+def _cast_all(to: torch.dtype, args, kwargs: dict, lower: torch.dtype,
+              position: dict) -> tuple[list, dict]:
+    """``(*F)(cached_cast(to, args, device_type)...)``: ``args`` and ``kwargs``, each cast.
+    The casts are made last argument first: C++ leaves the order in which a call's arguments
+    are evaluated unspecified, and GCC (which builds the Linux wheels) evaluates them right
+    to left; so a convolution casts its bias, then its weight, then its input (seen on the
+    fake GPU, 2.14.1 and 2.15), and the casts' autograd nodes, and so their backward, come
+    in that order."""
+    cast_kwargs = {}
+    for k in sorted(kwargs, key=lambda k: position.get(k, len(position)), reverse=True):
+        cast_kwargs[k] = _cached_cast(to, kwargs[k], lower)
+    return [_cached_cast(to, a, lower) for a in reversed(args)][::-1], cast_kwargs
+
+
 def _kernel(name: str, policy: Policy):
     op = _overload(name)
     arguments = op._schema.arguments
+    position = {a.name: i for i, a in enumerate(arguments)}
 
     def call(*args, **kwargs):
         lower = torch.get_autocast_dtype("cpu")
         with _ExcludeDispatchKeyGuard(_EXCLUDE_CPU):
-            if policy is Policy.LOWER:
-                return op(*[_cached_cast(lower, a, lower) for a in args],
-                          **{k: _cached_cast(lower, v, lower) for k, v in kwargs.items()})
-            if policy is Policy.FP32:
-                f32 = torch.float32
-                return op(*[_cached_cast(f32, a, lower) for a in args],
-                          **{k: _cached_cast(f32, v, lower) for k, v in kwargs.items()})
-            if policy is Policy.PROMOTE:
-                to = _promote_type(lower, [*args, *kwargs.values()])
-                return op(*[_cached_cast(to, a, lower) for a in args],
-                          **{k: _cached_cast(to, v, lower) for k, v in kwargs.items()})
+            if policy in (Policy.LOWER, Policy.FP32, Policy.PROMOTE):
+                to = (lower if policy is Policy.LOWER else torch.float32
+                      if policy is Policy.FP32 else
+                      _promote_type(lower, [*args, *kwargs.values()]))
+                cast, cast_kwargs = _cast_all(to, args, kwargs, lower, position)
+                return op(*cast, **cast_kwargs)
             if policy is Policy.FP32_SET_OPT_DTYPE:
                 if not _eligible(args[0]):
                     return op(*args, **kwargs)

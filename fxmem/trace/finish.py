@@ -88,6 +88,10 @@ def finish(rec: Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
                     first[v.sid] = v
     storages = [s if s.sid not in first else
                 _with(s, dtype=first[s.sid].dtype, shape=first[s.sid].shape) for s in storages]
+    if spec.device == "cuda":  # constants made on the host take no device memory
+        zero = Size.of(sympy.Integer(0))
+        on_host = _host_constants(rec.ops, storages)
+        storages = [_with(s, size=zero) if s.sid in on_host else s for s in storages]
     rng = env.var_to_range.get(sym)
     all_guards = [g.expr.xreplace(rec.subs) for g in env.guards]
     guards = valid_when([g for g in all_guards if g.free_symbols <= {B}],
@@ -156,6 +160,35 @@ def _check_bounded(rec: Recorder, s, counts: set, data_sized: dict) -> None:
         key = (op.op, op.module)
         if key not in data_sized:
             data_sized[key] = f"a size the data sets, taken at its largest: {', '.join(whats)}"
+
+
+LIFT_OPS = ("aten.lift_fresh.default", "aten.lift.default")
+
+
+def _host_constants(ops, storages) -> set:
+    """The storages of ``torch.tensor(...)`` constants that a CUDA step keeps on the host.
+    On CPU fake tensors a constant made on the host (``device="cpu"``, or no device) and
+    one made on the device (``device=p.device``) are the same ``lift_fresh``; what tells
+    them apart is what they are used with: a CUDA op takes a host tensor among device
+    tensors only as a 0-dim scalar, and a host op takes no device tensor, so a constant
+    whose every use has host tensors only for its other operands is on the host. Those
+    host tensors are torch.optim's per-parameter ``step`` counters (0-dim, on the CPU unless
+    ``capturable`` or ``fused``: ``fxmem.memory.sizes``), and so torch.optim's increment
+    ``torch._foreach_add_(steps, torch.tensor(1.0, device="cpu"))`` (seen on 2.14.1's and
+    2.15's binaries on the fake GPU: no device allocation). A constant used with a device
+    tensor stays on the device, as ``torch.tensor(x, device=p.device)`` is."""
+    host = {s.sid for s in storages if s.category == "optimizer_state"
+            and s.name.endswith(".step") and s.shape == ()}
+    lifted = {sid for op in ops if op.op in LIFT_OPS for sid in op.new_sids}
+    uses: dict = {}
+    for op in ops:
+        for sid in (set(op.in_sids) & lifted) - set(op.new_sids):  # (the lift reads it too)
+            uses.setdefault(sid, []).append(op)
+    def host_only(op, sid) -> bool:
+        others = (set(op.in_sids) | set(op.written_sids)) - {sid}
+        return bool(others) and others <= host
+
+    return {sid for sid, used in uses.items() if all(host_only(op, sid) for op in used)}
 
 
 def _with(s: StorageInfo, **kw) -> StorageInfo:

@@ -355,7 +355,13 @@ class _FiniteStepScaler(torch.amp.GradScaler):
     """A GradScaler that takes every step as finite. ``GradScaler.step`` reads its inf
     check's result (``found_inf.item()``), which fake tensors do not have; fxmem analyses the
     step that does run the optimizer. Everything else (scale, unscale, inf checks, update)
-    runs as written."""
+    runs as written. On the fake GPU (:mod:`fxmem.validate.fakegpu`) no kernel runs, so
+    ``found_inf`` (``torch.full((), 0.0)``, a fill kernel) and the scale hold whatever their
+    blocks held (an earlier host-to-device copy's bytes): the measured step is the same
+    finite one. The skipped read is a device-to-host copy, which allocates no device
+    memory."""
+
+    finite_steps = True  # its steps are never skipped: the scale need not be read
 
     def _maybe_opt_step(self, optimizer, optimizer_state, *args, **kwargs):
         return optimizer.step(*args, **kwargs)
@@ -363,8 +369,9 @@ class _FiniteStepScaler(torch.amp.GradScaler):
 
 def make_grad_scaler(spec: StepSpec, device: str, fake: bool = False):
     """The step's ``torch.amp.GradScaler`` on ``device`` (None without one); ``fake``: for
-    fake tensors (see :class:`_FiniteStepScaler`). Its scale and growth tracker are made
-    now, as the first step of a training run leaves them."""
+    fake tensors or the fake GPU, whose inf checks compute nothing (see
+    :class:`_FiniteStepScaler`). Its scale and growth tracker are made now, as the first step
+    of a training run leaves them."""
     if not spec.grad_scaler:
         return None
     scaler = (_FiniteStepScaler if fake else torch.amp.GradScaler)(device)

@@ -77,7 +77,22 @@ def predicted_allocations(report, B: int) -> list[Allocation]:  # noqa: N803
             n = s.size(B)
             if n:
                 out.append(Allocation(n, op.index, op.op, op.module, op.phase))
+        n = _per_call_workspace(op, graph.trace.compute_capability)
+        if n:
+            out.append(Allocation(n, op.index, op.op, op.module, op.phase))
     return out
+
+
+def _per_call_workspace(op, capability) -> int:
+    """From 2.15 a matmul takes its cuBLAS (or cuBLASLt) workspace from the caching allocator
+    for the call, after its output (:mod:`fxmem.trace.cuda.blas`), as the replay does."""
+    from ..device.allocator import CUBLAS_OPS, cublas_workspace_bytes
+    from ..trace.cuda import blas
+
+    if not blas.PER_CALL or op.op not in CUBLAS_OPS:
+        return 0
+    return blas.lt_workspace_bytes() if op.blas == "cublaslt" else \
+        cublas_workspace_bytes(capability)
 
 
 def first_divergence(predicted, measured) -> Divergence | None:

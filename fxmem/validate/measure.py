@@ -43,6 +43,7 @@ from ..trace.step import (
     warmup_steps,
 )
 from ..trace.tracking import StorageTracker, frozen_gc, storage_resizes
+from .fakegpu.remote import on_fake_gpu
 
 
 @dataclass(frozen=True)
@@ -115,17 +116,25 @@ def _warm_up(model, spec, ins, tgs, params, opt, scaler, steps: int = 1) -> None
         out = run_step(model, spec, ins, tgs, params, opt, lambda phase: None, scaler=scaler)
         del out
     for _ in range(MAX_WARMUP_STEPS):
-        scale = scaler.get_scale() if scaler is not None else None
+        scale = _scale(scaler)
         out = run_step(model, spec, ins, tgs, params, opt, lambda phase: None, scaler=scaler)
         del out
-        if scaler is None or scaler.get_scale() >= scale:
+        if scale is None or scaler.get_scale() >= scale:
             return
     raise InputError(f"the GradScaler skipped all {MAX_WARMUP_STEPS} warm-up steps: the "
                      "gradients are inf or nan at every scale")
 
 
+def _scale(scaler) -> float | None:
+    """The GradScaler's scale, to tell a skipped step; None without one, or with one whose
+    steps are never skipped (on the fake GPU, where the scale is not computed)."""
+    if scaler is None or getattr(scaler, "finite_steps", False):
+        return None
+    return scaler.get_scale()
+
+
 def _check_not_skipped(scaler, scale) -> None:
-    if scaler is not None and scaler.get_scale() < scale:
+    if scale is not None and scaler.get_scale() < scale:
         raise InputError("the measured step's gradients overflowed and the GradScaler skipped "
                          "its optimizer step; measure again")
 
@@ -216,7 +225,9 @@ def measure(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
         return measure_ranks(model, spec, parallel, B, one_rank)
     params = [p for p in model.parameters()]
     opt = make_optimizer(spec.optimizer, params, device, spec) if spec.optimizer else None
-    scaler = make_grad_scaler(spec, device)
+    # on the fake GPU the GradScaler's inf check reads memory no kernel wrote: its steps are
+    # taken as the finite ones a real GPU's steady state makes (see make_grad_scaler)
+    scaler = make_grad_scaler(spec, device, fake=device == "cuda" and on_fake_gpu())
     if device == "cuda":
         return _measure_cuda(model, spec, ins, tgs, params, opt, B, scaler, record_history)
     if record_history:
@@ -260,7 +271,7 @@ def _measure_cpu(model, spec, ins, tgs, params, opt, B, device, scaler, kept=Non
     def on_phase(name):
         tracker.phase = name
 
-    scale = scaler.get_scale() if scaler is not None else None
+    scale = _scale(scaler)
     with tracker, storage_resizes(tracker), \
             offloaded(tracker) if offload else contextlib.nullcontext():
         out = run_step(model, spec, ins, tgs, params, opt, on_phase, scaler=scaler)
@@ -313,7 +324,7 @@ def _measure_cuda(model, spec, ins, tgs, params, opt, B, scaler,
         torch.cuda.reset_peak_memory_stats()
         current[0] = name
 
-    scale = scaler.get_scale() if scaler is not None else None
+    scale = _scale(scaler)
     if record_history:
         torch.cuda.memory._record_memory_history(max_entries=10**7)
     try:

@@ -51,6 +51,7 @@ import threading
 from typing import Callable, Iterator
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from ...errors import InputError
 from ..compat import TORCH, register
@@ -339,7 +340,8 @@ class CudaKernels:
                 + cuda_rnn.workspace_bytes(func, args, kwargs, out)
                 + cuda_workspaces.workspace_bytes(func, args, kwargs, out,
                                                   capability=self.capability)
-                + cuda_cudnn.workspace_bytes(func, args, kwargs, out))
+                + cuda_cudnn.workspace_bytes(func, args, kwargs, out)
+                + _cum_cast(func, args, kwargs, out))
 
     def unmodelled(self, func, args, kwargs, out) -> str | None:
         """What the CUDA kernel of ``func`` allocates that no formula sizes, or None."""
@@ -351,6 +353,28 @@ class CudaKernels:
         return (what or cuda_rnn.unmodelled(func, args, kwargs, out)
                 or cuda_workspaces.unmodelled(func, args, kwargs, out,
                                               capability=self.capability))
+
+
+CUM_OPS = frozenset({aten.cumsum.default, aten.cumsum.out, aten.cumsum_.default,
+                     aten.cumprod.default, aten.cumprod.out, aten.cumprod_.default})
+
+
+def _cum_cast(func, args, kwargs, out) -> list:
+    """ReduceOps.cpp ``impl_func_cum_ops`` (``cumsum``, ``cumprod``): the scan reads
+    ``self.to(result.scalar_type())``, a copy when the result's dtype differs (a bool or int32
+    input, whose result is int64), made after the result and freed when the kernel returns
+    (seen on 2.14.1's binary on the fake GPU: transformers' ``(position_diff != 1).cumsum(-1)``
+    allocates its int64 result, then the copy)."""
+    if func not in CUM_OPS or not args:
+        return []
+    x = args[0]
+    res = out[0] if isinstance(out, (tuple, list)) else out
+    if not isinstance(x, torch.Tensor) or not isinstance(res, torch.Tensor):
+        return []
+    if x.dtype == res.dtype or x.dim() == 0 or guard_or_false(x.numel() == 0):
+        return []
+    return [(f"{func.name().split('::')[-1]}: input cast to {str(res.dtype)[6:]}",
+             x.numel() * res.element_size())]
 
 
 def sdpa_host_seed(func, args, kwargs) -> bool:

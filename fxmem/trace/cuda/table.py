@@ -96,6 +96,13 @@ RULES: tuple = (
                "aten/src/ATen/native/cuda/Activation.cpp: log_sigmoid_forward_cuda",
                checked=BOTH,
                ran=FAKE_GPU, cases=("log_sigmoid",)),
+    KernelRule("cumsum, cumprod", "workspace",
+               "an input whose dtype is not the result's (bool or int32 in, int64 out) is "
+               "copied to the result's dtype after the result is made, freed when the kernel "
+               "returns (fxmem/trace/cuda/kernels.py _cum_cast)",
+               "aten/src/ATen/native/ReduceOps.cpp: impl_func_cum_ops (read on pytorch/pytorch's "
+               "main branch; shown on the binaries)",
+               checked=(), ran=FAKE_GPU, cases=("cumsum of a bool mask",)),
     KernelRule("lstm, gru, rnn_tanh, rnn_relu (.input, .data); lstm_cell, gru_cell", "route",
                "cuDNN's _cudnn_rnn when use_cudnn (else matmul and the fused cells per step); "
                "the cells: _thnn_fused_lstm_cell / _thnn_fused_gru_cell (fxmem/trace/cuda/rnn.py)",

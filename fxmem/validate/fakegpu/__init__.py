@@ -38,8 +38,11 @@ What it cannot know:
   returns one algorithm needing no workspace; cuDNN's sizes are the fixed ones above);
 - anything that depends on computed values: kernels do not run, so tensor contents are
   garbage (deterministically: zeros, or whatever the host copied); data-dependent shapes
-  (``nonzero``, boolean masks), ``.item()``-driven control flow, GradScaler's inf checks
-  and NaN checks see these values, not real ones;
+  (``nonzero``, boolean masks), ``.item()``-driven control flow (transformers'
+  packed-sequence check, ``find_packed_sequence_indices``) and NaN checks see these values,
+  not real ones; :func:`fxmem.measure` there takes a GradScaler's steps as finite (its
+  ``found_inf`` is a fill no kernel made: a skipped step would otherwise depend on what
+  the block held before);
 - CUDA graphs, stream-ordered allocation (``cudaMallocAsync`` backend), expandable
   segments (the driver's virtual-memory API is reported unsupported), IPC, multi-GPU.
 

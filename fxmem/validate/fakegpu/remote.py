@@ -25,12 +25,10 @@ import tempfile
 from pathlib import Path
 
 from ...errors import InputError
-from .run import DEFAULT_BUILD_DIR, FakeGPUError, call, stub_env
+from .run import DEFAULT_BUILD_DIR, MARK, FakeGPUError, call, stub_env
 from .build import build
 
 FXMEM_ROOT = Path(__file__).resolve().parents[3]  # the folder that holds the fxmem package
-#: set in the fake GPU's processes, so that a report says where it was measured
-MARK = "FXMEM_FAKE_GPU"
 
 
 def on_fake_gpu() -> bool:

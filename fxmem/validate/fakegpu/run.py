@@ -25,6 +25,9 @@ from .build import build
 CHILD = Path(__file__).with_name("_child.py")
 DEFAULT_BUILD_DIR = Path(tempfile.gettempdir()) / "fxmem_fakegpu"
 TOTAL_BYTES = 85520809984  # the stub's device (stub.c FAKE_TOTAL_MEM: an H100 80GB's)
+#: set in every fake-GPU process (:func:`stub_env`), so that fxmem there knows that no kernel
+#: runs (a GradScaler's inf check computes nothing) and a report says where it was measured
+MARK = "FXMEM_FAKE_GPU"
 
 # variables that would change what the child's PyTorch sees or does
 _DROP_ENV = ("CUDA_VISIBLE_DEVICES", "PYTORCH_NO_CUDA_MEMORY_CACHING", "PYTORCH_NVML_BASED_CUDA_CHECK",
@@ -53,10 +56,11 @@ class StepResult:
 
 def stub_env(lib: Path, base: dict | None = None) -> dict:
     """Environment for a process that should see the fake GPU: the stub preloaded (ahead of
-    anything already in LD_PRELOAD) and triton pointed at its folder."""
+    anything already in LD_PRELOAD), triton pointed at its folder and :data:`MARK` set."""
     env = dict(os.environ if base is None else base)
     for k in _DROP_ENV:
         env.pop(k, None)
+    env[MARK] = "1"
     pre = env.get("LD_PRELOAD", "")
     env["LD_PRELOAD"] = str(lib) + (" " + pre if pre else "")
     env["TRITON_LIBCUDA_PATH"] = str(lib.parent)
