@@ -5,7 +5,8 @@ The formula of ``Report.peak`` counts each storage as the block it takes
 and ``max_memory_reserved()`` report on top is a replay of the step's allocations through
 the caching allocator (:mod:`fxmem.device.caching_allocator`: segments, block splitting and
 the slack of unsplit large blocks) with the cuBLAS workspaces: kept per thread up to torch
-2.14, taken and freed by every matmul from 2.15 (:mod:`fxmem.trace.cuda.blas`):
+2.14, taken and freed by every matmul from 2.15 (:mod:`fxmem.trace.cuda.blas`), and the CUDA
+reductions' staging buffers, sized at that B (:mod:`fxmem.trace.cuda.reduce_replay`):
 :func:`cuda_memory` (``Report.cuda_memory(B)``).
 """
 
@@ -15,7 +16,7 @@ import os
 from dataclasses import dataclass
 
 from ..memory.sizes import _host_resident
-from ..trace.cuda import blas
+from ..trace.cuda import blas, reduce_replay
 
 # --- the caching allocator, replayed over a step -------------------------------------------
 
@@ -87,7 +88,10 @@ def cuda_memory(liveness, B: int, config=None, compute_capability=(9, 0),  # noq
     state appears at the optimizer phase and (up to torch 2.14) each thread's cuBLAS
     workspace at its first matmul (forward: the main thread; backward: autograd's; from
     2.15 every matmul takes its workspace after its output and frees it), then ``empty_cache()``, a reset
-    of the peaks, and the measured step. Storages keep the order of the trace.
+    of the peaks, and the measured step. Storages keep the order of the trace. A CUDA
+    reduction that splits its outputs across blocks takes its staging buffer and semaphores
+    (:mod:`fxmem.trace.cuda.reduce_replay`, sized at ``B``) after its outputs and frees them
+    before the op's inputs go.
 
     cuDNN's convolution workspaces are not in the trace: their size is the algorithm's that
     cuDNN picks. ``cudnn_workspace`` (bytes) allocates that much at every convolution, after
@@ -203,6 +207,11 @@ class _Replay:
             else cublas_workspace
         self.lt_ws = blas.lt_workspace_bytes()
         self.cudnn_workspace = cudnn_workspace
+        # the CUDA reductions' staging (and dtype copies) at this B, in the order the kernel
+        # allocates them after its outputs (fxmem.trace.cuda.reduce_replay)
+        cap = tuple(compute_capability or (9, 0))
+        self.staging = {i: st for i, op in enumerate(self.ops) if op.reduce is not None
+                        and (st := reduce_replay.staging(op.op, op.reduce, B, cap))}
         self.allocator = CachingAllocator(config)
         self.handles: dict = {}
         self.workspaces: list = []
@@ -258,6 +267,10 @@ class _Replay:
                 n = self.lt_ws if op.blas == "cublaslt" else self.ws
                 if n:
                     a.free(a.malloc(n))
+            if i in self.staging:  # freed when the launch returns, the last first
+                held = [a.malloc(n) for _, n in self.staging[i]]
+                for h in reversed(held):
+                    a.free(h)
             for sid in self.frees[i + 1]:
                 self.free(sid)
         if warm_up and self.cudnn_workspace and any(op.op in CUDNN_CONV_OPS for op in ops):
@@ -269,6 +282,10 @@ class _Replay:
                                                                  self.lt_ws)):
                 if n and lib in used:
                     self.workspaces.append((f"{what} workspace per call (freed after it)", n))
+        if warm_up and self.staging:
+            what, n = max((w for st in self.staging.values() for w in st), key=lambda w: w[1])
+            self.workspaces.append((f"{what} (the largest of a CUDA reduction; freed after it)",
+                                    n))
         if phase is not None:
             phase_alloc[phase] = max(phase_alloc.get(phase, 0), a.max_allocated)
             phase_res[phase] = max(phase_res.get(phase, 0), a.max_reserved)

@@ -80,7 +80,9 @@ def specialize(trace, **values):
         new.kwargs = _tree_subs(new.kwargs, vals)
     lower = [g for g in guards if g.free_symbols <= {B}]
     rest = [g for g in guards if not g.free_symbols <= {B}]
-    return replace(trace, graph_source=graph, storages=tuple(storages),
+    ops = tuple(op if op.reduce is None else replace(op, reduce=_tree_subs(op.reduce, vals))
+                for op in trace.ops)  # the reductions' arguments (fxmem.trace.cuda.reduce_replay)
+    return replace(trace, graph_source=graph, storages=tuple(storages), ops=ops,
                    guards=valid_when(lower) + tuple(rest), dims=())
 
 

@@ -206,7 +206,10 @@ def _skeleton(t: Trace) -> tuple:
         walked = (args(n.args), args(n.kwargs), args(n.meta.get("val")))
         rows.append((n.op, str(n.target), n.name, n.meta.get("phase"), n.meta.get("module"),
                      op, _plainly(walked, kind)))
-    fields = [("the ops", t.ops), ("the storages", storages), ("the graph", rows),
+    ops = [op if op.reduce is None else  # a reduction's arguments (its tensors' sizes)
+           replace(op, reduce=_walk(op.reduce, taker(f"a number in reduction op {op.index}"),
+                                    None)) for op in t.ops]
+    fields = [("the ops", ops), ("the storages", storages), ("the graph", rows),
               ("the conditions on the named dims", _named_guards(t)),
               ("what is not modelled", _texts(t.unmodelled, taker("a number in what "
                                                                "fxmem does not model"))),
@@ -356,8 +359,10 @@ def _rebuilt(t: Trace, fitted: list, guards: tuple, hint: int, note: Lifted) -> 
         val = _walk(node.meta.get("val"), put, None)
         if val is not None:
             new.meta["val"] = val
+    ops = tuple(op if op.reduce is None else replace(op, reduce=_walk(op.reduce, put, None))
+                for op in t.ops)
     unmodelled, kernels = _texts(t.unmodelled, put), _texts(t.kernel_choices, put)
-    return replace(t, graph_source=graph, storages=tuple(storages),
+    return replace(t, graph_source=graph, storages=tuple(storages), ops=ops,
                    guards=tuple(guards) + _named_guards(t), batch_hint=hint, lifted=note,
                    unmodelled=unmodelled, kernel_choices=kernels)
 

@@ -18,6 +18,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from ..errors import DataDependentError, ModelError, SpecializationError, TraceError
 from ..formula.symbols import B, dim_symbol
 from .cuda import blas as cuda_blas
+from .cuda import reduce_replay
 from .datadep import (
     TORCH_AND_FXMEM,
     DataSymbol,
@@ -409,7 +410,9 @@ class Recorder(StorageTracker):
                                self._written(func, args, kwargs), grad_node,
                                self.phase == "backward" and self.recomputing > 0,
                                blas=None if self.kernels is None
-                               else cuda_blas.library(func, args, kwargs)))
+                               else cuda_blas.library(func, args, kwargs),
+                               reduce=None if self.kernels is None
+                               else reduce_replay.record(func, args, kwargs, self._sub)))
         if len(self.shape_env.replacements) != self._n_repl:
             self._n_repl = len(self.shape_env.replacements)
             self.check_specialized(str(func), module)

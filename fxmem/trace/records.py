@@ -42,6 +42,9 @@ class OpInfo:
     recompute: bool = False  # backward: re-running a checkpointed forward
     source: int | None = None  # the traced op this one repeats (plans derived from a trace)
     blas: str | None = None  # CUDA matmuls: "cublas" or "cublaslt" (fxmem.trace.cuda.blas)
+    # CUDA reductions: the op's arguments by name, tensors as (shape, strides, offset, dtype)
+    # in B, for the replay's staging buffers (fxmem.trace.cuda.reduce_replay)
+    reduce: tuple | None = None
 
 
 @dataclass(frozen=True)

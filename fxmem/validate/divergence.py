@@ -62,10 +62,13 @@ class Divergence:
 def predicted_allocations(report, B: int) -> list[Allocation]:  # noqa: N803
     """What the measured step allocates on the device at batch size ``B``, in order: each
     op's new storages with a non-zero device size (host tensors and empty ones take no
-    block), the step's storages only (not those live before it)."""
+    block), the step's storages only (not those live before it), then the staging a CUDA
+    reduction takes after its outputs (:mod:`fxmem.trace.cuda.reduce_replay`)."""
     from ..memory.sizes import device_sizes
+    from ..trace.cuda import reduce_replay
 
     graph = report.liveness.graph
+    cap = tuple(graph.trace.compute_capability)
     storages = graph.storages
     sizes = device_sizes(storages, "cuda")
     out = []
@@ -77,6 +80,8 @@ def predicted_allocations(report, B: int) -> list[Allocation]:  # noqa: N803
             n = s.size(B)
             if n:
                 out.append(Allocation(n, op.index, op.op, op.module, op.phase))
+        for _, n in reduce_replay.staging(op.op, op.reduce, B, cap):
+            out.append(Allocation(n, op.index, op.op, op.module, op.phase))
         n = _per_call_workspace(op, graph.trace.compute_capability)
         if n:
             out.append(Allocation(n, op.index, op.op, op.module, op.phase))

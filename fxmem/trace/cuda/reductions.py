@@ -1,7 +1,7 @@
-"""Not yet part of the prediction: the trace does not record these temporaries (the
+"""Not in the formula: the trace does not record these temporaries as storages (the
 staging's size is a piecewise function of B whose branches sympy leaves unsimplified, which
-made every CUDA report's peak formula unreadable); they are to be applied by the allocator
-replay, at a concrete B. Checked against the binaries meanwhile (below).
+made every CUDA report's peak formula unreadable); the allocator replay applies them at its
+concrete B (:mod:`fxmem.trace.cuda.reduce_replay`). Checked against the binaries (below).
 
 The global-memory staging that ATen's CUDA reductions allocate (``gpu_reduce_kernel``).
 

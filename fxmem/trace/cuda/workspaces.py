@@ -218,7 +218,8 @@ def _sort_kernel(self_t, indices, value_shape, value_contig, value_size, cap, fr
     wrapIndexOnce; ``indices``: None or (shape, dtype, numel) per dim, K: broadcast numel.
     Throughout: self.contiguous(), the transposed self's contiguous() (non-adjacent indices).
     Phase makeLinearIndex: int32 indices .to(kLong), remainder() and * stride (K*8 each)
-    beside linearIndex. Phase sort: linearIndex, sorted/orig indices, range (K*8 each),
+    beside linearIndex. Phase sort: linearIndex, sorted/orig indices, range (K*8 each, four
+    storages),
     value.expand(vals_shape).contiguous(), CUB's sort storage (nbits = bit length of
     largestIndex(self) / sliceSize). The range check's 0-dim min/max (unsafe=False) is left out.
     ``masks``: the ``nonzero`` outputs of expanded masks (:func:`_expand_masks`), which
@@ -250,14 +251,19 @@ def _sort_kernel(self_t, indices, value_shape, value_contig, value_size, cap, fr
     # integer, which sympy folds in milliseconds where seven nested Piecewise took seconds
     passes = (1 + sum(torch.sym_min(1, big // 2 ** (8 * j)) for j in range(1, 8))
               if isinstance(big, torch.SymInt) else max(1, _cdiv(big.bit_length(), 8)))
-    phases = {"sort": ([("value.expand(vals_shape).contiguous()",
-                         math.prod(vals_shape) * value_size)] if copy_v else []) + [
-        ("linearIndex, sorted_indices, orig_indices, range", _ite(run, 4 * K * 8, 0)),
+    # four int64 tensors of K, each a block of its own (seen on 2.14.1 and 2.15: one storage
+    # for the four was 1,536 B under at K = 2)
+    phases = {"sort": [("linearIndex", _ite(run, K * 8, 0))] + (
+        [("value.expand(vals_shape).contiguous()", math.prod(vals_shape) * value_size)]
+        if copy_v else []) + [(what, _ite(run, K * 8, 0)) for what in _SORTED] + [
         ("CUB radix-sort temp storage", _ite(run, radix_sort_temp_bytes(K, 8, passes, cap), 0))]}
     if masks or not (len(longs) + (3 if len(dims) > 1 else 2) <= 4 and _known(K > 0)):
         phases["makeLinearIndex"] = list(masks) + longs + [  # else <= 4*K*8 < the sort's
             ("linearIndex, remainder(), * stride", (3 if len(dims) > 1 else 2) * K * 8)]
     return _clean(ws + _peak(phases))
+
+
+_SORTED = ("sorted_indices", "orig_indices", "range")
 
 
 def _index_put(a, cap, sms):  # TensorAdvancedIndexing.cpp _index_put_impl_, its CUDA branch
