@@ -125,6 +125,8 @@ def _look(browser, url: str, viewport: str, shot: Path | None = None) -> dict:
     page = browser.new_page(viewport={"width": w, "height": h})
     try:
         page.goto(url)
+        # open the "exact expression" a person clicks to see: its layout is checked too
+        page.evaluate("document.querySelectorAll('details').forEach(d => { d.open = true; })")
         if shot is not None:
             page.screenshot(path=str(shot), full_page=True)
         return page.evaluate(MEASURE)

@@ -173,11 +173,15 @@ def cli():
                    "step on one GPU, and a sharding row: the step on each rank.")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
               help="Modules listed in the breakdown at the peak.")
+@click.option("--exact-formula", is_flag=True,
+              help="The table shows the exact peak (a Max of the allocator's roundings and "
+                   "kernel thresholds) beside the readable polynomial it leads with; md, html "
+                   "and json always hold it.")
 @click.option("--debug", is_flag=True, help="Show the traceback of an error.")
 def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, inference,
             grad_accum, batch, budget, gpu, cuda_context, checkpoint, save_plan, config,
             dim_sizes, seq, cudnn_workspace, fsdp, ddp, tp, tp_plan, zero1, reshard, replicate, offload,
-            param_dtype, reduce_dtype, fmt, out, whatif, top, debug):
+            param_dtype, reduce_dtype, fmt, out, whatif, top, exact_formula, debug):
     """Analyse one step of the model TARGET: path/to/file.py:ClassOrFactory,
     package.module:ClassOrFactory, timm:NAME, torchvision:NAME (a classifier), or Hugging
     Face's hf:PRESET, hf:ConfigClass (hf:T5Config), hf:path/to/config.json or hf:ORG/NAME
@@ -201,7 +205,8 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
                             grad_accum, batch, budget, checkpoint, config, seq, fmt, top,
                             whatif, dim_sizes, cudnn_workspace=cudnn_workspace,
                             capability=capability, gpu=gpu, cuda_context=cuda_context,
-                            parallel=parallel, save_plan=save_plan)
+                            parallel=parallel, save_plan=save_plan,
+                            exact_formula=exact_formula)
         if out:
             write_file(out, text)
     if save_plan:
@@ -350,7 +355,7 @@ def _fail(e, debug: bool, cause: BaseException | None = None):
 def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, grad_accum,
              batch, budget, checkpoint, config, seq, fmt, top, whatif=False, dim_sizes=(),
              cudnn_workspace=None, capability=None, gpu=None, cuda_context=None,
-             parallel=None, save_plan=None):
+             parallel=None, save_plan=None, exact_formula=False):
     from rich.console import Console
 
     from ..analyze import analyze as run_analysis
@@ -450,7 +455,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
             raise InputError(f"--input {no_b[0]} has no B, so it has no batch dim and the "
                              "step fails: if its dim 0 is the batch, write B there (the "
                              f"error: {one_line(str(e), 300)})") from e
-        extra = {}
+        extra, named = {}, report
         if dims:  # the formula in B and the named dims; numbers at the --dim sizes
             extra[f"peak in B, {', '.join(dims)}"] = str(report.peak)
             if budget_bytes is not None and len(dims) == 1:
@@ -463,7 +468,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                     extra[key] = "none fits"
                 if limit is not None:
                     extra[f"{name} limit (the model's positions)"] = limit
-            report = report.at(**{n: sizes[n] for n in dims})
+            report = at = report.at(**{n: sizes[n] for n in dims})
         # a data-parallel report stays whole: the summary shows the per-rank table and the
         # report of the ranks with the least room (fxmem.report.summary.summarize)
         frontier = ()
@@ -511,8 +516,10 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
              **{f"dim {n}": sizes[n] for n in dims}, **extra}
     s = summarize(report, B=batch, budget_bytes=None if card else budget_bytes, top=top,
                   setup=setup, title=f"fxmem report: {t.name}", frontier=frontier,
-                  whatifs=rows, cudnn_workspace=conv_ws, gpu=card, context_bytes=context)
-    return _render(s, fmt)
+                  whatifs=rows, cudnn_workspace=conv_ws, gpu=card, context_bytes=context,
+                  **(dict(named=named, dims={n: sizes[n] for n in dims})
+                     if dims and report is at else {}))  # B, L's readable peak: no plan
+    return _render(s, fmt, exact_formula)
 
 
 def _check_inference(optimizer, checkpoint, targets, loss, grad_accum, whatif) -> None:
@@ -545,22 +552,13 @@ def _card(gpu, cuda_context, budget_bytes, device):
     return lookup(gpu), parse_size(cuda_context) if cuda_context is not None else None
 
 
-def _render(s, fmt: str):
-    if fmt == "json":
-        from ..report.jsonout import render_json
+def _render(s, fmt: str, exact_formula: bool = False):
+    from ..report import html, jsonout, markdown, terminal
 
-        return render_json(s)
-    if fmt == "md":
-        from ..report.markdown import render_markdown
-
-        return render_markdown(s)
-    if fmt == "html":
-        from ..report.html import render_html
-
-        return render_html(s)
-    from ..report.terminal import render_terminal
-
-    return render_terminal(s)
+    if fmt == "table":
+        return terminal.render_terminal(s, exact=exact_formula)
+    return {"json": jsonout.render_json, "md": markdown.render_markdown,
+            "html": html.render_html}[fmt](s)
 
 
 def argv_first_is_target(argv) -> bool:

@@ -23,7 +23,7 @@ from sympy.printing.mathml import mathml
 
 from . import plots
 from .headline import largest_b
-from .text import fmt_bytes
+from .text import at_dims, exact_when, fmt_bytes
 
 
 @dataclass(frozen=True)
@@ -137,11 +137,19 @@ def _budget_line(s) -> Markup:
 
 def _context(s) -> dict:
     text, math = _formula(s.peak_formula)
-    setup_short, setup_long = _setup(s.setup)
+    setup_short, setup_long = _setup({k: v for k, v in s.setup.items()
+                                      if not (s.leads_readable and v == s.peak_exact)})
+    readable = None
+    if s.leads_readable:  # lead with the readable formula; the exact one behind a click
+        exact_text, exact_math = _formula(s.peak_exact)
+        readable = dict(text=s.peak_readable, math=_formula(s.peak_readable)[1],
+                        when=exact_when(s), at=at_dims(s), dims=", ".join(s.readable_point),
+                        exact_text=exact_text, exact_math=exact_math)
     from .text import rank_columns
 
     return dict(s=s, plots=_plots(s), rank_parts=rank_columns(s.ranks),
                 budget_ranks=s.budget_bytes is not None, formula_text=text, formula_mathml=math,
+                readable=readable,
                 setup_short=setup_short, setup_long=setup_long, budget_line=_budget_line(s),
                 budget_others=largest_b(s).others if s.budget_bytes is not None else "",
                 parts_total=sum(s.parts_bytes.values()),

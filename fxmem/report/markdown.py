@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from .headline import largest_b
-from .text import fmt_bytes
+from .text import at_dims, exact_when, fmt_bytes
 from .whatif import table as whatif_table
 
 
@@ -23,6 +23,11 @@ def _module(m: str) -> str:
 
 def _rows(header: str, align: str, rows) -> list[str]:
     return [header, align, *rows]
+
+
+def _exact(s, value) -> bool:
+    """A setup value that is the exact peak the report leads with a readable form of."""
+    return s.leads_readable and value == s.peak_exact
 
 
 def rank_table(s) -> list[str]:
@@ -50,14 +55,25 @@ def render_markdown(s) -> str:
     """The report as Markdown: formula, where it holds, numbers at ``s.B``, the largest B for
     the budget, parts, what is live at the peak, checkpointing and what-ifs when present."""
     out = [f"# {s.title}", ""]
-    out += _rows("| setup | |", "|---|---|", (f"| {k} | {v} |" for k, v in s.setup.items()))
+    out += _rows("| setup | |", "|---|---|", (f"| {k} | {v} |" for k, v in s.setup.items()
+                                              if not _exact(s, v)))
     if s.ranks:
         out += ["", f"## Per rank ({s.setup.get('parallel', 'data parallel')})", "",
                 "B is each rank's micro-batch; one row per group of ranks with alike shards. "
                 "The sections below are the report of the ranks with the least room.", "",
                 *rank_table(s)]
-    out += ["", "## Peak memory as a formula of B", "",
-            f"`{s.peak_formula}` bytes, valid when {', '.join(s.valid_when) or 'B >= 1'}.", ""]
+    out += ["", f"## Peak memory as a formula of {' and '.join(s.readable_point) or 'B'}", ""]
+    valid = f"valid when {', '.join(s.valid_when) or 'B >= 1'}"
+    if s.leads_readable:  # the readable formula first, the exact one a click away
+        named = at_dims(s)
+        out += [f"`{s.peak_readable}` bytes, {exact_when(s)}.", ""]
+        if named:
+            out += [f"At {named}: `{s.peak_formula}` bytes, {valid}.", ""]
+        what = f"in {', '.join(s.readable_point)}" if named else valid
+        out += [f"<details><summary>Exact expression ({what})</summary>", "",
+                f"`{s.peak_exact}`", "", "</details>", ""]
+    else:
+        out += [f"`{s.peak_formula}` bytes, {valid}.", ""]
     if s.lifted:
         out += [f"{s.lifted[0].upper()}{s.lifted[1:]}.", ""]
     if s.unmodelled:

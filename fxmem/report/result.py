@@ -13,10 +13,13 @@ import sympy
 
 from ..checkpoint.flops import FlopCount, count_flops, op_flops
 from ..errors import FxmemError, InfeasibleBudgetError, InputError
-from ..formula.symbols import B
+from ..formula.guards import lower_bounds
+from ..formula.readable import readable
+from ..formula.symbols import B, dim_symbol
 from ..memory.dims import DimsFormula
-from ..memory.liveness import Liveness, parts_of
+from ..memory.liveness import PARTS, Liveness, parts_of
 from .points import Breakdown, PeakRegime, TimelinePoint, _top_module
+from .text import render_text
 
 
 @dataclass(frozen=True)
@@ -276,6 +279,20 @@ class Report:
         """Peak bytes of the step, a sympy expression in :data:`fxmem.B` (and the named
         dims)."""
         return self.named.peak if self.named is not None else self.liveness.peak
+
+    def readable_peak(self, B: int, **dims):  # noqa: N803
+        """The peak around batch size ``B`` (and the named dims' values) as one polynomial
+        and where it equals :attr:`peak`: a :class:`fxmem.formula.readable.Readable`.
+
+        >>> import torch, fxmem
+        >>> r = fxmem.analyze(torch.nn.Linear(1000, 8), torch.randn(4, 1000), loss=torch.sum)
+        >>> p = r.readable_peak(64); p.formula, p.exact_when, p.error  # CUDA's 512-byte blocks
+        (4000*B + 66560, ('B a multiple of 16', 'B <= 1010'), (0, 480))
+        """
+        if (small := self._small(B)) or self.peak_bytes(B, **dims) is None:  # a valid point
+            return small.readable_peak(B, **dims)
+        point = {dim_symbol(n): v for n, v in {"B": B, **dims}.items()}  # dim_symbol("B") is B
+        return readable(self.peak, point, lower_bounds(self.valid_when, list(point)))
 
     def peak_bytes(self, B: int, **dims) -> int:  # noqa: N803 - the batch size is B everywhere
         """Peak bytes at batch size ``B`` (and the named dims' values), exact."""
@@ -565,8 +582,7 @@ class Report:
     @property
     def fixed_bytes(self) -> int:
         """Bytes that do not depend on B: params, buffers, grads, optimizer state."""
-        return sum(int(self.parts[p].subs(B, 0)) if p != "inputs" else 0
-                   for p in ("params", "buffers", "grads", "optimizer_state"))
+        return sum(int(self.parts[p].subs(B, 0)) for p in PARTS[:5] if p != "inputs")
 
     def __repr__(self) -> str:
         dims = "".join(f", {n}" for n in self.dims)
@@ -575,13 +591,6 @@ class Report:
                 f"valid when {', '.join(map(str, self.valid_when)) or 'B >= 1'}>")
 
     def __str__(self) -> str:
-        from .text import render_text
-
-        if self.named is not None:
-            return (f"fxmem report in B and {', '.join(self.dims)} (device={self.device})\n"
-                    f"peak bytes = {self.peak}\n"
-                    f"valid when: {', '.join(map(str, self.valid_when))}"
-                    + (f"\n{self.lifted}" if self.lifted else ""))
         return render_text(self)
 
 

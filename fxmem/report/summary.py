@@ -69,6 +69,12 @@ class Summary:
     ``ranks`` (a data-parallel step only): the per-rank table, one dict per group of alike
     ranks (:meth:`fxmem.report.ranks.RankRow.as_dict`); the rest of the summary is then the
     report of the group marked ``tightest``.
+    ``peak_readable``: the peak as one polynomial around ``B`` (in B and the named dims of
+    ``readable_point``, the point it was read at), equal to ``peak_exact`` (the exact
+    expression it reads: ``peak_formula``, or the formula in B and the dims) wherever every
+    ``readable_when`` holds; where only its "a multiple of" conditions fail, the exact peak
+    is ``peak_readable`` plus ``readable_error[0]`` to ``readable_error[1]`` bytes
+    (:meth:`fxmem.Report.readable_peak`); ``""`` when the peak is past reading.
     """
 
     title: str
@@ -105,6 +111,17 @@ class Summary:
     caveats: tuple = ()
     ranks: tuple = ()
     cuda_curve: tuple = ()
+    peak_readable: str = ""
+    readable_when: tuple = ()
+    readable_error: tuple = ()
+    readable_point: dict = field(default_factory=dict)
+    peak_exact: str = ""
+
+    @property
+    def leads_readable(self) -> bool:
+        """Whether the renderers lead with ``peak_readable`` (and keep ``peak_exact`` a click
+        or a flag away): when it differs from the exact expression."""
+        return bool(self.peak_readable) and self.peak_readable != self.peak_exact
 
     def to_dict(self, timeline: bool = False) -> dict:
         """The JSON document (see ``docs/json-schema.md``); ``timeline=True`` adds the
@@ -121,6 +138,8 @@ class Summary:
         d["unmodelled"] = list(self.unmodelled)
         d["caveats"] = list(self.caveats)
         d["ranks"] = [dict(r) for r in self.ranks]
+        d["readable_when"] = list(self.readable_when)
+        d["readable_error"] = list(self.readable_error)
         if timeline:
             d["timeline"] = [list(t) for t in self.timeline]
         else:
@@ -135,14 +154,15 @@ def _at(expr, b: int) -> int:
 def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,  # noqa: N803
               title: str = "fxmem report", setup: dict | None = None, frontier=None,
               whatifs=None, cudnn_workspace: int = 0, gpu=None,
-              context_bytes: int | None = None) -> Summary:
+              context_bytes: int | None = None, named=None, dims=None) -> Summary:
     """The :class:`Summary` of ``report`` at batch size ``B``. ``setup``: what the step is
     (model, optimizer, ...; shown as given); ``frontier``: checkpoint Pareto points at ``B``
     (:meth:`fxmem.Report.frontier`); ``whatifs``: :class:`fxmem.WhatIf` rows;
     ``cudnn_workspace``: bytes each convolution holds on CUDA (:meth:`fxmem.Report.cuda_memory`).
     ``gpu``: a card's name (:mod:`fxmem.device.gpus`): the budget is what its allocator can
     get, its capacity less ``context_bytes`` for the CUDA context (then ``budget_bytes`` is
-    left None).
+    left None). ``named``: the report in named dims that ``report`` is at ``dims`` (their
+    values, ``named.at(**dims)``): the readable peak is then read in B and the dims.
 
     ``report`` may be a :class:`fxmem.ParallelReport` (in B alone: see its ``at``): the
     summary is then the report of the ranks with the least room, with the per-rank table
@@ -202,6 +222,7 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
     if by == "device":
         caveats += ("the caching allocator's replay follows PyTorch's source and has not yet "
                     "been checked on a GPU",)
+    read = _readable(named if named is not None else report, B, dims or {})
     return Summary(
         title=title, setup=info, peak_formula=str(report.peak),
         peak_latex=sympy.latex(report.peak), valid_when=tuple(str(g) for g in report.valid_when),
@@ -221,7 +242,18 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
         whatifs=rows, unmodelled=unmodelled, lifted=report.lifted,
         cuda=_cuda(report, B, answers.get("allocated"), cudnn_workspace),
         max_batch_size_by=by, answers=answers, next_oom=next_oom, gpu=card, caveats=caveats,
-        ranks=ranks, cuda_curve=cuda_curve)
+        ranks=ranks, cuda_curve=cuda_curve, **read)
+
+
+def _readable(report, b: int, dims: dict) -> dict:
+    """The summary's ``peak_readable`` fields (:meth:`fxmem.Report.readable_peak`)."""
+    if not hasattr(report, "readable_peak"):  # a data-parallel report in named dims
+        return {}
+    exact, r = str(report.peak), report.readable_peak(b, **dims)
+    if r is None:
+        return dict(peak_exact=exact)
+    return dict(peak_readable=str(r.formula), readable_when=r.exact_when,
+                readable_error=r.error, readable_point={"B": b, **dims}, peak_exact=exact)
 
 
 def _by(device: str) -> str:

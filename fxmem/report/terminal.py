@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .headline import largest_b
-from .text import fmt_bytes
+from .text import at_dims, exact_when, fmt_bytes
 
 
 def _table(title: str, *columns: str, right=()) -> Table:
@@ -94,18 +94,19 @@ class _RankTable:
             yield self._table(("", *labels[i:i + per]), rows, [False] * len(rows))
 
 
-def render_terminal(s) -> Group:
+def render_terminal(s, exact: bool = False) -> Group:
     """Setup, formula and regimes, numbers at B, budget, parts, live at the peak, plan and
-    frontier, what-ifs: rich tables in one group."""
+    frontier, what-ifs: rich tables in one group. The formula is the readable one when the
+    summary has it (``s.peak_readable``); ``exact``: the exact expression too."""
     items = []
     setup = _table(s.title, "setup", "")
     for k, v in s.setup.items():
-        setup.add_row(k, str(v))
+        if exact or not (s.leads_readable and v == s.peak_exact):
+            setup.add_row(k, str(v))
     items.append(setup)
     if s.ranks:
         items += _ranks(s)
-    items.append(Text.assemble(("Peak memory (bytes): ", "bold"), (s.peak_formula, "cyan"),
-                               f"   valid when {', '.join(s.valid_when) or 'B >= 1'}"))
+    items += _formula(s, exact)
     if s.lifted:  # how the formula was obtained, beside it
         items.append(Text(s.lifted, style="yellow"))
     if s.unmodelled:  # the caveats themselves sit under the numbers they qualify
@@ -168,3 +169,21 @@ def render_terminal(s) -> Group:
                        most, w["note"])
         items.append(wi)
     return Group(*items)
+
+
+def _formula(s, exact: bool) -> list:
+    """The peak formula lines: the readable polynomial and where it is exact, the formula in
+    B at the named dims' values, and the exact expression (or the flag that shows it)."""
+    valid = f"   valid when {', '.join(s.valid_when) or 'B >= 1'}"
+    if not s.leads_readable:
+        return [Text.assemble(("Peak memory (bytes): ", "bold"), (s.peak_formula, "cyan"),
+                              valid)]
+    named = at_dims(s)
+    out = [Text.assemble((f"Peak memory (bytes, in {', '.join(s.readable_point)}): ", "bold"),
+                         (s.peak_readable, "cyan"), f"   {exact_when(s)}")]
+    if named:
+        out.append(Text.assemble((f"At {named}: ", "bold"), (s.peak_formula, "cyan"), valid))
+    out.append(Text.assemble(("Exact expression: ", "bold"), (s.peak_exact, "cyan"),
+                             "" if named else valid) if exact else
+               Text("(--exact-formula shows the exact expression)", style="dim"))
+    return out

@@ -11,10 +11,40 @@ def fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def exact_when(s) -> str:
+    """Where summary ``s``'s readable peak is exact, as a phrase, with what the exact peak is
+    where only its "a multiple of" conditions fail.
+
+    >>> from types import SimpleNamespace as S
+    >>> exact_when(S(readable_when=("L a multiple of 128", "B*L >= 467"),
+    ...              readable_error=(0, 22548)))
+    'exact when L is a multiple of 128 and B*L >= 467 (where only the multiple fails, the exact peak is 0 to 22,548 bytes above it)'
+    """
+    conds = [c.replace(" a multiple of ", " is a multiple of ") for c in s.readable_when]
+    if not conds:
+        return "exact wherever the trace holds"
+    text = "exact when " + (", ".join(conds[:-1]) + " and " if len(conds) > 1 else "") + conds[-1]
+    lo, hi = s.readable_error or (0, 0)
+    if any(" a multiple of " in c for c in s.readable_when) and (lo, hi) != (0, 0):
+        span = f"{lo:,} to {hi:,} bytes above it" if lo >= 0 else f"{lo:+,} to {hi:+,} bytes off"
+        text += f" (where only the multiple fails, the exact peak is {span})"
+    return text
+
+
+def at_dims(s) -> str:
+    """``"L = 1024"``: the named dims' values the summary's numbers are at ("" in B alone)."""
+    return ", ".join(f"{k} = {v}" for k, v in s.readable_point.items() if k != "B")
+
+
 def render_text(report, B: int | None = None) -> str:  # noqa: N803
     from ..formula.symbols import B as SYM_B
     from ..memory.liveness import PARTS
 
+    if report.named is not None:
+        return (f"fxmem report in B and {', '.join(report.dims)} (device={report.device})\n"
+                f"peak bytes = {report.peak}\n"
+                f"valid when: {', '.join(map(str, report.valid_when))}"
+                + (f"\n{report.lifted}" if report.lifted else ""))
     b = B or max(report.trace.batch_hint, report.min_batch_size)
     lines = [f"fxmem report ({'training' if report.trace.train else 'inference'} step, "
              f"device={report.device})",

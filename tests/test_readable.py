@@ -1,0 +1,165 @@
+"""The readable peak (issue 41, item 5): one polynomial in B and the named dims, exact where
+its stated conditions hold, checked against the exact expression over grids of points; and
+every format leads with it, the exact expression one click or one flag away."""
+
+import json
+
+import pytest
+import sympy
+import torch
+from click.testing import CliRunner
+from torch import nn
+
+import fxmem
+from fxmem.cli.command import cli
+from fxmem.formula.readable import readable
+from fxmem.formula.symbols import B, L
+from fxmem.report.html import render_html
+from fxmem.report.markdown import render_markdown
+from fxmem.report.summary import summarize
+from fxmem.report.terminal import render_terminal
+
+
+def _check(exact, r, points):
+    """Where its conditions hold, the readable formula is the exact peak; where only its
+    multiples fail, within ``error``; it differs only where a condition fails."""
+    held = 0
+    for b, n in points:
+        vals = {"B": b, "L": n} if n is not None else {"B": b}
+        x = exact(b, n)
+        got = r.formula.xreplace({B: b, L: n} if n is not None else {B: b})
+        if r.holds(**vals):
+            held += 1
+            assert got == x, (vals, x, got)
+        elif r.holds(multiples=False, **vals):
+            assert r.error[0] <= x - got <= r.error[1], (vals, x - got, r.error)
+        if got != x:
+            assert not r.holds(**vals), vals
+    return held
+
+
+# the GPT-2 peak of issue 41 (n_layer=6, bf16, A100, fxmem at 3dc1e0b), as the CLI printed
+# it: a Max of ceilings, floors, Min and Piecewise
+GPT2 = sympy.sympify(
+    "Max(1024*ceiling(B*L/64) + 964080640, 3072*B*L + 2*Piecewise((512, B*L > 3072), (0, True))"
+    " + Piecewise((3072*floor(B*L/10) + 3072*Min(50257, B*L), B*L > 3072), (0, True)) "
+    "+ 3*Piecewise((512*ceiling(B*L/64), B*L > 3072), (0, True)) + Piecewise((512*ceiling("
+    "floor(B*L/10)/64 + Min(50257, B*L)/64), B*L > 3072), (0, True)) + 2*Piecewise((512*"
+    "ceiling(Min(50257, B*L)/64), B*L > 3072), (0, True)) + 1024*ceiling(B*L/64) + 809691136,"
+    " 23040*B*L + 399360*B*floor(L/128 + 127/128) + 512*ceiling(L/64) + 1024*ceiling(B*L/128)"
+    " + 1024*ceiling(B*L/64) + 512*ceiling(3*B*L/32) + 512*ceiling(3*B*L/2) + 648602624, "
+    "360960*B*L + 399360*B*floor(L/128 + 127/128) + 512*ceiling(L/64) + 11264*ceiling(B*L/128)"
+    " + 1024*ceiling(B*L/64) + 3072*ceiling(3*B*L/32) + 5632*ceiling(3*B*L/2) + 577629184, "
+    "410112*B*L + 512*ceiling(L/64) + 13312*ceiling(B*L/128) + 1024*ceiling(B*L/64) + 3072*"
+    "ceiling(3*B*L/32) + 6656*ceiling(3*B*L/2) + 1536*ceiling(50257*B*L/128) + 489786880, "
+    "3072*B*L + 3072*L + 2*Piecewise((512, L > 3072), (0, True)) + Piecewise((3072*floor(L/10)"
+    " + 3072*Min(1024, L), L > 3072), (0, True)) + 3*Piecewise((512*ceiling(L/64), L > 3072), "
+    "(0, True)) + Piecewise((512*ceiling(floor(L/10)/64 + Min(1024, L)/64), L > 3072), "
+    "(0, True)) + 2*Piecewise((512*ceiling(Min(1024, L)/64), L > 3072), (0, True)) + 512*"
+    "ceiling(L/64) + 1024*ceiling(B*L/64) + 655301632)", locals={"B": B, "L": L})
+
+
+def test_the_gpt2_peak_of_the_issue_reads_as_one_polynomial():
+    r = readable(GPT2, {B: 16, L: 1024}, {B: 2, L: 2})
+    assert r.formula == 1023588 * B * L + 8 * L + 489786880
+    assert r.formula.xreplace({L: 1024}) == 1048154112 * B + 489795072  # the peak at L=1024
+    assert r.exact_when == ("L a multiple of 128", "B*L >= 464") and r.proved
+    points = [(b, n) for b in (2, 3, 5, 16, 17, 64, 200) for n in range(2, 1025, 29)]
+    points += [(b, n) for b in (3, 4, 9, 16) for n in range(128, 4097, 128)]
+    assert _check(lambda b, n: int(GPT2.xreplace({B: b, L: n})), r, points) > 40
+    assert GPT2.xreplace({B: 2, L: 128}) != r.formula.xreplace({B: 2, L: 128})  # B*L < 464
+
+
+def test_a_b_only_peak_with_a_crossing_is_read_within_its_range():
+    r = fxmem.analyze(nn.Linear(1000, 8), torch.randn(4, 1000), loss=torch.sum)
+    low, high = r.readable_peak(64), r.readable_peak(5000)
+    assert low.exact_when == ("B a multiple of 16", "B <= 1010")
+    assert high.exact_when == ("B a multiple of 16", "B >= 1055")
+    for rd in (low, high):
+        assert _check(lambda b, n: r.peak_bytes(b), rd,
+                      [(b, None) for b in range(2, 6000, 7)] + [(16 * k, None) for k in
+                                                                range(1, 300, 3)]) > 20
+
+
+# the LSTM example's peak (docs/gallery/lstm_classifier.md): the other branches' thresholds
+# (B > 96) are taken as at the point, and the conditions on B folded into its bounds
+LSTM = sympy.sympify(
+    "Max(512*ceiling(B/64) + 512*ceiling(B/2) + 31255552, 87040*B + 512*ceiling(B/64) + 512*"
+    "ceiling(B/2) + 18758656, 126976*B + 512*ceiling(B/64) + 512*ceiling(B/2) + 512*ceiling("
+    "Max(0, 32768*B - 3686400)/512) + 22445056, 32768*B + 2*Piecewise((512, B > 96), (0, True))"
+    " + Piecewise((512*floor(16*B/5) + 512*Min(5000, 32*B), B > 96), (0, True)) + 3*Piecewise(("
+    "512*ceiling(B/2), B > 96), (0, True)) + Piecewise((512*ceiling(floor(16*B/5)/64 + Min(5000,"
+    " 32*B)/64), B > 96), (0, True)) + 2*Piecewise((512*ceiling(Min(5000, 32*B)/64), B > 96), "
+    "(0, True)) + 512*ceiling(B/64) + 512*ceiling(B/2) + 25005056)", locals={"B": B})
+
+
+@pytest.mark.parametrize("b, when", [(64, ("B a multiple of 64", "B <= 69")),
+                                     (96, ("B a multiple of 64", "B >= 70", "B <= 112")),
+                                     (1000, ("B a multiple of 64", "B >= 113"))])
+def test_thresholds_in_the_other_branches_become_bounds_on_b(b, when):
+    r = readable(LSTM, {B: b}, {B: 2})
+    assert r.exact_when == when and r.proved
+    assert _check(lambda x, _: int(LSTM.xreplace({B: x})), r,
+                  [(x, None) for x in range(2, 3000, 3)] + [(64 * k, None) for k in
+                                                            range(1, 40)]) >= (b != 96)
+
+
+@pytest.fixture(scope="module")
+def lm():
+    from zoo import gpt2
+
+    pytest.importorskip("transformers")
+    m = gpt2(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=512,
+             bos_token_id=0, eos_token_id=0)
+    ids = torch.randint(0, 128, (4, 16))
+    return fxmem.analyze(m, (ids, ids), optimizer=torch.optim.AdamW, amp=torch.bfloat16,
+                         dims={"L": [(0, 1), (1, 1)]})
+
+
+def test_a_traced_lm_in_b_and_l_reads_exactly_where_its_conditions_hold(lm):
+    rd = lm.readable_peak(8, L=256)
+    assert rd is not None and rd.proved and rd.formula.is_polynomial(B, L)
+    assert not rd.formula.has(sympy.ceiling, sympy.floor, sympy.Max, sympy.Piecewise)
+    assert rd.holds(B=8, L=256) and rd.formula.xreplace({B: 8, L: 256}) == lm.peak_bytes(8, L=256)
+    points = [(b, n) for b in (2, 3, 8, 12, 33) for n in (2, 17, 64, 100, 128, 256, 320, 512)]
+    assert _check(lambda b, n: lm.peak_bytes(b, L=n), rd, points) >= 5
+
+
+def test_every_format_leads_with_the_readable_peak_and_keeps_the_exact_one(lm):
+    at = lm.at(L=256)
+    s = summarize(at, B=8, setup={"peak in B, L": str(lm.peak)}, named=lm, dims={"L": 256})
+    assert s.leads_readable and s.peak_exact == str(lm.peak)
+    assert s.readable_point == {"B": 8, "L": 256}
+    doc = s.to_dict()
+    assert doc["peak_formula"] == str(at.peak) and doc["setup"]["peak in B, L"] == s.peak_exact
+    assert doc["peak_readable"] == str(lm.readable_peak(8, L=256).formula)
+    assert isinstance(doc["readable_when"], list) and len(doc["readable_error"]) == 2
+    json.dumps(doc)
+    md = render_markdown(s)
+    head, details = md.split("<details>")
+    assert f"`{s.peak_readable}` bytes, exact when" in head and s.peak_exact not in head
+    assert f"`{s.peak_exact}`" in details and "At L = 256" in head
+    page = render_html(s)
+    lead, rest = page.split('<details id="exact-formula">')
+    assert f"peak bytes = {s.peak_readable}" in lead and "peak bytes = max(" in rest
+
+    def text(exact):
+        from rich.console import Console
+
+        c = Console(width=400, record=True)
+        c.print(render_terminal(s, exact=exact))
+        return c.export_text()
+
+    short, full = text(False), text(True)
+    assert s.peak_readable in short and "--exact-formula" in short and s.peak_exact not in short
+    assert "Exact expression: Max(" in full and "--exact-formula" not in full
+
+
+def test_cli_exact_formula_flag():
+    args = ["analyze", "tests/zoo.py:KeepsLocals", "--input", "B,L,32", "--target", "B,L,8",
+            "--loss", "mse", "--dim", "L=64", "--batch", "8"]
+    short = CliRunner().invoke(cli, args, terminal_width=400)
+    full = CliRunner().invoke(cli, args + ["--exact-formula"], terminal_width=400)
+    assert short.exit_code == 0 and full.exit_code == 0, short.output + full.output
+    assert "Peak memory (bytes, in B, L)" in short.output and "Exact expression" in full.output
+    assert "--exact-formula shows" in short.output and "--exact-formula shows" not in full.output
