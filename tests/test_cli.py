@@ -57,6 +57,10 @@ def test_table_html_and_out_file(tmp_path):
     assert r.returncode == 0, r.stderr
     assert out.read_text().lstrip().lower().startswith("<!doctype html")
     assert f"wrote {out}" in r.stderr
+    table = tmp_path / "report.txt"  # the table format to a file: plain text, no colour codes
+    r = run("analyze", *SEED, "--budget", "8GiB", "--out", str(table))
+    assert r.returncode == 0, r.stderr
+    assert "Peak memory" in table.read_text() and "\x1b[" not in table.read_text()
 
 
 def test_checkpoint_auto_and_paths():

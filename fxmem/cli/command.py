@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import secrets
 import sys
 import traceback
 import warnings
@@ -23,6 +22,7 @@ import torch.nn.functional as F  # noqa: N812
 
 from ..errors import FxmemError, InfeasibleBudgetError, InputError, TraceError, one_line
 from ..trace.dtypes import AMP, accepted, dtype_of
+from .files import check_out, plain_text, write_file
 from .strategies import data_parallel, tensor_parallel
 
 EXIT_INTERNAL, EXIT_USAGE, EXIT_TRACE, EXIT_BUDGET, EXIT_INTERRUPTED = 1, 2, 3, 4, 130
@@ -192,9 +192,9 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
     (nothing is downloaded), with their input size, classes and sequence length taken from
     the model's config; --config keys are checked against its fields."""
     with _failing(debug):
-        _check_out(out)  # before any work: a report with nowhere to go is lost
+        check_out(out)  # before any work: a report with nowhere to go is lost
         if save_plan:
-            _check_out(save_plan, "--save-plan")
+            check_out(save_plan, "--save-plan")
         if device == "cpu" and capability is not None:
             raise InputError("--compute-capability names the GPU whose kernels --device cuda "
                              "follows: drop it with --device cpu")
@@ -208,7 +208,7 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
                             parallel=parallel, save_plan=save_plan,
                             exact_formula=exact_formula)
         if out:
-            write_file(out, text)
+            write_file(out, text if isinstance(text, str) else plain_text(text))
     if save_plan:
         click.echo(f"wrote the checkpoint plan to {save_plan}", err=True)
     if out:
@@ -244,7 +244,7 @@ def validate(device, scale, only, out_md, out_json, fake_gpu, debug):
 
     with _failing(debug):
         for path in (out_md, out_json):
-            _check_out(path)
+            check_out(path)
         if fake_gpu is not None:
             if device != "cuda":
                 raise InputError("--fake-gpu runs the CUDA harness: --device cuda")
@@ -295,39 +295,6 @@ def _silenced():
             yield
         finally:
             logging.disable(disabled)
-
-
-def _check_out(path, option: str = "--out") -> None:
-    """``--out``'s (``option``'s) folder exists and takes a new file, before any work."""
-    if not path:
-        return
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise InputError(f"{option} {path} is a folder: give a file name")
-    if not os.path.isdir(folder):
-        raise InputError(f"{option} {path}: no such folder {folder}: create it first")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise InputError(f"{option} {path}: cannot write in {folder}")
-
-
-def write_file(path: str, text: str) -> None:
-    """``text`` into ``path`` whole or not at all: written to a new file beside it, then
-    renamed over it (an error leaves no file, or the old one, never half of one)."""
-    folder, name = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise _Exit(EXIT_USAGE, f"cannot write {path}: {e.strerror or e}") from None
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
 
 
 # the library's words for what the command's options say
