@@ -77,14 +77,22 @@ def _math(expr) -> Markup:
         Markup(mathml(expr, printer="presentation")))
 
 
+LONG_BRANCH = 160  # characters: a longer Max branch (a Piecewise) is too wide to typeset
+
+
 def _formula(text: str) -> tuple[str, Markup | None]:
     """The peak formula laid out one ``Max`` branch a line, as text and as MathML (``None``
-    when sympy cannot parse the text). A ``Max`` is ``max`` beside a bracketed column of its
+    when sympy cannot parse the text, or a branch is longer than :data:`LONG_BRANCH`). A ``Max`` is ``max`` beside a bracketed column of its
     branches, one ``<math>`` each, so a long formula grows down the page, not across it."""
     try:
         expr = sympy.sympify(text)
     except (sympy.SympifyError, SyntaxError, TypeError):
         return text, None
+    branches = expr.args if isinstance(expr, sympy.Max) else (expr,)
+    if isinstance(expr, sympy.Max):
+        text = "max(\n" + ",\n".join(f"    {a}" for a in branches) + "\n)"
+    if any(len(str(a)) > LONG_BRANCH for a in branches):
+        return text, None  # MathML does not wrap: such a line is shown as wrapping text only
     if not isinstance(expr, sympy.Max):
         return text, _math(expr)
     last = len(expr.args) - 1
@@ -93,7 +101,7 @@ def _formula(text: str) -> tuple[str, Markup | None]:
         for i, a in enumerate(expr.args))
     math = Markup('<div class="max"><span class="max-op">max</span>'
                   '<div class="branches">{}</div></div>').format(rows)
-    return "max(\n" + ",\n".join(f"    {a}" for a in expr.args) + "\n)", math
+    return text, math
 
 
 # a setup value that is a formula in B (e.g. the CLI's "peak in B, L"): arithmetic only, so
