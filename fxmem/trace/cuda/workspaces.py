@@ -374,6 +374,46 @@ def _softmax_backward(a, cap, sms, log=False):
     return _clean(tmp + _made_contiguous(a, ("output",)))
 
 
+# --- 7. split_with_sizes_copy.out (cuda/TensorShape.cu; FSDP2's all-gather copy-out) --------
+
+def _split_with_sizes_copy(a, cap, sms):
+    """``split_with_sizes_copy_out_cuda``: when the input and every output are dense and of one
+    dtype, the fast path packs five int64 vectors into one tensor moved to the device
+    (``detail::pack_vecs``), alive while its kernel is launched: the outputs' and the splits'
+    addresses and the splits' chunk bytes (one each per split), the split of each block and
+    the blocks' cumulative sums (one per split, and one). A split of ``c`` chunk bytes takes
+    ``ceil(c / (128 * 16 * iters_per_chunk))`` blocks; ``iters_per_chunk`` grows past one
+    only when the first pass's blocks times the chunks exceed twice the SMs' threads over 128.
+    FSDP2's ``fsdp.split_with_sizes_copy`` calls it on the all-gather output (seen on 2.14.1's
+    and 2.15's binaries on the fake GPU: 88 and 112 bytes for two parameters' shards,
+    ``tests/test_fake_gpu_parallel.py``). Sizes that depend on B: not sized (none here)."""
+    x = a.get("self", a.get("all_gather_output"))
+    sizes = a.get("split_sizes", a.get("all_gather_input_split_sizes"))
+    outs = a.get("out") or ()
+    if x is None or sizes is None or x.dim() == 0:
+        return []
+    from torch.fx.experimental.symbolic_shapes import is_concrete_int
+
+    dims = [*x.shape, *x.stride(), *sizes, *(d for o in outs for d in (*o.shape, *o.stride()))]
+    if not all(is_concrete_int(d) for d in dims):
+        return []
+    if not _contiguous(x) or any(not _contiguous(o) or o.dtype != x.dtype for o in outs):
+        return []  # (dense but permuted operands also take the fast path: not sized)
+    dim = int(a.get("dim", 0)) % x.dim()
+    chunk = [int(n) * int(x.stride(dim)) * x.element_size() for n in sizes]
+    num_chunks = x.numel() // max(1, math.prod(int(n) for n in x.shape[dim:]))
+    per_block = 128 * 16  # BLOCK_SIZE threads, BYTES_PER_THREAD each
+    first = sum(_cdiv(c, per_block) for c in chunk)
+    threads_per_sm = 2048 if tuple(cap)[:1] in ((8,), (9,), (10,)) and tuple(cap) not in (
+        (8, 6), (8, 7), (8, 9)) else 1536
+    max_blocks = int(sms * threads_per_sm / 128 * 2.0)
+    iter_factor = _cdiv(first * num_chunks, max_blocks)
+    per_block_chunks = min(math.ceil(math.sqrt(iter_factor)), num_chunks) or 1
+    iters = _cdiv(iter_factor, per_block_chunks)
+    blocks = sum(_cdiv(c, per_block * iters) for c in chunk)
+    return [("pack_vecs: addresses, chunk sizes, block map", (4 * len(chunk) + 1 + blocks) * 8)]
+
+
 # --- the table -----------------------------------------------------------------------------------
 
 _RULES = {
@@ -399,7 +439,10 @@ _RULES = {
     aten._log_softmax.default: lambda a, c, s: _clean(_made_contiguous(a, ("self",))),
     aten._softmax_backward_data.default: _softmax_backward,
     aten._log_softmax_backward_data.default: lambda a, c, s: _softmax_backward(a, c, s, True),
+    aten.split_with_sizes_copy.out: _split_with_sizes_copy,
 }
+# ops of libraries registered on import, by name (FSDP2's custom ops)
+_NAMED_RULES = {"fsdp.split_with_sizes_copy.default": _split_with_sizes_copy}
 
 OPS: frozenset = frozenset(_RULES)
 
@@ -414,7 +457,7 @@ def workspace_bytes(func, args, kwargs, out, *, capability=(9, 0), num_sms=None)
     """``[(what, nbytes)]``: the temporaries the CUDA kernel of ``func`` has alive together at
     its peak (their sum is its peak extra bytes); ``[]`` for ops not in :data:`OPS`.
     ``num_sms`` defaults to the usual part of ``capability`` (A100, H100, B200)."""
-    rule = _RULES.get(func)
+    rule = _RULES.get(func) or _NAMED_RULES.get(str(func))
     if rule is None:
         return []
     return rule(_by_name(func, args, kwargs), tuple(capability), _sms(capability, num_sms)[0])

@@ -21,6 +21,15 @@ batch-norm workspaces and reserve space, RNN workspace and reserve space and the
 state are 0 bytes; so PyTorch's own allocations around cuDNN are checked exactly, and the
 prediction is given the same figure (``cuda_memory(B, cudnn_workspace=...)``).
 
+NCCL is answered too (``nccl_stub.c``, compiled in when the venv's ``nvidia/nccl`` wheel has
+``nccl.h``): :func:`fxmem.validate.fakegpu.ranks.call_ranks` starts W processes, each its own
+fake device 0, in one ``ProcessGroupNCCL`` group (file-store rendezvous), so FSDP2, DDP and
+TP steps run with PyTorch's own allocations around each collective (outputs, flat buffers,
+the tensors a work keeps until waited), and ``ranks.measure_rank`` measures each rank.
+Collectives move no data between processes (each rank sees what it would if all ranks held
+its values); NCCL's own device buffers (channels, proxies, registrations) do not exist here,
+as they are outside PyTorch's allocator on a GPU too.
+
 What it shares with a real GPU run of the same PyTorch build:
 
 - PyTorch's CUDA host code: dispatch, autograd, the optimizer's foreach/fused paths, the

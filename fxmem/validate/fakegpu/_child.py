@@ -16,6 +16,10 @@ optimizer_factory)``:
 With ``"call": true`` the function is instead called with ``kwargs`` and what it returns
 (JSON-able) is the result, under ``"value"``: for probes of single ops.
 
+With ``"rank"``, ``"world_size"`` and ``"init_method"`` (one rank of a parallel run started
+by :mod:`fxmem.validate.fakegpu.ranks`), the process joins a ``"backend"`` (default NCCL:
+the stub's) process group first and leaves it after the target returns.
+
 Prints one line ``FAKEGPU_RESULT {json}``.
 """
 
@@ -66,7 +70,17 @@ def main():
     import torch
 
     result = {"torch": torch.__version__}
+    dist = None
     try:
+        if cfg.get("world_size") is not None:
+            import datetime
+
+            import torch.distributed as dist
+
+            torch.cuda.set_device(0)
+            dist.init_process_group(cfg.get("backend", "nccl"), init_method=cfg["init_method"],
+                                    rank=cfg["rank"], world_size=cfg["world_size"],
+                                    timeout=datetime.timedelta(seconds=cfg.get("timeout", 300)))
         fn = _load(cfg["target"])
         if cfg.get("call"):
             result["value"] = fn(**cfg.get("kwargs", {}))
@@ -135,6 +149,8 @@ def main():
     except BaseException as e:  # report, don't crash without a result line
         result["error"] = f"{type(e).__name__}: {e}"
         result["traceback"] = traceback.format_exc()
+    if dist is not None and dist.is_initialized():
+        dist.destroy_process_group()
     sys.stdout.flush()
     print("FAKEGPU_RESULT " + json.dumps(result), flush=True)
 

@@ -6,7 +6,8 @@ The stub is compiled against the CUDA headers of the Python environment it is me
 internal headers that ``cuda_runtime_api.h`` includes; they are then taken from triton's
 bundled copy or, last, from a CUDA toolkit.  When the environment's cuDNN wheel has its
 headers (``nvidia/cudnn/include``), ``cudnn_stub.c`` is compiled into the same library, so
-the one preloaded object also answers cuDNN.  Results are cached under ``out_dir`` by a hash
+the one preloaded object also answers cuDNN; likewise ``nccl_stub.c`` when its NCCL wheel
+has ``nccl.h`` (``nvidia/nccl/include``), for ProcessGroupNCCL.  Results are cached under ``out_dir`` by a hash
 of the sources, the headers used and the compiler command.
 """
 
@@ -24,11 +25,13 @@ from pathlib import Path
 STUB_SOURCE = Path(__file__).with_name("stub.c")
 #: the cuDNN entry points, compiled into the same library when cuDNN's headers are found
 CUDNN_SOURCE = Path(__file__).with_name("cudnn_stub.c")
+#: the NCCL entry points, compiled in when NCCL's header is found
+NCCL_SOURCE = Path(__file__).with_name("nccl_stub.c")
 LIB_NAME = "libcuda.so.1"
 
 #: headers whose contents decide the binary (struct layouts, enum values, versions)
 _KEY_HEADERS = ("cuda.h", "cuda_runtime_api.h", "driver_types.h", "cublas_api.h",
-                "cudnn_version.h", "cudnn_graph_v9.h")
+                "cudnn_version.h", "cudnn_graph_v9.h", "nccl.h")
 
 
 def site_packages(python_exe: str | os.PathLike | None = None) -> list[Path]:
@@ -115,6 +118,17 @@ def find_cudnn_include_dir(python_exe: str | os.PathLike | None = None) -> Path 
     return None
 
 
+def find_nccl_include_dir(python_exe: str | os.PathLike | None = None) -> Path | None:
+    """The folder holding ``nccl.h`` in ``python_exe``'s ``nvidia`` wheels (the NCCL its
+    PyTorch loads), or None: the stub then leaves NCCL to the real library."""
+    for sp in site_packages(python_exe):
+        for d in sorted(glob.glob(str(sp / "nvidia/nccl/include"))) + sorted(
+                glob.glob(str(sp / "nvidia/cu1*/include"))):
+            if (Path(d) / "nccl.h").is_file():
+                return Path(d)
+    return None
+
+
 def _cublas_version(include_dirs: list[Path]) -> int:
     for d in include_dirs:
         f = d / "cublas_api.h"
@@ -137,7 +151,7 @@ def build(
     include_dirs: list[str | os.PathLike] | None = None,
     cc: str = "gcc",
 ) -> Path:
-    """Compile the stub (and, with cuDNN's headers, the cuDNN stub) for ``python_exe``'s CUDA
+    """Compile the stub (and, with cuDNN's or NCCL's headers, their stubs) for ``python_exe``'s CUDA
     headers; return the path of libcuda.so.1.
 
     The library lands in ``out_dir/<hash>/libcuda.so.1`` (with a ``libcuda.so`` link beside
@@ -153,6 +167,14 @@ def build(
         sources.append(CUDNN_SOURCE)
         if cudnn_inc not in incs:
             incs = incs + [cudnn_inc]
+    if include_dirs:
+        nccl_inc = next((d for d in incs if (d / "nccl.h").is_file()), None)
+    else:
+        nccl_inc = find_nccl_include_dir(python_exe)
+    if nccl_inc is not None:
+        sources.append(NCCL_SOURCE)
+        if nccl_inc not in incs:
+            incs = incs + [nccl_inc]
     blas_ver = _cublas_version(incs)
     cmd_tail = [
         "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wno-deprecated-declarations",

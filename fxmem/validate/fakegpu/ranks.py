@@ -1,0 +1,165 @@
+"""Parallel steps on the fake GPU: ``world_size`` processes of a CUDA build of PyTorch, each
+with the stub preloaded and its own fake device 0, joined in one NCCL process group whose
+NCCL is the stub's (``nccl_stub.c``, built into the same library when the venv's NCCL wheel
+has ``nccl.h``).
+
+PyTorch's ``ProcessGroupNCCL`` then runs as on a GPU cluster: the rendezvous through a file
+store, a communicator per group, each collective on its NCCL stream with its events, the
+tensors it keeps until the work is waited, the outputs and flat buffers it allocates,
+all through each rank's own caching allocator, so ``max_memory_allocated`` /
+``max_memory_reserved`` of each rank are PyTorch's own figures for FSDP2, DDP and tensor
+parallelism. The stub's collectives move no data between processes (each rank sees what it
+would if every rank held what it holds) and NCCL's own device buffers, outside PyTorch's
+allocator, do not exist (see ``nccl_stub.c``).
+
+>>> from fxmem.validate.fakegpu.ranks import call_ranks
+>>> call_ranks("/work/venv2/bin/python", "mytargets.py:step", 2, kwargs={"B": 8})  # doctest: +SKIP
+[{...rank 0's value...}, {...rank 1's...}]
+
+The target runs in each rank's process after ``init_process_group``; to measure a step
+there, it calls :func:`measure_rank` (the model wrapped by an :class:`fxmem.FSDP`,
+:class:`fxmem.DDP`, :class:`fxmem.TP` or :class:`fxmem.Parallel` on a CUDA device mesh, and
+:func:`fxmem.measure`'s CUDA protocol).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from .build import build
+from .run import CHILD, DEFAULT_BUILD_DIR, FakeGPUError, _paths, stub_env
+
+POLL_SECONDS = 0.05
+EXTRA = int(os.environ.get("EXTRA", "0"))
+
+
+def call_ranks(python_exe, target: str, world_size: int, *, kwargs: dict | None = None,
+               sys_path: list[str] | None = None, build_dir=None, env: dict | None = None,
+               timeout: float = 600) -> list:
+    """Call ``target(**kwargs)`` in ``world_size`` processes of ``python_exe`` on the fake
+    GPU, each one rank of an NCCL process group (the stub's NCCL; ``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK=0`` set); return what each returned (JSON-able), rank 0 first. A rank that
+    fails, or ranks still running after ``timeout`` seconds, raise :class:`FakeGPUError`
+    (every process is killed first: nothing outlives the call)."""
+    lib = build(build_dir or DEFAULT_BUILD_DIR, python_exe)
+    with tempfile.TemporaryDirectory(prefix="fxmem-fakegpu-ranks-") as tmp:
+        init = "file://" + os.path.join(tmp, "store")
+        procs, files = [], []
+        try:
+            for rank in range(world_size):
+                cfg = {"target": target, "kwargs": kwargs or {}, "call": True,
+                       "sys_path": _paths(sys_path), "rank": rank, "world_size": world_size,
+                       "init_method": init, "timeout": timeout}
+                e = stub_env(lib, env)
+                e.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0",
+                         LOCAL_WORLD_SIZE="1")
+                out = open(Path(tmp) / f"rank{rank}.out", "w+")
+                err = open(Path(tmp) / f"rank{rank}.err", "w+")
+                files += [out, err]
+                procs.append(subprocess.Popen([str(python_exe), str(CHILD), json.dumps(cfg)],
+                                              env=e, stdout=out, stderr=err, text=True))
+            timed_out = _wait(procs, time.monotonic() + timeout)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                p.wait()
+        results = []
+        for rank, p in enumerate(procs):
+            out, err = files[2 * rank], files[2 * rank + 1]
+            out.seek(0)
+            err.seek(0)
+            results.append(_result(rank, p.returncode, out.read(), err.read(), timed_out))
+        for f in files:
+            f.close()
+    return results
+
+
+def _wait(procs, deadline: float) -> bool:
+    """Until every process ends, one fails (the others, waiting for it, are then killed) or
+    the deadline passes (True)."""
+    while True:
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
+            return False
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(POLL_SECONDS)
+
+
+def _result(rank, code, stdout, stderr, timed_out):
+    line = next((ln for ln in reversed(stdout.splitlines())
+                 if ln.startswith("FAKEGPU_RESULT ")), None)
+    if line is None:
+        why = "timed out (killed)" if timed_out else f"exit code {code}"
+        raise FakeGPUError(f"rank {rank} of the fake-GPU run produced no result ({why})\n"
+                           f"stdout:\n{stdout[-4000:]}\nstderr:\n{stderr[-4000:]}")
+    res = json.loads(line[len("FAKEGPU_RESULT "):])
+    if "error" in res:
+        raise FakeGPUError(f"rank {rank}: {res['error']}\n{res.get('traceback', '')}\n"
+                           f"stderr:\n{stderr[-4000:]}")
+    return res["value"]
+
+
+def _no_value_checks() -> None:
+    """DDP's check that every rank has the same parameters compares numbers a kernel writes
+    on the device (2.15: the parameter count, filled by a kernel, then broadcast), which
+    the fake GPU's kernels never write: in this rank's process it is skipped. The
+    broadcast of rank 0's parameters and buffers that follows still runs."""
+    import torch.nn.parallel.distributed as ddp
+
+    ddp._verify_param_shape_across_processes = lambda *args, **kwargs: None
+
+
+def measure_rank(model, inputs, targets=(), *, parallel, B: int, step=None,  # noqa: N803
+                 batch_dim=0, record_history: bool = False, **options) -> dict:
+    """In one rank's process (a :func:`call_ranks` target): ``model`` wrapped by
+    ``parallel`` on a CUDA device mesh over the process group, and its step at batch size
+    ``B`` measured as :func:`fxmem.measure` measures a CUDA step (warm-up steps, then
+    ``empty_cache``, ``reset_peak_memory_stats`` and the measured step). The step is
+    ``step`` with ``options`` (``loss``, ``optimizer``, ...) as for :func:`fxmem.measure`;
+    the device is ``"cuda"``. Returns the :class:`fxmem.validate.measure.Measurement` as a
+    JSON-able dict, with ``rank`` and ``torch_version``.
+
+    Under FSDP2 the model is handed to ``fully_shard`` as it comes (on the CPU): it moves
+    each rank's shards to the device; the model of any other strategy (DDP, TP) is moved
+    to ``cuda`` first. The batch is made after the wrapping."""
+    import dataclasses
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from ...trace.parallel import FSDP
+    from ...trace.tp import Parallel
+    from ...trace.step import Step, make_grad_scaler, make_optimizer, make_spec, run_step
+    from ..measure import _measure_cuda, batch_of
+
+    step = Step.of(step, device="cuda", **options)
+    spec = make_spec(model, inputs, targets, step, batch_dim)
+    mesh = init_device_mesh("cuda", parallel.mesh_shape, mesh_dim_names=parallel.mesh_dim_names)
+    if not isinstance(parallel, (FSDP, Parallel)):  # fully_shard moves every parameter
+        model = model.to("cuda")
+    _no_value_checks()
+    model = parallel.apply(model, mesh) or model
+    n_in = len(spec.inputs)
+    ins = [batch_of(t, B, "cuda", d) for t, d in zip(spec.inputs, spec.batch_dims)]
+    tgs = [batch_of(t, B, "cuda", d) for t, d in zip(spec.targets, spec.batch_dims[n_in:])]
+    params = list(model.parameters())
+    factory = parallel.optimizer(spec.optimizer)
+    opt = make_optimizer(factory, params, "cuda", spec) if factory else None
+    scaler = make_grad_scaler(spec, "cuda")
+    for _ in range(parallel.warmup_steps - 1 + EXTRA):  # the measure's own warm-up is the last
+        out = run_step(model, spec, ins, tgs, params, opt, lambda phase: None, scaler=scaler)
+        del out
+    m = _measure_cuda(model, spec, ins, tgs, params, opt, B, scaler, record_history)
+    got = dataclasses.asdict(m)
+    got["allocations"] = [list(a) for a in m.allocations]
+    got["torch_version"] = torch.__version__
+    got["rank"] = dist.get_rank()
+    return got

@@ -1,0 +1,67 @@
+"""Parallel steps for the fake GPU's ranks (tests/test_fake_gpu_parallel.py): each case is a
+model, its example batch and a strategy; :func:`measure` runs in each rank's process
+(:func:`fxmem.validate.fakegpu.ranks.call_ranks`), :func:`case` also in the test's, for the
+prediction."""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+from fxmem import DDP, FSDP, TP
+
+
+class Stack(nn.Module):
+    """Blocks of Linear + ReLU and a head (FSDP2 shards each block, then the root)."""
+
+    def __init__(self, d=64, n=3, out=10):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Sequential(nn.Linear(d, d), nn.ReLU())
+                                     for _ in range(n)])
+        self.head = nn.Linear(d, out)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+class MLP(nn.Module):
+    """Up, ReLU, down; ``up`` column-wise and ``down`` row-wise under TP (every parameter a
+    DTensor: CUDA's foreach Adam takes no mix of DTensors and plain tensors)."""
+
+    def __init__(self, d=64, hidden=256):
+        super().__init__()
+        self.up = nn.Linear(d, hidden)
+        self.down = nn.Linear(hidden, d)
+
+    def forward(self, x):
+        return self.down(F.relu(self.up(x)))
+
+
+MLP_PLAN = {"up": ColwiseParallel(), "down": RowwiseParallel()}
+
+CASES = {
+    "fsdp": (Stack, lambda: FSDP(2)),
+    "fsdp-keep": (Stack, lambda: FSDP(2, reshard_after_forward=False)),
+    "ddp": (Stack, lambda: DDP(2)),
+    "tp": (MLP, lambda: TP(2, MLP_PLAN)),
+}
+
+
+def case(name):
+    """``(model, x, y, parallel, step options)`` of the case ``name``."""
+    make, strategy = CASES[name]
+    torch.manual_seed(0)
+    model = make()
+    x, y = torch.randn(4, 64), torch.randint(0, 10, (4,))
+    return model, x, y, strategy(), dict(loss=F.cross_entropy, optimizer=torch.optim.Adam)
+
+
+def measure(name, B, record_history=False):  # noqa: N803
+    """In a rank's process: the case's step measured at batch size ``B``."""
+    from fxmem.validate.fakegpu.ranks import measure_rank
+
+    model, x, y, parallel, step = case(name)
+    return measure_rank(model, (x,), (y,), parallel=parallel, B=B,
+                        record_history=record_history, **step)

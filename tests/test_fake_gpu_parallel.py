@@ -1,0 +1,86 @@
+"""Data and model parallelism on the fake GPU (issue 42, item 4): FSDP2, DDP and tensor
+parallel steps in two processes of the release's own CUDA build, joined in an NCCL process
+group whose NCCL is the stub's (``fxmem.validate.fakegpu.ranks``), each rank with its own
+fake device; every rank's ``max_memory_allocated`` / ``max_memory_reserved`` (PyTorch's own
+caching allocator, ProcessGroupNCCL's allocations included) against fxmem's per-rank
+prediction (``analyze(..., parallel=...).rank(r).cuda_memory(B)``) at two batch sizes.
+
+A known difference is a strict xfail naming its cause and the figures seen."""
+
+import functools
+import os
+import sys
+
+import pytest
+import torch
+
+import fxmem
+from fakegpu_marks import FAKE_GPU
+
+pytestmark = FAKE_GPU
+HERE = os.path.dirname(os.path.abspath(__file__))
+BATCHES = (4, 16)  # the example batch is 4
+
+
+@functools.lru_cache(maxsize=None)
+def _report(name):
+    import fakegpu_parallel_targets as t
+
+    model, x, y, parallel, step = t.case(name)
+    return fxmem.analyze(model, (x,), (y,), parallel=parallel, device="cuda", **step), parallel
+
+
+@functools.lru_cache(maxsize=None)
+def _figures(name, B):  # noqa: N803
+    """``(seen, predicted)``: per rank, ``(max_allocated, max_reserved)``."""
+    from fxmem.validate.fakegpu.ranks import call_ranks
+
+    report, parallel = _report(name)
+    ranks = call_ranks(sys.executable, "fakegpu_parallel_targets:measure",
+                       parallel.world_size, kwargs={"name": name, "B": B}, sys_path=[HERE])
+    assert [r["rank"] for r in ranks] == list(range(parallel.world_size))
+    seen = [(r["peak_bytes"], r["peak_reserved_bytes"]) for r in ranks]
+    want = [(d.max_allocated, d.max_reserved)
+            for d in (report.rank(k).cuda_memory(B) for k in range(parallel.world_size))]
+    return seen, want
+
+
+CASES = ("fsdp", "fsdp-keep", "ddp", "tp")
+STREAMS = ("FSDP2 allocates on its own streams (the all-gather output on the all-gather "
+           "copy-in stream, the reduce-scatter input on the reduce-scatter stream) and the "
+           "caching allocator keeps each stream's blocks apart, in segments of their own; "
+           "fxmem's replay has one stream: two more 2 MiB small segments on the fake GPU "
+           "(2.14.1, B=4: 73,400,320 B reserved on each rank, 69,206,016 predicted; 2.15: "
+           "39,845,888 and 35,651,584)")
+KNOWN_ALLOCATED: dict = {}
+KNOWN_RESERVED: dict = {"fsdp": STREAMS, "fsdp-keep": STREAMS}
+# not a strict xfail: which step lets go of it varies from run to run
+UNSTABLE_ALLOCATED = {"ddp": pytest.mark.skipif(
+    torch.__version__.startswith("2.14."),
+    reason="2.14.1's ProcessGroupNCCL keeps the inputs of a collective whose future was "
+           "waited (DDP's bucket all-reduce) stashed until a later, timing-dependent "
+           "moment: the first bucket, replaced when DDP rebuilds its buckets, is still "
+           "alive at the measured step's start in some runs and gone in others (B=4: "
+           "67,432,960 or 67,432,448 B seen, 67,432,448 predicted; B=16: 67,439,104 or "
+           "67,435,520, 67,435,520 predicted); 2.15 lets go when the future is waited")}
+
+
+def _params(known, unstable=None):
+    unstable = unstable or {}
+    return [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=known[c]))
+            if c in known else pytest.param(c, marks=unstable[c]) if c in unstable else c
+            for c in CASES]
+
+
+@pytest.mark.parametrize("name", _params(KNOWN_ALLOCATED, UNSTABLE_ALLOCATED))
+def test_allocated_per_rank(name):
+    for B in BATCHES:
+        seen, want = _figures(name, B)
+        assert [s[0] for s in seen] == [w[0] for w in want], (B, seen, want)
+
+
+@pytest.mark.parametrize("name", _params(KNOWN_RESERVED))
+def test_reserved_per_rank(name):
+    for B in BATCHES:
+        seen, want = _figures(name, B)
+        assert [s[1] for s in seen] == [w[1] for w in want], (B, seen, want)
