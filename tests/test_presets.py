@@ -104,11 +104,13 @@ def test_short_names_keep_transformers_defaults():
 
 
 def _cli(*args):
-    """The command in a fresh Python, with its own peak resident memory (KiB) on stderr."""
-    code = ("import resource, sys\nfrom fxmem.cli.command import cli\ntry:\n"
+    """The command in a fresh Python, with its own peak resident memory (KiB) on stderr:
+    ``VmHWM``, its address space's own high-water mark (``ru_maxrss`` would carry the
+    parent's from the fork, a test worker's gigabytes)."""
+    code = ("import re, sys\nfrom fxmem.cli.command import cli\ntry:\n"
             "    cli(sys.argv[1:], prog_name='fxmem')\nfinally:\n"
-            "    sys.stderr.write(f'\\nMAXRSS {resource.getrusage(resource.RUSAGE_SELF)"
-            ".ru_maxrss}\\n')")
+            "    hwm = re.search(r'VmHWM:\\s*(\\d+)', open('/proc/self/status').read())\n"
+            "    sys.stderr.write(f'\\nMAXRSS {hwm.group(1)}\\n')")
     r = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True,
                        text=True, timeout=300)
     return r, int(re.search(r"MAXRSS (\d+)", r.stderr).group(1)) * 1024

@@ -10,7 +10,7 @@ size differs (or that one of them lacks), naming the op, its module and the user
 
 >>> import torch, fxmem
 >>> r = fxmem.analyze(torch.nn.Linear(8, 4), torch.randn(2, 8), loss=lambda o: o.sum())
->>> want = predicted_allocations(r, B=3)
+>>> want = [a for a in predicted_allocations(r, B=3) if not a.what]  # from 2.15, workspaces too
 >>> [a.nbytes for a in want][:2], want[0].op
 ([48, 4], 'aten.addmm.default')
 >>> real = [(a.nbytes, "train.py:10") for a in want]
@@ -29,13 +29,16 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Allocation:
     """One allocation fxmem predicts: ``nbytes`` requested (before the allocator's rounding)
-    by op ``op_index`` (``op``, in ``module``, ``phase``)."""
+    by op ``op_index`` (``op``, in ``module``, ``phase``). ``what``: ``""`` for a storage of
+    the trace, else the library buffer the op takes for its call (``"reduction staging"``,
+    ``"cuBLAS workspace"``, ``"cuBLASLt workspace"``)."""
 
     nbytes: int
     op_index: int
     op: str
     module: str
     phase: str
+    what: str = ""
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,8 @@ class Divergence:
         """One line for a table."""
         p = self.predicted
         want = ("nothing more" if p is None else
-                f"{p.nbytes:,} B in {p.op} ({p.module or '(root)'})")
+                f"{p.nbytes:,} B{f' ({p.what})' if p.what else ''} in {p.op} "
+                f"({p.module or '(root)'})")
         got = ("nothing more" if self.measured_bytes is None else
                f"{self.measured_bytes:,} B at {self.measured_frame or '(no Python frame)'}")
         return f"allocation {self.index}: predicted {want}, measured {got}"
@@ -81,10 +85,13 @@ def predicted_allocations(report, B: int) -> list[Allocation]:  # noqa: N803
             if n:
                 out.append(Allocation(n, op.index, op.op, op.module, op.phase))
         for _, n in reduce_replay.staging(op.op, op.reduce, B, cap):
-            out.append(Allocation(n, op.index, op.op, op.module, op.phase))
+            out.append(Allocation(n, op.index, op.op, op.module, op.phase,
+                                  "reduction staging"))
         n = _per_call_workspace(op, graph.trace.compute_capability)
         if n:
-            out.append(Allocation(n, op.index, op.op, op.module, op.phase))
+            lib = "cuBLASLt" if op.blas == "cublaslt" else "cuBLAS"
+            out.append(Allocation(n, op.index, op.op, op.module, op.phase,
+                                  f"{lib} workspace"))
     return out
 
 
