@@ -3,27 +3,19 @@ model, its example batch and a strategy; :func:`measure` runs in each rank's pro
 (:func:`fxmem.validate.fakegpu.ranks.call_ranks`), :func:`case` also in the test's, for the
 prediction."""
 
+import functools
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from fxmem import DDP, FSDP, TP
+from test_fsdp import Stack as _Stack
 
-
-class Stack(nn.Module):
-    """Blocks of Linear + ReLU and a head (FSDP2 shards each block, then the root)."""
-
-    def __init__(self, d=64, n=3, out=10):
-        super().__init__()
-        self.layers = nn.ModuleList([nn.Sequential(nn.Linear(d, d), nn.ReLU())
-                                     for _ in range(n)])
-        self.head = nn.Linear(d, out)
-
-    def forward(self, x):
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x)
+# test_fsdp's blocks of Linear + ReLU and a head, at width 64 (FSDP2 shards each block, then
+# the root)
+Stack = functools.partial(_Stack, d=64)
 
 
 class MLP(nn.Module):
