@@ -143,8 +143,10 @@ class FSDP(Strategy):
                 if b not in named or b == "":
                     raise InputError(f"FSDP: the model has no submodule {b!r}")
                 out.append(b)
-            else:
-                found = [n for n, m in named.items() if isinstance(m, b) and n]
+            else:  # a block under checkpoint_wrapper is of its module's class (as in
+                # stack_blocks): the wrapper is sharded, as its path names it
+                found = [n for n, m in named.items() if n and isinstance(
+                    getattr(m, "_checkpoint_wrapped_module", m), b)]
                 if not found:
                     raise InputError(f"FSDP: the model has no submodule of class "
                                      f"{b.__name__}")

@@ -1,0 +1,62 @@
+"""FSDP2 given its blocks by class on a model whose blocks are under ``checkpoint_wrapper``
+(issue 41 item 6): the wrappers are the blocks, as their paths name them, and the step
+equals a real multi-process run (gloo) of the same wrapping, to the byte."""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import fxmem
+from fxmem.trace.parallel import FSDP
+
+STEP = dict(loss=F.cross_entropy, optimizer=torch.optim.Adam, device="cpu")
+PATHS = ("layers.0", "layers.1", "layers.2")
+
+
+class Block(nn.Module):
+    def __init__(self, d=30):
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
+class Stack(nn.Module):
+    """Three Blocks and a head; 30 and 10 rows shard unevenly over 4 ranks."""
+
+    def __init__(self, d=30, n=3):
+        super().__init__()
+        self.layers = nn.ModuleList([Block(d) for _ in range(n)])
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def _batch():
+    torch.manual_seed(0)
+    return torch.randn(4, 30), torch.randint(0, 10, (4,))
+
+
+def test_a_block_class_under_checkpoint_wrapper_names_the_wrapper():
+    m = fxmem.apply_checkpoints(Stack(), list(PATHS))
+    assert FSDP(4, blocks=[Block]).block_paths(m) == PATHS
+    assert FSDP(4, blocks=list(PATHS)).block_paths(m) == PATHS
+    assert FSDP(4, blocks=[Block]).block_paths(Stack()) == PATHS
+
+
+def test_blocks_by_class_of_checkpointed_blocks_is_exact_per_rank():
+    """Was: "Cannot call numel() on tensor with symbolic sizes/strides" (the modules inside
+    the wrappers were sharded, and their FSDP2 hooks never ran in the trace)."""
+    m = fxmem.apply_checkpoints(Stack(), list(PATHS))
+    x, y = _batch()
+    by_class = fxmem.analyze(m, x, y, parallel=FSDP(4, blocks=[Block]), **STEP)
+    by_path = fxmem.analyze(m, x, y, parallel=FSDP(4, blocks=list(PATHS)), **STEP)
+    assert by_class.peak == by_path.peak
+    b = 7
+    measured = fxmem.measure(m, x, y, B=b, parallel=FSDP(4, blocks=[Block]), **STEP)
+    assert [by_class.peak_bytes(b, rank=k) for k in range(4)] == \
+        [r.peak_bytes for r in measured]
