@@ -204,8 +204,10 @@ def derive(trace: Trace, plan) -> Trace:
             continue
         free = latest(st.unref_after if st.created_by >= 0 else None, *kept,
                       *keep_until.get(st.sid, ()))
-        new_storages.append(replace(st, freed_after=free, saved=bool(kept),
-                                    category=st.category if kept else _unsaved(st)))
+        by_plan = st.sid in keep_until or st.sid in cache  # the checkpoint holds it
+        new_storages.append(replace(st, freed_after=free, saved=bool(kept) or by_plan,
+                                    category=st.category if kept else
+                                    _held(st, ops) if by_plan else _unsaved(st)))
 
     # 2. re-runs, in the order their first unpacks happened; a selective checkpoint's kept
     # ops are not run again (their cached outputs are handed back)
@@ -287,6 +289,14 @@ def _with(record, **changes):
     new.__dict__.update(record.__dict__)
     new.__dict__.update(changes)
     return new
+
+
+def _held(st, ops) -> str:
+    """Category of a storage a checkpoint holds for backward (a region's input, an output
+    selective checkpointing keeps), as a traced plan labels it: made in the forward, an
+    activation."""
+    made_in_forward = st.created_by >= 0 and ops[st.created_by].phase == "forward"
+    return "activation" if st.category == "temporary" and made_in_forward else st.category
 
 
 def _unsaved(st) -> str:

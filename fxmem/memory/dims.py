@@ -205,14 +205,23 @@ class DimsFormula:
     def parts(self) -> dict:
         """Bytes by part (params, buffers, inputs, grads, optimizer_state, activations) as
         expressions in B and the named dims."""
-        from .liveness import _PART_OF, PARTS
+        from .liveness import _PART_OF, PARTS, held_for_backward
 
         out = {p: sympy.Integer(0) for p in PARTS}
         for s, e in zip(self.trace.storages, self._sizes):
             part = _PART_OF.get(s.category)
             if part:
                 out[part] += e
-        return {p: sympy.expand(v) for p, v in out.items()}
+        out = {p: sympy.expand(v) for p, v in out.items()}
+        # the most bytes held for backward at once, as liveness.parts_of says
+        sizes, counts = _candidates(self.trace, self._sizes,
+                                    held_for_backward(self.trace))
+        keep = prune_rows(sizes, counts, self._lower_bounds) if len(sizes) else []
+        exprs = list(dict.fromkeys(
+            sympy.Add(*[int(n) * e for e, n in zip(sizes, counts[i]) if n]) for i in keep))
+        out["activations"] = (sympy.Integer(0) if not exprs else exprs[0] if len(exprs) == 1
+                              else sympy.Max(*exprs, evaluate=False))
+        return out
 
 
 def compile_size(expr, args):
@@ -269,11 +278,12 @@ def compile_size(expr, args):
     return eval(src)  # noqa: S307 - code generated above from a sympy expression
 
 
-def _candidates(trace, sizes) -> tuple:
+def _candidates(trace, sizes, only=None) -> tuple:
     """The distinct sizes, and a matrix of counts (one row per op that can be a peak: the
-    last of a run of allocations) of the storages of each size live right after it. Rows
-    that another row covers (every count at least as large) are dropped: sizes are never
-    negative, so such an op is never above the one covering it."""
+    last of a run of allocations) of the storages of each size live right after it (of
+    the storages ``only``, if given). Rows that another row covers (every count at least
+    as large) are dropped: sizes are never negative, so such an op is never above the one
+    covering it."""
     from .graph import build_graph
     from .liveness import sweep
 
@@ -285,7 +295,7 @@ def _candidates(trace, sizes) -> tuple:
     for kind, x in sweep(graph):
         if kind == "peak":
             rows.append(live.copy())
-        else:
+        elif only is None or x in only:
             live[col[x]] += 1 if kind == "+" else -1
     m = np.unique(np.array(rows), axis=0)
     # drop covered rows: compare each row with all others (in chunks to bound memory)

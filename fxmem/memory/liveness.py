@@ -156,40 +156,36 @@ def sweep(graph: StorageGraph):
 def liveness(graph: StorageGraph, device: str | None = None) -> Liveness:
     device = device or graph.trace.device
     sizes = device_sizes(graph.storages, device)
-
-    poly = P.ZERO
-    extras: Counter = Counter()
-
-    def add(sid, sign):
-        nonlocal poly
-        s = sizes[sid]
-        if s.exact:
-            poly = P.add(poly, s.lo if sign > 0 else P.scale(s.lo, -1))
-        else:
-            extras[s] += sign
-            if extras[s] == 0:
-                del extras[s]
-
-    raw: list[Candidate] = []
-
-    def snapshot(i):
-        ex = tuple(sorted(extras.items(), key=lambda kv: str(kv[0].expr)))
-        ex = tuple((cnt, s) for s, cnt in ex)
-        lo, hi = poly, poly
-        for cnt, s in ex:
-            if s.lo is None or lo is None:
-                lo = hi = None
-                break
-            lo, hi = P.add(lo, P.scale(s.lo, cnt)), P.add(hi, P.scale(s.hi, cnt))
-        raw.append(Candidate(i, poly, ex, lo, hi))
-
-    for kind, x in sweep(graph):
-        if kind == "peak":
-            snapshot(x)
-        else:
-            add(x, +1 if kind == "+" else -1)
+    raw = _candidates(graph, sizes)
     kept, regimes = prune(raw)
     return Liveness(graph, device, tuple(sizes), tuple(kept), tuple(regimes), len(raw))
+
+
+def _candidates(graph: StorageGraph, sizes, only=None) -> list[Candidate]:
+    """The live bytes at each point of :func:`sweep` that may be a maximum, of the storages
+    ``only`` (None: all)."""
+    poly = P.ZERO
+    extras: Counter = Counter()
+    raw: list[Candidate] = []
+    for kind, x in sweep(graph):
+        if kind == "peak":
+            ex = tuple((n, s) for s, n in sorted(extras.items(), key=lambda kv: str(kv[0].expr)))
+            lo = hi = poly
+            for n, s in ex:
+                if s.lo is None or lo is None:
+                    lo = hi = None
+                    break
+                lo, hi = P.add(lo, P.scale(s.lo, n)), P.add(hi, P.scale(s.hi, n))
+            raw.append(Candidate(x, poly, ex, lo, hi))
+        elif only is None or x in only:
+            size, sign = sizes[x], 1 if kind == "+" else -1
+            if size.exact:
+                poly = P.add(poly, P.scale(size.lo, sign))
+            else:
+                extras[size] += sign
+                if extras[size] == 0:
+                    del extras[size]
+    return raw
 
 
 def prune(cands: list[Candidate]) -> tuple[list[Candidate], list]:
@@ -316,13 +312,16 @@ def _le_pieces(p, lows, pieces, start=1, stop=None) -> bool:
 
 PARTS = ("params", "buffers", "inputs", "grads", "optimizer_state", "activations")
 _PART_OF = {"param": "params", "buffer": "buffers", "input": "inputs", "grad": "grads",
-            "optimizer_state": "optimizer_state", "activation": "activations"}
+            "optimizer_state": "optimizer_state"}
 
 
 def parts_of(lv: Liveness) -> dict:
-    """Bytes by part, as sympy expressions in B (device sizes). The previous step's
-    gradients that a late zero_grad frees (``zero_grad_at="backward"``) are the ones the
-    step makes again: counted once."""
+    """Bytes by part, as sympy expressions in B (device sizes): each of the first five
+    totalled over the step (the previous step's gradients that a late zero_grad frees,
+    ``zero_grad_at="backward"``, are the ones the step makes again: counted once), and
+    ``activations`` the most bytes held for backward at once (:func:`held_for_backward`),
+    so that it follows a checkpoint plan: the checkpoints kept, the outputs a selective
+    plan keeps, and a recomputed region's saved tensors while its backward runs."""
     out = {p: sympy.Integer(0) for p in PARTS}
     for s, size in zip(lv.graph.storages, lv.sizes):
         p = _PART_OF.get(s.category)
@@ -330,4 +329,37 @@ def parts_of(lv: Liveness) -> dict:
             continue
         if p is not None:
             out[p] += size.expr
+    out["activations"] = high_water(lv, held_for_backward(lv.graph))
     return out
+
+
+def held_for_backward(graph) -> set:
+    """Storages held for backward, of a :class:`StorageGraph` or a trace: the activations
+    (made in the forward and saved by autograd, a checkpoint or selective checkpointing
+    for backward), and the tensors a checkpoint's re-run in backward makes that outlive
+    the re-run (its forward's saved tensors, handed to the backward; the others die inside
+    the re-run, as a forward's temporaries do)."""
+    ops = graph.ops
+    run_end: list = [None] * len(ops)  # recompute op -> last op of its run of re-run ops
+    end = None
+    for i in range(len(ops) - 1, -1, -1):
+        end = (i if end is None else end) if ops[i].recompute else None
+        run_end[i] = end
+    out = set()
+    for s in graph.storages:
+        if s.category == "activation":
+            out.add(s.sid)
+        elif s.category == "temporary" and s.created_by >= 0 and \
+                run_end[s.created_by] is not None and \
+                (s.freed_after is None or s.freed_after > run_end[s.created_by]):
+            out.add(s.sid)
+    return out
+
+
+def high_water(lv: Liveness, sids) -> sympy.Expr:
+    """The most bytes of the storages ``sids`` live at once during the step, an exact
+    expression in B (a ``Max`` when which moment it is changes with B, pruned as the peak
+    is)."""
+    kept, _ = prune(_candidates(lv.graph, lv.sizes, set(sids)))
+    exprs = list(dict.fromkeys(c.expr for c in kept))
+    return exprs[0] if len(exprs) == 1 else sympy.Max(*exprs, evaluate=False)

@@ -28,7 +28,8 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     CheckpointWrapper,
     checkpoint_wrapper,
 )
-from torch.utils.checkpoint import checkpoint, noop_context_fn
+from torch.utils._pytree import tree_leaves
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, noop_context_fn
 
 from .regions import Plan, Region, modules_of, simple
 from ..errors import InputError
@@ -139,14 +140,17 @@ def apply_checkpoints(model: torch.nn.Module, plan) -> torch.nn.Module:
 
 
 @contextlib.contextmanager
-def checkpointing(model: torch.nn.Module, plan, region=None):
+def checkpointing(model: torch.nn.Module, plan, region=None, held=None):
     """Run the plan's forwards under ``torch.utils.checkpoint`` until the block exits.
 
     Installs an instance attribute ``forward`` on each module of the plan (and on modules
     the user already wrapped with ``checkpoint_wrapper`` or grouped with
     :func:`apply_checkpoints`), restored on exit. ``region(path, fn)``, if given, wraps each
     function that checkpoint runs (and re-runs in backward), so a tracer can tell
-    recomputation apart. Yields the plan in effect (a :class:`fxmem.Plan`).
+    recomputation apart; ``held(tensor)``, if given, is called with each op output that
+    selective checkpointing keeps for backward (whatever the policy: the plan's, or the
+    user's own in a ``checkpoint_wrapper``'s ``context_fn``), as its policy decides it.
+    Yields the plan in effect (a :class:`fxmem.Plan`).
     """
     plan = normalize_plan(model, plan)
     targets = [(e, [_submodule(model, p) for p in modules_of(e)]) for e in plan]
@@ -167,6 +171,7 @@ def checkpointing(model: torch.nn.Module, plan, region=None):
         for t in targets:
             e, mods = t[0], t[1]
             fn = t[2] if len(t) > 2 else context_fn(getattr(e, "save", ()))
+            fn = fn if held is None else _watched(fn, held)
             for _, m in mods:
                 installed.append((m, m.__dict__.get("forward")))
             if len(mods) > 1:
@@ -190,3 +195,28 @@ def checkpointing(model: torch.nn.Module, plan, region=None):
 def _checkpointed(fn, ctx_fn, *args, **kwargs):
     return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=True,
                       context_fn=ctx_fn, **kwargs)
+
+
+def _watched(ctx_fn, held):
+    """``ctx_fn`` whose selective checkpointing policy (if it makes one) also calls
+    ``held`` with the outputs it keeps (``MUST_SAVE``, ``PREFER_SAVE``, or ``True``) in the
+    forward: what ``torch.utils.checkpoint``'s ``_CachingTorchDispatchMode`` then caches
+    for backward (it passes the policy ``ctx.op_output``)."""
+    if ctx_fn is noop_context_fn:
+        return ctx_fn
+
+    def fn():
+        fwd, rec = ctx_fn()
+        policy = getattr(fwd, "policy_fn", None)
+        if callable(policy):
+            def watched(ctx, func, *args, **kwargs):
+                decision = policy(ctx, func, *args, **kwargs)
+                if not ctx.is_recompute and (decision is True or decision in (
+                        CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE)):
+                    for t in tree_leaves(getattr(ctx, "op_output", None)):
+                        if isinstance(t, torch.Tensor):
+                            held(t)
+                return decision
+            fwd.policy_fn = watched
+        return fwd, rec
+    return fn

@@ -499,8 +499,14 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     rules = emulate("cuda") if spec.amp is not None and spec.device == "cuda" else \
         contextlib.nullcontext()
     kernels = rec.kernels if rec.kernels is not None else contextlib.nullcontext()
-    with checkpointing(model, plan, region) as rec.plan, swap, router, rules, kernels, mode, \
-            rec, hooks, eager_branches(rec.values), storage_resizes(rec), \
+
+    def held(t):  # an output selective checkpointing keeps for backward: saved, as by autograd
+        sid = rec.sid(t) if rec.recording else None
+        if sid is not None:
+            rec.saved.add(sid)
+
+    with checkpointing(model, plan, region, held) as rec.plan, swap, router, rules, kernels, \
+            mode, rec, hooks, eager_branches(rec.values), storage_resizes(rec), \
             kept.real if kept is not None else contextlib.nullcontext():
         if warm:  # one unrecorded forward and backward, as fxmem.measure's warm-up step
             rec.recording = False  # (DDP: until its buckets are rebuilt)

@@ -1,0 +1,121 @@
+"""``report.parts["activations"]`` follows the checkpoint plan (issue 41 item 6): it is the
+most bytes held for backward at once (the activations autograd saves, the checkpoints a
+plan keeps, the outputs a selective plan keeps, a recomputed region's saved tensors while
+its backward runs), the same whether the plan is derived from one trace
+(``analyze(checkpoint=...)``, ``Report.with_plan``) or traced with PyTorch's own
+``checkpoint_wrapper`` applied, and counted by hand below."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import fxmem
+from fxmem import B
+from fxmem.memory.liveness import held_for_backward
+
+STEP = dict(loss=F.cross_entropy, optimizer=torch.optim.Adam, device="cpu")
+D = 64  # a block's input and output: D floats a sample (256*B bytes); its ReLU's: 4*D
+BLOCKS = [f"layers.{i}" for i in range(4)]
+WHOLE = BLOCKS
+# selective: each block keeps its second matmul's output (fc2's addmm, 256*B bytes)
+SELECTIVE = [fxmem.Region((p,), save=(("aten.addmm.default", 1),)) for p in BLOCKS]
+
+
+class Block(nn.Module):
+    def __init__(self, d=D):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+class Stack(nn.Module):
+    def __init__(self, d=D, n=4):
+        super().__init__()
+        self.layers = nn.ModuleList([Block(d) for _ in range(n)])
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def _batch():
+    torch.manual_seed(0)
+    return torch.randn(4, D), torch.randint(0, 10, (4,))
+
+
+def _reports(plan):
+    """The step under ``plan``: derived (checkpoint=, with_plan) and traced (wrapped)."""
+    x, y = _batch()
+    base = fxmem.analyze(Stack(), x, y, **STEP)
+    return {"checkpoint=": fxmem.analyze(Stack(), x, y, checkpoint=plan, **STEP),
+            "with_plan": base.with_plan(plan),
+            "traced": fxmem.analyze(fxmem.apply_checkpoints(Stack(), plan), x, y, **STEP)}
+
+
+def _most_held(report, b):
+    """The most bytes held for backward at once at batch size b, op by op."""
+    lv = report.liveness
+    held = held_for_backward(lv.graph)
+    return max(sum(lv.sizes[s](b) for s in lv.live_sids(i) if s in held)
+               for i in range(len(lv.graph.ops)))
+
+
+def test_no_plan_activations_are_what_the_forward_saves():
+    """Blocks 1-3's inputs (block 0's is the batch), each block's ReLU output, the head's
+    input, log_softmax's output and nll_loss's total weight: all live as backward begins."""
+    x, y = _batch()
+    r = fxmem.analyze(Stack(), x, y, **STEP)
+    assert r.parts["activations"] == 3 * 256 * B + 4 * 1024 * B + 256 * B + 40 * B + 4
+    assert int(r.parts["activations"].subs(B, 8)) == _most_held(r, 8)
+
+
+@pytest.mark.parametrize("plan, by_hand", [
+    # the three checkpoints, and block 3's recomputed ReLU output while its backward runs
+    (WHOLE, 3 * 256 * B + 1024 * B),
+    # ... and the four fc2 outputs kept (block 3's handed back to its re-run)
+    (SELECTIVE, 3 * 256 * B + 4 * 256 * B + 1024 * B),
+], ids=["whole_blocks", "selective"])
+def test_a_plan_s_activations_follow_it(plan, by_hand):
+    x, y = _batch()
+    none = fxmem.analyze(Stack(), x, y, **STEP)
+    for how, r in _reports(plan).items():
+        acts = r.parts["activations"]
+        assert acts == by_hand, how
+        for b in (2, 8, 64):
+            assert int(acts.subs(B, b)) == _most_held(r, b), (how, b)
+            assert int(acts.subs(B, b)) < int(none.parts["activations"].subs(B, b))
+        # the other parts are the step's, whatever the plan
+        assert {k: v for k, v in r.parts.items() if k != "activations"} == \
+            {k: v for k, v in none.parts.items() if k != "activations"}
+
+
+def test_whole_blocks_and_selective_differ_as_their_peaks_do():
+    """Was: 1064*B + 4 for both traced plans (the outputs selective checkpointing keeps
+    were not counted), while their peaks differ."""
+    whole, sel = _reports(WHOLE)["traced"], _reports(SELECTIVE)["traced"]
+    assert whole.peak_bytes(64) < sel.peak_bytes(64)
+    assert whole.parts["activations"].subs(B, 64) < sel.parts["activations"].subs(B, 64)
+
+
+def test_the_traced_plan_labels_what_the_derived_one_does():
+    """A checkpoint's inputs and the outputs a selective plan keeps are activations (saved
+    for backward) in both: the same bytes by category at every op."""
+    for plan in (WHOLE, SELECTIVE):
+        reports = _reports(plan)
+        derived, traced = reports["with_plan"], reports["traced"]
+        assert derived.peak == traced.peak
+        assert derived.breakdown(32).by_category == traced.breakdown(32).by_category
+
+
+def test_micro_batches_do_not_add_up():
+    """With gradient accumulation each micro-batch's activations are freed by its backward
+    before the next forward: the most held at once is one micro-batch's."""
+    x, y = _batch()
+    one = fxmem.analyze(Stack(), x, y, **STEP)
+    two = fxmem.analyze(Stack(), x, y, grad_accum=2, **STEP)
+    assert two.parts["activations"] == one.parts["activations"]
