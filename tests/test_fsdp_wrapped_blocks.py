@@ -2,6 +2,8 @@
 (issue 41 item 6): the wrappers are the blocks, as their paths name them, and the step
 equals a real multi-process run (gloo) of the same wrapping, to the byte."""
 
+import sys
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -60,3 +62,48 @@ def test_blocks_by_class_of_checkpointed_blocks_is_exact_per_rank():
     measured = fxmem.measure(m, x, y, B=b, parallel=FSDP(4, blocks=[Block]), **STEP)
     assert [by_class.peak_bytes(b, rank=k) for k in range(4)] == \
         [r.peak_bytes for r in measured]
+
+
+INNER = [p + "._checkpoint_wrapped_module" for p in PATHS]
+
+
+def test_the_modules_inside_the_wrappers_sharded_are_exact_per_rank():
+    """``fully_shard`` on the module inside each wrapper: its FSDP2 hooks run where
+    ``CheckpointWrapper.forward`` calls it, inside the checkpoint and again in its re-run.
+    Was the same error: the trace's checkpoint called the module's ``forward``, not the
+    module, so its all-gather never ran."""
+    m = fxmem.apply_checkpoints(Stack(), list(PATHS))
+    x, y = _batch()
+    inner = FSDP(4, blocks=INNER)
+    assert inner.block_paths(m) == tuple(INNER)
+    r = fxmem.analyze(m, x, y, parallel=inner, **STEP)
+    for b in (3, 7):
+        measured = fxmem.measure(m, x, y, B=b, parallel=inner, **STEP)
+        assert [r.peak_bytes(b, rank=k) for k in range(4)] == \
+            [q.peak_bytes for q in measured], b
+
+
+def test_a_model_wrapped_so_is_analysed_as_it_is():
+    """The user's own ``fully_shard`` of the modules inside the wrappers, over a fake
+    process group: the rank's figures are those of the same wrapping made by fxmem."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    x, y = _batch()
+    expected = fxmem.analyze(fxmem.apply_checkpoints(Stack(), list(PATHS)), x, y,
+                             parallel=FSDP(4, blocks=INNER), **STEP)
+    hook = sys.excepthook  # init_process_group wraps it; destroying the group does not undo it
+    dist.init_process_group("fake", store=FakeStore(), rank=3, world_size=4)
+    try:
+        with torch.device("meta"):
+            m = fxmem.apply_checkpoints(Stack(), list(PATHS))
+        for layer in m.layers:
+            fully_shard(layer._checkpoint_wrapped_module)
+        fully_shard(m)
+        r = fxmem.analyze(m, x, y, **STEP)
+    finally:
+        dist.destroy_process_group()
+        sys.excepthook = hook
+    assert r.peak_bytes(7, rank=3) == expected.peak_bytes(7, rank=3)
+    assert r.parts(3)["activations"] == expected.parts(3)["activations"]

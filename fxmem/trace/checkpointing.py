@@ -179,7 +179,9 @@ def checkpointing(model: torch.nn.Module, plan, region=None, held=None):
                               wrap=region, ctx_fn=fn)
                 continue
             name, mod = mods[0]
-            inner = mod._checkpoint_wrapped_module.forward if isinstance(
+            # the module inside a checkpoint_wrapper is called, its own hooks run inside
+            # the checkpoint (and again in its re-run), as CheckpointWrapper.forward does
+            inner = mod._checkpoint_wrapped_module if isinstance(
                 mod, CheckpointWrapper) else own_forward(mod)
             run = region(user_path(name), inner) if region else inner
             mod.forward = functools.partial(_checkpointed, run, fn)
@@ -190,6 +192,13 @@ def checkpointing(model: torch.nn.Module, plan, region=None, held=None):
                 mod.__dict__.pop("forward", None)
             else:
                 mod.forward = before
+
+
+def wrapped_modules(model: torch.nn.Module) -> set:
+    """Ids of the modules inside ``model``'s ``checkpoint_wrapper`` s (each is called by its
+    wrapper)."""
+    return {id(m._checkpoint_wrapped_module) for m in model.modules()
+            if isinstance(m, CheckpointWrapper)}
 
 
 def _checkpointed(fn, ctx_fn, *args, **kwargs):

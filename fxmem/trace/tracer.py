@@ -37,7 +37,7 @@ from ..errors import (
     SpecializationError,
 )
 from .amp import emulate
-from .checkpointing import checkpointing, normalize_plan, user_path
+from .checkpointing import checkpointing, normalize_plan, user_path, wrapped_modules
 from .checks import CheckingShapeEnv
 from .compat import plain_backward_first, tracing_shims
 from .cuda.kernels import cuda_kernels
@@ -359,16 +359,19 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     # Global module hooks (removed in trace()'s finally): per-module hooks would be seen by
     # the model, e.g. nn.TransformerEncoderLayer turns its fused fast path off when it has any.
     name_of = {id(m): user_path(n) for n, m in model.named_modules()}
+    # a module inside a checkpoint_wrapper is called by it, under the wrapper's path: one call
+    inside = wrapped_modules(model)
+    call_of = {k: v for k, v in name_of.items() if k not in inside}
 
     def enter(mod, args):
-        name = name_of.get(id(mod))
+        name = call_of.get(id(mod))
         if name is not None:
             rec.module_stack.append(name)  # returns None: inputs unchanged
             rec.call_starts.append(rec.op_count)
             rec.forward_starts.pop(len(rec.call_starts), None)
 
     def leave(mod, args, kwargs, out):
-        if id(mod) in name_of and len(rec.module_stack) > 1:
+        if id(mod) in call_of and len(rec.module_stack) > 1:
             name = rec.module_stack.pop()  # returns None: output unchanged
             inner = rec.forward_starts.pop(len(rec.call_starts), None)
             start = rec.call_starts.pop() if rec.call_starts else rec.op_count
@@ -378,7 +381,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
                                             _given(rec, args, kwargs)))
 
     def began(mod, args):  # after the module's own pre-hooks (FSDP2's all-gather): the
-        if id(mod) in name_of:  # ops before this are not its forward's (not re-run)
+        if id(mod) in call_of:  # ops before this are not its forward's (not re-run)
             rec.forward_starts[len(rec.call_starts)] = rec.op_count
 
     # global hooks run before a module's own ones: under a parallel wrapping (FSDP2's
