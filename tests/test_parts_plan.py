@@ -129,3 +129,30 @@ def test_micro_batches_do_not_add_up():
     one = fxmem.analyze(Stack(), x, y, **STEP)
     two = fxmem.analyze(Stack(), x, y, grad_accum=2, **STEP)
     assert two.parts["activations"] == one.parts["activations"]
+
+
+def test_a_users_own_selective_policy_counts_too():
+    """``checkpoint_wrapper(context_fn=...)`` with PyTorch's
+    ``create_selective_checkpoint_contexts`` and the user's op list (both matmuls kept):
+    the same as the Region keeping them, derived or traced, counted by hand: the three
+    checkpoints, each block's two matmul outputs, block 3's recomputed ReLU output."""
+    import functools
+
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl, checkpoint_wrapper)
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    m = Stack()
+    policy = functools.partial(create_selective_checkpoint_contexts,
+                               [torch.ops.aten.addmm.default])
+    for i, layer in enumerate(m.layers):
+        m.layers[i] = checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+                                         context_fn=policy)
+    both = [fxmem.Region((p,), save=(("aten.addmm.default", 0), ("aten.addmm.default", 1)))
+            for p in BLOCKS]
+    x, y = _batch()
+    users = fxmem.analyze(m, x, y, **STEP)
+    assert users.parts["activations"] == 3 * 256 * B + 4 * (1024 + 256) * B + 1024 * B
+    for r in _reports(both).values():
+        assert r.parts["activations"] == users.parts["activations"]
+        assert r.peak == users.peak
