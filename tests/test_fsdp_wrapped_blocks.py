@@ -107,3 +107,28 @@ def test_a_model_wrapped_so_is_analysed_as_it_is():
         sys.excepthook = hook
     assert r.peak_bytes(7, rank=3) == expected.peak_bytes(7, rank=3)
     assert r.parts(3)["activations"] == expected.parts(3)["activations"]
+
+
+def test_llama_decoder_layers_by_class():
+    """The issue's case, small: a 2-layer Llama whose decoder layers are under
+    checkpoint_wrapper, ``blocks=[LlamaDecoderLayer]``: the wrappers are sharded, exact."""
+    import pytest
+
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=64)
+    m = fxmem.apply_checkpoints(transformers.LlamaForCausalLM(cfg),
+                                ["model.layers.0", "model.layers.1"])
+    ids = torch.randint(0, 128, (2, 16))
+    step = dict(STEP, loss=lambda out, y: F.cross_entropy(out.logits.flatten(0, 1),
+                                                          y.flatten()),
+                optimizer=torch.optim.AdamW)
+    spec = FSDP(2, blocks=[LlamaDecoderLayer])
+    assert spec.block_paths(m) == ("model.layers.0", "model.layers.1")
+    r = fxmem.analyze(m, ids, ids, parallel=spec, **step)
+    measured = fxmem.measure(m, ids, ids, B=3, parallel=spec, **step)
+    assert [r.peak_bytes(3, rank=k) for k in range(2)] == [q.peak_bytes for q in measured]
