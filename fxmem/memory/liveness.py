@@ -163,12 +163,17 @@ def liveness(graph: StorageGraph, device: str | None = None) -> Liveness:
 
 def _candidates(graph: StorageGraph, sizes, only=None) -> list[Candidate]:
     """The live bytes at each point of :func:`sweep` that may be a maximum, of the storages
-    ``only`` (None: all)."""
+    ``only`` (None: all; else only the points after one of them was allocated: at the
+    others their bytes are at most what they were at the point before)."""
     poly = P.ZERO
     extras: Counter = Counter()
     raw: list[Candidate] = []
+    grown = True
     for kind, x in sweep(graph):
         if kind == "peak":
+            if not grown:
+                continue
+            grown = only is None
             ex = tuple((n, s) for s, n in sorted(extras.items(), key=lambda kv: str(kv[0].expr)))
             lo = hi = poly
             for n, s in ex:
@@ -179,6 +184,7 @@ def _candidates(graph: StorageGraph, sizes, only=None) -> list[Candidate]:
             raw.append(Candidate(x, poly, ex, lo, hi))
         elif only is None or x in only:
             size, sign = sizes[x], 1 if kind == "+" else -1
+            grown = grown or sign > 0
             if size.exact:
                 poly = P.add(poly, P.scale(size.lo, sign))
             else:
