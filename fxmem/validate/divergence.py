@@ -77,7 +77,7 @@ def predicted_allocations(report, B: int) -> list[Allocation]:  # noqa: N803
     sizes = device_sizes(storages, "cuda")
     out = []
     for op in graph.ops:
-        for sid in op.new_sids:
+        for sid in _in_call_order(op, storages):
             s = storages[sid]
             if s.created_by != op.index or sizes[sid].expr == 0:
                 continue
@@ -95,6 +95,19 @@ def predicted_allocations(report, B: int) -> list[Allocation]:  # noqa: N803
     return out
 
 
+def _in_call_order(op, storages):
+    """The op's new storages in the order its CUDA kernel makes them: the trace's, except
+    ``convolution_backward`` (cudnn/ConvShared.cpp, seen on 2.14.1's and 2.15's binaries):
+    the gradient's copies first, then the input's and weight's gradients, the bias gradient
+    (1-d, ``at::sum`` in ``convolution_backward``) last."""
+    if op.op != "aten.convolution_backward.default":
+        return op.new_sids
+    outs = set(op.out_sids)
+    return ([s for s in op.new_sids if s not in outs]
+            + [s for s in op.new_sids if s in outs and len(storages[s].shape) != 1]
+            + [s for s in op.new_sids if s in outs and len(storages[s].shape) == 1])
+
+
 def _per_call_workspace(op, capability) -> int:
     """From 2.15 a matmul takes its cuBLAS (or cuBLASLt) workspace from the caching allocator
     for the call, after its output (:mod:`fxmem.trace.cuda.blas`), as the replay does."""
@@ -107,16 +120,27 @@ def _per_call_workspace(op, capability) -> int:
         cublas_workspace_bytes(capability)
 
 
-def first_divergence(predicted, measured) -> Divergence | None:
+def first_divergence(predicted, measured, ordered: bool = False) -> Divergence | None:
     """The first position where ``predicted`` (:class:`Allocation` s) and ``measured``
     (``(nbytes, frame)`` pairs, in the order the device made them) differ in size, or where
     one list ends before the other; None when they agree throughout. The allocations of one
     op may come in any order (a kernel may allocate its second output first): each op's are
-    compared as a multiset, and a mismatch is reported at its first differing position."""
+    compared as a multiset, and a mismatch is reported at its first differing position.
+    ``ordered``: one op's allocations must come in the predicted order too (where the caching
+    allocator puts each block depends on it: a dropout's mask before its output, say).
+
+    >>> want = [Allocation(4096, 0, "aten.native_dropout.default", "drop", "forward"),
+    ...         Allocation(1024, 0, "aten.native_dropout.default", "drop", "forward")]
+    >>> first_divergence(want, [(1024, None), (4096, None)]) is None
+    True
+    >>> first_divergence(want, [(1024, None), (4096, None)], ordered=True).index
+    0
+    """
     i = 0
     for group in _by_op(predicted):
         got = list(measured[i:i + len(group)])
-        if sorted(n for n, _ in got) != sorted(a.nbytes for a in group):
+        key = (lambda x: x) if ordered else sorted
+        if key([n for n, _ in got]) != key([a.nbytes for a in group]):
             for j, p in enumerate(group):
                 m = got[j] if j < len(got) else (None, None)
                 if m[0] != p.nbytes:
