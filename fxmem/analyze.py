@@ -91,22 +91,30 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     2
     """
     step = Step.of(step, loss=loss, optimizer=optimizer, train=train, device=device, **options)
+    given = parallel
     if parallel is None:
         model, parallel = as_wrapped(model)  # a model the user wrapped: as it is
     else:
         refuse_wrapped(model, parallel)
+    as_here = _modes(model)
+
+    def reanalyze(**changes):  # the ways out (fxmem.report.fit): FSDP2 over more ranks, ...
+        with as_here():
+            return analyze(model, inputs, targets, step=step, batch_hint=batch_hint,
+                           dims=dims, reuse_blocks=reuse_blocks, batch_dim=batch_dim,
+                           **{"checkpoint": checkpoint, "parallel": given, **changes})
+    again_as = {} if given is None and parallel is not None else {"reanalyze": reanalyze}
     if parallel is not None:
         return _per_rank(model, inputs, targets, step, parallel, checkpoint, batch_hint, dims,
-                         batch_dim)
+                         batch_dim, again_as)
     plan = normalize_plan(model, checkpoint)
-    as_here = _modes(model)
     below = _below(as_here, model, inputs, targets, step=step, checkpoint=plan, dims=dims,
                    reuse_blocks=reuse_blocks, batch_dim=batch_dim)
     if dims:
         t = trace(model, inputs, targets, step=step, batch_hint=batch_hint,
                   checkpoint=checkpoint, dims=dims, reuse_blocks=reuse_blocks,
                   batch_dim=batch_dim)
-        return replace(Report.in_dims(t, step.device), below=below)
+        return replace(Report.in_dims(t, step.device), below=below, **again_as)
     t = trace(model, inputs, targets, step=step, batch_hint=batch_hint,
               checkpoint=None if plan and not retrace else plan, reuse_blocks=reuse_blocks,
               batch_dim=batch_dim)
@@ -119,14 +127,14 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
         t = derive(t, plan)
     lv = liveness(build_graph(t))
     if plan:
-        return Report(lv, parts_of(lv), t.guards, below=below)
+        return Report(lv, parts_of(lv), t.guards, below=below, **again_as)
 
     def again(plan):  # the planner's confirmation: this step traced with ``plan``
         with as_here():
             return analyze(model, inputs, targets, step=step, checkpoint=plan, retrace=True,
                            batch_hint=batch_hint, reuse_blocks=reuse_blocks,
                            batch_dim=batch_dim)
-    return Report(lv, parts_of(lv), t.guards, retrace=again, below=below)
+    return Report(lv, parts_of(lv), t.guards, retrace=again, below=below, **again_as)
 
 
 def _below(as_here, model, inputs, targets, guards=(), **options):
@@ -188,7 +196,7 @@ def _modes(model):
 
 
 def _per_rank(model, inputs, targets, step, parallel, checkpoint, batch_hint, dims,
-              batch_dim) -> ParallelReport:
+              batch_dim, again_as=None) -> ParallelReport:
     """One trace per group of alike ranks (the strategy's ``rank_groups``)."""
     check_parallel(parallel)
     plan = normalize_plan(model, checkpoint)
@@ -200,11 +208,12 @@ def _per_rank(model, inputs, targets, step, parallel, checkpoint, batch_hint, di
 
         below = _below(as_here, model, inputs, targets, t.guards, step=step, checkpoint=plan,
                        dims=dims, batch_dim=batch_dim, parallel=parallel, rank=ranks[0])
-        groups.append(RankGroup(ranks, replace(_report(t, dims, step.device), below=below)))
+        groups.append(RankGroup(ranks, replace(_report(t, dims, step.device), below=below,
+                                               **(again_as or {}))))
 
     def retrace(plan):  # the planner's confirmation: this step traced with ``plan``
         return _per_rank(model, inputs, targets, step, parallel, plan, batch_hint, dims,
-                         batch_dim)
+                         batch_dim, again_as)
     return ParallelReport(parallel, tuple(groups), None if plan else retrace)
 
 

@@ -1,7 +1,7 @@
 """A user's mistakes, one row each: through the command line, exactly one line on stderr
-naming what was wrong and what to do, the documented exit code (2 usage, 3 cannot trace,
-4 nothing fits), no traceback, no torch log line, nothing on stdout, no --out file; through
-the API, the FxmemError subclass with a one-line message. No message shows the ShapeEnv's
+naming what was wrong and what to do, the documented exit code (2 usage, 3 cannot trace; a
+budget nothing fits is no mistake: tests/test_fit.py), no traceback, no torch log line,
+nothing on stdout, no --out file; through the API, the FxmemError subclass with a one-line message. No message shows the ShapeEnv's
 names (s44, u0), and no row changes global state (logging levels, warnings filters, torch's
 default dtype and device, dispatch modes).
 
@@ -192,12 +192,7 @@ CLI = [
                                                                             "floating"]),
     ("fsdp_bad_dtype", [*NET, "--fsdp", "2", "--reduce-dtype", "fp13"], 2, ["--reduce-dtype",
                                                                              "fp13"]),
-    ("fsdp_auto_checkpoint_budget_too_small", [*NET, "--fsdp", "2", "--checkpoint", "auto",
-                                               "--budget", "100"], 4,
-     ["no checkpoint plan", "fits"]),
-    ("ddp_auto_checkpoint_budget_too_small", [*NET, "--ddp", "2", "--checkpoint", "auto",
-                                              "--budget", "100"], 4,
-     ["no checkpoint plan", "fits"]),
+    # a budget nothing fits (exit 4) is no mistake: the report comes (tests/test_fit.py)
     ("fsdp_and_ddp", [*NET, "--fsdp", "2", "--ddp", "2"], 2, ["--fsdp or --ddp", "not both"]),
     ("zero1_without_ddp", [*NET, "--zero1"], 2, ["--zero1", "give --ddp"]),
     ("tp_plan_without_tp", [*NET, "--tp-plan", f"{M}:Net"], 2, ["--tp-plan", "give --tp"]),
@@ -224,8 +219,6 @@ CLI = [
      ["not a size: 'lots'"]),
     ("cuda_context_past_capacity", [*NET[:6], "--gpu", "T4", "--cuda-context", "100GiB"], 2,
      ["CUDA context", "T4"]),
-    ("budget_too_small", [*NET, "--budget", "100", "--out", "{out}"], 4,
-     ["below the smallest peak"]),
     # plans and steps
     ("checkpoint_misspelt", [*NET, "--checkpoint", "fcc"], 2, ["no submodule 'fcc'",
                                                               "did you mean 'fc'"]),
@@ -235,8 +228,6 @@ CLI = [
     ("checkpoint_with_inference", ["analyze", f"{M}:Net", "--input", "B,4", "--inference",
                                    "--checkpoint", "auto", *CPU], 2,
      ["--inference", "drop --checkpoint"]),
-    ("checkpoint_auto_budget_too_small", [*NET, "--checkpoint", "auto", "--budget", "100"], 4,
-     ["no checkpoint plan", "fits"]),
     ("inference_with_optimizer", ["analyze", f"{M}:Net", "--input", "B,4", "--inference",
                                   "--optimizer", "adam", *CPU], 2, ["drop --optimizer"]),
     ("inference_with_target", [*NET, "--inference"], 2, ["drop --target"]),
@@ -245,8 +236,6 @@ CLI = [
     ("whatif_without_budget", [*NET, "--whatif"], 2, ["--whatif", "give --budget"]),
     ("whatif_with_inference", ["analyze", f"{M}:Net", "--input", "B,4", "--inference",
                                "--whatif", "--budget", "1GiB", *CPU], 2, ["--whatif"]),
-    ("whatif_budget_too_small", [*NET, "--whatif", "--budget", "100"], 4,
-     ["below the smallest peak"]),
     ("lbfgs_with_grad_accum", [*NET, "--optimizer", "lbfgs", "--grad-accum", "2"], 2,
      ["LBFGS", "grad_accum"]),
     ("loss_without_target", ["analyze", f"{M}:Net", "--input", "B,4", "--loss",

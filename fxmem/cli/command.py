@@ -2,9 +2,11 @@
 
 ``fxmem analyze TARGET ...`` traces one step of the model and prints or writes its report.
 Errors are one line on stderr, ``fxmem: error: ...``, naming what was wrong and what to do,
-with an exit code: 2 bad usage or input, 3 the step could not be traced, 4 nothing fits the
-budget, 130 interrupted, 1 a bug in fxmem (``--debug`` shows the traceback). No other
-library's log line or warning is shown, and ``--out`` is written whole or not at all.
+with an exit code: 2 bad usage or input, 3 the step could not be traced, 130 interrupted, 1 a
+bug in fxmem (``--debug`` shows the traceback). When B does not fit the budget the report
+still comes, with the ways that make it fit (:mod:`fxmem.report.fit`), one line on stderr and
+exit code 4. No other library's log line or warning is shown, and ``--out`` is written whole
+or not at all.
 """
 
 from __future__ import annotations
@@ -52,9 +54,11 @@ def _code(e: BaseException) -> int:
     "Errors are one line on stderr, 'fxmem: error: ...', naming what was wrong and what to "
     "do, with an exit code: 2 usage or input, 3 the step cannot be traced, or the model "
     "itself fails at an op as eager PyTorch would (the line says which, and names the op, "
-    "the module and your source line), 4 nothing fits the budget, 130 interrupted, "
-    "1 a bug in fxmem (--debug shows its traceback). Nothing else is printed: no other "
-    "library's log line or warning; --out is written whole or not at all."))
+    "the module and your source line), 130 interrupted, "
+    "1 a bug in fxmem (--debug shows its traceback). When B does not fit the budget, the "
+    "report still comes, with each way that makes it fit, and one line on stderr, exit "
+    "code 4. Nothing else is printed: no other library's log line or warning; --out is "
+    "written whole or not at all."))
 @click.version_option(package_name="fxmem")
 def cli():
     """fxmem: the device memory of a PyTorch step as a formula of the batch size B."""
@@ -201,7 +205,7 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
         parallel = tensor_parallel(tp, tp_plan, ddp, data_parallel(
             fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, replicate, offload))
         with _silenced():
-            text = _analyze(target, inputs, targets, loss, optimizer, amp, device, inference,
+            text, fit = _analyze(target, inputs, targets, loss, optimizer, amp, device, inference,
                             grad_accum, batch, budget, checkpoint, config, seq, fmt, top,
                             whatif, dim_sizes, cudnn_workspace=cudnn_workspace,
                             capability=capability, gpu=gpu, cuda_context=cuda_context,
@@ -219,6 +223,9 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
         Console().print(text)
     else:
         click.echo(text, nl=False)
+    if fit is not None and not fit:  # the report says it all; scripts get exit 4
+        click.echo(f"fxmem: {one_line(fit.line, 2000)}", err=True)
+        sys.exit(EXIT_BUDGET)
 
 
 @cli.command()
@@ -443,8 +450,8 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
             status.update("choosing a checkpoint plan ...")
             frontier = report.frontier(batch)
             if budget_bytes is not None:
-                choice = report.plan_for(budget_bytes, batch)
-                report = choice.report
+                with contextlib.suppress(InfeasibleBudgetError):  # then the ways out say so
+                    report = report.plan_for(budget_bytes, batch).report
             elif frontier:
                 plan = frontier[-1].plan
                 traced = getattr(report, "retrace", None)  # a parallel step: traced with it
@@ -453,19 +460,23 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
             from ..trace.regions import Plan
 
             write_file(save_plan, Plan.of(report.plan).to_json(indent=1) + "\n")
-        if budget_bytes is not None:  # raises InfeasibleBudgetError (exit 4)
-            status.update("finding the largest B that runs ...")
-            try:
-                report.max_batch_size(budget_bytes, cudnn_workspace=conv_ws)
-            except InfeasibleBudgetError as e:
-                ways = [w for w, given in (
-                    ("--checkpoint auto", checkpoint == "auto" or inference),
-                    ("--amp bf16", amp_dtype is not None),
-                    ("--fsdp N (the step of each of N GPUs)", parallel is not None))
-                    if not given]
-                raise InfeasibleBudgetError(
-                    f"{e}; to fit, try {', '.join(ways)} or a larger card" if ways else
-                    f"{e}; more GPUs or a larger card", minimum_bytes=e.minimum_bytes) from e
+        fit = None
+        if budget_bytes is not None:  # when B does not fit: the report, its ways out, exit 4
+            from ..report.fit import fit as fit_of
+
+            status.update(f"checking B={batch} within the budget ...")
+            whole = named if dims else report
+            fit = fit_of(report, batch, budget_bytes, cudnn_workspace=conv_ws,
+                         named=whole if dims else None, dims={n: sizes[n] for n in dims},
+                         limit=position_limit(t.model) if dims else None,
+                         reanalyze=_reanalyze_of(whole), ways=False)
+            if not fit:
+                status.update("finding what fits: the largest B, a checkpoint plan, "
+                              "FSDP2 ranks, the longest sequence ...")
+                fit = fit_of(report, batch, budget_bytes, cudnn_workspace=conv_ws,
+                             named=whole if dims else None, dims={n: sizes[n] for n in dims},
+                             limit=position_limit(t.model) if dims else None,
+                             reanalyze=_reanalyze_of(whole))
         rows = ()
         if whatif:
             from ..whatif import whatif as whatifs
@@ -484,9 +495,15 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
     s = summarize(report, B=batch, budget_bytes=None if card else budget_bytes, top=top,
                   setup=setup, title=f"fxmem report: {t.name}", frontier=frontier,
                   whatifs=rows, cudnn_workspace=conv_ws, gpu=card, context_bytes=context,
-                  **(dict(named=named, dims={n: sizes[n] for n in dims})
-                     if dims and report is at else {}))  # B, L's readable peak: no plan
-    return _render(s, fmt, exact_formula)
+                  fit=fit, **(dict(named=named, dims={n: sizes[n] for n in dims})
+                              if dims and report is at else {}))  # B, L's readable peak: no plan
+    return _render(s, fmt, exact_formula), fit
+
+
+def _reanalyze_of(report):
+    """``Report.reanalyze`` of ``report`` (a parallel one's through its first rank)."""
+    groups = getattr(report, "groups", None)
+    return (groups[0].report if groups else report).reanalyze
 
 
 def _check_inference(optimizer, checkpoint, targets, loss, grad_accum, whatif) -> None:

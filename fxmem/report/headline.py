@@ -70,3 +70,30 @@ def largest_b(s) -> Headline:
         tail = ""
     return Headline(f"Largest B {where}: ", f"{s.max_batch_size:,}", tail, others)
 
+
+
+_NEED = {"device": "max_memory_reserved() replayed with no limit", "live": "live tensors"}
+
+
+def not_fitting(s) -> Headline | None:
+    """The sentence saying that B does not fit and by how much (``s.fit``), or None when it
+    fits or no budget was given; ``others``: where the replay runs out."""
+    f = s.fit
+    if not f or f["fits"]:
+        return None
+    at = ", ".join(f"{k} = {v}" for k, v in {"B": f["B"], **f["dims"]}.items())
+    where = _where(s)
+    where = where[len("within "):] if where.startswith("within ") else where
+    return Headline(f"{at} does not fit {where}: it needs ", fmt_bytes(f["need_bytes"]),
+                    f" ({_NEED[f['by']]}), {fmt_bytes(f['over_bytes'])} over",
+                    f"Within the budget the caching allocator runs out {f['oom']}."
+                    if f["oom"] else "", fails=True)
+
+
+def way_rows(s) -> list:
+    """The ways out of ``s.fit`` as rows: (the way, what it needs, the share of FLOPs it
+    re-runs or "", what one step beyond gives, its whole plan or "")."""
+    return [(w["line"], fmt_bytes(w["need_bytes"]),
+             f"{w['recompute_share']:.1%}" if w["plan"] else "", w["beyond"],
+             ", ".join(w["plan"]))
+            for w in (s.fit or {}).get("ways", ())]

@@ -22,7 +22,7 @@ from markupsafe import Markup
 from sympy.printing.mathml import mathml
 
 from . import plots
-from .headline import largest_b
+from .headline import largest_b, not_fitting, way_rows
 from .text import at_dims, exact_when, fmt_bytes
 
 
@@ -160,7 +160,8 @@ def _context(s) -> dict:
                 readable=readable,
                 setup_short=setup_short, setup_long=setup_long, budget_line=_budget_line(s),
                 budget_others=largest_b(s).others if s.budget_bytes is not None else "",
-                parts_total=sum(s.parts_bytes.values()),
+                parts_total=sum(s.parts_bytes.values()), no_fit=not_fitting(s),
+                ways=way_rows(s),
                 frontier=[dict(n=i + 1, peak=p, flops=f, plan=plan,
                                used=set(plan) == set(s.plan))
                           for i, (p, f, plan) in enumerate(plots.frontier_points(s))])

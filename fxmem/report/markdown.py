@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from .headline import largest_b
+from .headline import largest_b, not_fitting, way_rows
 from .text import at_dims, exact_when, fmt_bytes
 from .whatif import table as whatif_table
 
@@ -94,6 +94,7 @@ def render_markdown(s) -> str:
                 f"({c['max_allocated']:,} bytes) and `max_memory_reserved()` "
                 f"{fmt_bytes(c['max_reserved'])} (the caching allocator's blocks and segments; "
                 f"library workspaces: {used}; the CUDA context comes on top)."]
+    out += _ways(s)
     if s.budget_bytes is not None:
         h = largest_b(s)
         out += ["", f"**{h.lead}**" if h.fails else f"{h.lead}**{h.number}**{h.tail}."]
@@ -125,3 +126,24 @@ def render_markdown(s) -> str:
     if s.whatifs:
         out += ["", "## What-ifs", "", whatif_table(list(s.whatifs))]
     return "\n".join(out) + "\n"
+
+
+def _ways(s) -> list[str]:
+    """B does not fit: by how much, and the ways that make it fit, each checked."""
+    h = not_fitting(s)
+    if h is None:
+        return []
+    out = ["", f"**{h.lead}{h.number}{h.tail}.**"]
+    if h.others:
+        out += ["", h.others]
+    rows = way_rows(s)
+    if rows:
+        out += ["", "Ways it fits, each checked (it fits there, and not one step beyond):", ""]
+        out += _rows("| way | needs | recompute | one step beyond |", "|---|---:|---:|---|",
+                     (f"| {w} | {n} | {r} | {b} |" for w, n, r, b, _ in rows))
+        plans = [(w, p) for w, _, _, _, p in rows if p]
+        if plans:
+            out += ["", *(f"- plan of *{w}*: {p}" for w, p in plans)]
+    if s.fit["none"]:
+        out += ["", "Searched, none found:", "", *(f"- {line}" for line in s.fit["none"])]
+    return out

@@ -76,3 +76,35 @@ def _top_module(storage) -> str:
     if m.startswith("<"):
         return m
     return m.split(".")[0] if m else "(root)"
+
+
+def regimes_of(report) -> tuple:
+    """:attr:`fxmem.Report.regimes` of a report in B alone."""
+    out = []
+    for x, c in report.liveness.regimes:
+        first = max(report.min_batch_size, int(sympy.ceiling(sympy.Rational(x))))
+        while out and out[-1].B_from >= first:  # a regime holding for no integer B
+            out.pop()
+        op = report.trace.ops[c.op_index] if c.op_index >= 0 else None
+        out.append(PeakRegime(first, c.op_index, op.op if op else "(start)",
+                              op.phase if op else "start", op.module if op else "",
+                              c.expr, sympy.Rational(x)))
+    return tuple(out)
+
+
+def breakdown_of(report, b: int, top: int | None) -> Breakdown:
+    """:meth:`fxmem.Report.breakdown` of a report in B alone, at a B where it holds."""
+    lv = report.liveness
+    cand = lv.peak_candidate(b)
+    by_cat, by_mod = {}, {}
+    storages = lv.graph.storages
+    for sid in lv.live_sids(cand.op_index):
+        s, v = storages[sid], lv.sizes[sid](b)
+        by_cat[s.category] = by_cat.get(s.category, 0) + v
+        m = _top_module(s)
+        by_mod[m] = by_mod.get(m, 0) + v
+    by_mod = dict(sorted(by_mod.items(), key=lambda kv: -kv[1])[:top])
+    by_cat = dict(sorted(by_cat.items(), key=lambda kv: -kv[1]))
+    op = report.trace.ops[cand.op_index] if cand.op_index >= 0 else None
+    return Breakdown(b, cand(b), cand.op_index, op.op if op else "(start)",
+                     op.phase if op else "start", op.module if op else "", by_cat, by_mod)

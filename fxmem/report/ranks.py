@@ -313,6 +313,15 @@ class ParallelReport:
                 if at(b) is None:
                     raise
 
+    def fits(self, B: int, budget_bytes: int | None = None, *, gpu=None,  # noqa: N803
+             context_bytes: int | None = None, **options):
+        """Whether every rank's step at micro-batch ``B`` fits, and the ways that make it fit
+        (more ranks among them): :meth:`fxmem.Report.fits`, answered for the rank with the
+        least room."""
+        first = self.groups[0].report
+        return first.fits(B, budget_bytes, gpu=gpu, context_bytes=context_bytes,
+                          report=self, **options)
+
     def max_length(self, budget_bytes: int, B: int, name: str | None = None,  # noqa: N803
                    limit: int | None = None, **values) -> int:
         """The largest value of a named dim that fits every rank at micro-batch ``B``, as

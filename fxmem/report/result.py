@@ -18,7 +18,7 @@ from ..formula.readable import readable
 from ..formula.symbols import B, dim_symbol
 from ..memory.dims import DimsFormula
 from ..memory.liveness import PARTS, Liveness, parts_of
-from .points import Breakdown, PeakRegime, TimelinePoint, _top_module
+from .points import Breakdown, PeakRegime, TimelinePoint, breakdown_of, regimes_of
 from .text import render_text
 
 
@@ -50,6 +50,8 @@ class Report:
     # b -> this step traced with B the int b (fxmem.analyze sets it), for a B below where
     # the formulas hold (B = 1 takes other paths in some kernels: ``valid_when``'s B >= 2)
     below: object = field(default=None, repr=False, compare=False)
+    # **options -> this step analysed again with other fxmem.analyze options (it sets it)
+    reanalyze: object = field(default=None, repr=False, compare=False)
 
     @classmethod
     def in_dims(cls, trace, device: str) -> "Report":
@@ -252,20 +254,9 @@ class Report:
         of True values of a mask), which the peak takes at their largest: each says whether
         it is live at a point that can be the peak (the peak is then an upper bound) or
         never (the peak is exact whatever the count)."""
-        t = self.trace
-        return t.unmodelled + tuple((op, m, what + self._at_peak(op, m))
-                                    for op, m, what in t.data_sized)
+        from .unmodelled import unmodelled
 
-    def _at_peak(self, op: str, module: str) -> str:
-        if self.liveness is None:  # in named dims: ask report.at(...)
-            return ""
-        storages, ops = self.trace.storages, self.trace.ops
-        mine = {s.sid for s in storages if s.data_bound and s.created_by >= 0
-                and ops[s.created_by].op == op and s.module == module}
-        if any(mine.intersection(self.liveness.live_sids(c.op_index))
-               for c in self.liveness.candidates):
-            return "; live where the peak can be, which is then an upper bound"
-        return "; never live where the peak can be, which is exact whatever the count"
+        return unmodelled(self)
 
     @property
     def lifted(self) -> str:
@@ -343,16 +334,7 @@ class Report:
     def regimes(self) -> tuple:
         """Where the peak is, by range of B: a tuple of :class:`PeakRegime`."""
         self._b_only("regimes")
-        out = []
-        for x, c in self.liveness.regimes:
-            first = max(self.min_batch_size, int(sympy.ceiling(sympy.Rational(x))))
-            while out and out[-1].B_from >= first:  # a regime holding for no integer B
-                out.pop()
-            op = self.trace.ops[c.op_index] if c.op_index >= 0 else None
-            out.append(PeakRegime(first, c.op_index, op.op if op else "(start)",
-                                  op.phase if op else "start", op.module if op else "",
-                                  c.expr, sympy.Rational(x)))
-        return tuple(out)
+        return regimes_of(self)
 
     def breakdown(self, B: int, top: int | None = None, **dims) -> Breakdown:  # noqa: N803
         """What is live at the peak at batch size ``B`` (and the named dims' values), by
@@ -362,20 +344,7 @@ class Report:
         self._no_dims(dims)
         if small := self._small(B):
             return small.breakdown(B, top)
-        b = _check_b(B)
-        cand = self.liveness.peak_candidate(b)
-        by_cat, by_mod = {}, {}
-        storages = self.liveness.graph.storages
-        for sid in self.liveness.live_sids(cand.op_index):
-            s, v = storages[sid], self.liveness.sizes[sid](b)
-            by_cat[s.category] = by_cat.get(s.category, 0) + v
-            m = _top_module(s)
-            by_mod[m] = by_mod.get(m, 0) + v
-        by_mod = dict(sorted(by_mod.items(), key=lambda kv: -kv[1])[:top])
-        by_cat = dict(sorted(by_cat.items(), key=lambda kv: -kv[1]))
-        op = self.trace.ops[cand.op_index] if cand.op_index >= 0 else None
-        return Breakdown(b, cand(b), cand.op_index, op.op if op else "(start)",
-                         op.phase if op else "start", op.module if op else "", by_cat, by_mod)
+        return breakdown_of(self, _check_b(B), top)
 
     def timeline(self, B: int, **dims) -> tuple:  # noqa: N803
         """Live bytes after every op at batch size ``B`` (and the named dims' values): a
@@ -555,6 +524,28 @@ class Report:
             compute_capability = self.liveness.graph.trace.compute_capability
         return run_on_device(self.liveness, _check_b(B), capacity_bytes, config,
                              compute_capability, cudnn_workspace=cudnn_workspace)
+
+    def fits(self, B: int, budget_bytes: int | None = None, *, gpu=None,  # noqa: N803
+             context_bytes: int | None = None, ways: bool = True, limit: int | None = None,
+             **options):
+        """Whether the step at batch size ``B`` fits ``budget_bytes`` (or a card, ``gpu``,
+        less ``context_bytes``) as the headline answers it (a CUDA step: the allocator's
+        replay runs), by how much it is over, and the ways that make it fit, each checked:
+        a :class:`fxmem.report.fit.Fit` (``bool(fit)``: it fits). A report in named dims
+        takes their values (``fits(2, budget, L=8192)``; ``limit``: the model's longest);
+        ``options``: ``by``, ``cudnn_workspace``; see :func:`fxmem.report.fit.fit`."""
+        from ..device.gpus import gpu as lookup_gpu
+        from .fit import fit
+
+        if gpu is not None:
+            if budget_bytes is not None:
+                raise InputError("give either budget_bytes or gpu, not both")
+            budget_bytes = lookup_gpu(gpu).usable_bytes(context_bytes)
+        dims = {n: options.pop(n) for n in self.dims if n in options}
+        whole = options.pop("report", self)  # a ParallelReport's, through its first rank's
+        named = whole if whole.dims else None
+        return fit(whole.at(**dims) if named else whole, B, budget_bytes, named=named,
+                   dims=dims, limit=limit, ways=ways, reanalyze=self.reanalyze, **options)
 
     def cuda_max_batch_size(self, budget_bytes: int, config=None, compute_capability=None,
                             cudnn_workspace: int = 0, **dims) -> int:

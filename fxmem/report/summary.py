@@ -116,6 +116,7 @@ class Summary:
     readable_error: tuple = ()
     readable_point: dict = field(default_factory=dict)
     peak_exact: str = ""
+    fit: dict | None = None
 
     @property
     def leads_readable(self) -> bool:
@@ -154,7 +155,7 @@ def _at(expr, b: int) -> int:
 def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,  # noqa: N803
               title: str = "fxmem report", setup: dict | None = None, frontier=None,
               whatifs=None, cudnn_workspace: int = 0, gpu=None,
-              context_bytes: int | None = None, named=None, dims=None) -> Summary:
+              context_bytes: int | None = None, named=None, dims=None, fit=None) -> Summary:
     """The :class:`Summary` of ``report`` at batch size ``B``. ``setup``: what the step is
     (model, optimizer, ...; shown as given); ``frontier``: checkpoint Pareto points at ``B``
     (:meth:`fxmem.Report.frontier`); ``whatifs``: :class:`fxmem.WhatIf` rows;
@@ -163,6 +164,8 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
     get, its capacity less ``context_bytes`` for the CUDA context (then ``budget_bytes`` is
     left None). ``named``: the report in named dims that ``report`` is at ``dims`` (their
     values, ``named.at(**dims)``): the readable peak is then read in B and the dims.
+    ``fit``: a :class:`fxmem.report.fit.Fit` at ``B`` within the budget (``Fit.as_dict()``
+    becomes ``Summary.fit``): whether B fits and, when not, the ways out.
 
     ``report`` may be a :class:`fxmem.ParallelReport` (in B alone: see its ``at``): the
     summary is then the report of the ranks with the least room, with the per-rank table
@@ -220,8 +223,9 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
         caveats += (f"the CUDA context is an estimate ({card['context_bytes'] // 2**20} MiB; "
                     "measure yours and pass --cuda-context)",)
     if by == "device":
-        caveats += ("the caching allocator's replay follows PyTorch's source and has not yet "
-                    "been checked on a GPU",)
+        caveats += ("the caching allocator's replay follows PyTorch's source; it is checked "
+                    "against PyTorch's CUDA build on a fake GPU (docs/validation.md), not yet "
+                    "on a real one",)
     read = _readable(named if named is not None else report, B, dims or {})
     return Summary(
         title=title, setup=info, peak_formula=str(report.peak),
@@ -242,7 +246,8 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
         whatifs=rows, unmodelled=unmodelled, lifted=report.lifted,
         cuda=_cuda(report, B, answers.get("allocated"), cudnn_workspace),
         max_batch_size_by=by, answers=answers, next_oom=next_oom, gpu=card, caveats=caveats,
-        ranks=ranks, cuda_curve=cuda_curve, **read)
+        ranks=ranks, cuda_curve=cuda_curve, fit=fit.as_dict() if fit is not None else None,
+        **read)
 
 
 def _readable(report, b: int, dims: dict) -> dict:

@@ -17,7 +17,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from .headline import largest_b
+from .headline import largest_b, not_fitting, way_rows
 from .text import at_dims, exact_when, fmt_bytes
 
 
@@ -127,6 +127,7 @@ def render_terminal(s, exact: bool = False) -> Group:
                           f"max_memory_allocated {fmt_bytes(c['max_allocated'])}, "
                           f"max_memory_reserved {fmt_bytes(c['max_reserved'])} (library "
                           f"workspaces included; the CUDA context comes on top)"))
+    items += _ways(s)
     if s.budget_bytes is not None:
         h = largest_b(s)
         items.append(Text(h.lead, style="bold red") if h.fails else
@@ -186,4 +187,25 @@ def _formula(s, exact: bool) -> list:
     out.append(Text.assemble(("Exact expression: ", "bold"), (s.peak_exact, "cyan"),
                              "" if named else valid) if exact else
                Text("(--exact-formula shows the exact expression)", style="dim"))
+    return out
+
+
+def _ways(s) -> list:
+    """B does not fit: by how much, and the ways that make it fit, each checked."""
+    h = not_fitting(s)
+    if h is None:
+        return []
+    out = [Text.assemble((h.lead, "bold red"), (h.number, "bold red"), (h.tail, "bold red"))]
+    if h.others:
+        out.append(Text(h.others))
+    rows = way_rows(s)
+    if rows:
+        t = _table("Ways it fits (each checked: it fits there, and not one step beyond)",
+                   "way", "needs", "recompute", "one step beyond", right=("needs", "recompute"))
+        for way, need, share, beyond, _ in rows:
+            t.add_row(way, need, share, beyond)
+        out.append(t)
+        out += [Text(f"plan of '{way}': {plan}", style="dim") for way, _, _, _, plan in rows
+                if plan and plan != way]
+    out += [Text(f"searched, none found: {line}", style="yellow") for line in s.fit["none"]]
     return out

@@ -1,0 +1,383 @@
+"""Whether a step fits a budget at batch size B and, when it does not, by how much and the
+ways that make it fit, each computed, not suggested: the largest B that fits, the cheapest
+checkpoint plan at B, the fewest GPUs under FSDP2 (with and without a plan), the longest
+sequence at B. Every way is checked the way the headline is answered (``by``: for a CUDA
+step, the caching allocator's replay within the budget, :meth:`fxmem.Report.runs_on_device`;
+on the CPU, live bytes): the step fits there, and one step beyond it, it does not.
+
+>>> import torch, fxmem
+>>> m = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(),
+...                                               torch.nn.Linear(256, 64)) for _ in range(4)])
+>>> r = fxmem.analyze(m, torch.randn(4, 64), loss=lambda o: o.sum(), device="cpu",
+...                   optimizer=torch.optim.Adam)
+>>> f = r.fits(512, 4_000_000)
+>>> bool(f), f.over_bytes > 0, [w.kind for w in f.ways]
+(False, True, ['batch', 'checkpoint', 'fsdp+checkpoint'])
+>>> f.way("batch").line, f.way("batch").beyond
+('B=229 (the largest B that fits)', 'B=230 does not fit')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+from ..errors import FxmemError, InfeasibleBudgetError, InputError
+from .text import fmt_bytes
+
+KINDS = ("batch", "checkpoint", "fsdp", "fsdp+checkpoint", "length")
+MAX_WORLD_SIZE = 1024  # the FSDP2 search stops here
+
+
+@dataclass(frozen=True)
+class WayOut:
+    """One change that makes the step fit, checked.
+
+    ``kind``: one of :data:`KINDS`; ``value``: the batch size (``"batch"``), the number of
+    GPUs (``"fsdp"``, ``"fsdp+checkpoint"``), the sequence length (``"length"``), or the
+    asked B (``"checkpoint"``); ``need_bytes``: what the step takes there, answered as the
+    budget is (``Fit.by``: for ``"device"``, ``max_memory_reserved()`` within the budget);
+    ``plan``: the checkpoint plan it takes (a :class:`fxmem.Plan`, for ``analyze(...,
+    checkpoint=plan)``; empty: none) and ``recompute_share``: the FLOPs that plan re-runs,
+    as a share of the step's; ``beyond``: what one step beyond gives (the next B, one GPU
+    fewer, the next length, or that no cheaper plan fits); ``line``: the way, for people."""
+
+    kind: str
+    value: int
+    need_bytes: int
+    line: str
+    plan: tuple = ()
+    recompute_share: float = 0.0
+    beyond: str = ""
+
+    def as_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {**d, "plan": [str(e) for e in self.plan]}
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Whether the step at batch size ``B`` (and ``dims``, the named dims' values) fits
+    ``budget_bytes``, answered ``by`` ``"device"`` (a CUDA step: the caching allocator's
+    replay runs) or ``"live"`` (live bytes). ``need_bytes``: what it needs at ``B``
+    (``"device"``: the replay's ``max_memory_reserved()`` with no limit; ``"live"``: the
+    peak); ``oom``: where the replay within the budget runs out, a phrase ("at aten.mm in
+    fc (forward, step 1)"; ``""`` when it fits or on the CPU); ``ways``: :class:`WayOut`
+    s, empty when it fits; ``none``: one line for each way searched that found nothing
+    (e.g. no plan fits at ``B``). ``bool(fit)`` is ``fits``."""
+
+    B: int
+    budget_bytes: int
+    by: str
+    fits: bool
+    need_bytes: int
+    dims: dict = field(default_factory=dict)
+    oom: str = ""
+    ways: tuple = ()
+    none: tuple = ()
+
+    def __bool__(self) -> bool:
+        return self.fits
+
+    @property
+    def over_bytes(self) -> int:
+        """How far ``need_bytes`` is over the budget (negative: the room left)."""
+        return self.need_bytes - self.budget_bytes
+
+    def way(self, kind: str) -> WayOut | None:
+        """The way of ``kind`` (one of :data:`KINDS`), or None when none was found."""
+        return next((w for w in self.ways if w.kind == kind), None)
+
+    @property
+    def line(self) -> str:
+        """One line: whether it fits and, when not, the ways (long plans summarised)."""
+        at = ", ".join(f"{k}={v}" for k, v in {"B": self.B, **self.dims}.items())
+        need = fmt_bytes(self.need_bytes)
+        if self.fits:
+            return f"{at} fits {fmt_bytes(self.budget_bytes)} ({need} needed)"
+        head = (f"{at} does not fit {fmt_bytes(self.budget_bytes)}: it needs {need}, "
+                f"{fmt_bytes(self.over_bytes)} over")
+        if not self.ways:
+            return head + "; nothing fxmem searched makes it fit"
+        return head + "; it fits with " + "; or ".join(w.line for w in self.ways)
+
+    def as_dict(self) -> dict:
+        return {"B": self.B, "dims": dict(self.dims), "budget_bytes": self.budget_bytes,
+                "by": self.by, "fits": self.fits, "need_bytes": self.need_bytes,
+                "over_bytes": self.over_bytes, "oom": self.oom,
+                "ways": [w.as_dict() for w in self.ways], "none": list(self.none)}
+
+
+def plan_text(plan) -> str:
+    """A plan in a line: its entries when few, else how many with the first and last."""
+    entries = [str(p) for p in plan]
+    if len(entries) <= 3:
+        return ", ".join(entries)
+    return f"{len(entries)} entries, {entries[0]} ... {entries[-1]}"
+
+
+def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N803
+        cudnn_workspace: int = 0, named=None, dims=None, limit: int | None = None,
+        ways: bool = True, reanalyze=None) -> Fit:
+    """The :class:`Fit` of ``report`` (a :class:`fxmem.Report` in B alone or a
+    :class:`fxmem.ParallelReport`) at batch size ``B`` within ``budget_bytes``.
+    ``named``: the report in named dims that ``report`` is at ``dims`` (the longest-length
+    way needs it; ``limit``: the model's own maximum length). ``reanalyze(**options)``: the
+    step analysed again with other :func:`fxmem.analyze` options (``parallel=``,
+    ``checkpoint=``), for the FSDP2 ways; :func:`fxmem.analyze` gives reports one
+    (``Report.reanalyze``). ``ways=False``: only whether it fits."""
+    if isinstance(B, bool) or not isinstance(B, int) or B < 1:
+        raise InputError(f"B must be a positive int, got {B!r}")
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 1:
+        raise InputError(f"budget_bytes must be a positive int, got {budget_bytes!r}")
+    by = by or ("device" if report.device == "cuda" else "live")
+    if by not in ("device", "live"):
+        raise InputError(f"by is 'device' or 'live' (how the budget is checked), got {by!r}")
+    check = _Check(by, budget_bytes, cudnn_workspace)
+    ok, oom = check.runs(report, B)
+    out = Fit(B, budget_bytes, by, ok, check.need(report, B), dict(dims or {}), oom)
+    if ok or not ways:
+        return out
+    found, none = [], []
+    for kind, way in (("batch", _largest_batch), ("checkpoint", _plan_at),
+                      ("fsdp", _fewest_ranks), ("length", _longest)):
+        for w in way(check, report, B, named=named, dims=dims or {}, limit=limit,
+                     reanalyze=reanalyze):
+            found.append(w) if isinstance(w, WayOut) else none.append(str(w))
+    return replace(out, ways=tuple(found), none=tuple(none))
+
+
+class _Check:
+    """Runs and needs at one budget, answered ``by`` one kind."""
+
+    def __init__(self, by: str, budget: int, cudnn_workspace: int):
+        self.by, self.budget, self.cudnn = by, budget, cudnn_workspace
+
+    def _reports(self, report) -> tuple:
+        groups = getattr(report, "groups", None)
+        return tuple(g.report for g in groups) if groups is not None else (report,)
+
+    def runs(self, report, b: int) -> tuple:
+        """(whether the step at ``b`` fits, where it runs out or ``""``)."""
+        for r in self._reports(report):
+            if self.by == "live":
+                if r.peak_bytes(b) > self.budget:
+                    return False, ""
+                continue
+            run = r.runs_on_device(b, self.budget, cudnn_workspace=self.cudnn)
+            if not run.fits:
+                step, at, op, phase, module = run.oom
+                where = ("while placing the parameters, buffers and batch" if at < 0 else
+                         f"at {op} in {module or '(root)'} ({phase}, step {step})")
+                return False, where
+        return True, ""
+
+    def fits(self, report, b: int) -> bool:
+        return self.runs(report, b)[0]
+
+    def need(self, report, b: int, within: bool = False) -> int:
+        """What the step at ``b`` needs, the largest rank's: live bytes, or for ``"device"``
+        ``max_memory_reserved()``, replayed with no limit or (``within``, a step that fits)
+        within the budget, where the allocator frees its cache and retries rather than
+        fail."""
+        if self.by == "live":
+            return max(r.peak_bytes(b) for r in self._reports(report))
+        if within:
+            return max(r.runs_on_device(b, self.budget, cudnn_workspace=self.cudnn).max_reserved
+                       for r in self._reports(report))
+        return max(r.cuda_memory(b, cudnn_workspace=self.cudnn).max_reserved
+                   for r in self._reports(report))
+
+
+def _largest_batch(check, report, b, **_):
+    try:
+        most = int(report.max_batch_size(check.budget, by=check.by,
+                                         cudnn_workspace=check.cudnn))
+    except InfeasibleBudgetError:
+        yield "no batch size fits, not even B=1"
+        return
+    if most >= b:  # the asked B fits by the search yet not by the check: a defect
+        raise FxmemError(f"the largest B within the budget is {most}, yet B={b} does not fit")
+    yield WayOut("batch", most, check.need(report, most, True),
+                 f"B={most} (the largest B that fits)", beyond=f"B={most + 1} does not fit")
+
+
+def _choice_way(check, choice, b: int, kind: str, value: int, line: str) -> WayOut | str:
+    """A plan choice as a way, once its report fits at ``b`` as the budget is checked."""
+    if not check.fits(choice.report, b):
+        return (f"the cheapest plan by live bytes ({plan_text(choice.plan)}) does not run "
+                f"within the budget at B={b}")
+    share = choice.recompute_fraction
+    return WayOut(kind, value, check.need(choice.report, b, True), line.format(
+        plan=plan_text(choice.plan), share=f"{share:.1%}"),
+        plan=choice.plan, recompute_share=share,
+        beyond="the cheapest such plan" if getattr(choice, "exact", True) else
+        "a plan found by a heuristic: a cheaper one may fit")
+
+
+class _NoPlan(str):
+    """Why no plan fits (a line), with the smallest peak a plan reaches."""
+
+    def __new__(cls, line: str, minimum_bytes: int):
+        self = super().__new__(cls, line)
+        self.minimum_bytes = minimum_bytes
+        return self
+
+
+def _cheapest_plan(check, report, b: int):
+    """The :class:`fxmem.PlanChoice` at ``b``, or the line saying why there is none."""
+    if report.plan:
+        return "the step has a checkpoint plan already"
+    try:
+        return report.plan_for(check.budget, b)
+    except InfeasibleBudgetError as e:
+        return _NoPlan(f"no checkpoint plan fits at B={b}: the smallest peak is "
+                       f"{fmt_bytes(e.minimum_bytes)}", e.minimum_bytes)
+    except FxmemError as e:  # no blocks to checkpoint, ...
+        return f"no checkpoint plan at B={b}: {e}"
+
+
+def _plan_at(check, report, b, **_):
+    choice = _cheapest_plan(check, report, b)
+    if isinstance(choice, str):
+        yield choice
+        return
+    yield _choice_way(check, choice, b, "checkpoint", b,
+                      f"checkpointing {{plan}} at B={b} (re-running {{share}} of the FLOPs)")
+
+
+def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, **_):
+    """FSDP2's fewest GPUs at ``b``, without a plan then with the cheapest one."""
+    from ..trace.parallel import FSDP
+
+    strategy = getattr(report, "strategy", None)
+    if reanalyze is None:
+        yield "the fewest GPUs under FSDP2: not searched (the report cannot analyse again)"
+        return
+    if strategy is not None and not (isinstance(strategy, FSDP) and strategy.replicate == 1):
+        yield f"the fewest GPUs under FSDP2: not searched for {strategy.name}"
+        return
+    base = strategy or FSDP(1)
+    plan = report.plan
+    memo: dict = {}
+
+    def at(w):
+        if w not in memo:
+            r = reanalyze(parallel=replace(base, world_size=w),
+                          **({"checkpoint": plan} if plan else {}))
+            memo[w] = r.at(**dims) if dims else r
+        return memo[w]
+
+    def unsharded(r):  # what more GPUs cannot shrink: all but the shards
+        return check.need(r, b) - _fixed(r)
+
+    start = base.world_size + 1 if strategy is not None else 2
+    w = None if unsharded(report) > check.budget else _fewest(
+        lambda w: check.fits(at(w), b), start, hopeless=lambda w: unsharded(at(w)) > check.budget)
+    if w is None:
+        last = at(max(memo)) if memo else report
+        yield (f"no number of GPUs under FSDP2 fits B={b} without a checkpoint plan: what "
+               f"does not shard (activations, gathered parameters, the allocator's cache) "
+               f"needs {fmt_bytes(unsharded(last))} already")
+    else:
+        yield WayOut("fsdp", w, check.need(at(w), b, True), f"FSDP2 over {w} GPUs",
+                     plan=plan, beyond=f"{w - 1} GPU{'s' if w > 2 else ''} do not fit")
+    if plan:
+        return
+    hi = MAX_WORLD_SIZE if w is None else w - 1
+    chosen: dict = {}
+
+    def with_plan(w):
+        if w not in chosen:
+            chosen[w] = _cheapest_plan(check, at(w), b)
+            if not isinstance(chosen[w], str) and not check.fits(chosen[w].report, b):
+                chosen[w] = _NoPlan("runs out", -1)
+        return not isinstance(chosen[w], str)
+
+    def no_plan_helps(w):  # the plan with the smallest peak, less the shards, is over
+        least = chosen[w].minimum_bytes
+        if least < 0:  # a plan fitting by live bytes ran out in the replay
+            smallest = at(w).frontier(b)[-1].plan
+            return unsharded(at(w).with_plan(smallest)) > check.budget
+        return least - _fixed(at(w)) > check.budget
+
+    w2 = _fewest(with_plan, start, hi, hopeless=no_plan_helps)
+    if w2 is None:
+        yield (f"FSDP2 with a checkpoint plan needs as many GPUs as without one" if w else
+               f"no number of GPUs under FSDP2 fits B={b} with a checkpoint plan either")
+        return
+    yield _choice_way(check, chosen[w2], b, "fsdp+checkpoint", w2,
+                      f"FSDP2 over {w2} GPUs checkpointing {{plan}} (re-running {{share}})")
+
+
+def _fixed(report) -> int:
+    """The bytes that do not depend on B of the rank with the most (the shards under FSDP2):
+    all that more GPUs can shrink, so a step that needs more than the budget without them
+    fits on no number of GPUs (the search stops there)."""
+    groups = getattr(report, "groups", None)
+    return max(g.report.fixed_bytes for g in groups) if groups is not None \
+        else report.fixed_bytes
+
+
+def _fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, hopeless=None) -> int | None:
+    """The smallest w in [lo, hi] with ``fits(w)`` (monotone), or None; ``hopeless(w)``, for
+    a w that does not fit: no larger one will either."""
+    if lo > hi:
+        return None
+    w = lo
+    while not fits(w):
+        if w >= hi or (hopeless is not None and hopeless(w)):
+            return None
+        lo, w = w + 1, min(2 * w, hi)
+    while lo < w:  # fits(w); nothing below lo fits
+        mid = (lo + w) // 2
+        lo, w = (lo, mid) if fits(mid) else (mid + 1, w)
+    return w
+
+
+def _longest(check, report, b, *, named=None, dims=None, limit=None, **_):
+    """The longest named dim (one only) that fits at ``b``."""
+    if named is None or len(named.dims) != 1:
+        return
+    (name,) = named.dims
+    try:
+        most = named.max_length(check.budget, b, limit=limit)
+    except InfeasibleBudgetError:
+        yield f"no {name} fits at B={b}"
+        return
+    if check.by == "device":  # live bytes are at most what the allocator holds
+        from ..formula.guards import lower_bounds
+        from ..formula.symbols import dim_symbol
+
+        x = dim_symbol(name)
+        floor = lower_bounds(named.valid_when, [x])[x]
+        most = _down(lambda n: check.fits(named.at(**{name: n}), b), most, floor)
+        if most is None:
+            yield f"no {name} runs at B={b}"
+            return
+    at = named.at(**{name: most})
+    yield WayOut("length", most, check.need(at, b, True), f"{name}={most} at B={b}",
+                 beyond=f"{name}={most + 1} does not fit" if most != limit
+                 else f"{name}={most} is the model's limit")
+
+
+def _down(fits, top: int, floor: int) -> int | None:
+    """The largest n in [``floor``, ``top``] with ``fits(n)`` (monotone), stepping down
+    from ``top`` by doubling steps."""
+    if fits(top):
+        return top
+    step, hi = 1, top  # not fits(hi)
+    while True:
+        lo = top - step
+        if lo <= floor:
+            return _bisect(fits, floor, hi) if fits(floor) else None
+        if fits(lo):
+            return _bisect(fits, lo, hi)
+        hi, step = lo, 2 * step
+
+
+def _bisect(fits, lo: int, hi: int) -> int:
+    """fits(lo), not fits(hi): the largest that fits."""
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
