@@ -189,3 +189,26 @@ def test_cli_a_budget_nothing_fits(extra, capfd, tmp_path):
     assert "nothing fxmem searched makes it fit" in err
     text = out.read_text() if "--out" in extra else stdout
     assert "does not fit" in text and "no batch size fits, not even B=1" in text
+
+
+@pytest.mark.parametrize("a, s, budget", [(100, 6400, 150), (10, 10**6, 11), (0, 999, 1),
+                                          (500, 64, 520)])
+def test_fewest_ranks_search_is_exact_and_short(a, s, budget):
+    """The world-size search returns the smallest w that fits, exactly, and with a need of
+    the FSDP2 shape (a + s / w, rounded up as blocks are) tries few world sizes."""
+    from fxmem.report.fit import MAX_WORLD_SIZE, _fewest
+
+    def need(w):
+        return a + -(-s // w) + (w % 3)  # not exactly on the line
+
+    tried = []
+
+    def fits(w):
+        tried.append(w)
+        return max(need(v) for v in range(w, MAX_WORLD_SIZE + 1)) <= budget  # monotone
+
+    want = next((w for w in range(2, MAX_WORLD_SIZE + 1) if fits(w)), None)
+    tried.clear()
+    got = _fewest(fits, 2, need=need, budget=budget)
+    assert got == want
+    assert len(set(tried)) <= 8, tried

@@ -471,12 +471,11 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                          limit=position_limit(t.model) if dims else None,
                          reanalyze=_reanalyze_of(whole), ways=False)
             if not fit:
-                status.update("finding what fits: the largest B, a checkpoint plan, "
-                              "FSDP2 ranks, the longest sequence ...")
                 fit = fit_of(report, batch, budget_bytes, cudnn_workspace=conv_ws,
                              named=whole if dims else None, dims={n: sizes[n] for n in dims},
                              limit=position_limit(t.model) if dims else None,
-                             reanalyze=_reanalyze_of(whole))
+                             reanalyze=_reanalyze_of(whole), progress=lambda what:
+                             status.update(f"B={batch} does not fit; finding {what} ..."))
         rows = ()
         if whatif:
             from ..whatif import whatif as whatifs

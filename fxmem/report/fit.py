@@ -117,14 +117,15 @@ def plan_text(plan) -> str:
 
 def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N803
         cudnn_workspace: int = 0, named=None, dims=None, limit: int | None = None,
-        ways: bool = True, reanalyze=None) -> Fit:
+        ways: bool = True, reanalyze=None, progress=None) -> Fit:
     """The :class:`Fit` of ``report`` (a :class:`fxmem.Report` in B alone or a
     :class:`fxmem.ParallelReport`) at batch size ``B`` within ``budget_bytes``.
     ``named``: the report in named dims that ``report`` is at ``dims`` (the longest-length
     way needs it; ``limit``: the model's own maximum length). ``reanalyze(**options)``: the
     step analysed again with other :func:`fxmem.analyze` options (``parallel=``,
     ``checkpoint=``), for the FSDP2 ways; :func:`fxmem.analyze` gives reports one
-    (``Report.reanalyze``). ``ways=False``: only whether it fits."""
+    (``Report.reanalyze``). ``ways=False``: only whether it fits. ``progress(what)``: called
+    with what is being searched as each search starts (the CLI's status line)."""
     if isinstance(B, bool) or not isinstance(B, int) or B < 1:
         raise InputError(f"B must be a positive int, got {B!r}")
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 1:
@@ -138,8 +139,12 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
     if ok or not ways:
         return out
     found, none = [], []
-    for kind, way in (("batch", _largest_batch), ("checkpoint", _plan_at),
-                      ("fsdp", _fewest_ranks), ("length", _longest)):
+    for what, way in (("the largest B", _largest_batch),
+                      (f"the cheapest checkpoint plan at B={B}", _plan_at),
+                      ("the fewest GPUs under FSDP2", _fewest_ranks),
+                      (f"the longest sequence at B={B}", _longest)):
+        if progress is not None:
+            progress(what)
         for w in way(check, report, B, named=named, dims=dims or {}, limit=limit,
                      reanalyze=reanalyze):
             found.append(w) if isinstance(w, WayOut) else none.append(str(w))
@@ -258,7 +263,7 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, **_):
         return
     base = strategy or FSDP(1)
     plan = report.plan
-    memo: dict = {}
+    memo = _Recent()
 
     def at(w):
         if w not in memo:
@@ -272,7 +277,8 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, **_):
 
     start = base.world_size + 1 if strategy is not None else 2
     w = None if unsharded(report) > check.budget else _fewest(
-        lambda w: check.fits(at(w), b), start, hopeless=lambda w: unsharded(at(w)) > check.budget)
+        lambda w: check.fits(at(w), b), start, hopeless=lambda w: unsharded(at(w)) > check.budget,
+        need=lambda w: check.need(at(w), b), budget=check.budget)
     if w is None:
         last = at(max(memo)) if memo else report
         yield (f"no number of GPUs under FSDP2 fits B={b} without a checkpoint plan: what "
@@ -284,7 +290,7 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, **_):
     if plan:
         return
     hi = MAX_WORLD_SIZE if w is None else w - 1
-    chosen: dict = {}
+    chosen = _Recent()
 
     def with_plan(w):
         if w not in chosen:
@@ -293,20 +299,27 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, **_):
                 chosen[w] = _NoPlan("runs out", -1)
         return not isinstance(chosen[w], str)
 
-    def no_plan_helps(w):  # the plan with the smallest peak, less the shards, is over
-        least = chosen[w].minimum_bytes
-        if least < 0:  # a plan fitting by live bytes ran out in the replay
-            smallest = at(w).frontier(b)[-1].plan
-            return unsharded(at(w).with_plan(smallest)) > check.budget
-        return least - _fixed(at(w)) > check.budget
+    def least(w):  # what the plan with the smallest peak needs
+        return check.need(at(w).with_plan(at(w).frontier(b)[-1].plan), b)
 
-    w2 = _fewest(with_plan, start, hi, hopeless=no_plan_helps)
+    w2 = _fewest(with_plan, start, hi, hopeless=lambda w: least(w) - _fixed(at(w)) > check.budget,
+                 need=least, budget=check.budget)
     if w2 is None:
         yield (f"FSDP2 with a checkpoint plan needs as many GPUs as without one" if w else
                f"no number of GPUs under FSDP2 fits B={b} with a checkpoint plan either")
         return
+    with_plan(w2)  # (kept, or found again)
     yield _choice_way(check, chosen[w2], b, "fsdp+checkpoint", w2,
                       f"FSDP2 over {w2} GPUs checkpointing {{plan}} (re-running {{share}})")
+
+
+class _Recent(dict):
+    """A dict keeping its last two entries: each is a whole model's trace (or a plan's)."""
+
+    def __setitem__(self, key, value):
+        while len(self) >= 2:
+            self.pop(next(iter(self)))
+        super().__setitem__(key, value)
 
 
 def _fixed(report) -> int:
@@ -318,20 +331,41 @@ def _fixed(report) -> int:
         else report.fixed_bytes
 
 
-def _fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, hopeless=None) -> int | None:
+def _fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, hopeless=None, need=None,
+            budget: int | None = None) -> int | None:
     """The smallest w in [lo, hi] with ``fits(w)`` (monotone), or None; ``hopeless(w)``, for
-    a w that does not fit: no larger one will either."""
+    a w that does not fit: no larger one will either. ``need(w)`` (bytes; with ``budget``):
+    a rank's need, which FSDP2 makes about ``a + s / w``: after two world sizes that do not
+    fit, the next one tried is where that line meets the budget (then its neighbour below
+    confirms it), so a search costs about four analyses, not a doubling's dozen."""
     if lo > hi:
         return None
-    w = lo
+    bad, w, seen = lo - 1, lo, []  # nothing up to ``bad`` fits
     while not fits(w):
         if w >= hi or (hopeless is not None and hopeless(w)):
             return None
-        lo, w = w + 1, min(2 * w, hi)
+        bad = w
+        seen = [*seen[:1], (w, need(w))] if need is not None else []  # the first, the last
+        w = min(max(_secant(seen, budget) or 2 * w, w + 1), hi)
+    if w - 1 > bad and not fits(w - 1):  # a guess met the line: its neighbour confirms it
+        return w
+    lo = bad + 1
     while lo < w:  # fits(w); nothing below lo fits
         mid = (lo + w) // 2
         lo, w = (lo, mid) if fits(mid) else (mid + 1, w)
     return w
+
+
+def _secant(seen, budget) -> int | None:
+    """Where ``a + s / w`` through the two (w, need) points meets ``budget``, or None."""
+    if len(seen) < 2 or budget is None:
+        return None
+    (w1, n1), (w2, n2) = seen
+    s = (n1 - n2) * w1 * w2 / (w2 - w1)
+    a = n2 - s / w2
+    if s <= 0 or a >= budget:
+        return None
+    return int(-(-s // (budget - a)))
 
 
 def _longest(check, report, b, *, named=None, dims=None, limit=None, **_):
