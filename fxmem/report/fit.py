@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 
 from ..errors import FxmemError, InfeasibleBudgetError, InputError
+from ..formula.symbols import B as SYM_B
 from .text import fmt_bytes
 
 KINDS = ("batch", "checkpoint", "fsdp", "fsdp+checkpoint", "length")
@@ -286,31 +287,55 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, **_):
                f"needs {fmt_bytes(unsharded(last))} already")
     else:
         yield WayOut("fsdp", w, check.need(at(w), b, True), f"FSDP2 over {w} GPUs",
-                     plan=plan, beyond=f"{w - 1} GPU{'s' if w > 2 else ''} do not fit")
+                     plan=plan, beyond=_gpus(w - 1) + " not fit")
     if plan:
         return
-    hi = MAX_WORLD_SIZE if w is None else w - 1
-    chosen = _Recent()
+    smallest = _smallest_plan(report, b)
+    if smallest is None:
+        yield "the fewest GPUs under FSDP2 with a checkpoint plan: the model has none to choose"
+        return
+    planned = _Recent()
 
-    def with_plan(w):
-        if w not in chosen:
-            chosen[w] = _cheapest_plan(check, at(w), b)
-            if not isinstance(chosen[w], str) and not check.fits(chosen[w].report, b):
-                chosen[w] = _NoPlan("runs out", -1)
-        return not isinstance(chosen[w], str)
+    def under(w):  # FSDP2 over w GPUs under the plan with the smallest peak, derived
+        if w not in planned:
+            planned[w] = at(w).with_plan(smallest)
+        return planned[w]
 
-    def least(w):  # what the plan with the smallest peak needs
-        return check.need(at(w).with_plan(at(w).frontier(b)[-1].plan), b)
-
-    w2 = _fewest(with_plan, start, hi, hopeless=lambda w: least(w) - _fixed(at(w)) > check.budget,
-                 need=least, budget=check.budget)
+    w2 = _fewest(lambda w: check.fits(under(w), b), start,
+                 MAX_WORLD_SIZE if w is None else w - 1,
+                 hopeless=lambda w: unsharded(under(w)) > check.budget,
+                 need=lambda w: check.need(under(w), b), budget=check.budget)
     if w2 is None:
-        yield (f"FSDP2 with a checkpoint plan needs as many GPUs as without one" if w else
+        yield ("FSDP2 with a checkpoint plan needs as many GPUs as without one" if w else
                f"no number of GPUs under FSDP2 fits B={b} with a checkpoint plan either")
         return
-    with_plan(w2)  # (kept, or found again)
-    yield _choice_way(check, chosen[w2], b, "fsdp+checkpoint", w2,
-                      f"FSDP2 over {w2} GPUs checkpointing {{plan}} (re-running {{share}})")
+    line = f"FSDP2 over {w2} GPUs checkpointing {{plan}} (re-running {{share}})"
+    beyond = _gpus(w2 - 1) + " not fit with any plan"
+    choice = _cheapest_plan(check, at(w2), b)  # the cheapest plan there
+    if isinstance(choice, str) or not check.fits(choice.report, b):
+        r = under(w2)
+        flops = r.flop_count if hasattr(r, "flop_count") else r.groups[0].report.flop_count
+        redo = int(flops.recompute.subs(SYM_B, b))
+        share = redo / (int(flops.total.subs(SYM_B, b)) - redo)
+        yield WayOut("fsdp+checkpoint", w2, check.need(r, b, True), line.format(
+            plan=plan_text(smallest), share=f"{share:.1%}"), plan=smallest,
+            recompute_share=share, beyond=beyond)
+        return
+    way = _choice_way(check, choice, b, "fsdp+checkpoint", w2, line)
+    yield replace(way, beyond=beyond)
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPUs do" if n > 1 else "1 GPU does"
+
+
+def _smallest_plan(report, b: int):
+    """The checkpoint plan with the smallest peak at ``b`` (the frontier's last), or None."""
+    try:
+        points = report.frontier(b)
+    except FxmemError:
+        return None
+    return points[-1].plan if points and points[-1].plan else None
 
 
 class _Recent(dict):
