@@ -109,11 +109,20 @@ class Fit:
 
 
 def plan_text(plan) -> str:
-    """A plan in a line: its entries when few, else how many with the first and last."""
+    """A plan in a line: its entries when few, else how many, the first and the last (the
+    whole plan is ``WayOut.plan``).
+
+    >>> plan_text(["h.0", "h.1"])
+    'h.0, h.1'
+    >>> plan_text([f"layers.{i} (saving 1 op output)" for i in range(32)])
+    '32 modules, layers.0 ... layers.31, some op outputs kept'
+    """
     entries = [str(p) for p in plan]
     if len(entries) <= 3:
         return ", ".join(entries)
-    return f"{len(entries)} entries, {entries[0]} ... {entries[-1]}"
+    names = [e.split(" (")[0] for e in entries]
+    kept = ", some op outputs kept" if any(" (saving" in e for e in entries) else ""
+    return f"{len(entries)} modules, {names[0]} ... {names[-1]}{kept}"
 
 
 def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N803

@@ -141,9 +141,9 @@ def _ways(s) -> list[str]:
         out += ["", "Ways it fits, each checked (it fits there, and not one step beyond):", ""]
         out += _rows("| way | needs | recompute | one step beyond |", "|---|---:|---:|---|",
                      (f"| {w} | {n} | {r} | {b} |" for w, n, r, b, _ in rows))
-        plans = [(w, p) for w, _, _, _, p in rows if p]
+        plans = [(w["kind"], ", ".join(w["plan"])) for w in s.fit["ways"] if w["plan"]]
         if plans:
-            out += ["", *(f"- plan of *{w}*: {p}" for w, p in plans)]
+            out += ["", *(f"- the {k} way's plan, whole: {p}" for k, p in plans)]
     if s.fit["none"]:
         out += ["", "Searched, none found:", "", *(f"- {line}" for line in s.fit["none"])]
     return out
