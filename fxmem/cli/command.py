@@ -469,13 +469,8 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
             fit = fit_of(report, batch, budget_bytes, cudnn_workspace=conv_ws,
                          named=whole if dims else None, dims={n: sizes[n] for n in dims},
                          limit=position_limit(t.model) if dims else None,
-                         reanalyze=_reanalyze_of(whole), ways=False)
-            if not fit:
-                fit = fit_of(report, batch, budget_bytes, cudnn_workspace=conv_ws,
-                             named=whole if dims else None, dims={n: sizes[n] for n in dims},
-                             limit=position_limit(t.model) if dims else None,
-                             reanalyze=_reanalyze_of(whole), progress=lambda what:
-                             status.update(f"B={batch} does not fit; finding {what} ..."))
+                         reanalyze=_reanalyze_of(whole), progress=lambda what:
+                         status.update(f"B={batch} does not fit; finding {what} ..."))
         rows = ()
         if whatif:
             from ..whatif import whatif as whatifs

@@ -167,13 +167,9 @@ class _Check:
     def __init__(self, by: str, budget: int, cudnn_workspace: int):
         self.by, self.budget, self.cudnn = by, budget, cudnn_workspace
 
-    def _reports(self, report) -> tuple:
-        groups = getattr(report, "groups", None)
-        return tuple(g.report for g in groups) if groups is not None else (report,)
-
     def runs(self, report, b: int) -> tuple:
         """(whether the step at ``b`` fits, where it runs out or ``""``)."""
-        for r in self._reports(report):
+        for r in _reports(report):
             if self.by == "live":
                 if r.peak_bytes(b) > self.budget:
                     return False, ""
@@ -195,12 +191,12 @@ class _Check:
         within the budget, where the allocator frees its cache and retries rather than
         fail."""
         if self.by == "live":
-            return max(r.peak_bytes(b) for r in self._reports(report))
+            return max(r.peak_bytes(b) for r in _reports(report))
         if within:
             return max(r.runs_on_device(b, self.budget, cudnn_workspace=self.cudnn).max_reserved
-                       for r in self._reports(report))
+                       for r in _reports(report))
         return max(r.cuda_memory(b, cudnn_workspace=self.cudnn).max_reserved
-                   for r in self._reports(report))
+                   for r in _reports(report))
 
 
 def _largest_batch(check, report, b, **_):
@@ -323,7 +319,7 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, **_):
     choice = _cheapest_plan(check, at(w2), b)  # the cheapest plan there
     if isinstance(choice, str) or not check.fits(choice.report, b):
         r = under(w2)
-        flops = r.flop_count if hasattr(r, "flop_count") else r.groups[0].report.flop_count
+        flops = _reports(r)[0].flop_count
         redo = int(flops.recompute.subs(SYM_B, b))
         share = redo / (int(flops.total.subs(SYM_B, b)) - redo)
         yield WayOut("fsdp+checkpoint", w2, check.need(r, b, True), line.format(
@@ -356,13 +352,17 @@ class _Recent(dict):
         super().__setitem__(key, value)
 
 
+def _reports(report) -> tuple:
+    """Each rank group's report of a :class:`fxmem.ParallelReport`, or ``(report,)``."""
+    groups = getattr(report, "groups", None)
+    return tuple(g.report for g in groups) if groups is not None else (report,)
+
+
 def _fixed(report) -> int:
     """The bytes that do not depend on B of the rank with the most (the shards under FSDP2):
     all that more GPUs can shrink, so a step that needs more than the budget without them
     fits on no number of GPUs (the search stops there)."""
-    groups = getattr(report, "groups", None)
-    return max(g.report.fixed_bytes for g in groups) if groups is not None \
-        else report.fixed_bytes
+    return max(r.fixed_bytes for r in _reports(report))
 
 
 def _fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, hopeless=None, need=None,
