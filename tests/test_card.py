@@ -3,6 +3,7 @@ steps run through the replayed caching allocator (free-and-retry on out-of-memor
 within the bytes the allocator can get. Checked by replaying the allocator at the B reported
 and at B + 1, for a budget and for named cards."""
 
+import dataclasses
 import os
 import pickle
 import subprocess
@@ -104,6 +105,22 @@ def test_bad_budget_and_card_arguments(seed):
             seed.max_batch_size(bad)
     with pytest.raises(fxmem.InfeasibleBudgetError, match="does not run within"):
         seed.max_batch_size(MiB)
+
+
+def test_no_b_when_the_state_alone_is_over_the_budget(seed):
+    """Parameters and Adam's two moments (the step counts stay on the host) take 3x the
+    parameter bytes at every B: one byte less and the answer is "no B", said without tracing
+    a B below the formula's range to find out."""
+    from seed_convnet import seed_step
+
+    state = 3 * sum(p.numel() * p.element_size() for p in seed_step()[0].parameters())
+    assert seed.min_batch_size > 1 and seed.below is not None
+    no_below = dataclasses.replace(seed, below=None)  # tracing below min_batch_size fails
+    with pytest.raises(fxmem.InfeasibleBudgetError, match="optimizer state alone take") as e:
+        no_below.max_batch_size(state - 1)
+    assert e.value.minimum_bytes == state
+    with pytest.raises(fxmem.InfeasibleBudgetError, match="runs out while placing"):
+        seed.max_batch_size(state)  # the state fits; the batch does not
 
 
 def test_max_batch_size_is_an_int_that_says_what_it_answers(seed):

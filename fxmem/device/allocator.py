@@ -140,6 +140,22 @@ class DeviceRun:
 
 
 MAX_STEPS = 6
+STATE = ("param", "buffer", "optimizer_state")
+
+
+def state_bytes(liveness) -> int:
+    """Bytes of the parameters, buffers and optimizer state on the device that no step
+    frees and whose sizes do not depend on B: the same in a trace at any B, and all held at
+    once from the first step's optimizer phase on (:func:`run_on_device` allocates the
+    optimizer state there, beside the rest). Block rounding only adds to them, so a device
+    whose allocator cannot get this many bytes runs no B."""
+    from ..memory.liveness import _events
+
+    graph = liveness.graph
+    freed = {sid for sids in _events(graph)[1] for sid in sids}
+    return sum(int(s.size.expr) for s in graph.storages
+               if s.created_by < 0 and s.category in STATE and s.sid not in freed
+               and not _host_resident(s) and not s.size.expr.free_symbols)
 
 
 def run_on_device(liveness, B: int, capacity_bytes: int, config=None,  # noqa: N803

@@ -42,8 +42,10 @@ def prune_rows(sizes, rows, lows: dict) -> list:
     rows = np.array(rows, dtype=object).reshape(len(rows), len(sizes))
     lo, hi, unbounded = _bound_matrices(sizes, lows)
     # exact either way: machine integers when no sum of products can overflow them
-    biggest = max((abs(int(x)) for x in (*lo.flat, *hi.flat, *rows.flat)), default=0)
-    if 2 * biggest * biggest * max(len(sizes), 1) < 2**62:
+    # (a difference of two rows' counts times a bound, summed over the sizes)
+    bound = max((abs(int(x)) for x in (*lo.flat, *hi.flat)), default=0)
+    count = max((abs(int(x)) for x in rows.flat), default=0)
+    if 4 * count * bound * max(len(sizes), 1) < 2**62:
         rows, lo, hi = rows.astype(np.int64), lo.astype(np.int64), hi.astype(np.int64)
     n = len(rows)
     # one row bounds another (vectorized per row); ties keep the lower index

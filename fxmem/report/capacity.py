@@ -175,10 +175,16 @@ def device_max_batch_size(report, budget_bytes: int, *, config=None, compute_cap
                           cudnn_workspace: int = 0, gpu: str = "") -> MaxBatchSize:
     """The ``"device"`` answer of :meth:`fxmem.Report.max_batch_size` (a report in B alone).
     Raises :class:`fxmem.InfeasibleBudgetError` naming where the smallest B runs out."""
-    def run(b):
-        return report.runs_on_device(b, budget_bytes, config, compute_capability,
-                                     cudnn_workspace=cudnn_workspace)
+    runs: dict = {}
 
+    def run(b):  # one replay per B
+        if b not in runs:
+            runs[b] = report.runs_on_device(b, budget_bytes, config, compute_capability,
+                                            cudnn_workspace=cudnn_workspace)
+        return runs[b]
+
+    if report.min_batch_size > 1 and not run(report.min_batch_size).fits:
+        _no_state_room(report, budget_bytes)  # before tracing a smaller B to find out
     lo = report.start_batch_size(lambda b: run(b).fits)
     if lo is None:
         lo = report.least_batch_size
@@ -202,3 +208,20 @@ def device_max_batch_size(report, budget_bytes: int, *, config=None, compute_cap
         hint = None
     b, limit = search(lambda x: run(x).fits, lo, hint, report.max_valid_batch_size)
     return MaxBatchSize(b, by="device", budget_bytes=budget_bytes, gpu=gpu, limit=limit)
+
+
+def _no_state_room(report, budget_bytes: int) -> None:
+    """Raise :class:`fxmem.InfeasibleBudgetError` when the parameters, buffers and
+    optimizer state alone (:func:`fxmem.device.allocator.state_bytes`, the same at every B)
+    are over ``budget_bytes``: then no B runs, and no smaller B need be traced to say so."""
+    from ..device.allocator import state_bytes
+    from .text import fmt_bytes
+
+    state = state_bytes(report.liveness)
+    if state > budget_bytes:
+        b = report.least_batch_size
+        raise InfeasibleBudgetError(
+            f"B={b} does not run within {fmt_bytes(budget_bytes)} of device memory: the "
+            f"parameters, buffers and optimizer state alone take {fmt_bytes(state)} "
+            f"({state:,} B), whatever the batch size", minimum_bytes=state)
+
