@@ -65,10 +65,6 @@ def test_pytorch_copies_a_convolutions_gradient_first_and_frees_it_before_the_bi
     assert m.peak_bytes == 117760
 
 
-@pytest.mark.xfail(strict=True, reason="fxmem allocates native_dropout's outputs in the order "
-                   "the op returns them (output, then mask); CUDA's kernel makes the mask "
-                   "first. The tracker registers an op's new storages in output order "
-                   "(fxmem.trace.tracking), and no CUDA rule can reorder them yet")
 def test_fxmem_allocates_the_dropout_mask_first():
     _, m, r = _run("dropout")
     assert first_divergence(predicted_allocations(r, B), m.allocations, ordered=True) is None
@@ -84,14 +80,7 @@ def test_fxmem_sums_two_gradients_in_place():
     assert first_divergence(predicted_allocations(r, B), m.allocations) is None
 
 
-@pytest.mark.parametrize("mark", [pytest.param(0, marks=[
-    *FAKE_CUDNN, pytest.mark.xfail(strict=True, reason=(
-        "fxmem's replay (fxmem.device.allocator._Replay) makes the gradient's copy after "
-        "convolution_backward's outputs when no cuDNN workspace is given (the "
-        "temporaries-first order of _conv_backward runs only with cudnn_workspace > 0), and "
-        "holds it to the op's end in both cases, past the bias gradient: 118,272 B "
-        "predicted, 117,760 measured (the order predicted_allocations lists is the "
-        "kernel's)"))])])
+@pytest.mark.parametrize("mark", [pytest.param(0, marks=FAKE_CUDNN)])
 def test_fxmem_copies_the_convolutions_gradient_first_and_frees_it_before_the_bias(mark):
     _, m, r = _run("patch_conv")
     assert first_divergence(predicted_allocations(r, B), m.allocations, ordered=True) is None

@@ -31,11 +31,6 @@ _TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 # case -> (releases where it differs, the cause and the figures seen): strict, so a fix
 # fails the run until the marker goes
 DIFFERS = {
-    "gpt2 grad_accum 2 sgd momentum": (
-        {(2, 14)}, "2.14.1, B=2: max_reserved one 2 MiB segment under the prediction "
-        "(77,594,624 B measured, 79,691,776 predicted; allocated exact; 2.15 exact): CUDA's "
-        "native_dropout makes its mask before its output, fxmem after "
-        "(tests/test_fake_gpu_causes.py); replayed in the kernel's order, 77,594,624"),
     "llama checkpoint group": (
         {(2, 14), (2, 15)}, "B=5: max_reserved one 2 MiB segment under the prediction "
         "(2.14.1: 79,691,776 B measured, 81,788,928 predicted; 2.15: 46,137,344 and "
@@ -44,13 +39,6 @@ DIFFERS = {
         "not a view, takes the second with add_) where fxmem predicts an aten.add "
         "(tests/test_fake_gpu_causes.py); replayed with those adds in place, 79,691,776 and "
         "46,137,344"),
-    "vit fp32 sdpa sgd momentum": (
-        {(2, 14)}, "2.14.1, B=2: max_allocated 512 B over in backward (70,692,352 B "
-        "predicted, 70,691,840 measured; reserved exact, B=5 exact; 2.15 exact): the patch "
-        "embedding's cuDNN convolution backward copies its strided gradient before the "
-        "weight's gradient and frees it before the bias gradient; fxmem's replay makes the "
-        "copy last and holds it to the op's end (tests/test_fake_gpu_causes.py); replayed in "
-        "the kernel's order, 70,691,840"),
 }
 # case -> the exception fxmem's prediction raises, and why (strict xfails too)
 RAISES = {

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 
 from ..memory.sizes import _host_resident
-from ..trace.cuda import blas, reduce_replay
+from ..trace.cuda import blas, call_order, reduce_replay
 
 # --- the caching allocator, replayed over a step -------------------------------------------
 
@@ -28,10 +28,8 @@ CUBLAS_OPS = blas.OP_NAMES
 # ops that run through cuDNN on CUDA: each call allocates a workspace through the caching
 # allocator and frees it when the call returns (convolution_backward: one call for the input's
 # gradient, then one for the weight's; never both at once)
-CUDNN_CONV_OPS = frozenset(f"aten.{n}.default" for n in (
-    "convolution", "convolution_backward", "_convolution", "cudnn_convolution",
-    "cudnn_convolution_transpose"))
-CONV_BACKWARD = "aten.convolution_backward.default"
+CONV_BACKWARD = call_order.CONV_BACKWARD
+CUDNN_CONV_OPS = call_order.CUDNN_CONV_FORWARD | {CONV_BACKWARD}
 
 
 def cublas_workspace_bytes(compute_capability=(9, 0), env: str | None = None) -> int:
@@ -97,7 +95,7 @@ def cuda_memory(liveness, B: int, config=None, compute_capability=(9, 0),  # noq
     cuDNN picks. ``cudnn_workspace`` (bytes) allocates that much at every convolution, after
     its outputs, and frees it when the op ends; in ``convolution_backward``, after the input's
     gradient and again after the weight's (one cuDNN call each), the bias gradient after both
-    (``_Replay._conv_backward``). Under ``CUDNN_CONV_WSCAP_DBG=N`` (MiB), cuDNN
+    (:mod:`fxmem.trace.cuda.call_order`). Under ``CUDNN_CONV_WSCAP_DBG=N`` (MiB), cuDNN
     offers no configuration with a larger workspace, so ``N * 2**20`` bounds what each call
     adds; 0 (the default) leaves the workspaces out."""
     r = _Replay(liveness, B, config, compute_capability, cublas_workspace, cudnn_workspace)
@@ -270,15 +268,9 @@ class _Replay:
                 phase = op.phase
             if warm_up:
                 self._first_use(i, op)
-            if self.cudnn_workspace and op.op == CONV_BACKWARD:
-                self._conv_backward(i, op)
-            else:
-                for sid in self.allocs[i]:
-                    self.alloc(sid, self.size[sid])
+            self._call(i, op)
             if warm_up:
                 self._first_workspace(op)
-            if self.cudnn_workspace and op.op in CUDNN_CONV_OPS and op.op != CONV_BACKWARD:
-                a.free(a.malloc(self.cudnn_workspace))  # held while it runs
             if blas.PER_CALL and op.op in CUBLAS_OPS:  # 2.15: taken and freed by each call
                 n = self.lt_ws if op.blas == "cublaslt" else self.ws
                 if n:
@@ -307,28 +299,20 @@ class _Replay:
             phase_res[phase] = max(phase_res.get(phase, 0), a.max_reserved)
         return phase_alloc, phase_res
 
-    def _conv_backward(self, i, op):
-        """cudnn/ConvShared.cpp ``cudnn_convolution_backward`` as ``convolution_backward``
-        runs it: the temporaries PyTorch makes for the calls first (copies of the incoming
-        gradient), then one cuDNN call per gradient wanted, each allocating its output and
-        then the workspace it holds while it runs: the input's gradient (the other two not
-        yet made), then the weight's (the input's held); the bias gradient (``at::sum``, a
-        1-d output) comes after both (seen on 2.14.1's and 2.15's binaries on the fake GPU,
-        ``tests/test_fake_gpu_cudnn.py``)."""
-        a, outs = self.allocator, set(op.out_sids)
-        for sid in self.allocs[i]:
-            if sid not in outs:
+    def _call(self, i, op):
+        """Op ``i``'s own allocations, in the order its kernel makes them
+        (:func:`fxmem.trace.cuda.call_order.steps`): its storages, the temporaries it frees
+        before it returns, and each cuDNN call's workspace (``cudnn_workspace`` bytes, held
+        while the call runs: a convolution's, after its output; ``convolution_backward``'s
+        two calls, after the input's gradient and after the weight's)."""
+        a = self.allocator
+        for kind, sid in call_order.steps(op, self.storages, self.allocs[i]):
+            if kind == "alloc":
                 self.alloc(sid, self.size[sid])
-        later = []
-        for sid in self.allocs[i]:
-            if sid in outs:
-                if len(self.storages[sid].shape) == 1:
-                    later.append(sid)
-                    continue
-                self.alloc(sid, self.size[sid])
+            elif kind == "free":
+                self.free(sid)
+            elif self.cudnn_workspace:
                 a.free(a.malloc(self.cudnn_workspace))
-        for sid in later:
-            self.alloc(sid, self.size[sid])
 
     def _first_use(self, i, op):
         ops = self.ops

@@ -18,7 +18,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from ..errors import DataDependentError, ModelError, SpecializationError, TraceError
 from ..formula.symbols import B, dim_symbol
 from .cuda import blas as cuda_blas
-from .cuda import reduce_replay
+from .cuda import call_order, reduce_replay
 from .datadep import (
     TORCH_AND_FXMEM,
     DataSymbol,
@@ -356,6 +356,8 @@ class Recorder(StorageTracker):
 
     def on_op(self, index, func, args, kwargs, out, out_sids, new_sids):
         module = self.module()
+        if self.kernels is not None:  # in the order CUDA's kernel makes them
+            new_sids = call_order.new_storage_order(func, args, kwargs, out, new_sids, self.sid)
         in_sids = []
         if func in CONSTANT_LIFT_OPS and out_sids and self.sid(args[0]) is None:
             self.alias(args[0], out_sids[0])

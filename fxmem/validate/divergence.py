@@ -96,16 +96,13 @@ def predicted_allocations(report, B: int) -> list[Allocation]:  # noqa: N803
 
 
 def _in_call_order(op, storages):
-    """The op's new storages in the order its CUDA kernel makes them: the trace's, except
-    ``convolution_backward`` (cudnn/ConvShared.cpp, seen on 2.14.1's and 2.15's binaries):
-    the gradient's copies first, then the input's and weight's gradients, the bias gradient
-    (1-d, ``at::sum`` in ``convolution_backward``) last."""
-    if op.op != "aten.convolution_backward.default":
-        return op.new_sids
-    outs = set(op.out_sids)
-    return ([s for s in op.new_sids if s not in outs]
-            + [s for s in op.new_sids if s in outs and len(storages[s].shape) != 1]
-            + [s for s in op.new_sids if s in outs and len(storages[s].shape) == 1])
+    """The op's new storages in the order its CUDA kernel makes them
+    (:func:`fxmem.trace.cuda.call_order.steps`: a dropout's mask first; a cuDNN convolution
+    backward's gradient copy first, its bias gradient last)."""
+    from ..trace.cuda import call_order
+
+    return [sid for kind, sid in call_order.steps(op, storages, op.new_sids)
+            if kind == "alloc"]
 
 
 def _per_call_workspace(op, capability) -> int:

@@ -1,0 +1,80 @@
+"""The order in which a CUDA op's call makes its storages, and frees those it makes only for
+itself, for ``device="cuda"``: what the caching allocator is asked, in that order.
+
+Where each block lands depends on the order of the requests (a freed block is split or
+reused by the next request that fits), so the allocator replay
+(:mod:`fxmem.device.allocator`) and the allocation list of
+:func:`fxmem.validate.divergence.predicted_allocations` follow the kernel's order, not the
+order in which the op returns its outputs:
+
+- ``native_dropout`` (``aten/src/ATen/native/cuda/Dropout.cu``, ``dropout_cuda``): the bool
+  mask (``at::empty_like(self, kBool)``), then the output, in training with ``0 < p < 1``;
+  the recorder lists the mask first (:func:`new_storage_order`). Its two short cuts make
+  the output first: ``train=False`` (``self.clone()``, then ``ones_like``) and ``p == 1``.
+- ``convolution_backward`` through cuDNN (``aten/src/ATen/native/cudnn/ConvShared.cpp``,
+  ``cudnn_convolution_backward``): the copy of the incoming gradient in the input's memory
+  format first (:func:`fxmem.trace.cuda.cudnn.workspace_bytes`), then one cuDNN call per
+  gradient wanted, the input's then the weight's, each making its output and then the
+  workspace it holds while it runs; the copy goes when ``cudnn_convolution_backward``
+  returns, before ``convolution_backward`` sums the bias gradient (a 1-d output, made last).
+
+Seen on 2.14.1's and 2.15's binaries on the fake GPU (``tests/test_fake_gpu_causes.py``,
+``tests/test_fake_gpu_cudnn.py``)."""
+
+from __future__ import annotations
+
+import torch
+
+aten = torch.ops.aten
+
+CONV_BACKWARD = "aten.convolution_backward.default"
+# the ops that run one cuDNN call (forward convolutions): its workspace after its output
+CUDNN_CONV_FORWARD = frozenset(f"aten.{n}.default" for n in (
+    "convolution", "_convolution", "cudnn_convolution", "cudnn_convolution_transpose"))
+
+
+def new_storage_order(func, args, kwargs, out, new_sids, sid) -> tuple:
+    """``new_sids`` (the op's new storages, in the order it returns them) in the order the
+    CUDA kernel allocates them; ``sid(tensor)``: a tensor's storage id."""
+    if func is not aten.native_dropout.default or not _dropout_draws(args, kwargs):
+        return tuple(new_sids)
+    mask = sid(out[1])
+    if mask not in new_sids:
+        return tuple(new_sids)
+    return (mask, *(s for s in new_sids if s != mask))
+
+
+def _dropout_draws(args, kwargs) -> bool:
+    """Does ``native_dropout(input, p, train)`` take ``dropout_cuda``'s path (not a short
+    cut)?"""
+    p = args[1] if len(args) > 1 else kwargs.get("p")
+    train = args[2] if len(args) > 2 else kwargs.get("train")
+    return train is not False and p != 1
+
+
+def steps(op, storages, made) -> list:
+    """The op's call as ``(kind, sid)`` steps in the order it runs them: ``("alloc", sid)``
+    for each storage of ``made`` (the storages the op creates), ``("free", sid)`` for one it
+    frees before it returns, ``("cudnn", None)`` where a cuDNN call holds its workspace
+    (after that call's output). ``storages``: the trace's, by sid."""
+    pos = {s: k for k, s in enumerate(op.new_sids)}
+    made = sorted(made, key=lambda s: (pos.get(s, len(pos)), s))
+    if op.op == CONV_BACKWARD:
+        return _conv_backward(op, storages, made)
+    out = [("alloc", s) for s in made]
+    if op.op in CUDNN_CONV_FORWARD:
+        out.append(("cudnn", None))
+    return out
+
+
+def _conv_backward(op, storages, made) -> list:
+    """``convolution_backward`` on cuDNN: the temporaries (the gradient's copy) first; the
+    input's and the weight's gradients, each with its call's workspace; the copy freed; the
+    bias gradient (1-d) last."""
+    outs = set(op.out_sids)
+    copies = [s for s in made if s not in outs]
+    grads = [s for s in made if s in outs and len(storages[s].shape) != 1]
+    bias = [s for s in made if s in outs and len(storages[s].shape) == 1]
+    return ([("alloc", s) for s in copies]
+            + [x for s in grads for x in (("alloc", s), ("cudnn", None))]
+            + [("free", s) for s in copies] + [("alloc", s) for s in bias])
