@@ -84,7 +84,8 @@ def test_compute_capability_accepts_a_number():
 
 def test_dropout_on_cuda_is_native_dropout_with_a_bool_mask():
     """Dropout.cpp dropout(): a CUDA tensor with 0 < p < 1 takes native_dropout; its mask is
-    what PyTorch's meta kernel for native_dropout says (bool, the input's shape)."""
+    what PyTorch's meta kernel for native_dropout says (bool, the input's shape), made before
+    the output (Dropout.cu dropout_cuda; fxmem.trace.cuda.call_order)."""
     m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(0.1))
     cpu = trace(m, torch.randn(4, 16), loss=lambda o: o.sum(), device="cpu")
     cuda = trace(m, torch.randn(4, 16), loss=lambda o: o.sum(), device="cuda")
@@ -94,8 +95,8 @@ def test_dropout_on_cuda_is_native_dropout_with_a_bool_mask():
     assert _ops(cuda, "backward").count("aten.native_dropout_backward.default") == 1
     out, mask = aten.native_dropout.default(torch.empty(7, 32, device="meta"), 0.1, True)
     (made,) = _created(cuda, "aten.native_dropout.default")
-    assert [(d, sh) for d, sh, _ in made] == [(out.dtype, (B, 32)), (mask.dtype, (B, 32))]
-    assert mask.dtype == torch.bool and [n for *_, n in made] == [128 * B, 32 * B]
+    assert [(d, sh) for d, sh, _ in made] == [(mask.dtype, (B, 32)), (out.dtype, (B, 32))]
+    assert mask.dtype == torch.bool and [n for *_, n in made] == [32 * B, 128 * B]
     saved = [s for s in cuda.storages if s.saved and s.dtype == torch.bool]
     assert [s.size.expr for s in saved] == [32 * B]
 
