@@ -83,20 +83,10 @@ def test_reduction_staging_sets_the_peak_on_the_fake_gpu(B, monkeypatch):
     assert _predicted("wide_mlp", B).max_reserved < want.max_reserved  # not vacuous
 
 
-@pytest.mark.xfail(strict=True, reason="max_memory_reserved one 2 MiB segment under the fake "
-                   "GPU's (2.14.1: 650,117,120 B seen, 648,019,968 predicted; 325,058,560 and "
-                   "322,961,408 after the warm-up's empty_cache; 2.15: 616,562,688 and "
-                   "614,465,536, baselines 291,504,128 and 289,406,976). Two causes, both in "
-                   "the order and sharing of blocks (tests/test_fake_gpu_causes.py): autograd "
-                   "sums the GELU input's gradients in place (input_buffer.cpp) where fxmem "
-                   "predicts two aten.add (2 MiB each): the warm-up's free blocks differ and "
-                   "the optimizer state lands in one more small segment; and CUDA's "
-                   "native_dropout makes its mask before its output, fxmem after. Replayed "
-                   "with both, the baseline and the peak are the fake GPU's on both releases "
-                   "(allocated unchanged), and with the efficient-attention backward's fp32 "
-                   "delta temporaries as the kernel makes them, every allocation of the "
-                   "warm-up and the step lands in the same segment at the same offset (2.14.1)")
 def test_gpt2_reserved_is_exact_on_the_fake_gpu():
+    """GPT-2's reserved bytes, which depend on where each block lands: exact with autograd's
+    in-place sums of two gradients (the GELU input's; fxmem.trace.grad_sums) and dropout's
+    mask before its output (fxmem.trace.cuda.call_order) modelled."""
     got, want = _fake("gpt2", B=4), _predicted("gpt2", 4)
     assert got.max_reserved == want.max_reserved
 

@@ -70,11 +70,6 @@ def test_fxmem_allocates_the_dropout_mask_first():
     assert first_divergence(predicted_allocations(r, B), m.allocations, ordered=True) is None
 
 
-@pytest.mark.xfail(strict=True, reason="fxmem predicts an aten.add.Tensor (4,096 B) where "
-                   "autograd sums in place: on the trace's fake tensors (and under any "
-                   "dispatch mode, fxmem.measure's CPU tracker included) PyTorch never "
-                   "accumulates in place, so the trace records the out-of-place add; no rule "
-                   "turns it into the in-place add_ a plain eager step runs")
 def test_fxmem_sums_two_gradients_in_place():
     _, m, r = _run("two_paths")
     assert first_divergence(predicted_allocations(r, B), m.allocations) is None

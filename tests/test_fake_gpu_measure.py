@@ -91,14 +91,6 @@ _TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 # case -> (releases where it differs, the cause seen): strict, so a fix fails the run until
 # the marker goes
 _DIFFERS = {
-    "ResNet-50, SGD momentum": (
-        {(2, 14)}, "2.14.1: 1,024 B over at B=2 (67,696,128 predicted, 67,695,104 measured), "
-        "4,096 B at B=13 (68,337,152 / 68,333,056). The autograd engine sums the two gradients "
-        "of blocks.3's input (the shortcut's and conv1's) with no allocation (in place, as "
-        "input_buffer.cpp's accumulate does when it holds the only reference to the first), "
-        "where fxmem predicts an aten.add.Tensor of 2,048 B (B=2): on the trace's fake "
-        "tensors (subclass-like) PyTorch never sums in place. The first differing allocation "
-        "is 124 on 2.14.1 and 127 on 2.15, whose peak it does not move"),
     "GPT-2 small, every block checkpointed": (
         {(2, 14), (2, 15)}, "data-dependent control flow on the fake GPU: transformers' "
         "masking_utils.find_packed_sequence_indices reads "

@@ -31,14 +31,6 @@ _TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 # case -> (releases where it differs, the cause and the figures seen): strict, so a fix
 # fails the run until the marker goes
 DIFFERS = {
-    "llama checkpoint group": (
-        {(2, 14), (2, 15)}, "B=5: max_reserved one 2 MiB segment under the prediction "
-        "(2.14.1: 79,691,776 B measured, 81,788,928 predicted; 2.15: 46,137,344 and "
-        "48,234,496; allocated exact, B=2 exact): autograd sums a gradient in place "
-        "(input_buffer.cpp accumulate: the first gradient held only by the buffer, dense, "
-        "not a view, takes the second with add_) where fxmem predicts an aten.add "
-        "(tests/test_fake_gpu_causes.py); replayed with those adds in place, 79,691,776 and "
-        "46,137,344"),
 }
 # case -> the exception fxmem's prediction raises, and why (strict xfails too)
 RAISES = {

@@ -30,6 +30,7 @@ from .datadep import (
     drawn_at_random,
     internal_file,
 )
+from .grad_sums import GradSums
 from .messages import fails_in_eager, op_hint
 from .records import ModuleCall, OpInfo, TensorDesc
 from .rules import (
@@ -94,6 +95,7 @@ class Recorder(StorageTracker):
         self.dim_syms = dim_syms or {}  # name -> ShapeEnv symbol of the other named dims
         self.subs = {sym: B, **{v: dim_symbol(n) for n, v in self.dim_syms.items()}}
         self._subbed: dict = {}
+        self.sums = GradSums()  # autograd's sums of two gradients (fxmem.trace.grad_sums)
         self.phase = "setup"
         self.module_stack = [""]
         self.fn_module: dict[int, str] = {}  # autograd node sequence_nr -> forward module
@@ -129,6 +131,17 @@ class Recorder(StorageTracker):
         self._n_symbols = len(shape_env.var_to_range)
 
     # where are we -----------------------------------------------------------------
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, name: str) -> None:
+        """Before a backward pass on CUDA, hooks mark where each node's call ends."""
+        if name == "backward" and self.kernels is not None and self._phase != "backward":
+            self.sums.hook_graph([t.grad_fn for t in list(self._node_of.keys())])
+        self._phase = name
+
     def module(self) -> str:
         if self.phase == "backward" and self.recomputing:
             return self.module_stack[-1]
@@ -391,6 +404,8 @@ class Recorder(StorageTracker):
         if self.phase == "backward":
             n = torch._C._current_autograd_node()
             grad_node = n.name() if n is not None else None
+            if self.kernels is not None:
+                self.sums.note(n, index, func, args, kwargs, out_sids, self.sid)
         if isinstance(out, torch.Tensor):
             self._node_of[out] = node
             node.meta["val"] = self._desc(out, out_sids[0])
@@ -481,6 +496,7 @@ class Recorder(StorageTracker):
     def close(self) -> None:
         super().close()
         self.saved_tensors.close()
+        self.sums.apply(self.storages, self.names)
         if self._unguarded is not None:  # a failed step: guards back on
             self._unguarded[1].__exit__(None, None, None)
             self._unguarded = None
