@@ -552,7 +552,12 @@ def _traced_forward(t, b=4):
     def size(s):
         return int(t.storages[s].size.expr.subs(fxmem.B, b))
 
-    ops = [(o.op, [(size(s), t.storages[s].dtype) for s in o.new_sids])
+    def made(o):  # its new storages in the order it returns them, as the log lists them
+        # (the trace lists them in the order CUDA's kernel makes them: fxmem.trace.cuda.call_order)
+        outs = [s for s in dict.fromkeys(o.out_sids) if s in o.new_sids]
+        return outs + [s for s in o.new_sids if s not in outs]
+
+    ops = [(o.op, [(size(s), t.storages[s].dtype) for s in made(o)])
            for o in t.ops if o.phase == "forward" and o.module == "1"]
     saved = [(size(p.sid), t.storages[p.sid].dtype) for p in t.packs if p.module == "1"]
     return ops, sorted(saved, key=str)
