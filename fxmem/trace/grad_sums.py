@@ -2,12 +2,13 @@
 
 When a tensor gets more than one gradient, the autograd engine sums them in the input
 buffer of the node that consumes them (``torch/csrc/autograd/input_buffer.cpp``,
-``accumulate``, the same in 2.13 to 2.15): with grad mode off (backward without
-``create_graph``), when the first gradient (``old_var``) is a plain tensor (not a tensor
-subclass, not a ZeroTensor, not nested), non-overlapping and dense, and the buffer holds its
-only reference and the only reference to its storage (``can_accumulate_inplace``), and the
-second is not a subclass either, it runs ``old_var.add_(var)``: no allocation, and the first
-gradient's block lives on as the sum. Otherwise ``old_var + var``, a new block.
+``accumulate``; seen in place on 2.13.0+cpu's, 2.14.1's and 2.15's builds): with grad mode
+off (backward without ``create_graph``), when the first gradient (``old_var``) is a plain
+tensor (not a tensor subclass, not a ZeroTensor, not nested), non-overlapping and dense, and
+the buffer holds its only reference and the only reference to its storage
+(``can_accumulate_inplace``), and the second is not a subclass either, it runs
+``old_var.add_(var)``: no allocation, and the first gradient's block lives on as the sum.
+Otherwise ``old_var + var``, a new block.
 
 On fake tensors, and under any dispatch mode, ``at::isTensorSubclassLike`` is true, so the
 trace only ever sees the out-of-place ``aten.add.Tensor``. This module finds those sums and
