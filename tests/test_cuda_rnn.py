@@ -11,6 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fxmem.trace.cuda import rnn as cuda_rnn
 from fxmem.trace.amp import emulate
+from fxmem.trace.flat_weights import flat_rnn_params
 
 aten = torch.ops.aten
 T, BV, I, H, P = 7, 5, 4, 6, 3  # BV: the value behind the symbolic batch size
@@ -67,6 +68,14 @@ def sym(mode, *shape, batch_dim, dtype=torch.float32):
     """A fake leaf whose dimension ``batch_dim`` is the symbolic batch size."""
     shape = [mode.B if i == batch_dim else n for i, n in enumerate(shape)]
     return torch.randn(*shape, dtype=dtype).requires_grad_()
+
+
+def flattened(mode, m):
+    """``m`` with its weights views of one flat buffer, as ``model.cuda()``'s
+    ``flatten_parameters`` leaves them and fxmem's tracer fakes them for CUDA."""
+    for name, p in flat_rnn_params(mode, m).items():
+        setattr(m, name, p)
+    return m
 
 
 def same_storage(a, b):
@@ -133,8 +142,8 @@ def test_cudnn_lstm_calls_cudnn_rnn_as_cudnn_impl_does(layers, bidir, batch_firs
     batch sizes. Shapes: _output_size, _hidden_size, _cell_size."""
     dirs, out_size = 2 if bidir else 1, proj or H
     with cuda() as mode:
-        m = torch.nn.LSTM(I, H, num_layers=layers, bidirectional=bidir, batch_first=batch_first,
-                          proj_size=proj, dtype=dtype)
+        m = flattened(mode, torch.nn.LSTM(I, H, num_layers=layers, bidirectional=bidir,
+                                          batch_first=batch_first, proj_size=proj, dtype=dtype))
         x = sym(mode, *((BV, T, I) if batch_first else (T, BV, I)),
                 batch_dim=0 if batch_first else 1, dtype=dtype)
         B = x.shape[0 if batch_first else 1]
@@ -426,7 +435,7 @@ def test_autocast_makes_an_fp16_flat_weight_copy_per_call(dtype, bias):
 def test_autocast_keeps_fp16_weights_as_they_are():
     """_cudnn_rnn_cast_reflatten: no new buffer when the weights are already fp16."""
     with cuda() as mode, emulate("cuda"):
-        m = torch.nn.LSTM(I, H, dtype=torch.float16)
+        m = flattened(mode, torch.nn.LSTM(I, H, dtype=torch.float16))
         x = sym(mode, T, BV, I, batch_dim=1)
         with Calls() as calls, torch.autocast("cpu", dtype=torch.float16):
             m(x)

@@ -152,16 +152,12 @@ def test_lstm_backward_peak_at_a_larger_batch(B):
     assert got == want
 
 
-@pytest.mark.xfail(strict=True, reason="on CUDA an RNN's weights are views of one flat buffer: "
-                   "model.cuda() runs RNNBase._apply -> flatten_parameters -> "
-                   "_cudnn_rnn_flatten_weight, which allocates cuDNN's weight space (num_weights, "
-                   "the double biases included even without bias) and frees the per-parameter "
-                   "storages; the forward keeps it. fxmem's tracer makes each fake parameter a "
-                   "storage of its own, each rounded to 512 bytes: GRU hidden 64 has 768-byte "
-                   "biases, 256 bytes over each (B=8: 928,256 allocated on the fake GPU, 929,280 "
-                   "predicted, on 2.14.1 and 2.15; the flat buffer is 175,104 bytes on both). "
-                   "The fix is where the tracer fakes the parameters (fxmem.trace.tracer._run), "
-                   "outside fxmem.trace.cuda")
-def test_gru_flat_weights():
-    got, want = _both("rnn", 8, cell="gru")
-    assert got[0] == want[0]
+@pytest.mark.parametrize("B", [8, 32])
+def test_gru_flat_weights(B):
+    """On CUDA an RNN's weights are views of one flat buffer: ``model.cuda()`` runs
+    ``RNNBase._apply`` -> ``flatten_parameters`` -> ``_cudnn_rnn_flatten_weight``, which
+    allocates cuDNN's weight space and frees the per-parameter storages (a GRU of hidden 64 has
+    768-byte biases, each a 1,024-byte block on its own; the flat buffer is 175,104 bytes).
+    fxmem fakes the parameters so (``fxmem.trace.flat_weights``)."""
+    got, want = _both("rnn", B, cell="gru")
+    assert got == want

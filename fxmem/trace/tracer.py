@@ -44,6 +44,7 @@ from .cuda.kernels import cuda_kernels
 from .datadep import TORCH_AND_FXMEM
 from .ddp import local_optimizer, wrapper_name
 from .finish import finish
+from .flat_weights import flat_rnn_params
 from .lift import lift, parity_checked
 from .offload import offloaded
 from .messages import loss_error, named_symbols, quiet
@@ -332,8 +333,10 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     wrapper, model = model, unwrapped(model)  # names, plans and buffers are the user's model's
     named_p = list(model.named_parameters())
     named_b = [(n, b) for n, b in model.named_buffers() if b is not None]
+    # on CUDA an RNN's weights are views of cuDNN's flat buffer (fxmem.trace.flat_weights)
+    flat = flat_rnn_params(mode, model) if spec.device == "cuda" and not prepared else {}
     fparams = dict(named_p) if prepared else \
-        {n: _fake_like(mode, p, param=True) for n, p in named_p}
+        {n: flat.get(n) if n in flat else _fake_like(mode, p, param=True) for n, p in named_p}
     fbufs = dict(named_b) if prepared else {n: _fake_like(mode, b) for n, b in named_b}
     named, n_in = named or {}, len(spec.inputs)
     fins = [_fake_like(mode, t, batch, named=named.get(i), batch_dim=spec.batch_dims[i])

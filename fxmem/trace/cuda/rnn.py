@@ -62,11 +62,12 @@ def num_weights(weight, stride0, mode, hidden, proj, layers, bidirectional) -> i
 def _flat_weight_buf(params):
     """cudnn/RNN.cpp ``try_get_weight_buf``: the flat buffer rnn.py ``flatten_parameters`` made
     at ``.cuda()`` if the weights share a dtype that ``torch.backends.cudnn.is_acceptable``
-    takes (fp16/fp32/fp64, not bf16), do not alias and are the module's leaves. A 1-D alias of
-    the first fake weight stands for it (no allocation, as in CUDA); None: not flattened."""
+    takes (fp16/fp32/fp64, not bf16): the module's leaves, views of one storage, as the tracer
+    fakes them (:mod:`fxmem.trace.flat_weights`). A 1-D alias of the first fake weight stands
+    for it (no allocation, as in CUDA); None: not flattened."""
     p0 = params[0]
     if (p0.dtype in _CUDNN_DTYPES and all(p.dtype == p0.dtype and p.is_leaf for p in params)
-            and len({p.untyped_storage()._cdata for p in params}) == len(params)
+            and len({p.untyped_storage()._cdata for p in params}) == 1
             and all(_dense(p.shape, p.stride()) for p in params)):
         return p0.detach().view(-1)
     return None
