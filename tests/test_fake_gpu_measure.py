@@ -94,22 +94,12 @@ _DIFFERS = {
     "GPT-2 small, every block checkpointed": (
         {(2, 14), (2, 15)}, "data-dependent control flow on the fake GPU: transformers' "
         "masking_utils.find_packed_sequence_indices reads "
-        "(packed_sequence_mask[:, -1] == 0).all() as a Python bool; no kernel runs, so the "
-        "byte read is what its block held (0 in fresh memory, or an earlier copy's bytes): "
-        "when it reads False, sdpa_mask builds a packed-sequence mask a real GPU does not "
-        "(2.14.1, B=5: 25,600 B under, 70,699,520 predicted, 70,725,120 measured; the first "
-        "differing allocation, 13, is 40 B at masking_utils.py:528 in sdpa_mask)"),
-    "LSTM classifier, Adam": (
-        {(2, 14), (2, 15)}, "1,024 B over (2.14.1: 67,214,336 predicted, 67,213,312 measured "
-        "at B=2): _cudnn_rnn_backward allocates zeros_like(hx), zeros_like(cx), x.contiguous(), "
-        "grad_output.contiguous() (896 B at B=2; fxmem counts the copies beyond dw: 0), dx, "
-        "dhx, dcx, frees the copies, then x.contiguous() again and dw; fxmem's replay makes "
-        "dx, dhx, dcx, dw, then one x copy and the zeros, all held to the op's end: the same "
-        "bytes at the op's peak in other blocks (first differing allocation 18: 448 B "
-        "predicted, 256 B measured; in order, 3: _cudnn_rnn makes its x.contiguous() before "
-        "its outputs, fxmem after). Not in fxmem.trace.cuda.call_order yet: the trace has one "
-        "x copy and counts the grad copies beyond dw, so that live bytes peak right without "
-        "frees inside an op"),
+        "(packed_sequence_mask[:, -1] == 0).all() as a Python bool; no kernel runs and every "
+        "block reads 0 until the host writes it (stub.c fakegpu_block_zero), so it reads 0, "
+        "False, where a real GPU reads True (one sequence per row), and sdpa_mask builds a "
+        "packed-sequence mask a real GPU does not (2.14.1, B=5: 25,600 B under, 70,699,520 "
+        "predicted, 70,725,120 measured; the first differing allocation, 13, is 40 B at "
+        "masking_utils.py:528 in sdpa_mask; B=2 exact)"),
 }
 
 

@@ -46,7 +46,9 @@ What it cannot know:
   the workspace sizes their heuristics would choose (the stub's cuBLASLt heuristic always
   returns one algorithm needing no workspace; cuDNN's sizes are the fixed ones above);
 - anything that depends on computed values: kernels do not run, so tensor contents are
-  garbage (deterministically: zeros, or whatever the host copied); data-dependent shapes
+  garbage (deterministically: each block the caching allocator hands out reads as zero
+  until the host copies or sets it, ``alloc_hook.cpp`` and stub.c ``fakegpu_block_zero``);
+  data-dependent shapes
   (``nonzero``, boolean masks), ``.item()``-driven control flow (transformers'
   packed-sequence check, ``find_packed_sequence_indices``) and NaN checks see these values,
   not real ones; :func:`fxmem.measure` there takes a GradScaler's steps as finite (its

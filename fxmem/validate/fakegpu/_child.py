@@ -59,6 +59,33 @@ def _to(obj, device):
     return obj
 
 
+def zeroed_blocks() -> bool:
+    """Every block PyTorch's caching allocator hands out reads as zero until the host writes
+    it, whatever it held before (stub.c ``fakegpu_block_zero``): ``alloc_hook.cpp``'s
+    library, built beside the stub (``FAKEGPU_ALLOC_HOOK``), adds a trace tracker to the
+    allocator that zeroes each allocation. After CUDA's lazy init, before any allocation;
+    False when there is no such library."""
+    import ctypes
+
+    import torch
+
+    path = os.environ.get("FAKEGPU_ALLOC_HOOK")
+    if not path or not os.path.isfile(path):
+        return False
+    torch.cuda.init()
+    return bool(ctypes.CDLL(path).fakegpu_attach())
+
+
+def run_module(module, args):
+    """``python -m module *args`` with :func:`zeroed_blocks` first."""
+    import runpy
+
+    zeroed_blocks()
+    sys.path[0] = os.getcwd()  # as ``-m`` has it, not this file's folder
+    sys.argv = [module, *args]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
 class _Done(Exception):
     """A ``call`` target returned: its value is the result."""
 
@@ -69,7 +96,7 @@ def main():
         sys.path.insert(0, p)
     import torch
 
-    result = {"torch": torch.__version__}
+    result = {"torch": torch.__version__, "zeroed_blocks": zeroed_blocks()}
     dist = None
     try:
         if cfg.get("world_size") is not None:
@@ -156,4 +183,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1] == "--module":
+        run_module(sys.argv[2], sys.argv[3:])
+    else:
+        main()

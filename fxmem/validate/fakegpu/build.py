@@ -28,6 +28,9 @@ CUDNN_SOURCE = Path(__file__).with_name("cudnn_stub.c")
 #: the NCCL entry points, compiled in when NCCL's header is found
 NCCL_SOURCE = Path(__file__).with_name("nccl_stub.c")
 LIB_NAME = "libcuda.so.1"
+HOOK_SOURCE = Path(__file__).with_name("alloc_hook.cpp")
+#: beside the stub: zeroes each block the caching allocator hands out (stub.c, _child.py)
+HOOK_NAME = "libfakegpu_hook.so"
 
 #: headers whose contents decide the binary (struct layouts, enum values, versions)
 _KEY_HEADERS = ("cuda.h", "cuda_runtime_api.h", "driver_types.h", "cublas_api.h",
@@ -193,6 +196,11 @@ def build(
             if f.is_file():
                 h.update(f.read_bytes())
                 break
+    torch_dir = next((sp / "torch" for sp in site_packages(python_exe)
+                      if (sp / "torch/include/c10/cuda/CUDACachingAllocator.h").is_file()), None)
+    if torch_dir is not None:
+        h.update(HOOK_SOURCE.read_bytes())
+        h.update((torch_dir / "include/c10/cuda/CUDACachingAllocator.h").read_bytes())
     key = h.hexdigest()[:16]
     dest_dir = Path(out_dir) / key
     lib = dest_dir / LIB_NAME
@@ -204,6 +212,8 @@ def build(
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"building the fake-GPU stub failed:\n{' '.join(cmd)}\n{res.stderr}")
+    if torch_dir is not None:
+        _build_hook(dest_dir, torch_dir, incs)
     os.replace(tmp, lib)
     link = dest_dir / "libcuda.so"
     if not link.exists():
@@ -213,3 +223,17 @@ def build(
             shutil.copyfile(lib, link)
     return lib
 
+
+
+def _build_hook(dest_dir: Path, torch_dir: Path, incs, cxx: str = "g++") -> None:
+    """``alloc_hook.cpp`` against the target torch's own headers and c10 libraries."""
+    tmp = dest_dir / f".{HOOK_NAME}.{os.getpid()}.tmp"
+    lib_dir = torch_dir / "lib"
+    cmd = [cxx, str(HOOK_SOURCE), "-o", str(tmp), "-O1", "-fPIC", "-shared", "-std=c++20",
+           "-D_GLIBCXX_USE_CXX11_ABI=1", f"-I{torch_dir / 'include'}", *[f"-I{d}" for d in incs],
+           f"-L{lib_dir}", "-lc10_cuda", "-lc10", f"-Wl,-rpath,{lib_dir}", "-ldl"]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"building the fake-GPU allocation hook failed:\n{' '.join(cmd)}\n"
+                           f"{res.stderr[-4000:]}")
+    os.replace(tmp, dest_dir / HOOK_NAME)

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from ...errors import InputError
-from .run import DEFAULT_BUILD_DIR, MARK, FakeGPUError, call, stub_env
+from .run import CHILD, DEFAULT_BUILD_DIR, MARK, FakeGPUError, call, stub_env
 from .build import build
 
 FXMEM_ROOT = Path(__file__).resolve().parents[3]  # the folder that holds the fxmem package
@@ -90,4 +90,5 @@ def run_module(python_exe, module: str, args: list[str], build_dir=None) -> int:
     env = stub_env(lib)
     env[MARK] = "1"
     env["PYTHONPATH"] = os.pathsep.join([str(FXMEM_ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    return subprocess.run([str(python_exe), "-m", module, *args], env=env).returncode
+    return subprocess.run([str(python_exe), str(CHILD), "--module", module, *args],
+                          env=env).returncode

@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .build import build
+from .build import HOOK_NAME, build
 
 CHILD = Path(__file__).with_name("_child.py")
 DEFAULT_BUILD_DIR = Path(tempfile.gettempdir()) / "fxmem_fakegpu"
@@ -64,6 +64,9 @@ def stub_env(lib: Path, base: dict | None = None) -> dict:
     pre = env.get("LD_PRELOAD", "")
     env["LD_PRELOAD"] = str(lib) + (" " + pre if pre else "")
     env["TRITON_LIBCUDA_PATH"] = str(lib.parent)
+    hook = lib.parent / HOOK_NAME  # _child.py zeroes each allocated block with it
+    if hook.is_file():
+        env["FAKEGPU_ALLOC_HOOK"] = str(hook)
     return env
 
 

@@ -17,6 +17,9 @@
  *     committed, so untouched "device" memory costs no RAM) and fails with
  *     cudaErrorMemoryAllocation past the 80 GB capacity, like a real card;
  *   - memcpy / memset really happen on the host;
+ *   - each block PyTorch's caching allocator hands out is zeroed
+ *     (fakegpu_block_zero, called by alloc_hook.cpp's allocator tracker), so a
+ *     value read on the host is 0 unless the host wrote it;
  *   - kernel launches, GEMMs and everything else that would compute are
  *     no-ops returning success, so tensor values are meaningless;
  *   - streams, events, contexts, modules are dummy handles.
@@ -215,10 +218,36 @@ static void fill_props(struct cudaDeviceProp *p) {
 
 /* ------------------------------------------------------------------------ */
 /* "Device" memory: anonymous mappings with a one-page header holding the   */
-/* size.  Fresh mappings read as zero, so values are deterministic.          */
+/* size.  Fresh mappings read as zero.                                       */
 /* ------------------------------------------------------------------------ */
 #define HDR 4096
 static size_t g_in_use = 0; /* bytes currently handed out by cudaMalloc */
+
+/* ------------------------------------------------------------------------ */
+/* What a read of device memory gives.  Kernels do not run, so a device->   */
+/* host copy reads what the host last put there.  So that this does not     */
+/* depend on what ran before, every block the caching allocator hands out   */
+/* reads as zero until a host->device copy, a memset or a device->device    */
+/* copy writes it: alloc_hook.cpp, loaded by _child.py, adds a trace        */
+/* tracker to PyTorch's caching allocator that calls fakegpu_block_zero     */
+/* with each allocation's address and size.  Pages wholly inside are given  */
+/* back (MADV_DONTNEED: they read as zero), so zeroing commits no memory.   */
+/* ------------------------------------------------------------------------ */
+static size_t g_zeroed_blocks; /* blocks zeroed, for tests */
+
+EXPORT void fakegpu_block_zero(uintptr_t lo, size_t size) {
+    uintptr_t hi = lo + size;
+    uintptr_t a = (lo + 4095) & ~(uintptr_t)4095, b = hi & ~(uintptr_t)4095;
+    if (a >= b) {
+        memset((void *)lo, 0, size);
+    } else {
+        memset((void *)lo, 0, a - lo);
+        madvise((void *)a, b - a, MADV_DONTNEED);
+        memset((void *)b, 0, hi - b);
+    }
+    __atomic_add_fetch(&g_zeroed_blocks, 1, __ATOMIC_RELAXED);
+}
+EXPORT size_t fakegpu_zeroed_blocks(void) { return g_zeroed_blocks; }
 
 static int dev_alloc(void **out, size_t size) {
     if (!out) return 1;
