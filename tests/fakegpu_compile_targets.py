@@ -1,0 +1,109 @@
+"""Compiled steps on the fake GPU (issue 39; tests/test_fake_gpu_compile.py): the model, and
+the measured step written with PyTorch alone, so that the measurement shares no code with
+fxmem's trace.
+
+A compiled model is compiled once, with B dynamic, at the batch size it first runs at
+(``compiled_at``): inductor makes some choices by that size (how many pieces a reduction
+over B is split into), and the code it writes then serves every B."""
+
+import gc
+
+import torch
+import torch.nn as nn
+
+
+class Pointwise(nn.Module):
+    """Two linears around a chain of pointwise ops: eager holds each op's output for
+    backward, inductor fuses the chain into one kernel and saves less."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(256, 1024)
+        self.b = nn.Linear(1024, 256)
+
+    def forward(self, x):
+        h = self.a(x)
+        h = (h * torch.sigmoid(h)).sin() * 2 + h.cos()
+        return self.b(h.tanh())
+
+
+def square_sum(out):
+    return out.square().sum()
+
+
+def measure(B: int, compiled_at: int, compile: bool = True, steps: int = 2) -> dict:
+    """One steady-state SGD step at ``B`` of :class:`Pointwise` (compiled first at
+    ``compiled_at`` with dim 0 dynamic, when ``compile``): PyTorch's own peaks after
+    ``empty_cache`` and a peak reset."""
+    torch.manual_seed(0)
+    model = Pointwise().cuda()
+    run = torch.compile(model) if compile else model
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for b in (compiled_at, B):
+        x = torch.zeros(b, 256, device="cuda")
+        torch._dynamo.mark_dynamic(x, 0)
+        for _ in range(steps):
+            opt.zero_grad(set_to_none=True)
+            square_sum(run(x)).backward()
+            opt.step()
+    opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    square_sum(run(x)).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return {"max_allocated": torch.cuda.max_memory_allocated(),
+            "max_reserved": torch.cuda.max_memory_reserved()}
+
+
+def predict(batches: list, compiled_at: int, compile: bool = True) -> dict:
+    """fxmem's prediction of the same step (traced at ``compiled_at``) at each B."""
+    import fxmem
+
+    model = Pointwise()
+    run = torch.compile(model) if compile else model
+    report = fxmem.analyze(run, torch.zeros(compiled_at, 256), loss=square_sum,
+                           optimizer=torch.optim.SGD, device="cuda")
+    return {str(b): {"max_allocated": report.cuda_memory(b).max_allocated,
+                     "max_reserved": report.cuda_memory(b).max_reserved} for b in batches}
+
+
+class Breaks(nn.Module):
+    """A graph break: a Python print between two linears."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = self.a(x)
+        print("between the graphs")
+        return self.b(h)
+
+
+def graph_break() -> str:
+    """What fxmem says of a compiled model with a graph break."""
+    import fxmem
+
+    try:
+        fxmem.analyze(torch.compile(Breaks()), torch.zeros(4, 8), loss=square_sum,
+                      device="cuda")
+    except fxmem.TraceError as e:
+        return str(e)
+    return ""
+
+
+def gpt2(n_layer=2, n_embd=64):
+    """A small GPT-2 (transformers, random weights), SDPA attention, no dropout."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=4, vocab_size=1000,
+                     n_positions=256, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                     attn_implementation="sdpa")
+    return GPT2LMHeadModel(cfg)
+
+
+def lm_loss(out, ids):
+    return torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), ids.flatten())
