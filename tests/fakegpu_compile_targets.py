@@ -31,41 +31,72 @@ def square_sum(out):
     return out.square().sum()
 
 
-def measure(B: int, compiled_at: int, compile: bool = True, steps: int = 2) -> dict:
-    """One steady-state SGD step at ``B`` of :class:`Pointwise` (compiled first at
-    ``compiled_at`` with dim 0 dynamic, when ``compile``): PyTorch's own peaks after
-    ``empty_cache`` and a peak reset."""
+def gpt2(n_layer=2, n_embd=64):
+    """A small GPT-2 (transformers, random weights), SDPA attention, no dropout."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=4, vocab_size=1000,
+                     n_positions=256, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                     attn_implementation="sdpa")
+    return GPT2LMHeadModel(cfg)
+
+
+def lm_loss(out, ids):
+    return torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), ids.flatten())
+
+
+def _case(name: str):
+    """(model, batch of size b -> (inputs, targets), loss, optimizer class)."""
+    if name == "pointwise":
+        return (Pointwise(), lambda b, dev: ((torch.zeros(b, 256, device=dev),), ()),
+                lambda out: square_sum(out), torch.optim.SGD)
+    if name == "gpt2":
+        def batch(b, dev):
+            ids = torch.zeros(b, 128, dtype=torch.long, device=dev)
+            return (ids,), (ids.clone(),)  # two tensors, as fxmem's inputs and targets are
+        return gpt2(), batch, lm_loss, torch.optim.AdamW
+    raise ValueError(name)
+
+
+def measure(name: str, B: int, compiled_at: int, compile: bool = True, steps: int = 2) -> dict:
+    """One steady-state step at ``B`` of case ``name`` (compiled first at ``compiled_at``
+    with dim 0 dynamic, when ``compile``): PyTorch's own peaks after ``empty_cache`` and a
+    peak reset."""
     torch.manual_seed(0)
-    model = Pointwise().cuda()
+    model, batch, loss, opt_class = _case(name)
+    model = model.cuda()
     run = torch.compile(model) if compile else model
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = opt_class(model.parameters(), lr=0.1)
+
+    def step(inputs, targets):
+        loss(run(*inputs), *targets).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
     for b in (compiled_at, B):
-        x = torch.zeros(b, 256, device="cuda")
-        torch._dynamo.mark_dynamic(x, 0)
+        inputs, targets = batch(b, "cuda")
+        for t in inputs:
+            torch._dynamo.mark_dynamic(t, 0)
         for _ in range(steps):
-            opt.zero_grad(set_to_none=True)
-            square_sum(run(x)).backward()
-            opt.step()
-    opt.zero_grad(set_to_none=True)
+            step(inputs, targets)
     torch.cuda.synchronize()
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    square_sum(run(x)).backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+    step(inputs, targets)
     return {"max_allocated": torch.cuda.max_memory_allocated(),
             "max_reserved": torch.cuda.max_memory_reserved()}
 
 
-def predict(batches: list, compiled_at: int, compile: bool = True) -> dict:
+def predict(name: str, batches: list, compiled_at: int, compile: bool = True) -> dict:
     """fxmem's prediction of the same step (traced at ``compiled_at``) at each B."""
     import fxmem
 
-    model = Pointwise()
+    model, batch, loss, opt_class = _case(name)
     run = torch.compile(model) if compile else model
-    report = fxmem.analyze(run, torch.zeros(compiled_at, 256), loss=square_sum,
-                           optimizer=torch.optim.SGD, device="cuda")
+    inputs, targets = batch(compiled_at, "cpu")
+    report = fxmem.analyze(run, inputs, targets, loss=loss, optimizer=opt_class,
+                           device="cuda")
     return {str(b): {"max_allocated": report.cuda_memory(b).max_allocated,
                      "max_reserved": report.cuda_memory(b).max_reserved} for b in batches}
 
@@ -94,16 +125,3 @@ def graph_break() -> str:
         return str(e)
     return ""
 
-
-def gpt2(n_layer=2, n_embd=64):
-    """A small GPT-2 (transformers, random weights), SDPA attention, no dropout."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    cfg = GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=4, vocab_size=1000,
-                     n_positions=256, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                     attn_implementation="sdpa")
-    return GPT2LMHeadModel(cfg)
-
-
-def lm_loss(out, ids):
-    return torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), ids.flatten())

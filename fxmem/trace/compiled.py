@@ -52,6 +52,11 @@ def _wrapper_globals(compiled) -> dict:
     return getattr(fn, "__func__", fn).__globals__
 
 
+def _no_check(*args, **kwargs) -> None:
+    """A wrapper's check of its inputs' sizes and strides: the trace's sizes are symbols,
+    which these checks (C++ that reads concrete sizes) cannot take."""
+
+
 def _on_fakes(g: dict) -> None:
     """Make a wrapper module's helpers dispatch (so that the trace's modes see them): its
     C++ fast paths build tensors that no mode sees."""
@@ -59,9 +64,8 @@ def _on_fakes(g: dict) -> None:
         size, stride, dtype=dtype, device="cuda")
     g["reinterpret_tensor"] = lambda t, size, stride, offset=0: torch.as_strided(
         t, size, stride, offset)
-    for name in ("assert_size_stride", "assert_size_stride_grouped", "assert_alignment"):
-        if name in g:
-            g[name] = lambda *a, **k: None
+    for name in [n for n in g if n.startswith("assert_") and callable(g[n])]:
+        g[name] = _no_check  # assert_size_stride, assert_tensor_metadata, ...: C++ sizes
     if "copy_if_misaligned" in g:
         g["copy_if_misaligned"] = lambda t: t
 
@@ -96,9 +100,10 @@ def inductor_on_fakes(modes: list):
         return None
 
     settings = dict(joint_graph_constant_folding=False, compile_threads=1,
-                    force_disable_caches=True)
+                    fx_graph_cache=False, fx_graph_remote_cache=False)
     lazy = {"force_non_lazy_backward_lowering": True} \
         if hasattr(functorch_config, "force_non_lazy_backward_lowering") else {}
+    lazy.update(enable_autograd_cache=False, enable_remote_autograd_cache=False)
     with inductor_config.patch(settings), functorch_config.patch(lazy):
         CompiledFxGraph.__call__, CachingAutotuner.run = call, run
         try:
