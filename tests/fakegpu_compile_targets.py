@@ -41,6 +41,17 @@ def gpt2(n_layer=2, n_embd=64):
     return GPT2LMHeadModel(cfg)
 
 
+def llama(layers=2, hidden=64):
+    """A small Llama (transformers, random weights): RMSNorm, rotary, GQA, SiLU MLP, SDPA."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=4 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      vocab_size=1000, max_position_embeddings=256,
+                      attn_implementation="sdpa")
+    return LlamaForCausalLM(cfg)
+
+
 def lm_loss(out, ids):
     return torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), ids.flatten())
 
@@ -50,15 +61,16 @@ def _case(name: str):
     if name == "pointwise":
         return (Pointwise(), lambda b, dev: ((torch.zeros(b, 256, device=dev),), ()),
                 lambda out: square_sum(out), torch.optim.SGD)
-    if name == "gpt2":
+    if name in ("gpt2", "llama"):
         def batch(b, dev):
             ids = torch.zeros(b, 128, dtype=torch.long, device=dev)
             return (ids,), (ids.clone(),)  # two tensors, as fxmem's inputs and targets are
-        return gpt2(), batch, lm_loss, torch.optim.AdamW
+        return (gpt2() if name == "gpt2" else llama()), batch, lm_loss, torch.optim.AdamW
     raise ValueError(name)
 
 
-def measure(name: str, B: int, compiled_at: int, compile: bool = True, steps: int = 2) -> dict:
+def measure(name: str, B: int, compiled_at: int, compile: bool = True, steps: int = 2,
+            history: bool = False) -> dict:
     """One steady-state step at ``B`` of case ``name`` (compiled first at ``compiled_at``
     with dim 0 dynamic, when ``compile``): PyTorch's own peaks after ``empty_cache`` and a
     peak reset."""
@@ -83,9 +95,26 @@ def measure(name: str, B: int, compiled_at: int, compile: bool = True, steps: in
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
+    if history:
+        torch.cuda.memory._record_memory_history(max_entries=1000000)
     step(inputs, targets)
-    return {"max_allocated": torch.cuda.max_memory_allocated(),
-            "max_reserved": torch.cuda.max_memory_reserved()}
+    out = {"max_allocated": torch.cuda.max_memory_allocated(),
+           "max_reserved": torch.cuda.max_memory_reserved()}
+    if history:
+        out["history"] = _events(torch.cuda.memory._snapshot())
+        torch.cuda.memory._record_memory_history(enabled=None)
+    return out
+
+
+def _events(snapshot) -> list:
+    """(action, bytes, the innermost frame outside torch) of the recorded step."""
+    out = []
+    for e in snapshot["device_traces"][0]:
+        frame = next((f for f in e.get("frames", ())
+                      if "site-packages/torch" not in f["filename"]), None)
+        out.append([e["action"], e["size"],
+                    frame and f"{frame['filename'][-50:]}:{frame['line']}"])
+    return out
 
 
 def predict(name: str, batches: list, compiled_at: int, compile: bool = True) -> dict:
@@ -124,4 +153,5 @@ def graph_break() -> str:
     except fxmem.TraceError as e:
         return str(e)
     return ""
+
 
