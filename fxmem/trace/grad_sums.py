@@ -40,6 +40,11 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 ADD = torch.ops.aten.add.Tensor
 _ACC = "torch::autograd::AccumulateGrad"
+# A node with a post hook runs on a copy of its incoming gradients that the engine keeps for
+# the hook (engine.cpp call_function); a compiled graph's backward frees them as it goes
+# (its wrapper's ``del tangents_1``, fxmem.trace.compiled), so it gets none: a sum right after
+# it stays out of place.
+_COMPILED = "CompiledFunction"
 
 
 def _key(node) -> tuple:
@@ -77,6 +82,9 @@ class GradSums:
                 continue
             self._hooked.add(k)
             if n.name() == _ACC:
+                continue
+            if n.name().startswith(_COMPILED):  # hooked, its incoming gradients would stay
+                stack.extend(f for f, _ in n.next_functions if f is not None)
                 continue
             try:
                 n.register_hook(self._post(k))

@@ -238,8 +238,11 @@ def check_parallel(parallel, rank: int = 0) -> None:
 def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
     """The user's model inside a wrapper module (``DistributedDataParallel``'s ``.module``),
     or ``model`` itself: its names, not the wrapper's (``layers.0``, not ``module.layers.0``)."""
+    from torch._dynamo.eval_frame import OptimizedModule
     from torch.nn.parallel import DistributedDataParallel
 
+    if isinstance(model, OptimizedModule):  # torch.compile(model)
+        model = model._orig_mod
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 

@@ -31,6 +31,7 @@ from torch.fx.experimental.symbolic_shapes import (
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._pytree import tree_leaves
 
+from .compiled import check_compilable, inductor_on_fakes, is_compiled, modes_suspended
 from ..errors import (
     FxmemError,
     InputError,
@@ -131,14 +132,14 @@ def check_dims(dims, spec: StepSpec) -> dict:
 
 
 def _fake_like(mode: FakeTensorMode, t: torch.Tensor, batch=None, param=False, named=None,
-               batch_dim=0):
+               batch_dim=0, device="cpu"):
     shape = list(t.shape)
     if batch is not None and batch_dim is not None:
         shape[batch_dim] = batch
     for d, v in (named or {}).items():
         shape[d] = v
     with mode:
-        f = torch.empty(shape, dtype=t.dtype, device="cpu")
+        f = torch.empty(shape, dtype=t.dtype, device=device)
     if param:
         f = torch.nn.Parameter(f, requires_grad=t.requires_grad)
     return f
@@ -331,18 +332,27 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     # fake parameters and buffers, registered under their names (``prepared``: the model's
     # own are fakes of ``mode`` already, e.g. a rank's shards: fxmem.trace.parallel)
     wrapper, model = model, unwrapped(model)  # names, plans and buffers are the user's model's
+    # a compiled model is lowered for the device its fakes are on (fxmem.trace.compiled)
+    compiled, taken = is_compiled(wrapper), []
+    if compiled:
+        check_compilable(spec.device)
+    on = "cuda" if compiled else "cpu"
     named_p = list(model.named_parameters())
     named_b = [(n, b) for n, b in model.named_buffers() if b is not None]
     # on CUDA an RNN's weights are views of cuDNN's flat buffer (fxmem.trace.flat_weights)
-    flat = flat_rnn_params(mode, model) if spec.device == "cuda" and not prepared else {}
+    flat = flat_rnn_params(mode, model) \
+        if spec.device == "cuda" and not prepared and not compiled else {}
     fparams = dict(named_p) if prepared else \
-        {n: flat.get(n) if n in flat else _fake_like(mode, p, param=True) for n, p in named_p}
-    fbufs = dict(named_b) if prepared else {n: _fake_like(mode, b) for n, b in named_b}
+        {n: flat[n] if n in flat else _fake_like(mode, p, param=True, device=on)
+         for n, p in named_p}
+    fbufs = dict(named_b) if prepared else \
+        {n: _fake_like(mode, b, device=on) for n, b in named_b}
     named, n_in = named or {}, len(spec.inputs)
-    fins = [_fake_like(mode, t, batch, named=named.get(i), batch_dim=spec.batch_dims[i])
-            for i, t in enumerate(spec.inputs)]
+    fins = [_fake_like(mode, t, batch, named=named.get(i), batch_dim=spec.batch_dims[i],
+                       device=on) for i, t in enumerate(spec.inputs)]
     ftgs = [_fake_like(mode, t, batch, named=named.get(n_in + i),
-                       batch_dim=spec.batch_dims[n_in + i]) for i, t in enumerate(spec.targets)]
+                       batch_dim=spec.batch_dims[n_in + i], device=on)
+            for i, t in enumerate(spec.targets)]
     # a rank's wrapped model (prepared) is registered after the warm-up step, which
     # initialises the wrapping (FSDP2's lazy init may move the shards to new storages)
     for n, p in fparams.items() if not prepared else ():
@@ -411,6 +421,9 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     params = list(fparams.values())
 
     def forward(*args):
+        if compiled:  # dynamo captures with no mode on (fxmem.trace.compiled)
+            with modes_suspended(taken):
+                return wrapper(*args)
         return wrapper(*args)
 
     with mode:
@@ -492,7 +505,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
         return run
 
     reuse = None
-    if (reuse_blocks and not plan and spec.grad_accum == 1 and not kept_grads
+    if (reuse_blocks and not plan and not compiled and spec.grad_accum == 1 and not kept_grads
             and not needs_closure(opt) and not warm_up):
         runs = find_runs(model)
         if runs:
@@ -513,7 +526,8 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
 
     with checkpointing(model, plan, region, held) as rec.plan, swap, router, rules, kernels, \
             mode, rec, hooks, eager_branches(rec.values), storage_resizes(rec), \
-            kept.real if kept is not None else contextlib.nullcontext():
+            kept.real if kept is not None else contextlib.nullcontext(), \
+            inductor_on_fakes(taken) if compiled else contextlib.nullcontext():
         if warm:  # one unrecorded forward and backward, as fxmem.measure's warm-up step
             rec.recording = False  # (DDP: until its buckets are rebuilt)
             with kept if kept is not None else contextlib.nullcontext():

@@ -55,10 +55,13 @@ aten = torch.ops.aten
 #: every call allocates its workspace and frees it after (2.15); before, one kept per thread
 PER_CALL = TORCH >= (2, 15)
 
-# ops that run through cuBLAS or cuBLASLt
-OPS = frozenset((aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
-                 aten.addbmm.default, aten.mv.default, aten.addmv.default, aten.dot.default,
-                 aten.vdot.default, aten._addmm_activation.default))
+# ops that run through cuBLAS or cuBLASLt, and their out= forms (a compiled graph's library
+# calls: extern_kernels.mm(a, b, out=buf), fxmem.trace.compiled)
+_FUNCTIONAL = (aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
+               aten.addbmm.default, aten.mv.default, aten.addmv.default, aten.dot.default,
+               aten.vdot.default, aten._addmm_activation.default)
+OPS = frozenset((*_FUNCTIONAL, *(op.overloadpacket.out for op in _FUNCTIONAL
+                                 if "out" in op.overloadpacket.overloads())))
 OP_NAMES = frozenset(str(op) for op in OPS)
 
 _LT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -113,6 +116,7 @@ def library(func, args, kwargs) -> str | None:
     module docstring), None for any other op."""
     if func not in OPS:
         return None
+    func = func.overloadpacket.default
     if prefer_lt():
         if func in (aten.dot.default, aten.vdot.default):
             return "cublas"

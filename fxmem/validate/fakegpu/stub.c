@@ -730,6 +730,20 @@ EXPORT CUresult cuCtxGetCurrent(CUcontext *c) { *c = FAKE_CTX; return CUDA_SUCCE
 OK(cuCtxSetCurrent)
 EXPORT CUresult cuCtxGetDevice(CUdevice *d) { *d = 0; return CUDA_SUCCESS; }
 OK(cuCtxSynchronize)
+/* triton's launcher (cuda_utils.so, a compiled step: fxmem.trace.compiled) sets and reads
+   the stack size limit */
+OK(cuCtxSetLimit)
+EXPORT CUresult cuCtxGetLimit(size_t *value, CUlimit limit) {
+    (void)limit;
+    if (value) *value = 1024;
+    return CUDA_SUCCESS;
+}
+/* and asks whether the stream is being captured into a CUDA graph (2.15's triton) */
+EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *status) {
+    (void)s;
+    if (status) *status = CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+}
 EXPORT CUresult cuCtxPushCurrent(CUcontext c) { (void)c; return CUDA_SUCCESS; }
 EXPORT CUresult cuCtxPopCurrent(CUcontext *c) {
     if (c) *c = FAKE_CTX;

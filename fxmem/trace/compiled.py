@@ -1,0 +1,156 @@
+"""Compiled models (``torch.compile``): inductor's own code, run on the trace's fake tensors.
+
+A model given as ``torch.compile(model)`` (an ``OptimizedModule``) is traced with its
+forward compiled for real: dynamo captures it, AOTAutograd partitions it (what is saved for
+backward is its choice), inductor lowers both graphs for the GPU and writes the Python
+wrapper that allocates every buffer (``empty_strided_cuda``), calls the fused kernels and
+the library ones (``extern_kernels.mm(..., out=buf)``) and ``del``\\ s each buffer after its
+last use, reusing some in place of new ones. The trace then runs that wrapper on its fake
+tensors: each buffer is an ``aten.empty_strided`` recorded like any op, at its symbolic
+size in B, each ``del`` a free seen as eager frees are (a weak reference to the storage),
+the library kernels the ops whose rules fxmem has (cuBLAS's workspace); the fused kernels'
+launches do nothing (they allocate nothing: inductor sizes their scratch as buffers of its
+own).
+
+Dynamo cannot capture under an active dispatch mode (it runs the model eagerly then), so
+:func:`call` suspends the trace's modes while the compiled model is called, and the
+compiled graphs enter them again when they run (:func:`inductor_on_fakes`). Lowering for
+CUDA needs a CUDA build of PyTorch and a device (a real GPU, or the fake GPU:
+:mod:`fxmem.validate.fakegpu`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from ..errors import FxmemError, InputError, TraceError
+
+
+def is_compiled(model) -> bool:
+    """Whether ``model`` is ``torch.compile(module)``."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    return isinstance(model, OptimizedModule)
+
+
+def check_compilable(device: str) -> None:
+    """Raise :class:`fxmem.InputError` when this process cannot lower a compiled step for
+    ``device``: inductor needs a CUDA build of PyTorch that sees a device."""
+    if device != "cuda":
+        raise InputError("a compiled model (torch.compile) is traced on device='cuda' only: "
+                         "inductor's CPU code is not modelled")
+    if not torch.cuda.is_available():
+        raise InputError("tracing a compiled model (torch.compile) needs a CUDA build of "
+                         "PyTorch with a device: a GPU, or the fake GPU (fake_gpu=PYTHON, the "
+                         "Python of a CUDA build)")
+
+
+def _wrapper_globals(compiled) -> dict:
+    fn = compiled.current_callable
+    return getattr(fn, "__func__", fn).__globals__
+
+
+def _no_check(*args, **kwargs) -> None:
+    """A wrapper's check of its inputs' sizes and strides: the trace's sizes are symbols,
+    which these checks (C++ that reads concrete sizes) cannot take."""
+
+
+def _on_fakes(g: dict) -> None:
+    """Make a wrapper module's helpers dispatch (so that the trace's modes see them): its
+    C++ fast paths build tensors that no mode sees."""
+    g["empty_strided_cuda"] = lambda size, stride, dtype: torch.empty_strided(
+        size, stride, dtype=dtype, device="cuda")
+    g["reinterpret_tensor"] = lambda t, size, stride, offset=0: torch.as_strided(
+        t, size, stride, offset)
+    for name in [n for n in g if n.startswith("assert_") and callable(g[n])]:
+        g[name] = _no_check  # assert_size_stride, assert_tensor_metadata, ...: C++ sizes
+    if "copy_if_misaligned" in g:
+        g["copy_if_misaligned"] = lambda t: t
+
+
+@contextlib.contextmanager
+def inductor_on_fakes(modes: list):
+    """While the trace runs: each graph inductor compiled runs its wrapper under ``modes``
+    (the trace's dispatch modes, outermost first, as :func:`modes_suspended` took them off;
+    a graph that runs under modes already, the backward's, keeps those) with its kernel
+    launches doing nothing.
+    Inductor's settings for this: no constant folding (it would run real ops with the fake
+    mode off), both graphs lowered before the step runs, one compile thread. Everything is
+    restored on exit."""
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
+    from torch._inductor.output_code import CompiledFxGraph
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    original_call, original_run = CompiledFxGraph.__call__, CachingAutotuner.run
+
+    def call(self, inputs):
+        _on_fakes(_wrapper_globals(self))
+        with contextlib.ExitStack() as stack:
+            active = {id(m) for m in _get_current_dispatch_mode_stack()}
+            if not any(id(m) in active for m in modes):
+                for m in modes:
+                    stack.enter_context(m)
+            return original_call(self, inputs)
+
+    def run(self, *args, **kwargs):  # a fused kernel's launch: nothing to allocate
+        return None
+
+    settings = dict(joint_graph_constant_folding=False, compile_threads=1,
+                    fx_graph_cache=False, fx_graph_remote_cache=False)
+    lazy = {"force_non_lazy_backward_lowering": True} \
+        if hasattr(functorch_config, "force_non_lazy_backward_lowering") else {}
+    lazy.update(enable_autograd_cache=False, enable_remote_autograd_cache=False)
+    with inductor_config.patch(settings), functorch_config.patch(lazy):
+        CompiledFxGraph.__call__, CachingAutotuner.run = call, run
+        try:
+            yield
+        finally:
+            CompiledFxGraph.__call__, CachingAutotuner.run = original_call, original_run
+
+
+def _breaks() -> dict:
+    from torch._dynamo.utils import counters
+
+    return dict(counters["graph_break"])
+
+
+@contextlib.contextmanager
+def modes_suspended(out: list):
+    """The dispatch modes taken off while a compiled model is called (dynamo captures with
+    none active); ``out`` receives them, outermost first. The eager code between the graphs
+    of a model with graph breaks would run with them off, unseen: a graph break raises
+    :class:`fxmem.TraceError` naming dynamo's reason."""
+    from torch.nn.modules import module
+    from torch.utils._python_dispatch import _disable_current_modes, _pop_mode
+
+    hooks = (module._global_forward_pre_hooks, module._global_forward_hooks)
+    saved = [dict(h) for h in hooks]
+    for h in hooks:  # the trace's module hooks: not inside a captured graph
+        h.clear()
+    before = _breaks()
+    try:
+        with _disable_current_modes() as old:
+            out[:] = list(reversed(old))
+            try:
+                yield
+            except FxmemError:
+                raise
+            except Exception as e:  # noqa: BLE001 - one line, and the trace's modes back
+                while torch._C._len_torch_dispatch_stack():  # left by the failed call
+                    _pop_mode()
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise TraceError(f"the compiled model does not run on the trace's fake "
+                                 f"tensors: {type(e).__name__}: {first[:200]}") from e
+    finally:
+        for h, s in zip(hooks, saved):
+            h.update(s)
+    new = [why for why, n in _breaks().items() if n > before.get(why, 0)]
+    if new:
+        first = " ".join(str(new[0]).split())
+        raise TraceError(f"the compiled model has a graph break ({first[:160]}): fxmem traces "
+                         "compiled models whole (torch.compile(model, fullgraph=True) shows "
+                         "where it breaks)")

@@ -1,0 +1,157 @@
+"""Compiled steps on the fake GPU (issue 39; tests/test_fake_gpu_compile.py): the model, and
+the measured step written with PyTorch alone, so that the measurement shares no code with
+fxmem's trace.
+
+A compiled model is compiled once, with B dynamic, at the batch size it first runs at
+(``compiled_at``): inductor makes some choices by that size (how many pieces a reduction
+over B is split into), and the code it writes then serves every B."""
+
+import gc
+
+import torch
+import torch.nn as nn
+
+
+class Pointwise(nn.Module):
+    """Two linears around a chain of pointwise ops: eager holds each op's output for
+    backward, inductor fuses the chain into one kernel and saves less."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(256, 1024)
+        self.b = nn.Linear(1024, 256)
+
+    def forward(self, x):
+        h = self.a(x)
+        h = (h * torch.sigmoid(h)).sin() * 2 + h.cos()
+        return self.b(h.tanh())
+
+
+def square_sum(out):
+    return out.square().sum()
+
+
+def gpt2(n_layer=2, n_embd=64):
+    """A small GPT-2 (transformers, random weights), SDPA attention, no dropout."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=4, vocab_size=1000,
+                     n_positions=256, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                     attn_implementation="sdpa")
+    return GPT2LMHeadModel(cfg)
+
+
+def llama(layers=2, hidden=64):
+    """A small Llama (transformers, random weights): RMSNorm, rotary, GQA, SiLU MLP, SDPA."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=4 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      vocab_size=1000, max_position_embeddings=256,
+                      attn_implementation="sdpa")
+    return LlamaForCausalLM(cfg)
+
+
+def lm_loss(out, ids):
+    return torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), ids.flatten())
+
+
+def _case(name: str):
+    """(model, batch of size b -> (inputs, targets), loss, optimizer class)."""
+    if name == "pointwise":
+        return (Pointwise(), lambda b, dev: ((torch.zeros(b, 256, device=dev),), ()),
+                lambda out: square_sum(out), torch.optim.SGD)
+    if name in ("gpt2", "llama"):
+        def batch(b, dev):
+            ids = torch.zeros(b, 128, dtype=torch.long, device=dev)
+            return (ids,), (ids.clone(),)  # two tensors, as fxmem's inputs and targets are
+        return (gpt2() if name == "gpt2" else llama()), batch, lm_loss, torch.optim.AdamW
+    raise ValueError(name)
+
+
+def measure(name: str, B: int, compiled_at: int, compile: bool = True, steps: int = 2,
+            history: bool = False) -> dict:
+    """One steady-state step at ``B`` of case ``name`` (compiled first at ``compiled_at``
+    with dim 0 dynamic, when ``compile``): PyTorch's own peaks after ``empty_cache`` and a
+    peak reset."""
+    torch.manual_seed(0)
+    model, batch, loss, opt_class = _case(name)
+    model = model.cuda()
+    run = torch.compile(model) if compile else model
+    opt = opt_class(model.parameters(), lr=0.1)
+
+    def step(inputs, targets):
+        loss(run(*inputs), *targets).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for b in (compiled_at, B):
+        inputs, targets = batch(b, "cuda")
+        for t in inputs:
+            torch._dynamo.mark_dynamic(t, 0)
+        for _ in range(steps):
+            step(inputs, targets)
+    torch.cuda.synchronize()
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    if history:
+        torch.cuda.memory._record_memory_history(max_entries=1000000)
+    step(inputs, targets)
+    out = {"max_allocated": torch.cuda.max_memory_allocated(),
+           "max_reserved": torch.cuda.max_memory_reserved()}
+    if history:
+        out["history"] = _events(torch.cuda.memory._snapshot())
+        torch.cuda.memory._record_memory_history(enabled=None)
+    return out
+
+
+def _events(snapshot) -> list:
+    """(action, bytes, the innermost frame outside torch) of the recorded step."""
+    out = []
+    for e in snapshot["device_traces"][0]:
+        frame = next((f for f in e.get("frames", ())
+                      if "site-packages/torch" not in f["filename"]), None)
+        out.append([e["action"], e["size"],
+                    frame and f"{frame['filename'][-50:]}:{frame['line']}"])
+    return out
+
+
+def predict(name: str, batches: list, compiled_at: int, compile: bool = True) -> dict:
+    """fxmem's prediction of the same step (traced at ``compiled_at``) at each B."""
+    import fxmem
+
+    model, batch, loss, opt_class = _case(name)
+    run = torch.compile(model) if compile else model
+    inputs, targets = batch(compiled_at, "cpu")
+    report = fxmem.analyze(run, inputs, targets, loss=loss, optimizer=opt_class,
+                           device="cuda")
+    return {str(b): {"max_allocated": report.cuda_memory(b).max_allocated,
+                     "max_reserved": report.cuda_memory(b).max_reserved} for b in batches}
+
+
+class Breaks(nn.Module):
+    """A graph break: a Python print between two linears."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = self.a(x)
+        print("between the graphs")
+        return self.b(h)
+
+
+def graph_break() -> str:
+    """What fxmem says of a compiled model with a graph break."""
+    import fxmem
+
+    try:
+        fxmem.analyze(torch.compile(Breaks()), torch.zeros(4, 8), loss=square_sum,
+                      device="cuda")
+    except fxmem.TraceError as e:
+        return str(e)
+    return ""
+
+
