@@ -13,7 +13,7 @@ launches do nothing (they allocate nothing: inductor sizes their scratch as buff
 own).
 
 Dynamo cannot capture under an active dispatch mode (it runs the model eagerly then), so
-:func:`call` suspends the trace's modes while the compiled model is called, and the
+:func:`modes_suspended` takes the trace's modes off while the compiled model is called, and the
 compiled graphs enter them again when they run (:func:`inductor_on_fakes`). Lowering for
 CUDA needs a CUDA build of PyTorch and a device (a real GPU, or the fake GPU:
 :mod:`fxmem.validate.fakegpu`).
@@ -43,8 +43,8 @@ def check_compilable(device: str) -> None:
                          "inductor's CPU code is not modelled")
     if not torch.cuda.is_available():
         raise InputError("tracing a compiled model (torch.compile) needs a CUDA build of "
-                         "PyTorch with a device: a GPU, or the fake GPU (fake_gpu=PYTHON, the "
-                         "Python of a CUDA build)")
+                         "PyTorch with a device: a GPU, or the fake GPU (fxmem run in a CUDA "
+                         "build's Python with the stub: fxmem.validate.fakegpu)")
 
 
 def _wrapper_globals(compiled) -> dict:
@@ -77,8 +77,9 @@ def inductor_on_fakes(modes: list):
     a graph that runs under modes already, the backward's, keeps those) with its kernel
     launches doing nothing.
     Inductor's settings for this: no constant folding (it would run real ops with the fake
-    mode off), both graphs lowered before the step runs, one compile thread. Everything is
-    restored on exit."""
+    mode off), both graphs lowered before the step runs, one compile thread, no FX-graph or
+    AOTAutograd cache (a cached graph may have been compiled at another size hint).
+    Everything is restored on exit."""
     from torch._functorch import config as functorch_config
     from torch._inductor import config as inductor_config
     from torch._inductor.output_code import CompiledFxGraph

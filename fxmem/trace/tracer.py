@@ -31,7 +31,6 @@ from torch.fx.experimental.symbolic_shapes import (
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._pytree import tree_leaves
 
-from .compiled import check_compilable, inductor_on_fakes, is_compiled, modes_suspended
 from ..errors import (
     FxmemError,
     InputError,
@@ -40,6 +39,7 @@ from ..errors import (
 from .amp import emulate
 from .checkpointing import checkpointing, normalize_plan, user_path, wrapped_modules
 from .checks import CheckingShapeEnv
+from .compiled import check_compilable, inductor_on_fakes, is_compiled, modes_suspended
 from .compat import plain_backward_first, tracing_shims
 from .cuda.kernels import cuda_kernels
 from .datadep import TORCH_AND_FXMEM
