@@ -33,13 +33,7 @@ _TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 DIFFERS = {
 }
 # case -> the exception fxmem's prediction raises, and why (strict xfails too)
-RAISES = {
-    "bert adafactor": (fxmem.DataDependentError,
-                       "torch.optim.Adafactor's step branches on values: max(eps2, "
-                       "param.norm(2).item() / ...) (torch/optim/_adafactor.py), which fake "
-                       "tensors do not have; fxmem says so (DataDependentError) instead of "
-                       "predicting"),
-}
+RAISES: dict = {}
 
 
 def _measure_all():

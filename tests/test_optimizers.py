@@ -26,6 +26,8 @@ OPTIMIZERS = {
     "rprop": lambda p, **k: O.Rprop(p, **k),
     # reads eta and mu in step(): fxmem answers mu = 1 (before averaging starts, t0 steps)
     "asgd": lambda p, **k: O.ASGD(p, **k),
+    # reads its step count and norms in step(), only to scale updates: fxmem answers 1
+    "adafactor": lambda p, **k: O.Adafactor(p, **k),
 }
 
 

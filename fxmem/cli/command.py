@@ -32,7 +32,7 @@ LOSSES = {"cross_entropy": F.cross_entropy, "mse": F.mse_loss, "none": None}
 OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "adagrad": "Adagrad",
               "rmsprop": "RMSprop", "adamax": "Adamax", "nadam": "NAdam", "radam": "RAdam",
               "adadelta": "Adadelta", "rprop": "Rprop", "asgd": "ASGD", "lbfgs": "LBFGS",
-              "none": None}
+              "adafactor": "Adafactor", "none": None}
 FORMATS = ("table", "json", "md", "html")
 
 

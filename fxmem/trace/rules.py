@@ -45,6 +45,11 @@ LBFGS_DECISIONS = {
 # weight mu = 1 / max(1, step - t0) is 1 for the first t0 steps (10^6 by default), when the
 # average is a copy; the tracer answers 1 to every read.
 ASGD_SOURCE = ("torch", "optim", "asgd.py")
+# Adafactor reads its step count and two norms per parameter (``s.item() ** beta2_decay``,
+# ``max(eps2, p.norm(2).item() / ...)``, ``max(1.0, update.norm(2).item() / ...)``), in both
+# implementations; each only scales an update by a Python float, so no value changes what
+# the step allocates: the tracer answers 1 to every read.
+ADAFACTOR_SOURCE = ("torch", "optim", "_adafactor.py")
 # Metadata queries and profiler markers: they create nothing and are not recorded.
 SKIP_NAMESPACES = ("prim", "profiler")
 # A C++ kernel asking a tensor with symbolic sizes for its concrete metadata (``sizes()``,
@@ -272,8 +277,8 @@ class RNNRouter(torch.overrides.TorchFunctionMode):
 
 
 class ValueOracle:
-    """Values for the reads LBFGS and ASGD make in ``step()`` (see
-    :data:`LBFGS_DECISIONS`, :data:`ASGD_SOURCE`)."""
+    """Values for the reads LBFGS, ASGD and Adafactor make in ``step()`` (see
+    :data:`LBFGS_DECISIONS`, :data:`ASGD_SOURCE`, :data:`ADAFACTOR_SOURCE`)."""
 
     def __init__(self):
         self.reads = 0
@@ -282,17 +287,17 @@ class ValueOracle:
         """The value to return for ``t.item()``, or ``NotImplemented`` when the read is not
         one of theirs (the fake kernel then answers, or fails, as it would)."""
         lbfgs_end = os.path.join(*LBFGS_SOURCE)
-        asgd_end = os.path.join(*ASGD_SOURCE)
-        lbfgs, asgd = None, False
+        ones_ends = (os.path.join(*ASGD_SOURCE), os.path.join(*ADAFACTOR_SOURCE))
+        lbfgs, ones = None, False
         frame = sys._getframe(1)  # not traceback.extract_stack(): reads every source line
         while frame is not None:
             name = frame.f_code.co_filename
             if lbfgs is None and name.endswith(lbfgs_end):
                 lbfgs = frame  # the innermost
-            asgd = asgd or name.endswith(asgd_end)
+            ones = ones or name.endswith(ones_ends)
             frame = frame.f_back
         if lbfgs is None:
-            return 1.0 if asgd and t.dtype != torch.bool else NotImplemented
+            return 1.0 if ones and t.dtype != torch.bool else NotImplemented
         self.reads += 1
         if t.dtype != torch.bool:
             return 1.0 + self.reads  # distinct: never "loss unchanged"
