@@ -15,7 +15,8 @@ GPT-2) decides from ``(cumsum(...)[:, -1] == 0).all()`` whether the batch packs 
 sequences per row; on the fake GPU that value is whatever the memory held (2.14.1: "packed",
 so a B x 1 x L x L mask was built and SDPA took its masked path, allocations a GPU would not
 make). The child runs the function as written (its allocations stay) and answers what a GPU
-computes for these batches, one sequence per row: None (:func:`_unpacked`).
+computes for these batches, one sequence per row: None
+(:func:`fxmem.validate.fakegpu.reads.gpu_answers`, as ``fxmem validate --fake-gpu`` does).
 """
 
 from __future__ import annotations
@@ -234,21 +235,6 @@ def _instrument(seen: _Seen):
     return undo
 
 
-def _unpacked():
-    """transformers' packed-sequence check, run as written, answering None (no packing) as
-    a GPU does for these batches (see the module's docstring). Returns the undo function."""
-    import transformers.masking_utils as mu
-
-    orig = mu.find_packed_sequence_indices
-
-    def unpacked(position_ids):
-        orig(position_ids)
-        return None
-
-    mu.find_packed_sequence_indices = unpacked
-    return lambda: setattr(mu, "find_packed_sequence_indices", orig)
-
-
 def fresh():
     """Let go of what an earlier case left on the device (fxmem.measure also lets earlier
     cuBLAS workspaces go first)."""
@@ -261,11 +247,19 @@ def run(cases, batches=BATCHES, record_history=False):
     """``fxmem.measure`` of each case at each B on the fake GPU: a list of dicts (case, B,
     max_allocated, max_reserved, baselines, optimizer steps seen, GradScaler's reads) or
     ``{"case", "error"}``."""
+    from fxmem.validate.fakegpu.reads import gpu_answers
+
+    with gpu_answers():
+        out = _run(cases, batches, record_history)
+    fresh()
+    return out
+
+
+def _run(cases, batches, record_history):
     import fxmem
     from fxmem.trace.checkpointing import apply_checkpoints
 
     out = []
-    _unpacked()
     for name in cases:
         try:
             model, inputs, targets, step, plan = build(name)
@@ -293,5 +287,4 @@ def run(cases, batches=BATCHES, record_history=False):
             del model, real
         except Exception as e:  # noqa: BLE001 (reported per case)
             out.append({"case": name, "error": f"{type(e).__name__}: {e}"})
-    fresh()
     return out

@@ -90,17 +90,7 @@ def test_validate_on_the_fake_gpu_needs_cuda():
 _TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 # case -> (releases where it differs, the cause seen): strict, so a fix fails the run until
 # the marker goes
-_DIFFERS = {
-    "GPT-2 small, every block checkpointed": (
-        {(2, 14), (2, 15)}, "data-dependent control flow on the fake GPU: transformers' "
-        "masking_utils.find_packed_sequence_indices reads "
-        "(packed_sequence_mask[:, -1] == 0).all() as a Python bool; no kernel runs and every "
-        "block reads 0 until the host writes it (stub.c fakegpu_block_zero), so it reads 0, "
-        "False, where a real GPU reads True (one sequence per row), and sdpa_mask builds a "
-        "packed-sequence mask a real GPU does not (2.14.1, B=5: 25,600 B under, 70,699,520 "
-        "predicted, 70,725,120 measured; the first differing allocation, 13, is 40 B at "
-        "masking_utils.py:528 in sdpa_mask; B=2 exact)"),
-}
+_DIFFERS: dict = {}
 
 
 def _zoo_names():

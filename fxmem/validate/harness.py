@@ -14,6 +14,7 @@ models): it is how the harness itself is tested without a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
 import json
@@ -26,6 +27,7 @@ from ..analyze import analyze
 from ..trace.checkpointing import apply_checkpoints
 from ..trace.step import Step
 from .divergence import first_divergence, predicted_allocations
+from .fakegpu.reads import gpu_answers
 from .fakegpu.remote import on_fake_gpu
 from .measure import measure
 from .zoo import Case, cases
@@ -115,8 +117,12 @@ def _predict(case: Case, model, inputs, targets, device):
 
 def _measure(case, model, inputs, targets, step, b, record_history=False):
     real = apply_checkpoints(copy.deepcopy(model), case.plan) if case.plan else model
-    return measure(real, inputs, targets if step.train else (), step=step, B=b,
-                   record_history=record_history)
+    # on the fake GPU, the values a GPU computes for these batches where a library branches
+    # on one (fxmem.validate.fakegpu.reads)
+    answers = gpu_answers() if on_fake_gpu() else contextlib.nullcontext()
+    with answers:
+        return measure(real, inputs, targets if step.train else (), step=step, B=b,
+                       record_history=record_history)
 
 
 def run_case(case: Case, scale: str, device: str) -> tuple:
