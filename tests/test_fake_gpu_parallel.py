@@ -54,15 +54,7 @@ STREAMS = ("FSDP2 allocates on its own streams (the all-gather output on the all
            "39,845,888 and 35,651,584)")
 KNOWN_ALLOCATED: dict = {}
 KNOWN_RESERVED: dict = {"fsdp": STREAMS, "fsdp-keep": STREAMS}
-# not a strict xfail: which step lets go of it varies from run to run
-UNSTABLE_ALLOCATED = {"ddp": pytest.mark.skipif(
-    torch.__version__.startswith("2.14."),
-    reason="2.14.1's ProcessGroupNCCL keeps the inputs of a collective whose future was "
-           "waited (DDP's bucket all-reduce) stashed until a later, timing-dependent "
-           "moment: the first bucket, replaced when DDP rebuilds its buckets, is still "
-           "alive at the measured step's start in some runs and gone in others (B=4: "
-           "67,432,960 or 67,432,448 B seen, 67,432,448 predicted; B=16: 67,439,104 or "
-           "67,435,520, 67,435,520 predicted); 2.15 lets go when the future is waited")}
+UNSTABLE_ALLOCATED: dict = {}
 
 
 def _params(known, unstable=None):

@@ -35,7 +35,12 @@ from .build import build
 from .run import CHILD, DEFAULT_BUILD_DIR, FakeGPUError, _paths, stub_env
 
 POLL_SECONDS = 0.05
-EXTRA = int(os.environ.get("EXTRA", "0"))
+# ProcessGroupNCCL's watchdog thread looks at its collectives every 100 ms
+# (kWatchdogThreadSleepMillis) and lets go of what a finished one held: up to 2.14 the
+# inputs stashed for the allocator's safety go then, not when the future is waited. A rank
+# waits this long after its warm-up steps, so that the measured step starts with them gone
+# whatever the timing (a real loop's data loading gives the watchdog the same time).
+WATCHDOG_SETTLE_SECONDS = 0.5
 
 
 def call_ranks(python_exe, target: str, world_size: int, *, kwargs: dict | None = None,
@@ -154,9 +159,11 @@ def measure_rank(model, inputs, targets=(), *, parallel, B: int, step=None,  # n
     factory = parallel.optimizer(spec.optimizer)
     opt = make_optimizer(factory, params, "cuda", spec) if factory else None
     scaler = make_grad_scaler(spec, "cuda")
-    for _ in range(parallel.warmup_steps - 1 + EXTRA):  # the measure's own warm-up is the last
+    for _ in range(parallel.warmup_steps - 1):  # the measure's own warm-up is the last
         out = run_step(model, spec, ins, tgs, params, opt, lambda phase: None, scaler=scaler)
         del out
+    torch.cuda.synchronize()
+    time.sleep(WATCHDOG_SETTLE_SECONDS)
     m = _measure_cuda(model, spec, ins, tgs, params, opt, B, scaler, record_history)
     got = dataclasses.asdict(m)
     got["allocations"] = [list(a) for a in m.allocations]
