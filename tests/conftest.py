@@ -22,6 +22,13 @@ def _routes():
                            "_thnn_fused_gru_cell"))
 
 
+def _global_hooks(m):
+    """How many entries each of nn.Module's global hook tables holds (a removed hook's
+    with-kwargs flag left behind makes dynamo warn at every torch.compile(module) call)."""
+    return tuple((n, len(v)) for n, v in sorted(vars(m).items())
+                 if n.startswith("_global_") and "hooks" in n and isinstance(v, dict))
+
+
 @pytest.fixture(autouse=True)
 def _global_state_unchanged():
     """Every test, passing or failing, must leave PyTorch's global state as it found it."""
@@ -32,12 +39,12 @@ def _global_state_unchanged():
     before = (torch.get_default_dtype(), torch.is_grad_enabled(), torch.clear_autocast_cache,
               torch._C._dispatch_dump("aten::softmax.int"), _routes(), torch.is_autocast_enabled("cpu"),
               len(_get_current_dispatch_mode_stack()), len(_get_current_function_mode_stack()),
-              len(m._global_forward_hooks), len(m._global_forward_pre_hooks), sys.excepthook)
+              _global_hooks(m), sys.excepthook)
     yield
     after = (torch.get_default_dtype(), torch.is_grad_enabled(), torch.clear_autocast_cache,
               torch._C._dispatch_dump("aten::softmax.int"), _routes(), torch.is_autocast_enabled("cpu"),
              len(_get_current_dispatch_mode_stack()), len(_get_current_function_mode_stack()),
-             len(m._global_forward_hooks), len(m._global_forward_pre_hooks), sys.excepthook)
+             _global_hooks(m), sys.excepthook)
     assert after == before, "global state changed"
 
 

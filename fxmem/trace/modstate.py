@@ -107,3 +107,19 @@ def register_buffers(rec, model) -> None:
     keep the last one alive, and a forward that replaces it would not free it)."""
     for n, b in model.named_buffers():
         rec.register_named(b, "buffer", user_path(n))
+
+
+def global_forward_hook(hook):
+    """``register_module_forward_hook(hook, with_kwargs=True)`` whose handle, removed, also
+    drops the hook's with-kwargs flag: PyTorch's own handle leaves it in
+    ``_global_forward_hooks_with_kwargs``, so that ``_has_any_global_hook()`` stays true
+    after every trace and dynamo warns of global hooks at each later
+    ``torch.compile(module)`` call (seen on 2.14.1 and 2.15)."""
+    from torch.nn.modules import module
+    from torch.utils.hooks import RemovableHandle
+
+    handle = RemovableHandle(module._global_forward_hooks, extra_dict=[
+        module._global_forward_hooks_always_called, module._global_forward_hooks_with_kwargs])
+    module._global_forward_hooks[handle.id] = hook
+    module._global_forward_hooks_with_kwargs[handle.id] = True
+    return handle

@@ -52,6 +52,7 @@ from .messages import loss_error, named_symbols, quiet
 from .modstate import (
     BufferAssigned,
     attributes_kept,
+    global_forward_hook,
     register_buffers,
     slots,
     watch_buffers,
@@ -406,13 +407,10 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     for m in hooked.values():
         handles.append(m.register_forward_pre_hook(began))
 
-    from torch.nn.modules.module import (
-        register_module_forward_hook,
-        register_module_forward_pre_hook,
-    )
+    from torch.nn.modules.module import register_module_forward_pre_hook
 
     handles.append(register_module_forward_pre_hook(enter))
-    handles.append(register_module_forward_hook(leave, with_kwargs=True))
+    handles.append(global_forward_hook(leave))  # with kwargs; its removal complete
 
     if not warm:  # a buffer the forward assigns: trace again after a warm-up step
         handles.append(watch_buffers(rec, name_of))
