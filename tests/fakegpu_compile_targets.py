@@ -70,10 +70,19 @@ def _case(name: str):
 
 
 def measure(name: str, B: int, compiled_at: int, compile: bool = True, steps: int = 2,
-            history: bool = False) -> dict:
+            history: bool = False, budget: float | None = None) -> dict:
     """One steady-state step at ``B`` of case ``name`` (compiled first at ``compiled_at``
-    with dim 0 dynamic, when ``compile``): PyTorch's own peaks after ``empty_cache`` and a
-    peak reset."""
+    with dim 0 dynamic, when ``compile``, with AOTAutograd's ``activation_memory_budget``
+    when ``budget`` is given): PyTorch's own peaks after ``empty_cache`` and a peak reset."""
+    if budget is None:
+        return _measure(name, B, compiled_at, compile, steps, history)
+    from torch._functorch import config
+
+    with config.patch(activation_memory_budget=budget):
+        return _measure(name, B, compiled_at, compile, steps, history)
+
+
+def _measure(name, B, compiled_at, compile, steps, history):  # noqa: N803
     torch.manual_seed(0)
     model, batch, loss, opt_class = _case(name)
     model = model.cuda()
@@ -117,17 +126,35 @@ def _events(snapshot) -> list:
     return out
 
 
-def predict(name: str, batches: list, compiled_at: int, compile: bool = True) -> dict:
-    """fxmem's prediction of the same step (traced at ``compiled_at``) at each B."""
+def predict(name: str, batches: list, compiled_at: int, compile: bool = True,
+            budget: float | None = None) -> dict:
+    """fxmem's prediction of the same step (traced at ``compiled_at``) at each B: of
+    ``torch.compile(model)``, or with ``budget`` of the model with
+    ``compile={"activation_memory_budget": budget}``."""
     import fxmem
 
     model, batch, loss, opt_class = _case(name)
-    run = torch.compile(model) if compile else model
     inputs, targets = batch(compiled_at, "cpu")
-    report = fxmem.analyze(run, inputs, targets, loss=loss, optimizer=opt_class,
-                           device="cuda")
+    if budget is not None:
+        report = fxmem.analyze(model, inputs, targets, loss=loss, optimizer=opt_class,
+                               device="cuda", compile={"activation_memory_budget": budget})
+    else:
+        report = fxmem.analyze(torch.compile(model) if compile else model, inputs, targets,
+                               loss=loss, optimizer=opt_class, device="cuda")
     return {str(b): {"max_allocated": report.cuda_memory(b).max_allocated,
                      "max_reserved": report.cuda_memory(b).max_reserved} for b in batches}
+
+
+def measure_with_fxmem(name: str, B: int, compiled_at: int, budget: float) -> dict:
+    """``fxmem.measure(..., compile={"activation_memory_budget": budget})`` of the same step:
+    the example batch at ``compiled_at``, measured at ``B``."""
+    import fxmem
+
+    model, batch, loss, opt_class = _case(name)
+    inputs, targets = batch(compiled_at, "cpu")
+    m = fxmem.measure(model, inputs, targets, loss=loss, optimizer=opt_class, device="cuda",
+                      B=B, compile={"activation_memory_budget": budget})
+    return {"max_allocated": m.peak_bytes, "max_reserved": m.peak_reserved_bytes}
 
 
 class Breaks(nn.Module):
@@ -155,3 +182,25 @@ def graph_break() -> str:
     return ""
 
 
+def cli_and_api(budget: float, B: int) -> dict:
+    """``fxmem analyze ... --compile --compile-budget`` on the pointwise model, and the API's
+    ``compile=`` prediction of the same step: (the CLI's setup row, its max_allocated, the
+    API's) at ``B``."""
+    import json
+
+    from click.testing import CliRunner
+
+    import fxmem
+    from fxmem.cli import cli
+
+    r = CliRunner().invoke(cli, [
+        "analyze", f"{__file__}:Pointwise", "--input", "B,256", "--target", "B,256",
+        "--loss", "mse", "--compile", "--compile-budget", str(budget), "--batch", str(B),
+        "--format", "json"])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    api = fxmem.analyze(Pointwise(), torch.zeros(8, 256), torch.zeros(8, 256),
+                        loss=torch.nn.functional.mse_loss, optimizer=None, device="cuda",
+                        compile={"activation_memory_budget": budget})
+    return {"setup": report["setup"].get("compiled"),
+            "cli": report["cuda"]["max_allocated"], "api": api.cuda_memory(B).max_allocated}

@@ -20,3 +20,73 @@ def test_a_compiled_model_needs_a_cuda_build_with_a_device():
 def test_a_compiled_model_is_traced_for_cuda_only():
     with pytest.raises(fxmem.InputError, match="device='cuda' only"):
         fxmem.analyze(_compiled(), torch.zeros(4, 8), loss=lambda o: o.sum(), device="cpu")
+
+
+# --- compile= (fxmem.trace.compile_options) ---
+
+def _linear():
+    return torch.nn.Linear(8, 2)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a device is there")
+@pytest.mark.parametrize("entry", ["analyze", "measure"])
+def test_compile_option_needs_a_cuda_build_with_a_device(entry):
+    fn = getattr(fxmem, entry)
+    kw = {"B": 4} if entry == "measure" else {}
+    with pytest.raises(fxmem.InputError, match="needs a CUDA build of PyTorch with a device") as e:
+        fn(_linear(), torch.zeros(4, 8), loss=lambda o: o.sum(), device="cuda", compile=True,
+           **kw)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a device is there")
+def test_measuring_a_cuda_step_needs_a_device_or_the_fake_gpu():
+    with pytest.raises(fxmem.InputError, match="fake GPU") as e:
+        fxmem.measure(_linear(), torch.zeros(4, 8), loss=lambda o: o.sum(), device="cuda", B=4)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("value, message", [
+    ({"budget": 0.5}, "compile= takes activation_memory_budget, mode, options; got budget"),
+    ({"activation_memory_budget": 0}, r"activation_memory_budget is a fraction in \(0, 1\]"),
+    ({"activation_memory_budget": 1.5}, r"a fraction in \(0, 1\], got 1.5"),
+    ({"mode": "reduce-overhead"}, "runs the step as a CUDA graph"),
+    ({"mode": "fast"}, "compile mode is one of"),
+    ({"mode": "default", "options": {"max_autotune": True}}, "a mode or options, not both"),
+    ("yes", "compile= is True, False or a dict"),
+])
+def test_a_bad_compile_option_is_one_line(value, message):
+    with pytest.raises(fxmem.InputError, match=message) as e:
+        fxmem.analyze(_linear(), torch.zeros(4, 8), loss=lambda o: o.sum(), compile=value)
+    assert "\n" not in str(e.value)
+
+
+def test_compile_option_is_for_cuda():
+    with pytest.raises(fxmem.InputError, match="compile= lowers the step with inductor for "
+                                               "CUDA: device='cuda'"):
+        fxmem.analyze(_linear(), torch.zeros(4, 8), loss=lambda o: o.sum(), device="cpu",
+                      compile=True)
+
+
+def test_compile_option_takes_the_model_itself():
+    with pytest.raises(fxmem.InputError, match="pass the model itself"):
+        fxmem.analyze(_compiled(), torch.zeros(4, 8), loss=lambda o: o.sum(), compile=True)
+
+
+def test_the_command_line_says_what_compile_needs():
+    from click.testing import CliRunner
+
+    from fxmem.cli import cli
+
+    import os
+
+    target = os.path.join(os.path.dirname(__file__), "fakegpu_compile_targets.py:Pointwise")
+    base = ["analyze", target, "--input", "B,256",
+            "--target", "B,256", "--loss", "mse"]
+    r = CliRunner().invoke(cli, [*base, "--compile-budget", "0.5"])
+    assert r.exit_code == 2 and "give --compile too" in r.output
+    r = CliRunner().invoke(cli, [*base, "--compile", "--device", "cpu"])
+    assert r.exit_code == 2 and "device='cuda'" in r.output
+    if not torch.cuda.is_available():
+        r = CliRunner().invoke(cli, [*base, "--compile"])
+        assert r.exit_code == 2 and "needs a CUDA build of PyTorch with a device" in r.output

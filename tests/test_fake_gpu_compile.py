@@ -36,17 +36,16 @@ def _call(fn, **kwargs):
                 sys_path=[HERE], env=env)
 
 
-def _figures(name, compile=True):
+def _figures(name, compile=True, budget=None):
     """(predicted, measured): {B: {"max_allocated", "max_reserved"}}, once per case."""
-    if (name, compile) not in _seen:
+    if (name, compile, budget) not in _seen:
         at, batches = CASES[name]
-        predicted = _call("predict", name=name, batches=list(batches), compiled_at=at,
-                          compile=compile)
-        _call("measure", name=name, B=at, compiled_at=at, compile=compile)  # fills the cache
-        measured = {str(b): _call("measure", name=name, B=b, compiled_at=at, compile=compile)
-                    for b in batches}
-        _seen[name, compile] = predicted, measured
-    return _seen[name, compile]
+        kw = dict(name=name, compiled_at=at, compile=compile, budget=budget)
+        predicted = _call("predict", batches=list(batches), **kw)
+        _call("measure", B=at, **kw)  # fills the cache
+        measured = {str(b): _call("measure", B=b, **kw) for b in batches}
+        _seen[name, compile, budget] = predicted, measured
+    return _seen[name, compile, budget]
 
 
 @pytest.mark.parametrize("name", ["pointwise",
@@ -70,3 +69,24 @@ def test_a_graph_break_is_named():
     naming dynamo's reason."""
     message = _call("graph_break")
     assert "graph break" in message and "fullgraph=True" in message and "\n" not in message
+
+
+def test_compile_option_at_a_partitioner_budget_is_exact_on_the_fake_gpu():
+    """``compile={"activation_memory_budget": 0.5}``: the partitioner recomputes more and
+    saves less; predicted equal to the step compiled under that budget with PyTorch alone,
+    and to ``fxmem.measure`` with the same option, at both B."""
+    predicted, measured = _figures("pointwise", budget=0.5)
+    assert predicted == measured
+    assert predicted != _figures("pointwise")[0]  # the budget changes the compiled step
+    at, batches = CASES["pointwise"]
+    by_fxmem = {str(b): _call("measure_with_fxmem", name="pointwise", B=b, compiled_at=at,
+                              budget=0.5) for b in batches}
+    assert by_fxmem == measured
+
+
+def test_the_command_line_compiles_with_a_budget():
+    """``fxmem analyze --compile --compile-budget 0.5`` says so in its setup and gives the
+    API's ``compile=`` figure."""
+    got = _call("cli_and_api", budget=0.5, B=64)
+    assert got["setup"] == "torch.compile, activation_memory_budget 0.5"
+    assert got["cli"] == got["api"] > 0

@@ -95,6 +95,12 @@ def cli():
                    "(hf: models without their labels, so no loss).")
 @click.option("--grad-accum", type=click.IntRange(min=1), default=1, show_default=True,
               help="Micro-batches per optimizer step (B is one micro-batch).")
+@click.option("--compile", "compiled", is_flag=True,
+              help="The model compiled with torch.compile: inductor's own code traced (a "
+                   "CUDA build of PyTorch with a device, or the fake GPU; docs/compiled.md).")
+@click.option("--compile-budget", type=click.FloatRange(0, 1, min_open=True), default=None,
+              metavar="FRACTION", help="With --compile: AOTAutograd's "
+              "activation_memory_budget (below 1: recompute more in backward, save less).")
 @click.option("--batch", type=click.IntRange(min=1), default=32, show_default=True,
               help="The B the report's numbers are given at.")
 @click.option("--budget", metavar="SIZE", default=None,
@@ -183,7 +189,7 @@ def cli():
                    "and json always hold it.")
 @click.option("--debug", is_flag=True, help="Show the traceback of an error.")
 def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, inference,
-            grad_accum, batch, budget, gpu, cuda_context, checkpoint, save_plan, config,
+            grad_accum, compiled, compile_budget, batch, budget, gpu, cuda_context, checkpoint, save_plan, config,
             dim_sizes, seq, cudnn_workspace, fsdp, ddp, tp, tp_plan, zero1, reshard, replicate, offload,
             param_dtype, reduce_dtype, fmt, out, whatif, top, exact_formula, debug):
     """Analyse one step of the model TARGET: path/to/file.py:ClassOrFactory,
@@ -210,7 +216,8 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
                             whatif, dim_sizes, cudnn_workspace=cudnn_workspace,
                             capability=capability, gpu=gpu, cuda_context=cuda_context,
                             parallel=parallel, save_plan=save_plan,
-                            exact_formula=exact_formula)
+                            exact_formula=exact_formula,
+                            compile=_compile_option(compiled, compile_budget))
         if out:
             write_file(out, text if isinstance(text, str) else plain_text(text))
     if save_plan:
@@ -329,7 +336,7 @@ def _fail(e, debug: bool, cause: BaseException | None = None):
 def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, grad_accum,
              batch, budget, checkpoint, config, seq, fmt, top, whatif=False, dim_sizes=(),
              cudnn_workspace=None, capability=None, gpu=None, cuda_context=None,
-             parallel=None, save_plan=None, exact_formula=False):
+             parallel=None, save_plan=None, exact_formula=False, compile=None):
     from rich.console import Console
 
     from ..analyze import analyze as run_analysis
@@ -416,7 +423,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
         plan = () if checkpoint in ("none", "auto") else tuple(
             p.strip() for p in checkpoint.split(",") if p.strip())
     step = Step(loss=LOSSES[loss_name], optimizer=opt, train=not inference, device=device,
-                amp=amp_dtype, grad_accum=grad_accum, compute_capability=cc)
+                amp=amp_dtype, grad_accum=grad_accum, compute_capability=cc, compile=compile)
     status = Console(stderr=True).status(f"tracing {t.name} on fake tensors ...")
     with status:
         try:
@@ -483,6 +490,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
              **({"targets": " ".join(tgt_specs)} if ys else {}),
              "loss": loss_name if not inference else "(inference)",
              "optimizer": optimizer, "amp": amp,
+             **({"compiled": _compiled_line(step.compile)} if step.compile else {}),
              **({"GPU compute capability": f"{cc[0]}.{cc[1]}"} if device == "cuda" else {}),
              **({"checkpoint": checkpoint} if checkpoint != "none" else {}),
              **{f"dim {n}": sizes[n] for n in dims}, **extra}
@@ -498,6 +506,21 @@ def _reanalyze_of(report):
     """``Report.reanalyze`` of ``report`` (a parallel one's through its first rank)."""
     groups = getattr(report, "groups", None)
     return (groups[0].report if groups else report).reanalyze
+
+
+def _compile_option(compiled: bool, budget: float | None):
+    """``Step.compile`` from ``--compile`` and ``--compile-budget``."""
+    if budget is not None and not compiled:
+        raise InputError("--compile-budget is the partitioner's budget of a compiled step: "
+                         "give --compile too")
+    if not compiled:
+        return None
+    return {"activation_memory_budget": budget} if budget is not None else True
+
+
+def _compiled_line(c) -> str:
+    budget = c.activation_memory_budget
+    return "torch.compile" + (f", activation_memory_budget {budget:g}" if budget else "")
 
 
 def _check_inference(optimizer, checkpoint, targets, loss, grad_accum, whatif) -> None:

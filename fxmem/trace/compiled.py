@@ -71,14 +71,15 @@ def _on_fakes(g: dict) -> None:
 
 
 @contextlib.contextmanager
-def inductor_on_fakes(modes: list):
+def inductor_on_fakes(modes: list, compile=None):
     """While the trace runs: each graph inductor compiled runs its wrapper under ``modes``
     (the trace's dispatch modes, outermost first, as :func:`modes_suspended` took them off;
     a graph that runs under modes already, the backward's, keeps those) with its kernel
     launches doing nothing.
     Inductor's settings for this: no constant folding (it would run real ops with the fake
     mode off), both graphs lowered before the step runs, one compile thread, no FX-graph or
-    AOTAutograd cache (a cached graph may have been compiled at another size hint).
+    AOTAutograd cache (a cached graph may have been compiled at another size hint), and
+    ``compile``'s partitioner budget (:class:`fxmem.trace.compile_options.Compile`).
     Everything is restored on exit."""
     from torch._functorch import config as functorch_config
     from torch._inductor import config as inductor_config
@@ -105,7 +106,8 @@ def inductor_on_fakes(modes: list):
     lazy = {"force_non_lazy_backward_lowering": True} \
         if hasattr(functorch_config, "force_non_lazy_backward_lowering") else {}
     lazy.update(enable_autograd_cache=False, enable_remote_autograd_cache=False)
-    with inductor_config.patch(settings), functorch_config.patch(lazy):
+    budget = compile.settings() if compile is not None else contextlib.nullcontext()
+    with inductor_config.patch(settings), functorch_config.patch(lazy), budget:
         CompiledFxGraph.__call__, CachingAutotuner.run = call, run
         try:
             yield

@@ -33,6 +33,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_true
 
 from ..errors import InputError
+from .compile_options import Compile
 from .dtypes import AMP, accepted, dtype_of
 from .messages import check_call
 
@@ -74,7 +75,9 @@ class Step:
     gradients live through that forward). ``backward_copy=True``: backward runs on a new
     tensor, ``loss / 1``, freed after it, the loss kept (accelerate's
     ``Accelerator.backward``, which divides by its own accumulation steps, 1 under the
-    Hugging Face Trainer).
+    Hugging Face Trainer). ``compile=True`` (or a dict: ``activation_memory_budget``,
+    ``mode``, ``options``): the model compiled with ``torch.compile``
+    (:mod:`fxmem.trace.compile_options`).
 
     >>> import torch
     >>> s = Step(optimizer=torch.optim.AdamW, amp=torch.float16)
@@ -100,6 +103,7 @@ class Step:
     compute_capability: tuple = (9, 0)
     zero_grad_at: str = "start"
     backward_copy: bool = False
+    compile: Any = None
 
     def __post_init__(self):
         from .cuda.kernels import check_capability
@@ -150,6 +154,10 @@ class Step:
                              f"{self.grad_scaler!r}")
         if self.grad_scaler and (not self.train or self.optimizer is None):
             raise InputError("grad_scaler=True needs a training step with an optimizer")
+        object.__setattr__(self, "compile", Compile.of(self.compile))
+        if self.compile is not None and self.device != "cuda":
+            raise InputError("compile= lowers the step with inductor for CUDA: device='cuda' "
+                             "(inductor's CPU code is not modelled)")
         object.__setattr__(self, "train", bool(self.train))
         object.__setattr__(self, "inference_mode", bool(self.inference_mode))
         object.__setattr__(self, "compute_capability",

@@ -333,6 +333,8 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     # fake parameters and buffers, registered under their names (``prepared``: the model's
     # own are fakes of ``mode`` already, e.g. a rank's shards: fxmem.trace.parallel)
     wrapper, model = model, unwrapped(model)  # names, plans and buffers are the user's model's
+    if spec.compile is not None:  # compile=: torch.compile(model) (fxmem.trace.compile_options)
+        wrapper = spec.compile.apply(wrapper)
     # a compiled model is lowered for the device its fakes are on (fxmem.trace.compiled)
     compiled, taken = is_compiled(wrapper), []
     if compiled:
@@ -525,7 +527,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     with checkpointing(model, plan, region, held) as rec.plan, swap, router, rules, kernels, \
             mode, rec, hooks, eager_branches(rec.values), storage_resizes(rec), \
             kept.real if kept is not None else contextlib.nullcontext(), \
-            inductor_on_fakes(taken) if compiled else contextlib.nullcontext():
+            inductor_on_fakes(taken, spec.compile) if compiled else contextlib.nullcontext():
         if warm:  # one unrecorded forward and backward, as fxmem.measure's warm-up step
             rec.recording = False  # (DDP: until its buckets are rebuilt)
             with kept if kept is not None else contextlib.nullcontext():

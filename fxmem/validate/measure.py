@@ -205,6 +205,13 @@ def measure(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     if parallel is not None and (device != "cpu" or record_history):
         raise InputError(f"a {parallel.name} step is measured on the CPU (gloo), not on "
                          f"{device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise InputError("measuring a CUDA step needs a CUDA build of PyTorch with a device: "
+                         "a GPU, or the fake GPU (fake_gpu='/path/to/cuda-venv/bin/python')")
+    if spec.compile is not None:
+        from ..trace.compiled import check_compilable
+
+        check_compilable(device)
     model = copy.deepcopy(model).to(device)
     n_in = len(spec.inputs)
     ins = [batch_of(t, B, device, d) for t, d in zip(spec.inputs, spec.batch_dims)]
@@ -228,6 +235,8 @@ def measure(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     # on the fake GPU the GradScaler's inf check reads memory no kernel wrote: its steps are
     # taken as the finite ones a real GPU's steady state makes (see make_grad_scaler)
     scaler = make_grad_scaler(spec, device, fake=device == "cuda" and on_fake_gpu())
+    if device == "cuda" and spec.compile is not None:
+        return _measure_compiled(model, spec, ins, tgs, params, opt, B, scaler, record_history)
     if device == "cuda":
         return _measure_cuda(model, spec, ins, tgs, params, opt, B, scaler, record_history)
     if record_history:
@@ -295,6 +304,31 @@ def _measure_cpu(model, spec, ins, tgs, params, opt, B, device, scaler, kept=Non
             phase_peaks[ph] = max(phase_peaks.get(ph, 0), live)
     return Measurement(peak, baseline, live, B, device,
                        {p: phase_peaks[p] for p in PHASES if p in phase_peaks})
+
+
+def _measure_compiled(model, spec, ins, tgs, params, opt, B, scaler,  # noqa: N803
+                      record_history) -> Measurement:
+    """``compile=``: the model compiled with ``torch.compile`` (and the partitioner's budget
+    while it compiles), first run at the example's batch size with the batch dims dynamic,
+    as fxmem's trace compiles it (inductor decides some things by that size, and the code
+    it writes then serves every B), then measured at ``B`` by the CUDA protocol."""
+    run = spec.compile.apply(model)
+    with spec.compile.settings():
+        _compile_at_example(run, spec, params, opt, scaler)
+        return _measure_cuda(run, spec, ins, tgs, params, opt, B, scaler, record_history)
+
+
+def _compile_at_example(run, spec, params, opt, scaler) -> None:
+    """One step of ``run`` at the example's batch size, the batch dims marked dynamic: it
+    compiles there; its batch is let go on return."""
+    n_in, at = len(spec.inputs), spec.batch_size
+    first = [batch_of(t, at, "cuda", d) for t, d in zip(spec.inputs, spec.batch_dims)]
+    first_t = [batch_of(t, at, "cuda", d)
+               for t, d in zip(spec.targets, spec.batch_dims[n_in:])]
+    for i, d in enumerate(spec.batch_dims[:n_in]):
+        if d is not None:
+            torch._dynamo.mark_dynamic(first[i], d)
+    run_step(run, spec, first, first_t, params, opt, lambda phase: None, scaler=scaler)
 
 
 def _measure_cuda(model, spec, ins, tgs, params, opt, B, scaler,
