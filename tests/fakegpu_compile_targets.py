@@ -85,9 +85,17 @@ def measure(name: str, B: int, compiled_at: int, compile: bool = True, steps: in
 def _measure(name, B, compiled_at, compile, steps, history):  # noqa: N803
     torch.manual_seed(0)
     model, batch, loss, opt_class = _case(name)
+    return measure_step(model, batch, loss, lambda p: opt_class(p, lr=0.1), B, compiled_at,
+                        compile, steps, history)
+
+
+def measure_step(model, batch, loss, make_optimizer, B: int, compiled_at: int,  # noqa: N803
+                 compile: bool = True, steps: int = 2, history: bool = False) -> dict:
+    """The measured step of :func:`measure` for any model: ``batch(b, device)`` gives
+    ``(inputs, targets)``, ``loss(output, *targets)``, ``make_optimizer(params)``."""
     model = model.cuda()
     run = torch.compile(model) if compile else model
-    opt = opt_class(model.parameters(), lr=0.1)
+    opt = make_optimizer(model.parameters())
 
     def step(inputs, targets):
         loss(run(*inputs), *targets).backward()
