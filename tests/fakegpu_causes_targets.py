@@ -91,13 +91,26 @@ class Residuals(nn.Module):
         return self.blocks(x)
 
 
+class StridedLinear(nn.Module):
+    """A Linear with a bias on a transposed (non-contiguous) 3-D input, as
+    ``nn.MultiheadAttention``'s in-projection of a batch-first input: ``matmul``, then the
+    bias added in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(64, 192)
+
+    def forward(self, x):
+        return self.lin(x.transpose(0, 1))
+
+
 def square_sum(out):
     return out.pow(2).sum()
 
 
 STEPS = {"dropout": (Dropout, (64,)), "two_paths": (TwoPaths, (64,)),
          "patch_conv": (PatchConv, (3, 32, 32)), "efficient_gqa": (EfficientGQA, (128, 64)),
-         "residuals": (Residuals, (64,))}
+         "residuals": (Residuals, (64,)), "strided_linear": (StridedLinear, (16, 64))}
 
 
 def build(name, B=4):

@@ -110,3 +110,17 @@ def test_fxmem_sums_in_place_in_copied_blocks():
     _, m, r = _run("residuals")
     assert r.trace.reused == ("blocks.3",)
     assert first_divergence(predicted_allocations(r, B), m.allocations, ordered=True) is None
+
+
+def test_pytorch_adds_a_linears_bias_in_place_after_matmul():
+    """Linear.cpp ``linear``: a non-contiguous 3-D input goes through ``matmul`` (its input
+    copied contiguous, 16,384 B, then ``mm``, 49,152 B) and ``output.add_(bias)``: no block
+    for the sum; then the loss's ``pow``."""
+    sizes = [n for n in _run("strided_linear")[0] if not _library(n)]
+    assert sizes[:3] == [16384, 49152, 49152]
+
+
+def test_fxmem_adds_a_linears_bias_in_place():
+    _, m, r = _run("strided_linear")
+    assert first_divergence(predicted_allocations(r, B), m.allocations, ordered=True) is None
+    assert r.cuda_memory(B).max_allocated == m.peak_bytes
