@@ -104,13 +104,27 @@ class StridedLinear(nn.Module):
         return self.lin(x.transpose(0, 1))
 
 
+class ExpandedIds(nn.Module):
+    """BERT's token types: a (1, L) buffer of ids expanded to the batch (strides 0), looked
+    up in an embedding and added to the input."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(2, 64)
+        self.register_buffer("ids", torch.zeros(1, 16, dtype=torch.long))
+
+    def forward(self, x):
+        return x + self.emb(self.ids.expand(x.shape[0], -1))
+
+
 def square_sum(out):
     return out.pow(2).sum()
 
 
 STEPS = {"dropout": (Dropout, (64,)), "two_paths": (TwoPaths, (64,)),
          "patch_conv": (PatchConv, (3, 32, 32)), "efficient_gqa": (EfficientGQA, (128, 64)),
-         "residuals": (Residuals, (64,)), "strided_linear": (StridedLinear, (16, 64))}
+         "residuals": (Residuals, (64,)), "strided_linear": (StridedLinear, (16, 64)),
+         "expanded_ids": (ExpandedIds, (16, 64))}
 
 
 def build(name, B=4):

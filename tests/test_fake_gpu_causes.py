@@ -124,3 +124,15 @@ def test_fxmem_adds_a_linears_bias_in_place():
     _, m, r = _run("strided_linear")
     assert first_divergence(predicted_allocations(r, B), m.allocations, ordered=True) is None
     assert r.cuda_memory(B).max_allocated == m.peak_bytes
+
+
+def test_pytorch_copies_expanded_embedding_indices_first():
+    """Embedding.cpp ``embedding_symint``: 2-D indices go through ``indices.reshape(-1)``,
+    a copy (512 B for 4 x 16 int64) when they are expanded, before the output (16,384 B)."""
+    sizes = [n for n in _run("expanded_ids")[0] if not _library(n)]
+    assert sizes[:3] == [512, 16384, 16384]  # the copy, the embedding, the sum
+
+
+def test_fxmem_copies_expanded_embedding_indices_first():
+    _, m, r = _run("expanded_ids")
+    assert first_divergence(predicted_allocations(r, B), m.allocations, ordered=True) is None

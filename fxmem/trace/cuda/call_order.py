@@ -17,6 +17,9 @@ order in which the op returns its outputs:
   gradient wanted, the input's then the weight's, each making its output and then the
   workspace it holds while it runs; the copy goes when ``cudnn_convolution_backward``
   returns, before ``convolution_backward`` sums the bias gradient (a 1-d output, made last).
+- ``embedding`` (``aten/src/ATen/native/Embedding.cpp``, ``embedding_symint``): indices of
+  more than one dim that cannot be viewed flat are copied by ``indices.reshape(-1)`` before
+  ``index_select`` makes the output (:func:`fxmem.trace.cuda.kernels.workspaces`).
 - ``_scaled_dot_product_efficient_attention`` (``attention.cu``,
   ``_efficient_attention_forward``): the philox seed and offset (two empty CUDA tensors at
   dropout 0, host tensors otherwise) before the output and the logsumexp.
@@ -42,7 +45,8 @@ EFFICIENT_FORWARD = frozenset({aten._scaled_dot_product_efficient_attention.defa
                                aten._efficient_attention_forward.default})
 # temporaries (by name) a kernel makes before its outputs; those freed once the next
 # temporary (not one of these) is made
-MADE_FIRST = frozenset({sdpa_memory.EFF_GRAD_OUT_COPY})
+EMBEDDING_INDEX_COPY = "embedding: indices.reshape(-1), a copy"
+MADE_FIRST = frozenset({sdpa_memory.EFF_GRAD_OUT_COPY, EMBEDDING_INDEX_COPY})
 FREED_AFTER_NEXT = frozenset({sdpa_memory.EFF_PRODUCT, sdpa_memory.EFF_SUM})
 # the ops that run one cuDNN call (forward convolutions): its workspace after its output
 CUDNN_CONV_FORWARD = frozenset(f"aten.{n}.default" for n in (

@@ -364,7 +364,8 @@ class CudaKernels:
                 + cuda_workspaces.workspace_bytes(func, args, kwargs, out,
                                                   capability=self.capability)
                 + cuda_cudnn.workspace_bytes(func, args, kwargs, out)
-                + _cum_cast(func, args, kwargs, out))
+                + _cum_cast(func, args, kwargs, out)
+                + _embedding_index_copy(func, args))
 
     def unmodelled(self, func, args, kwargs, out) -> str | None:
         """What the CUDA kernel of ``func`` allocates that no formula sizes, or None."""
@@ -398,6 +399,24 @@ def _cum_cast(func, args, kwargs, out) -> list:
         return []
     return [(f"{func.name().split('::')[-1]}: input cast to {str(res.dtype)[6:]}",
              x.numel() * res.element_size())]
+
+
+def _embedding_index_copy(func, args) -> list:
+    """Embedding.cpp ``embedding_symint`` (``CompositeExplicitAutograd``: the trace sees the
+    op whole): indices of more than one dim run ``weight.index_select(0,
+    indices.reshape(-1)).view(...)``, and the reshape copies indices that cannot be viewed
+    flat (an expanded ``token_type_ids``: strides 0), before the output, freed as the op
+    returns (seen on 2.14.1's binary on the fake GPU: BERT's token-type embedding, 16,384 B
+    at B=4, L=512)."""
+    from .call_order import EMBEDDING_INDEX_COPY
+    from .sizing import _contiguous
+
+    if func is not aten.embedding.default or len(args) < 2:
+        return []
+    idx = args[1]
+    if idx.dim() <= 1 or _contiguous(idx):
+        return []
+    return [(EMBEDDING_INDEX_COPY, idx.numel() * idx.element_size())]
 
 
 def sdpa_host_seed(func, args, kwargs) -> bool:
