@@ -50,6 +50,28 @@ def test_predicted_allocations_follow_the_trace_at_b():
         [5 * 32, 5 * 32 * 4]  # Dropout.cu dropout_cuda: the mask first
 
 
+class ShiftedLabels(torch.nn.Module):
+    """transformers' ``labels[..., 1:].contiguous()``: a copy, except at B = 1 (one row is
+    contiguous), so the trace in B holds for B >= 2."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x, y):
+        y = torch.nn.functional.pad(y, (0, 1), value=-100)[..., 1:].contiguous()
+        return self.lin(x).sum() + y.sum()
+
+
+def test_below_the_formulas_b_the_allocations_are_the_step_traced_at_b():
+    x, y = torch.randn(2, 8), torch.zeros(2, 16, dtype=torch.long)
+    r = fxmem.analyze(ShiftedLabels(), (x, y), optimizer=None, device="cuda")
+    assert r.min_batch_size == 2
+    ops = lambda b: [a.op for a in predicted_allocations(r, b)]  # noqa: E731
+    assert "aten.clone.default" in ops(2)
+    assert "aten.clone.default" not in ops(1)
+
+
 def test_a_step_that_allocates_as_predicted_does_not_diverge():
     want = predicted_allocations(_report(), 3)
     got = snapshot_allocations(_snapshot([a.nbytes for a in want]))

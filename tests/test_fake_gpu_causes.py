@@ -80,3 +80,59 @@ def test_fxmem_copies_the_convolutions_gradient_first_and_frees_it_before_the_bi
     _, m, r = _run("patch_conv")
     assert first_divergence(predicted_allocations(r, B), m.allocations, ordered=True) is None
     assert r.cuda_memory(B).max_allocated == m.peak_bytes
+
+
+def test_pytorch_copies_the_attention_gradient_first_and_frees_deltas_temporaries():
+    """attention_backward.cu ``_efficient_attention_backward`` (fp32, GQA, B=4 L=128 H=4
+    Hkv=2 D=64): ``grad_out_.contiguous()`` (524,288 B) before the query, key and value
+    gradients (524,288, 262,144, 262,144); the key and value gradients at the query's heads;
+    ``delta``'s product, its sum and their transposed copy (524,288, 8,192, 8,192); the
+    workspace (524,800). The forward made its philox seed and offset (8 B each, dropout 0)
+    before its output and logsumexp."""
+    sizes = [n for n in _run("efficient_gqa")[0] if not _library(n)]
+    backward = [524288, 524288, 262144, 262144, 524288, 524288, 524288, 8192, 8192, 524800]
+    at = [i for i in range(len(sizes)) if sizes[i:i + len(backward)] == backward]
+    assert len(at) == 1
+    assert sizes[2:6] == [8, 8, 524288, 8192]
+
+
+def test_fxmem_orders_the_efficient_attention_backward():
+    _, m, r = _run("efficient_gqa")
+    assert first_divergence(predicted_allocations(r, B), m.allocations, ordered=True) is None
+    d = r.cuda_memory(B)
+    assert (d.max_allocated, d.max_reserved) == (m.peak_bytes, m.peak_reserved_bytes)
+
+
+def test_fxmem_sums_in_place_in_copied_blocks():
+    """Four identical residual blocks, the last a copy of a traced one (fxmem.trace.reuse):
+    each block's sum into its input's gradient runs in place in the copy too (the sums are
+    applied after the splice; before, the copy's sum took a block of its own)."""
+    _, m, r = _run("residuals")
+    assert r.trace.reused == ("blocks.3",)
+    assert first_divergence(predicted_allocations(r, B), m.allocations, ordered=True) is None
+
+
+def test_pytorch_adds_a_linears_bias_in_place_after_matmul():
+    """Linear.cpp ``linear``: a non-contiguous 3-D input goes through ``matmul`` (its input
+    copied contiguous, 16,384 B, then ``mm``, 49,152 B) and ``output.add_(bias)``: no block
+    for the sum; then the loss's ``pow``."""
+    sizes = [n for n in _run("strided_linear")[0] if not _library(n)]
+    assert sizes[:3] == [16384, 49152, 49152]
+
+
+def test_fxmem_adds_a_linears_bias_in_place():
+    _, m, r = _run("strided_linear")
+    assert first_divergence(predicted_allocations(r, B), m.allocations, ordered=True) is None
+    assert r.cuda_memory(B).max_allocated == m.peak_bytes
+
+
+def test_pytorch_copies_expanded_embedding_indices_first():
+    """Embedding.cpp ``embedding_symint``: 2-D indices go through ``indices.reshape(-1)``,
+    a copy (512 B for 4 x 16 int64) when they are expanded, before the output (16,384 B)."""
+    sizes = [n for n in _run("expanded_ids")[0] if not _library(n)]
+    assert sizes[:3] == [512, 16384, 16384]  # the copy, the embedding, the sum
+
+
+def test_fxmem_copies_expanded_embedding_indices_first():
+    _, m, r = _run("expanded_ids")
+    assert first_divergence(predicted_allocations(r, B), m.allocations, ordered=True) is None

@@ -39,7 +39,7 @@ def _created(t, op):
 
 HERE = Path(__file__).resolve().parent
 FAKE_GPU_TESTS = ("test_fake_gpu.py", "test_fake_gpu_blas.py", "test_fake_gpu_sdpa.py",
-                  "test_fake_gpu_cudnn.py")
+                  "test_fake_gpu_cudnn.py", "test_fake_gpu_causes.py")
 
 def test_every_rule_names_its_source_and_releases():
     assert kernels.RULES

@@ -368,10 +368,14 @@ def test_efficient_backward_workspace_fp32():
     # ceil(16/64) * ceil(64/64) * (4 + 64*64) floats per (batch, head), 4-aligned, 4 bytes each
     ((_, size),) = sdpa_memory._efficient_bwd_workspace(q, k, v, False, (8, 0))
     assert size == b * h * 4100 * 4
+    # fp32's delta: (grad_out * out).sum(-1).transpose(-2, -1).contiguous(), in that order,
+    # then the workspace (fxmem.trace.cuda.call_order frees the product and the sum first)
+    got = sdpa_memory.workspace_bytes(c[0], c[1], c[3], c[2], capability=(8, 0))
+    assert got[-4:] == [(sdpa_memory.EFF_PRODUCT, 4 * b * l * h * d),
+                        (sdpa_memory.EFF_SUM, 4 * b * l * h),
+                        (sdpa_memory.EFF_DELTA, 4 * b * h * l),
+                        ("efficient backward workspace", size)]
     assert ws["efficient backward delta"] == 4 * b * h * l
-    # grad_out*out and its sum are freed before the workspace: one temporary, the larger
-    both = "efficient backward delta: grad_out*out and its sum, then the workspace"
-    assert ws[both] == max(4 * b * l * h * d + 4 * b * l * h, -(-size // 512) * 512)
 
 
 def test_efficient_forward_output_accumulator():

@@ -70,6 +70,9 @@ class GradSums:
         self._hooked: set = set()
         self._applied = None  # (key, outputs had a subclass) of the last node whose call ended
         self.candidates: list = []  # (op index, first gradient's sid, the sum's sid)
+        # set while a splice of repeated blocks (fxmem.trace.splice) is to come: the sums are
+        # applied after it, on the spliced trace, the pattern block's in each copy of it
+        self.hold = False
 
     def hook_graph(self, roots) -> None:
         """A post hook on every node reachable from ``roots`` (autograd nodes) that has none
@@ -122,9 +125,13 @@ class GradSums:
     def apply(self, storages, names: dict) -> None:
         """Each kept sum whose first gradient's storage went right after it (the buffer held
         the last reference) ran in place: the sum's storage takes no bytes, the first
-        gradient's lives until the sum's end, under the sum's name."""
+        gradient's lives until the sum's end, under the sum's name. Once: the candidates
+        are used up (none while :attr:`hold` is set)."""
+        if self.hold:
+            return
+        candidates, self.candidates = self.candidates, []
         root: dict = {}
-        for index, a, c in self.candidates:
+        for index, a, c in candidates:
             sa, sc = storages[a], storages[c]
             if sa.freed_after != index or sc.created_by != index:
                 continue

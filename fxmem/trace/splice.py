@@ -391,6 +391,7 @@ class _Splice:
                 for (f, mod), why in rec.unmodelled.items():
                     unmodelled.setdefault((f, rename(c, mod)), why)
         rec.first_desc = self._first_desc(order, final, sid_in)
+        rec.sums.candidates = self._sums(new_real, final, dropped, pat_info, copy_index, sid_in)
 
         def graph():  # built when first asked for (FLOPs, named dims): a sixth of a splice
             return self._graph(order, new_real, final, sid_in, rename)
@@ -400,6 +401,22 @@ class _Splice:
         rec.events = []
         rec.op_count = n_new
         rec.reused = tuple(c.path for calls in self.runs for c in calls[2:])
+
+    def _sums(self, new_real, final, dropped, pat_info, copy_index, sid_in) -> list:
+        """Autograd's gradient sums that may run in place (:mod:`fxmem.trace.grad_sums`,
+        applied after the splice) in the new numbering: the real ops' and, for each stand-in,
+        its copies of the pattern block's (a block's sum into the gradient of its input, which
+        a stand-in makes, included)."""
+        out = []
+        for index, a, s in self.rec.sums.candidates:
+            if index in new_real and a not in dropped and s not in dropped:
+                out.append((new_real[index], final[a], final[s]))
+            for calls in self.runs:
+                inside = pat_info[id(calls[1])][0]
+                if index in inside:
+                    out += [(copy_index(c, inside[index]), sid_in(c, a), sid_in(c, s))
+                            for c in calls[2:]]
+        return sorted(out)
 
     def _first_desc(self, order, final, sid_in) -> dict:
         """sid -> the first TensorDesc seen on it, in the new order (what the graph holds)."""

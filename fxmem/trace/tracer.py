@@ -561,11 +561,15 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
                                        f"{k}[{i}]" if len(leaves) > 1 else k)
         out = run_step(forward, spec_run, fins, ftgs, params, opt, on_phase,
                        micro_steps=min(spec.grad_accum, 2), scaler=scaler)
+    if reuse is not None:  # autograd's in-place sums: on the spliced trace
+        rec.sums.hold = True
     rec.close()
     rec.check_specialized()
     if reuse is not None:
         reuse.finish()
         splice(rec, reuse)
+        rec.sums.hold = False
+        rec.sums.apply(rec.storages, rec.names)
     end_index = len(rec.ops)
     del out
     return finish(rec, sym, hint, spec, end_index)

@@ -67,10 +67,13 @@ def predicted_allocations(report, B: int) -> list[Allocation]:  # noqa: N803
     """What the measured step allocates on the device at batch size ``B``, in order: each
     op's new storages with a non-zero device size (host tensors and empty ones take no
     block), the step's storages only (not those live before it), then the staging a CUDA
-    reduction takes after its outputs (:mod:`fxmem.trace.cuda.reduce_replay`)."""
+    reduction takes after its outputs (:mod:`fxmem.trace.cuda.reduce_replay`). Below the
+    report's :attr:`~fxmem.report.result.Report.min_batch_size`, the step traced at ``B``
+    (as ``cuda_memory(B)`` has it)."""
     from ..memory.sizes import device_sizes
     from ..trace.cuda import reduce_replay
 
+    report = report._small(B) or report
     graph = report.liveness.graph
     cap = tuple(graph.trace.compute_capability)
     storages = graph.storages

@@ -17,6 +17,17 @@ order in which the op returns its outputs:
   gradient wanted, the input's then the weight's, each making its output and then the
   workspace it holds while it runs; the copy goes when ``cudnn_convolution_backward``
   returns, before ``convolution_backward`` sums the bias gradient (a 1-d output, made last).
+- ``embedding`` (``aten/src/ATen/native/Embedding.cpp``, ``embedding_symint``): indices of
+  more than one dim that cannot be viewed flat are copied by ``indices.reshape(-1)`` before
+  ``index_select`` makes the output (:func:`fxmem.trace.cuda.kernels.workspaces`).
+- ``_scaled_dot_product_efficient_attention`` (``attention.cu``,
+  ``_efficient_attention_forward``): the philox seed and offset (two empty CUDA tensors at
+  dropout 0, host tensors otherwise) before the output and the logsumexp.
+- ``_scaled_dot_product_efficient_attention_backward`` (``attention_backward.cu``,
+  ``_efficient_attention_backward``): the contiguous copy of the incoming gradient before
+  the gradients (:data:`MADE_FIRST`); in fp32, ``delta`` is
+  ``(grad_out * out).sum(-1).transpose(-2, -1).contiguous()``, whose product and sum are
+  freed once ``delta`` is made, before the kernel's workspace (:data:`FREED_AFTER_NEXT`).
 
 Seen on 2.14.1's and 2.15's binaries on the fake GPU (``tests/test_fake_gpu_causes.py``,
 ``tests/test_fake_gpu_cudnn.py``)."""
@@ -25,9 +36,18 @@ from __future__ import annotations
 
 import torch
 
+from . import sdpa_memory
+
 aten = torch.ops.aten
 
 CONV_BACKWARD = "aten.convolution_backward.default"
+EFFICIENT_FORWARD = frozenset({aten._scaled_dot_product_efficient_attention.default,
+                               aten._efficient_attention_forward.default})
+# temporaries (by name) a kernel makes before its outputs; those freed once the next
+# temporary (not one of these) is made
+EMBEDDING_INDEX_COPY = "embedding: indices.reshape(-1), a copy"
+MADE_FIRST = frozenset({sdpa_memory.EFF_GRAD_OUT_COPY, EMBEDDING_INDEX_COPY})
+FREED_AFTER_NEXT = frozenset({sdpa_memory.EFF_PRODUCT, sdpa_memory.EFF_SUM})
 # the ops that run one cuDNN call (forward convolutions): its workspace after its output
 CUDNN_CONV_FORWARD = frozenset(f"aten.{n}.default" for n in (
     "convolution", "_convolution", "cudnn_convolution", "cudnn_convolution_transpose"))
@@ -36,12 +56,14 @@ CUDNN_CONV_FORWARD = frozenset(f"aten.{n}.default" for n in (
 def new_storage_order(func, args, kwargs, out, new_sids, sid) -> tuple:
     """``new_sids`` (the op's new storages, in the order it returns them) in the order the
     CUDA kernel allocates them; ``sid(tensor)``: a tensor's storage id."""
-    if func is not aten.native_dropout.default or not _dropout_draws(args, kwargs):
+    if func in EFFICIENT_FORWARD:  # philox seed and offset, then output and logsumexp
+        first = [sid(out[2]), sid(out[3])]
+    elif func is aten.native_dropout.default and _dropout_draws(args, kwargs):
+        first = [sid(out[1])]  # the mask
+    else:
         return tuple(new_sids)
-    mask = sid(out[1])
-    if mask not in new_sids:
-        return tuple(new_sids)
-    return (mask, *(s for s in new_sids if s != mask))
+    first = [s for s in first if s in new_sids]
+    return (*first, *(s for s in new_sids if s not in first))
 
 
 def _dropout_draws(args, kwargs) -> bool:
@@ -61,7 +83,16 @@ def steps(op, storages, made) -> list:
     made = sorted(made, key=lambda s: (pos.get(s, len(pos)), s))
     if op.op == CONV_BACKWARD:
         return _conv_backward(op, storages, made)
-    out = [("alloc", s) for s in made]
+    name = lambda s: storages[s].name if storages[s].category == "temporary" else ""
+    first = [s for s in made if name(s) in MADE_FIRST]
+    out, pending = [("alloc", s) for s in first], []
+    for s in (s for s in made if s not in first):
+        out.append(("alloc", s))
+        if name(s) in FREED_AFTER_NEXT:
+            pending.append(s)
+        elif pending:  # C++ temporaries go as their statement ends: the last made first
+            out += [("free", t) for t in reversed(pending)]
+            pending = []
     if op.op in CUDNN_CONV_FORWARD:
         out.append(("cudnn", None))
     return out

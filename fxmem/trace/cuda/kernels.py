@@ -112,6 +112,28 @@ def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabl
     return aten.native_group_norm.default(x, weight, bias, n, c, hxw, num_groups, eps)[0]
 
 
+def _linear(input, weight, bias=None):
+    """aten/src/ATen/native/Linear.cpp ``linear``: ``addmm`` for a 2-D input with a bias, the
+    input flattened to 2-D for ``addmm`` when it is contiguous (``_flatten_nd_linear``);
+    otherwise ``matmul`` and the bias added **in place** (``output.add_(bias)``), except when
+    the bias is tensor-subclass-like, which fake tensors always are: there C++ adds out of
+    place, a second output-sized block that a CUDA step never makes (seen on 2.14.1's binary
+    on the fake GPU: ``nn.MultiheadAttention``'s packed in-projection of a batch-first
+    input)."""
+    if input.dim() == 0 or weight.dim() == 0:
+        raise RuntimeError("both arguments to linear need to be at least 1D")
+    if bias is not None:
+        if input.dim() == 2:
+            return aten.addmm.default(bias, input, aten.t.default(weight))
+        if input.is_contiguous() and (input.dim() == 3 or bias.dim() == 1):
+            sizes = input.shape
+            flat = math.prod(sizes[:-1])
+            out = aten.addmm.default(bias, input.reshape(flat, sizes[-1]), aten.t.default(weight))
+            return out.view(*sizes[:-1], out.shape[1])
+    out = aten.matmul.default(input, aten.t.default(weight))
+    return out if bias is None else out.add_(bias)
+
+
 def _routes(capability, cudnn_version, on_choice) -> dict[str, Callable]:
     """aten op name -> the Python kernel that replaces its CompositeImplicitAutograd one."""
     from functools import partial
@@ -122,6 +144,7 @@ def _routes(capability, cudnn_version, on_choice) -> dict[str, Callable]:
     return {
         **cuda_rnn.routes(capability),
         "dropout": _dropout,
+        "linear": _linear,
         "group_norm": _group_norm,
         "softmax.int": _softmax(aten._softmax.default),
         "log_softmax.int": _softmax(aten._log_softmax.default),
@@ -341,7 +364,8 @@ class CudaKernels:
                 + cuda_workspaces.workspace_bytes(func, args, kwargs, out,
                                                   capability=self.capability)
                 + cuda_cudnn.workspace_bytes(func, args, kwargs, out)
-                + _cum_cast(func, args, kwargs, out))
+                + _cum_cast(func, args, kwargs, out)
+                + _embedding_index_copy(func, args))
 
     def unmodelled(self, func, args, kwargs, out) -> str | None:
         """What the CUDA kernel of ``func`` allocates that no formula sizes, or None."""
@@ -375,6 +399,24 @@ def _cum_cast(func, args, kwargs, out) -> list:
         return []
     return [(f"{func.name().split('::')[-1]}: input cast to {str(res.dtype)[6:]}",
              x.numel() * res.element_size())]
+
+
+def _embedding_index_copy(func, args) -> list:
+    """Embedding.cpp ``embedding_symint`` (``CompositeExplicitAutograd``: the trace sees the
+    op whole): indices of more than one dim run ``weight.index_select(0,
+    indices.reshape(-1)).view(...)``, and the reshape copies indices that cannot be viewed
+    flat (an expanded ``token_type_ids``: strides 0), before the output, freed as the op
+    returns (seen on 2.14.1's binary on the fake GPU: BERT's token-type embedding, 16,384 B
+    at B=4, L=512)."""
+    from .call_order import EMBEDDING_INDEX_COPY
+    from .sizing import _contiguous
+
+    if func is not aten.embedding.default or len(args) < 2:
+        return []
+    idx = args[1]
+    if idx.dim() <= 1 or _contiguous(idx):
+        return []
+    return [(EMBEDDING_INDEX_COPY, idx.numel() * idx.element_size())]
 
 
 def sdpa_host_seed(func, args, kwargs) -> bool:

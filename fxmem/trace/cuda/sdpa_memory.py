@@ -59,9 +59,10 @@ WORKSPACES = {
         ("output_accum (fp16/bf16, max(D, Dv) > 128: the gmem kernel)", "4·B·Lq·H·Dv",
          "attention.cu _efficient_attention_forward")],
     "_scaled_dot_product_efficient_attention_backward": [
-        ("grad_out.contiguous() of its (B, L, H, D) view", "B·Lq·H·Dv·e if not contiguous",
+        ("grad_out.contiguous() of its (B, L, H, D) view, before the gradients",
+         "B·Lq·H·Dv·e if not contiguous",
          "attention_backward.cu _efficient_attention_backward"),
-        ("delta; fp32 also grad_out*out and its sum (freed before the workspace)",
+        ("delta; fp32: grad_out*out and its sum first (freed once delta is made)",
          "4·B·H·Lq; + 4·B·Lq·H·Dv + 4·B·Lq·H", "_efficient_attention_backward"),
         ("dk_expanded, dv_expanded (GQA, 2.14+)", "B·H·Lk·(D + Dv)·e",
          "seen on the 2.14.1 and 2.15 binaries on the fake GPU"),
@@ -214,12 +215,28 @@ def _ws_efficient(a, cap, sms):  # attention.cu _efficient_attention_forward: th
     return []
 
 
-def _ws_efficient_bwd(a, cap, sms):  # attention_backward.cu _efficient_attention_backward
-    q, v = a["query"], a["value"]
+# the efficient backward's temporaries by name (fxmem.trace.cuda.call_order orders them)
+EFF_GRAD_OUT_COPY = "efficient backward grad_out.contiguous()"
+EFF_PRODUCT = "efficient backward grad_out*out (float32)"
+EFF_SUM = "efficient backward its sum over the head dim"
+EFF_DELTA = "efficient backward delta"
+
+
+def _ws_efficient_bwd(a, cap, sms):
+    """attention_backward.cu ``_efficient_attention_backward``, in the order it allocates:
+    ``grad_out_.contiguous()`` (a copy when the (B, L, H, D) view is strided) before the
+    gradients; after them, from 2.14 with fewer key/value heads than query heads, the key and
+    value gradients at the query's heads (reduced into the outputs after the kernel); then
+    ``delta``: for fp16/bf16 (``kKernelComputesDelta``) an empty (B, H, Lq) float32, for
+    fp32 ``(grad_out * out).sum(-1).transpose(-2, -1).contiguous()``, whose product and sum
+    are freed as the statement ends (:func:`fxmem.trace.cuda.call_order.steps`); then the
+    kernel's workspace. Seen on 2.14.1's and 2.15's binaries on the fake GPU (fp32 B=2 H=4
+    L=128 D=64: the 262,144-byte copy, the three gradients, 262,144, 4,096 and 4,096 bytes,
+    the product and the sum freed, the 262,400-byte workspace; GPT-2 small at seq 512, B=4:
+    6,291,456, 98,304, 98,304, then 6,297,600)."""
+    q, k, v = a["query"], a["key"], a["value"]
     b, h, m, dv = q.size(0), q.size(1), q.size(2), v.size(3)
-    out = _copy_if_strided("efficient backward grad_out.contiguous()", a["grad_out_"])
-    out.append(("efficient backward delta", 4 * b * h * m))
-    k = a["key"]
+    out = _copy_if_strided(EFF_GRAD_OUT_COPY, a["grad_out_"])
     if TORCH >= (2, 14) and k.size(1) != h:  # GQA / one kv head (2.14+: sdpa.choose)
         # 2.14.1 and 2.15 on the fake GPU: the backward computes the key and value gradients
         # at the query's heads, then reduces them (fp16 B=2 H=4 Hkv=1 L=128 D=64: 262,144 B
@@ -227,17 +244,15 @@ def _ws_efficient_bwd(a, cap, sms):  # attention_backward.cu _efficient_attentio
         e, n = q.element_size(), k.size(2)
         out += [("efficient backward dk_expanded (GQA)", b * h * n * k.size(3) * e),
                 ("efficient backward dv_expanded (GQA)", b * h * n * dv * e)]
-    ws = _efficient_bwd_workspace(q, a["key"], v, a["dropout_p"] != 0, tuple(cap))
-    if q.dtype not in _HALF:  # !kKernelComputesDelta: (grad_out * out).sum(-1) in float
-        # freed before the workspace is allocated (2.14.1 and 2.15 on the fake GPU, fp32
-        # B=2 H=4 L=128 D=64: grad_out*out 262,144 and its sum 4,096 B freed, then the
-        # 262,400 B workspace): one temporary, the larger of the two in turn
-        delta = 4 * b * m * h * dv + 4 * b * m * h
-        size = ws[0][1] if ws else 0
-        both = torch.sym_max(delta, _rup(size, 512)) if size else delta
-        return out + [("efficient backward delta: grad_out*out and its sum, then the "
-                       "workspace", both)]
-    return out + ws
+    if q.dtype in _HALF:  # kKernelComputesDelta: at::empty({B, nH, M}, float)
+        out.append((EFF_DELTA, 4 * b * h * m))
+    else:  # (B, Lq, H, Dv) product, its (B, Lq, H) sum, then that transposed contiguous
+        out += [(EFF_PRODUCT, 4 * b * m * h * dv)]
+        if statically_known_true(m == 1) or statically_known_true(h == 1):
+            out.append((EFF_DELTA, 4 * b * m * h))  # the transposed sum is contiguous
+        else:
+            out += [(EFF_SUM, 4 * b * m * h), (EFF_DELTA, 4 * b * h * m)]
+    return out + _efficient_bwd_workspace(q, k, v, a["dropout_p"] != 0, tuple(cap))
 
 
 def _ws_cudnn_bwd(a, cap, sms):

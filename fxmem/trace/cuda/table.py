@@ -58,6 +58,18 @@ RULES: tuple = (
                "aten/src/ATen/native/cuda/Dropout.cu: native_dropout_cuda",
                checked=BOTH,
                ran=FAKE_GPU, cases=("dropout",)),
+    KernelRule("linear", "route",
+               "a bias is added in place (output.add_(bias)) after matmul for an input "
+               "neither 2-D nor contiguous; fake tensors are tensor-subclass-like, so C++ "
+               "adds out of place there, an output-sized block more",
+               "aten/src/ATen/native/Linear.cpp: linear, _flatten_nd_linear",
+               checked=(), ran=FAKE_GPU, cases=("test_fxmem_adds_a_linears_bias_in_place",)),
+    KernelRule("embedding", "workspace",
+               "indices of more than one dim that cannot be viewed flat (expanded ones) are "
+               "copied by indices.reshape(-1) before the output, freed as the op returns",
+               "aten/src/ATen/native/Embedding.cpp: embedding_symint",
+               checked=(), ran=FAKE_GPU,
+               cases=("test_fxmem_copies_expanded_embedding_indices_first",)),
     KernelRule("scaled_dot_product_attention", "route",
                "CUDA's backend choice (flash, memory-efficient, cuDNN, math) for the installed "
                "release and the target's compute capability, then that backend's kernel: no "
