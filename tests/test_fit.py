@@ -51,6 +51,9 @@ def _check_ways(model, report, f: Fit, device="cpu"):
             fewer = _analyze(model, device, parallel=fxmem.FSDP(w.value - 1))
             if w.kind == "fsdp":
                 assert not fewer.fits(b, budget, ways=False)
+            elif w.beyond.endswith("(the checkpoint way)"):  # one GPU fewer: the step asked
+                one = f.way("checkpoint")
+                assert w.value == 2 and one.recompute_share > w.recompute_share
             else:  # no plan at all fits on one GPU fewer
                 with pytest.raises(fxmem.InfeasibleBudgetError):
                     fewer.plan_for(budget, b)
@@ -77,18 +80,21 @@ def test_fits_has_no_ways():
     assert f and f.ways == () and f.over_bytes == 0 and "fits" in f.line
 
 
-@pytest.mark.xfail(strict=True, reason="plan_for chooses by live bytes, and its plan runs out "
-                   "in the replay at this budget (issue 41 item 2: choose against the replay)")
 def test_cuda_ways_are_checked_by_the_replay():
-    """On CUDA the budget is what the allocator can get: each way runs in the replay."""
+    """On CUDA the budget is what the allocator can get: each way runs in the replay. At
+    B=2048 the activations outweigh Adam's state (at B=256 the step runs out in Adam's
+    foreach temporaries, which no plan changes), and the plan of least recompute by live
+    bytes (none: the live peak fits) runs out in the replay."""
     m = _stack(width=512, hidden=2048, depth=4)
     r = _analyze(m, "cuda")
-    b = 256
+    b = 2048
     budget = (r.cuda_memory(b // 2).max_reserved + r.cuda_memory(b).max_reserved) // 2
     f = r.fits(b, budget)
     assert f.by == "device" and f.need_bytes == r.cuda_memory(b).max_reserved
     assert f.oom.startswith(("at ", "while ")) and not r.runs_on_device(b, budget).fits
     assert f.way("batch") and f.way("checkpoint")
+    live = r.plan_for(budget, b, by="live")
+    assert live.peak_bytes <= budget and not live.report.runs_on_device(b, budget).fits
     _check_ways(m, r, f, "cuda")
 
 

@@ -51,10 +51,16 @@ FRONTIER_SAMPLES = 64  # budgets sampled down to the smallest peak beyond MAX_FR
 class PlanChoice:
     """A checkpoint plan chosen for batch size ``B``.
 
-    ``peak_bytes``: the exact peak under the plan (derived from the trace);
-    ``recompute_flops`` / ``step_flops``: FLOPs re-run by the plan / of the step without it;
-    ``report``: the :class:`fxmem.Report` under the plan; ``exact``: the solver proved this
-    plan the cheapest that fits (False after a heuristic or a tightened budget).
+    ``peak_bytes``: the exact peak under the plan, live bytes (derived from the trace, or
+    traced); ``recompute_flops`` / ``step_flops``: FLOPs re-run by the plan / of the step
+    without it; ``report``: the :class:`fxmem.Report` under the plan; ``exact``: the solver
+    proved this plan the cheapest that fits (False after a heuristic, a tightened budget or
+    plans passed over unreplayed). ``by``: how the budget was checked, as
+    :meth:`fxmem.Report.max_batch_size` says it: ``"live"`` (the peak fits) or
+    ``"device"`` (a CUDA step: the plan's steps run through the caching allocator's replay
+    within the budget, :mod:`fxmem.checkpoint.on_device`); ``run``: for ``"device"``, that
+    replay (a :class:`fxmem.device.allocator.DeviceRun`, the rank group's that reserved the
+    most under a parallel step), else None.
     """
 
     B: int
@@ -64,6 +70,8 @@ class PlanChoice:
     step_flops: int
     report: object = field(repr=False)
     exact: bool = True
+    by: str = "live"
+    run: object = field(default=None, repr=False)
 
     def __post_init__(self):
         object.__setattr__(self, "plan", Plan.of(self.plan))

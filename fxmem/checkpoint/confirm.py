@@ -9,12 +9,20 @@ storage"). So a report made by :func:`fxmem.analyze` (``report.retrace``) traces
 plan (:func:`confirmed`): when the traced peak is over the budget the budget is tightened by
 the excess and the plan chosen again; a selective plan that cannot re-run makes the
 choice start over without selective plans (:func:`without_selective`).
+
+On CUDA the budget is checked as the headline answers it (``by="device"``): each candidate
+plan's steps replayed through the caching allocator within the budget
+(:mod:`fxmem.checkpoint.on_device`), the derived plan first and, once it runs, the traced one
+(:func:`on_device`, :func:`most_on_device`).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..errors import InfeasibleBudgetError, InputError, TraceError
 from .choose import MAX_TIGHTENINGS, PlanChoice
+from .on_device import below, device_run, largest_running, no_plan_runs, walk
 
 
 class NotReplayable(Exception):
@@ -105,13 +113,160 @@ def confirm_choice(report, choice: PlanChoice, budget_bytes: int, again,
                      report.with_plan(plan), {} if traced is None else traced)
 
 
+def accepting(b: int, budget_bytes: int, derived_of, retrace=None, traced=None,
+              cudnn_workspace: int = 0):
+    """``accept(c)`` for :func:`fxmem.checkpoint.on_device.walk`: ``c`` (a
+    :class:`PlanChoice`, derived) replayed within the budget (``derived_of(c)``: its report);
+    when it runs and ``retrace(plan)`` is given, the step traced with the plan (``traced``:
+    plan -> report, filled here) and replayed too: ``(the traced choice, its run)``, or
+    ``(None, run)`` when a replay runs out. A plan checkpoint cannot run on fake tensors stays
+    derived (``exact=False``); one selective checkpointing cannot re-run raises
+    :class:`NotReplayable`."""
+    traced = {} if traced is None else traced
+
+    def accept(c):
+        derived = derived_of(c)
+        run = device_run(derived, b, budget_bytes, cudnn_workspace)
+        if not run.fits:
+            return None, run
+        if retrace is None or not c.plan:
+            return replace(c, report=derived, by="device", run=run), run
+        try:
+            if c.plan not in traced:
+                traced[c.plan] = retrace(c.plan)
+            report = traced[c.plan]
+        except TraceError as e:
+            if not_replayable(e, c.plan):
+                raise NotReplayable(c.plan) from e
+            return replace(c, report=derived, exact=False, by="device", run=run), run
+        run = device_run(report, b, budget_bytes, cudnn_workspace)
+        if not run.fits:
+            return None, run
+        peak = report.peak_bytes(b)
+        return replace(c, peak_bytes=peak, report=report, exact=c.exact and peak == c.peak_bytes,
+                       by="device", run=run), run
+
+    return accept
+
+
+def on_device(choose, smallest, b: int, budget_bytes: int, derived_of, *, retrace=None,
+              traced=None, cudnn_workspace: int = 0, where: str = "", raises: bool = True):
+    """The cheapest plan at ``b`` whose steps run within ``budget_bytes`` in the caching
+    allocator's replay (:func:`fxmem.checkpoint.on_device.walk` over ``choose(live)`` ->
+    a derived :class:`PlanChoice` or None, ``smallest()`` likewise; :func:`accepting`), as
+    a :class:`PlanChoice` with ``by="device"``. None when no plan runs and not ``raises``;
+    else :class:`fxmem.InfeasibleBudgetError` saying where the last plan tried runs out,
+    with its need replayed with no limit as ``minimum_bytes``."""
+    walked = walk(choose, accepting(b, budget_bytes, derived_of, retrace, traced,
+                                    cudnn_workspace), budget_bytes, smallest)
+    if walked.choice is not None:
+        return replace(walked.choice, exact=walked.exact)
+    if not raises:
+        return None
+    need = None
+    if walked.ran_out:
+        need = _need(derived_of(walked.ran_out[-1][0]), b, cudnn_workspace)
+    raise no_plan_runs(b, budget_bytes, walked, where, need)
+
+
+def _need(report, b: int, cudnn_workspace: int) -> int:
+    """``max_memory_reserved()`` of ``report`` at ``b`` replayed with no limit, the largest
+    rank group's."""
+    groups = getattr(report, "groups", None)
+    reports = [g.report for g in groups] if groups is not None else [report]
+    return max(r.cuda_memory(b, cudnn_workspace=cudnn_workspace).max_reserved
+               for r in reports)
+
+
+def most_on_device(top, lo: int, runs_at, budget_bytes: int, cudnn_workspace: int = 0):
+    """The choice at the largest B in [``lo``, ``top.B``] whose plan runs in the replay
+    (``runs_at(b)`` -> a :class:`PlanChoice` with ``by="device"``, or None), ``top`` the
+    choice at the largest B by live bytes (no larger B runs: the allocator holds at least
+    the live bytes). The search starts where the plan of ``top``, with the allocator's
+    overhead over its live peak at ``top.B`` (one replay with no limit), fits by its
+    formula (:func:`fxmem.checkpoint.on_device.largest_running`); None when none runs."""
+    if runs_at(top.B) is not None:
+        return runs_at(top.B)
+    overhead = _need(top.report, top.B, cudnn_workspace) - top.peak_bytes
+    guess = below(top.report.peak_bytes, lo, top.B - 1, budget_bytes - overhead)
+    b = largest_running(lambda x: runs_at(x) is not None, lo, top.B - 1, guess)
+    return None if b is None else runs_at(b)
+
+
+def plan_for(report, budget_bytes: int, b: int, candidates=None, kinds=None, *,
+             confirm: bool = True, by: str = "live", cudnn_workspace: int = 0) -> PlanChoice:
+    """:meth:`fxmem.Report.plan_for` (a single device's step): the solver's choice at ``b``,
+    traced (:func:`confirm_choice`) unless ``confirm`` is False, or with ``by="device"``
+    the cheapest plan that runs in the caching allocator's replay (:func:`on_device`);
+    without selective plans when the chosen one cannot re-run."""
+    traced: dict = {}
+    retrace = getattr(report, "retrace", None) if confirm else None
+
+    def pick(kinds):
+        ch = report._chooser(candidates, kinds)
+        if by == "device":
+            return on_device(lambda live: ch.choose(live, b), lambda: ch.smallest(b), b,
+                             budget_bytes, lambda c: c.report, retrace=retrace, traced=traced,
+                             cudnn_workspace=cudnn_workspace)
+        choice = ch.choose(budget_bytes, b)
+        if not confirm:
+            return choice
+        return confirm_choice(report, choice, budget_bytes, lambda budget: ch.choose(budget, b),
+                              traced)
+
+    return without_selective(pick, kinds) if confirm else pick(kinds)
+
+
 def max_batch_size(report, budget_bytes: int, max_recompute: float, candidates=None,
-                   kinds=None) -> PlanChoice:
+                   kinds=None, by: str = "live", confirm: bool = True,
+                   cudnn_workspace: int = 0) -> PlanChoice:
     """:func:`fxmem.checkpoint.choose.max_batch_size` with the plan traced at its B
-    (:func:`confirm_choice`), one B less while the traced peak is over the budget; without
-    selective plans when the chosen one cannot re-run."""
+    (:func:`confirm_choice`; not when ``confirm`` is False or the report cannot retrace),
+    one B less while the traced peak is over the budget; without selective plans when the
+    chosen one cannot re-run. ``by="device"``: the largest B whose plan runs in the
+    caching allocator's replay (:func:`most_on_device`)."""
+    if by == "device":
+        return without_selective(lambda k: _most_on_device(
+            report, budget_bytes, max_recompute, candidates, k, confirm, cudnn_workspace), kinds)
+    if not confirm or getattr(report, "retrace", None) is None:
+        from .choose import max_batch_size as derived
+
+        return derived(report, budget_bytes, max_recompute, candidates, kinds)
     return without_selective(lambda k: _most(report, budget_bytes, max_recompute, candidates,
                                              k), kinds)
+
+
+def _most_on_device(report, budget_bytes, max_recompute, candidates, kinds, confirm,
+                    cudnn_workspace) -> PlanChoice:
+    from .choose import most
+
+    top, _ = most(report, budget_bytes, max_recompute, candidates, kinds)
+    ch, traced, memo = report._chooser(candidates, kinds), {}, {}
+    retrace = getattr(report, "retrace", None) if confirm else None
+
+    def runs_at(b):
+        if b not in memo:
+            share = int(max_recompute * ch.step_flops(b))
+
+            def smallest():
+                c = ch.smallest(b)
+                return c if c.recompute_flops <= share else None
+            memo[b] = on_device(lambda live: ch.choose(live, b, share), smallest, b,
+                                budget_bytes, lambda c: c.report, retrace=retrace,
+                                traced=traced, cudnn_workspace=cudnn_workspace,
+                                raises=False)
+        return memo[b]
+
+    lo = report.min_batch_size
+    got = most_on_device(top, lo, runs_at, budget_bytes, cudnn_workspace)
+    if got is None:
+        low = ch.smallest(lo)
+        need = max(_need(low.report, lo, cudnn_workspace), budget_bytes + 1)
+        raise InfeasibleBudgetError(
+            f"no checkpoint plan within {max_recompute:.0%} recompute runs within "
+            f"{budget_bytes:,} bytes at B={lo} in the caching allocator's replay; the plan of "
+            f"the smallest peak needs {need:,} bytes there with no limit", minimum_bytes=need)
+    return got
 
 
 def _most(report, budget_bytes, max_recompute, candidates, kinds) -> PlanChoice:
@@ -134,4 +289,4 @@ def _most(report, budget_bytes, max_recompute, candidates, kinds) -> PlanChoice:
 
 
 __all__ = ["max_batch_size", "NotReplayable", "not_replayable", "without_selective", "confirmed",
-           "confirm_choice", "as_tuple"]
+           "confirm_choice", "as_tuple", "plan_for", "accepting", "on_device", "most_on_device"]

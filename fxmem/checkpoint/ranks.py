@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ..errors import InfeasibleBudgetError
 from ..formula.symbols import B
-from .choose import FrontierPoint
+from .choose import FrontierPoint, PlanChoice
 
 
 def _indices(chooser, plan) -> tuple | None:
@@ -78,6 +78,28 @@ def choose(reports, choosers, budget_bytes: int, b: int,
     raise InfeasibleBudgetError(
         f"no checkpoint plan fits {budget_bytes:,} bytes at B={b} on every rank: the smallest "
         f"peak is {low[1]:,} bytes (plan {list(low[0])})", minimum_bytes=low[1])
+
+
+def choice_at(reports, choosers, budget_bytes: int, b: int,
+              max_recompute: float | None = None) -> PlanChoice | None:
+    """:func:`choose` as a :class:`fxmem.PlanChoice` without a report (None, or
+    :class:`fxmem.InfeasibleBudgetError`, as :func:`choose`)."""
+    got = choose(reports, choosers, budget_bytes, b, max_recompute)
+    if got is None:
+        return None
+    plan, peak, cost, step, exact = got
+    return PlanChoice(b, plan, peak, cost, step, None, exact)
+
+
+def smallest_choice(reports, choosers, b: int,
+                    max_recompute: float | None = None) -> PlanChoice | None:
+    """:func:`smallest` as a :class:`fxmem.PlanChoice` without a report; None when it
+    re-runs more than ``max_recompute`` of the step's FLOPs."""
+    plan = smallest(reports, choosers, b)[0]
+    peak, cost, step = evaluate(reports, choosers, plan, b)
+    if max_recompute is not None and cost > max_recompute * step:
+        return None
+    return PlanChoice(b, plan, peak, cost, step, None, False)
 
 
 def _pooled(reports, choosers, b: int) -> list:

@@ -119,7 +119,8 @@ def cli():
 @click.option("--checkpoint", metavar="auto|none|PATH,...|PLAN.json", default="none",
               show_default=True,
               help="Activation checkpointing: auto (the cheapest plan that fits --budget at "
-                   "--batch, else the smallest peak; whole blocks, groups of blocks and "
+                   "--batch, on CUDA running in the caching allocator's replay, else the "
+                   "smallest peak; whole blocks, groups of blocks and "
                    "selective checkpointing), none, module paths, or a plan file that "
                    "--save-plan or fxmem.Plan.to_json wrote.")
 @click.option("--save-plan", "save_plan", default=None, metavar="FILE",
@@ -458,7 +459,9 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
             frontier = report.frontier(batch)
             if budget_bytes is not None:
                 with contextlib.suppress(InfeasibleBudgetError):  # then the ways out say so
-                    report = report.plan_for(budget_bytes, batch).report
+                    # on CUDA: the cheapest plan whose steps run in the allocator's replay
+                    report = report.plan_for(budget_bytes, batch,
+                                             cudnn_workspace=conv_ws).report
             elif frontier:
                 plan = frontier[-1].plan
                 traced = getattr(report, "retrace", None)  # a parallel step: traced with it

@@ -86,9 +86,10 @@ def confirmed_plan(report, retrace, live: int, max_recompute: float, b: int | No
     for kinds in (None, ("module", "group")):  # then without selective plans
         try:
             # confirmed here, by the caller's retrace (its module prepared as it runs)
+            # by live bytes, as the traced plan is checked below (and as the fit reports it)
             choice = report.max_batch_size(live, max_recompute=max_recompute, kinds=kinds,
-                                           confirm=False) if b is None else \
-                report.plan_for(live, b, kinds=kinds, confirm=False)
+                                           confirm=False, by="live") if b is None else \
+                report.plan_for(live, b, kinds=kinds, confirm=False, by="live")
         except InfeasibleBudgetError:
             return None
         if b is not None and choice.recompute_fraction > max_recompute:

@@ -63,10 +63,11 @@ class MaxBatchSize(int):
         return self
 
     @classmethod
-    def with_plan(cls, choice, budget_bytes: int) -> "MaxBatchSize":
-        """The answer of ``max_batch_size(..., max_recompute=)``: ``choice.B`` by live
-        bytes, with the plan ``choice`` that gets there."""
-        return cls(choice.B, by="live", budget_bytes=budget_bytes, choice=choice)
+    def with_plan(cls, choice, budget_bytes: int, by: str = "live",
+                  gpu: str = "") -> "MaxBatchSize":
+        """The answer of ``max_batch_size(..., max_recompute=)``: ``choice.B`` as ``by``
+        answers (``"live"`` or ``"device"``), with the plan ``choice`` that gets there."""
+        return cls(choice.B, by=by, budget_bytes=budget_bytes, gpu=gpu, choice=choice)
 
     def __setattr__(self, name, value):
         if hasattr(self, "limit"):
@@ -130,6 +131,16 @@ def check_by(by, device: str) -> str:
     if by != "live" and device != "cuda":
         raise InputError(f"by={by!r} answers for the CUDA caching allocator: analyse the step "
                          "with device='cuda'")
+    return by
+
+
+def plan_by(by, device: str) -> str:
+    """``by`` for a checkpoint plan (:func:`check_by`): ``"device"`` or ``"live"``; a plan
+    is not chosen by ``max_memory_allocated()``."""
+    by = check_by(by, device)
+    if by == "allocated":
+        raise InputError("checkpoint plans are chosen by='device' (the allocator's replay "
+                         "runs) or by='live' (the peak fits), not by='allocated'")
     return by
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 
+from ..checkpoint.on_device import oom_phrase
 from ..errors import FxmemError, InfeasibleBudgetError, InputError
 from ..formula.symbols import B as SYM_B
 from .text import fmt_bytes
@@ -156,7 +157,7 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
         if progress is not None:
             progress(what)
         for w in way(check, report, B, named=named, dims=dims or {}, limit=limit,
-                     reanalyze=reanalyze):
+                     reanalyze=reanalyze, found=tuple(found)):
             found.append(w) if isinstance(w, WayOut) else none.append(str(w))
     return replace(out, ways=tuple(found), none=tuple(none))
 
@@ -176,10 +177,7 @@ class _Check:
                 continue
             run = r.runs_on_device(b, self.budget, cudnn_workspace=self.cudnn)
             if not run.fits:
-                step, at, op, phase, module = run.oom
-                where = ("while placing the parameters, buffers and batch" if at < 0 else
-                         f"at {op} in {module or '(root)'} ({phase}, step {step})")
-                return False, where
+                return False, oom_phrase(run)
         return True, ""
 
     def fits(self, report, b: int) -> bool:
@@ -212,13 +210,21 @@ def _largest_batch(check, report, b, **_):
                  f"B={most} (the largest B that fits)", beyond=f"B={most + 1} does not fit")
 
 
+def _checked(check, choice, b: int) -> bool:
+    """Whether ``choice`` (a :class:`fxmem.PlanChoice` at ``b``) fits as the budget is
+    checked: said by the choice when it was chosen that way (no second replay)."""
+    return choice.by == check.by or check.fits(choice.report, b)
+
+
 def _choice_way(check, choice, b: int, kind: str, value: int, line: str) -> WayOut | str:
     """A plan choice as a way, once its report fits at ``b`` as the budget is checked."""
-    if not check.fits(choice.report, b):
+    if not _checked(check, choice, b):
         return (f"the cheapest plan by live bytes ({plan_text(choice.plan)}) does not run "
                 f"within the budget at B={b}")
     share = choice.recompute_fraction
-    return WayOut(kind, value, check.need(choice.report, b, True), line.format(
+    need = choice.run.max_reserved if choice.run is not None and check.by == "device" \
+        else check.need(choice.report, b, True)
+    return WayOut(kind, value, need, line.format(
         plan=plan_text(choice.plan), share=f"{share:.1%}"),
         plan=choice.plan, recompute_share=share,
         beyond="the cheapest such plan" if getattr(choice, "exact", True) else
@@ -239,9 +245,10 @@ def _cheapest_plan(check, report, b: int):
     if report.plan:
         return "the step has a checkpoint plan already"
     try:
-        return report.plan_for(check.budget, b)
+        return report.plan_for(check.budget, b, by=check.by, cudnn_workspace=check.cudnn)
     except InfeasibleBudgetError as e:
-        return _NoPlan(f"no checkpoint plan fits at B={b}: the smallest peak is "
+        what = "need, replayed with no limit," if "allocator's replay" in str(e) else "peak"
+        return _NoPlan(f"no checkpoint plan fits at B={b}: the smallest {what} is "
                        f"{fmt_bytes(e.minimum_bytes)}", e.minimum_bytes)
     except FxmemError as e:  # no blocks to checkpoint, ...
         return f"no checkpoint plan at B={b}: {e}"
@@ -256,8 +263,9 @@ def _plan_at(check, report, b, **_):
                       f"checkpointing {{plan}} at B={b} (re-running {{share}} of the FLOPs)")
 
 
-def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, **_):
-    """FSDP2's fewest GPUs at ``b``, without a plan then with the cheapest one."""
+def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_):
+    """FSDP2's fewest GPUs at ``b``, without a plan then with the cheapest one (``found``:
+    the ways found before, the plan on one GPU among them)."""
     from ..trace.parallel import FSDP
 
     strategy = getattr(report, "strategy", None)
@@ -315,19 +323,28 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, **_):
                f"no number of GPUs under FSDP2 fits B={b} with a checkpoint plan either")
         return
     line = f"FSDP2 over {w2} GPUs checkpointing {{plan}} (re-running {{share}})"
-    beyond = _gpus(w2 - 1) + " not fit with any plan"
     choice = _cheapest_plan(check, at(w2), b)  # the cheapest plan there
-    if isinstance(choice, str) or not check.fits(choice.report, b):
+    if isinstance(choice, str) or not _checked(check, choice, b):
         r = under(w2)
         flops = _reports(r)[0].flop_count
         redo = int(flops.recompute.subs(SYM_B, b))
         share = redo / (int(flops.total.subs(SYM_B, b)) - redo)
-        yield WayOut("fsdp+checkpoint", w2, check.need(r, b, True), line.format(
+        way = WayOut("fsdp+checkpoint", w2, check.need(r, b, True), line.format(
             plan=plan_text(smallest), share=f"{share:.1%}"), plan=smallest,
-            recompute_share=share, beyond=beyond)
-        return
-    way = _choice_way(check, choice, b, "fsdp+checkpoint", w2, line)
-    yield replace(way, beyond=beyond)
+            recompute_share=share)
+    else:
+        way = _choice_way(check, choice, b, "fsdp+checkpoint", w2, line)
+    # one GPU fewer than the search's start is the step as asked: its plan is the checkpoint way
+    one = next((f for f in found if f.kind == "checkpoint"), None) if w2 == start else None
+    n = f"{w2 - 1} GPU{'s' if w2 > 2 else ''}"
+    if one is None:
+        yield replace(way, beyond=_gpus(w2 - 1) + " not fit with any plan")
+    elif one.recompute_share <= way.recompute_share:
+        yield (f"FSDP2 with a checkpoint plan: on {n} a plan re-running no more fits "
+               "(the checkpoint way)")
+    else:
+        yield replace(way, beyond=f"on {n} the cheapest plan re-runs "
+                                  f"{one.recompute_share:.1%} (the checkpoint way)")
 
 
 def _gpus(n: int) -> str:
@@ -417,7 +434,7 @@ def _longest(check, report, b, *, named=None, dims=None, limit=None, **_):
         from ..formula.symbols import dim_symbol
 
         x = dim_symbol(name)
-        floor = lower_bounds(named.valid_when, [x])[x]
+        floor = max(lower_bounds(r.valid_when, [x])[x] for r in _reports(named))
         most = _down(lambda n: check.fits(named.at(**{name: n}), b), most, floor)
         if most is None:
             yield f"no {name} runs at B={b}"

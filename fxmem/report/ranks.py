@@ -164,21 +164,34 @@ class ParallelReport:
         ``context_bytes``, ...): the smallest of the ranks' answers.
 
         With ``max_recompute`` (a fraction of the step's FLOPs): the largest B that fits
-        every rank by live bytes with one checkpoint plan for all of them re-running at most
-        that share: the same :class:`~fxmem.report.capacity.MaxBatchSize` carrying the
-        plan (its ``choice`` a :class:`fxmem.PlanChoice` whose ``report`` is this step under
-        the plan, traced with it when it can be: :meth:`plan_for`)."""
+        every rank, as ``by`` answers (on CUDA by default every group's replay runs), with
+        one checkpoint plan for all of them re-running at most that share: the same
+        :class:`~fxmem.report.capacity.MaxBatchSize` carrying the plan (its ``choice`` a
+        :class:`fxmem.PlanChoice` whose ``report`` is this step under the plan, traced with
+        it when it can be: :meth:`plan_for`)."""
         if rank is not None:
             return self.rank(rank).max_batch_size(budget_bytes, max_recompute, candidates,
                                                   kinds=kinds, **options)
         if max_recompute is None:
             return min((g.report.max_batch_size(budget_bytes, **options)
                         for g in self.groups), key=int)
-        from .capacity import MaxBatchSize
+        from ..device.gpus import gpu as lookup_gpu
+        from .capacity import MaxBatchSize, plan_by
 
+        card, gpu = "", options.pop("gpu", None)
+        if gpu is not None:
+            if budget_bytes is not None:
+                raise InputError("give either budget_bytes or gpu, not both")
+            g = lookup_gpu(gpu)
+            card, budget_bytes = g.name, g.usable_bytes(options.pop("context_bytes", None))
+        by = plan_by(options.pop("by", None), self.device)
+        cudnn = options.pop("cudnn_workspace", 0)
+        if options:
+            raise InputError(f"max_batch_size(max_recompute=...) of a parallel step takes no "
+                             f"{sorted(options)[0]}")
         return MaxBatchSize.with_plan(without_selective(
-            lambda k: self._most_with_plan(budget_bytes, max_recompute, candidates, k), kinds),
-            budget_bytes)
+            lambda k: self._most_with_plan(budget_bytes, max_recompute, candidates, k, by,
+                                           cudnn), kinds), budget_bytes, by=by, gpu=card)
 
     # checkpoint plans: one for every rank ---------------------------------------------
     def with_plan(self, plan) -> "ParallelReport":
@@ -217,11 +230,13 @@ class ParallelReport:
         return frontier(*self._planner(candidates, kinds), _check_b(B))
 
     def plan_for(self, budget_bytes: int, B: int, candidates=None, *,  # noqa: N803
-                 kinds=None):
-        """The checkpoint plan with the least recompute FLOPs found whose peak at micro-batch
+                 kinds=None, by: str | None = None, cudnn_workspace: int = 0):
+        """The checkpoint plan with the least recompute FLOPs found whose step at micro-batch
         ``B`` fits ``budget_bytes`` on every rank (one plan for all: every rank runs the
         same code), as a :class:`fxmem.PlanChoice` whose ``report`` is this
         :class:`ParallelReport` under the plan and ``peak_bytes`` the largest rank's.
+        ``by``: as :meth:`fxmem.Report.plan_for`'s: on CUDA (``"device"``, the default)
+        every rank group's steps run within the budget in the caching allocator's replay.
 
         The plan is chosen on plans derived from each group's trace
         (:mod:`fxmem.checkpoint.ranks`), then, for a report made by :func:`fxmem.analyze`,
@@ -245,16 +260,36 @@ class ParallelReport:
         if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int):
             raise InputError(f"budget_bytes must be an int, got {budget_bytes!r}")
         from ..checkpoint.ranks import choose
+        from .capacity import plan_by
 
-        b = _check_b(B)
+        b, by, traced = _check_b(B), plan_by(by, self.device), {}
 
         def pick(kinds):
             reports, choosers = self._planner(candidates, kinds)
+            if by == "device":
+                return self._on_device(reports, choosers, b, budget_bytes, None, traced,
+                                       cudnn_workspace)
             got = choose(reports, choosers, budget_bytes, b)
             return self._confirmed(got, b, budget_bytes,
-                                   lambda budget: choose(reports, choosers, budget, b), {})
+                                   lambda budget: choose(reports, choosers, budget, b), traced)
 
         return without_selective(pick, kinds)
+
+    def _on_device(self, reports, choosers, b: int, budget_bytes: int, max_recompute,
+                   traced: dict, cudnn_workspace: int, raises: bool = True):
+        """The cheapest plan found at ``b`` whose steps run on every rank group in the
+        allocator's replay, traced when it can be
+        (:func:`fxmem.checkpoint.confirm.on_device`); None when none does and not
+        ``raises``."""
+        from ..checkpoint.confirm import on_device
+        from ..checkpoint.ranks import choice_at, smallest_choice
+
+        return on_device(
+            lambda live: choice_at(reports, choosers, live, b, max_recompute),
+            lambda: smallest_choice(reports, choosers, b, max_recompute), b, budget_bytes,
+            lambda c: self.with_plan(c.plan) if c.plan else self, retrace=self.retrace,
+            traced=traced, cudnn_workspace=cudnn_workspace, where=" on every rank",
+            raises=raises)
 
     def _confirmed(self, got, b: int, budget_bytes: int, again, traced_plans: dict):
         """The :class:`fxmem.PlanChoice` of ``got`` (plan, peak, cost, step FLOPs, exact),
@@ -272,7 +307,8 @@ class ParallelReport:
                          lambda plan: self.retrace(plan) if plan else self, self.with_plan,
                          traced_plans, " on every rank")
 
-    def _most_with_plan(self, budget_bytes, max_recompute, candidates, kinds=None):
+    def _most_with_plan(self, budget_bytes, max_recompute, candidates, kinds=None,
+                        by: str = "live", cudnn_workspace: int = 0):
         from ..checkpoint.ranks import choose, smallest
         from ..errors import InfeasibleBudgetError
         from ..formula.search import largest
@@ -300,6 +336,9 @@ class ParallelReport:
                 f"{least:,} B", minimum_bytes=least)
         b = largest(lambda b: at(b) is not None, lo, limit=2**40)
         traced: dict = {}
+        if by == "device":
+            return self._most_on_device(reports, choosers, at, b, lo, budget_bytes,
+                                        max_recompute, traced, cudnn_workspace)
         while True:  # the traced plan must fit; else one B less
             try:
                 return self._confirmed(
@@ -312,6 +351,34 @@ class ParallelReport:
                 b -= 1
                 if at(b) is None:
                     raise
+
+    def _most_on_device(self, reports, choosers, at, top: int, lo: int, budget_bytes: int,
+                        max_recompute: float, traced: dict, cudnn_workspace: int):
+        """:meth:`_most_with_plan` by the replay: from ``top``, the largest B by live bytes
+        (``at(b)``: the plan chosen there), the largest B whose plan runs on every rank
+        (:func:`fxmem.checkpoint.confirm.most_on_device`)."""
+        from ..checkpoint.choose import PlanChoice
+        from ..checkpoint.confirm import most_on_device
+        from ..errors import InfeasibleBudgetError
+
+        plan, peak, cost, step, exact = at(top)
+        first = PlanChoice(top, plan, peak, cost, step, self.with_plan(plan) if plan else self,
+                           exact)
+        memo: dict = {}
+
+        def runs_at(b):
+            if b not in memo:
+                memo[b] = self._on_device(reports, choosers, b, budget_bytes, max_recompute,
+                                          traced, cudnn_workspace, raises=False)
+            return memo[b]
+
+        got = most_on_device(first, lo, runs_at, budget_bytes, cudnn_workspace)
+        if got is None:
+            raise InfeasibleBudgetError(
+                f"no checkpoint plan within {max_recompute:.0%} recompute runs within "
+                f"{budget_bytes:,} bytes at B={lo} on every rank in the caching allocator's "
+                "replay", minimum_bytes=budget_bytes + 1)
+        return got
 
     def fits(self, B: int, budget_bytes: int | None = None, *, gpu=None,  # noqa: N803
              context_bytes: int | None = None, **options):

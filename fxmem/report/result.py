@@ -171,33 +171,32 @@ class Report:
         return Report(lv, parts_of(lv), self.valid_when, below=below)
 
     def plan_for(self, budget_bytes: int, B: int, candidates=None, *,  # noqa: N803
-                 kinds=None, confirm: bool = True, **dims):
-        """The checkpoint plan with the least recompute FLOPs whose peak at batch size ``B``
+                 kinds=None, confirm: bool = True, by: str | None = None,
+                 cudnn_workspace: int = 0, **dims):
+        """The checkpoint plan with the least recompute FLOPs whose step at batch size ``B``
         fits ``budget_bytes``, as a :class:`fxmem.PlanChoice` (see :mod:`fxmem.checkpoint.options`).
         ``kinds``: what a plan may use, among ``"module"`` (whole blocks), ``"group"``
         (consecutive blocks as one segment) and ``"selective"`` (op outputs kept); default
-        all three. For a report made by :func:`fxmem.analyze`, the plan is traced (unless
-        ``confirm=False``): ``peak_bytes`` and ``report`` are the traced ones
-        (:mod:`fxmem.checkpoint.confirm`). Raises :class:`fxmem.InfeasibleBudgetError`
-        (with the smallest reachable peak) when no plan fits."""
-        from ..checkpoint.confirm import confirm_choice, without_selective
+        all three. ``by``: how it fits, as :meth:`max_batch_size` answers: ``"device"`` (the
+        default for a CUDA step) the plan's steps run within the budget in the caching
+        allocator's replay (:mod:`fxmem.checkpoint.on_device`; ``cudnn_workspace`` as for
+        :meth:`runs_on_device`), ``"live"`` its peak fits. For a report made by
+        :func:`fxmem.analyze`, the plan is traced (unless ``confirm=False``): ``peak_bytes``
+        and ``report`` are the traced ones (:mod:`fxmem.checkpoint.confirm`). Raises
+        :class:`fxmem.InfeasibleBudgetError` (with the smallest reachable need) when none fits."""
+        from ..checkpoint.confirm import plan_for
+        from .capacity import plan_by
 
+        kw = dict(kinds=kinds, confirm=confirm, by=by, cudnn_workspace=cudnn_workspace)
         if self.named is not None:
-            return self.at(**dims).plan_for(budget_bytes, B, candidates, kinds=kinds)
+            return self.at(**dims).plan_for(budget_bytes, B, candidates, **kw)
         self._no_dims(dims)
         if small := self._small(B):
-            return small.plan_for(budget_bytes, B, candidates, kinds=kinds, confirm=confirm)
+            return small.plan_for(budget_bytes, B, candidates, **kw)
         if not isinstance(budget_bytes, int) or isinstance(budget_bytes, bool):
             raise InputError(f"budget_bytes must be an int, got {budget_bytes!r}")
-        b = _check_b(B)
-
-        def pick(kinds):
-            ch = self._chooser(candidates, kinds)
-            choice = ch.choose(budget_bytes, b)
-            return confirm_choice(self, choice, budget_bytes,
-                                  lambda budget: ch.choose(budget, b)) if confirm else choice
-
-        return without_selective(pick, kinds) if confirm else pick(kinds)
+        return plan_for(self, budget_bytes, _check_b(B), candidates, kinds, confirm=confirm,
+                        by=plan_by(by, self.device), cudnn_workspace=cudnn_workspace)
 
     def frontier(self, B: int, candidates=None, *, kinds=None, **dims) -> tuple:  # noqa: N803
         """Pareto-optimal checkpoint plans at batch size ``B``: a tuple of
@@ -424,9 +423,11 @@ class Report:
         * ``by="allocated"``: the largest B whose predicted ``max_memory_allocated()`` fits.
         * ``by="live"`` (the default on the CPU): the peak formula, solved.
 
-        With ``max_recompute`` (a fraction, e.g. ``0.25``): the largest B that fits by live
-        bytes with a checkpoint plan re-running at most that share of the step's FLOPs,
-        the same :class:`~fxmem.report.capacity.MaxBatchSize` carrying its plan (``.plan``,
+        With ``max_recompute`` (a fraction, e.g. ``0.25``): the largest B that fits, as ``by``
+        answers (``"device"`` or ``"live"``), with a checkpoint plan re-running at most that
+        share of the step's FLOPs (on CUDA the plan's steps run in the allocator's replay:
+        :mod:`fxmem.checkpoint.on_device`), the same
+        :class:`~fxmem.report.capacity.MaxBatchSize` carrying its plan (``.plan``,
         ``.peak_bytes``, ``.recompute_flops``, ``.report``; ``.choice``, the
         :class:`fxmem.PlanChoice`), traced as :meth:`plan_for`'s (``confirm``);
         ``candidates``: module paths (default: :func:`fxmem.checkpoint.choose.default_candidates`).
@@ -451,7 +452,8 @@ class Report:
         if self.named is not None:
             return self.at(**dims).max_batch_size(
                 budget_bytes, max_recompute, candidates, kinds=kinds, by=by, gpu=gpu,
-                context_bytes=context_bytes, config=config, cudnn_workspace=cudnn_workspace)
+                context_bytes=context_bytes, config=config, cudnn_workspace=cudnn_workspace,
+                confirm=confirm)
         self._no_dims(dims)
         card = ""
         if gpu is not None:
@@ -469,11 +471,13 @@ class Report:
             raise InputError(f"budget_bytes must be positive, got {budget_bytes:,}")
         by = check_by(by, self.device)
         if max_recompute is not None:
-            from ..checkpoint import choose, confirm as traced
+            from ..checkpoint.confirm import max_batch_size
+            from .capacity import plan_by
 
-            return MaxBatchSize.with_plan((traced if confirm and self.retrace is not None
-                                           else choose).max_batch_size(
-                self, budget_bytes, max_recompute, candidates, kinds), budget_bytes)
+            by = plan_by(by, self.device)
+            return MaxBatchSize.with_plan(max_batch_size(
+                self, budget_bytes, max_recompute, candidates, kinds, by=by, confirm=confirm,
+                cudnn_workspace=cudnn_workspace), budget_bytes, by=by, gpu=card)
         if by == "device":
             return device_max_batch_size(self, budget_bytes, config=config,
                                          cudnn_workspace=cudnn_workspace, gpu=card)

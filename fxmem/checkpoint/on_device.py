@@ -1,0 +1,210 @@
+"""Choosing a checkpoint plan against the caching allocator's replay: the plan the card
+can run.
+
+On CUDA the headline answer (:meth:`fxmem.Report.max_batch_size`, :meth:`fxmem.Report.fits`)
+is whether the step's allocations, replayed through the caching allocator within the budget,
+run (:meth:`fxmem.Report.runs_on_device`), not whether its live bytes fit: the allocator's
+blocks, their slack and the segments it cannot release take more. A plan chosen by live bytes
+alone can run out there, so plans are chosen against the replay too, by the formulas first:
+
+1. the cheapest plan whose live peak fits the budget (the solver, formulas only) is
+   replayed within the budget; when it runs, it is the answer (one replay);
+2. when it runs out, the next cheapest plan whose live peak leaves more room is replayed
+   (``choose(peak - 1)``: the next point of the Pareto frontier), for
+   :data:`SINGLE_STEPS` points; then the distance below the first plan that ran out
+   doubles at each step (a plan with a lower live peak rarely needs more of the allocator);
+3. once a plan runs after such a jump, the live budgets between it and the last plan that
+   ran out are bisected: a plan the solver finds there is replayed, so the answer is the
+   cheapest plan that runs among those the search saw, with ``exact=False``;
+4. the plan with the smallest live peak is the last one tried.
+
+At most :data:`MAX_REPLAYS` candidate plans are replayed per answer. Plain functions of
+callables: nothing here traces or knows the report's type (:mod:`fxmem.checkpoint.confirm`
+gives them a report, traced plans and rank groups).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InfeasibleBudgetError
+
+MAX_REPLAYS = 8  # candidate plans replayed per answer (the smallest peak's among them)
+SINGLE_STEPS = 2  # plans that ran out before the steps below the first one double
+MAX_BISECT = 16  # solver calls bisecting back after a jump
+
+
+def device_run(report, b: int, budget_bytes: int, cudnn_workspace: int = 0):
+    """The replay within ``budget_bytes`` of ``report`` at ``b`` (each rank group's of a
+    :class:`fxmem.ParallelReport`): the first group's that runs out, else the one that
+    reserved the most (a :class:`fxmem.device.allocator.DeviceRun`)."""
+    groups = getattr(report, "groups", None)
+    reports = [g.report for g in groups] if groups is not None else [report]
+    worst = None
+    for r in reports:
+        run = r.runs_on_device(b, budget_bytes, cudnn_workspace=cudnn_workspace)
+        if not run.fits:
+            return run
+        if worst is None or run.max_reserved > worst.max_reserved:
+            worst = run
+    return worst
+
+
+def oom_phrase(run) -> str:
+    """Where a replay that does not fit runs out, a phrase: "at aten.mm in fc (forward, step
+    1)", or "while placing the parameters, buffers and batch"."""
+    step, at, op, phase, module = run.oom
+    if at < 0:
+        return "while placing the parameters, buffers and batch"
+    return f"at {op} in {module or '(root)'} ({phase}, step {step})"
+
+
+@dataclass(frozen=True)
+class Walked:
+    """What :func:`walk` found: ``choice``, the accepted plan (None: none ran); ``exact``:
+    every plan cheaper than it that the solver offers was replayed and ran out (no jump);
+    ``replays``: candidate plans replayed; ``ran_out``: ``(candidate, run)`` of each that
+    ran out, in the order tried."""
+
+    choice: object
+    exact: bool
+    replays: int
+    ran_out: tuple
+
+
+def walk(choose, accept, budget_bytes: int, smallest=None) -> Walked:
+    """The cheapest plan that runs, searched as the module docstring says.
+
+    ``choose(live)``: the cheapest plan whose live peak is at most ``live`` bytes, an object
+    with ``plan``, ``peak_bytes`` and ``exact`` (None, or :class:`fxmem.InfeasibleBudgetError`:
+    none; raised from the first call, at the budget: no plan's live peak fits);
+    ``accept(c)``: ``(choice, run)``, ``c`` checked as the headline answers (the
+    replay, the plan traced), ``choice`` None when it runs out; ``smallest()``: the plan of
+    the smallest live peak (or None), tried when the walk ends without one."""
+    ran_out: list = []
+    seen: dict = {}  # plan -> its choice, accepted or None
+
+    def attempt(c):
+        if c.plan not in seen:
+            ok, run = accept(c)
+            seen[c.plan] = ok
+            if ok is None:
+                ran_out.append((c, run))
+        return seen[c.plan]
+
+    live, found, jumped, at = budget_bytes, None, False, budget_bytes
+    while len(seen) < MAX_REPLAYS - (smallest is not None):
+        c = choose(live) if not seen else _choose(choose, live)  # the first raises
+        if c is None or c.plan in seen:
+            break
+        found, at = attempt(c), live
+        if found is not None:
+            break
+        gap = 1 if len(ran_out) <= SINGLE_STEPS else \
+            max(1, ran_out[0][0].peak_bytes - c.peak_bytes)
+        jumped |= gap > 1
+        live = c.peak_bytes - gap
+    if found is None and smallest is not None:
+        c = smallest()
+        if c is not None and c.plan not in seen:
+            jumped = jumped or bool(ran_out) and c.peak_bytes < ran_out[-1][0].peak_bytes - 1
+            found, at = attempt(c), c.peak_bytes
+    if found is not None and jumped:
+        found = _back(choose, attempt, found, at, ran_out, seen)
+    exact = found is not None and not jumped and bool(getattr(found, "exact", False))
+    return Walked(found, exact, len(seen), tuple(ran_out))
+
+
+def _back(choose, attempt, found, lo: int, ran_out: list, seen: dict):
+    """After a jump: bisect the live budgets between ``lo`` (where ``found`` was chosen) and
+    the lowest live peak that ran out above it for a cheaper plan that runs."""
+    above = [c.peak_bytes for c, _ in ran_out if c.peak_bytes > found.peak_bytes]
+    hi = min(above, default=lo + 1)
+    for _ in range(MAX_BISECT):
+        if hi - lo <= 1 or len(seen) >= MAX_REPLAYS:
+            break
+        mid = (lo + hi) // 2
+        c = _choose(choose, mid)
+        if c is None or c.plan == found.plan:
+            lo = mid  # nothing cheaper has a live peak at most mid
+            continue
+        if c.plan in seen and seen[c.plan] is None:
+            hi = c.peak_bytes
+            continue
+        ok = attempt(c)
+        if ok is not None:
+            found, lo = ok, mid
+        else:
+            hi = c.peak_bytes
+    return found
+
+
+def _choose(choose, live: int):
+    if live < 1:
+        return None
+    try:
+        return choose(live)
+    except InfeasibleBudgetError:
+        return None
+
+
+def largest_running(runs, lo: int, top: int, guess: int) -> int | None:
+    """The largest b in [``lo``, ``top``] with ``runs(b)`` (monotone), starting at ``guess``:
+    from there up by doubling steps while it runs, or down while it does not, then
+    bisection; None when not even ``lo`` runs. With a guess near the answer, a few calls."""
+    if top < lo:
+        return None
+    b = min(max(guess, lo), top)
+    if runs(b):
+        good, step = b, 1
+        while good < top:
+            nxt = min(top, good + step)
+            if not runs(nxt):
+                return _bisect(runs, good, nxt)
+            good, step = nxt, 2 * step
+        return good
+    bad, step = b, 1
+    while bad > lo:
+        nxt = max(lo, bad - step)
+        if runs(nxt):
+            return _bisect(runs, nxt, bad)
+        bad, step = nxt, 2 * step
+    return None
+
+
+def _bisect(runs, good: int, bad: int) -> int:
+    """runs(good), not runs(bad): the largest that runs."""
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if runs(mid) else (good, mid)
+    return good
+
+
+def below(live, lo: int, top: int, room: int) -> int:
+    """The largest b in [``lo``, ``top``] with ``live(b) <= room`` (a peak formula, growing
+    with b; cheap), else ``lo``: where a search by the replay starts."""
+    if live(lo) > room:
+        return lo
+    return _bisect(lambda b: live(b) <= room, lo, top + 1) if live(top) > room else top
+
+
+def no_plan_runs(b: int, budget_bytes: int, walked: Walked, where: str = "",
+                 need: int | None = None) -> InfeasibleBudgetError:
+    """The error when no plan ran within the budget at ``b``: where the last one tried
+    ran out; ``minimum_bytes`` its need with no limit (``need``) when given."""
+    if not walked.ran_out:
+        return InfeasibleBudgetError(
+            f"no checkpoint plan fits {budget_bytes:,} bytes at B={b}{where}",
+            minimum_bytes=need or budget_bytes + 1)
+    last, run = walked.ran_out[-1]
+    plan, peak = last.plan, last.peak_bytes
+    needs = f", {need:,} bytes with no limit" if need is not None else ""
+    return InfeasibleBudgetError(
+        f"no checkpoint plan runs within {budget_bytes:,} bytes at B={b}{where} in the "
+        f"caching allocator's replay: {len(walked.ran_out)} tried, the last (plan "
+        f"{list(plan)}, live peak {peak:,} bytes{needs}) runs out {oom_phrase(run)}",
+        minimum_bytes=max(need or 0, peak, budget_bytes + 1))
+
+
+__all__ = ["MAX_REPLAYS", "SINGLE_STEPS", "device_run", "oom_phrase", "Walked", "walk",
+           "largest_running", "below", "no_plan_runs"]

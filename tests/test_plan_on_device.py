@@ -1,0 +1,137 @@
+"""Checkpoint plans chosen against the caching allocator's replay on a CUDA step (issue 41
+item 2, fxmem.checkpoint.on_device): at a budget between a step's live peak and what the
+allocator needs for it, the plan of least recompute by live bytes runs out in the replay,
+and each entry point (plan_for, max_batch_size(max_recompute=), the parallel planner,
+--checkpoint auto) gives a plan that runs there. Budgets are read from the reports."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import fxmem
+from fxmem.checkpoint.on_device import device_run
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+B = 2048  # the activations outweigh Adam's state (tests/test_fit.py)
+
+
+def _stack():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Sequential(
+        torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512))
+        for _ in range(4)])
+
+
+def _mse(o, y):
+    return torch.nn.functional.mse_loss(o, y)
+
+
+def _analyze(**options):
+    x, y = torch.randn(4, 512), torch.randn(4, 512)
+    return fxmem.analyze(_stack(), x, y, loss=_mse, device="cuda", optimizer=torch.optim.Adam,
+                         **options)
+
+
+def _need(report, b: int) -> int:
+    """max_memory_reserved() replayed with no limit, the largest rank group's."""
+    groups = getattr(report, "groups", None)
+    return max(r.cuda_memory(b).max_reserved
+               for r in ([g.report for g in groups] if groups else [report]))
+
+
+def _runs(report, b: int, budget: int) -> bool:
+    return device_run(report, b, budget).fits
+
+
+def _check_plan(r, b: int, budget: int):
+    """The live-bytes choice runs out in the replay; the default (on CUDA, by the replay)
+    runs, and every cheaper plan of the frontier runs out, as the search says (exact)."""
+    live = r.plan_for(budget, b, by="live")
+    assert live.by == "live" and live.peak_bytes <= budget
+    assert not _runs(live.report, b, budget)
+    got = r.plan_for(budget, b)
+    assert got.by == "device" and got.run.fits and got.plan != live.plan
+    assert _runs(got.report, b, budget) and got.run.max_reserved <= budget
+    cheaper = [p for p in r.frontier(b) if p.recompute_flops < got.recompute_flops]
+    assert cheaper and not any(_runs(r.with_plan(p.plan), b, budget) for p in cheaper)
+    assert got.exact
+    return got
+
+
+def test_plan_for_chooses_on_the_replay():
+    r = _analyze()
+    budget = (_need(r, B // 2) + _need(r, B)) // 2
+    assert r.peak_bytes(B) <= budget < _need(r, B)
+    _check_plan(r, B, budget)
+
+
+def test_parallel_planner_chooses_on_the_replay():
+    """Under FSDP2 over 2 GPUs: one plan for every rank group, each group's replay runs."""
+    r = _analyze(parallel=fxmem.FSDP(2))
+    budget = (_need(r, B // 2) + _need(r, B)) // 2
+    _check_plan(r, B, budget)
+
+
+def test_max_batch_size_with_a_plan_runs_in_the_replay():
+    r = _analyze()
+    budget = _need(r, 1536)
+    live = r.max_batch_size(budget, max_recompute=0.5, by="live")
+    assert live.by == "live" and not _runs(live.report, int(live), budget)
+    got = r.max_batch_size(budget, max_recompute=0.5)
+    b = int(got)
+    assert got.by == "device" and b < int(live) and got.choice.run.fits
+    assert _runs(got.report, b, budget) and got.recompute_fraction <= 0.5
+    try:  # one B more: no plan within the share runs (the smallest peak's included)
+        more = r.plan_for(budget, b + 1)
+    except fxmem.InfeasibleBudgetError as e:
+        assert "allocator's replay" in str(e) and e.minimum_bytes > budget
+    else:
+        assert more.recompute_fraction > 0.5
+
+
+def test_cli_checkpoint_auto_chooses_on_the_replay(tmp_path):
+    """python -m fxmem ... --checkpoint auto on CUDA with --budget: the library's choice by
+    the replay, not the one by live bytes."""
+    src = tmp_path / "stack.py"
+    src.write_text("import torch\n\n\ndef stack():\n    torch.manual_seed(0)\n"
+                   "    return torch.nn.Sequential(*[torch.nn.Sequential(\n"
+                   "        torch.nn.Linear(512, 2048), torch.nn.GELU(), "
+                   "torch.nn.Linear(2048, 512))\n        for _ in range(4)])\n")
+    r = _analyze()
+    budget = (_need(r, B // 2) + _need(r, B)) // 2
+    live, got = r.plan_for(budget, B, by="live"), r.plan_for(budget, B)
+    args = [f"{src}:stack", "--input", "B,512", "--target", "B,512", "--loss", "mse",
+            "--optimizer", "adam", "--device", "cuda", "--batch", str(B), "--budget",
+            str(budget), "--checkpoint", "auto", "--format", "json"]
+    p = subprocess.run([sys.executable, "-m", "fxmem", "analyze", *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["plan"] == [str(e) for e in got.plan] != [str(e) for e in live.plan]
+
+
+def test_parallel_step_with_a_named_dim_has_its_ways():
+    """A parallel step in B and L that does not fit: its ways (the cheapest plan on every
+    rank by the replay, the longest L, which reads each group's guards) are found."""
+    emb = torch.nn.Sequential(torch.nn.Embedding(100, 64), *_small())
+    ids = torch.randint(0, 100, (4, 16))
+    r = fxmem.analyze(emb, ids, loss=lambda o: o.sum(), device="cuda",
+                      optimizer=torch.optim.SGD, dims={"L": [(0, 1)]},
+                      parallel=fxmem.FSDP(2))
+    b, length = 8, 512
+    budget = (_need(r.at(L=length // 2), b) + _need(r.at(L=length), b)) // 2
+    f = r.fits(b, budget, L=length)
+    w = f.way("length")
+    assert not f and w is not None and f.way("checkpoint") is not None
+    assert r.fits(b, budget, L=w.value, ways=False)
+    assert not r.fits(b, budget, L=w.value + 1, ways=False)
+
+
+def _small():
+    torch.manual_seed(0)
+    return [torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(),
+                                torch.nn.Linear(256, 64)) for _ in range(4)]
