@@ -159,3 +159,24 @@ def wide_mlp(B=20000, seed=0):
 
 def adam(params):
     return torch.optim.Adam(params)
+
+
+def measured_in_turn(batches=(64, 512)):
+    """``fxmem.measure`` of the zoo's MLP shape (4096-16384-4096-10, Adam) at each B in turn,
+    in this one process: ``[(max_allocated, max_reserved), ...]``."""
+    import fxmem
+
+    out = []
+    for b in batches:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4096, 16384), nn.GELU(), nn.Linear(16384, 4096),
+                              nn.GELU(), nn.Linear(4096, 10))
+        m = fxmem.measure(model, torch.randn(4, 4096), torch.randint(0, 10, (4,)),
+                          loss=nn.functional.cross_entropy, optimizer=adam, device="cuda",
+                          B=b)
+        out.append((m.peak_bytes, m.peak_reserved_bytes))
+    return out
+
+
+def adam(params):
+    return torch.optim.Adam(params, lr=1e-4)

@@ -202,6 +202,12 @@ def measure(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     if fake_gpu is not None:
         return _measure_on_fake_gpu(fake_gpu, model, inputs, targets, step, B, batch_dim,
                                     record_history, parallel)
+    if device == "cuda" and torch.cuda.is_initialized():
+        # a fresh process's allocator has no cached segments: the blocks an earlier
+        # measurement left in the cache would take the model, batch and warm-up (fxmem
+        # replays them from an empty allocator)
+        gc.collect()
+        torch.cuda.empty_cache()
     if parallel is not None and (device != "cpu" or record_history):
         raise InputError(f"a {parallel.name} step is measured on the CPU (gloo), not on "
                          f"{device!r}")
