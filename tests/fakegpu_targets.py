@@ -180,3 +180,25 @@ def measured_in_turn(batches=(64, 512)):
 
 def adam(params):
     return torch.optim.Adam(params, lr=1e-4)
+
+
+def reserved_when_measure_starts():
+    """``fxmem.measure`` of :func:`mlp` twice in this one process: ``memory_reserved()`` when
+    the second moves its model to the device (a fresh process: 0)."""
+    import fxmem
+
+    seen = []
+    to = nn.Module.to
+
+    def watched(self, *args, **kwargs):
+        seen.append(torch.cuda.memory_reserved())
+        return to(self, *args, **kwargs)
+
+    for watch in (False, True):
+        model, x, y, loss, opt = mlp(B=4)
+        nn.Module.to = watched if watch else to
+        try:
+            fxmem.measure(model, x, y, loss=loss, optimizer=opt, device="cuda", B=64)
+        finally:
+            nn.Module.to = to
+    return seen[0]

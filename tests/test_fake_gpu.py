@@ -235,3 +235,17 @@ def test_a_measurement_starts_from_an_empty_cache():
     for (alloc, res), b in zip(got, (64, 512)):
         want = report.cuda_memory(b)
         assert (alloc, res) == (want.max_allocated, want.max_reserved), b
+
+
+def test_a_measurement_starts_with_nothing_reserved():
+    """The cuBLAS workspaces an earlier measurement kept (2.14: the main thread's and
+    autograd's, 32 MiB each) are let go before the model goes to the device, not when the
+    step starts: their freed segments took ResNet-50's warm-up at B = 64 after B = 16
+    (5,852,100,608 B allocated, 6,299,844,608 reserved; alone and predicted 5,852,887,040 and
+    6,291,456,000, 2.14.1), as the earlier measurement's cached segments did the MLP's."""
+    import sys
+
+    from fxmem.validate.fakegpu import call
+
+    assert call(sys.executable, "fakegpu_targets:reserved_when_measure_starts",
+                sys_path=[HERE]) == 0

@@ -203,11 +203,7 @@ def measure(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
         return _measure_on_fake_gpu(fake_gpu, model, inputs, targets, step, B, batch_dim,
                                     record_history, parallel)
     if device == "cuda" and torch.cuda.is_initialized():
-        # a fresh process's allocator has no cached segments: the blocks an earlier
-        # measurement left in the cache would take the model, batch and warm-up (fxmem
-        # replays them from an empty allocator)
-        gc.collect()
-        torch.cuda.empty_cache()
+        _fresh_allocator()
     if parallel is not None and (device != "cpu" or record_history):
         raise InputError(f"a {parallel.name} step is measured on the CPU (gloo), not on "
                          f"{device!r}")
@@ -301,6 +297,18 @@ def _measure_cpu(model, spec, ins, tgs, params, opt, B, device, scaler, kept=Non
             phase_peaks[ph] = max(phase_peaks.get(ph, 0), live)
     return Measurement(peak, baseline, live, B, device,
                        {p: phase_peaks[p] for p in PHASES if p in phase_peaks})
+
+
+def _fresh_allocator() -> None:
+    """Start as a fresh process does, which fxmem replays: the cuBLAS workspaces earlier
+    steps kept (up to torch 2.14 one per thread) let go, then every cached segment. Else
+    the segments an earlier measurement left would take this one's model, batch and
+    warm-up, and the workspaces' two, freed only when the step starts, its warm-up."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def _measure_cuda(model, spec, ins, tgs, params, opt, B, scaler,
