@@ -159,3 +159,46 @@ def wide_mlp(B=20000, seed=0):
 
 def adam(params):
     return torch.optim.Adam(params)
+
+
+def measured_in_turn(batches=(64, 512)):
+    """``fxmem.measure`` of the zoo's MLP shape (4096-16384-4096-10, Adam) at each B in turn,
+    in this one process: ``[(max_allocated, max_reserved), ...]``."""
+    import fxmem
+
+    out = []
+    for b in batches:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4096, 16384), nn.GELU(), nn.Linear(16384, 4096),
+                              nn.GELU(), nn.Linear(4096, 10))
+        m = fxmem.measure(model, torch.randn(4, 4096), torch.randint(0, 10, (4,)),
+                          loss=nn.functional.cross_entropy, optimizer=adam, device="cuda",
+                          B=b)
+        out.append((m.peak_bytes, m.peak_reserved_bytes))
+    return out
+
+
+def adam(params):
+    return torch.optim.Adam(params, lr=1e-4)
+
+
+def reserved_when_measure_starts():
+    """``fxmem.measure`` of :func:`mlp` twice in this one process: ``memory_reserved()`` when
+    the second moves its model to the device (a fresh process: 0)."""
+    import fxmem
+
+    seen = []
+    to = nn.Module.to
+
+    def watched(self, *args, **kwargs):
+        seen.append(torch.cuda.memory_reserved())
+        return to(self, *args, **kwargs)
+
+    for watch in (False, True):
+        model, x, y, loss, opt = mlp(B=4)
+        nn.Module.to = watched if watch else to
+        try:
+            fxmem.measure(model, x, y, loss=loss, optimizer=opt, device="cuda", B=64)
+        finally:
+            nn.Module.to = to
+    return seen[0]

@@ -211,3 +211,41 @@ def test_the_largest_batch_fits_and_the_next_does_not():
     _fake("wide_mlp", B=best, memory_bytes=budget)
     with pytest.raises(FakeGPUError, match="OutOfMemoryError"):
         _fake("wide_mlp", B=best + 1, memory_bytes=budget)
+
+
+def test_a_measurement_starts_from_an_empty_cache():
+    """Cases measured one after another in one process (``fxmem validate``): the segments
+    an earlier measurement left cached took the next one's model, batch and warm-up, where a
+    fresh process (and fxmem's replay) cudaMallocs new ones. The zoo's MLP at B = 512 after
+    B = 64 reserved 3,009,413,120 B (2,896,166,912 alone and predicted, 2.14.1)."""
+    import sys
+    from torch import nn
+
+    import fakegpu_targets
+    from fxmem.validate.fakegpu import call
+
+    got = call(sys.executable, "fakegpu_targets:measured_in_turn",
+               kwargs={"batches": [64, 512]}, sys_path=[HERE])
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4096, 16384), nn.GELU(), nn.Linear(16384, 4096),
+                          nn.GELU(), nn.Linear(4096, 10))
+    report = fxmem.analyze(model, torch.randn(4, 4096), torch.randint(0, 10, (4,)),
+                           loss=nn.functional.cross_entropy, optimizer=fakegpu_targets.adam,
+                           device="cuda")
+    for (alloc, res), b in zip(got, (64, 512)):
+        want = report.cuda_memory(b)
+        assert (alloc, res) == (want.max_allocated, want.max_reserved), b
+
+
+def test_a_measurement_starts_with_nothing_reserved():
+    """The cuBLAS workspaces an earlier measurement kept (2.14: the main thread's and
+    autograd's, 32 MiB each) are let go before the model goes to the device, not when the
+    step starts: their freed segments took ResNet-50's warm-up at B = 64 after B = 16
+    (5,852,100,608 B allocated, 6,299,844,608 reserved; alone and predicted 5,852,887,040 and
+    6,291,456,000, 2.14.1), as the earlier measurement's cached segments did the MLP's."""
+    import sys
+
+    from fxmem.validate.fakegpu import call
+
+    assert call(sys.executable, "fakegpu_targets:reserved_when_measure_starts",
+                sys_path=[HERE]) == 0

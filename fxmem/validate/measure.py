@@ -202,6 +202,8 @@ def measure(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     if fake_gpu is not None:
         return _measure_on_fake_gpu(fake_gpu, model, inputs, targets, step, B, batch_dim,
                                     record_history, parallel)
+    if device == "cuda" and torch.cuda.is_initialized():
+        _fresh_allocator()
     if parallel is not None and (device != "cpu" or record_history):
         raise InputError(f"a {parallel.name} step is measured on the CPU (gloo), not on "
                          f"{device!r}")
@@ -329,6 +331,18 @@ def _compile_at_example(run, spec, params, opt, scaler) -> None:
         if d is not None:
             torch._dynamo.mark_dynamic(first[i], d)
     run_step(run, spec, first, first_t, params, opt, lambda phase: None, scaler=scaler)
+
+
+def _fresh_allocator() -> None:
+    """Start as a fresh process does, which fxmem replays: the cuBLAS workspaces earlier
+    steps kept (up to torch 2.14 one per thread) let go, then every cached segment. Else
+    the segments an earlier measurement left would take this one's model, batch and
+    warm-up, and the workspaces' two, freed only when the step starts, its warm-up."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def _measure_cuda(model, spec, ins, tgs, params, opt, B, scaler,
