@@ -45,7 +45,7 @@ def _figures(name, B):  # noqa: N803
     return seen, want
 
 
-CASES = ("fsdp", "fsdp-keep", "ddp", "tp")
+CASES = ("fsdp", "fsdp-keep", "fsdp-wide", "fsdp-wide-kept", "ddp", "tp")
 KNOWN_ALLOCATED: dict = {}
 KNOWN_RESERVED: dict = {}
 # not a strict xfail: which step lets go of it varies from run to run

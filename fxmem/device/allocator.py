@@ -85,8 +85,11 @@ def cuda_memory(liveness, B: int, config=None, compute_capability=(9, 0),  # noq
     parameters, buffers and the batch first, then a warm-up step in which the optimizer
     state appears at the optimizer phase and (up to torch 2.14) each thread's cuBLAS
     workspace at its first matmul (forward: the main thread; backward: autograd's; from
-    2.15 every matmul takes its workspace after its output and frees it), then ``empty_cache()``, a reset
-    of the peaks, and the measured step. Storages keep the order of the trace. A CUDA
+    2.15 every matmul takes its workspace after its output and frees it), then
+    ``empty_cache()``, a reset of the peaks, and the measured step. Storages keep the order
+    of the trace, each allocated on the stream the trace saw it made on
+    (``StorageInfo.stream``: FSDP2's all-gather and reduce-scatter outputs on its streams,
+    whose blocks and segments the allocator keeps apart from the default stream's). A CUDA
     reduction that splits its outputs across blocks takes its staging buffer and semaphores
     (:mod:`fxmem.trace.cuda.reduce_replay`, sized at ``B``) after its outputs and frees them
     before the op's inputs go.

@@ -175,6 +175,8 @@ class StorageTracker(TorchDispatchMode):
         # the streams storages were made on, default first (stream_index); the stream
         # objects themselves, so that an id is never reused
         self._streams: list = [torch.cpu.current_stream()]
+        # storages an unrecorded op made on another stream (a warm-up step) -> its index
+        self._made_on = WeakIdKeyDictionary()
 
     # storages -------------------------------------------------------------------------
     def sid(self, t: torch.Tensor) -> int | None:
@@ -196,9 +198,8 @@ class StorageTracker(TorchDispatchMode):
     def _new(self, st, nbytes, created_by: int) -> int:
         sid = len(self.storages)
         self._sid_of[st] = sid
-        self.storages.append(TrackedStorage(sid, nbytes, created_by,
-                                            stream=self.stream_index() if created_by >= 0
-                                            else 0))
+        stream = self.stream_index() if created_by >= 0 else self._made_on.get(st, 0)
+        self.storages.append(TrackedStorage(sid, nbytes, created_by, stream=stream))
         cell = self._current.get(st)
         if cell is None:  # the first allocation of this storage: its end is the storage's
             cell = self._current[st] = [sid]
@@ -211,8 +212,7 @@ class StorageTracker(TorchDispatchMode):
     def stream_index(self) -> int:
         """The stream an allocation now goes to: 0 for the default stream (the one current
         when the tracker was made), else 1, 2, ... for the others ``torch.cpu.stream``
-        selected, in the order of their first allocation (storages that were there before
-        the step count as the default stream's)."""
+        selected, in the order of their first allocation."""
         s = torch.cpu.current_stream()
         for i, known in enumerate(self._streams):
             if known is s:
@@ -277,7 +277,9 @@ class StorageTracker(TorchDispatchMode):
             with self:
                 return func._op_dk(DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
         if not self.recording:  # still run through run_op's rules
-            return self.run_op(func, args, kwargs)
+            out = self.run_op(func, args, kwargs)
+            self._note_stream(args, kwargs, out)
+            return out
         out = self.run_op(func, args, kwargs)
         index = self.op_count
         self.op_count += 1
@@ -295,6 +297,21 @@ class StorageTracker(TorchDispatchMode):
             new.append(sid)
         self.on_op(index, func, args, kwargs, out, outs, new)
         return out
+
+    def _note_stream(self, args, kwargs, out) -> None:
+        """Outside the recording (a warm-up step): the storages an op made on a stream other
+        than the default one, so that one still there when the step starts is placed on its
+        stream (FSDP2's gradients kept across steps are views of a reduce-scatter output,
+        made on the reduce-scatter stream). An output on an input's storage is not made."""
+        if torch.cpu.current_stream() is self._streams[0]:
+            return
+        given = {id(plain(x).untyped_storage()) for x in tree_leaves((args, kwargs))
+                 if isinstance(x, torch.Tensor)}
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                st = plain(t).untyped_storage()
+                if id(st) not in given and st not in self._made_on:
+                    self._made_on[st] = self.stream_index()
 
     def composite(self, func) -> bool:
         """Does ``func`` reach this mode whole although its kernel is a composite (none of
