@@ -33,21 +33,30 @@ class MLP(nn.Module):
 
 MLP_PLAN = {"up": ColwiseParallel(), "down": RowwiseParallel()}
 
-CASES = {
-    "fsdp": (Stack, lambda: FSDP(2)),
-    "fsdp-keep": (Stack, lambda: FSDP(2, reshard_after_forward=False)),
-    "ddp": (Stack, lambda: DDP(2)),
-    "tp": (MLP, lambda: TP(2, MLP_PLAN)),
+# at width 1,024 every gathered block, reduce-scatter input and output is a large-pool block
+# (4,198,400 B gathered, 2,099,200 B each rank's gradients of a block): each FSDP2 stream
+# reserves large segments of its own; "kept": gradients kept across steps
+# (zero_grad(set_to_none=False)), views of the first step's reduce-scatter output
+Wide = functools.partial(_Stack, d=1024)
+
+CASES = {  # name: (model, strategy, input width, step options)
+    "fsdp": (Stack, lambda: FSDP(2), 64, {}),
+    "fsdp-keep": (Stack, lambda: FSDP(2, reshard_after_forward=False), 64, {}),
+    "fsdp-wide": (Wide, lambda: FSDP(2), 1024, {}),
+    "fsdp-wide-kept": (Wide, lambda: FSDP(2), 1024, {"set_to_none": False}),
+    "ddp": (Stack, lambda: DDP(2), 64, {}),
+    "tp": (MLP, lambda: TP(2, MLP_PLAN), 64, {}),
 }
 
 
 def case(name):
     """``(model, x, y, parallel, step options)`` of the case ``name``."""
-    make, strategy = CASES[name]
+    make, strategy, width, options = CASES[name]
     torch.manual_seed(0)
     model = make()
-    x, y = torch.randn(4, 64), torch.randint(0, 10, (4,))
-    return model, x, y, strategy(), dict(loss=F.cross_entropy, optimizer=torch.optim.Adam)
+    x, y = torch.randn(4, width), torch.randint(0, 10, (4,))
+    return model, x, y, strategy(), dict(loss=F.cross_entropy, optimizer=torch.optim.Adam,
+                                         **options)
 
 
 def measure(name, B, record_history=False):  # noqa: N803

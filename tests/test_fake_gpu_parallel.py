@@ -45,15 +45,9 @@ def _figures(name, B):  # noqa: N803
     return seen, want
 
 
-CASES = ("fsdp", "fsdp-keep", "ddp", "tp")
-STREAMS = ("FSDP2 allocates on its own streams (the all-gather output on the all-gather "
-           "copy-in stream, the reduce-scatter input on the reduce-scatter stream) and the "
-           "caching allocator keeps each stream's blocks apart, in segments of their own; "
-           "fxmem's replay has one stream: two more 2 MiB small segments on the fake GPU "
-           "(2.14.1, B=4: 73,400,320 B reserved on each rank, 69,206,016 predicted; 2.15: "
-           "39,845,888 and 35,651,584)")
+CASES = ("fsdp", "fsdp-keep", "fsdp-wide", "fsdp-wide-kept", "ddp", "tp")
 KNOWN_ALLOCATED: dict = {}
-KNOWN_RESERVED: dict = {"fsdp": STREAMS, "fsdp-keep": STREAMS}
+KNOWN_RESERVED: dict = {}
 UNSTABLE_ALLOCATED: dict = {}
 
 

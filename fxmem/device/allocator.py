@@ -85,8 +85,11 @@ def cuda_memory(liveness, B: int, config=None, compute_capability=(9, 0),  # noq
     parameters, buffers and the batch first, then a warm-up step in which the optimizer
     state appears at the optimizer phase and (up to torch 2.14) each thread's cuBLAS
     workspace at its first matmul (forward: the main thread; backward: autograd's; from
-    2.15 every matmul takes its workspace after its output and frees it), then ``empty_cache()``, a reset
-    of the peaks, and the measured step. Storages keep the order of the trace. A CUDA
+    2.15 every matmul takes its workspace after its output and frees it), then
+    ``empty_cache()``, a reset of the peaks, and the measured step. Storages keep the order
+    of the trace, each allocated on the stream the trace saw it made on
+    (``StorageInfo.stream``: FSDP2's all-gather and reduce-scatter outputs on its streams,
+    whose blocks and segments the allocator keeps apart from the default stream's). A CUDA
     reduction that splits its outputs across blocks takes its staging buffer and semaphores
     (:mod:`fxmem.trace.cuda.reduce_replay`, sized at ``B``) after its outputs and frees them
     before the op's inputs go.
@@ -217,6 +220,7 @@ class _Replay:
         self.allocs, self.frees = _events(graph)
         on_device = [not _host_resident(s) for s in self.storages]
         self.size = [s.size(B) if on_device[s.sid] else 0 for s in self.storages]
+        self.stream = [s.stream for s in self.storages]  # each stream's blocks kept apart
         self.ws = cublas_workspace_bytes(compute_capability) if cublas_workspace is None \
             else cublas_workspace
         self.lt_ws = blas.lt_workspace_bytes()
@@ -236,8 +240,8 @@ class _Replay:
         self.remade = [s for s in self.before if s.sid in freed and s.category == "grad"]
         self.at = -1  # the op running (-1: before the first)
 
-    def alloc(self, key, n):
-        self.handles[key] = self.allocator.malloc(n)
+    def alloc(self, key, n, stream=0):
+        self.handles[key] = self.allocator.malloc(n, stream)
 
     def free(self, key):
         h = self.handles.pop(key, None)
@@ -249,7 +253,7 @@ class _Replay:
         late = {"optimizer_state", "grad"}
         for s in self.before:
             if s.category not in late or s.name.startswith("grad_scaler."):
-                self.alloc(s.sid, self.size[s.sid])
+                self.alloc(s.sid, self.size[s.sid], s.stream)
 
     def step(self, warm_up: bool = False, by_phase: bool = False):
         """One step. ``warm_up``: the first, where the optimizer state appears at the
@@ -308,7 +312,7 @@ class _Replay:
         a = self.allocator
         for kind, sid in call_order.steps(op, self.storages, self.allocs[i]):
             if kind == "alloc":
-                self.alloc(sid, self.size[sid])
+                self.alloc(sid, self.size[sid], self.stream[sid])
             elif kind == "free":
                 self.free(sid)
             elif self.cudnn_workspace:
@@ -320,7 +324,7 @@ class _Replay:
             remade = {s.sid for s in self.remade}  # this step made them already
             for s in self.before:
                 if s.sid not in self.handles and s.sid not in remade:
-                    self.alloc(s.sid, self.size[s.sid])
+                    self.alloc(s.sid, self.size[s.sid], s.stream)
 
     def _first_workspace(self, op):
         """Up to 2.14, a thread's first matmul gets its cuBLAS workspace, after the op's
@@ -342,4 +346,4 @@ class _Replay:
                 self.free(s.sid)
         for s in self.remade:
             if s.sid not in self.handles:
-                self.alloc(s.sid, self.size[s.sid])
+                self.alloc(s.sid, self.size[s.sid], s.stream)

@@ -87,6 +87,10 @@ class StorageInfo:
     # values): ``size`` is its largest (fxmem.trace.datadep)
     resized_away: bool = False  # freed by a resize to 0 (FSDP2's reshard), whatever still
     # refers to it: autograd's and checkpoint's references keep nothing of it
+    # the CUDA stream it is allocated on: 0 the default stream, 1, 2, ... the others in the
+    # order of their first allocation (FSDP2's all-gather and reduce-scatter streams;
+    # fxmem.trace.tracking.StorageTracker.stream_index)
+    stream: int = 0
 
 
 @dataclass(frozen=True)

@@ -245,7 +245,7 @@ class _Splice:
             if cb is None:
                 raise NoReuse("a storage made by a stand-in has no counterpart")
             fa = freed.get(s.sid, after(s.freed_after))
-            new_st.append(TrackedStorage(len(new_st), s.nbytes, cb, fa))
+            new_st.append(TrackedStorage(len(new_st), s.nbytes, cb, fa, s.stream))
         copies = {}  # (call id, pattern sid) -> final sid
         for calls in self.runs:
             pat = calls[1]
@@ -258,7 +258,8 @@ class _Splice:
                           else after(f))
                     copies[(id(c), ps)] = len(new_st)
                     new_st.append(TrackedStorage(len(new_st), p.nbytes,
-                                                 copy_index(c, inside[p.created_by]), fa))
+                                                 copy_index(c, inside[p.created_by]), fa,
+                                                 p.stream))
 
         def sid_in(c, ps):  # a pattern storage, in stand-in c's copy
             got = copies.get((id(c), ps))

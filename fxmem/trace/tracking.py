@@ -18,6 +18,16 @@ Two things eager code does besides aten ops are seen too:
   ``free_storage``/``alloc_storage``): while :func:`storage_resizes` is active, a resize to 0
   frees the storage and a resize from 0 allocates a new one (recorded as an op of its own,
   :data:`RESIZE_OP`).
+
+Each storage the step makes is also tagged with the stream it is allocated on (PyTorch's
+caching allocator keeps each stream's blocks apart): the stream ``torch.cpu.stream(s)``
+selected. On the CPU fakes of a trace, device-agnostic code that allocates on streams of
+its own does so through ``torch.cpu``: FSDP2 on a CPU mesh takes ``torch.cpu`` as its
+device handle (``_get_device_handle``), makes its all-gather and reduce-scatter streams
+with ``torch.cpu.Stream`` (distinct objects) and selects them with ``torch.cpu.stream``,
+which keeps the current one as ``torch.cuda.stream`` does on a GPU (``torch/cpu/__init__.py``
+``StreamContext``). Index 0 is the default stream, then 1, 2, ... in the order the step
+first allocates on the others.
 """
 
 from __future__ import annotations
@@ -57,6 +67,7 @@ class TrackedStorage:
     nbytes: object  # int, or torch.SymInt while tracing
     created_by: int  # op index, -1 for storages registered before the step
     freed_after: int | None = None  # op index after which it was freed; None: alive at end
+    stream: int = 0  # the stream it was allocated on (StorageTracker.stream_index)
 
 
 # Ops with a CompositeImplicitAutograd kernel *and* a kernel of their own for a device: the
@@ -161,6 +172,11 @@ class StorageTracker(TorchDispatchMode):
         self.resized_away: set[int] = set()
         self.host: set[int] = set()  # host memory, not the device's (fxmem.trace.offload)
         self.backend = "cpu"  # whose kernels run: "cuda" when the tracer follows CUDA's
+        # the streams storages were made on, default first (stream_index); the stream
+        # objects themselves, so that an id is never reused
+        self._streams: list = [torch.cpu.current_stream()]
+        # storages an unrecorded op made on another stream (a warm-up step) -> its index
+        self._made_on = WeakIdKeyDictionary()
 
     # storages -------------------------------------------------------------------------
     def sid(self, t: torch.Tensor) -> int | None:
@@ -182,7 +198,8 @@ class StorageTracker(TorchDispatchMode):
     def _new(self, st, nbytes, created_by: int) -> int:
         sid = len(self.storages)
         self._sid_of[st] = sid
-        self.storages.append(TrackedStorage(sid, nbytes, created_by))
+        stream = self.stream_index() if created_by >= 0 else self._made_on.get(st, 0)
+        self.storages.append(TrackedStorage(sid, nbytes, created_by, stream=stream))
         cell = self._current.get(st)
         if cell is None:  # the first allocation of this storage: its end is the storage's
             cell = self._current[st] = [sid]
@@ -191,6 +208,17 @@ class StorageTracker(TorchDispatchMode):
         if created_by >= 0:
             self.events.append(StorageEvent("alloc", sid, created_by))
         return sid
+
+    def stream_index(self) -> int:
+        """The stream an allocation now goes to: 0 for the default stream (the one current
+        when the tracker was made), else 1, 2, ... for the others ``torch.cpu.stream``
+        selected, in the order of their first allocation."""
+        s = torch.cpu.current_stream()
+        for i, known in enumerate(self._streams):
+            if known is s:
+                return i
+        self._streams.append(s)
+        return len(self._streams) - 1
 
     def mark_host(self, t: torch.Tensor) -> None:
         """``t``'s storage is host memory: it takes no device memory."""
@@ -249,7 +277,9 @@ class StorageTracker(TorchDispatchMode):
             with self:
                 return func._op_dk(DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
         if not self.recording:  # still run through run_op's rules
-            return self.run_op(func, args, kwargs)
+            out = self.run_op(func, args, kwargs)
+            self._note_stream(args, kwargs, out)
+            return out
         out = self.run_op(func, args, kwargs)
         index = self.op_count
         self.op_count += 1
@@ -267,6 +297,21 @@ class StorageTracker(TorchDispatchMode):
             new.append(sid)
         self.on_op(index, func, args, kwargs, out, outs, new)
         return out
+
+    def _note_stream(self, args, kwargs, out) -> None:
+        """Outside the recording (a warm-up step): the storages an op made on a stream other
+        than the default one, so that one still there when the step starts is placed on its
+        stream (FSDP2's gradients kept across steps are views of a reduce-scatter output,
+        made on the reduce-scatter stream). An output on an input's storage is not made."""
+        if torch.cpu.current_stream() is self._streams[0]:
+            return
+        given = {id(plain(x).untyped_storage()) for x in tree_leaves((args, kwargs))
+                 if isinstance(x, torch.Tensor)}
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                st = plain(t).untyped_storage()
+                if id(st) not in given and st not in self._made_on:
+                    self._made_on[st] = self.stream_index()
 
     def composite(self, func) -> bool:
         """Does ``func`` reach this mode whole although its kernel is a composite (none of
