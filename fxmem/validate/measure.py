@@ -333,14 +333,20 @@ def _compile_at_example(run, spec, params, opt, scaler) -> None:
     run_step(run, spec, first, first_t, params, opt, lambda phase: None, scaler=scaler)
 
 
+def _clear_cublas_workspaces() -> None:
+    """Let go of the cuBLAS workspaces this process's earlier steps kept (up to torch 2.14
+    one per thread)."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+
+
 def _fresh_allocator() -> None:
     """Start as a fresh process does, which fxmem replays: the cuBLAS workspaces earlier
     steps kept (up to torch 2.14 one per thread) let go, then every cached segment. Else
     the segments an earlier measurement left would take this one's model, batch and
     warm-up, and the workspaces' two, freed only when the step starts, its warm-up."""
-    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-    if clear is not None:
-        clear()
+    _clear_cublas_workspaces()
     gc.collect()
     torch.cuda.empty_cache()
 
@@ -352,9 +358,7 @@ def _measure_cuda(model, spec, ins, tgs, params, opt, B, scaler,
     (and reset at its start). First the cuBLAS workspaces earlier steps of this process
     left (up to torch 2.14 one is kept per thread) are let go, so that the warm-up makes
     them as in a fresh process, the start fxmem predicts."""
-    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-    if clear is not None:
-        clear()
+    _clear_cublas_workspaces()
     _warm_up(model, spec, ins, tgs, params, opt, scaler)
     _steady_grads(spec, params)
     gc.collect()
