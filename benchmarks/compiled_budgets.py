@@ -60,7 +60,6 @@ def _case(name):
 def predict(name: str, budget: float, compiled_at: int, batches: list) -> dict:
     """In the fake GPU's child: fxmem's prediction at each B, inductor's graph estimates,
     and the seconds the analysis took."""
-    import torch
     import torch._inductor.memory as inductor_memory
 
     import fxmem
@@ -91,7 +90,6 @@ def predict(name: str, budget: float, compiled_at: int, batches: list) -> dict:
         inductor_memory.reorder_for_peak_memory = reorder
         inductor_memory.estimate_peak_memory = estimate
     seconds = time.perf_counter() - t0
-    del torch
     return {"seconds": seconds, "inductor": [min(g) for g in graphs if g],
             "predicted": {str(b): [report.cuda_memory(b).max_allocated,
                                    report.cuda_memory(b).max_reserved] for b in batches}}
