@@ -2,6 +2,8 @@
 targets, loss_fn, optimizer_factory)`` for ``fxmem.validate.fakegpu`` and, built the same
 way, what ``fxmem.analyze`` predicts."""
 
+import copy
+
 import torch
 from torch import nn
 
@@ -105,7 +107,8 @@ def rule(B=2, case="dropout", seed=0):
     """A training step (no optimizer) of one op under one of fxmem's CUDA kernel rules."""
     torch.manual_seed(seed)
     fn, shape, dtype, mods = RULES[case]
-    model = _Op(fn, shape, *mods, dtype=dtype)
+    # a copy: ``RULES`` keeps its modules, which moving a model to the device would move
+    model = _Op(fn, shape, *copy.deepcopy(mods), dtype=dtype)
     return model, torch.randn(B, *shape).to(dtype), None, _sum, None
 RULES.update({
     "batch_norm 2-d eval-mode grads": (lambda m, x: m.mods[0].eval()(x), (96,), torch.float32,

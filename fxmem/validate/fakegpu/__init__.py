@@ -77,6 +77,7 @@ cuDNN backend attributes it answers with none).
 """
 
 from .build import build, find_cudnn_include_dir, find_include_dirs
-from .run import FakeGPUError, StepResult, call, measure_step, stub_env
+from .run import FakeGPUError, StepResult, call, measure_step, measure_steps, stub_env
 
-__all__ = ["build", "find_include_dirs", "find_cudnn_include_dir", "call", "measure_step", "stub_env", "StepResult", "FakeGPUError"]
+__all__ = ["build", "find_include_dirs", "find_cudnn_include_dir", "call", "measure_step",
+           "measure_steps", "stub_env", "StepResult", "FakeGPUError"]

@@ -13,6 +13,11 @@ optimizer_factory)``:
   else the output itself (a scalar);
 - ``optimizer_factory(params)``, or None for no optimizer step.
 
+With ``"jobs"`` (a list of objects with ``target``, ``kwargs``, ``steps`` and
+``memory_fraction``) instead of a ``target``, each job's step is measured in turn, the
+process set back between them as a fresh one starts (:func:`_release`); the figures are a
+list, under ``"steps"``.
+
 With ``"call": true`` the function is instead called with ``kwargs`` and what it returns
 (JSON-able) is the result, under ``"value"``: for probes of single ops.
 
@@ -86,6 +91,90 @@ def run_module(module, args):
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
+def _measure(fn, cfg) -> dict:
+    """One step of ``fn``'s model measured as the module docstring says: its figures."""
+    import torch
+
+    figures = {}
+    model, inputs, targets, loss_fn, opt_factory = fn(**cfg.get("kwargs", {}))
+    if cfg.get("memory_fraction") is not None:  # a smaller card: the allocator's limit
+        torch.cuda.set_per_process_memory_fraction(cfg["memory_fraction"])
+    dev = "cuda"
+    model = model.to(dev)
+    inputs = _to(inputs, dev)
+    targets = _to(targets, dev)
+    if targets is None:
+        targets = ()
+    elif not isinstance(targets, (tuple, list)):
+        targets = (targets,)
+    opt = opt_factory(list(model.parameters())) if opt_factory is not None else None
+    params = list(model.parameters())
+
+    def step():
+        if opt is not None:
+            opt.zero_grad(set_to_none=True)
+        else:
+            for p in params:
+                p.grad = None
+        if isinstance(inputs, dict):
+            out = model(**inputs)
+        elif isinstance(inputs, (tuple, list)):
+            out = model(*inputs)
+        else:
+            out = model(inputs)
+        if loss_fn is not None:
+            loss = loss_fn(out, *targets)
+        else:
+            loss = getattr(out, "loss", None)
+            if loss is None:
+                loss = out[0] if isinstance(out, (tuple, list)) else out
+        del out
+        loss.backward()
+        if opt is not None:  # the loss stays alive through it, as in a usual loop
+            opt.step()
+        del loss
+
+    t0 = time.time()
+    for _ in range(int(cfg.get("steps", 1))):
+        step()
+    # steady state: gradients gone (as zero_grad(set_to_none=True) at the next step's
+    # start leaves them), optimizer state present
+    for p in params:
+        p.grad = None
+    torch.cuda.synchronize()
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    figures["baseline_allocated"] = torch.cuda.memory_allocated()
+    figures["baseline_reserved"] = torch.cuda.memory_reserved()
+    step()
+    torch.cuda.synchronize()
+    figures["max_allocated"] = torch.cuda.max_memory_allocated()
+    figures["max_reserved"] = torch.cuda.max_memory_reserved()
+    figures["end_allocated"] = torch.cuda.memory_allocated()
+    figures["end_reserved"] = torch.cuda.memory_reserved()
+    figures["device_name"] = torch.cuda.get_device_name()
+    figures["seconds"] = round(time.time() - t0, 3)
+    return figures
+
+
+def _release(cfg) -> None:
+    """After a measured step, the process as a fresh one starts the next: nothing of the
+    step left (its tensors collected, the cuBLAS workspaces it kept let go, every cached
+    segment returned), the peaks reset and the allocator's limit lifted."""
+    import torch
+
+    gc.collect()
+    torch.cuda.synchronize()
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+    torch.cuda.empty_cache()
+    if cfg.get("memory_fraction") is not None:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    torch.cuda.reset_peak_memory_stats()
+
+
 class _Done(Exception):
     """A ``call`` target returned: its value is the result."""
 
@@ -108,69 +197,17 @@ def main():
             dist.init_process_group(cfg.get("backend", "nccl"), init_method=cfg["init_method"],
                                     rank=cfg["rank"], world_size=cfg["world_size"],
                                     timeout=datetime.timedelta(seconds=cfg.get("timeout", 300)))
-        fn = _load(cfg["target"])
+        fn = _load(cfg["target"]) if cfg.get("target") else None
         if cfg.get("call"):
             result["value"] = fn(**cfg.get("kwargs", {}))
             raise _Done
-        model, inputs, targets, loss_fn, opt_factory = fn(**cfg.get("kwargs", {}))
-        if cfg.get("memory_fraction") is not None:  # a smaller card: the allocator's limit
-            torch.cuda.set_per_process_memory_fraction(cfg["memory_fraction"])
-        dev = "cuda"
-        model = model.to(dev)
-        inputs = _to(inputs, dev)
-        targets = _to(targets, dev)
-        if targets is None:
-            targets = ()
-        elif not isinstance(targets, (tuple, list)):
-            targets = (targets,)
-        opt = opt_factory(list(model.parameters())) if opt_factory is not None else None
-        params = list(model.parameters())
-
-        def step():
-            if opt is not None:
-                opt.zero_grad(set_to_none=True)
-            else:
-                for p in params:
-                    p.grad = None
-            if isinstance(inputs, dict):
-                out = model(**inputs)
-            elif isinstance(inputs, (tuple, list)):
-                out = model(*inputs)
-            else:
-                out = model(inputs)
-            if loss_fn is not None:
-                loss = loss_fn(out, *targets)
-            else:
-                loss = getattr(out, "loss", None)
-                if loss is None:
-                    loss = out[0] if isinstance(out, (tuple, list)) else out
-            del out
-            loss.backward()
-            if opt is not None:  # the loss stays alive through it, as in a usual loop
-                opt.step()
-            del loss
-
-        t0 = time.time()
-        for _ in range(int(cfg.get("steps", 1))):
-            step()
-        # steady state: gradients gone (as zero_grad(set_to_none=True) at the next step's
-        # start leaves them), optimizer state present
-        for p in params:
-            p.grad = None
-        torch.cuda.synchronize()
-        gc.collect()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        result["baseline_allocated"] = torch.cuda.memory_allocated()
-        result["baseline_reserved"] = torch.cuda.memory_reserved()
-        step()
-        torch.cuda.synchronize()
-        result["max_allocated"] = torch.cuda.max_memory_allocated()
-        result["max_reserved"] = torch.cuda.max_memory_reserved()
-        result["end_allocated"] = torch.cuda.memory_allocated()
-        result["end_reserved"] = torch.cuda.memory_reserved()
-        result["device_name"] = torch.cuda.get_device_name()
-        result["seconds"] = round(time.time() - t0, 3)
+        if cfg.get("jobs") is not None:  # several steps, each measured in turn
+            result["steps"] = []
+            for job in cfg["jobs"]:
+                result["steps"].append(_measure(_load(job["target"]), job))
+                _release(job)
+            raise _Done
+        result.update(_measure(fn, cfg))
     except _Done:
         pass
     except BaseException as e:  # report, don't crash without a result line
