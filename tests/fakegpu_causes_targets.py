@@ -132,3 +132,18 @@ def build(name, B=4):
     cls, sample = STEPS[name]
     torch.manual_seed(0)
     return cls(), torch.randn(B, *sample)
+
+
+def measure_all(names: list) -> dict:
+    """In the fake GPU's child: ``fxmem.measure(..., record_history=True)`` of each step at
+    B=4, one after another (it starts each from a fresh allocator): {name: the measured
+    allocations ``[bytes, frame]``, ``peak_bytes`` and ``peak_reserved_bytes``}."""
+    import fxmem
+
+    out = {}
+    for name in names:
+        model, x = build(name)
+        m = fxmem.measure(model, x, loss=square_sum, B=4, device="cuda", record_history=True)
+        out[name] = {"allocations": [list(a) for a in m.allocations],
+                     "peak_bytes": m.peak_bytes, "peak_reserved_bytes": m.peak_reserved_bytes}
+    return out

@@ -82,6 +82,26 @@ def measure(name: str, B: int, compiled_at: int, compile: bool = True, steps: in
         return _measure(name, B, compiled_at, compile, steps, history)
 
 
+def measure_each(batches: list, **kw) -> dict:
+    """:func:`measure` at each of ``batches`` in turn, in this process, set back between
+    them as a fresh process starts (the step's tensors collected, the cuBLAS workspaces let
+    go, every cached segment returned): {str(B): figures}. Its graphs load from the cache an
+    earlier process filled (a process that compiles them cold ends with other figures)."""
+    return _each(batches, lambda b: measure(B=b, **kw))
+
+
+def _each(batches, fn) -> dict:
+    out = {}
+    for b in batches:
+        out[str(b)] = fn(b)
+        gc.collect()
+        torch.cuda.synchronize()
+        torch._C._cuda_clearCublasWorkspaces()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    return out
+
+
 def _measure(name, B, compiled_at, compile, steps, history):  # noqa: N803
     torch.manual_seed(0)
     model, batch, loss, opt_class = _case(name)
@@ -163,6 +183,11 @@ def measure_with_fxmem(name: str, B: int, compiled_at: int, budget: float) -> di
     m = fxmem.measure(model, inputs, targets, loss=loss, optimizer=opt_class, device="cuda",
                       B=B, compile={"activation_memory_budget": budget})
     return {"max_allocated": m.peak_bytes, "max_reserved": m.peak_reserved_bytes}
+
+
+def measure_with_fxmem_each(batches: list, **kw) -> dict:
+    """:func:`measure_with_fxmem` at each of ``batches`` in turn: {str(B): figures}."""
+    return _each(batches, lambda b: measure_with_fxmem(B=b, **kw))
 
 
 class Breaks(nn.Module):

@@ -12,15 +12,15 @@ import pytest
 import torch
 
 import fxmem
+from fakegpu_batch import Steps
 from fakegpu_marks import FAKE_GPU
 
 pytestmark = FAKE_GPU
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _jobs() -> list:
-    """(target, kwargs) of every step this module measures with no memory limit, in the
-    order one child measures them (:func:`_measured`); the MLP first and again last."""
+def _jobs():
+    """(target, kwargs) of every step this module measures with no memory limit."""
     import fakegpu_targets
 
     jobs = [("mlp", {"B": b}) for b in (32, 64, 8, 128)] + [("gpt2", {"B": 4})]
@@ -28,54 +28,19 @@ def _jobs() -> list:
     jobs += [("rule", {"B": b, "case": c}) for c in sorted(fakegpu_targets.RULES) for b in (2, 7)]
     jobs += [("embedding", {"B": b, "dtype": d}) for d in ("float32", "bfloat16")
              for b in (1, 2, 5)]
-    return [*jobs, jobs[0]]
+    return jobs
 
 
-_MEASURED: list = []
-
-
-def _measured() -> list:
-    """[(target, kwargs, StepResult)] of :func:`_jobs`, measured in one child (each child's
-    start, a CUDA build's import, cost more than most of these steps)."""
-    import sys
-
-    from fxmem.validate.fakegpu import measure_steps
-
-    if not _MEASURED:
-        jobs = _jobs()
-        got = measure_steps(sys.executable, [{"target": f"fakegpu_targets:{t}", "kwargs": kw}
-                                             for t, kw in jobs], sys_path=[HERE])
-        _MEASURED.extend((t, kw, r) for (t, kw), r in zip(jobs, got))
-    return _MEASURED
-
-
-def _fake(target, memory_bytes=None, **kwargs):
-    import sys
-
-    from fxmem.validate.fakegpu import measure_step
-
-    if memory_bytes is None:
-        for t, kw, r in _measured():
-            if (t, kw) == (target, kwargs):
-                return r
-    return measure_step(sys.executable, f"fakegpu_targets:{target}", kwargs=kwargs,
-                        sys_path=[HERE], memory_bytes=memory_bytes)
+STEPS = Steps("fakegpu_targets", _jobs)
+_fake = STEPS.get
 
 
 def test_steps_measured_in_one_child_are_each_measured_as_alone():
     """measure_steps sets its child back between steps as a fresh one starts: the first
     step, measured again after all the others (gpt2, the wide MLP's large segments, every
     kernel rule), and the same step alone in a child of its own give the same figures."""
-    import sys
-
-    from fxmem.validate.fakegpu import measure_step
-
-    first, *_, last = _measured()
-    alone = measure_step(sys.executable, f"fakegpu_targets:{first[0]}", kwargs=first[1],
-                         sys_path=[HERE])
-    figures = [(r.baseline_allocated, r.baseline_reserved, r.max_allocated, r.max_reserved,
-                r.end_allocated, r.end_reserved) for r in (first[2], last[2], alone)]
-    assert figures[0] == figures[1] == figures[2], figures
+    step, first, last, alone = STEPS.first_and_last()
+    assert first == last == alone, (step, first, last, alone)
 
 
 def _report(target, B=8, **kwargs):

@@ -43,7 +43,7 @@ def _figures(name, compile=True, budget=None):
         kw = dict(name=name, compiled_at=at, compile=compile, budget=budget)
         predicted = _call("predict", batches=list(batches), **kw)
         _call("measure", B=at, **kw)  # fills the cache
-        measured = {str(b): _call("measure", B=b, **kw) for b in batches}
+        measured = _call("measure_each", batches=list(batches), **kw)
         _seen[name, compile, budget] = predicted, measured
     return _seen[name, compile, budget]
 
@@ -79,8 +79,8 @@ def test_compile_option_at_a_partitioner_budget_is_exact_on_the_fake_gpu():
     assert predicted == measured
     assert predicted != _figures("pointwise")[0]  # the budget changes the compiled step
     at, batches = CASES["pointwise"]
-    by_fxmem = {str(b): _call("measure_with_fxmem", name="pointwise", B=b, compiled_at=at,
-                              budget=0.5) for b in batches}
+    by_fxmem = _call("measure_with_fxmem_each", batches=list(batches), name="pointwise",
+                     compiled_at=at, budget=0.5)
     assert by_fxmem == measured
 
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import fxmem
+from fakegpu_batch import Steps
 from fakegpu_marks import FAKE_CUDNN
 
 pytestmark = FAKE_CUDNN
@@ -24,12 +25,32 @@ TARGETS = "fakegpu_cudnn_targets"
 TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 
 
-def _fake(target, workspace=0, **kwargs):
-    from fxmem.validate.fakegpu import measure_step
+# every step this module measures, by the stub's convolution workspace: measured in one
+# child per workspace (fakegpu_batch.Steps)
+_JOBS = {
+    0: [("cnn", {"B": 8}), ("cnn", {"B": 32}), ("cnn", {"B": 16, "channels_last": True}),
+        ("cnn", {"B": 16, "bf16_autocast": True}), ("cnn", {"B": 8, "head": "linear"}),
+        ("conv_transpose", {"B": 16}), ("conv_transpose", {"B": 16, "loss": "sum"}),
+        *[("rnn", {"B": b}) for b in (4, 8, 32, 64)],
+        *[("rnn", {"B": b, "cell": "gru"}) for b in (8, 32)]],
+    4 << 20: [("cnn", {"B": 16, "conv_bias": False}), ("cnn", {"B": 16}),
+              ("cnn", {"B": 16, "channels_last": True})],
+}
+STEPS = {w: Steps(TARGETS, lambda w=w: _JOBS[w],
+                  env=dict(os.environ, FAKEGPU_CUDNN_WORKSPACE=str(w))) for w in _JOBS}
 
-    env = dict(os.environ, FAKEGPU_CUDNN_WORKSPACE=str(workspace))
-    return measure_step(sys.executable, f"{TARGETS}:{target}", kwargs=kwargs, sys_path=[HERE],
-                        env=env)
+
+def _fake(target, workspace=0, **kwargs):
+    steps = STEPS.get(workspace) or Steps(
+        TARGETS, list, env=dict(os.environ, FAKEGPU_CUDNN_WORKSPACE=str(workspace)))
+    return steps.get(target, **kwargs)
+
+
+def test_steps_measured_in_one_child_are_each_measured_as_alone():
+    """The CNN measured first, again after every other step (the RNNs' flat weights
+    included) and alone: the same figures."""
+    step, first, last, alone = STEPS[0].first_and_last()
+    assert first == last == alone, (step, first, last, alone)
 
 
 def _predicted(target, B, workspace=0, **kwargs):
