@@ -59,6 +59,29 @@ def case(name):
                                          **options)
 
 
+def measure_each(name, batches):
+    """In a rank's process: :func:`measure` at each of ``batches`` in turn, the process set
+    back between them as a fresh one starts (what the collectives' works kept released by
+    the watchdog, every tensor of the step collected, the cuBLAS workspaces let go, every
+    cached segment returned): {str(B): the measurement}."""
+    import gc
+    import time
+
+    import torch
+
+    from fxmem.validate.fakegpu.ranks import WATCHDOG_SETTLE_SECONDS
+
+    out = {}
+    for b in batches:
+        out[str(b)] = measure(name, b)
+        time.sleep(WATCHDOG_SETTLE_SECONDS)
+        gc.collect()
+        torch.cuda.synchronize()
+        torch._C._cuda_clearCublasWorkspaces()
+        torch.cuda.empty_cache()
+    return out
+
+
 def measure(name, B, record_history=False):  # noqa: N803
     """In a rank's process: the case's step measured at batch size ``B``."""
     from fxmem.validate.fakegpu.ranks import measure_rank

@@ -31,13 +31,21 @@ def _report(name):
 
 
 @functools.lru_cache(maxsize=None)
-def _figures(name, B):  # noqa: N803
-    """``(seen, predicted)``: per rank, ``(max_allocated, max_reserved)``."""
+def _measured(name):
+    """Each rank's measurements at each of :data:`BATCHES`, in one set of rank processes."""
     from fxmem.validate.fakegpu.ranks import call_ranks
 
+    _, parallel = _report(name)
+    return call_ranks(sys.executable, "fakegpu_parallel_targets:measure_each",
+                      parallel.world_size, kwargs={"name": name, "batches": list(BATCHES)},
+                      sys_path=[HERE])
+
+
+@functools.lru_cache(maxsize=None)
+def _figures(name, B):  # noqa: N803
+    """``(seen, predicted)``: per rank, ``(max_allocated, max_reserved)``."""
     report, parallel = _report(name)
-    ranks = call_ranks(sys.executable, "fakegpu_parallel_targets:measure",
-                       parallel.world_size, kwargs={"name": name, "B": B}, sys_path=[HERE])
+    ranks = [r[str(B)] for r in _measured(name)]
     assert [r["rank"] for r in ranks] == list(range(parallel.world_size))
     seen = [(r["peak_bytes"], r["peak_reserved_bytes"]) for r in ranks]
     want = [(d.max_allocated, d.max_reserved)
