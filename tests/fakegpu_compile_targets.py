@@ -91,14 +91,12 @@ def measure_each(batches: list, **kw) -> dict:
 
 
 def _each(batches, fn) -> dict:
+    from fakegpu_batch import set_back
+
     out = {}
     for b in batches:
         out[str(b)] = fn(b)
-        gc.collect()
-        torch.cuda.synchronize()
-        torch._C._cuda_clearCublasWorkspaces()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+        set_back()
     return out
 
 

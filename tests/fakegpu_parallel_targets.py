@@ -64,21 +64,16 @@ def measure_each(name, batches):
     back between them as a fresh one starts (what the collectives' works kept released by
     the watchdog, every tensor of the step collected, the cuBLAS workspaces let go, every
     cached segment returned): {str(B): the measurement}."""
-    import gc
     import time
 
-    import torch
-
+    from fakegpu_batch import set_back
     from fxmem.validate.fakegpu.ranks import WATCHDOG_SETTLE_SECONDS
 
     out = {}
     for b in batches:
         out[str(b)] = measure(name, b)
         time.sleep(WATCHDOG_SETTLE_SECONDS)
-        gc.collect()
-        torch.cuda.synchronize()
-        torch._C._cuda_clearCublasWorkspaces()
-        torch.cuda.empty_cache()
+        set_back()
     return out
 
 
