@@ -123,7 +123,11 @@ def main(argv=None) -> None:
     p.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
     p.add_argument("--out-md", default=None)
     args = p.parse_args(argv)
-    cache = tempfile.mkdtemp(prefix="fxmem_inductor_")
+    with tempfile.TemporaryDirectory(prefix="fxmem_inductor_") as cache:
+        _run(args, cache)
+
+
+def _run(args, cache: str) -> None:
     lines = ["| model | budget | B | predicted allocated | measured | predicted reserved | "
              "measured | exact | inductor's graph estimates at the compile B | analysis s |",
              "|---|---:|---:|---:|---:|---:|---:|---|---|---:|"]

@@ -24,6 +24,17 @@ _seen: dict = {}
 _cache: list = []
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _remove_the_cache():
+    """The module's inductor cache folder goes with the module (tens of MB each)."""
+    yield
+    import shutil
+
+    for folder in _cache:
+        shutil.rmtree(folder, ignore_errors=True)
+    _cache.clear()
+
+
 def _call(fn, **kwargs):
     import tempfile
 
