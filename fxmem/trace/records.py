@@ -45,6 +45,9 @@ class OpInfo:
     # CUDA reductions: the op's arguments by name, tensors as (shape, strides, offset, dtype)
     # in B, for the replay's staging buffers (fxmem.trace.cuda.reduce_replay)
     reduce: tuple | None = None
+    # CUDA convolutions (forward and backward): "depthwise" where the native depthwise kernel
+    # runs instead of cuDNN (fxmem.trace.cuda.cudnn.conv_backend), else None
+    conv: str | None = None
 
 
 @dataclass(frozen=True)
