@@ -145,6 +145,10 @@ class Trace:
     # (``StorageInfo.data_bound``; fxmem.trace.datadep)
     data_sized: tuple = ()
     lifted: Lifted | None = None  # B fixed by the step: the sizes fitted (fxmem.trace.lift)
+    # names of the parameters and buffers in the order ``model.to(device)`` allocates them
+    # (``Module._apply``: a module's children first, then its parameters, then its buffers):
+    # where the allocator replay (fxmem.device.allocator) places them
+    placement: tuple = ()
 
 
 def _graph(self) -> torch.fx.Graph:
