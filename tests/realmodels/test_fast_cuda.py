@@ -6,8 +6,13 @@ must equal the ones PyTorch's own CUDA build reports on the fake GPU (``fxmem.me
 device="cuda")``, every model in one child: :mod:`realmodels.fakegpu_targets`). cuDNN's
 workspaces are the stub's, 0 bytes, on both sides.
 
-A model fxmem gets wrong is a strict xfail naming the cause and the figures seen. Runs where
-torch is a CUDA build with cuDNN (CI's 2.14.1 environment, the one with torchvision and timm).
+A model fxmem gets wrong is a strict xfail naming the cause and the figures seen (none on
+2.14.1). Runs where torch is a CUDA build with cuDNN (CI's 2.14.1 environment, the one with
+torchvision and timm). Cost: the child and this process's predictions run side by side,
+about 76 s each on an idle 2-core machine; the whole file took 172 to 212 s while other
+sessions' tests loaded the machine (load 6 to 9). All 19 models stay in the default run:
+CI's real-model command (``tests/realmodels tests/test_fake_gpu*.py``) passes no
+``-m "not slow"``, so a ``slow`` mark would not shorten it.
 """
 
 import os
