@@ -233,7 +233,13 @@ class _Replay:
         self.allocator = CachingAllocator(config)
         self.handles: dict = {}
         self.workspaces: list = []
-        self.before = [s for s in self.storages if s.created_by < 0]
+        # parameters and buffers first, in the order model.to(device) makes them
+        # (Trace.placement), then the rest (the batch, optimizer state) in trace order
+        placed = {n: k for k, n in enumerate(getattr(graph.trace, "placement", ()))}
+        self.before = sorted(
+            (s for s in self.storages if s.created_by < 0),
+            key=lambda s: (0, placed[s.name]) if s.category in ("param", "buffer")
+            and s.name in placed else (1, s.sid))
         # what the step frees of what was there before it: the previous step's gradients
         # under a late zero_grad (zero_grad_at="backward") are freed there and made again
         freed = {sid for sids in self.frees for sid in sids}

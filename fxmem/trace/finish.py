@@ -122,7 +122,8 @@ def finish(rec: Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
                  rec.saved_tensors.packs, spec.grad_accum, tuple(rec.dim_syms),
                  getattr(rec, "reused", ()),
                  rec.capability, rec.kernels.choices if rec.kernels is not None else (),
-                 tuple((op, m, what) for (op, m), what in data_sized.items()))
+                 tuple((op, m, what) for (op, m), what in data_sized.items()),
+                 placement=getattr(rec, "placement", ()))
 
 
 def _largest_counts(rec: Recorder) -> dict:

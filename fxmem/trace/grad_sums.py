@@ -63,6 +63,12 @@ def _dense(t: torch.Tensor) -> bool:
     return _contiguous([t.shape[d] for d in order], [t.stride()[d] for d in order])
 
 
+def may_sum_in_place(t: torch.Tensor) -> bool:
+    """What :meth:`GradSums.note` asks of a first gradient at the add: not a view, not a
+    ZeroTensor, not nested, non-overlapping and dense (its references are checked after)."""
+    return not (t._is_view() or t._is_zerotensor() or t.is_nested or not _dense(t))
+
+
 class GradSums:
     """The engine's gradient sums of one trace: hooks, candidates, and the rewrite."""
 
@@ -115,7 +121,7 @@ class GradSums:
         old, new = args
         if not (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)):
             return
-        if old._is_view() or old._is_zerotensor() or old.is_nested or not _dense(old):
+        if not may_sum_in_place(old):
             return
         a = sid(old)
         if a is None or a == sid(new):

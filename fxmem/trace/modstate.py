@@ -1,7 +1,8 @@
 """The user's model while a step is traced: its parameters and buffers swapped for fakes one
 slot at a time (:func:`slots`), its modules' attributes put back afterwards
 (:func:`attributes_kept`), and the buffers its forward assigns (:func:`watch_buffers`,
-:class:`BufferAssigned`, :func:`register_buffers`), which make the tracer warm up first.
+:class:`BufferAssigned`, :func:`register_buffers`), which make the tracer warm up first;
+and the order ``model.to(device)`` places them in (:func:`placement`).
 """
 
 from __future__ import annotations
@@ -123,3 +124,20 @@ def global_forward_hook(hook):
     module._global_forward_hooks[handle.id] = hook
     module._global_forward_hooks_with_kwargs[handle.id] = True
     return handle
+
+
+def _apply_order(module, prefix=""):
+    for name, child in module.named_children():
+        yield from _apply_order(child, f"{prefix}{name}.")
+    for table in (module._parameters, module._buffers):
+        for name, t in table.items():
+            if t is not None:
+                yield prefix + name
+
+
+def placement(model) -> tuple:
+    """The user's names of ``model``'s parameters and buffers in the order
+    ``model.to(device)`` moves them (``Module._apply``: each child first, then the module's
+    own parameters, then its buffers; a shared one where first met), as ``fxmem.measure``
+    places the model on the device (``Trace.placement``)."""
+    return tuple(user_path(n) for n in dict.fromkeys(_apply_order(model)))

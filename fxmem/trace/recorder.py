@@ -18,7 +18,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from ..errors import DataDependentError, ModelError, SpecializationError, TraceError
 from ..formula.symbols import B, dim_symbol
 from .cuda import blas as cuda_blas
-from .cuda import call_order, reduce_replay
+from .cuda import call_order, cudnn, reduce_replay
 from .datadep import (
     TORCH_AND_FXMEM,
     DataSymbol,
@@ -429,7 +429,9 @@ class Recorder(StorageTracker):
                                blas=None if self.kernels is None
                                else cuda_blas.library(func, args, kwargs),
                                reduce=None if self.kernels is None
-                               else reduce_replay.record(func, args, kwargs, self._sub)))
+                               else reduce_replay.record(func, args, kwargs, self._sub),
+                               conv=None if self.kernels is None
+                               else cudnn.conv_backend(func, args, kwargs)))
         if len(self.shape_env.replacements) != self._n_repl:
             self._n_repl = len(self.shape_env.replacements)
             self.check_specialized(str(func), module)

@@ -45,6 +45,9 @@ class OpInfo:
     # CUDA reductions: the op's arguments by name, tensors as (shape, strides, offset, dtype)
     # in B, for the replay's staging buffers (fxmem.trace.cuda.reduce_replay)
     reduce: tuple | None = None
+    # CUDA convolutions (forward and backward): "depthwise" where the native depthwise kernel
+    # runs instead of cuDNN (fxmem.trace.cuda.cudnn.conv_backend), else None
+    conv: str | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,10 @@ class Trace:
     # (``StorageInfo.data_bound``; fxmem.trace.datadep)
     data_sized: tuple = ()
     lifted: Lifted | None = None  # B fixed by the step: the sizes fitted (fxmem.trace.lift)
+    # names of the parameters and buffers in the order ``model.to(device)`` allocates them
+    # (``Module._apply``: a module's children first, then its parameters, then its buffers):
+    # where the allocator replay (fxmem.device.allocator) places them
+    placement: tuple = ()
 
 
 def _graph(self) -> torch.fx.Graph:

@@ -30,6 +30,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .checkpointing import user_path
+from .grad_sums import may_sum_in_place
 
 MIN_RUN = 3  # two traced blocks, then at least one stand-in
 _ACC = "torch::autograd::AccumulateGrad"
@@ -160,6 +161,9 @@ class _Call:
     out_meta: tuple = ()  # (shape, stride, dtype, requires_grad, device) per tensor output
     final_gx: dict = field(default_factory=dict)  # input i -> sid of its whole gradient
     grad_strides: dict = field(default_factory=dict)  # ("gy"|"gx", i) -> the gradient's strides
+    # ("gy", i) -> whether the gradient, were it summed first, could be summed into in place
+    # (fxmem.trace.grad_sums.may_sum_in_place: a stand-in's may be a view its pattern's is not)
+    grad_summable: dict = field(default_factory=dict)
     out_meta_raw: tuple = ()  # the same with SymInts, to make a stand-in's outputs
     grad_inputs: list = field(default_factory=list)  # a stand-in's inputs that need a gradient
     rec: object = field(default=None, repr=False)
@@ -187,6 +191,7 @@ class _StandIn(torch.autograd.Function):
             if g is not None:
                 call.roles[("gy", i)] = rec.register(g)[0]
                 call.grad_strides[("gy", i)] = _strides(g)
+                call.grad_summable[("gy", i)] = may_sum_in_place(g)
         out = [torch.empty_strided(shape, stride, dtype=dtype, device=dev)
                for shape, stride, dtype, dev in ctx.metas]
         for i, g in enumerate(out[:ctx.n_in]):

@@ -407,7 +407,11 @@ class _Splice:
         """Autograd's gradient sums that may run in place (:mod:`fxmem.trace.grad_sums`,
         applied after the splice) in the new numbering: the real ops' and, for each stand-in,
         its copies of the pattern block's (a block's sum into the gradient of its input, which
-        a stand-in makes, included)."""
+        a stand-in makes, included). A copy's sum whose first gradient is the gradient the
+        stand-in was given stays out of place where that gradient could not be summed into
+        (a view, say: the last block of a run, given a gradient from outside it; timm's
+        ConvNeXt, whose stage's last block gets the permuted gradient of the next stage's
+        LayerNorm2d)."""
         out = []
         for index, a, s in self.rec.sums.candidates:
             if index in new_real and a not in dropped and s not in dropped:
@@ -415,8 +419,10 @@ class _Splice:
             for calls in self.runs:
                 inside = pat_info[id(calls[1])][0]
                 if index in inside:
+                    given = [r for r, v in calls[1].roles.items() if r[0] == "gy" and v == a]
                     out += [(copy_index(c, inside[index]), sid_in(c, a), sid_in(c, s))
-                            for c in calls[2:]]
+                            for c in calls[2:]
+                            if all(c.grad_summable.get(r, True) for r in given)]
         return sorted(out)
 
     def _first_desc(self, order, final, sid_in) -> dict:

@@ -53,6 +53,7 @@ from .modstate import (
     BufferAssigned,
     attributes_kept,
     global_forward_hook,
+    placement,
     register_buffers,
     slots,
     watch_buffers,
@@ -342,6 +343,8 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     on = "cuda" if compiled else "cpu"
     named_p = list(model.named_parameters())
     named_b = [(n, b) for n, b in model.named_buffers() if b is not None]
+    if not prepared:  # a rank's wrapped model places its shards itself
+        rec.placement = placement(model)
     # on CUDA an RNN's weights are views of cuDNN's flat buffer (fxmem.trace.flat_weights)
     flat = flat_rnn_params(mode, model) \
         if spec.device == "cuda" and not prepared and not compiled else {}

@@ -12,14 +12,22 @@ order in which the op returns its outputs:
   the recorder lists the mask first (:func:`new_storage_order`). Its two short cuts make
   the output first: ``train=False`` (``self.clone()``, then ``ones_like``) and ``p == 1``.
 - ``convolution_backward`` through cuDNN (``aten/src/ATen/native/cudnn/ConvShared.cpp``,
-  ``cudnn_convolution_backward``): the copy of the incoming gradient in the input's memory
-  format first (:func:`fxmem.trace.cuda.cudnn.workspace_bytes`), then one cuDNN call per
-  gradient wanted, the input's then the weight's, each making its output and then the
-  workspace it holds while it runs; the copy goes when ``cudnn_convolution_backward``
-  returns, before ``convolution_backward`` sums the bias gradient (a 1-d output, made last).
+  ``cudnn_convolution_backward``): the copies of the input and of the incoming gradient in
+  the backend's memory format first (:func:`fxmem.trace.cuda.cudnn.workspace_bytes`), then
+  one cuDNN call per gradient wanted, the input's then the weight's, each making its output
+  and then the workspace it holds while it runs (the input's call copies the weight and
+  the gradient to its format after its output, the weight's call the gradient and the input
+  before it, each freeing its copies when it returns); the first copies go when
+  ``cudnn_convolution_backward`` returns, before ``convolution_backward`` sums the bias
+  gradient (a 1-d output, made last). A forward convolution makes the input's copy before
+  its output, the weight's after it.
 - ``embedding`` (``aten/src/ATen/native/Embedding.cpp``, ``embedding_symint``): indices of
   more than one dim that cannot be viewed flat are copied by ``indices.reshape(-1)`` before
   ``index_select`` makes the output (:func:`fxmem.trace.cuda.kernels.workspaces`).
+- ``native_layer_norm`` (``layer_norm_kernel.cu``, ``layer_norm_cuda``): the contiguous
+  copies of a strided input (weight, bias) before Y, mean and rstd
+  (:data:`fxmem.trace.cuda.norms.LAYER_NORM_COPIES`); its backward's before dX, dgamma and
+  dbeta (``NORM_BACKWARD_COPIES``; ``dY.contiguous()`` after them).
 - ``_scaled_dot_product_efficient_attention`` (``attention.cu``,
   ``_efficient_attention_forward``): the philox seed and offset (two empty CUDA tensors at
   dropout 0, host tensors otherwise) before the output and the logsumexp.
@@ -37,6 +45,8 @@ from __future__ import annotations
 import torch
 
 from . import sdpa_memory
+from .cudnn import CONV_INPUT_CALL, CONV_INPUT_COPY, CONV_WEIGHT_CALL
+from .norms import LAYER_NORM_COPIES, NORM_BACKWARD_COPIES
 
 aten = torch.ops.aten
 
@@ -46,7 +56,8 @@ EFFICIENT_FORWARD = frozenset({aten._scaled_dot_product_efficient_attention.defa
 # temporaries (by name) a kernel makes before its outputs; those freed once the next
 # temporary (not one of these) is made
 EMBEDDING_INDEX_COPY = "embedding: indices.reshape(-1), a copy"
-MADE_FIRST = frozenset({sdpa_memory.EFF_GRAD_OUT_COPY, EMBEDDING_INDEX_COPY})
+MADE_FIRST = frozenset({sdpa_memory.EFF_GRAD_OUT_COPY, EMBEDDING_INDEX_COPY,
+                        *LAYER_NORM_COPIES, *NORM_BACKWARD_COPIES, CONV_INPUT_COPY})
 FREED_AFTER_NEXT = frozenset({sdpa_memory.EFF_PRODUCT, sdpa_memory.EFF_SUM})
 # the ops that run one cuDNN call (forward convolutions): its workspace after its output
 CUDNN_CONV_FORWARD = frozenset(f"aten.{n}.default" for n in (
@@ -93,19 +104,44 @@ def steps(op, storages, made) -> list:
         elif pending:  # C++ temporaries go as their statement ends: the last made first
             out += [("free", t) for t in reversed(pending)]
             pending = []
-    if op.op in CUDNN_CONV_FORWARD:
+    if op.op in CUDNN_CONV_FORWARD and getattr(op, "conv", None) != "depthwise":
         out.append(("cudnn", None))
     return out
 
 
 def _conv_backward(op, storages, made) -> list:
-    """``convolution_backward`` on cuDNN: the temporaries (the gradient's copy) first; the
-    input's and the weight's gradients, each with its call's workspace; the copy freed; the
-    bias gradient (1-d) last."""
+    """``convolution_backward`` on cuDNN: the temporaries made for both calls (the input's
+    and the gradient's copies) first; the input's gradient, then its call's copies
+    (:data:`fxmem.trace.cuda.cudnn.CONV_INPUT_CALL`), its workspace, the copies freed; the
+    weight's call's copies (``CONV_WEIGHT_CALL``), the weight's gradient, its workspace, the
+    copies freed; the first copies freed; the bias gradient (1-d) last. The native depthwise
+    kernel (``op.conv == "depthwise"``) calls no cuDNN and makes the weight's gradient (its
+    weight is ``(C * m, 1, kh, kw)``) before the input's, each after its call's copies."""
     outs = set(op.out_sids)
-    copies = [s for s in made if s not in outs]
+    name = lambda s: storages[s].name if storages[s].category == "temporary" else ""
+    temps = [s for s in made if s not in outs]
+    for_input = [s for s in temps if name(s).startswith(CONV_INPUT_CALL)]
+    for_weight = [s for s in temps if name(s).startswith(CONV_WEIGHT_CALL)]
+    copies = [s for s in temps if s not in for_input and s not in for_weight]
     grads = [s for s in made if s in outs and len(storages[s].shape) != 1]
     bias = [s for s in made if s in outs and len(storages[s].shape) == 1]
-    return ([("alloc", s) for s in copies]
-            + [x for s in grads for x in (("alloc", s), ("cudnn", None))]
+    if getattr(op, "conv", None) == "depthwise":  # the native kernel: the weight's first
+        weight = [s for s in grads if storages[s].shape[1] == 1]
+        calls = []
+        for before, made_here in ((for_weight, weight),
+                                  (for_input, [s for s in grads if s not in weight])):
+            calls += [("alloc", t) for t in before] + [("alloc", s) for s in made_here] + \
+                [("free", t) for t in before]
+        return ([("alloc", s) for s in copies] + calls
+                + [("free", s) for s in copies] + [("alloc", s) for s in bias])
+    # which gradient each call makes: the input's first when both are wanted
+    kinds = (["input", "weight"] if len(grads) == 2 else
+             ["weight" if for_weight and not for_input else "input"] * len(grads))
+    calls = []
+    for s, kind in zip(grads, kinds):
+        before, after = ([], for_input) if kind == "input" else (for_weight, [])
+        temp = before + after
+        calls += [("alloc", t) for t in before] + [("alloc", s)] + \
+            [("alloc", t) for t in after] + [("cudnn", None)] + [("free", t) for t in temp]
+    return ([("alloc", s) for s in copies] + calls
             + [("free", s) for s in copies] + [("alloc", s) for s in bias])

@@ -121,7 +121,31 @@ def _cudnn_batch_norm_backward(a) -> bool:
     return _cudnn_batch_norm((x, w, w, a["running_mean"], a["running_var"], a["train"]))
 
 
+# --- 4a. LayerNorm forward (layer_norm_kernel.cu) ------------------------------------------------
+
+#: the copies ``layer_norm_cuda`` makes before its outputs (fxmem.trace.cuda.call_order)
+LAYER_NORM_COPIES = frozenset(f"layer_norm: {n}.expect_contiguous()"
+                              for n in ("input", "weight", "bias"))
+
+
+def _layer_norm(a, cap, sms):
+    """``layer_norm_cuda``: ``X = input.expect_contiguous()`` (then the weight's and the
+    bias's) before Y, mean and rstd are made; a copy only of a tensor not contiguous (timm's
+    LayerNorm2d normalises ``x.permute(0, 2, 3, 1)``), freed when the op returns. Seen on
+    2.14.1's binary on the fake GPU (timm's ConvNeXt, ``tests/realmodels/test_fast_cuda.py``:
+    one block the size of the input before the output)."""
+    return _clean([(f"layer_norm: {name}.expect_contiguous()", t.numel() * t.element_size())
+                   for name in ("input", "weight", "bias")
+                   if (t := a.get(name)) is not None and not _contiguous(t)])
+
+
 # --- 4. LayerNorm / RMSNorm backward (layer_norm_kernel.cu) ------------------------------------
+
+#: the copies the backward makes before its outputs (fxmem.trace.cuda.call_order): seen on
+#: 2.14.1's binary on the fake GPU (timm's ConvNeXt: the copy of the saved permuted input
+#: before dX)
+NORM_BACKWARD_COPIES = frozenset(f"{n}.expect_contiguous()"
+                                 for n in ("input", "weight", "bias"))
 
 def _large_m(a, sms, rms):
     """M, N and LaunchGammaBetaBackwardCUDAKernel's condition M > 65536 && N / 32 < sms / 2
@@ -136,9 +160,10 @@ def _large_m(a, sms, rms):
 
 def _norm_backward(a, cap, sms, rms):
     """``layer_norm_backward_cuda`` / ``_fused_rms_norm_backward_cuda``: input, weight (bias)
-    ``expect_contiguous()``; ``LayerNormBackwardKernelImpl`` / ``RMSNormBackwardKernelImpl``:
-    ``dY.contiguous()``; ``LaunchGammaBetaBackwardCUDAKernel``'s large-M branch: dgamma_blocks
-    (and dbeta_blocks, LayerNorm) = empty({blocks.y, dgamma.size(-1)}), blocks.y =
+    ``expect_contiguous()`` before the outputs; ``LayerNormBackwardKernelImpl`` or
+    ``RMSNormBackwardKernelImpl``: ``dY.contiguous()``; ``LaunchGammaBetaBackwardCUDAKernel``'s
+    large-M branch: dgamma_blocks (and dbeta_blocks, LayerNorm) = empty({blocks.y,
+    dgamma.size(-1)}), blocks.y =
     min(32768 / ceil(N / 32), ceil(M / 32)), then ``*dgamma = dgamma_blocks.sum(0)``: the
     preallocated dgamma (then dbeta) is freed once its sum exists, one of them more."""
     dy, x, w, mask = a["grad_out"], a["input"], a["weight"], a["output_mask"]

@@ -43,7 +43,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true as _know
 from ..compat import TORCH
 from .sdpa_memory import _DEFAULT_SMS, _by_name
 from .norms import (_batch_norm_backward, _group_norm, _group_norm_backward, _large_m,
-                    _made_contiguous, _norm_backward)
+                    _layer_norm, _made_contiguous, _norm_backward)
 from .sizing import (_acc, _and, _cdiv, _clean, _contiguous, _decide, _deterministic, _ite,  # noqa: F401
                      _masked, _peak, _r256)
 
@@ -430,6 +430,7 @@ _RULES = {
     aten.native_group_norm.default: _group_norm,
     aten.native_group_norm_backward.default: _group_norm_backward,
     aten.native_batch_norm_backward.default: _batch_norm_backward,
+    aten.native_layer_norm.default: _layer_norm,
     aten.native_layer_norm_backward.default: lambda a, c, s: _norm_backward(a, c, s, False),
     aten._fused_rms_norm_backward.default: lambda a, c, s: _norm_backward(a, c, s, True),
     aten.im2col.default: _im2col,  # F.unfold, and F.fold's backward

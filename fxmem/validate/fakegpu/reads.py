@@ -14,9 +14,18 @@ what a GPU computes for batches like the harness's:
   sequence per row (``position_ids`` is ``arange(L)`` in each), for which a GPU computes
   ``None``: no packed-sequence mask. On the fake GPU the value read is 0 (False), and
   ``sdpa_mask`` would build a mask a GPU does not.
+- transformers' ``masking_utils.fast_all(mask)`` (``mask.sum() == mask.numel()``) decides
+  whether an attention mask pads anything, so that ``_ignore_causal_mask_sdpa`` can skip the
+  4-D mask and let SDPA take its causal path. BART's decoder, called without a decoder
+  mask, makes one of its own (``torch.ones(batch, seq)``: a fill no kernel made on the fake
+  GPU) and asks. The harness's batches pad nothing, so every mask asked about is all ones,
+  for which a GPU computes True. On the fake GPU the sum reads 0, so the answer is False,
+  and ``sdpa_mask`` builds a mask and SDPA takes its masked path where a GPU does not.
+  The answer is a host tensor (no device block a GPU would not make).
 
 Only the harness (``fxmem validate --fake-gpu``) and fxmem's tests apply these answers:
-``fxmem.measure(..., fake_gpu=...)`` measures a user's batches, which may pack sequences.
+``fxmem.measure(..., fake_gpu=...)`` measures a user's batches, which may pack sequences
+or pad them.
 
 >>> with gpu_answers():
 ...     pass
@@ -40,20 +49,30 @@ def _transformers_masking():
 
 @contextlib.contextmanager
 def gpu_answers():
-    """Within the block, the reads this module's docstring names get a GPU's answer for one
-    sequence per row; everything is restored on exit."""
+    """Within the block, the reads this module's docstring names get a GPU's answer for the
+    harness's batches (one sequence per row, no padding); everything is restored on exit."""
+    import torch
+
     mu = _transformers_masking()
     if mu is None:
         yield
         return
-    orig = mu.find_packed_sequence_indices
+    orig = {name: getattr(mu, name) for name in ("find_packed_sequence_indices", "fast_all")
+            if hasattr(mu, name)}
 
     def unpacked(position_ids):
-        orig(position_ids)  # as written: its allocations are the step's
+        orig["find_packed_sequence_indices"](position_ids)  # as written: its allocations
         return None
 
-    mu.find_packed_sequence_indices = unpacked
+    def all_ones(tensor):
+        orig["fast_all"](tensor)  # as written: its allocations are the step's
+        return torch.tensor(True)
+
+    answers = {"find_packed_sequence_indices": unpacked, "fast_all": all_ones}
+    for name in orig:
+        setattr(mu, name, answers[name])
     try:
         yield
     finally:
-        mu.find_packed_sequence_indices = orig
+        for name, fn in orig.items():
+            setattr(mu, name, fn)
