@@ -434,6 +434,14 @@ def _storages(t, op) -> list:
             for s in op.new_sids]
 
 
+# activations whose CUDA rule changes what the module after them does, against the CPU's
+# trace (float32): after Softmax2d, the convolution's cuDNN backward copies its gradient for
+# each of its two calls (fxmem.trace.cuda.cudnn; 2,304 B each at B = 4, seen on 2.14.1's
+# binary on the fake GPU, where fxmem's prediction of this net is exact in both peaks and
+# allocation by allocation). Under autocast the reference is CUDA's own trace: copies alike.
+CUDA_AFTER = {("Softmax2d", "fp32"): {"2"}}
+
+
 def _differing_modules(cuda, base) -> set:
     """Module paths whose ops, or the storages they create, differ between two traces."""
     a = [(o.op, o.phase, o.module) for o in cuda.ops]
@@ -496,7 +504,8 @@ def test_cuda_trace_is_the_cpu_trace_but_for_named_rules(case, dtype):
                 (derived.peak_bytes(b), derived.timeline(b)), (case, dtype, b)
     else:
         assert set(rules) <= {r.op for r in cuda_kernels.RULES}
-        assert differ == {"1"}, (case, dtype, rules)  # model[1], the activation
+        # model[1], the activation, and what its CUDA output makes the next module do
+        assert differ == {"1"} | CUDA_AFTER.get((case, dtype), set()), (case, dtype, rules)
 
 
 # --- device="cuda": the forward PyTorch's CUDA build runs -----------------------------------
