@@ -108,9 +108,13 @@ def _measure(name, B, compiled_at, compile, steps, history):  # noqa: N803
 
 
 def measure_step(model, batch, loss, make_optimizer, B: int, compiled_at: int,  # noqa: N803
-                 compile: bool = True, steps: int = 2, history: bool = False) -> dict:
+                 compile: bool = True, steps: int = 2, history: bool = False,
+                 start_at_b: bool = False) -> dict:
     """The measured step of :func:`measure` for any model: ``batch(b, device)`` gives
-    ``(inputs, targets)``, ``loss(output, *targets)``, ``make_optimizer(params)``."""
+    ``(inputs, targets)``, ``loss(output, *targets)``, ``make_optimizer(params)``.
+    ``start_at_b``: the run's first steps are at ``B``, not at ``compiled_at`` (its graphs
+    come from the cache a run at ``compiled_at`` filled): the optimizer state is then made
+    beside a step at ``B``, as fxmem's replay makes it."""
     model = model.cuda()
     run = torch.compile(model) if compile else model
     opt = make_optimizer(model.parameters())
@@ -120,7 +124,7 @@ def measure_step(model, batch, loss, make_optimizer, B: int, compiled_at: int,  
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    for b in (compiled_at, B):
+    for b in (B,) if start_at_b else (compiled_at, B):
         inputs, targets = batch(b, "cuda")
         for t in inputs:
             torch._dynamo.mark_dynamic(t, 0)
