@@ -278,3 +278,25 @@ def test_smallest_is_the_frontier_last(case):
         got = fresh.smallest(at)
         assert (got.peak_bytes, got.recompute_flops) == (last.peak_bytes, last.recompute_flops)
         assert len(fresh._peaks) <= len(Planner(r).frontier(at))
+
+
+def test_solve_skips_what_cannot_fit(case):
+    """Planner.choose's solver call answers at once when the model's smallest peak is over
+    the budget, and as chain.solve does otherwise."""
+    from fxmem.checkpoint import chain as C
+    from fxmem.checkpoint.options import _solve
+
+    name, build, batch, loss, b, r = case
+    for optimistic in (False, True):
+        problem = r._chooser().problem(b, optimistic)
+        low = C.lowest_peak(problem)
+        for budget in (low - 1, low, low + 4096, 10 * low):
+            try:
+                want = C.solve(problem, budget).names
+            except fxmem.InfeasibleBudgetError:
+                want = None
+            try:
+                got = _solve(problem, budget).names
+            except fxmem.InfeasibleBudgetError:
+                got = None
+            assert got == want and (got is None) == (budget < low)

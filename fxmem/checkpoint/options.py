@@ -148,6 +148,16 @@ def policies(report, path: str, b: int, flops: dict | None = None) -> dict:
     return uniq
 
 
+def _solve(problem: C.ChainProblem, budget_bytes: int):
+    """:func:`fxmem.checkpoint.chain.solve`, or at once its error when the model's smallest
+    peak (:func:`~fxmem.checkpoint.chain.lowest_peak`, a thousandth of a solve) is over the
+    budget: then no plan fits the model, and the solve would find none."""
+    if C.lowest_peak(problem) > budget_bytes:
+        raise InfeasibleBudgetError(f"no checkpoint plan keeps the peak within {budget_bytes} "
+                                    "bytes", minimum_bytes=C.lowest_peak(problem))
+    return C.solve(problem, budget_bytes)
+
+
 class Planner:
     """Every granularity over the chain of blocks ``candidates`` (default:
     :func:`stack_blocks`); the same methods as
@@ -310,7 +320,7 @@ class Planner:
         found = []
         for optimistic in (False, True):  # the model above the exact peaks, and below
             problem = self.problem(b, optimistic)
-            got = tightened(lambda budget: (self._plan(C.solve(problem, budget)), True),
+            got = tightened(lambda budget: (self._plan(_solve(problem, budget)), True),
                             lambda plan: self.exact_numbers(plan, b)[:2], budget_bytes,
                             max_recompute_flops)
             if got is not None and got[0] is not None:

@@ -144,7 +144,8 @@ def _schedule(trace: Trace, entry) -> SegmentSchedule | None:
             raise InputError(f"checkpoint region {entry}: its forward has no call {missing[0]} "
                              f"(ops are named (aten op, n), the n-th call from 0)")
         cached = frozenset(names[s] for s in entry.save)
-    packs = [p for p in trace.packs if _inside(p.module, mods)]
+    packs = [p for _, p in sorted(kp for m, ps in _packs_by_module(trace).items()
+                                  if _inside(m, mods) for kp in ps)]  # in the trace's order
     if not packs:
         return None
     unpacked = [p for p in packs if p.unpacked_at is not None]
@@ -170,19 +171,21 @@ def derive(trace: Trace, plan) -> Trace:
         return replace(trace, plan=plan)  # no_grad: checkpoint saves nothing
     d = _Derivation(trace, plan)
     storages = trace.storages
+    pos = d.pos
     new_storages = []
     for k, st in enumerate(d.held):  # a storage nothing moved stays the same record
-        c, f, u = d.created[k], d.freed[k], d.unref[k]
+        c, f, u = d.created[k], d.freed[k], st.unref_after
+        u = u if u is None or u < 0 else pos[u]
         new_storages.append(st if (c, f, u) == (st.created_by, st.freed_after, st.unref_after)
                             else _with(st, created_by=c, freed_after=f, unref_after=u))
     for k, s in enumerate(d.copied, len(d.held)):
         st = storages[s]
         new_storages.append(replace(st, sid=k, created_by=d.created[k], freed_after=d.freed[k],
-                                    unref_after=d.unref[k], saved=False, category=_unsaved(st),
+                                    unref_after=d.freed[k], saved=False, category=_unsaved(st),
                                     saved_by=()))
     # the ops, renumbered; re-run ops point at the op they repeat
     ops, new_ops = trace.ops, []
-    for k, (sc, i) in enumerate(d.order):
+    for k, (sc, i) in enumerate(zip(d.runs, d.sources)):
         op = ops[i]
         if sc is None:
             new_ops.append(_with(op, index=k, source=i))
@@ -259,11 +262,9 @@ def derive_numbers(trace: Trace, plan, sizes) -> Derived:
                                    for s in st)),
                        tuple(sizes), array("q", range(n)), bytes(n))
     d = _Derivation(trace, plan)
-    return Derived(array("q", d.created),
-                   array("q", (NEVER if f is None else f for f in d.freed)),
+    return Derived(array("q", d.created), array("q", [NEVER if f is None else f for f in d.freed]),
                    (*sizes[:len(d.held)], *(sizes[s] for s in d.copied)),
-                   array("q", (i for _, i in d.order)),
-                   bytes(sc is not None for sc, _ in d.order))
+                   array("q", d.sources), bytes(map(bool, d.runs)))
 
 
 def _plan_of(trace: Trace, plan) -> Plan:
@@ -277,14 +278,16 @@ class _Derivation:
     """What ``plan`` changes in ``trace`` (a training step), as indices: ``held``, the
     base storages with what autograd and the checkpoints hold of them (base op indices);
     ``copied``, the base storage behind each re-run's copy (sids ``len(held)`` on);
-    ``created``, ``freed``, ``unref``, per storage of the derived step, in its op indices;
-    ``order``, its ops as ``(schedule or None, base op)`` (None: the op itself, else a
-    re-run of it); ``copies``: ``(path, base sid)`` -> the sid a re-run uses."""
+    ``created`` and ``freed``, per storage of the derived step, in its op indices;
+    per op of the derived step, ``sources`` (the base op it is or repeats) and ``runs``
+    (the schedule re-running it, None: the op itself); ``pos``: base op -> derived index;
+    ``copies``: ``(path, base sid)`` -> the sid a re-run uses."""
 
     def __init__(self, trace: Trace, plan: Plan):
         scheds = [s for s in (schedule(trace, e) for e in plan) if s is not None]
         self.held = held = _held_storages(trace, scheds)
         ops, storages = trace.ops, trace.storages
+        n = len(ops)
         # re-runs, in the order their first unpacks happened; a selective checkpoint's kept
         # ops are not run again (their cached outputs are handed back)
         reruns = sorted((sc for sc in scheds if sc.recompute_at is not None),
@@ -292,29 +295,33 @@ class _Derivation:
         before: dict = {}
         for sc in reruns:
             before.setdefault(sc.recompute_at, []).append(sc)
-        order = []  # (schedule or None, base index), in derived order
+        sources: list = []  # per derived op: the base op it is or repeats
+        runs: list = []  # per derived op: the schedule re-running it, or None
+        pos: list = []  # base op -> its derived index
         at = {}  # (path, base index) -> derived index of it (or of the op before it)
-        done = 0  # base ops in order so far
+        done = 0  # base ops placed so far
         for i in sorted(before):
-            order.extend((None, j) for j in range(done, min(i, len(ops))))
-            done = max(done, min(i, len(ops)))
+            stop = max(done, min(i, n))
+            pos.extend(range(len(sources), len(sources) + stop - done))
+            sources.extend(range(done, stop))
+            runs.extend([None] * (stop - done))
+            done = stop
             for sc in before[i]:
                 for j in range(sc.first_op, sc.stop):
                     if j not in sc.cached:
-                        order.append((sc, j))
-                    at[(sc.path, j)] = len(order) - 1
-        order.extend((None, j) for j in range(done, len(ops)))
-        pos = [0] * len(ops)  # base op -> its derived index
-        for k, (sc, i) in enumerate(order):
-            if sc is None:
-                pos[i] = k
+                        sources.append(j)
+                        runs.append(sc)
+                    at[(sc.path, j)] = len(sources) - 1
+        pos.extend(range(len(sources), len(sources) + n - done))
+        sources.extend(range(done, n))
+        runs.extend([None] * (n - done))
 
         def moved(i):  # base op index -> derived index (for "freed after op i")
             return i if i is None or i < 0 else pos[i]
 
-        self.created = [moved(st.created_by) for st in held]
-        self.freed = [moved(st.freed_after) for st in held]
-        self.unref = [moved(st.unref_after) for st in held]
+        self.created = [c if c < 0 else pos[c] for c in _base(trace)]
+        self.freed = [f if f is None or f < 0 else pos[f] for f in (st.freed_after
+                                                                     for st in held)]
         copies: dict = {}  # (path, base sid) -> sid of the recomputed copy
         copied = []
         packs_of = _packs_of(trace)
@@ -340,13 +347,33 @@ class _Derivation:
                     copied.append(s)
                     self.created.append(at[(sc.path, j)])
                     self.freed.append(free)
-                    self.unref.append(free)
         for s, (sc, j) in _cached(trace, scheds).items():  # in the cache until the re-run
             # takes it back, or (never taken: past the early stop) until the checkpoint is done
             end = at[(sc.path, j)] if sc.path in rerun and j < sc.stop else \
                 moved(sc.done_after)
             self.freed[s] = latest(self.freed[s], end)
-        self.copied, self.copies, self.order = copied, copies, order
+        self.copied, self.copies = copied, copies
+        self.sources, self.runs, self.pos = sources, runs, pos
+
+
+def _base(trace: Trace) -> list:
+    """Each storage's ``created_by`` (kept on the trace)."""
+    known = trace.__dict__.get("_created")
+    if known is None:
+        known = trace.__dict__["_created"] = [s.created_by for s in trace.storages]
+    return known
+
+
+def _packs_by_module(trace: Trace) -> dict:
+    """module path -> ``(position in trace.packs, pack)`` of the packs its forward made
+    (kept on the trace)."""
+    known = trace.__dict__.get("_packs_by_module")
+    if known is None:
+        known = {}
+        for k, p in enumerate(trace.packs):
+            known.setdefault(p.module, []).append((k, p))
+        trace.__dict__["_packs_by_module"] = known
+    return known
 
 
 def _packs_of(trace: Trace) -> dict:
@@ -389,20 +416,24 @@ def _held_storages(trace: Trace, scheds) -> list:
             planned[module] = not any(_inside(module, sc.modules) for sc in scheds)
         return planned[module]
 
-    new_storages = []
-    for st in storages:
+    touched = set(keep_until) | set(cache)
+    for module, packs in _packs_by_module(trace).items():
+        if not outside(module):
+            touched.update(p.sid for _, p in packs)
+    new_storages = list(storages)  # the others stay as they are
+    for sid in touched:
+        st = storages[sid]
         held = packs_of.get(st.sid, ())
         kept = [p.released_after for p in held if outside(p.module)]
         if (len(kept) == len(held) and st.sid not in keep_until and st.sid not in cache) \
                 or st.resized_away:
-            new_storages.append(st)  # (resized away: freed then, whoever refers to it)
-            continue
+            continue  # (resized away: freed then, whoever refers to it)
         free = latest(st.unref_after if st.created_by >= 0 else None, *kept,
                       *keep_until.get(st.sid, ()))
         by_plan = st.sid in keep_until or st.sid in cache  # the checkpoint holds it
-        new_storages.append(replace(st, freed_after=free, saved=bool(kept) or by_plan,
+        new_storages[sid] = replace(st, freed_after=free, saved=bool(kept) or by_plan,
                                     category=st.category if kept else
-                                    _held(st, ops) if by_plan else _unsaved(st)))
+                                    _held(st, ops) if by_plan else _unsaved(st))
     return new_storages
 
 
