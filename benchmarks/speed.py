@@ -73,26 +73,35 @@ def time_fxmem(batch, seq, repeat, n_layer=12, **kw):
     return statistics.median(times[1:])
 
 
-def run_peer(batch, seq, repeat):
-    from torch._subclasses.fake_tensor import FakeTensorMode
+def memtracker_step(model, opt, loss) -> tuple:
+    """The peer: one training step (``loss()``, its backward, ``opt.step()``) under
+    ``torch.distributed._tools.mem_tracker.MemTracker``, which must run inside a
+    ``FakeTensorMode`` holding ``model``: (seconds, the peak MemTracker reports in bytes).
+    ``benchmarks/llm_scale.py`` times its peer with it too."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    times, peak = [], None
+    t0 = time.perf_counter()
+    mt = MemTracker()
+    mt.track_external(model, opt)
+    with mt:
+        loss().backward()
+        opt.step()
+        opt.zero_grad()
+    seconds = time.perf_counter() - t0
+    return seconds, sum(d["Total"] for d in mt.get_tracker_snapshot("peak").values())
+
+
+def run_peer(batch, seq, repeat):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    times, total = [], None
     for _ in range(repeat):
         with FakeTensorMode():
             model = gpt2()
             opt = torch.optim.Adam(model.parameters(), foreach=True)
             ids = torch.zeros((batch, seq), dtype=torch.long)
-            t0 = time.perf_counter()
-            mt = MemTracker()
-            mt.track_external(model, opt)
-            with mt:
-                model(ids, ids).loss.backward()
-                opt.step()
-                opt.zero_grad()
-            times.append(time.perf_counter() - t0)
-            peak = mt.get_tracker_snapshot("peak")
-    total = sum(d["Total"] for d in peak.values())
+            seconds, total = memtracker_step(model, opt, lambda: model(ids, ids).loss)
+            times.append(seconds)
     return times, total
 
 

@@ -220,3 +220,83 @@ def test_lowest_peak_bounds_every_plan(case):
         assert low == C.min_peak(problem).peak_bytes
         assert all(low <= p.peak_bytes for p in ch.frontier(at))
         assert low <= ch.smallest(at).peak_bytes
+
+
+def _same_numbers(report, plans, bs):
+    """derive_numbers' arrays (what the planner's numbers are made of) against the trace
+    derive makes, plan by plan: timelines, the bytes before the step, each op's source and
+    whether it re-runs."""
+    from fxmem.checkpoint.plans import derive, derive_numbers
+    from fxmem.memory.liveness import timeline
+    from fxmem.memory.sizes import device_sizes
+
+    for plan in plans:
+        t = derive(report.trace, plan)
+        d = derive_numbers(report.trace, plan, report.liveness.sizes)
+        sizes = device_sizes(t.storages, report.device)
+        for b in bs:
+            assert d.timeline(b) == timeline(t.storages, sizes, len(t.ops), b), plan
+            assert d.start_bytes(b) == sum(z(b) for s, z in zip(t.storages, sizes)
+                                           if s.created_by < 0)
+        assert list(d.sources) == [o.source for o in t.ops]
+        assert list(d.recompute) == [int(o.recompute) for o in t.ops]
+
+
+def test_derived_numbers_are_the_derived_trace(case):
+    """The planner derives each block, selective policy and group, and each frontier plan,
+    as arrays (fxmem.checkpoint.plans.derive_numbers), not as a trace: the same numbers."""
+    name, build, batch, loss, b, r = case
+    ch = r._chooser()
+    plans = [(e,) for _, _, e, _, _ in ch.entries] + [p.plan for p in ch.frontier(b)]
+    _same_numbers(r, plans, (1, b, 3 * b))
+
+
+def test_derived_numbers_under_fsdp():
+    """The same under FSDP2 over 3 ranks (padded shards; the gathered parameters freed by a
+    resize, whoever holds them), on each rank group's trace, a plan of every kind."""
+    from test_parallel_plans import Blocks, _batch
+
+    x, y = _batch()
+    r = fxmem.analyze(Blocks(), x, y, loss=F.cross_entropy, optimizer=torch.optim.AdamW,
+                      parallel=fxmem.FSDP(3))
+    for g in r.groups:
+        ch = g.report._chooser()
+        plans = [(e,) for _, _, e, _, _ in ch.entries] + [p.plan for p in ch.frontier(17)]
+        assert any(isinstance(p[0], Region) and p[0].save for p in plans)
+        _same_numbers(g.report, plans, (2, 17))
+
+
+def test_smallest_is_the_frontier_last(case):
+    """``smallest`` derives plans only while the model below the exact peaks can beat the
+    smallest exact peak found: the frontier's last point, derived whole in a new planner."""
+    from fxmem.checkpoint.options import Planner
+
+    name, build, batch, loss, b, r = case
+    for at in (1, 2, b, 3 * b):
+        last = Planner(r).frontier(at)[-1]
+        fresh = Planner(r)
+        got = fresh.smallest(at)
+        assert (got.peak_bytes, got.recompute_flops) == (last.peak_bytes, last.recompute_flops)
+        assert len(fresh._peaks) <= len(Planner(r).frontier(at))
+
+
+def test_solve_skips_what_cannot_fit(case):
+    """Planner.choose's solver call answers at once when the model's smallest peak is over
+    the budget, and as chain.solve does otherwise."""
+    from fxmem.checkpoint import chain as C
+    from fxmem.checkpoint.options import _solve
+
+    name, build, batch, loss, b, r = case
+    for optimistic in (False, True):
+        problem = r._chooser().problem(b, optimistic)
+        low = C.lowest_peak(problem)
+        for budget in (low - 1, low, low + 4096, 10 * low):
+            try:
+                want = C.solve(problem, budget).names
+            except fxmem.InfeasibleBudgetError:
+                want = None
+            try:
+                got = _solve(problem, budget).names
+            except fxmem.InfeasibleBudgetError:
+                got = None
+            assert got == want and (got is None) == (budget < low)

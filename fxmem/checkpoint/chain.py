@@ -110,14 +110,30 @@ def _by_first(problem):
 
 def _run(problem: ChainProblem, budget, max_states: int = MAX_STATES):
     """States at the last boundary that fit ``budget`` (None: any), as
-    ``(cost, peak, -R, choices)``."""
+    ``(cost, peak, -R, choices)``, the choices in block order."""
+    return [(cost, pk, nR, _unchain(ch)) for cost, pk, nR, ch in _states(problem, budget,
+                                                                         max_states)]
+
+
+def _unchain(link) -> tuple:
+    """``(choice, (choice before, (...)))`` as a tuple of choices in block order."""
+    out = []
+    while link:
+        c, link = link
+        out.append(c)
+    return tuple(reversed(out))
+
+
+def _states(problem: ChainProblem, budget, max_states: int):
+    """:func:`_run`'s states, each state's choices a chain ``(last, (the one before, ...))``:
+    one pair per step, not a copy of every choice so far."""
     starts = _by_first(problem)
     limit = float("inf") if budget is None else budget
     top0 = max(problem.start, problem.boundary[0])
     if top0 > limit:
         return []
     layers: list = [[] for _ in range(problem.n + 1)]
-    layers[0] = [(0, top0, 0, ())]
+    layers[0] = [(0, top0, 0, None)]
     for k in range(problem.n):
         states = _prune(layers[k], max_states)
         layers[k] = None
@@ -128,7 +144,7 @@ def _run(problem: ChainProblem, budget, max_states: int = MAX_STATES):
                 R = -nR
                 v = max(pk, c.own - R, b - R - c.released)
                 if v <= limit:
-                    nxt.append((cost + c.cost, v, nR - c.released, ch + (c,)))
+                    nxt.append((cost + c.cost, v, nR - c.released, (c, ch)))
     return _prune(layers[problem.n], max_states)
 
 
@@ -157,21 +173,21 @@ def _prune(states, max_states):
 
 def solve(problem: ChainProblem, budget_bytes: int) -> ChainSolution:
     """The least-cost plan whose model peak fits ``budget_bytes`` (ties: lower peak)."""
-    final = _run(problem, budget_bytes)
+    final = _states(problem, budget_bytes, MAX_STATES)
     if not final:
         low = min_peak(problem)
         raise InfeasibleBudgetError(
             f"no checkpoint plan keeps the peak within {budget_bytes} bytes; the smallest "
             f"peak is {low.peak_bytes} bytes", minimum_bytes=low.peak_bytes)
     cost, pk, _, ch = min(final, key=lambda s: (s[0], s[1]))
-    return ChainSolution(ch, int(pk), cost)
+    return ChainSolution(_unchain(ch), int(pk), cost)
 
 
 def min_peak(problem: ChainProblem) -> ChainSolution:
     """The plan of the smallest model peak (ties: least cost)."""
-    final = _run(problem, None)
+    final = _states(problem, None, MAX_STATES)
     cost, pk, _, ch = min(final, key=lambda s: (s[1], s[0]))
-    return ChainSolution(ch, int(pk), cost)
+    return ChainSolution(_unchain(ch), int(pk), cost)
 
 
 def lowest_peak(problem: ChainProblem) -> int:

@@ -38,12 +38,10 @@ import torch
 
 from ..errors import InfeasibleBudgetError, InputError
 from ..formula.symbols import Size
-from ..memory.liveness import timeline
-from ..memory.sizes import device_sizes
 from . import chain as C
 from .choose import FrontierPoint, PlanChoice, _start_bytes, default_candidates, tightened
 from .flops import ALIASES
-from .plans import derive, region_calls, sac_calls, schedule
+from .plans import derive_numbers, region_calls, sac_calls, schedule
 from ..trace.regions import Plan, Region
 
 KINDS = ("module", "group", "selective")
@@ -150,6 +148,16 @@ def policies(report, path: str, b: int, flops: dict | None = None) -> dict:
     return uniq
 
 
+def _solve(problem: C.ChainProblem, budget_bytes: int):
+    """:func:`fxmem.checkpoint.chain.solve`, or at once its error when the model's smallest
+    peak (:func:`~fxmem.checkpoint.chain.lowest_peak`, a thousandth of a solve) is over the
+    budget: then no plan fits the model, and the solve would find none."""
+    if C.lowest_peak(problem) > budget_bytes:
+        raise InfeasibleBudgetError(f"no checkpoint plan keeps the peak within {budget_bytes} "
+                                    "bytes", minimum_bytes=C.lowest_peak(problem))
+    return C.solve(problem, budget_bytes)
+
+
 class Planner:
     """Every granularity over the chain of blocks ``candidates`` (default:
     :func:`stack_blocks`); the same methods as
@@ -207,12 +215,12 @@ class Planner:
                         break  # not one segment: nor are longer ones
                     entries.append((i, j, g))
         self.entries = []
+        sizes = report.liveness.sizes
         for i, j, e in entries:
             sc = schedule(trace, e)
             if sc is None or sc.recompute_at is None:
                 continue
-            d = derive(trace, (e,))
-            self.entries.append((i, j, e, d, device_sizes(d.storages, report.device),
+            self.entries.append((i, j, e, derive_numbers(trace, (e,), sizes),
                                  (sc.last_op + 1, sc.recompute_at)))
         self._step = Size.of(report.flop_count.total)
         self._peaks: dict = {}
@@ -224,11 +232,12 @@ class Planner:
         return self._step(b)
 
     def _costs(self, t, b):
-        """(PyTorch-counted, other) FLOPs of the recomputed ops of derived trace ``t``."""
+        """(PyTorch-counted, other) FLOPs of the recomputed ops of derived step ``t`` (a
+        :class:`fxmem.checkpoint.plans.Derived`)."""
         reg = other = 0
-        for o in t.ops:
-            if o.recompute and o.source in self._flops:
-                f, r = self._flops[o.source]
+        for source, again in zip(t.sources, t.recompute):
+            if again and source in self._flops:
+                f, r = self._flops[source]
                 v = f(b)
                 if r:
                     reg += v
@@ -260,14 +269,12 @@ class Planner:
             else:
                 boundary[self.cover[t]] = max(boundary[self.cover[t]], v)
         choices = [C.Choice(k, k, 0, 0, none[k], None) for k in range(n)]
-        for i, j, e, d, sizes, (lo, hi) in self.entries:
-            tl = timeline(d.storages, sizes, len(d.ops), b)
+        for i, j, e, d, (lo, hi) in self.entries:
             drop, own = [], C._NONE
-            for o, v in zip(d.ops, tl):
-                if o.recompute:
+            for s, again, v in zip(d.sources, d.recompute, d.timeline(b)):
+                if again:
                     own = max(own, v)
                     continue
-                s = o.source
                 if lo <= s < hi:
                     drop.append(base[s] - v)
                 elif i <= self.own[s] <= j or v != base[s]:
@@ -284,9 +291,8 @@ class Planner:
         plan = Plan.of(plan)
         key = (plan, b)
         if key not in self._peaks:
-            t, sizes = self._derived(plan)
-            peak = max([_start_bytes(t.storages, sizes, b),
-                        *timeline(t.storages, sizes, len(t.ops), b)])
+            t = self._derived(plan)
+            peak = max([t.start_bytes(b), *t.timeline(b)])
             reg, other = self._costs(t, b) if plan else (0, 0)
             self._peaks[key] = (peak, reg + other, reg)
         return self._peaks[key]
@@ -300,10 +306,10 @@ class Planner:
         return self._choice(Plan.of(plan), b, False)
 
     def _derive(self, plan: Plan):
-        """``(trace, device sizes)`` of ``plan``: the same at every B. ``self._derived``
-        keeps the most recent for the next B a search asks about."""
-        t = derive(self.report.trace, plan) if plan else self.report.trace
-        return t, device_sizes(t.storages, self.report.device)
+        """The step under ``plan`` in arrays (:func:`fxmem.checkpoint.plans.derive_numbers`):
+        the same at every B. ``self._derived`` keeps the most recent for the next B a search
+        asks about."""
+        return derive_numbers(self.report.trace, plan, self.report.liveness.sizes)
 
     @staticmethod
     def _plan(sol) -> Plan:
@@ -314,7 +320,7 @@ class Planner:
         found = []
         for optimistic in (False, True):  # the model above the exact peaks, and below
             problem = self.problem(b, optimistic)
-            got = tightened(lambda budget: (self._plan(C.solve(problem, budget)), True),
+            got = tightened(lambda budget: (self._plan(_solve(problem, budget)), True),
                             lambda plan: self.exact_numbers(plan, b)[:2], budget_bytes,
                             max_recompute_flops)
             if got is not None and got[0] is not None:
@@ -349,16 +355,37 @@ class Planner:
         return reg, cost, peak
 
     def smallest(self, b: int):
-        """The plan of the smallest exact peak among the model's frontier at ``b``."""
-        pts = self.frontier(b)
-        best = min(pts, key=lambda p: (p.peak_bytes, p.recompute_flops))
-        return self._choice(best.plan, b, False)
+        """The plan of the smallest exact peak among the model's frontier at ``b`` (the
+        last point of :meth:`frontier`), its plans derived in the order of their peaks in
+        the model below the exact ones, until that bound is over the smallest exact peak
+        found: a few derivations, not the frontier's."""
+        sols = self._solutions(b)
+        low = self.problem(b, optimistic=True)
+        by = {(c.first, c.last, c.name): c for c in low.choices}
+        bounds = sorted((C.peak(low, [by[c.first, c.last, c.name] for c in s.choices]), k)
+                        for k, s in enumerate(sols))
+        best = None  # ((peak, PyTorch-counted recompute, recompute), plan)
+        for bound, k in bounds:
+            if best is not None and bound > best[0][0]:
+                break  # every plan left peaks above it
+            plan = self._plan(sols[k])
+            peak, cost, reg = self.exact_numbers(plan, b)
+            if best is None or (peak, reg, cost) < best[0]:
+                best = (peak, reg, cost), plan
+        return self._choice(best[1], b, False)
+
+    def _solutions(self, b: int) -> tuple:
+        """The chain model's frontier at ``b`` (kept: a search asks for it again)."""
+        key = ("frontier", b)
+        if key not in self._problems:
+            self._problems[key] = C.frontier(self.problem(b))
+        return self._problems[key]
 
     def _frontier_plans(self, b: int, budget_bytes: int | None = None):
         """The plans of the chain model's frontier at ``b``; with ``budget_bytes``, only
         those whose peak fits it in the model below the exact peaks (``optimistic``: a plan
         over the budget there is over it exactly), which need no derivation."""
-        sols = C.frontier(self.problem(b))
+        sols = self._solutions(b)
         if budget_bytes is not None:
             low = self.problem(b, optimistic=True)
             by = {(c.first, c.last, c.name): c for c in low.choices}

@@ -32,6 +32,7 @@ True
 from __future__ import annotations
 
 import functools
+from array import array
 from dataclasses import dataclass, replace
 
 from ..errors import InputError
@@ -143,7 +144,8 @@ def _schedule(trace: Trace, entry) -> SegmentSchedule | None:
             raise InputError(f"checkpoint region {entry}: its forward has no call {missing[0]} "
                              f"(ops are named (aten op, n), the n-th call from 0)")
         cached = frozenset(names[s] for s in entry.save)
-    packs = [p for p in trace.packs if _inside(p.module, mods)]
+    packs = [p for _, p in sorted(kp for m, ps in _packs_by_module(trace).items()
+                                  if _inside(m, mods) for kp in ps)]  # in the trace's order
     if not packs:
         return None
     unpacked = [p for p in packs if p.unpacked_at is not None]
@@ -164,115 +166,33 @@ def _schedule(trace: Trace, entry) -> SegmentSchedule | None:
 def derive(trace: Trace, plan) -> Trace:
     """The step under ``plan`` (a :class:`fxmem.Plan`, or entries for one), from ``trace``
     traced without a plan."""
-    if trace.plan:
-        raise InputError("derive a plan from a trace without one (this one has "
-                         f"{list(trace.plan)})")
-    plan = Plan.of(plan)
+    plan = _plan_of(trace, plan)
     if not trace.train:
         return replace(trace, plan=plan)  # no_grad: checkpoint saves nothing
-    scheds = [s for s in (schedule(trace, e) for e in plan) if s is not None]
-    ops, storages = trace.ops, trace.storages
-    packs_of: dict = {}  # sid -> [Pack]
-    for p in trace.packs:
-        packs_of.setdefault(p.sid, []).append(p)
-
-    # 1. forward copies: autograd holds from inside a plan segment are gone; inputs wait
-    keep_until: dict = {}
-    for sc in scheds:
-        if sc.recompute_at is not None:
-            for s in sc.inputs:
-                keep_until.setdefault(s, []).append(sc.done_after)
-    cache: dict = {}  # sid -> (schedule, op) of a selective checkpoint keeping it
-    for sc in scheds:
-        for j in sc.cached:
-            for s in ops[j].out_sids:
-                cache.setdefault(s, (sc, j))
-    planned: dict = {}  # module -> whether a segment of the plan holds it
-
-    def outside(module: str) -> bool:
-        if module not in planned:
-            planned[module] = not any(_inside(module, sc.modules) for sc in scheds)
-        return planned[module]
-
+    d = _Derivation(trace, plan)
+    storages = trace.storages
+    pos = d.pos
     new_storages = []
-    for st in storages:
-        held = packs_of.get(st.sid, ())
-        kept = [p.released_after for p in held if outside(p.module)]
-        if (len(kept) == len(held) and st.sid not in keep_until and st.sid not in cache) \
-                or st.resized_away:
-            new_storages.append(st)  # (resized away: freed then, whoever refers to it)
-            continue
-        free = latest(st.unref_after if st.created_by >= 0 else None, *kept,
-                      *keep_until.get(st.sid, ()))
-        by_plan = st.sid in keep_until or st.sid in cache  # the checkpoint holds it
-        new_storages.append(replace(st, freed_after=free, saved=bool(kept) or by_plan,
-                                    category=st.category if kept else
-                                    _held(st, ops) if by_plan else _unsaved(st)))
-
-    # 2. re-runs, in the order their first unpacks happened; a selective checkpoint's kept
-    # ops are not run again (their cached outputs are handed back)
-    reruns = sorted((sc for sc in scheds if sc.recompute_at is not None),
-                    key=lambda sc: (sc.recompute_at, sc.order))
-    before: dict = {}
-    for sc in reruns:
-        before.setdefault(sc.recompute_at, []).append(sc)
-    order = []  # ("op", base index) or ("re", schedule, base index), in derived order
-    at = {}  # (path or None, base index) -> derived index of it (or of the op before it)
-    for i in range(len(ops) + 1):
-        for sc in before.get(i, ()):
-            for j in range(sc.first_op, sc.stop):
-                if j not in sc.cached:
-                    order.append(("re", sc, j))
-                at[(sc.path, j)] = len(order) - 1
-        if i < len(ops):
-            at[(None, i)] = len(order)
-            order.append(("op", None, i))
-
-    def moved(i):  # base op index -> derived index (for "freed after op i")
-        return i if i is None or i < 0 else at[(None, i)]
-
-    new_storages = [_with(st, created_by=moved(st.created_by), freed_after=moved(st.freed_after),
-                          unref_after=moved(st.unref_after)) for st in new_storages]
-    copies: dict = {}  # (path, base sid) -> sid of the recomputed copy
-    rerun = {sc.path for sc in reruns}
-    for sc in reruns:
-        for j in range(sc.first_op, sc.stop):
-            for s in ops[j].new_sids:
-                st = storages[s]
-                inner = [p.dropped_after if p.unpacked_at is not None else p.released_after
-                         for p in packs_of.get(s, ()) if _inside(p.module, sc.modules)]
-                if inner:  # kept until each saver's backward is done with it
-                    free = moved(latest(*inner))
-                else:  # dropped by Python in the re-run, or when it stops
-                    end = sc.stop - 1
-                    u = st.unref_after
-                    free = at[(sc.path, u if u is not None and u <= end else end)]
-                if j in sc.cached:  # the forward's own tensor, handed over
-                    old = new_storages[s]
-                    new_storages[s] = replace(old, freed_after=latest(old.freed_after, free))
-                    copies[(sc.path, s)] = s
-                    continue
-                sid = len(new_storages)
-                copies[(sc.path, s)] = sid
-                new_storages.append(replace(st, sid=sid, created_by=at[(sc.path, j)],
-                                            freed_after=free, unref_after=free, saved=False,
-                                            category=_unsaved(st), saved_by=()))
-    for s, (sc, j) in cache.items():  # in the cache until the re-run takes it back, or
-        # (never taken: past the early stop) until the checkpoint is done
-        end = at[(sc.path, j)] if sc.path in rerun and j < sc.stop else moved(sc.done_after)
-        old = new_storages[s]
-        new_storages[s] = replace(old, freed_after=latest(old.freed_after, end))
-
-    # 3. the ops, renumbered; re-run ops point at the op they repeat
-    new_ops = []
-    for k, (kind, sc, i) in enumerate(order):
+    for k, st in enumerate(d.held):  # a storage nothing moved stays the same record
+        c, f, u = d.created[k], d.freed[k], st.unref_after
+        u = u if u is None or u < 0 else pos[u]
+        new_storages.append(st if (c, f, u) == (st.created_by, st.freed_after, st.unref_after)
+                            else _with(st, created_by=c, freed_after=f, unref_after=u))
+    for k, s in enumerate(d.copied, len(d.held)):
+        st = storages[s]
+        new_storages.append(replace(st, sid=k, created_by=d.created[k], freed_after=d.freed[k],
+                                    unref_after=d.freed[k], saved=False, category=_unsaved(st),
+                                    saved_by=()))
+    # the ops, renumbered; re-run ops point at the op they repeat
+    ops, new_ops = trace.ops, []
+    for k, (sc, i) in enumerate(zip(d.runs, d.sources)):
         op = ops[i]
-        if kind == "op":
+        if sc is None:
             new_ops.append(_with(op, index=k, source=i))
             continue
 
         def m(sids, path=sc.path):
-            return tuple(copies.get((path, s), s) for s in sids)
+            return tuple(d.copies.get((path, s), s) for s in sids)
 
         new_ops.append(replace(op, index=k, phase="backward", out_sids=m(op.out_sids),
                                new_sids=m(op.new_sids), in_sids=m(op.in_sids),
@@ -280,6 +200,241 @@ def derive(trace: Trace, plan) -> Trace:
                                recompute=True, source=i))
     return replace(trace, ops=tuple(new_ops), storages=tuple(new_storages),
                    plan=plan, packs=())
+
+
+NEVER = -2  # ``Derived.freed``'s "never freed" (a trace's ``freed_after=None``)
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A plan's step derived as :func:`derive` does, in arrays: what a planner's numbers
+    need, without a record per op and storage (:func:`derive_numbers`). Per storage of the
+    derived step: ``created`` (the op that makes it, -1: before the step), ``freed`` (the
+    op after which it is freed, :data:`NEVER`: never) and ``sizes`` (device sizes); per
+    op: ``sources`` (the base op it is, or repeats) and ``recompute`` (1 when it re-runs
+    one)."""
+
+    created: array
+    freed: array
+    sizes: tuple
+    sources: array
+    recompute: bytes
+
+    @property
+    def n_ops(self) -> int:
+        return len(self.sources)
+
+    def timeline(self, b: int) -> list:
+        """Live bytes right after each op's allocations at batch size ``b``
+        (:func:`fxmem.memory.liveness.timeline`)."""
+        n = len(self.sources)
+        delta = [0] * (n + 1)
+        live = 0
+        for c, f, size in zip(self.created, self.freed, self.sizes):
+            v = size(b)
+            if c < 0:
+                live += v
+            else:
+                delta[c] += v
+            if f != NEVER and f + 1 <= n:
+                delta[max(f + 1, 0)] -= v
+        out = []
+        for i in range(n):
+            live += delta[i]
+            out.append(live)
+        return out
+
+    def start_bytes(self, b: int) -> int:
+        """Live bytes before the step's first op."""
+        return sum(z(b) for c, z in zip(self.created, self.sizes) if c < 0)
+
+
+def derive_numbers(trace: Trace, plan, sizes) -> Derived:
+    """:func:`derive`'s step under ``plan`` as a :class:`Derived`, ``sizes`` the device
+    sizes of ``trace``'s storages (a re-run's copy takes its original's): the same
+    numbers as the derived trace's, in a fraction of the time and memory."""
+    plan = _plan_of(trace, plan)
+    n = len(trace.ops)
+    if not trace.train or not plan:
+        st = trace.storages
+        return Derived(array("q", (s.created_by for s in st)),
+                       array("q", (NEVER if s.freed_after is None else s.freed_after
+                                   for s in st)),
+                       tuple(sizes), array("q", range(n)), bytes(n))
+    d = _Derivation(trace, plan)
+    return Derived(array("q", d.created), array("q", [NEVER if f is None else f for f in d.freed]),
+                   (*sizes[:len(d.held)], *(sizes[s] for s in d.copied)),
+                   array("q", d.sources), bytes(map(bool, d.runs)))
+
+
+def _plan_of(trace: Trace, plan) -> Plan:
+    if trace.plan:
+        raise InputError("derive a plan from a trace without one (this one has "
+                         f"{list(trace.plan)})")
+    return Plan.of(plan)
+
+
+class _Derivation:
+    """What ``plan`` changes in ``trace`` (a training step), as indices: ``held``, the
+    base storages with what autograd and the checkpoints hold of them (base op indices);
+    ``copied``, the base storage behind each re-run's copy (sids ``len(held)`` on);
+    ``created`` and ``freed``, per storage of the derived step, in its op indices;
+    per op of the derived step, ``sources`` (the base op it is or repeats) and ``runs``
+    (the schedule re-running it, None: the op itself); ``pos``: base op -> derived index;
+    ``copies``: ``(path, base sid)`` -> the sid a re-run uses."""
+
+    def __init__(self, trace: Trace, plan: Plan):
+        scheds = [s for s in (schedule(trace, e) for e in plan) if s is not None]
+        self.held = held = _held_storages(trace, scheds)
+        ops, storages = trace.ops, trace.storages
+        n = len(ops)
+        # re-runs, in the order their first unpacks happened; a selective checkpoint's kept
+        # ops are not run again (their cached outputs are handed back)
+        reruns = sorted((sc for sc in scheds if sc.recompute_at is not None),
+                        key=lambda sc: (sc.recompute_at, sc.order))
+        before: dict = {}
+        for sc in reruns:
+            before.setdefault(sc.recompute_at, []).append(sc)
+        sources: list = []  # per derived op: the base op it is or repeats
+        runs: list = []  # per derived op: the schedule re-running it, or None
+        pos: list = []  # base op -> its derived index
+        at = {}  # (path, base index) -> derived index of it (or of the op before it)
+        done = 0  # base ops placed so far
+        for i in sorted(before):
+            stop = max(done, min(i, n))
+            pos.extend(range(len(sources), len(sources) + stop - done))
+            sources.extend(range(done, stop))
+            runs.extend([None] * (stop - done))
+            done = stop
+            for sc in before[i]:
+                for j in range(sc.first_op, sc.stop):
+                    if j not in sc.cached:
+                        sources.append(j)
+                        runs.append(sc)
+                    at[(sc.path, j)] = len(sources) - 1
+        pos.extend(range(len(sources), len(sources) + n - done))
+        sources.extend(range(done, n))
+        runs.extend([None] * (n - done))
+
+        def moved(i):  # base op index -> derived index (for "freed after op i")
+            return i if i is None or i < 0 else pos[i]
+
+        self.created = [c if c < 0 else pos[c] for c in _base(trace)]
+        self.freed = [f if f is None or f < 0 else pos[f] for f in (st.freed_after
+                                                                     for st in held)]
+        copies: dict = {}  # (path, base sid) -> sid of the recomputed copy
+        copied = []
+        packs_of = _packs_of(trace)
+        rerun = {sc.path for sc in reruns}
+        for sc in reruns:
+            for j in range(sc.first_op, sc.stop):
+                for s in ops[j].new_sids:
+                    st = storages[s]
+                    inner = [p.dropped_after if p.unpacked_at is not None else p.released_after
+                             for p in packs_of.get(s, ()) if _inside(p.module, sc.modules)]
+                    if inner:  # kept until each saver's backward is done with it
+                        free = moved(latest(*inner))
+                    else:  # dropped by Python in the re-run, or when it stops
+                        end = sc.stop - 1
+                        u = st.unref_after
+                        free = at[(sc.path, u if u is not None and u <= end else end)]
+                    if j in sc.cached:  # the forward's own tensor, handed over
+                        self.freed[s] = latest(self.freed[s], free)
+                        copies[(sc.path, s)] = s
+                        continue
+                    sid = len(held) + len(copied)
+                    copies[(sc.path, s)] = sid
+                    copied.append(s)
+                    self.created.append(at[(sc.path, j)])
+                    self.freed.append(free)
+        for s, (sc, j) in _cached(trace, scheds).items():  # in the cache until the re-run
+            # takes it back, or (never taken: past the early stop) until the checkpoint is done
+            end = at[(sc.path, j)] if sc.path in rerun and j < sc.stop else \
+                moved(sc.done_after)
+            self.freed[s] = latest(self.freed[s], end)
+        self.copied, self.copies = copied, copies
+        self.sources, self.runs, self.pos = sources, runs, pos
+
+
+def _base(trace: Trace) -> list:
+    """Each storage's ``created_by`` (kept on the trace)."""
+    known = trace.__dict__.get("_created")
+    if known is None:
+        known = trace.__dict__["_created"] = [s.created_by for s in trace.storages]
+    return known
+
+
+def _packs_by_module(trace: Trace) -> dict:
+    """module path -> ``(position in trace.packs, pack)`` of the packs its forward made
+    (kept on the trace)."""
+    known = trace.__dict__.get("_packs_by_module")
+    if known is None:
+        known = {}
+        for k, p in enumerate(trace.packs):
+            known.setdefault(p.module, []).append((k, p))
+        trace.__dict__["_packs_by_module"] = known
+    return known
+
+
+def _packs_of(trace: Trace) -> dict:
+    """sid -> the trace's packs of it (kept on the trace: every derivation reads them)."""
+    known = trace.__dict__.get("_packs_of")
+    if known is None:
+        known = {}
+        for p in trace.packs:
+            known.setdefault(p.sid, []).append(p)
+        trace.__dict__["_packs_of"] = known
+    return known
+
+
+def _cached(trace: Trace, scheds) -> dict:
+    """sid -> ``(schedule, op)`` of the selective checkpoint keeping it."""
+    ops = trace.ops
+    cache: dict = {}
+    for sc in scheds:
+        for j in sc.cached:
+            for s in ops[j].out_sids:
+                cache.setdefault(s, (sc, j))
+    return cache
+
+
+def _held_storages(trace: Trace, scheds) -> list:
+    """The base storages as the plan's forward leaves them: autograd's holds from inside a
+    segment are gone, the segments' inputs wait for their backward (base op indices)."""
+    ops, storages = trace.ops, trace.storages
+    packs_of = _packs_of(trace)
+    keep_until: dict = {}
+    for sc in scheds:
+        if sc.recompute_at is not None:
+            for s in sc.inputs:
+                keep_until.setdefault(s, []).append(sc.done_after)
+    cache = _cached(trace, scheds)
+    planned: dict = {}  # module -> whether a segment of the plan holds it
+
+    def outside(module: str) -> bool:
+        if module not in planned:
+            planned[module] = not any(_inside(module, sc.modules) for sc in scheds)
+        return planned[module]
+
+    touched = set(keep_until) | set(cache)
+    for module, packs in _packs_by_module(trace).items():
+        if not outside(module):
+            touched.update(p.sid for _, p in packs)
+    new_storages = list(storages)  # the others stay as they are
+    for sid in touched:
+        st = storages[sid]
+        held = packs_of.get(st.sid, ())
+        kept = [p.released_after for p in held if outside(p.module)]
+        if (len(kept) == len(held) and st.sid not in keep_until and st.sid not in cache) \
+                or st.resized_away:
+            continue  # (resized away: freed then, whoever refers to it)
+        free = latest(st.unref_after if st.created_by >= 0 else None, *kept,
+                      *keep_until.get(st.sid, ()))
+        by_plan = st.sid in keep_until or st.sid in cache  # the checkpoint holds it
+        new_storages[sid] = replace(st, freed_after=free, saved=bool(kept) or by_plan,
+                                    category=st.category if kept else
+                                    _held(st, ops) if by_plan else _unsaved(st))
+    return new_storages
 
 
 def _with(record, **changes):

@@ -353,7 +353,13 @@ def _gpus(n: int) -> str:
 
 def _smallest_plan(report, b: int):
     """The checkpoint plan with the smallest peak at ``b`` (the frontier's last), or None."""
+    from ..checkpoint.options import Planner
+
     try:
+        if getattr(report, "named", True) is None and not report._small(b):
+            planner = report._chooser()
+            if isinstance(planner, Planner):  # its last point alone, not the frontier's
+                return planner.smallest(b).plan or None
         points = report.frontier(b)
     except FxmemError:
         return None

@@ -1,0 +1,134 @@
+"""LLM scale (issue 41): the fxmem command on Llama-3.1-8B and 70B against PyTorch's MemTracker.
+
+    python benchmarks/llm_scale.py [--only NAME ...] [--timeout 900] [--skip-peer]
+
+Each row is one ``fxmem analyze`` command run in a subprocess under ``/usr/bin/time -v``:
+its wall time, the child's peak resident memory ("Maximum resident set size") and its exit
+code, with the first line it printed (the headline, or the error). The peer is
+``torch.distributed._tools.mem_tracker.MemTracker`` under ``FakeTensorMode`` giving the
+single point (B=2, L=8192) of the same step of Llama-3.1-8B (the ``hf:llama-3.1-8b``
+preset's config, AdamW (foreach), bf16 autocast, the causal-LM loss), also in a subprocess
+under ``/usr/bin/time -v``: ``wall`` is the whole child (imports, the model built on fake
+tensors, the step), ``step`` the tracked step alone. The peer's tensors are CPU fakes (the
+fake CUDA tensors a GPU build would make cannot run autograd on a CPU build). The ratio
+column is each command's wall over the peer's wall.
+
+The goals (issue 41): one GPU and ``--fsdp 8`` at most 0.5x the peer, ``--fsdp 8
+--checkpoint auto`` at most 1x, the 70B ``--fsdp 64 --checkpoint auto`` at most 2x; each
+at most 1.5 GB peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FXMEM = [sys.executable, "-m", "fxmem"]
+BASE8 = ["analyze", "hf:llama-3.1-8b", "--optimizer", "adamw", "--amp", "bf16", "--batch", "2",
+         "--seq", "8192", "--gpu", "H100-80GB"]
+BASE70 = ["analyze", "hf:llama-3.1-70b", "--optimizer", "adamw", "--amp", "bf16", "--batch",
+          "1", "--seq", "4096", "--gpu", "H100-80GB"]
+COMMANDS = {
+    "8b": BASE8,
+    "8b-ckpt": BASE8 + ["--checkpoint", "auto"],
+    "8b-fsdp8": BASE8 + ["--fsdp", "8"],
+    "8b-fsdp8-ckpt": BASE8 + ["--fsdp", "8", "--checkpoint", "auto"],
+    "70b-fsdp64-ckpt": BASE70 + ["--fsdp", "64", "--checkpoint", "auto"],
+}
+GOALS = {"8b": 0.5, "8b-fsdp8": 0.5, "8b-fsdp8-ckpt": 1.0, "70b-fsdp64-ckpt": 2.0}
+
+PEER = r"""
+import sys, time, torch
+t0 = time.perf_counter()
+from torch._subclasses.fake_tensor import FakeTensorMode
+sys.path.insert(0, sys.argv[1])
+from speed import memtracker_step
+from fxmem.cli.families import _hf_config
+cfg, model_class = _hf_config("llama-3.1-8b", {})
+B, L = 2, 8192
+with FakeTensorMode():
+    model = model_class(cfg)
+    opt = torch.optim.AdamW(model.parameters(), foreach=True)
+    ids = torch.zeros((B, L), dtype=torch.long)
+    t1 = time.perf_counter()
+
+    def loss():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(input_ids=ids, labels=ids).loss
+    step, peak = memtracker_step(model, opt, loss)
+print(f"MemTracker peak {peak:,} bytes at B={B}, L={L}; step {step:.1f} s, "
+      f"model built {t1 - t0:.1f} s")
+"""
+
+def timed(argv, timeout: float) -> dict:
+    """Run ``argv`` under /usr/bin/time -v: wall seconds, peak RSS (bytes), exit code,
+    stdout and stderr (time's own report taken out)."""
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(["/usr/bin/time", "-v", *argv], capture_output=True, text=True,
+                           timeout=timeout, cwd=os.path.join(HERE, ".."))
+    except subprocess.TimeoutExpired:
+        return {"wall": time.perf_counter() - t0, "rss": None, "rc": "timeout", "out": "",
+                "err": f"no answer within {timeout:.0f} s"}
+    wall = time.perf_counter() - t0
+    err, _, timing = p.stderr.partition("\tCommand being timed:")
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", timing)
+    code = re.search(r"Exit status: (\d+)", timing)
+    return {"wall": wall, "rss": int(rss.group(1)) * 1024 if rss else None,
+            "rc": int(code.group(1)) if code else p.returncode, "out": p.stdout, "err": err}
+
+
+def answer(run: dict) -> str:
+    """The first line the command printed: its error, or the report's first lines."""
+    text = run["err"].strip() if run["rc"] not in (0,) else run["out"].strip()
+    lines = [ln.strip(" │┃") for ln in text.splitlines() if ln.strip(" │┃─━╭╮╰╯┏┓┗┛")]
+    line = " ".join(lines[:1 if run["rc"] else 3])
+    return line[:240] + (" ..." if len(line) > 240 else "")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*", choices=sorted(COMMANDS), help="rows to run")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per command")
+    ap.add_argument("--skip-peer", action="store_true")
+    ap.add_argument("--log", help="write every command's whole output to this file")
+    args = ap.parse_args(argv)
+    import torch
+
+    print(f"<!-- python benchmarks/llm_scale.py; {platform.machine()}, {os.cpu_count()} "
+          f"CPUs, Python {platform.python_version()}, torch {torch.__version__}; "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} -->")
+    peer = None
+    if not args.skip_peer:
+        peer = timed([sys.executable, "-c", PEER, HERE], args.timeout)
+        print(f"peer: MemTracker, Llama-3.1-8B B=2 L=8192: wall {peer['wall']:.1f} s, "
+              f"max RSS {peer['rss'] / 1e9:.2f} GB, exit {peer['rc']}: "
+              f"{(peer['out'] or peer['err']).strip()[-300:]}", flush=True)
+    print("\n| command | wall | max RSS | exit | ratio to peer (goal) | answer |")
+    print("| --- | ---: | ---: | ---: | ---: | --- |", flush=True)
+    log = open(args.log, "w") if args.log else None
+    for name in args.only or COMMANDS:
+        cmd = COMMANDS[name]
+        run = timed([*FXMEM, *cmd], args.timeout)
+        if log:
+            log.write(f"=== {' '.join(cmd)}\n--- stdout\n{run['out']}\n--- stderr\n"
+                      f"{run['err']}\n")
+            log.flush()
+        ratio = "" if peer is None or peer["rc"] != 0 else f"{run['wall'] / peer['wall']:.2f}"
+        goal = f" (≤ {GOALS[name]})" if name in GOALS and ratio else ""
+        rss = f"{run['rss'] / 1e9:.2f} GB" if run["rss"] else "?"
+        shown = " ".join(cmd[1:])
+        print(f"| `fxmem analyze {shown}` | {run['wall']:.1f} s | {rss} | {run['rc']} | "
+              f"{ratio}{goal} | {answer(run)} |", flush=True)
+    if log:
+        log.close()
+
+
+if __name__ == "__main__":
+    main()
