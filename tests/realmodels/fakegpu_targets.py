@@ -11,19 +11,9 @@ GPU's zoo does).
 
 from __future__ import annotations
 
-import gc
+from fakegpu_zoo_targets import fresh  # tests/ is on the child's path
 
 BATCHES = (2, 5)  #: as :data:`realmodels.audit.BATCHES`
-
-
-def fresh():
-    """Let go of what an earlier case left on the device (``fxmem.measure`` lets earlier
-    cuBLAS workspaces go itself)."""
-    import torch
-
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
 
 
 def run(names, batches=BATCHES, record_history=False):
