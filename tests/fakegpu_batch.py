@@ -54,17 +54,10 @@ class Steps:
                           for r in (first, last, alone)]
 
 
-
 def set_back() -> None:
     """In a fake-GPU child, after a measured step: the process as a fresh one starts the
     next (the step's tensors collected, the cuBLAS workspaces it kept let go, every cached
     segment returned, the peaks reset), as ``measure_steps`` does between its jobs."""
-    import gc
+    from fxmem.validate.fakegpu._child import _release
 
-    import torch
-
-    gc.collect()
-    torch.cuda.synchronize()
-    torch._C._cuda_clearCublasWorkspaces()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
+    _release({})
