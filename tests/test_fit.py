@@ -218,3 +218,32 @@ def test_fewest_ranks_search_is_exact_and_short(a, s, budget):
     got = _fewest(fits, 2, need=need, budget=budget)
     assert got == want
     assert len(set(tried)) <= 8, tried
+
+
+def test_fewest_ranks_counts_the_optimizer_temporaries_that_shard():
+    """Twelve Linear blocks at B=1: at 2 GPUs AdamW's foreach temporaries (half the model)
+    make the peak, so what is left beside the shards (1.58 MB) is over a 1.5 MB budget, yet
+    those temporaries shrink with more GPUs too: 32 GPUs fit. The way found is checked here
+    by analysing again at it and one GPU fewer."""
+    from fxmem.report.fit import _reports, fit
+
+    m = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(12)])
+    r = fxmem.analyze(m, torch.randn(4, 256), loss=lambda o: o.sum(),
+                      optimizer=torch.optim.AdamW)
+    budget, analysed = 1_500_000, {}
+
+    def again(parallel):  # each world size analysed once, by the search or by this test
+        if parallel.world_size not in analysed:
+            analysed[parallel.world_size] = r.reanalyze(parallel=parallel)
+        return analysed[parallel.world_size]
+
+    def need(w):
+        return max(g.peak_bytes(1) for g in _reports(again(fxmem.FSDP(w))))
+
+    two = again(fxmem.FSDP(2))
+    assert need(2) - max(g.fixed_bytes for g in _reports(two)) > budget
+    f = fit(r, 1, budget, by="live", reanalyze=again)
+    way = f.way("fsdp")
+    assert way is not None, f.none
+    assert need(way.value) <= budget < need(way.value - 1)
+    assert way.beyond == f"{way.value - 1} GPUs do not fit"

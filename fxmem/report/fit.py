@@ -286,18 +286,13 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_)
             memo[w] = r.at(**dims) if dims else r
         return memo[w]
 
-    def unsharded(r):  # what more GPUs cannot shrink: all but the shards
-        return check.need(r, b) - _fixed(r)
-
     start = base.world_size + 1 if strategy is not None else 2
-    w = None if unsharded(report) > check.budget else _fewest(
-        lambda w: check.fits(at(w), b), start, hopeless=lambda w: unsharded(at(w)) > check.budget,
-        need=lambda w: check.need(at(w), b), budget=check.budget)
+    seen = []
+    w = _fewest(lambda w: check.fits(at(w), b), start, need=lambda w: check.need(at(w), b),
+                budget=check.budget, seen=seen)
     if w is None:
-        last = at(max(memo)) if memo else report
-        yield (f"no number of GPUs under FSDP2 fits B={b} without a checkpoint plan: what "
-               f"does not shard (activations, gathered parameters, the allocator's cache) "
-               f"needs {fmt_bytes(unsharded(last))} already")
+        yield (f"no number of GPUs under FSDP2 fits B={b} without a checkpoint plan: "
+               + _towards(seen))
     else:
         yield WayOut("fsdp", w, check.need(at(w), b, True), f"FSDP2 over {w} GPUs",
                      plan=plan, beyond=_gpus(w - 1) + " not fit")
@@ -314,13 +309,15 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_)
             planned[w] = at(w).with_plan(smallest)
         return planned[w]
 
+    seen = []
     w2 = _fewest(lambda w: check.fits(under(w), b), start,
                  MAX_WORLD_SIZE if w is None else w - 1,
-                 hopeless=lambda w: unsharded(under(w)) > check.budget,
-                 need=lambda w: check.need(under(w), b), budget=check.budget)
+                 need=lambda w: check.need(under(w), b), budget=check.budget, seen=seen)
     if w2 is None:
         yield ("FSDP2 with a checkpoint plan needs as many GPUs as without one" if w else
-               f"no number of GPUs under FSDP2 fits B={b} with a checkpoint plan either")
+               f"no number of GPUs under FSDP2 fits B={b} with a checkpoint plan either "
+               f"({plan_text(smallest)}, the smallest peak): "
+               + _towards(seen))
         return
     line = f"FSDP2 over {w2} GPUs checkpointing {{plan}} (re-running {{share}})"
     choice = _cheapest_plan(check, at(w2), b)  # the cheapest plan there
@@ -381,29 +378,49 @@ def _reports(report) -> tuple:
     return tuple(g.report for g in groups) if groups is not None else (report,)
 
 
-def _fixed(report) -> int:
-    """The bytes that do not depend on B of the rank with the most (the shards under FSDP2):
-    all that more GPUs can shrink, so a step that needs more than the budget without them
-    fits on no number of GPUs (the search stops there)."""
-    return max(r.fixed_bytes for r in _reports(report))
+def _towards(seen: list) -> str:
+    """Why the world-size search stopped, from the (w, need) points it saw."""
+    if not seen or seen[-1][0] >= MAX_WORLD_SIZE:
+        return f"not even {MAX_WORLD_SIZE} GPUs do"
+    line = _line([seen[0], seen[-1]]) if len(seen) >= 2 else None
+    if line is None:
+        return "more GPUs do not lower a rank's need"
+    (w1, _), (w2, _) = seen[0], seen[-1]
+    return (f"a rank's need falls towards {fmt_bytes(max(int(line[0]), 0))} as GPUs are added "
+            f"(a + s / w through {w1} and {w2} GPUs)")
 
 
-def _fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, hopeless=None, need=None,
-            budget: int | None = None) -> int | None:
-    """The smallest w in [lo, hi] with ``fits(w)`` (monotone), or None; ``hopeless(w)``, for
-    a w that does not fit: no larger one will either. ``need(w)`` (bytes; with ``budget``):
-    a rank's need, which FSDP2 makes about ``a + s / w``: after two world sizes that do not
-    fit, the next one tried is where that line meets the budget (then its neighbour below
-    confirms it), so a search costs about four analyses, not a doubling's dozen."""
+def _fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None,
+            budget: int | None = None, seen: list | None = None) -> int | None:
+    """The smallest w in [lo, hi] with ``fits(w)``, or None, for a ``fits`` that holds from
+    some w on. ``need(w)`` (bytes; with ``budget``): a rank's need, which FSDP2 makes about
+    ``a + s / w`` (the shards, their gradients and optimizer state, and the optimizer's
+    temporaries shrink as ``s / w``; activations and gathered blocks do not): after two
+    world sizes that do not fit, the next one tried is where the line through the last two
+    meets the budget (or, where their need does not fall, the line through the first and the
+    last; then its neighbour below confirms it), so a search costs about five analyses, not
+    a doubling's dozen. When the line through the first and the last has its
+    limit ``a`` at or over the budget, or the need does not fall, no w is tried more.
+
+    Padded shards make a rank's need rise a little from some w to the next (``ceil(rows /
+    w)`` rows, gathered as ``w`` times that), so near the budget ``fits`` may hold at w and
+    fail at w + 1: the w returned fits and w - 1 does not, both checked. ``seen``: a list
+    the (w, need) points that did not fit are added to."""
     if lo > hi:
         return None
-    bad, w, seen = lo - 1, lo, []  # nothing up to ``bad`` fits
+    bad, w = lo - 1, lo  # nothing up to ``bad`` fits
+    seen = [] if seen is None else seen
     while not fits(w):
-        if w >= hi or (hopeless is not None and hopeless(w)):
+        if w >= hi:
             return None
         bad = w
-        seen = [*seen[:1], (w, need(w))] if need is not None else []  # the first, the last
-        w = min(max(_secant(seen, budget) or 2 * w, w + 1), hi)
+        if need is not None:
+            seen.append((w, need(w)))
+        trend = _line([seen[0], seen[-1]]) if len(seen) >= 2 else None
+        if budget is not None and len(seen) >= 2 and (trend is None or trend[0] >= budget):
+            return None  # more GPUs cannot bring it under the budget
+        guess = _secant(_line(seen[-2:]), budget) or _secant(trend, budget) or 2 * w
+        w = min(max(guess, w + 1), hi)
     if w - 1 > bad and not fits(w - 1):  # a guess met the line: its neighbour confirms it
         return w
     lo = bad + 1
@@ -413,15 +430,21 @@ def _fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, hopeless=None, need=None,
     return w
 
 
-def _secant(seen, budget) -> int | None:
-    """Where ``a + s / w`` through the two (w, need) points meets ``budget``, or None."""
-    if len(seen) < 2 or budget is None:
+def _line(seen) -> tuple | None:
+    """``(a, s)`` of the line ``a + s / w`` through two (w, need) points, or None (fewer
+    points, or a need that does not fall as w grows)."""
+    if len(seen) < 2:
         return None
     (w1, n1), (w2, n2) = seen
     s = (n1 - n2) * w1 * w2 / (w2 - w1)
-    a = n2 - s / w2
-    if s <= 0 or a >= budget:
+    return None if s <= 0 else (n2 - s / w2, s)
+
+
+def _secant(line, budget) -> int | None:
+    """Where ``line`` (:func:`_line`) meets ``budget``, or None."""
+    if line is None or budget is None or line[0] >= budget:
         return None
+    a, s = line
     return int(-(-s // (budget - a)))
 
 
