@@ -1,0 +1,103 @@
+"""The chain solver (:mod:`fxmem.checkpoint.chain`) against every plan of small chains, and
+on a long chain whose states are cut."""
+
+import itertools
+import random
+
+import pytest
+
+from fxmem.checkpoint import chain as C
+from fxmem.errors import InfeasibleBudgetError
+
+
+def random_problem(rng: random.Random, n: int) -> C.ChainProblem:
+    """Activations pile up through the forward; each block has its none, a whole and a few
+    partial checkpoints, and some stretches of blocks a group."""
+    boundary = [rng.randint(5, 15)]
+    for _ in range(n):
+        boundary.append(boundary[-1] + rng.randint(5, 40))
+    choices = []
+    for k in range(n):
+        choices.append(C.Choice(k, k, 0, 0, boundary[k + 1] + rng.randint(0, 30), ("none", k)))
+        for j in range(rng.randint(1, 3)):
+            choices.append(C.Choice(k, k, rng.randint(1, boundary[k + 1] - boundary[k]),
+                                    rng.randint(1, 50), boundary[k + 1] + rng.randint(0, 40),
+                                    ("ck", k, j)))
+    for first in range(n - 1):
+        last = min(n - 1, first + rng.randint(1, 2))
+        choices.append(C.Choice(first, last, rng.randint(1, boundary[last + 1] - boundary[first]),
+                                rng.randint(20, 120), boundary[last + 1] + rng.randint(0, 60),
+                                ("group", first, last)))
+    return C.ChainProblem(n, tuple(choices), tuple(boundary), start=boundary[0])
+
+
+def every_plan(problem: C.ChainProblem):
+    """Each tiling of the blocks by the problem's choices, as (cost, peak, choices)."""
+    starts = C._by_first(problem)
+
+    def tilings(k):
+        if k == problem.n:
+            yield ()
+            return
+        for c in starts[k]:
+            for rest in tilings(c.last + 1):
+                yield (c, *rest)
+    for plan in tilings(0):
+        yield sum(c.cost for c in plan), C.peak(problem, plan), plan
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_solve_is_the_cheapest_plan_of_every_plan(seed):
+    rng = random.Random(seed)
+    problem = random_problem(rng, 2 + seed % 5)
+    plans = list(every_plan(problem))
+    peaks = sorted({p for _, p, _ in plans})
+    assert C.lowest_peak(problem) == peaks[0]
+    low = C.min_peak(problem)
+    assert low.peak_bytes == peaks[0]
+    assert low.cost == min(c for c, p, _ in plans if p == peaks[0])
+    for budget in [peaks[0] - 1, *peaks, *(p + 1 for p in peaks)]:
+        fitting = [(c, p) for c, p, _ in plans if p <= budget]
+        if not fitting:
+            with pytest.raises(InfeasibleBudgetError) as e:
+                C.solve(problem, budget)
+            assert e.value.minimum_bytes == peaks[0]
+            continue
+        got = C.solve(problem, budget)
+        assert (got.cost, got.peak_bytes) == min(fitting)
+        assert C.peak(problem, got.choices) == got.peak_bytes
+        assert sum(c.cost for c in got.choices) == got.cost
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_frontier_is_every_plans_pareto_front(seed):
+    problem = random_problem(random.Random(100 + seed), 3 + seed % 4)
+    front = []
+    for cost, pk, _ in sorted(every_plan(problem), key=lambda t: (t[0], t[1])):
+        if not front or pk < front[-1][1]:
+            front.append((cost, pk))
+    assert [(s.cost, s.peak_bytes) for s in C.frontier(problem)] == front
+
+
+def test_a_long_chain_keeps_its_smallest_peak(monkeypatch):
+    """Twenty blocks whose frontier states are cut to a few (as 80 blocks of Llama-3.1-70B's
+    are cut to 16,384): the cut keeps the cheapest states, yet the smallest peak and the
+    frontier's last point stay the exact ones."""
+    rng = random.Random(5)
+    problem = random_problem(rng, 20)
+    monkeypatch.setattr(C, "MAX_STATES", 8)
+    lowest = C.lowest_peak(problem)
+    cut = min(s[1] for s in C._states(problem, None, 8))
+    assert cut > lowest  # the cut lost the smallest peaks
+    assert C.min_peak(problem).peak_bytes == lowest
+    assert C.frontier(problem)[-1].peak_bytes == lowest
+
+
+def test_the_budget_is_kept_over_a_long_chain():
+    problem = random_problem(random.Random(9), 30)
+    lowest = C.lowest_peak(problem)
+    top = C.solve(problem, 10**9)
+    assert top.cost == 0
+    for budget in range(lowest, top.peak_bytes + 1, max(1, (top.peak_bytes - lowest) // 25)):
+        got = C.solve(problem, budget)
+        assert got.peak_bytes <= budget and C.peak(problem, got.choices) == got.peak_bytes
