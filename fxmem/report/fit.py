@@ -289,7 +289,7 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_)
     start = base.world_size + 1 if strategy is not None else 2
     seen = []
     w = _fewest(lambda w: check.fits(at(w), b), start, need=lambda w: check.need(at(w), b),
-                budget=check.budget, seen=seen)
+                budget=check.budget, seen=seen, floor=lambda w: _live(at(w), b))
     if w is None:
         yield (f"no number of GPUs under FSDP2 fits B={b} without a checkpoint plan: "
                + _towards(seen))
@@ -312,7 +312,8 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_)
     seen = []
     w2 = _fewest(lambda w: check.fits(under(w), b), start,
                  MAX_WORLD_SIZE if w is None else w - 1,
-                 need=lambda w: check.need(under(w), b), budget=check.budget, seen=seen)
+                 need=lambda w: check.need(under(w), b), budget=check.budget, seen=seen,
+                 floor=lambda w: _live(under(w), b))
     if w2 is None:
         yield ("FSDP2 with a checkpoint plan needs as many GPUs as without one" if w else
                f"no number of GPUs under FSDP2 fits B={b} with a checkpoint plan either "
@@ -378,20 +379,26 @@ def _reports(report) -> tuple:
     return tuple(g.report for g in groups) if groups is not None else (report,)
 
 
+def _live(report, b: int) -> int:
+    """The live bytes' peak at ``b`` of the rank with the most: what the step needs under
+    any allocator."""
+    return max(r.peak_bytes(b) for r in _reports(report))
+
+
 def _towards(seen: list) -> str:
-    """Why the world-size search stopped, from the (w, need) points it saw."""
+    """Why the world-size search stopped, from the (w, need, floor) points it saw."""
     if not seen or seen[-1][0] >= MAX_WORLD_SIZE:
         return f"not even {MAX_WORLD_SIZE} GPUs do"
-    line = _line([seen[0], seen[-1]]) if len(seen) >= 2 else None
+    line = _line([seen[0][::2], seen[-1][::2]]) if len(seen) >= 2 else None
     if line is None:
-        return "more GPUs do not lower a rank's need"
-    (w1, _), (w2, _) = seen[0], seen[-1]
-    return (f"a rank's need falls towards {fmt_bytes(max(int(line[0]), 0))} as GPUs are added "
-            f"(a + s / w through {w1} and {w2} GPUs)")
+        return "more GPUs do not lower a rank's live bytes"
+    w1, w2 = seen[0][0], seen[-1][0]
+    return (f"a rank's live bytes fall towards {fmt_bytes(max(int(line[0]), 0))} as GPUs are "
+            f"added (a + s / w through {w1} and {w2} GPUs)")
 
 
 def _fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None,
-            budget: int | None = None, seen: list | None = None) -> int | None:
+            budget: int | None = None, seen: list | None = None, floor=None) -> int | None:
     """The smallest w in [lo, hi] with ``fits(w)``, or None, for a ``fits`` that holds from
     some w on. ``need(w)`` (bytes; with ``budget``): a rank's need, which FSDP2 makes about
     ``a + s / w`` (the shards, their gradients and optimizer state, and the optimizer's
@@ -399,13 +406,16 @@ def _fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None,
     world sizes that do not fit, the next one tried is where the line through the last two
     meets the budget (or, where their need does not fall, the line through the first and the
     last; then its neighbour below confirms it), so a search costs about five analyses, not
-    a doubling's dozen. When the line through the first and the last has its
-    limit ``a`` at or over the budget, or the need does not fall, no w is tried more.
+    a doubling's dozen. ``floor(w)`` (default: ``need``): bytes no step on w GPUs runs
+    under (the live bytes' peak, where ``need`` is the allocator's with no limit, which a
+    step within a budget may undercut): when the line through the first and the last floor
+    has its limit ``a`` at or over the budget, or the floor does not fall, no w is tried
+    more.
 
     Padded shards make a rank's need rise a little from some w to the next (``ceil(rows /
     w)`` rows, gathered as ``w`` times that), so near the budget ``fits`` may hold at w and
     fail at w + 1: the w returned fits and w - 1 does not, both checked. ``seen``: a list
-    the (w, need) points that did not fit are added to."""
+    the (w, need, floor) points that did not fit are added to."""
     if lo > hi:
         return None
     bad, w = lo - 1, lo  # nothing up to ``bad`` fits
@@ -415,11 +425,15 @@ def _fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None,
             return None
         bad = w
         if need is not None:
-            seen.append((w, need(w)))
-        trend = _line([seen[0], seen[-1]]) if len(seen) >= 2 else None
-        if budget is not None and len(seen) >= 2 and (trend is None or trend[0] >= budget):
-            return None  # more GPUs cannot bring it under the budget
-        guess = _secant(_line(seen[-2:]), budget) or _secant(trend, budget) or 2 * w
+            n = need(w)
+            seen.append((w, n, n if floor is None else floor(w)))
+        if budget is not None and len(seen) >= 2:
+            low = _line([seen[0][::2], seen[-1][::2]])
+            if low is None or low[0] >= budget:
+                return None  # more GPUs cannot bring it under the budget
+        guess = _secant(_line([p[:2] for p in seen[-2:]]), budget) or \
+            _secant(_line([seen[0][:2], seen[-1][:2]]) if len(seen) >= 2 else None, budget) \
+            or 2 * w
         w = min(max(guess, w + 1), hi)
     if w - 1 > bad and not fits(w - 1):  # a guess met the line: its neighbour confirms it
         return w
