@@ -1,0 +1,192 @@
+"""Repeated blocks under FSDP2: trace two of them, copy their ops for the rest.
+
+Under ``fully_shard`` each block has FSDP2's hooks: its forward pre-hook all-gathers the
+block's parameters (setting the unsharded ones on the module) and wraps the block's inputs
+in ``RegisterPostBackwardFunction`` (its backward reduce-scatters the block's gradients);
+its forward hook reshards and puts a pre-backward hook on the outputs (all-gather again,
+prefetch the previous block). None of that runs inside the block's ``forward``, which is
+what :class:`fxmem.trace.reuse.Reuse` replaces by a stand-in: those ops stay recorded for
+real in every block, and only the block's own ops, between them, are copied
+(:mod:`fxmem.trace.splice`). So :class:`ShardedReuse` differs from the one-GPU case in
+
+- the runs it finds (:func:`find_sharded_runs`): blocks whose hooks are the same functions
+  (FSDP2's own, bound to each block's state, and fxmem's), instead of blocks with none;
+- the parameters a block reads: the module's own at the time (the unsharded parameters
+  FSDP2 set, or in backward gathered again into new storages: roles ``("pb", name)``),
+  not the sharded ones the model was registered with;
+- where a traced block's backward begins: after FSDP2's pre-backward hook (its hook on the
+  outputs is registered after FSDP2's post-forward has put its own there);
+- the gradients of the unsharded parameters: taken when the block's input gradient is
+  complete, before FSDP2's post-backward reduce-scatters and frees them.
+
+Anything else (DDP's and TP's wrappings) is not reused: :func:`reusable` says which
+strategies are.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .reuse import NoReuse, Reuse, _StandIn, find_runs
+
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def reuses_under(parallel) -> bool:
+    """Can the blocks of a step run under ``parallel`` be copied? Under FSDP2
+    (:class:`fxmem.FSDP`, HSDP and offload included), not under the others (DDP's Reducer
+    copies each gradient into its bucket inside the block's backward; TP, and the user's own
+    wrapping)."""
+    from .parallel import FSDP
+
+    return type(parallel) is FSDP
+
+
+def installed(rec, model, sharded: bool, fparams: dict, fbufs: dict, handles: list):
+    """The block reuse of ``model``'s runs of identical blocks, installed (and added to
+    ``handles`` to be removed), or None when it has none. ``sharded``: a rank's model under
+    ``fully_shard`` (:class:`ShardedReuse`), else the parameters and buffers are
+    ``fparams`` and ``fbufs`` (:class:`fxmem.trace.reuse.Reuse`)."""
+    runs = find_sharded_runs(model) if sharded else find_runs(model)
+    if not runs:
+        return None
+    got = ShardedReuse(rec, runs) if sharded else Reuse(rec, runs, fparams, fbufs)
+    handles.append(got)
+    got.install()
+    return got
+
+
+def _key(hook):
+    """What a hook runs: a bound method's function and its object's class (each block's
+    FSDP2 state is an object of its own), or the function itself."""
+    f = getattr(hook, "__func__", None)
+    return (f, type(hook.__self__)) if f is not None else hook
+
+
+def _hooks_alike(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    for h in _HOOKS:
+        ha, hb = getattr(a, h, None) or {}, getattr(b, h, None) or {}
+        if [_key(x) for x in ha.values()] != [_key(x) for x in hb.values()]:
+            return False
+    return True
+
+
+def find_sharded_runs(model: torch.nn.Module) -> list:
+    """:func:`fxmem.trace.reuse.find_runs` for a model under ``fully_shard``: blocks whose
+    hooks are alike."""
+    return find_runs(model, _hooks_alike)
+
+
+class ShardedReuse(Reuse):
+    """:class:`fxmem.trace.reuse.Reuse` for blocks under FSDP2 (see the module docstring)."""
+
+    def __init__(self, rec, runs):
+        super().__init__(rec, runs, {}, {})
+        self.modules = {p: m for r in runs for p, m in zip(r.paths, r.modules)}
+        self._pending: dict = {}  # path -> (call, outputs) until its forward hooks ran
+        self._out_modules: dict = {}  # path -> its outputs' autograd nodes' modules, names
+        self._node_names: dict = {}  # a stand-in's path -> its pattern's output node's name
+        self._handles: list = []
+
+    def install(self) -> None:
+        super().install()
+        for mod in self.modules.values():  # after FSDP2's post-forward hook
+            self._handles.append(mod.register_forward_hook(self._outputs_hooked))
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        super().remove()
+
+    def params(self, path) -> list:
+        return [(n, p) for n, p in self.modules[path].named_parameters()]
+
+    def buffers(self, path) -> list:
+        return [(n, b) for n, b in self.modules[path].named_buffers() if b is not None]
+
+    def hook_outputs(self, c, outs) -> None:
+        self._pending[c.path] = (c, outs)
+        self._out_modules[c.path] = self._node_modules(outs)
+
+    def _node_modules(self, outs) -> set:
+        """The modules and names of the autograd nodes of the outputs: what FSDP2's
+        pre-backward hook on them runs as (:meth:`Recorder.module`)."""
+        fn = self.rec.fn_module
+        return {(fn.get(t.grad_fn._sequence_nr()), t.grad_fn.name()) for t in outs
+                if t.grad_fn is not None}
+
+    def _standin(self, run, path):
+        made = super()._standin(run, path)
+
+        def forward(k, *args, **kwargs):
+            out = made(k, *args, **kwargs)
+            calls = self.calls[run.paths]
+            c, pat = calls[-1], calls[1]
+            mods = self._out_modules.get(pat.path, set())
+            nodes = {t.grad_fn._sequence_nr() for t in torch.utils._pytree.tree_leaves(out)
+                     if isinstance(t, torch.Tensor) and t.grad_fn is not None}
+            if len(mods) > 1 or len(nodes) > 1:
+                raise NoReuse(f"{pat.path}: its outputs' gradients start in several modules")
+            for m, name in mods:
+                self._node_names[c.path] = name
+                if m is not None and (m == pat.path or m.startswith(pat.path + ".")):
+                    m = c.path + m[len(pat.path):]
+                for n in nodes:  # the stand-in's node runs FSDP2's hooks as the block would
+                    self.rec.fn_module[n] = m
+            return out
+        return forward
+
+    def _outputs_hooked(self, mod, args, out):
+        from .checkpointing import user_path
+
+        path = next(p for p, m in self.modules.items() if m is mod)
+        got = self._pending.pop(user_path(path), None)
+        if got is None:
+            return None
+        c, outs = got
+        now = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if len(now) != len(outs) or any(a is not b for a, b in zip(now, outs)):
+            raise NoReuse(f"{c.path}: a hook replaced the block's outputs")
+        super().hook_outputs(c, outs)
+        return None
+
+    def backward_began(self, c) -> None:
+        rec = self.rec
+        for name, p in self.params(self._raw(c)):
+            c.roles[("pb", name)] = rec.register(p)[0]
+
+    def _raw(self, c) -> str:
+        run = next(r for r in self.runs if any(x is c for x in self.calls[r.paths]))
+        return run.paths[c.k + self.skip.get(run.paths, 0)]
+
+    def _in_hook(self, c, i):
+        inner = super()._in_hook(c, i)
+
+        def hook(grad):
+            inner(grad)
+            rec = self.rec
+            for name, p in self.params(self._raw(c)):
+                if p.requires_grad:
+                    if p.grad is None:
+                        raise NoReuse(f"{c.path}: a parameter's gradient comes after its "
+                                      "input's")
+                    c.roles[("g", name)] = rec.register(p.grad)[0]
+        return hook
+
+    def finish(self) -> None:
+        """After the step: the ops FSDP2's hooks on a stand-in's outputs ran (outside its
+        window) read as run by its pattern's node. (The gradients were taken in backward:
+        FSDP2 has freed them since.)"""
+        from dataclasses import replace
+
+        rec, node = self.rec, _StandIn.__name__ + "Backward"
+        standins = [c for calls in self.calls.values() for c in calls if c.standin]
+        for j, op in enumerate(rec.ops):
+            if op.autograd_node != node:
+                continue
+            for c in standins:
+                if (c.path in self._node_names and c.bwd[0] is not None
+                        and j not in range(*c.bwd)
+                        and (op.module == c.path or op.module.startswith(c.path + "."))):
+                    rec.ops[j] = replace(op, autograd_node=self._node_names[c.path])
