@@ -19,8 +19,7 @@ def _full(t):
     def n(v):
         return -1 if v is None else v
     return _shape(t), sorted((s.created_by, s.stream, n(s.unref_after), s.resized_away,
-                              s.data_bound)
-                             for s in t.storages)
+                              s.data_bound) for s in t.storages)
 
 
 def _both(model, inputs, targets, parallel, rank, **kw):
@@ -79,6 +78,18 @@ def test_blocks_that_differ_under_fsdp_fall_back_and_stay_exact(kind):
                  device="cpu")
     assert a.reused == {"plain": ("blocks.2", "blocks.3", "blocks.4"),
                         "first_input_needs_no_grad": ("blocks.3", "blocks.4")}.get(kind, ())
+    assert _full(a) == _full(b)
+
+
+@pytest.mark.parametrize("parallel,copied", [
+    (FSDP(2), True), (FSDP(4, reshard_after_forward=2), True),
+    (FSDP(2, reshard_after_forward=False), False)])
+def test_inference_under_fsdp(parallel, copied):
+    # reshard_after_forward=False: the warm-up step leaves the blocks gathered, and a
+    # block's parameters are first seen by its own ops: every block is traced
+    x = torch.randn(4, 16)
+    a, b = _both(_Stack(), (x,), (), parallel, 1, loss=None, train=False, device="cpu")
+    assert a.reused == (("blocks.2", "blocks.3", "blocks.4") if copied else ())
     assert _full(a) == _full(b)
 
 

@@ -19,27 +19,30 @@ real in every block, and only the block's own ops, between them, are copied
 - the gradients of the unsharded parameters: taken when the block's input gradient is
   complete, before FSDP2's post-backward reduce-scatters and frees them.
 
-Anything else (DDP's and TP's wrappings) is not reused: :func:`reusable` says which
+Anything else (DDP's and TP's wrappings) is not reused: :func:`reuses_under` says which
 strategies are.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from .reuse import NoReuse, Reuse, _StandIn, find_runs
 
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
-def reuses_under(parallel) -> bool:
+def reuses_under(parallel, train: bool = True) -> bool:
     """Can the blocks of a step run under ``parallel`` be copied? Under FSDP2
-    (:class:`fxmem.FSDP`, HSDP and offload included), not under the others (DDP's Reducer
-    copies each gradient into its bucket inside the block's backward; TP, and the user's own
-    wrapping)."""
+    (:class:`fxmem.FSDP`, HSDP and offload included), but not for inference with
+    ``reshard_after_forward=False`` (the warm-up step leaves every block gathered, its
+    parameters first seen by the block's own ops); not under DDP (its Reducer copies each
+    gradient into its bucket inside the block's backward), TP, their combinations, nor the
+    user's own wrapping."""
     from .parallel import FSDP
 
-    return type(parallel) is FSDP
+    return type(parallel) is FSDP and (train or parallel.reshard_after_forward is not False)
 
 
 def installed(rec, model, sharded: bool, fparams: dict, fbufs: dict, handles: list):
@@ -99,6 +102,14 @@ class ShardedReuse(Reuse):
         self._handles.clear()
         super().remove()
 
+    def _begin(self, run, k, path, args, kwargs, standin):
+        # a stand-in's parameters are read by no op: the trace must know them already, as
+        # FSDP2's all-gather made them (not so when a warm-up step left them gathered)
+        if self.rec.recording and any(self.rec.sid(t) is None for _, t in
+                                      [*self.params(path), *self.buffers(path)]):
+            raise NoReuse(f"{path}: its parameters were gathered before the step")
+        return super()._begin(run, k, path, args, kwargs, standin)
+
     def params(self, path) -> list:
         return [(n, p) for n, p in self.modules[path].named_parameters()]
 
@@ -124,7 +135,7 @@ class ShardedReuse(Reuse):
             calls = self.calls[run.paths]
             c, pat = calls[-1], calls[1]
             mods = self._out_modules.get(pat.path, set())
-            nodes = {t.grad_fn._sequence_nr() for t in torch.utils._pytree.tree_leaves(out)
+            nodes = {t.grad_fn._sequence_nr() for t in tree_leaves(out)
                      if isinstance(t, torch.Tensor) and t.grad_fn is not None}
             if len(mods) > 1 or len(nodes) > 1:
                 raise NoReuse(f"{pat.path}: its outputs' gradients start in several modules")
@@ -145,7 +156,7 @@ class ShardedReuse(Reuse):
         if got is None:
             return None
         c, outs = got
-        now = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        now = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         if len(now) != len(outs) or any(a is not b for a, b in zip(now, outs)):
             raise NoReuse(f"{c.path}: a hook replaced the block's outputs")
         super().hook_outputs(c, outs)

@@ -195,7 +195,7 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     check_parallel(parallel, rank)
     plain_backward_first()  # forks stay usable on a CUDA build (fxmem.trace.compat)
     if parallel is not None:  # blocks are copied under FSDP2 only (fxmem.trace.reuse_parallel)
-        reuse_blocks = reuse_blocks and reuses_under(parallel)
+        reuse_blocks = reuse_blocks and reuses_under(parallel, spec.train)
         spec = _replace_optimizer(spec, parallel.optimizer(spec.optimizer))  # ZeRO-1
     plan = normalize_plan(model, checkpoint)
     if batch_hint is not None and (isinstance(batch_hint, bool) or not isinstance(batch_hint, int)
