@@ -17,7 +17,11 @@ real in every block, and only the block's own ops, between them, are copied
 - where a traced block's backward begins: after FSDP2's pre-backward hook (its hook on the
   outputs is registered after FSDP2's post-forward has put its own there);
 - the gradients of the unsharded parameters: taken when the block's input gradient is
-  complete, before FSDP2's post-backward reduce-scatters and frees them.
+  complete, before FSDP2's post-backward reduce-scatters and frees them;
+- the unrecorded warm-up step that initialises the wrapping before the recorded one
+  (:func:`fxmem.trace.parallel.sharded`): it runs a run's first three blocks for real and
+  the later ones as stand-ins of their outputs' and gradients' shapes only (FSDP2's hooks
+  around them run, as in the recorded step), so that it too costs three blocks, not all.
 
 Anything else (DDP's and TP's wrappings) is not reused: :func:`reuses_under` says which
 strategies are.
@@ -26,7 +30,7 @@ strategies are.
 from __future__ import annotations
 
 import torch
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
 from .reuse import NoReuse, Reuse, _StandIn, find_runs
 
@@ -74,6 +78,24 @@ def _hooks_alike(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     return True
 
 
+class _Warm(torch.autograd.Function):
+    """A block in the warm-up step: outputs of ``metas`` and gradients of its inputs'."""
+
+    @staticmethod
+    def forward(ctx, metas, n_in, *tensors):
+        ctx.metas = [(t.shape, t.stride(), t.dtype, t.device) for t in tensors]
+        ctx.set_materialize_grads(False)
+        outs = tuple(torch.empty_strided(shape, stride, dtype=dtype, device=device)
+                     for shape, stride, dtype, _, device in metas)
+        ctx.mark_non_differentiable(*(o for o, m in zip(outs, metas) if not m[3]))
+        return outs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, None, *(torch.empty_strided(shape, stride, dtype=dtype, device=device)
+                              for shape, stride, dtype, device in ctx.metas))
+
+
 def find_sharded_runs(model: torch.nn.Module) -> list:
     """:func:`fxmem.trace.reuse.find_runs` for a model under ``fully_shard``: blocks whose
     hooks are alike."""
@@ -90,6 +112,41 @@ class ShardedReuse(Reuse):
         self._out_modules: dict = {}  # path -> its outputs' autograd nodes' modules, names
         self._node_names: dict = {}  # a stand-in's path -> its pattern's output node's name
         self._handles: list = []
+        self._warm: dict = {}  # run -> its third block's call in the warm-up: key, outputs
+
+    def _block(self, run, k, path, orig):
+        recorded = super()._block(run, k, path, orig)
+
+        def forward(*args, **kwargs):
+            if self.rec.recording:
+                return recorded(*args, **kwargs)
+            return self._warming(run, k, orig, args, kwargs)
+        return forward
+
+    def _warming(self, run, k, orig, args, kwargs):
+        """A block in the unrecorded warm-up step that initialises the wrapping: the first
+        three of a run for real, a later one called as the third was by a stand-in that
+        only makes outputs and gradients of the right shapes (FSDP2's hooks, around the
+        forward, run in every block; the recorded step's blocks are traced as always)."""
+        leaves, spec = tree_flatten((args, kwargs))
+        tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+        key = (spec, tuple(None if isinstance(v, torch.Tensor) else id(v) for v in leaves),
+               tuple((t.shape, t.stride(), t.dtype, t.requires_grad) for t in tensors))
+        seen = self._warm.get(run.paths)
+        if k < 3 or seen is None or seen[0] != key:
+            out = orig(*args, **kwargs)
+            if k == 2:
+                outs, out_spec = tree_flatten(out)
+                if all(isinstance(v, torch.Tensor) for v in outs):
+                    self._warm[run.paths] = (key, out_spec, tuple(
+                        (t.shape, t.stride(), t.dtype, t.requires_grad, t.device)
+                        for t in outs))
+            return out
+        _, out_spec, metas = seen
+        grad_in = [t for t in tensors if t.requires_grad]
+        params = [p for _, p in self.params(run.paths[k]) if p.requires_grad]
+        outs = _Warm.apply(metas, len(grad_in), *grad_in, *params)
+        return tree_unflatten(list(outs), out_spec)
 
     def install(self) -> None:
         super().install()

@@ -514,8 +514,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
 
     def reusing():  # (handles: removed in trace()'s finally)
         return installed(rec, model, prepared, fparams, fbufs, handles) if reusable else None
-    if not prepared:  # a rank's wrapped model: after the warm-up step that initialises it
-        reuse = reusing()
+    reuse = reusing()  # a rank's: its warm-up runs later blocks cheaply (ShardedReuse)
     hooks = torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.saved_tensors.unpack)
     # CUDA's autocast rules on the fake CPU tensors, for the whole step (a checkpointed
     # module's re-run in backward enters autocast again)
@@ -551,8 +550,6 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
                 for i, st in enumerate(kept.left([*fparams.values(), *fbufs.values()])):
                     rec.register_named(st, "grad", f"<{wrapper_name(wrapper)}>[{i}]")
                 kept.close()
-            if prepared:
-                reuse = reusing()
         if needs_closure(opt):
             # steady state: LBFGS's history is full after some steps; run them unrecorded
             rec.recording = False
