@@ -15,7 +15,8 @@
   kernels run and allocate for ``device="cuda"``; :mod:`~fxmem.trace.compat`: what older
   PyTorch releases need;
 - :mod:`~fxmem.trace.reuse` and :mod:`~fxmem.trace.splice`: a stack of identical blocks
-  traced as two, the rest copied;
+  traced as two, the rest copied; :mod:`~fxmem.trace.reuse_parallel`: the same for a rank's
+  blocks under FSDP2;
 - :mod:`~fxmem.trace.checkpointing`: activation-checkpoint plans, applied while tracing and
   to real models (:func:`fxmem.apply_checkpoints`);
 - :mod:`~fxmem.trace.lift`: a step that fixes B as a Python int (``len(x)``), traced at

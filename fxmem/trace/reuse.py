@@ -70,15 +70,19 @@ def _attr_same(a, b, offset: int) -> bool:
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
-def _same(a: torch.nn.Module, b: torch.nn.Module, offset: int) -> bool:
-    """Do blocks ``a`` and ``b`` (``offset`` positions apart) run the same way?"""
+def _same(a: torch.nn.Module, b: torch.nn.Module, offset: int, hooks=None) -> bool:
+    """Do blocks ``a`` and ``b`` (``offset`` positions apart) run the same way? ``hooks``:
+    whether two of their modules' hooks are alike (``None``: blocks with hooks are not)."""
     mods_a, mods_b = list(a.named_modules()), list(b.named_modules())
     if len(mods_a) != len(mods_b):
         return False
     for (na, x), (nb, y) in zip(mods_a, mods_b):
         if na != nb or type(x) is not type(y) or x.training != y.training:
             return False
-        if any(getattr(x, h, None) or getattr(y, h, None) for h in _HOOKS):
+        if hooks is not None:
+            if not hooks(x, y):
+                return False
+        elif any(getattr(x, h, None) or getattr(y, h, None) for h in _HOOKS):
             return False
         for d in ("_parameters", "_buffers"):
             ta, tb = getattr(x, d), getattr(y, d)
@@ -100,9 +104,10 @@ def _same(a: torch.nn.Module, b: torch.nn.Module, offset: int) -> bool:
     return True
 
 
-def find_runs(model: torch.nn.Module) -> list:
+def find_runs(model: torch.nn.Module, hooks=None) -> list:
     """Runs of at least :data:`MIN_RUN` identical blocks in the model's ``ModuleList`` and
-    ``Sequential`` containers (outermost first; blocks inside a run's blocks are skipped)."""
+    ``Sequential`` containers (outermost first; blocks inside a run's blocks are skipped).
+    ``hooks``: as for :func:`_same`."""
     runs, inside = [], []
     for name, mod in model.named_modules():
         if any(name.startswith(p + ".") for p in inside):
@@ -113,7 +118,7 @@ def find_runs(model: torch.nn.Module) -> list:
         i = 0
         while i < len(kids):
             j = i + 1
-            while j < len(kids) and _same(kids[i][1], kids[j][1], j - i):
+            while j < len(kids) and _same(kids[i][1], kids[j][1], j - i, hooks):
                 j += 1
             if j - i >= MIN_RUN:
                 paths = tuple(f"{name}.{n}" if name else n for n, _ in kids[i:j])
@@ -166,7 +171,9 @@ class _Call:
     grad_summable: dict = field(default_factory=dict)
     out_meta_raw: tuple = ()  # the same with SymInts, to make a stand-in's outputs
     grad_inputs: list = field(default_factory=list)  # a stand-in's inputs that need a gradient
+    pre: int = 0  # the first op of the block's call (its pre-hooks' ops come first)
     rec: object = field(default=None, repr=False)
+    reuse: object = field(default=None, repr=False)
     tensors: list = field(default_factory=list, repr=False)  # during the call only
     pattern: object = field(default=None, repr=False)  # a stand-in's pattern block
 
@@ -187,6 +194,7 @@ class _StandIn(torch.autograd.Function):
     def backward(ctx, *grads):
         call, rec = ctx.call, ctx.call.rec
         call.bwd[0] = rec.op_count
+        call.reuse.backward_began(call)
         for i, g in enumerate(grads):
             if g is not None:
                 call.roles[("gy", i)] = rec.register(g)[0]
@@ -238,7 +246,7 @@ class Reuse:
             return False
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         return not any(t.requires_grad for t in tensors) and \
-            any(p.requires_grad for _, p in self._own(path, self.fparams))
+            any(p.requires_grad for _, p in self.params(path))
 
     def remove(self) -> None:
         for mod, had, fwd in reversed(self._saved):
@@ -254,7 +262,8 @@ class Reuse:
         calls = self.calls[run.paths]
         if rec.phase != "forward" or not rec.recording or len(calls) != k:
             raise NoReuse(f"{user_path(path)} is not called once, in order, in the forward")
-        c = _Call(k, user_path(path), standin, rec=rec)
+        c = _Call(k, user_path(path), standin, rec=rec, reuse=self)
+        c.pre = rec.call_starts[-1] if rec.call_starts else rec.op_count
         leaves, c.spec = tree_flatten((args, kwargs))
         # non-tensor arguments by value, or by identity (holding them would keep, e.g., a
         # KV cache alive)
@@ -264,9 +273,9 @@ class Reuse:
         c.tensors = [v for v in leaves if isinstance(v, torch.Tensor)]
         for i, t in enumerate(c.tensors):
             c.roles[("x", i)] = rec.register(t)[0]
-        for name, p in self._own(path, self.fparams):
+        for name, p in self.params(path):
             c.roles[("p", name)] = rec.register(p)[0]
-        for name, b in self._own(path, self.fbufs):
+        for name, b in self.buffers(path):
             c.roles[("p", "buf:" + name)] = rec.register(b)[0]
         c.fwd[0] = rec.op_count
         calls.append(c)
@@ -276,6 +285,23 @@ class Reuse:
     def _own(path, named: dict):
         pre = path + "."
         return [(n[len(pre):], t) for n, t in named.items() if n.startswith(pre)]
+
+    def params(self, path) -> list:
+        """The parameters block ``path``'s ops read, by name inside the block."""
+        return self._own(path, self.fparams)
+
+    def buffers(self, path) -> list:
+        """The buffers block ``path``'s ops read, by name inside the block."""
+        return self._own(path, self.fbufs)
+
+    def backward_began(self, c: _Call) -> None:
+        """Hook: block call ``c``'s backward begins (its first output gradient)."""
+
+    def hook_outputs(self, c: _Call, outs) -> None:
+        """Marks where a traced block's backward begins: a hook on each output."""
+        for i, t in enumerate(outs):
+            if t.requires_grad:
+                t.register_hook(self._out_hook(c, i))
 
     def _end(self, c: _Call, out):
         rec = self.rec
@@ -301,9 +327,7 @@ class Reuse:
             c = self._begin(run, k, path, args, kwargs, False)
             out = orig(*args, **kwargs)
             outs = self._end(c, out)
-            for i, t in enumerate(outs):
-                if t.requires_grad:
-                    t.register_hook(self._out_hook(c, i))
+            self.hook_outputs(c, outs)
             for i, t in enumerate(c.tensors):
                 if t.requires_grad:
                     t.register_hook(self._in_hook(c, i))
@@ -314,6 +338,8 @@ class Reuse:
     def _out_hook(self, c, i):
         def hook(grad):
             rec = self.rec
+            if c.bwd[0] is None:
+                self.backward_began(c)
             c.roles[("gy", i)] = rec.register(grad)[0]
             c.grad_strides[("gy", i)] = _strides(grad)
             c.bwd[0] = rec.op_count if c.bwd[0] is None else min(c.bwd[0], rec.op_count)
@@ -339,7 +365,7 @@ class Reuse:
                 raise NoReuse(f"{c.path} is called with other arguments than "
                               f"{p.path}")
             grad_in = [i for i, t in enumerate(c.tensors) if t.requires_grad]
-            params = [t for _, t in self._own(path, self.fparams) if t.requires_grad]
+            params = [t for _, t in self.params(path) if t.requires_grad]
             c.grad_inputs = grad_in
             outs = _StandIn.apply(c, p, len(grad_in),
                                   *(c.tensors[i] for i in grad_in), *params)

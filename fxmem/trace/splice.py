@@ -107,8 +107,10 @@ class _Splice:
             if nxt is None:
                 continue
             for key, s in c.roles.items():
-                if key[0] == "o" and any(i not in range(*nxt.fwd) and self.ops[i].phase
-                                         == "forward" for i in used.get(s, ())):
+                # (from the start of its call: FSDP2's pre-hook wraps its inputs first)
+                if key[0] == "o" and any(i not in range(nxt.pre, nxt.fwd[1])
+                                         and self.ops[i].phase == "forward"
+                                         for i in used.get(s, ())):
                     raise NoReuse(f"{c.path}: its output is read outside the next block")
 
     def _check_gradients(self, calls) -> None:
@@ -351,9 +353,8 @@ class _Splice:
         # module calls -------------------------------------------------------------------
         calls_new = []
         standin_paths = {c.path for calls in self.runs for c in calls[2:]}
-        for mc in rec.calls:
-            if mc.path in standin_paths or any(mc.path.startswith(p + ".")
-                                               for p in standin_paths):
+        for mc in rec.calls:  # a stand-in's own call stays (its hooks' ops are real ones)
+            if any(mc.path.startswith(p + ".") for p in standin_paths):
                 continue
             calls_new.append(replace(mc, first_op=before(mc.first_op),
                                      last_op=after(mc.last_op),
@@ -364,7 +365,7 @@ class _Splice:
             inside = pat_info[id(pat)][0]
             for c in calls[2:]:
                 for mc in rec.calls:
-                    if mc.path == pat.path or mc.path.startswith(pat.path + "."):
+                    if mc.path.startswith(pat.path + "."):
                         first = (copy_index(c, inside[mc.first_op]) if mc.first_op in inside
                                  else copy_at[(id(c), 0)][0])
                         last = (copy_index(c, inside[mc.last_op]) if mc.last_op in inside
@@ -430,12 +431,13 @@ class _Splice:
         from .records import TensorDesc
 
         old = self.old_graph
-        by_index, first = {}, {}
+        by_index, first, later = {}, {}, []
         for node in old.nodes:
             vals = node.meta.get("val")
-            if node.op == "placeholder":
+            if node.op == "placeholder":  # one made before a later op: in the op's turn
                 if isinstance(vals, TensorDesc) and vals.sid in final:
-                    first.setdefault(final[vals.sid], replace(vals, sid=final[vals.sid]))
+                    (later.append(vals) if by_index else
+                     first.setdefault(final[vals.sid], replace(vals, sid=final[vals.sid])))
                 continue
             src = node.args[0] if node.target is operator.getitem else node
             idx = src.meta.get("index") if isinstance(src, torch.fx.Node) else None
@@ -465,6 +467,8 @@ class _Splice:
                         s = fs(v.sid)
                         if s is not None and s not in first:
                             first[s] = replace(v, sid=s)
+        for v in later:  # read by no op
+            first.setdefault(final[v.sid], replace(v, sid=final[v.sid]))
         return first
 
     # the fx graph, in the new order --------------------------------------------------------

@@ -68,7 +68,8 @@ from .recorder import (
     failed_in_model_code,
 )
 from .records import B_RANGE_MAX, ModuleCall, Trace
-from .reuse import NoReuse, Reuse, find_runs
+from .reuse import NoReuse
+from .reuse_parallel import installed, reuses_under
 from .rules import (
     RNNRouter,
 )
@@ -193,8 +194,8 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     spec = make_spec(model, inputs, targets, step, batch_dim)
     check_parallel(parallel, rank)
     plain_backward_first()  # forks stay usable on a CUDA build (fxmem.trace.compat)
-    if parallel is not None:  # FSDP2's hooks run in every block: no block is copied
-        reuse_blocks = False
+    if parallel is not None:  # blocks are copied under FSDP2 only (fxmem.trace.reuse_parallel)
+        reuse_blocks = reuse_blocks and reuses_under(parallel, spec.train)
         spec = _replace_optimizer(spec, parallel.optimizer(spec.optimizer))  # ZeRO-1
     plan = normalize_plan(model, checkpoint)
     if batch_hint is not None and (isinstance(batch_hint, bool) or not isinstance(batch_hint, int)
@@ -507,14 +508,13 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
                 rec.recomputing -= again
         return run
 
-    reuse = None
-    if (reuse_blocks and not plan and not compiled and spec.grad_accum == 1 and not kept_grads
-            and not needs_closure(opt) and not warm_up):
-        runs = find_runs(model)
-        if runs:
-            reuse = Reuse(rec, runs, fparams, fbufs)
-            handles.append(reuse)  # removed in trace()'s finally
-            reuse.install()
+    reuse, reusable = None, (reuse_blocks and not plan and not compiled and not warm_up
+                             and spec.grad_accum == 1 and not kept_grads
+                             and not needs_closure(opt))
+
+    def reusing():  # (handles: removed in trace()'s finally)
+        return installed(rec, model, prepared, fparams, fbufs, handles) if reusable else None
+    reuse = reusing()  # a rank's: its warm-up runs later blocks cheaply (ShardedReuse)
     hooks = torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.saved_tensors.unpack)
     # CUDA's autocast rules on the fake CPU tensors, for the whole step (a checkpointed
     # module's re-run in backward enters autocast again)

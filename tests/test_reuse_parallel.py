@@ -1,0 +1,109 @@
+"""Repeated blocks copied under FSDP2 (fxmem.trace.reuse_parallel): a rank's trace with
+blocks copied reads exactly as the same rank's trace block by block, FSDP2's all-gathers,
+reduce-scatters, side streams and reshards included; blocks that do not behave alike, and
+the strategies whose blocks are not copied, are traced block by block."""
+
+import pytest
+import torch
+
+from fxmem.trace import trace
+from fxmem.trace.parallel import DDP, FSDP
+from test_fsdp import _lm_loss
+from test_reuse import _Stack, _flops, _shape
+
+transformers = pytest.importorskip("transformers")
+
+
+def _full(t):
+    """:func:`test_reuse._shape` with each storage's stream and unref time too."""
+    def n(v):
+        return -1 if v is None else v
+    return _shape(t), sorted((s.created_by, s.stream, n(s.unref_after), s.resized_away,
+                              s.data_bound) for s in t.storages)
+
+
+def _both(model, inputs, targets, parallel, rank, **kw):
+    a = trace(model, inputs, targets, parallel=parallel, rank=rank, **kw)
+    b = trace(model, inputs, targets, parallel=parallel, rank=rank, reuse_blocks=False, **kw)
+    assert b.reused == ()
+    return a, b
+
+
+def _lm(kind, layers=4):
+    torch.manual_seed(0)
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
+                                       num_hidden_layers=layers, num_attention_heads=4,
+                                       num_key_value_heads=2, max_position_embeddings=64)
+        return transformers.LlamaForCausalLM(cfg), "model.layers"
+    cfg = transformers.GPT2Config(vocab_size=128, n_embd=32, n_layer=layers, n_head=4,
+                                  n_positions=64, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0,
+                                  bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg), "transformer.h"
+
+
+CASES = [
+    ("llama", FSDP(4), (0, 3), {}),
+    ("gpt2", FSDP(2), (1,), {}),
+    ("llama", FSDP(4, reshard_after_forward=False), (0,), {}),
+    ("gpt2", FSDP(4, reshard_after_forward=2), (2,), {}),
+    ("llama", FSDP(2, param_dtype=torch.bfloat16, reduce_dtype=torch.float32), (1,), {}),
+    ("llama", FSDP(3), (0, 2), dict(device="cuda", amp=torch.bfloat16)),
+    ("gpt2", FSDP(8), (7,), dict(device="cuda")),
+    ("gpt2", FSDP(4, replicate=2), (1,), {}),
+    ("llama", FSDP(2, offload=True), (0,), {}),
+]
+
+
+@pytest.mark.parametrize("kind,parallel,ranks,step", CASES,
+                         ids=[f"{k}-{p.name}-{s}" for k, p, _, s in CASES])
+def test_copied_blocks_under_fsdp_equal_a_block_by_block_trace(kind, parallel, ranks, step):
+    model, stack = _lm(kind, layers=5)
+    ids = torch.randint(0, 128, (2, 16))
+    step = {**dict(loss=_lm_loss, optimizer=torch.optim.AdamW, device="cpu"), **step}
+    for rank in ranks:  # ranks with padded (uneven) shards among them
+        a, b = _both(model, ids, ids, parallel, rank, **step)
+        assert a.reused == tuple(f"{stack}.{i}" for i in (2, 3, 4))
+        assert _full(a) == _full(b)
+        assert _flops(a) == _flops(b)
+
+
+@pytest.mark.parametrize("kind", ["plain", "index_dependent", "output_read_outside",
+                                  "first_input_needs_no_grad"])
+def test_blocks_that_differ_under_fsdp_fall_back_and_stay_exact(kind):
+    model = _Stack(odd_wider=kind == "index_dependent", keep=kind == "output_read_outside",
+                   proj=kind != "first_input_needs_no_grad")
+    x = torch.randn(4, 16)
+    a, b = _both(model, (x,), (), FSDP(2), 1, loss=None, optimizer=torch.optim.SGD,
+                 device="cpu")
+    assert a.reused == {"plain": ("blocks.2", "blocks.3", "blocks.4"),
+                        "first_input_needs_no_grad": ("blocks.3", "blocks.4")}.get(kind, ())
+    assert _full(a) == _full(b)
+
+
+@pytest.mark.parametrize("parallel,copied", [
+    (FSDP(2), True), (FSDP(4, reshard_after_forward=2), True),
+    (FSDP(2, reshard_after_forward=False), False)])
+def test_inference_under_fsdp(parallel, copied):
+    # reshard_after_forward=False: the warm-up step leaves the blocks gathered, and a
+    # block's parameters are first seen by its own ops: every block is traced
+    x = torch.randn(4, 16)
+    a, b = _both(_Stack(), (x,), (), parallel, 1, loss=None, train=False, device="cpu")
+    assert a.reused == (("blocks.2", "blocks.3", "blocks.4") if copied else ())
+    assert _full(a) == _full(b)
+
+
+def test_checkpoint_plans_and_other_strategies_trace_every_block():
+    model = _Stack()
+    x = torch.randn(4, 16)
+    step = dict(loss=None, optimizer=torch.optim.SGD, device="cpu")
+    assert trace(model, x, parallel=FSDP(2), **step).reused  # the same model is copied
+    assert trace(model, x, parallel=FSDP(2), checkpoint=["blocks.1"], **step).reused == ()
+    assert trace(model, x, parallel=DDP(2), **step).reused == ()
+
+
+def test_tracing_under_fsdp_leaves_the_model_as_it_was():
+    model = _Stack()
+    trace(model, torch.randn(4, 16), parallel=FSDP(2), loss=None, device="cpu")
+    assert all("forward" not in vars(m) for m in model.modules())
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
