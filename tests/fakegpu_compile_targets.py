@@ -239,3 +239,76 @@ def cli_and_api(budget: float, B: int) -> dict:
                         compile={"activation_memory_budget": budget})
     return {"setup": report["setup"].get("compiled"),
             "cli": report["cuda"]["max_allocated"], "api": api.cuda_memory(B).max_allocated}
+
+
+def graph_flops(name: str, compiled_at: int, budget: float) -> int:
+    """FLOPs of the forward and backward graphs AOTAutograd's partitioner hands inductor
+    for case ``name`` compiled under ``budget`` at ``compiled_at`` (static shapes), by
+    ``torch.utils.flop_counter``'s formulas applied to each node's fake-tensor metadata:
+    counted on PyTorch's graphs, not on fxmem's trace."""
+    from torch._functorch import config
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+    from torch.utils._pytree import tree_map_only
+    from torch.utils.flop_counter import flop_registry
+
+    graphs = []
+
+    def inner(gm, example_inputs, **kwargs):
+        graphs.append(gm)
+        return compile_fx_inner(gm, example_inputs, **kwargs)
+
+    def backend(gm, example_inputs):
+        return compile_fx(gm, example_inputs, inner_compile=inner)
+
+    torch.manual_seed(0)
+    model, batch, loss, _ = _case(name)
+    model = model.cuda()
+    torch._dynamo.reset()
+    with config.patch(activation_memory_budget=budget, enable_autograd_cache=False):
+        run = torch.compile(model, backend=backend, dynamic=False)
+        inputs, targets = batch(compiled_at, "cuda")
+        loss(run(*inputs), *targets).backward()
+    torch._dynamo.reset()
+    total = 0
+    for gm in graphs:
+        for node in gm.graph.nodes:
+            if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+                continue
+            formula = flop_registry.get(node.target.overloadpacket)
+            if formula is not None:
+                args, kwargs = tree_map_only(torch.fx.Node, lambda a: a.meta["val"],
+                                             (node.args, node.kwargs))
+                total += int(formula(*args, **kwargs, out_val=node.meta["val"]))
+    return total
+
+
+def compiled_plans(name: str, batches: list, compiled_at: int, budgets: list) -> dict:
+    """fxmem's planner with compiled budgets as a kind, on the eager analysis of case
+    ``name`` (traced at ``compiled_at``): per budget, its candidate's predicted CUDA peaks at
+    each B and recompute FLOPs at ``compiled_at``; the frontier of ``kinds=["compiled"]`` at
+    the last B; ``plan_for`` with each candidate's peak as the budget; and the FLOPs of
+    PyTorch's partitioned graphs under each budget (:func:`graph_flops`)."""
+    import fxmem
+
+    model, batch, loss, opt_class = _case(name)
+    inputs, targets = batch(compiled_at, "cpu")
+    report = fxmem.analyze(model, inputs, targets, loss=loss, optimizer=opt_class,
+                           device="cuda")
+    b = batches[-1]
+    out = {"frontier": [[p.peak_bytes, p.recompute_flops, p.compiled, list(p.plan)]
+                        for p in report.frontier(b, kinds=["compiled"])],
+           "budgets": {}}
+    from fxmem.checkpoint.compiled import compiled_plans as plans
+
+    for p in plans(report, budgets):
+        choice = report.plan_for(p.peak_bytes(b), b, kinds=["compiled"], by="live")
+        out["budgets"][str(p.budget)] = {
+            "cuda": {str(x): {"max_allocated": p.report.cuda_memory(x).max_allocated,
+                              "max_reserved": p.report.cuda_memory(x).max_reserved}
+                     for x in batches},
+            "peak_bytes": p.peak_bytes(b),
+            "recompute_flops": p.recompute_flops_at(compiled_at),
+            "recompute_flops_at_b": p.recompute_flops_at(b),
+            "graph_flops": graph_flops(name, compiled_at, p.budget),
+            "chosen": [choice.compiled, choice.peak_bytes, choice.recompute_flops]}
+    return out

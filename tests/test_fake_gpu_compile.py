@@ -16,6 +16,7 @@ import pytest
 from fakegpu_marks import FAKE_GPU
 
 pytestmark = FAKE_GPU
+BUDGETS = (1.0, 0.7, 0.5, 0.3)  # fxmem.checkpoint.compiled.BUDGETS, the kind's candidates
 HERE = os.path.dirname(os.path.abspath(__file__))
 # case -> (compiled at, the batch sizes checked); GPT-2 compiles for about a minute: in the
 # slow tier (CI runs it on 2.14.1)
@@ -101,3 +102,32 @@ def test_the_command_line_compiles_with_a_budget():
     got = _call("cli_and_api", budget=0.5, B=64)
     assert got["setup"] == "torch.compile, activation_memory_budget 0.5"
     assert got["cli"] == got["api"] > 0
+
+
+def test_compiled_budgets_are_plan_kinds():
+    """``kinds=["compiled"]`` (fxmem.checkpoint.compiled): each ``torch.compile`` budget is a
+    candidate of the eager analysis. Its CUDA peaks are those of the step compiled under that
+    budget with PyTorch alone (measured on the fake GPU, the same runs as the tests above);
+    its recompute FLOPs, those of PyTorch's partitioned graphs under it less budget 1.0's
+    (counted on those graphs, not on fxmem's trace); the frontier holds no dominated point
+    and dominates every candidate; ``plan_for`` at a candidate's peak is no dearer."""
+    at, batches = CASES["pointwise"]
+    got = _call("compiled_plans", name="pointwise", batches=list(batches), compiled_at=at,
+                budgets=[0.5])
+    cands = got["budgets"]
+    assert sorted(cands) == ["0.5", "1.0"]
+    assert cands["1.0"]["cuda"] == _figures("pointwise")[1]
+    assert cands["0.5"]["cuda"] == _figures("pointwise", budget=0.5)[1]
+    base = cands["1.0"]["graph_flops"]
+    assert base > 0
+    for c in cands.values():
+        assert c["recompute_flops"] == c["graph_flops"] - base
+    front = got["frontier"]  # over the four default budgets, of which two are checked here
+    assert front and all(p[3] == [] and p[2] in BUDGETS for p in front)
+    assert all(a[0] > b[0] and a[1] < b[1] for a, b in zip(front, front[1:]))
+    for c in cands.values():
+        assert any(p[0] <= c["peak_bytes"] and p[1] <= c["recompute_flops_at_b"]
+                   for p in front)
+        budget, peak, flops = c["chosen"]
+        assert budget in BUDGETS
+        assert peak <= c["peak_bytes"] and flops <= c["recompute_flops_at_b"]

@@ -60,7 +60,10 @@ class PlanChoice:
     ``"device"`` (a CUDA step: the plan's steps run through the caching allocator's replay
     within the budget, :mod:`fxmem.checkpoint.on_device`); ``run``: for ``"device"``, that
     replay (a :class:`fxmem.device.allocator.DeviceRun`, the rank group's that reserved the
-    most under a parallel step), else None.
+    most under a parallel step), else None. ``compiled``: for a compiled candidate
+    (``kinds=[..., "compiled"]``, :mod:`fxmem.checkpoint.compiled`), the partitioner budget
+    of ``torch.compile`` it is (``plan`` empty: ``compile={"activation_memory_budget":
+    compiled}``), else None.
     """
 
     B: int
@@ -72,6 +75,7 @@ class PlanChoice:
     exact: bool = True
     by: str = "live"
     run: object = field(default=None, repr=False)
+    compiled: float | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "plan", Plan.of(self.plan))
@@ -84,11 +88,14 @@ class PlanChoice:
 
 @dataclass(frozen=True)
 class FrontierPoint:
-    """A Pareto-optimal plan at one batch size: no plan has a lower peak for fewer FLOPs."""
+    """A Pareto-optimal plan at one batch size: no plan has a lower peak for fewer FLOPs.
+    ``compiled``: for a compiled candidate, its ``torch.compile`` partitioner budget (``plan``
+    empty), else None."""
 
     peak_bytes: int
     recompute_flops: int
     plan: tuple
+    compiled: float | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "plan", Plan.of(self.plan))

@@ -176,15 +176,16 @@ class Report:
         """The checkpoint plan with the least recompute FLOPs whose step at batch size ``B``
         fits ``budget_bytes``, as a :class:`fxmem.PlanChoice` (see :mod:`fxmem.checkpoint.options`).
         ``kinds``: what a plan may use, among ``"module"`` (whole blocks), ``"group"``
-        (consecutive blocks as one segment) and ``"selective"`` (op outputs kept); default
-        all three. ``by``: how it fits, as :meth:`max_batch_size` answers: ``"device"`` (the
-        default for a CUDA step) the plan's steps run within the budget in the caching
-        allocator's replay (:mod:`fxmem.checkpoint.on_device`; ``cudnn_workspace`` as for
-        :meth:`runs_on_device`), ``"live"`` its peak fits. For a report made by
+        (consecutive blocks as one segment), ``"selective"`` (op outputs kept); default
+        those three; and ``"compiled"``: ``torch.compile``'s partitioner budgets
+        (:mod:`fxmem.checkpoint.compiled`). ``by``: how it fits, as :meth:`max_batch_size`
+        answers: ``"device"`` (the default for a CUDA step) the plan's steps run within the
+        budget in the caching allocator's replay (:mod:`fxmem.checkpoint.on_device`;
+        ``cudnn_workspace`` as for :meth:`runs_on_device`), ``"live"`` its peak fits. For a report made by
         :func:`fxmem.analyze`, the plan is traced (unless ``confirm=False``): ``peak_bytes``
         and ``report`` are the traced ones (:mod:`fxmem.checkpoint.confirm`). Raises
         :class:`fxmem.InfeasibleBudgetError` (with the smallest reachable need) when none fits."""
-        from ..checkpoint.confirm import plan_for
+        from ..checkpoint.compiled import plan_for
         from .capacity import plan_by
 
         kw = dict(kinds=kinds, confirm=confirm, by=by, cudnn_workspace=cudnn_workspace)
@@ -208,7 +209,8 @@ class Report:
         self._no_dims(dims)
         if small := self._small(B):
             return small.frontier(B, candidates, kinds=kinds)
-        return self._chooser(candidates, kinds).frontier(_check_b(B))
+        from ..checkpoint.compiled import frontier
+        return frontier(self, _check_b(B), candidates, kinds)
 
     def _chooser(self, candidates=None, kinds=None):
         """The planner for ``kinds`` (default all) over ``candidates``: every granularity on
@@ -471,7 +473,7 @@ class Report:
             raise InputError(f"budget_bytes must be positive, got {budget_bytes:,}")
         by = check_by(by, self.device)
         if max_recompute is not None:
-            from ..checkpoint.confirm import max_batch_size
+            from ..checkpoint.compiled import max_batch_size
             from .capacity import plan_by
 
             by = plan_by(by, self.device)

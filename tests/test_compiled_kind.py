@@ -1,0 +1,115 @@
+"""The planner's ``"compiled"`` kind (fxmem.checkpoint.compiled) without a GPU: how compiled
+candidates join the eager plans in ``frontier``, ``plan_for`` and ``max_batch_size``.
+
+Lowering a compiled step needs a CUDA build with a device (tests/test_fake_gpu_compile.py
+checks real compiled candidates on the fake GPU). Here the step "compiled under budget b" is
+stood in for by the same step under an eager checkpoint plan (``STANDS_IN``), so that each
+candidate's recompute FLOPs, which the kind counts as its step's FLOPs less budget 1.0's,
+can be checked against the FLOPs the stand-in's trace marks as recomputed, a count that
+does not subtract."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+import fxmem
+from fxmem.checkpoint.compiled import compiled_plans
+
+STANDS_IN = {1.0: None, 0.7: ["0"], 0.5: ["0", "1"], 0.3: ["0", "1", "2", "3"]}
+KINDS = ["module", "group", "selective"]
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Sequential(
+        torch.nn.Linear(32, 256), torch.nn.GELU(), torch.nn.Linear(256, 32))
+        for _ in range(4)])
+
+
+def _loss(o):
+    return o.square().mean()
+
+
+@pytest.fixture(scope="module")
+def report():
+    model, x = _model(), torch.randn(8, 32)
+    base = fxmem.analyze(model, x, loss=_loss, device="cuda")
+    seen = {}
+
+    def reanalyze(compile):
+        b = compile["activation_memory_budget"]
+        seen[b] = seen.get(b, 0) + 1
+        return fxmem.analyze(model, x, loss=_loss, device="cuda", checkpoint=STANDS_IN[b])
+
+    r = replace(base, reanalyze=reanalyze)
+    r.__dict__["_seen"] = seen
+    return r
+
+
+def test_candidates_recompute_what_their_steps_recompute(report):
+    plans = compiled_plans(report)
+    assert [p.budget for p in plans] == list(STANDS_IN)
+    for p in plans:
+        for b in (8, 300):
+            assert p.recompute_flops_at(b) == int(p.report.recompute_flops.subs(fxmem.B, b))
+            assert p.peak_bytes(b) == p.report.peak_bytes(b)
+    assert plans[-1].recompute_flops_at(8) > 0
+    compiled_plans(report)
+    assert all(n == 1 for n in report._seen.values())  # analysed once per budget
+
+
+def test_frontier_with_compiled_candidates_is_pareto(report):
+    b = 300
+    eager = report.frontier(b, kinds=KINDS)
+    both = report.frontier(b, kinds=[*KINDS, "compiled"])
+    alone = report.frontier(b, kinds=["compiled"])
+    assert all(p.compiled is None for p in eager) and all(p.compiled for p in alone)
+    cands = [*eager, *alone]
+    for p in both:
+        assert p in cands
+        assert not any(q.peak_bytes <= p.peak_bytes and q.recompute_flops <= p.recompute_flops
+                       and (q.peak_bytes, q.recompute_flops) != (p.peak_bytes,
+                                                                 p.recompute_flops)
+                       for q in both if (q.compiled is None) != (p.compiled is None))
+    for q in cands:
+        assert any(p.peak_bytes <= q.peak_bytes and p.recompute_flops <= q.recompute_flops
+                   for p in both)
+    assert [p.peak_bytes for p in both] == sorted((p.peak_bytes for p in both), reverse=True)
+
+
+def test_plan_for_takes_the_cheapest_that_fits_of_either_kind(report):
+    b = 300
+    for budget in sorted({p.peak_bytes(b) for p in compiled_plans(report)}):
+        choice = report.plan_for(budget, b, kinds=[*KINDS, "compiled"], by="live",
+                                 confirm=False)
+        assert choice.peak_bytes <= budget
+        fits = [p for p in compiled_plans(report) if p.peak_bytes(b) <= budget]
+        assert choice.recompute_flops <= min(p.recompute_flops_at(b) for p in fits)
+        eager = report.plan_for(budget, b, kinds=KINDS, by="live", confirm=False)
+        assert choice.recompute_flops <= eager.recompute_flops
+        if choice.compiled is not None:
+            assert not choice.plan and choice.report.peak_bytes(b) == choice.peak_bytes
+
+
+def test_compiled_alone_and_max_batch_size(report):
+    b = 300
+    top = compiled_plans(report)[-1]
+    choice = report.plan_for(top.peak_bytes(b), b, kinds=["compiled"], by="live")
+    assert choice.compiled is not None and choice.peak_bytes <= top.peak_bytes(b)
+    with pytest.raises(fxmem.InfeasibleBudgetError):
+        report.plan_for(top.peak_bytes(b) - 1, b, kinds=["compiled"], by="live")
+    budget = compiled_plans(report)[0].peak_bytes(b)
+    most = report.max_batch_size(budget, max_recompute=1.0, kinds=["compiled"], by="live")
+    assert most.choice.compiled == 0.3 and int(most) > b
+    assert top.report.peak_bytes(int(most)) <= budget < top.report.peak_bytes(int(most) + 1)
+    assert report.max_batch_size(budget, max_recompute=0.0, kinds=["compiled"],
+                                 by="live") == b
+
+
+def test_unknown_kind_is_one_line():
+    r = fxmem.analyze(_model(), torch.randn(8, 32), loss=_loss, device="cpu")
+    with pytest.raises(fxmem.InputError, match="plan kinds are among"):
+        r.frontier(8, kinds=["compile"])
+    with pytest.raises(fxmem.InputError, match="device='cuda'"):
+        r.frontier(8, kinds=["compiled"])
