@@ -104,6 +104,7 @@ def test_the_command_line_compiles_with_a_budget():
     assert got["cli"] == got["api"] > 0
 
 
+@pytest.mark.slow  # four compiles of the pointwise model at two sizes: minutes
 def test_compiled_budgets_are_plan_kinds():
     """``kinds=["compiled"]`` (fxmem.checkpoint.compiled): each ``torch.compile`` budget is a
     candidate of the eager analysis. Its CUDA peaks are those of the step compiled under that

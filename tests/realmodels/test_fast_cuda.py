@@ -10,9 +10,8 @@ A model fxmem gets wrong is a strict xfail naming the cause and the figures seen
 2.14.1). Runs where torch is a CUDA build with cuDNN (CI's 2.14.1 environment, the one with
 torchvision and timm). Cost: the child and this process's predictions run side by side,
 about 76 s each on an idle 2-core machine; the whole file took 172 to 212 s while other
-sessions' tests loaded the machine (load 6 to 9). All 19 models stay in the default run:
-CI's real-model command (``tests/realmodels tests/test_fake_gpu*.py``) passes no
-``-m "not slow"``, so a ``slow`` mark would not shorten it.
+sessions' tests loaded the machine (load 6 to 9). All 19 models stay in the fast tier: CI's
+real-model command (``-m "not slow" tests/realmodels tests/test_fake_gpu*.py``) runs them.
 """
 
 import os
