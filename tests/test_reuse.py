@@ -127,17 +127,27 @@ class _Stack(torch.nn.Module):
         return x.sum() + sum(k.sum() for k in kept) if kept else x.sum()
 
 
-@pytest.mark.parametrize("kind", ["plain", "index_dependent", "output_read_outside",
-                                  "first_input_needs_no_grad"])
-def test_blocks_that_differ_fall_back_and_stay_exact(kind):
-    # the first block of a stack fed the model's input computes no input gradient, so it
-    # does not run the ops the second does: the run starts at the second block
+DIFFERING = ["plain", "index_dependent", "output_read_outside", "first_input_needs_no_grad"]
+
+
+def differing(kind: str) -> tuple:
+    """A :class:`_Stack` of ``kind`` (one of :data:`DIFFERING`) and the blocks reuse copies
+    in it: the first block of a stack fed the model's input computes no input gradient, so
+    it does not run the ops the second does (the run starts at the second block); blocks
+    whose sizes depend on their index, or whose outputs are read outside the next block,
+    are not copied."""
     model = _Stack(odd_wider=kind == "index_dependent", keep=kind == "output_read_outside",
                    proj=kind != "first_input_needs_no_grad")
+    return model, {"plain": ("blocks.2", "blocks.3", "blocks.4"),
+                   "first_input_needs_no_grad": ("blocks.3", "blocks.4")}.get(kind, ())
+
+
+@pytest.mark.parametrize("kind", DIFFERING)
+def test_blocks_that_differ_fall_back_and_stay_exact(kind):
+    model, copied = differing(kind)
     x = torch.randn(4, 16)
     a, b = _both(model, (x,), loss=None, optimizer=torch.optim.SGD, device="cpu")
-    assert a.reused == {"plain": ("blocks.2", "blocks.3", "blocks.4"),
-                        "first_input_needs_no_grad": ("blocks.3", "blocks.4")}.get(kind, ())
+    assert a.reused == copied
     assert _shape(a) == _shape(b)
     r = fxmem.analyze(model, x, optimizer=torch.optim.SGD, device="cpu")
     for bs in (2, 7):

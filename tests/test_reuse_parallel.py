@@ -9,7 +9,7 @@ import torch
 from fxmem.trace import trace
 from fxmem.trace.parallel import DDP, FSDP
 from test_fsdp import _lm_loss
-from test_reuse import _Stack, _flops, _shape
+from test_reuse import DIFFERING, _Stack, _flops, _shape, differing
 
 transformers = pytest.importorskip("transformers")
 
@@ -68,16 +68,13 @@ def test_copied_blocks_under_fsdp_equal_a_block_by_block_trace(kind, parallel, r
         assert _flops(a) == _flops(b)
 
 
-@pytest.mark.parametrize("kind", ["plain", "index_dependent", "output_read_outside",
-                                  "first_input_needs_no_grad"])
+@pytest.mark.parametrize("kind", DIFFERING)
 def test_blocks_that_differ_under_fsdp_fall_back_and_stay_exact(kind):
-    model = _Stack(odd_wider=kind == "index_dependent", keep=kind == "output_read_outside",
-                   proj=kind != "first_input_needs_no_grad")
+    model, copied = differing(kind)
     x = torch.randn(4, 16)
     a, b = _both(model, (x,), (), FSDP(2), 1, loss=None, optimizer=torch.optim.SGD,
                  device="cpu")
-    assert a.reused == {"plain": ("blocks.2", "blocks.3", "blocks.4"),
-                        "first_input_needs_no_grad": ("blocks.3", "blocks.4")}.get(kind, ())
+    assert a.reused == copied
     assert _full(a) == _full(b)
 
 

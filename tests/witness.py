@@ -114,6 +114,24 @@ def _loss(out, targets, loss):
     return out["loss"] if isinstance(out, dict) else out.loss
 
 
+@contextlib.contextmanager
+def _collector_skips_older_objects():
+    """The objects made before the block frozen out of the cyclic collector for it
+    (``gc.freeze``, undone after, unless the caller froze some already): a full collection
+    inside then walks only what the block made, not every object of torch and the test
+    process (about a second each time); frozen garbage is not collected, so it frees
+    nothing inside. (fxmem has its own such block; the witness shares no code with it.)"""
+    freeze = not gc.get_freeze_count()
+    if freeze:
+        gc.freeze()
+    try:
+        yield
+    finally:
+        if freeze:
+            gc.unfreeze()
+
+
+@_collector_skips_older_objects()
 def witness_step(model, inputs, targets=(), loss=None, optimizer=None, *, B: int,
                  train: bool = True, inference_mode: bool = False, amp=None,
                  set_to_none: bool = True, grad_accum: int = 1, also=None) -> Witness:
@@ -121,25 +139,8 @@ def witness_step(model, inputs, targets=(), loss=None, optimizer=None, *, B: int
     a training loop runs it after its first step, witnessed. ``optimizer``: a factory of
     the parameters; ``amp``: a dtype for ``torch.autocast`` (float16 goes through a
     ``torch.amp.GradScaler``, as the recipe says); ``also``: another context manager the
-    witnessed step runs inside (``torch.profiler.profile``, a third witness).
-
-    The objects made before the call are frozen out of the cyclic collector for it
-    (``gc.freeze``): the full collection before the witnessed step then walks only what the
-    step's set-up and warm-up made, not every object of torch and the test process (about
-    a second each time); frozen garbage is not collected, so it frees nothing in the step."""
-    freeze = not gc.get_freeze_count()
-    if freeze:
-        gc.freeze()
-    try:
-        return _witness_step(model, inputs, targets, loss, optimizer, B, train, inference_mode,
-                             amp, set_to_none, grad_accum, also)
-    finally:
-        if freeze:
-            gc.unfreeze()
-
-
-def _witness_step(model, inputs, targets, loss, optimizer, B, train, inference_mode, amp,
-                  set_to_none, grad_accum, also) -> Witness:
+    witnessed step runs inside (``torch.profiler.profile``, a third witness). Its full
+    collection before the witnessed step skips the objects made before the call."""
     model = copy.deepcopy(model)
     xs = [tiled(x, B) for x in inputs]
     ys = [tiled(y, B) for y in targets]
