@@ -247,3 +247,31 @@ def test_fewest_ranks_counts_the_optimizer_temporaries_that_shard():
     assert way is not None, f.none
     assert need(way.value) <= budget < need(way.value - 1)
     assert way.beyond == f"{way.value - 1} GPUs do not fit"
+
+
+def test_no_world_size_is_analysed_when_what_grows_with_b_is_over_the_budget():
+    """FSDP2 shards parameters, gradients and optimizer state, never the tensors that grow
+    with B: their live bytes peak the same at 2 and at 8 GPUs, under each rank's peak. When
+    they alone are over the budget, with the smallest plan too, the fewest-GPUs search
+    analyses no world size and says why."""
+    from fxmem.report.fit import _batch_floor, _smallest_plan, fit
+
+    m = _stack()
+    r = _analyze(m)
+    b = 512
+    least = _batch_floor(r, b)
+    for w in (2, 8):
+        at = _analyze(m, parallel=fxmem.FSDP(w))
+        assert _batch_floor(at, b) == least < at.peak_bytes(b)
+    planned = _batch_floor(r.with_plan(_smallest_plan(r, b)), b)
+    assert 0 < planned < least
+    analysed = []
+
+    def again(**options):
+        analysed.append(options)
+        return r.reanalyze(**options)
+
+    f = fit(r, b, planned - 1, by="live", reanalyze=again)
+    assert analysed == []
+    grows = [n for n in f.none if "the tensors that grow with B alone peak at" in n]
+    assert len(grows) == 2 and "with a checkpoint plan either" in grows[1], f.none

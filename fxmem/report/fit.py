@@ -196,6 +196,15 @@ class _Check:
         return max(r.cuda_memory(b, cudnn_workspace=self.cudnn).max_reserved
                    for r in _reports(report))
 
+    def floor(self, report, b: int) -> int:
+        """Bytes the step at ``b`` cannot run in, the largest rank's: its live peak, or for
+        ``"device"`` the allocator's ``max_memory_allocated()``, which no budget lowers (a
+        budget only makes the allocator free its cache and retry)."""
+        if self.by == "live":
+            return _live(report, b)
+        return max(r.cuda_memory(b, cudnn_workspace=self.cudnn).max_allocated
+                   for r in _reports(report))
+
 
 def _largest_batch(check, report, b, **_):
     try:
@@ -288,11 +297,12 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_)
 
     start = base.world_size + 1 if strategy is not None else 2
     seen = []
-    w = _fewest(lambda w: check.fits(at(w), b), start, need=lambda w: check.need(at(w), b),
-                budget=check.budget, seen=seen, floor=lambda w: _live(at(w), b))
+    least = _batch_floor(report, b)
+    w = None if least >= check.budget else _fewest(lambda w: check.fits(at(w), b), start, need=lambda w: check.need(at(w), b),
+                budget=check.budget, seen=seen, floor=lambda w: check.floor(at(w), b))
     if w is None:
         yield (f"no number of GPUs under FSDP2 fits B={b} without a checkpoint plan: "
-               + _towards(seen))
+               + (_towards(seen, check.by) if least < check.budget else _grows(least)))
     else:
         yield WayOut("fsdp", w, check.need(at(w), b, True), f"FSDP2 over {w} GPUs",
                      plan=plan, beyond=_gpus(w - 1) + " not fit")
@@ -310,15 +320,16 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_)
         return planned[w]
 
     seen = []
-    w2 = _fewest(lambda w: check.fits(under(w), b), start,
+    least = _batch_floor(report.with_plan(smallest), b)
+    w2 = None if least >= check.budget else _fewest(lambda w: check.fits(under(w), b), start,
                  MAX_WORLD_SIZE if w is None else w - 1,
                  need=lambda w: check.need(under(w), b), budget=check.budget, seen=seen,
-                 floor=lambda w: _live(under(w), b))
+                 floor=lambda w: check.floor(under(w), b))
     if w2 is None:
         yield ("FSDP2 with a checkpoint plan needs as many GPUs as without one" if w else
                f"no number of GPUs under FSDP2 fits B={b} with a checkpoint plan either "
                f"({plan_text(smallest)}, the smallest peak): "
-               + _towards(seen))
+               + (_towards(seen, check.by) if least < check.budget else _grows(least)))
         return
     line = f"FSDP2 over {w2} GPUs checkpointing {{plan}} (re-running {{share}})"
     choice = _cheapest_plan(check, at(w2), b)  # the cheapest plan there
@@ -385,15 +396,53 @@ def _live(report, b: int) -> int:
     return max(r.peak_bytes(b) for r in _reports(report))
 
 
-def _towards(seen: list) -> str:
-    """Why the world-size search stopped, from the (w, need, floor) points it saw."""
+def _batch_floor(report, b: int) -> int:
+    """The largest rank's peak at ``b`` of the live bytes of storages whose size grows with
+    B (activations, their gradients, the batch): FSDP2 shards none of them, so they are the
+    same on any number of GPUs, and no world size runs the step in fewer bytes. 0 where B
+    is traced as an int (below :attr:`fxmem.Report.min_batch_size`).
+
+    >>> import torch, fxmem
+    >>> r = fxmem.analyze(torch.nn.Linear(8, 2), torch.randn(4, 8), loss=lambda o: o.sum(),
+    ...                   device="cpu")
+    >>> _batch_floor(r, 4) < r.peak_bytes(4), _batch_floor(r, 8) - _batch_floor(r, 4)
+    (True, 160)
+    """
+    from ..memory.liveness import timeline
+
+    out = 0
+    for r in _reports(report):
+        if r._small(b) is not None:
+            continue
+        lv = r.liveness
+        sizes = [s if SYM_B in s.expr.free_symbols else _nothing for s in lv.sizes]
+        out = max(out, max(timeline(lv.graph.storages, sizes, len(lv.graph.ops), b),
+                           default=0))
+    return out
+
+
+def _nothing(b: int) -> int:
+    return 0
+
+
+
+def _grows(least: int) -> str:
+    """Why no world size fits: what grows with B alone is over the budget."""
+    return (f"the tensors that grow with B alone peak at {fmt_bytes(least)} on a rank, "
+            "on any number of GPUs")
+
+
+def _towards(seen: list, by: str) -> str:
+    """Why the world-size search stopped, from the (w, need, floor) points it saw, the floor
+    as :meth:`_Check.floor` gives it ``by``."""
     if not seen or seen[-1][0] >= MAX_WORLD_SIZE:
         return f"not even {MAX_WORLD_SIZE} GPUs do"
     line = _line([seen[0][::2], seen[-1][::2]]) if len(seen) >= 2 else None
+    what = "a rank's live bytes" if by == "live" else "a rank's max_memory_allocated()"
     if line is None:
-        return "more GPUs do not lower a rank's live bytes"
+        return f"more GPUs do not lower {what}"
     w1, w2 = seen[0][0], seen[-1][0]
-    return (f"a rank's live bytes fall towards {fmt_bytes(max(int(line[0]), 0))} as GPUs are "
+    return (f"{what} fall towards {fmt_bytes(max(int(line[0]), 0))} as GPUs are "
             f"added (a + s / w through {w1} and {w2} GPUs)")
 
 
@@ -407,8 +456,9 @@ def _fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None,
     meets the budget (or, where their need does not fall, the line through the first and the
     last; then its neighbour below confirms it), so a search costs about five analyses, not
     a doubling's dozen. ``floor(w)`` (default: ``need``): bytes no step on w GPUs runs
-    under (the live bytes' peak, where ``need`` is the allocator's with no limit, which a
-    step within a budget may undercut): when the line through the first and the last floor
+    under (:meth:`_Check.floor`: the allocator's ``max_memory_allocated()``, where ``need``
+    is its ``max_memory_reserved()`` with no limit, which a step within a budget may
+    undercut): when the line through the first and the last floor
     has its limit ``a`` at or over the budget, or the floor does not fall, no w is tried
     more.
 
