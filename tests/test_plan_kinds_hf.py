@@ -102,32 +102,59 @@ def test_each_frontier_point_answers_its_own_peak_on_llama():
         assert got.peak_bytes == r.with_plan(got.plan).peak_bytes(8)
 
 
-def test_plans_are_confirmed_by_tracing_on_a_forward_with_a_cache():
-    # GPT-2 with use_cache=True (its default) builds a key/value cache in every forward:
-    # the planner's derived peak of a checkpointed block is not the step's, and a selective
-    # plan cannot re-run (PyTorch: "... not found in storage"). plan_for traces the plan it
-    # chose: a plan that runs, its peak the measured one.
+def test_checkpointed_blocks_keep_no_cache_as_under_transformers_own_checkpointing():
+    # GPT-2 with use_cache=True (its default) writes a key/value cache in every block's
+    # forward. transformers' gradient checkpointing calls a checkpointed block without it
+    # (its re-run would write it again), and so do fxmem's plans, traced and applied
+    # (fxmem.trace.checkpointing.uncached): a selective plan re-runs (it failed with
+    # PyTorch's "... not found in storage" when the cache was written twice), and the plan
+    # plan_for confirms by tracing peaks as measured.
     from fxmem.validate.zoo import CausalLM
 
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100,
                                   n_positions=32, bos_token_id=0, eos_token_id=0)
     model = transformers.GPT2LMHeadModel(cfg).train()
+    assert model.config.use_cache
     ids = torch.randint(0, 100, (4, 32))
     kw = dict(optimizer=torch.optim.SGD, device="cpu")
     r = fxmem.analyze(CausalLM(model), (ids, ids), **kw)
     budget = r.peak_bytes(2) - 20_000
     derived = r.plan_for(budget, 2, confirm=False)
-    with pytest.raises(RuntimeError, match="not found in storage"):
-        fxmem.measure(fxmem.apply_checkpoints(CausalLM(_copy(model)), derived.plan), (ids, ids),
-                      **kw, B=2)
+    assert any(reg.save for reg in derived.plan.regions)
+    fxmem.measure(fxmem.apply_checkpoints(CausalLM(_copy(model)), derived.plan), (ids, ids),
+                  **kw, B=2)
     chosen = r.plan_for(budget, 2)
-    assert not any(reg.save for reg in chosen.plan.regions) and not chosen.exact
     measured = fxmem.measure(fxmem.apply_checkpoints(CausalLM(_copy(model)), chosen.plan),
                              (ids, ids), **kw, B=2).peak_bytes
     assert chosen.peak_bytes == chosen.report.peak_bytes(2) == measured <= budget
+    traced = fxmem.analyze(CausalLM(_copy(model)), (ids, ids), checkpoint=derived.plan,
+                           retrace=True, **kw)
+    assert traced.peak_bytes(2) == fxmem.measure(
+        fxmem.apply_checkpoints(CausalLM(_copy(model)), derived.plan), (ids, ids), **kw,
+        B=2).peak_bytes
     most = r.max_batch_size(budget, max_recompute=0.5)
     assert most.peak_bytes == most.report.peak_bytes(most.B) <= budget
+
+
+def test_llama_with_its_cache_runs_selective_and_group_plans():
+    # Llama passes its cache by keyword: a selective plan's re-run sliced the key it had
+    # written twice ("aten.slice.Tensor invocation index 4 ... not found in storage")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=172, num_hidden_layers=3,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   vocab_size=256, max_position_embeddings=64,
+                                   attn_implementation="sdpa")
+    model = transformers.LlamaForCausalLM(cfg).train()
+    assert model.config.use_cache
+    ids = torch.randint(0, 256, (2, 32))
+    sdpa = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+    for plan in ([Region(("model.layers.1",), ((sdpa, 0), ("aten.mm.default", 0)))],
+                 [Region(("model.layers.0", "model.layers.1"), ((sdpa, 1),))]):
+        traced = fxmem.analyze(_copy(model), ids, loss=loss, device="cpu", checkpoint=plan,
+                               retrace=True)
+        real = fxmem.measure(fxmem.apply_checkpoints(_copy(model), plan), ids, loss=loss, B=3)
+        assert traced.peak_bytes(3) == real.peak_bytes, plan
 
 
 def _copy(model):

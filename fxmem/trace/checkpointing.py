@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 
 import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
@@ -129,13 +130,18 @@ def apply_checkpoints(model: torch.nn.Module, plan) -> torch.nn.Module:
             continue
         save = getattr(e, "save", ())
         if len(mods) > 1:
-            install_group([m for _, m in mods], modules_of(e), save)
+            by_path = dict(zip(modules_of(e), (m for _, m in mods)))
+            install_group([m for _, m in mods], modules_of(e), save,
+                          wrap=lambda p, f: uncached(by_path[p], f))
             continue
         name, mod = mods[0]
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
+        how = {} if uncached(mod, mod) is mod else {"checkpoint_fn": _checkpoint_uncached,
+                                                    "use_reentrant": False}
         setattr(parent, child, checkpoint_wrapper(mod, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
-                                                  context_fn=context_fn(save)))
+                                                  context_fn=context_fn(save),
+                                                  **how))
     return model
 
 
@@ -175,14 +181,21 @@ def checkpointing(model: torch.nn.Module, plan, region=None, held=None):
             for _, m in mods:
                 installed.append((m, m.__dict__.get("forward")))
             if len(mods) > 1:
-                install_group([m for _, m in mods], [user_path(n) for n, _ in mods],
-                              wrap=region, ctx_fn=fn)
+                by_path = {user_path(n): m for n, m in mods}
+                if len(t) == 2:  # the plan's group: its Hugging Face layers keep no cache
+
+                    def wrap(p, f, by_path=by_path):
+                        f = uncached(by_path[p], f)
+                        return region(p, f) if region else f
+                else:
+                    wrap = region
+                install_group([m for _, m in mods], list(by_path), wrap=wrap, ctx_fn=fn)
                 continue
             name, mod = mods[0]
             # the module inside a checkpoint_wrapper is called, its own hooks run inside
             # the checkpoint (and again in its re-run), as CheckpointWrapper.forward does
             inner = mod._checkpoint_wrapped_module if isinstance(
-                mod, CheckpointWrapper) else own_forward(mod)
+                mod, CheckpointWrapper) else uncached(mod, own_forward(mod))
             run = region(user_path(name), inner) if region else inner
             mod.forward = functools.partial(_checkpointed, run, fn)
         yield Plan.of(simple(t[0]) for t in targets)
@@ -199,6 +212,59 @@ def wrapped_modules(model: torch.nn.Module) -> set:
     wrapper)."""
     return {id(m._checkpoint_wrapped_module) for m in model.modules()
             if isinstance(m, CheckpointWrapper)}
+
+
+_CACHE_ARGS = ("past_key_values", "past_key_value", "layer_past")
+
+
+def uncached(module, forward):
+    """``forward`` (``module``'s) called without the key/value cache when ``module`` is a
+    Hugging Face layer that writes it (a ``GradientCheckpointingLayer`` without
+    ``_can_checkpoint_with_cache``), as transformers calls its checkpointed layers under
+    ``gradient_checkpointing_enable()``: ``use_cache=False`` and no cache object. Else the
+    recomputation in backward would write the cache a second time (a key and value twice
+    as long, and selective checkpointing's count of op calls no longer matching the
+    forward's). ``forward`` itself for any other module."""
+    if not any(c.__name__ == "GradientCheckpointingLayer" for c in type(module).__mro__) \
+            or getattr(module, "_can_checkpoint_with_cache", False):
+        return forward
+    return _WithoutCache(forward)
+
+
+class _WithoutCache:
+    """A forward (or a module) called without the key/value cache (:func:`uncached`); an
+    object, not a closure, so that ``copy.deepcopy`` of the model copies what it calls."""
+
+    def __init__(self, forward):
+        self.forward = forward
+
+    def __call__(self, *args, **kwargs):
+        f = self.forward
+        try:  # the cache may come as a positional argument (GPT-2's blocks take it second)
+            sig = inspect.signature(f.forward if isinstance(f, torch.nn.Module) else f)
+            bound = sig.bind(*args, **kwargs)
+        except (TypeError, ValueError):
+            _drop_cache(kwargs)
+            return f(*args, **kwargs)
+        _drop_cache(bound.arguments)
+        for p in sig.parameters.values():
+            if p.kind is p.VAR_KEYWORD:
+                _drop_cache(bound.arguments.get(p.name, {}))
+        return f(*bound.args, **bound.kwargs)
+
+
+def _drop_cache(arguments: dict) -> None:
+    if arguments.get("use_cache"):
+        arguments["use_cache"] = False
+    for k in _CACHE_ARGS:
+        if arguments.get(k) is not None:
+            arguments[k] = None
+
+
+def _checkpoint_uncached(module, *args, **kwargs):
+    """``torch.utils.checkpoint.checkpoint`` of a Hugging Face layer, without its cache
+    (:func:`uncached`): ``checkpoint_wrapper``'s ``checkpoint_fn``."""
+    return checkpoint(uncached(module, module), *args, **kwargs)
 
 
 def _checkpointed(fn, ctx_fn, *args, **kwargs):
