@@ -5,7 +5,8 @@ two-core machine; the slow tier (``-m slow``) holds the same kinds of checks on 
 models, over more ranks, through the command line in a subprocess. A test is slow when it
 took ``--threshold`` seconds or more in the measured run, except that every file keeps its
 cheapest test in the fast tier, so that every file is exercised by CI. Refresh the list
-after a full run::
+after a full run (or after fast-tier runs alone: a listed test they did not time
+stays slow)::
 
     python -m pytest -q -n 2 --dist loadfile --junitxml=/tmp/junit.xml
     python -m pytest -q -n 2 --dist loadfile -m "not slow" --junitxml=/tmp/fast.xml
@@ -52,12 +53,22 @@ def node_id(classname: str, name: str, root: Path = ROOT) -> str:
     raise ValueError(f"no file for the test case {classname}::{name}")
 
 
-def slow_tests(junits: list[Path], threshold: float) -> tuple[list[str], float, float]:
+def slow_tests(junits: list[Path], threshold: float,
+               listed: frozenset = frozenset()) -> tuple[list[str], float, float]:
     """(node ids of the slow tests, seconds of all tests, seconds of the slow ones), a test's
     seconds those of the last of the runs ``junits`` that ran it (a module's fixtures are
     timed with the first test that asks for them: a later run of the fast tier alone finds
     the fixtures of the tests it no longer runs first; a later run of a few files, what a
-    change made faster or slower)."""
+    change made faster or slower). A test in ``listed`` (the slow tests as they are) that
+    no run timed stays slow: a fast-tier run alone moves tests to the slow tier, never out.
+
+    >>> import tempfile
+    >>> x = Path(tempfile.mkdtemp()) / "fast.xml"
+    >>> _ = x.write_text('<testsuite><testcase classname="tests.test_cli" name="a" time="9"/>'
+    ...                  '<testcase classname="tests.test_cli" name="b" time="1"/></testsuite>')
+    >>> slow_tests([x], 3.0, frozenset({"tests/test_fit.py::c"}))[0]
+    ['tests/test_cli.py::a', 'tests/test_fit.py::c']
+    """
     took: dict[str, float] = {}
     for junit in junits:
         for case in ET.parse(junit).getroot().iter("testcase"):
@@ -75,6 +86,7 @@ def slow_tests(junits: list[Path], threshold: float) -> tuple[list[str], float, 
             if s >= threshold and nid not in ALWAYS_FAST:
                 slow.append(nid)
                 slow_s += s
+    slow += [nid for nid in listed if nid not in took]
     return sorted(slow), total, slow_s
 
 
@@ -84,7 +96,9 @@ def main(argv=None) -> int:
                     help="JUnit XML of a whole-suite run (and of fast-tier runs)")
     ap.add_argument("--threshold", type=float, default=3.0, help="seconds (default 3)")
     args = ap.parse_args(argv)
-    slow, total, slow_s = slow_tests(args.junit, args.threshold)
+    listed = LIST.read_text(encoding="utf-8").splitlines() if LIST.exists() else []
+    listed = frozenset(n.strip() for n in listed if n.strip() and not n.startswith("#"))
+    slow, total, slow_s = slow_tests(args.junit, args.threshold, listed)
     LIST.write_text(HEADER.format(threshold=args.threshold, total=total, n=len(slow),
                                   slow=slow_s) + "".join(f"{n}\n" for n in slow),
                     encoding="utf-8")
