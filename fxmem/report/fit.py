@@ -319,21 +319,37 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_)
             planned[w] = at(w).with_plan(smallest)
         return planned[w]
 
+    choices = _Recent()
+
+    def choice(w):  # the cheapest plan that runs on w GPUs, or the line saying why none does
+        if w not in choices:
+            choices[w] = _cheapest_plan(check, at(w), b)
+        return choices[w]
+
+    if check.by == "live":  # the plan of smallest live peak fits when any plan does
+        fits, need = (lambda w: check.fits(under(w), b)), (lambda w: check.need(under(w), b))
+    else:  # not by the allocator: a plan of larger live peak can fragment less
+        def fits(w):
+            c = choice(w)
+            return not isinstance(c, str) and _checked(check, c, b)
+
+        def need(w):
+            c = choice(w)
+            return c.minimum_bytes if isinstance(c, _NoPlan) else check.need(under(w), b)
     seen = []
     least = _batch_floor(report.with_plan(smallest), b)
-    w2 = None if least >= check.budget else _fewest(lambda w: check.fits(under(w), b), start,
-                 MAX_WORLD_SIZE if w is None else w - 1,
-                 need=lambda w: check.need(under(w), b), budget=check.budget, seen=seen,
-                 floor=lambda w: check.floor(under(w), b))
+    w2 = None if least >= check.budget else _fewest(
+        fits, start, MAX_WORLD_SIZE if w is None else w - 1, need=need, budget=check.budget,
+        seen=seen, floor=lambda w: _live(under(w), b))  # no plan's peak is under it
     if w2 is None:
         yield ("FSDP2 with a checkpoint plan needs as many GPUs as without one" if w else
                f"no number of GPUs under FSDP2 fits B={b} with a checkpoint plan either "
                f"({plan_text(smallest)}, the smallest peak): "
-               + (_towards(seen, check.by) if least < check.budget else _grows(least)))
+               + (_towards(seen, "live") if least < check.budget else _grows(least)))
         return
     line = f"FSDP2 over {w2} GPUs checkpointing {{plan}} (re-running {{share}})"
-    choice = _cheapest_plan(check, at(w2), b)  # the cheapest plan there
-    if isinstance(choice, str) or not _checked(check, choice, b):
+    picked = choice(w2)  # the cheapest plan there
+    if isinstance(picked, str) or not _checked(check, picked, b):
         r = under(w2)
         flops = _reports(r)[0].flop_count
         redo = int(flops.recompute.subs(SYM_B, b))
@@ -342,7 +358,7 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_)
             plan=plan_text(smallest), share=f"{share:.1%}"), plan=smallest,
             recompute_share=share)
     else:
-        way = _choice_way(check, choice, b, "fsdp+checkpoint", w2, line)
+        way = _choice_way(check, picked, b, "fsdp+checkpoint", w2, line)
     # one GPU fewer than the search's start is the step as asked: its plan is the checkpoint way
     one = next((f for f in found if f.kind == "checkpoint"), None) if w2 == start else None
     n = f"{w2 - 1} GPU{'s' if w2 > 2 else ''}"
