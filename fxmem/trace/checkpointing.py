@@ -214,7 +214,8 @@ def wrapped_modules(model: torch.nn.Module) -> set:
             if isinstance(m, CheckpointWrapper)}
 
 
-_CACHE_ARGS = ("past_key_values", "past_key_value", "layer_past")
+# the cache's names across transformers releases (5.24 calls it `cache`)
+_CACHE_ARGS = ("cache", "past_key_values", "past_key_value", "layer_past", "cache_params")
 
 
 def uncached(module, forward):
@@ -246,19 +247,23 @@ class _WithoutCache:
         except (TypeError, ValueError):
             _drop_cache(kwargs)
             return f(*args, **kwargs)
-        _drop_cache(bound.arguments)
+        changed = _drop_cache(bound.arguments)
         for p in sig.parameters.values():
             if p.kind is p.VAR_KEYWORD:
-                _drop_cache(bound.arguments.get(p.name, {}))
-        return f(*bound.args, **bound.kwargs)
+                changed |= _drop_cache(bound.arguments.get(p.name, {}))
+        # unchanged: called as given (not rebound, so arguments keep their places)
+        return f(*bound.args, **bound.kwargs) if changed else f(*args, **kwargs)
 
 
-def _drop_cache(arguments: dict) -> None:
-    if arguments.get("use_cache"):
+def _drop_cache(arguments: dict) -> bool:
+    """``arguments`` without the cache, in place; whether there was one."""
+    changed = bool(arguments.get("use_cache"))
+    if changed:
         arguments["use_cache"] = False
     for k in _CACHE_ARGS:
         if arguments.get(k) is not None:
-            arguments[k] = None
+            arguments[k], changed = None, True
+    return changed
 
 
 def _checkpoint_uncached(module, *args, **kwargs):
