@@ -5,7 +5,8 @@ attention) are applied to the shapes recorded in the traced graph, so they come 
 Two extensions, in one place here:
 
 - ``ALIASES``: kernels that have a registered twin with the same leading arguments
-  (the CPU flash-attention kernels PyTorch picks for SDPA on CPU).
+  (the CPU flash-attention kernels PyTorch picks for SDPA on CPU, which have formulas of
+  their own from torch 2.15 on: then those are used).
 - Pointwise ops (``torch.Tag.pointwise``): one FLOP per output element.
 
 Ops that create no storage and write none (views, metadata) cost nothing. Every other op
@@ -47,7 +48,7 @@ class FlopCount:
     ``uncounted``: ``(op, times)`` for ops that do arithmetic but have no formula;
     ``from_pytorch``: the part counted by PyTorch's own formulas (what
     ``torch.utils.flop_counter.FlopCounterMode`` reports for the same step: not the CPU
-    flash-attention kernels of ``ALIASES``, which it does not count).
+    flash-attention kernels of ``ALIASES`` before torch 2.15, which it did not count).
     """
 
     total: sympy.Expr
@@ -69,7 +70,7 @@ def _node_flops(node) -> tuple[sympy.Expr | None, bool]:
     """FLOPs of one graph node (None: no formula), and whether PyTorch's formula gave them."""
     func = node.target
     own = getattr(func, "overloadpacket", None)
-    packet = ALIASES.get(own, own)
+    packet = own if own in flop_registry else ALIASES.get(own, own)  # torch 2.15 has its own
     formula = flop_registry.get(packet)
 
     def arg(a):
