@@ -298,8 +298,9 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_)
     start = base.world_size + 1 if strategy is not None else 2
     seen = []
     least = _batch_floor(report, b)
-    w = None if least >= check.budget else _fewest(lambda w: check.fits(at(w), b), start, need=lambda w: check.need(at(w), b),
-                budget=check.budget, seen=seen, floor=lambda w: check.floor(at(w), b))
+    w = None if least >= check.budget else _fewest(
+        lambda w: check.fits(at(w), b), start, need=lambda w: check.need(at(w), b),
+        budget=check.budget, seen=seen, floor=lambda w: check.floor(at(w), b))
     if w is None:
         yield (f"no number of GPUs under FSDP2 fits B={b} without a checkpoint plan: "
                + (_towards(seen, check.by) if least < check.budget else _grows(least)))
@@ -441,7 +442,6 @@ def _nothing(b: int) -> int:
     return 0
 
 
-
 def _grows(least: int) -> str:
     """Why no world size fits: what grows with B alone is over the budget."""
     return (f"the tensors that grow with B alone peak at {fmt_bytes(least)} on a rank, "
@@ -472,9 +472,10 @@ def _fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None,
     meets the budget (or, where their need does not fall, the line through the first and the
     last; then its neighbour below confirms it), so a search costs about five analyses, not
     a doubling's dozen. ``floor(w)`` (default: ``need``): bytes no step on w GPUs runs
-    under (:meth:`_Check.floor`: the allocator's ``max_memory_allocated()``, where ``need``
-    is its ``max_memory_reserved()`` with no limit, which a step within a budget may
-    undercut): when the line through the first and the last floor
+    under (the live peak; :meth:`_Check.floor` on CUDA: the allocator's
+    ``max_memory_allocated()``, where ``need`` is its ``max_memory_reserved()`` with no
+    limit, which a step within a budget may undercut): when the line through the first and
+    the last floor
     has its limit ``a`` at or over the budget, or the floor does not fall, no w is tried
     more.
 

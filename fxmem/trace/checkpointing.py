@@ -137,8 +137,8 @@ def apply_checkpoints(model: torch.nn.Module, plan) -> torch.nn.Module:
         name, mod = mods[0]
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        how = {} if uncached(mod, mod) is mod else {"checkpoint_fn": _checkpoint_uncached,
-                                                    "use_reentrant": False}
+        how = {"checkpoint_fn": _checkpoint_uncached, "use_reentrant": False} \
+            if _writes_cache(mod) else {}
         setattr(parent, child, checkpoint_wrapper(mod, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
                                                   context_fn=context_fn(save),
                                                   **how))
@@ -182,13 +182,10 @@ def checkpointing(model: torch.nn.Module, plan, region=None, held=None):
                 installed.append((m, m.__dict__.get("forward")))
             if len(mods) > 1:
                 by_path = {user_path(n): m for n, m in mods}
-                if len(t) == 2:  # the plan's group: its Hugging Face layers keep no cache
 
-                    def wrap(p, f, by_path=by_path):
-                        f = uncached(by_path[p], f)
-                        return region(p, f) if region else f
-                else:
-                    wrap = region
+                def wrap(p, f, by_path=by_path):  # its Hugging Face layers keep no cache
+                    f = uncached(by_path[p], f)
+                    return region(p, f) if region else f
                 install_group([m for _, m in mods], list(by_path), wrap=wrap, ctx_fn=fn)
                 continue
             name, mod = mods[0]
@@ -225,11 +222,17 @@ def uncached(module, forward):
     ``gradient_checkpointing_enable()``: ``use_cache=False`` and no cache object. Else the
     recomputation in backward would write the cache a second time (a key and value twice
     as long, and selective checkpointing's count of op calls no longer matching the
-    forward's). ``forward`` itself for any other module."""
-    if not any(c.__name__ == "GradientCheckpointingLayer" for c in type(module).__mro__) \
-            or getattr(module, "_can_checkpoint_with_cache", False):
+    forward's). ``forward`` itself for any other module, or when it is without the cache
+    already (a group :func:`apply_checkpoints` made, traced again)."""
+    if not _writes_cache(module) or isinstance(forward, _WithoutCache):
         return forward
     return _WithoutCache(forward)
+
+
+def _writes_cache(module) -> bool:
+    """Whether ``module`` is a Hugging Face layer that writes its key/value cache."""
+    return any(c.__name__ == "GradientCheckpointingLayer" for c in type(module).__mro__) \
+        and not getattr(module, "_can_checkpoint_with_cache", False)
 
 
 class _WithoutCache:
