@@ -220,6 +220,26 @@ def test_fewest_ranks_search_is_exact_and_short(a, s, budget):
     assert len(set(tried)) <= 8, tried
 
 
+def test_fewest_ranks_search_guesses_by_the_floor_once_one_fits():
+    """On CUDA a world size can fit within the budget while its replay with no limit needs
+    more (the allocator frees its cache and retries): past the first w that fits, the need's
+    line says nothing, the floor's (``max_memory_allocated()``, which no budget lowers) does.
+    Here 2 and 4 do not fit, the need's line guesses 8 (it fits), and the floor's line
+    through 4 and 8 points at 5, which fits where 4 does not: four analyses, not six (8's
+    neighbours down to 5)."""
+    from fxmem.report.fit import _fewest
+
+    tried = []
+
+    def fits(w):
+        tried.append(w)
+        return w >= 5
+
+    got = _fewest(fits, 2, need=lambda w: 80 + 160 / w, budget=100,
+                  floor=lambda w: 60 + 160 / w)
+    assert got == 5 and tried == [2, 4, 8, 5]
+
+
 def test_fewest_ranks_counts_the_optimizer_temporaries_that_shard():
     """Twelve Linear blocks at B=1: at 2 GPUs AdamW's foreach temporaries (half the model)
     make the peak, so what is left beside the shards (1.58 MB) is over a 1.5 MB budget, yet

@@ -3,6 +3,8 @@ trace equal the same plans traced; the plan ``ParallelReport.plan_for`` chooses 
 every rank) fits every rank, and the step with it applied for real, in real gloo processes,
 takes on each rank the bytes predicted, at batch sizes other than the traced one (4)."""
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn as nn
@@ -137,6 +139,23 @@ def test_the_chosen_plan_is_exact_on_every_rank(parallel):
     derived = r.with_plan(choice.plan)
     assert _ranks(derived, B) == _ranks(choice.report, B) and choice.exact
     _measured(Blocks(), (x, y), parallel, choice, (3, B))
+
+
+def test_a_plan_left_unconfirmed_is_derived_not_traced():
+    """``plan_for(confirm=False)`` (a search's cheap answer, e.g. the fewest GPUs' with a
+    plan): the plan chosen on derived steps, none traced; confirmed, the same plan is traced
+    once and its ranks are the derived ones."""
+    x, y = _batch()
+    r = fxmem.analyze(Blocks(), x, y, parallel=FSDP(2), **STEP)
+    traced = []
+    r = dataclasses.replace(r, retrace=lambda plan, f=r.retrace: traced.append(plan) or f(plan))
+    budget = _budget(r, B)
+    derived = r.plan_for(budget, B, confirm=False)
+    assert derived.plan and traced == []
+    assert _ranks(derived.report, B) == _ranks(r.with_plan(derived.plan), B)
+    choice = r.plan_for(budget, B)
+    assert traced == [choice.plan] == [derived.plan]
+    assert _ranks(choice.report, B) == _ranks(derived.report, B)
 
 
 def test_a_stateful_forward_is_confirmed_by_tracing():

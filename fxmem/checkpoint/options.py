@@ -316,7 +316,22 @@ class Planner:
         return Plan.of(c.name for c in sol.choices if c.name is not None)
 
     def choose(self, budget_bytes: int, b: int, max_recompute_flops: int | None = None):
-        """The cheapest plan whose exact peak at ``b`` fits, as a :class:`PlanChoice`."""
+        """The cheapest plan whose exact peak at ``b`` fits, as a :class:`PlanChoice`
+        (kept: a search asks the same budget again, e.g. a plan chosen on derived peaks, then
+        confirmed)."""
+        key = (budget_bytes, b, max_recompute_flops)
+        memo = self.__dict__.setdefault("_chosen", {})
+        if key not in memo:
+            try:
+                memo[key] = (self._choose(budget_bytes, b, max_recompute_flops), None)
+            except InfeasibleBudgetError as e:
+                memo[key] = (None, e)
+        got, error = memo[key]
+        if error is not None:
+            raise error.with_traceback(None)
+        return got
+
+    def _choose(self, budget_bytes: int, b: int, max_recompute_flops: int | None):
         found = []
         for optimistic in (False, True):  # the model above the exact peaks, and below
             problem = self.problem(b, optimistic)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields, replace
 from ..checkpoint.on_device import oom_phrase
 from ..errors import FxmemError, InfeasibleBudgetError, InputError
 from ..formula.symbols import B as SYM_B
+from .result import Recent, Report
 from .text import fmt_bytes
 
 KINDS = ("batch", "checkpoint", "fsdp", "fsdp+checkpoint", "length")
@@ -249,12 +250,14 @@ class _NoPlan(str):
         return self
 
 
-def _cheapest_plan(check, report, b: int):
-    """The :class:`fxmem.PlanChoice` at ``b``, or the line saying why there is none."""
+def _cheapest_plan(check, report, b: int, confirm: bool = True):
+    """The :class:`fxmem.PlanChoice` at ``b``, or the line saying why there is none;
+    ``confirm=False``: the plan's step derived, not traced (a search's cheap answer)."""
     if report.plan:
         return "the step has a checkpoint plan already"
     try:
-        return report.plan_for(check.budget, b, by=check.by, cudnn_workspace=check.cudnn)
+        return report.plan_for(check.budget, b, by=check.by, cudnn_workspace=check.cudnn,
+                               confirm=confirm)
     except InfeasibleBudgetError as e:
         what = "need, replayed with no limit," if "allocator's replay" in str(e) else "peak"
         return _NoPlan(f"no checkpoint plan fits at B={b}: the smallest {what} is "
@@ -286,7 +289,7 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_)
         return
     base = strategy or FSDP(1)
     plan = report.plan
-    memo = _Recent()
+    memo = Recent()
 
     def at(w):
         if w not in memo:
@@ -313,19 +316,20 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_)
     if smallest is None:
         yield "the fewest GPUs under FSDP2 with a checkpoint plan: the model has none to choose"
         return
-    planned = _Recent()
+    planned = Recent()
 
-    def under(w):  # FSDP2 over w GPUs under the plan with the smallest peak, derived
-        if w not in planned:
-            planned[w] = at(w).with_plan(smallest)
+    def under(w):  # FSDP2 over w GPUs under its own plan of smallest peak, derived: one
+        if w not in planned:  # GPU's can be far from it (Llama-3.1-8B at L=8192 on 5 GPUs:
+            r = at(w)  # 88.58 GB live under one GPU's, 74.21 GB checkpointing whole layers)
+            planned[w] = r.with_plan(_smallest_plan(r, b) or smallest)
         return planned[w]
 
-    choices = _Recent()
+    choices = Recent()
 
-    def choice(w):  # the cheapest plan that runs on w GPUs, or the line saying why none does
-        if w not in choices:
-            choices[w] = _cheapest_plan(check, at(w), b)
-        return choices[w]
+    def choice(w, confirm=False):  # the cheapest plan that runs on w GPUs (derived while
+        if (w, confirm) not in choices:  # searching), or the line saying why none does
+            choices[w, confirm] = _cheapest_plan(check, at(w), b, confirm)
+        return choices[w, confirm]
 
     if check.by == "live":  # the plan of smallest live peak fits when any plan does
         fits, need = (lambda w: check.fits(under(w), b)), (lambda w: check.need(under(w), b))
@@ -337,27 +341,30 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_)
         def need(w):
             c = choice(w)
             return c.minimum_bytes if isinstance(c, _NoPlan) else check.need(under(w), b)
-    seen = []
-    least = _batch_floor(report.with_plan(smallest), b)
+    seen, top = [], MAX_WORLD_SIZE if w is None else w - 1
+    least = min(_batch_floor(report.with_plan(p), b) for p in _floor_plans(report, smallest))
     w2 = None if least >= check.budget else _fewest(
-        fits, start, MAX_WORLD_SIZE if w is None else w - 1, need=need, budget=check.budget,
-        seen=seen, floor=lambda w: _live(under(w), b))  # no plan's peak is under it
+        fits, start, top, need=need, budget=check.budget, seen=seen,
+        floor=lambda w: _live(under(w), b))  # no plan's peak is under it
     if w2 is None:
         yield ("FSDP2 with a checkpoint plan needs as many GPUs as without one" if w else
                f"no number of GPUs under FSDP2 fits B={b} with a checkpoint plan either "
-               f"({plan_text(smallest)}, the smallest peak): "
+               f"({plan_text(smallest)}, the smallest peak on one GPU): "
                + (_towards(seen, "live") if least < check.budget else _grows(least)))
         return
+    picked = choice(w2, True)  # the cheapest plan there, traced (the search derived it)
+    while check.by == "device" and w2 < top and (isinstance(picked, str)
+                                                 or not _checked(check, picked, b)):
+        w2 += 1  # traced, it runs out (a forward that changes state when it re-runs)
+        picked = choice(w2, True)
     line = f"FSDP2 over {w2} GPUs checkpointing {{plan}} (re-running {{share}})"
-    picked = choice(w2)  # the cheapest plan there
     if isinstance(picked, str) or not _checked(check, picked, b):
         r = under(w2)
         flops = _reports(r)[0].flop_count
         redo = int(flops.recompute.subs(SYM_B, b))
         share = redo / (int(flops.total.subs(SYM_B, b)) - redo)
         way = WayOut("fsdp+checkpoint", w2, check.need(r, b, True), line.format(
-            plan=plan_text(smallest), share=f"{share:.1%}"), plan=smallest,
-            recompute_share=share)
+            plan=plan_text(r.plan), share=f"{share:.1%}"), plan=r.plan, recompute_share=share)
     else:
         way = _choice_way(check, picked, b, "fsdp+checkpoint", w2, line)
     # one GPU fewer than the search's start is the step as asked: its plan is the checkpoint way
@@ -378,10 +385,14 @@ def _gpus(n: int) -> str:
 
 
 def _smallest_plan(report, b: int):
-    """The checkpoint plan with the smallest peak at ``b`` (the frontier's last), or None."""
+    """The checkpoint plan with the smallest peak at ``b`` (the frontier's last; of a
+    :class:`fxmem.ParallelReport`, the largest rank's), or None."""
     from ..checkpoint.options import Planner
+    from ..checkpoint.ranks import smallest
 
     try:
+        if getattr(report, "groups", None) is not None:
+            return smallest(*report._planner(None), b)[0] or None
         if getattr(report, "named", True) is None and not report._small(b):
             planner = report._chooser()
             if isinstance(planner, Planner):  # its last point alone, not the frontier's
@@ -392,13 +403,17 @@ def _smallest_plan(report, b: int):
     return points[-1].plan if points and points[-1].plan else None
 
 
-class _Recent(dict):
-    """A dict keeping its last two entries: each is a whole model's trace (or a plan's)."""
-
-    def __setitem__(self, key, value):
-        while len(self) >= 2:
-            self.pop(next(iter(self)))
-        super().__setitem__(key, value)
+def _floor_plans(report, smallest) -> tuple:
+    """Plans whose live bytes that grow with B bound a plan's on any number of GPUs from
+    below (the least of theirs): the one of smallest peak on this step, and every block
+    checkpointed whole, which keeps fewer activations where the smallest peak is not theirs
+    (on one GPU the optimizer step's, under FSDP2 the activations')."""
+    try:
+        blocks = tuple(getattr(report._chooser(), "blocks", ())) \
+            if isinstance(report, Report) else ()
+    except FxmemError:
+        blocks = ()
+    return (smallest,) + ((blocks,) if blocks and blocks != tuple(smallest) else ())
 
 
 def _reports(report) -> tuple:
@@ -470,14 +485,14 @@ def _fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None,
     temporaries shrink as ``s / w``; activations and gathered blocks do not): after two
     world sizes that do not fit, the next one tried is where the line through the last two
     meets the budget (or, where their need does not fall, the line through the first and the
-    last; then its neighbour below confirms it), so a search costs about five analyses, not
-    a doubling's dozen. ``floor(w)`` (default: ``need``): bytes no step on w GPUs runs
-    under (the live peak; :meth:`_Check.floor` on CUDA: the allocator's
-    ``max_memory_allocated()``, where ``need`` is its ``max_memory_reserved()`` with no
-    limit, which a step within a budget may undercut): when the line through the first and
-    the last floor
-    has its limit ``a`` at or over the budget, or the floor does not fall, no w is tried
-    more.
+    last); once one fits, where the floor (below) on the line through it and the last that
+    did not meets the budget is one more guess (else halfway), and its neighbour below
+    confirms it, so a search costs about five analyses, not a doubling's dozen.
+    ``floor(w)`` (default: ``need``): bytes no step on w GPUs runs under (the live peak;
+    :meth:`_Check.floor` on CUDA: the allocator's ``max_memory_allocated()``, where ``need``
+    is its ``max_memory_reserved()`` with no limit, which a step within a budget may
+    undercut): when the line through the first and the last floor has its limit ``a`` at or
+    over the budget, or the floor does not fall, no w is tried more.
 
     Padded shards make a rank's need rise a little from some w to the next (``ceil(rows /
     w)`` rows, gathered as ``w`` times that), so near the budget ``fits`` may hold at w and
@@ -502,8 +517,18 @@ def _fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None,
             _secant(_line([seen[0][:2], seen[-1][:2]]) if len(seen) >= 2 else None, budget) \
             or 2 * w
         w = min(max(guess, w + 1), hi)
-    if w - 1 > bad and not fits(w - 1):  # a guess met the line: its neighbour confirms it
-        return w
+    if w - 1 > bad:  # one guess: where the floor on the line through the last w that did
+        g = None  # not fit and this one meets the budget (no w below fits; at w: w's
+        # neighbour, which confirms a guess that met the line), else halfway
+        if budget is not None and seen and seen[-1][0] == bad:
+            g = _secant(_line([seen[-1][::2], (w, (floor or need)(w))]), budget)
+        g = (bad + w) // 2 if g is None else min(max(g, bad + 1), w - 1)
+        if not fits(g):
+            bad = g
+        elif g - 1 == bad or not fits(g - 1):
+            return g
+        else:
+            w = g - 1
     lo = bad + 1
     while lo < w:  # fits(w); nothing below lo fits
         mid = (lo + w) // 2

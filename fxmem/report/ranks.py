@@ -8,7 +8,7 @@ it, when it was made by :func:`fxmem.analyze` (``retrace``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import sympy
 
@@ -230,7 +230,8 @@ class ParallelReport:
         return frontier(*self._planner(candidates, kinds), _check_b(B))
 
     def plan_for(self, budget_bytes: int, B: int, candidates=None, *,  # noqa: N803
-                 kinds=None, by: str | None = None, cudnn_workspace: int = 0):
+                 kinds=None, confirm: bool = True, by: str | None = None,
+                 cudnn_workspace: int = 0):
         """The checkpoint plan with the least recompute FLOPs found whose step at micro-batch
         ``B`` fits ``budget_bytes`` on every rank (one plan for all: every rank runs the
         same code), as a :class:`fxmem.PlanChoice` whose ``report`` is this
@@ -241,10 +242,11 @@ class ParallelReport:
         The plan is chosen on plans derived from each group's trace
         (:mod:`fxmem.checkpoint.ranks`), then, for a report made by :func:`fxmem.analyze`,
         traced with the plan applied: the choice's ``report`` and ``peak_bytes`` are the
-        traced ones. Should the traced peak not fit (a forward that changes state when it
-        re-runs, e.g. a key/value cache), the budget is tightened by the excess and the plan
-        chosen again; a plan checkpoint cannot run on fake tensors (``nn.MultiheadAttention``
-        alone) is returned derived, with ``exact=False``. Raises
+        traced ones (``confirm=False``: the derived ones, a search's cheap answer). Should the
+        traced peak not fit (a forward that changes state when it re-runs, e.g. a key/value
+        cache), the budget is tightened by the excess and the plan chosen again; a plan
+        checkpoint cannot run on fake tensors (``nn.MultiheadAttention`` alone) is returned
+        derived, with ``exact=False``. Raises
         :class:`fxmem.InfeasibleBudgetError` when no plan fits.
 
         >>> import torch, fxmem
@@ -263,15 +265,17 @@ class ParallelReport:
         from .capacity import plan_by
 
         b, by, traced = _check_b(B), plan_by(by, self.device), {}
+        derived = self if confirm else replace(self, retrace=None)
 
         def pick(kinds):
             reports, choosers = self._planner(candidates, kinds)
             if by == "device":
-                return self._on_device(reports, choosers, b, budget_bytes, None, traced,
-                                       cudnn_workspace)
+                return derived._on_device(reports, choosers, b, budget_bytes, None, traced,
+                                          cudnn_workspace)
             got = choose(reports, choosers, budget_bytes, b)
-            return self._confirmed(got, b, budget_bytes,
-                                   lambda budget: choose(reports, choosers, budget, b), traced)
+            return derived._confirmed(got, b, budget_bytes,
+                                      lambda budget: choose(reports, choosers, budget, b),
+                                      traced)
 
         return without_selective(pick, kinds)
 

@@ -22,6 +22,15 @@ from .points import Breakdown, PeakRegime, TimelinePoint, breakdown_of, regimes_
 from .text import render_text
 
 
+class Recent(dict):
+    """A dict keeping its last two entries (each a whole model's trace, or a plan's)."""
+
+    def __setitem__(self, key, value):
+        while len(self) >= 2:
+            self.pop(next(iter(self)))
+        super().__setitem__(key, value)
+
+
 @dataclass(frozen=True)
 class Report:
     """Memory of one step as formulas in B, and in the named dims when the step was analysed
@@ -166,9 +175,13 @@ class Report:
 
         self._b_only("with_plan(plan)")
         plan = check_plan({c.path for c in self.trace.calls}, plan)
-        lv = liveness(build_graph(derive(self.trace, plan)), self.device)
-        below = None if self.below is None else (lambda b, f=self.below: f(b).with_plan(plan))
-        return Report(lv, parts_of(lv), self.valid_when, below=below)
+        kept = self.__dict__.setdefault("_with_plans", Recent())  # a planner's choice, then
+        if plan not in kept:  # its replay, ask for the same plan
+            lv = liveness(build_graph(derive(self.trace, plan)), self.device)
+            below = None if self.below is None else \
+                (lambda b, f=self.below: f(b).with_plan(plan))
+            kept[plan] = Report(lv, parts_of(lv), self.valid_when, below=below)
+        return kept[plan]
 
     def plan_for(self, budget_bytes: int, B: int, candidates=None, *,  # noqa: N803
                  kinds=None, confirm: bool = True, by: str | None = None,
