@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, fields, replace
 from ..checkpoint.on_device import oom_phrase
 from ..errors import FxmemError, InfeasibleBudgetError, InputError
 from ..formula.symbols import B as SYM_B
-from .result import Recent, Report
+from .recent import Recent
 from .text import fmt_bytes
 
 KINDS = ("batch", "checkpoint", "fsdp", "fsdp+checkpoint", "length")
@@ -318,10 +318,9 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_)
         return
     planned = Recent()
 
-    def under(w):  # FSDP2 over w GPUs under its own plan of smallest peak, derived: one
-        if w not in planned:  # GPU's can be far from it (Llama-3.1-8B at L=8192 on 5 GPUs:
-            r = at(w)  # 88.58 GB live under one GPU's, 74.21 GB checkpointing whole layers)
-            planned[w] = r.with_plan(_smallest_plan(r, b) or smallest)
+    def under(w):  # FSDP2 over w GPUs under its own plan of smallest peak, derived (one
+        if w not in planned:  # GPU's can keep far more: docs/concepts.md, "the ways out")
+            planned[w] = at(w).with_plan(_smallest_plan(at(w), b) or smallest)
         return planned[w]
 
     choices = Recent()
@@ -404,14 +403,12 @@ def _smallest_plan(report, b: int):
 
 
 def _floor_plans(report, smallest) -> tuple:
-    """Plans whose live bytes that grow with B bound a plan's on any number of GPUs from
-    below (the least of theirs): the one of smallest peak on this step, and every block
-    checkpointed whole, which keeps fewer activations where the smallest peak is not theirs
-    (on one GPU the optimizer step's, under FSDP2 the activations')."""
-    try:
-        blocks = tuple(getattr(report._chooser(), "blocks", ())) \
-            if isinstance(report, Report) else ()
-    except FxmemError:
+    """The plans whose least live bytes that grow with B stand for any plan's (not proven
+    over every plan): the step's of smallest peak, and every block checkpointed whole,
+    which keeps fewer where the smallest peak is not the activations' (one GPU's)."""
+    try:  # a ParallelReport (FSDP2 asked for) or no chain of blocks: the first alone
+        blocks = () if hasattr(report, "groups") else tuple(report._chooser().blocks)
+    except (FxmemError, AttributeError):
         blocks = ()
     return (smallest,) + ((blocks,) if blocks and blocks != tuple(smallest) else ())
 

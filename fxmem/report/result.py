@@ -19,16 +19,8 @@ from ..formula.symbols import B, dim_symbol
 from ..memory.dims import DimsFormula
 from ..memory.liveness import PARTS, Liveness, parts_of
 from .points import Breakdown, PeakRegime, TimelinePoint, breakdown_of, regimes_of
+from .recent import Recent
 from .text import render_text
-
-
-class Recent(dict):
-    """A dict keeping its last two entries (each a whole model's trace, or a plan's)."""
-
-    def __setitem__(self, key, value):
-        while len(self) >= 2:
-            self.pop(next(iter(self)))
-        super().__setitem__(key, value)
 
 
 @dataclass(frozen=True)
@@ -87,8 +79,7 @@ class Report:
 
             t = specialize(self.named.trace, **values)
             lv = liveness(build_graph(t), self.device)
-            below = None if self.below is None else \
-                (lambda b, f=self.below: f(b).at(**values))
+            below = self.below and (lambda b, f=self.below: f(b).at(**values))
             self._at[key] = Report(lv, parts_of(lv), t.guards, below=below)
         return self._at[key]
 
@@ -178,8 +169,7 @@ class Report:
         kept = self.__dict__.setdefault("_with_plans", Recent())  # a planner's choice, then
         if plan not in kept:  # its replay, ask for the same plan
             lv = liveness(build_graph(derive(self.trace, plan)), self.device)
-            below = None if self.below is None else \
-                (lambda b, f=self.below: f(b).with_plan(plan))
+            below = self.below and (lambda b, f=self.below: f(b).with_plan(plan))
             kept[plan] = Report(lv, parts_of(lv), self.valid_when, below=below)
         return kept[plan]
 
