@@ -226,6 +226,7 @@ class Planner:
         self._peaks: dict = {}
         self._derived = functools.lru_cache(maxsize=256)(self._derive)
         self._problems: dict = {}
+        self._chosen: dict = {}  # (budget, b, recompute limit) -> (choice, error)
 
     # numbers -----------------------------------------------------------------------------
     def step_flops(self, b: int) -> int:
@@ -320,13 +321,12 @@ class Planner:
         (kept: a search asks the same budget again, e.g. a plan chosen on derived peaks, then
         confirmed)."""
         key = (budget_bytes, b, max_recompute_flops)
-        memo = self.__dict__.setdefault("_chosen", {})
-        if key not in memo:
+        if key not in self._chosen:
             try:
-                memo[key] = (self._choose(budget_bytes, b, max_recompute_flops), None)
+                self._chosen[key] = (self._choose(budget_bytes, b, max_recompute_flops), None)
             except InfeasibleBudgetError as e:
-                memo[key] = (None, e)
-        got, error = memo[key]
+                self._chosen[key] = (None, e)
+        got, error = self._chosen[key]
         if error is not None:
             raise error.with_traceback(None)
         return got
