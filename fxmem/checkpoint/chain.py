@@ -22,9 +22,12 @@ The plan's peak is the largest of these (and ``start``, the bytes before the ste
 **Algorithm.** Dynamic programming over the block boundaries, as rotor's over a chain
 (Beaumont et al., *Optimal checkpointing for heterogeneous chains*), with a choice of many
 kinds per stretch: a state at boundary ``k`` is (bytes released so far ``R``, cost, peak so
-far); a state survives unless another has ``R`` at least as large, a cost at most as large
-and a peak at most as large. Exact for this model; the caller derives the returned plan
-exactly and tightens the budget if the model was short.
+far). :func:`solve` (the cheapest plan within a budget) keeps a state unless a cheaper one
+has as much ``R`` as the rest of a plan can use, or one as cheap has as much ``R`` and no
+higher peak: exact for this model. :func:`frontier` (every peak and cost) keeps a state
+unless another has ``R`` at least as large, a cost at most as large and a peak at most as
+large, cut to the cheapest ``MAX_STATES``. The caller derives the returned plan exactly and
+tightens the budget if the model was short.
 
 >>> none = [Choice(k, k, 0, 0, 50, "none") for k in range(2)]
 >>> full = [Choice(k, k, 30, 10, 45, f"ck{k}") for k in range(2)]
@@ -172,36 +175,34 @@ def _prune(states, max_states):
 
 
 def solve(problem: ChainProblem, budget_bytes: int) -> ChainSolution:
-    """The least-cost plan whose model peak fits ``budget_bytes`` (ties: lower peak)."""
-    final = _states(problem, budget_bytes, MAX_STATES)
-    if not final:
+    """The least-cost plan whose model peak fits ``budget_bytes``, exactly (:func:`_least`:
+    ties, the lowest peak of those it kept)."""
+    got = _least(problem, budget_bytes)
+    if got is None:
         low = lowest_peak(problem)
         raise InfeasibleBudgetError(
             f"no checkpoint plan keeps the peak within {budget_bytes} bytes; the smallest "
             f"peak is {low} bytes", minimum_bytes=low)
-    cost, pk, _, ch = min(final, key=lambda s: (s[0], s[1]))
-    return ChainSolution(_unchain(ch), int(pk), cost)
+    return got
 
 
 def _least(problem: ChainProblem, budget: int) -> ChainSolution | None:
-    """The cheapest plan within ``budget`` (of those as cheap :func:`_cheapest` kept, the
-    lowest peak), or None."""
+    """The cheapest plan within ``budget`` (ties: the lowest peak), or None."""
     final = _cheapest(problem, budget)
     if not final:
         return None
-    least = min(s[0] for s in final)
-    pk, ch = min(((peak(problem, ch), ch) for ch in (_unchain(s[3]) for s in final
-                                                    if s[0] == least)), key=lambda t: t[0])
-    return ChainSolution(ch, pk, least)
+    cost, _, pk, ch = min(final, key=lambda s: (s[0], s[2]))
+    return ChainSolution(_unchain(ch), int(pk), cost)
 
 
 def _cheapest(problem: ChainProblem, budget: int):
     """The states at the last boundary of the plans whose peak fits ``budget``, as ``(cost,
-    -R, peak bound, choices chain)``. Within a budget the rest of a plan can go on from a
-    state when its ``R`` is enough, whatever its peak so far: a state is beaten by one of no
-    more cost and at least its ``R``, and ``R`` past what any later choice needs (``need``)
-    counts as that much. Two numbers per state and no cut, so the cheapest plan is exact,
-    where :func:`_states`' three (for :func:`frontier` and :func:`solve`) are cut to
+    -R, peak, choices chain)``. Within a budget the rest of a plan can go on from a state
+    when its ``R`` is enough, whatever its peak so far: a state is beaten by a cheaper one
+    with at least its ``R``, ``R`` past what any later choice needs (``need``) counting as
+    that much, and by one as cheap with at least its ``R`` and at most its peak (the peak
+    breaks ties). Each state's peak and ``R`` are its own, and no cut: the cheapest plan is
+    exact, where :func:`_states`' three numbers (for :func:`frontier`) are cut to
     ``MAX_STATES``, the cheapest kept: over 80 blocks that cut lost the smallest peaks."""
     starts = _by_first(problem)
     top0 = max(problem.start, problem.boundary[0])
@@ -214,25 +215,34 @@ def _cheapest(problem: ChainProblem, budget: int):
     layers: list = [[] for _ in range(problem.n + 1)]
     layers[0] = [(0, 0, top0, None)]
     for k in range(problem.n):
-        states = _staircase(layers[k])
+        states = _staircase(layers[k], -need[k])
         layers[k] = None
         for c in starts[k]:
-            nxt, b, cap = layers[c.last + 1], problem.boundary[c.last + 1], -need[c.last + 1]
+            nxt, b = layers[c.last + 1], problem.boundary[c.last + 1]
             for cost, nR, pk, ch in states:
                 v = max(pk, c.own + nR, b + nR - c.released)
                 if v <= budget:
-                    nxt.append((cost + c.cost, max(nR - c.released, cap), v, (c, ch)))
-    return _staircase(layers[problem.n])
+                    nxt.append((cost + c.cost, nR - c.released, v, (c, ch)))
+    return _staircase(layers[problem.n], 0)
 
 
-def _staircase(states) -> list:
-    """The states no other beats on cost and ``R`` together (ties: the lower peak bound)."""
+def _staircase(states, cap: int) -> list:
+    """The states no other beats (:func:`_cheapest`); ``cap``: ``-R`` at which a state has
+    all the ``R`` the rest of a plan can use."""
     states.sort(key=lambda s: (s[0], s[1], s[2]))
-    kept, most = [], 1  # most: the lowest -R kept so far
-    for st in states:
-        if st[1] < most:
-            kept.append(st)
-            most = st[1]
+    kept, most = [], 1  # most: the lowest capped -R of the cheaper states kept
+    i = 0
+    while i < len(states):
+        j, low, cost, first = i, None, states[i][0], None
+        while j < len(states) and states[j][0] == cost:  # as cheap: by -R, then peak
+            st = states[j]
+            if max(st[1], cap) < most and (low is None or st[2] < low):
+                kept.append(st)
+                low, first = st[2], first or st
+            j += 1
+        if first is not None:  # the group's most R
+            most = max(first[1], cap)
+        i = j
     return kept
 
 
