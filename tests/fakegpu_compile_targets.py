@@ -241,6 +241,45 @@ def cli_and_api(budget: float, B: int) -> dict:
             "cli": report["cuda"]["max_allocated"], "api": api.cuda_memory(B).max_allocated}
 
 
+def cli_auto(B: int, slacks: list) -> list:  # noqa: N803
+    """``fxmem analyze ... --compile --checkpoint auto --budget`` on the pointwise model,
+    each budget the replayed ``max_memory_reserved()`` of the step compiled under budget 1.0
+    plus one of ``slacks`` (bytes): the CLI's exit code, setup row, frontier budgets,
+    ``max_allocated`` and the ways it found none of, and the API's choice among eager plans
+    and compile budgets (``kinds=[..., "compiled"]``) within that budget."""
+    import json
+
+    from click.testing import CliRunner
+
+    import fxmem
+    from fxmem.checkpoint.compiled import compiled_plans
+    from fxmem.checkpoint.options import KINDS
+    from fxmem.cli import cli
+
+    eager = fxmem.analyze(Pointwise(), torch.zeros(8, 256), torch.zeros(8, 256),
+                          loss=torch.nn.functional.mse_loss, optimizer=None, device="cuda")
+    kinds = [*KINDS, "compiled"]
+    out = []
+    for slack in slacks:
+        budget = compiled_plans(eager, (1.0,))[0].report.cuda_memory(B).max_reserved + slack
+        try:
+            api = eager.plan_for(budget, B, kinds=kinds)
+            chosen = {"compiled": api.compiled,
+                      "max_allocated": api.report.cuda_memory(B).max_allocated}
+        except fxmem.InfeasibleBudgetError as e:
+            chosen = {"minimum_bytes": e.minimum_bytes}
+        r = CliRunner().invoke(cli, [
+            "analyze", f"{__file__}:Pointwise", "--input", "B,256", "--target", "B,256",
+            "--loss", "mse", "--compile", "--checkpoint", "auto", "--batch", str(B),
+            "--budget", str(budget), "--format", "json"])
+        report = json.loads(r.stdout)
+        out.append({"exit": r.exit_code, "setup": report["setup"].get("compiled"),
+                    "frontier": [p["compiled"] for p in report["frontier"]],
+                    "max_allocated": report["cuda"]["max_allocated"],
+                    "none": report["fit"]["none"], "api": chosen})
+    return out
+
+
 def graph_flops(name: str, compiled_at: int, budget: float) -> int:
     """FLOPs of the forward and backward graphs AOTAutograd's partitioner hands inductor
     for case ``name`` compiled under ``budget`` at ``compiled_at`` (static shapes), by

@@ -90,3 +90,22 @@ def test_the_command_line_says_what_compile_needs():
     if not torch.cuda.is_available():
         r = CliRunner().invoke(cli, [*base, "--compile"])
         assert r.exit_code == 2 and "needs a CUDA build of PyTorch with a device" in r.output
+
+
+def test_checkpoint_auto_with_compile_refuses_what_it_cannot_choose():
+    """``--checkpoint auto --compile`` chooses the compile budget itself (a given one is
+    refused), and not under data or tensor parallelism (not modelled): one line each,
+    before anything is traced."""
+    import os
+
+    from click.testing import CliRunner
+
+    from fxmem.cli import cli
+
+    target = os.path.join(os.path.dirname(__file__), "fakegpu_compile_targets.py:Pointwise")
+    base = ["analyze", target, "--input", "B,256", "--target", "B,256", "--loss", "mse",
+            "--compile", "--checkpoint", "auto"]
+    r = CliRunner().invoke(cli, [*base, "--compile-budget", "0.5"])
+    assert r.exit_code == 2 and "chooses the torch.compile budget itself" in r.output
+    r = CliRunner().invoke(cli, [*base, "--fsdp", "2"])
+    assert r.exit_code == 2 and "not modelled yet" in r.output

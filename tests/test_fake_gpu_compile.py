@@ -12,6 +12,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 from fakegpu_marks import FAKE_GPU
 
@@ -132,3 +133,22 @@ def test_compiled_budgets_are_plan_kinds():
         budget, peak, flops = c["chosen"]
         assert budget in BUDGETS
         assert peak <= c["peak_bytes"] and flops <= c["recompute_flops_at_b"]
+
+
+@pytest.mark.skipif(not torch.__version__.startswith("2.14."), reason="the command's "
+                    "plumbing, not a release's binary: checked on CI's 2.14.1 alone")
+def test_checkpoint_auto_with_compile_chooses_among_compile_budgets():
+    """``fxmem analyze --compile --checkpoint auto``: the step analysed eager, its plans and
+    the ``torch.compile`` budgets compared (``kinds=[..., "compiled"]``); the report is the
+    API's choice, its setup row names the budget, its frontier's points theirs. Within the
+    replayed ``max_memory_reserved()`` of budget 1.0's step it fits; 4 MiB under, it does
+    not, and the ways out give what the least of them needs."""
+    fits, short = _call("cli_auto", B=512, slacks=[0, -(4 << 20)])
+    assert fits["exit"] == 0 and fits["api"]["compiled"] in BUDGETS
+    assert fits["setup"] == (f"torch.compile, activation_memory_budget "
+                             f"{fits['api']['compiled']:g} (--checkpoint auto)")
+    assert fits["max_allocated"] == fits["api"]["max_allocated"]
+    assert fits["frontier"] and all(c in BUDGETS or c is None for c in fits["frontier"])
+    assert short["exit"] == 4 and "minimum_bytes" in short["api"]
+    need = short["api"]["minimum_bytes"]
+    assert any(f"replayed with no limit, is {need / 2**20:.2f} MiB" in n for n in short["none"])

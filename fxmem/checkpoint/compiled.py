@@ -98,17 +98,27 @@ def compiled_plans(report, budgets=BUDGETS) -> tuple:
     return tuple(out)
 
 
-def split_kinds(kinds) -> tuple:
+def split_kinds(kinds, report=None) -> tuple:
     """``(eager kinds or None for none, whether "compiled" is asked)``; ``kinds`` None: the
-    eager kinds (:data:`fxmem.checkpoint.options.KINDS`), no compiled ones."""
+    eager kinds (:data:`fxmem.checkpoint.options.KINDS`), no compiled ones, or for a
+    ``report`` of a compiled step, its budgets alone (eager plans of a compiled step's trace
+    are refused: its ops are inductor's kernels, not the modules' forwards)."""
     from .options import KINDS
 
-    kinds = KINDS if kinds is None else tuple(dict.fromkeys(kinds))
+    step_compiled = report is not None and getattr(report.trace, "compiled", False)
+    if kinds is None:
+        kinds = ("compiled",) if step_compiled else KINDS
+    kinds = tuple(dict.fromkeys(kinds))
     unknown = [k for k in kinds if k not in (*KINDS, "compiled")]
     if unknown:
         raise InputError(f"plan kinds are among {', '.join((*KINDS, 'compiled'))}; got "
                          f"{', '.join(map(repr, unknown))}")
     eager = tuple(k for k in kinds if k != "compiled")
+    if eager and step_compiled:
+        raise InputError(f"a compiled step's plans are its torch.compile budgets "
+                         f"(kinds=['compiled']), not {', '.join(eager)}: to compare them with "
+                         "eager checkpoint plans, analyse the step without compile= and ask "
+                         "for kinds=[..., 'compiled']")
     return (eager or None), "compiled" in kinds
 
 
@@ -120,7 +130,7 @@ def frontier(report, b: int, candidates=None, kinds=None, budgets=BUDGETS) -> tu
     peak descending."""
     from .choose import FrontierPoint
 
-    eager, compiled = split_kinds(kinds)
+    eager, compiled = split_kinds(kinds, report)
     pts = tuple(report._chooser(candidates, eager).frontier(b)) if eager else ()
     if not compiled:
         return pts
@@ -155,7 +165,7 @@ def plan_for(report, budget_bytes: int, b: int, candidates=None, kinds=None, *,
     from .choose import PlanChoice
     from .confirm import plan_for as eager_plan_for
 
-    eager, compiled = split_kinds(kinds)
+    eager, compiled = split_kinds(kinds, report)
     if not compiled:
         return eager_plan_for(report, budget_bytes, b, candidates, eager, by=by, **options)
     choices, least = [], None
@@ -165,19 +175,23 @@ def plan_for(report, budget_bytes: int, b: int, candidates=None, kinds=None, *,
                                           **options))
         except InfeasibleBudgetError as e:
             least = e.minimum_bytes
+    ws = options.get("cudnn_workspace", 0)
     for p in compiled_plans(report, budgets):
         peak = p.peak_bytes(b)
-        run = p.report.runs_on_device(b, budget_bytes, cudnn_workspace=options.get(
-            "cudnn_workspace", 0)) if by == "device" else None
+        run = p.report.runs_on_device(b, budget_bytes, cudnn_workspace=ws) \
+            if by == "device" else None
         if (run.fits if run is not None else peak <= budget_bytes):
             choices.append(PlanChoice(b, (), peak, p.recompute_flops_at(b),
                                       p.step_flops_at(b), p.report, by=by, run=run,
                                       compiled=p.budget))
-        elif by == "live":
-            least = peak if least is None else min(least, peak)
+            continue  # else what it needs: its peak, or its replay's with no limit
+        need = peak if by == "live" else \
+            p.report.cuda_memory(b, cudnn_workspace=ws).max_reserved
+        least = need if least is None else min(least, need)
     if not choices:
+        how = " in the caching allocator's replay" if by == "device" else ""
         raise InfeasibleBudgetError(
-            f"no plan of the kinds asked fits {budget_bytes:,} bytes at B={b}",
+            f"no plan of the kinds asked fits {budget_bytes:,} bytes at B={b}{how}",
             minimum_bytes=least if least is not None else budget_bytes + 1)
     return min(choices, key=lambda c: (c.recompute_flops, c.peak_bytes))
 
@@ -194,7 +208,7 @@ def max_batch_size(report, budget_bytes: int, max_recompute: float, candidates=N
     from .choose import PlanChoice
     from .confirm import max_batch_size as eager_most
 
-    eager, compiled = split_kinds(kinds)
+    eager, compiled = split_kinds(kinds, report)
     if not compiled:
         return eager_most(report, budget_bytes, max_recompute, candidates, eager, by=by,
                           **options)

@@ -120,8 +120,9 @@ def cli():
               show_default=True,
               help="Activation checkpointing: auto (the cheapest plan that fits --budget at "
                    "--batch, on CUDA running in the caching allocator's replay, else the "
-                   "smallest peak; whole blocks, groups of blocks and "
-                   "selective checkpointing), none, module paths, or a plan file that "
+                   "smallest peak; whole blocks, groups of blocks and selective "
+                   "checkpointing; with --compile, torch.compile's activation memory "
+                   "budgets too), none, module paths, or a plan file that "
                    "--save-plan or fxmem.Plan.to_json wrote.")
 @click.option("--save-plan", "save_plan", default=None, metavar="FILE",
               help="Write the checkpoint plan in effect as JSON, for a training script: "
@@ -211,6 +212,10 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
                              "follows: drop it with --device cpu")
         parallel = tensor_parallel(tp, tp_plan, ddp, data_parallel(
             fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, replicate, offload))
+        if compiled and checkpoint == "auto" and not inference:
+            from .auto import check
+
+            check(compile_budget, parallel)
         with _silenced():
             text, fit = _analyze(target, inputs, targets, loss, optimizer, amp, device, inference,
                             grad_accum, batch, budget, checkpoint, config, seq, fmt, top,
@@ -423,8 +428,10 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
     else:
         plan = () if checkpoint in ("none", "auto") else tuple(
             p.strip() for p in checkpoint.split(",") if p.strip())
+    auto_compiled = checkpoint == "auto" and compile is not None and not inference
     step = Step(loss=LOSSES[loss_name], optimizer=opt, train=not inference, device=device,
-                amp=amp_dtype, grad_accum=grad_accum, compute_capability=cc, compile=compile)
+                amp=amp_dtype, grad_accum=grad_accum, compute_capability=cc,
+                compile=None if auto_compiled else compile)  # then auto compiles the budgets
     status = Console(stderr=True).status(f"tracing {t.name} on fake tensors ...")
     with status:
         try:
@@ -453,19 +460,15 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
             report = at = report.at(**{n: sizes[n] for n in dims})
         # a data-parallel report stays whole: the summary shows the per-rank table and the
         # report of the ranks with the least room (fxmem.report.summary.summarize)
-        frontier = ()
+        frontier, compiled_as = (), _compiled_line(step.compile) if step.compile else None
         if checkpoint == "auto" and not inference:  # under --fsdp/--ddp: one plan, all ranks
-            status.update("choosing a checkpoint plan ...")
-            frontier = report.frontier(batch)
-            if budget_bytes is not None:
-                with contextlib.suppress(InfeasibleBudgetError):  # then the ways out say so
-                    # on CUDA: the cheapest plan whose steps run in the allocator's replay
-                    report = report.plan_for(budget_bytes, batch,
-                                             cudnn_workspace=conv_ws).report
-            elif frontier:
-                plan = frontier[-1].plan
-                traced = getattr(report, "retrace", None)  # a parallel step: traced with it
-                report = traced(plan) if traced and plan else report.with_plan(plan)
+            from .auto import choose
+
+            status.update("choosing a checkpoint plan ..." if not auto_compiled else
+                          "choosing a checkpoint plan or torch.compile budget (compiling) ...")
+            chosen = choose(report, batch, budget_bytes, conv_ws, auto_compiled)
+            report, frontier = chosen.report, chosen.frontier
+            compiled_as = chosen.setup_line(auto_compiled) or compiled_as
         if save_plan:
             from ..trace.regions import Plan
 
@@ -493,7 +496,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
              **({"targets": " ".join(tgt_specs)} if ys else {}),
              "loss": loss_name if not inference else "(inference)",
              "optimizer": optimizer, "amp": amp,
-             **({"compiled": _compiled_line(step.compile)} if step.compile else {}),
+             **({"compiled": compiled_as} if compiled_as else {}),
              **({"GPU compute capability": f"{cc[0]}.{cc[1]}"} if device == "cuda" else {}),
              **({"checkpoint": checkpoint} if checkpoint != "none" else {}),
              **{f"dim {n}": sizes[n] for n in dims}, **extra}

@@ -25,7 +25,7 @@ from ..checkpoint.on_device import oom_phrase
 from ..errors import FxmemError, InfeasibleBudgetError, InputError
 from ..formula.symbols import B as SYM_B
 from .recent import Recent
-from .text import fmt_bytes
+from .text import fmt_bytes, plan_text
 
 KINDS = ("batch", "checkpoint", "fsdp", "fsdp+checkpoint", "length")
 MAX_WORLD_SIZE = 1024  # the FSDP2 search stops here
@@ -42,7 +42,9 @@ class WayOut:
     ``plan``: the checkpoint plan it takes (a :class:`fxmem.Plan`, for ``analyze(...,
     checkpoint=plan)``; empty: none) and ``recompute_share``: the FLOPs that plan re-runs,
     as a share of the step's; ``beyond``: what one step beyond gives (the next B, one GPU
-    fewer, the next length, or that no cheaper plan fits); ``line``: the way, for people."""
+    fewer, the next length, or that no cheaper plan fits); ``line``: the way, for people;
+    ``compiled``: the ``torch.compile`` budget that takes the place of a plan (a compiled
+    step's plans, :mod:`fxmem.checkpoint.compiled`), else None."""
 
     kind: str
     value: int
@@ -51,6 +53,7 @@ class WayOut:
     plan: tuple = ()
     recompute_share: float = 0.0
     beyond: str = ""
+    compiled: float | None = None
 
     def as_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -108,23 +111,6 @@ class Fit:
                 "by": self.by, "fits": self.fits, "need_bytes": self.need_bytes,
                 "over_bytes": self.over_bytes, "oom": self.oom,
                 "ways": [w.as_dict() for w in self.ways], "none": list(self.none)}
-
-
-def plan_text(plan) -> str:
-    """A plan in a line: its entries when few, else how many, the first and the last (the
-    whole plan is ``WayOut.plan``).
-
-    >>> plan_text(["h.0", "h.1"])
-    'h.0, h.1'
-    >>> plan_text([f"layers.{i} (saving 1 op output)" for i in range(32)])
-    '32 modules, layers.0 ... layers.31, some op outputs kept'
-    """
-    entries = [str(p) for p in plan]
-    if len(entries) <= 3:
-        return ", ".join(entries)
-    names = [e.split(" (")[0] for e in entries]
-    kept = ", some op outputs kept" if any(" (saving" in e for e in entries) else ""
-    return f"{len(entries)} modules, {names[0]} ... {names[-1]}{kept}"
 
 
 def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N803
@@ -234,11 +220,14 @@ def _choice_way(check, choice, b: int, kind: str, value: int, line: str) -> WayO
     share = choice.recompute_fraction
     need = choice.run.max_reserved if choice.run is not None and check.by == "device" \
         else check.need(choice.report, b, True)
-    return WayOut(kind, value, need, line.format(
-        plan=plan_text(choice.plan), share=f"{share:.1%}"),
-        plan=choice.plan, recompute_share=share,
-        beyond="the cheapest such plan" if getattr(choice, "exact", True) else
-        "a plan found by a heuristic: a cheaper one may fit")
+    budget = getattr(choice, "compiled", None)  # a compile budget: in the plan's place
+    if budget is not None:
+        line = line.replace("checkpointing {plan}", "torch.compile's budget {plan}")
+    what = plan_text(choice.plan) if budget is None else f"activation_memory_budget={budget:g}"
+    return WayOut(kind, value, need, line.format(plan=what, share=f"{share:.1%}"),
+                  plan=choice.plan, recompute_share=share, compiled=budget,
+                  beyond="the cheapest such plan" if getattr(choice, "exact", True) else
+                  "a plan found by a heuristic: a cheaper one may fit")
 
 
 class _NoPlan(str):
@@ -286,6 +275,9 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_)
         return
     if strategy is not None and not (isinstance(strategy, FSDP) and strategy.replicate == 1):
         yield f"the fewest GPUs under FSDP2: not searched for {strategy.name}"
+        return
+    if _reports(report)[0].trace.compiled:
+        yield "the fewest GPUs under FSDP2: not searched (compiled parallel steps not modelled)"
         return
     base = strategy or FSDP(1)
     plan = report.plan

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from .headline import largest_b, not_fitting, way_rows
-from .text import at_dims, exact_when, fmt_bytes
+from .text import at_dims, exact_when, fmt_bytes, frontier_plan
 from .whatif import table as whatif_table
 
 
@@ -121,8 +121,8 @@ def render_markdown(s) -> str:
             out += [f"Pareto plans at B = {s.B} (no plan has a lower peak for fewer FLOPs):",
                     ""]
             out += _rows("| peak | recompute FLOPs | plan |", "|---:|---:|---|",
-                         (f"| {fmt_bytes(p)} | {f:,} | {', '.join(pl) or '(none)'} |"
-                          for p, f, pl in s.frontier))
+                         (f"| {fmt_bytes(p)} | {f:,} | {frontier_plan(pl, c)} |"
+                          for p, f, pl, c in s.frontier))
     if s.whatifs:
         out += ["", "## What-ifs", "", whatif_table(list(s.whatifs))]
     return "\n".join(out) + "\n"

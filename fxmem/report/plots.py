@@ -260,7 +260,7 @@ def _nearby(xs, ys, tol: float = 0.04) -> list[list[int]]:
     return groups
 
 
-def frontier_points(s) -> list[tuple[int, int, tuple]]:
+def frontier_points(s) -> list[tuple[int, int, tuple, float | None]]:
     """``s.frontier`` ordered by recompute FLOPs (then peak): the numbering of :func:`frontier`."""
     return sorted(s.frontier, key=lambda p: (p[1], p[0]))
 

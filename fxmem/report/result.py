@@ -67,7 +67,7 @@ class Report:
 
     def at(self, **values) -> "Report":
         """The report in B alone with the named dims fixed, e.g. ``at(L=512)``, derived from
-        the same trace (cached); a report in B alone is its own ``at()``."""
+        the same trace (cached; ``reanalyze`` gives it too); a report in B alone is its own."""
         if self.named is None:
             self._no_dims(values)
             return self
@@ -80,7 +80,8 @@ class Report:
             t = specialize(self.named.trace, **values)
             lv = liveness(build_graph(t), self.device)
             below = self.below and (lambda b, f=self.below: f(b).at(**values))
-            self._at[key] = Report(lv, parts_of(lv), t.guards, below=below)
+            again = self.reanalyze and (lambda f=self.reanalyze, **kw: f(**kw).at(**values))
+            self._at[key] = Report(lv, parts_of(lv), t.guards, below=below, reanalyze=again)
         return self._at[key]
 
     def _small(self, B) -> "Report | None":  # noqa: N803
@@ -126,8 +127,7 @@ class Report:
 
     @functools.cached_property
     def _op_flops(self) -> dict:
-        """FLOPs per traced op (:func:`fxmem.checkpoint.flops.op_flops`), shared with the plan
-        chooser."""
+        """FLOPs per op (:func:`fxmem.checkpoint.flops.op_flops`), shared with the planner."""
         return op_flops(self.trace)
 
     @property

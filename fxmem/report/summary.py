@@ -61,7 +61,8 @@ class Summary:
     (B, max_allocated, max_reserved) at the same B's, the replayed allocator's figures that
     the ``"device"`` and ``"allocated"`` answers are read from; ``timeline``: live bytes after
     every op at ``B`` (index, op, phase, module, bytes). ``plan``/``frontier``: the
-    checkpoint plan applied, and Pareto points (peak bytes, recompute FLOPs, plan) at ``B``.
+    checkpoint plan applied, and Pareto points (peak bytes, recompute FLOPs, plan, the
+    ``torch.compile`` budget that stands for a plan or None) at ``B``.
     ``whatifs``: rows of :func:`fxmem.whatif` (dicts), when given. ``cuda`` (``device="cuda"``
     only): what ``torch.cuda`` would report at ``B``, from :meth:`fxmem.Report.cuda_memory`:
     ``max_allocated``, ``max_reserved``, the library ``workspaces`` ([what, bytes]) and
@@ -131,8 +132,8 @@ class Summary:
         d["regimes"] = [asdict(r) for r in self.regimes]
         d["curve"] = [list(p) for p in self.curve]
         d["cuda_curve"] = [list(p) for p in self.cuda_curve]
-        d["frontier"] = [dict(peak_bytes=p, recompute_flops=f, plan=list(pl))
-                         for p, f, pl in self.frontier]
+        d["frontier"] = [dict(peak_bytes=p, recompute_flops=f, plan=list(pl), compiled=c)
+                         for p, f, pl, c in self.frontier]
         d["plan"] = list(self.plan)
         d["valid_when"] = list(self.valid_when)
         d["whatifs"] = [dict(w) for w in self.whatifs]
@@ -241,8 +242,8 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
                        for t in report.timeline(B)),
         plan=tuple(map(str, report.plan)),  # entries as printed: "h.0", "h.1..h.3", ...
         recompute_flops=_at(report.recompute_flops, B) if report.plan else 0,
-        frontier=tuple((p.peak_bytes, p.recompute_flops, tuple(map(str, p.plan)))
-                       for p in (frontier or ())),
+        frontier=tuple((p.peak_bytes, p.recompute_flops, tuple(map(str, p.plan)),
+                        getattr(p, "compiled", None)) for p in (frontier or ())),
         whatifs=rows, unmodelled=unmodelled, lifted=report.lifted,
         cuda=_cuda(report, B, answers.get("allocated"), cudnn_workspace),
         max_batch_size_by=by, answers=answers, next_oom=next_oom, gpu=card, caveats=caveats,

@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .headline import largest_b, not_fitting, way_rows
-from .text import at_dims, exact_when, fmt_bytes
+from .text import at_dims, exact_when, fmt_bytes, frontier_plan
 
 
 def _table(title: str, *columns: str, right=()) -> Table:
@@ -155,8 +155,8 @@ def render_terminal(s, exact: bool = False) -> Group:
     if s.frontier:
         fr = _table(f"Checkpoint frontier at B = {s.B}", "peak", "recompute FLOPs", "plan",
                     right=("peak", "recompute FLOPs"))
-        for p, f, pl in s.frontier:
-            fr.add_row(fmt_bytes(p), f"{f:,}", ", ".join(pl) or "(none)")
+        for p, f, pl, c in s.frontier:
+            fr.add_row(fmt_bytes(p), f"{f:,}", frontier_plan(pl, c))
         items.append(fr)
     if s.whatifs:
         most_by = ("largest B that runs" if s.whatifs[0].get("by") == "device"

@@ -130,3 +130,32 @@ def render_ranks(report, B: int | None = None, budget_bytes: int | None = None, 
              *rank_table(rows, budget_bytes),
              "* the ranks with the least room"]
     return "\n".join(lines)
+
+
+def plan_text(plan) -> str:
+    """A plan in a line: its entries when few, else how many, the first and the last (the
+    whole plan is ``fxmem.report.fit.WayOut.plan``).
+
+    >>> plan_text(["h.0", "h.1"])
+    'h.0, h.1'
+    >>> plan_text([f"layers.{i} (saving 1 op output)" for i in range(32)])
+    '32 modules, layers.0 ... layers.31, some op outputs kept'
+    """
+    entries = [str(p) for p in plan]
+    if len(entries) <= 3:
+        return ", ".join(entries)
+    names = [e.split(" (")[0] for e in entries]
+    kept = ", some op outputs kept" if any(" (saving" in e for e in entries) else ""
+    return f"{len(entries)} modules, {names[0]} ... {names[-1]}{kept}"
+
+
+def frontier_plan(plan, compiled=None) -> str:
+    """A frontier point's plan in a table cell: its entries, ``(none)``, or the
+    ``torch.compile`` budget that stands for a plan.
+
+    >>> frontier_plan(("h.0", "h.1")), frontier_plan(()), frontier_plan((), 0.5)
+    ('h.0, h.1', '(none)', 'torch.compile, activation_memory_budget 0.5')
+    """
+    if compiled is not None:
+        return f"torch.compile, activation_memory_budget {compiled:g}"
+    return ", ".join(plan) or "(none)"

@@ -123,7 +123,8 @@ def finish(rec: Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
                  getattr(rec, "reused", ()),
                  rec.capability, rec.kernels.choices if rec.kernels is not None else (),
                  tuple((op, m, what) for (op, m), what in data_sized.items()),
-                 placement=getattr(rec, "placement", ()))
+                 placement=getattr(rec, "placement", ()),
+                 compiled=getattr(rec, "compiled", False))
 
 
 def _largest_counts(rec: Recorder) -> dict:

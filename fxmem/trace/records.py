@@ -149,6 +149,7 @@ class Trace:
     # (``Module._apply``: a module's children first, then its parameters, then its buffers):
     # where the allocator replay (fxmem.device.allocator) places them
     placement: tuple = ()
+    compiled: bool = False  # the model ran compiled: inductor's code (fxmem.trace.compiled)
 
 
 def _graph(self) -> torch.fx.Graph:

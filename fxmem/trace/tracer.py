@@ -339,6 +339,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
         wrapper = spec.compile.apply(wrapper)
     # a compiled model is lowered for the device its fakes are on (fxmem.trace.compiled)
     compiled, taken = is_compiled(wrapper), []
+    rec.compiled = compiled
     if compiled:
         check_compilable(spec.device)
     on = "cuda" if compiled else "cpu"

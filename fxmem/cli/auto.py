@@ -1,0 +1,77 @@
+"""``--checkpoint auto``: the plan the command's report is given under.
+
+With ``--compile`` too, the step is analysed eager and ``torch.compile``'s partitioner
+budgets join its checkpoint plans as candidates (:mod:`fxmem.checkpoint.compiled`), judged
+by the same two numbers (peak, recompute FLOPs): the answer is either a budget the step is
+compiled under or an eager plan, whichever re-runs less.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+from ..errors import InfeasibleBudgetError, InputError
+from ..report.text import frontier_plan
+
+
+@dataclass(frozen=True)
+class Auto:
+    """What ``--checkpoint auto`` chose: ``report``, the step under it; ``frontier``, the
+    Pareto points it chose among; ``compiled``, the ``activation_memory_budget`` the step is
+    compiled under (``None``: not compiled)."""
+
+    report: object
+    frontier: tuple
+    compiled: float | None = None
+
+    def setup_line(self, asked_compile: bool) -> str | None:
+        """The report's "compiled" setup row with ``--compile`` (None without it)."""
+        if not asked_compile:
+            return None
+        if self.compiled is None:
+            return ("no: an eager checkpoint plan re-runs fewer FLOPs than any torch.compile "
+                    "budget that fits (--checkpoint auto)")
+        return frontier_plan((), self.compiled) + " (--checkpoint auto)"
+
+
+def check(compile_budget, parallel) -> None:
+    """``--checkpoint auto --compile``'s refusals: a budget given (auto chooses it), and
+    parallel steps (compiled parallel steps are not modelled)."""
+    if compile_budget is not None:
+        raise InputError("--checkpoint auto chooses the torch.compile budget itself: drop "
+                         "--compile-budget, or give a plan instead of auto")
+    if parallel is not None:
+        raise InputError("--checkpoint auto --compile: compiled steps under --fsdp, --ddp or "
+                         "--tp are not modelled yet")
+
+
+def choose(report, batch: int, budget_bytes: int | None, cudnn_workspace: int = 0,
+           compiled: bool = False) -> Auto:
+    """The cheapest plan whose step at ``batch`` fits ``budget_bytes`` (on CUDA: runs in the
+    caching allocator's replay); no budget: the plan of the smallest peak. When no plan
+    fits, the step as asked (the ways out say why). ``compiled``: ``report`` is the eager
+    step of a ``--compile`` command, and the compile budgets are candidates too (the step as
+    asked is then the one compiled under budget 1.0)."""
+    from ..checkpoint.compiled import compiled_plans
+    from ..checkpoint.options import KINDS
+
+    kinds = (*KINDS, "compiled") if compiled else None
+    frontier = report.frontier(batch, kinds=kinds)
+    if budget_bytes is not None:
+        with contextlib.suppress(InfeasibleBudgetError):
+            c = report.plan_for(budget_bytes, batch, kinds=kinds,
+                                cudnn_workspace=cudnn_workspace)
+            return Auto(c.report, frontier, c.compiled)
+        if compiled:
+            return Auto(compiled_plans(report, (1.0,))[0].report, frontier, 1.0)
+        return Auto(report, frontier)
+    if not frontier:
+        return Auto(report, frontier)
+    last = frontier[-1]
+    if last.compiled is not None:
+        return Auto(compiled_plans(report, (last.compiled,))[-1].report, frontier,
+                    last.compiled)
+    traced = getattr(report, "retrace", None)  # a parallel step: traced with its plan
+    plan = last.plan
+    return Auto(traced(plan) if traced and plan else report.with_plan(plan), frontier)
