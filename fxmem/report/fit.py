@@ -325,7 +325,9 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_)
     if check.by == "live":  # the plan of smallest live peak fits when any plan does
         fits, need = (lambda w: check.fits(under(w), b)), (lambda w: check.need(under(w), b))
     else:  # not by the allocator: a plan of larger live peak can fragment less
-        def fits(w):
+        def fits(w):  # some plan runs: first its plan of smallest peak (one replay), else
+            if check.fits(under(w), b):  # the planner's walk; the cheapest, at the answer
+                return True
             c = choice(w)
             return not isinstance(c, str) and _checked(check, c, b)
 
