@@ -26,12 +26,17 @@ class Auto:
     compiled: float | None = None
 
     def setup_line(self, asked_compile: bool) -> str | None:
-        """The report's "compiled" setup row with ``--compile`` (None without it)."""
+        """The report's "compiled" setup row with ``--compile`` (None without it): the budget
+        chosen, or that an eager plan was (it re-runs less within the budget, or, with no
+        budget, it has the smallest peak).
+
+        >>> Auto(None, (), 0.5).setup_line(True)
+        'torch.compile, activation_memory_budget 0.5 (--checkpoint auto)'
+        """
         if not asked_compile:
             return None
         if self.compiled is None:
-            return ("no: an eager checkpoint plan re-runs fewer FLOPs than any torch.compile "
-                    "budget that fits (--checkpoint auto)")
+            return "no: eager, under the checkpoint plan chosen (--checkpoint auto)"
         return frontier_plan((), self.compiled) + " (--checkpoint auto)"
 
 
