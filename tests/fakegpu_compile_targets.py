@@ -56,8 +56,13 @@ def lm_loss(out, ids):
     return torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), ids.flatten())
 
 
+AMP = {"gpt2_bf16": torch.bfloat16}  # case -> the autocast dtype of its forward and loss
+
+
 def _case(name: str):
-    """(model, batch of size b -> (inputs, targets), loss, optimizer class)."""
+    """(model, batch of size b -> (inputs, targets), loss, optimizer class); a case of
+    :data:`AMP` is its model's, run under autocast."""
+    name = name.removesuffix("_bf16")
     if name == "pointwise":
         return (Pointwise(), lambda b, dev: ((torch.zeros(b, 256, device=dev),), ()),
                 lambda out: square_sum(out), torch.optim.SGD)
@@ -104,23 +109,28 @@ def _measure(name, B, compiled_at, compile, steps, history):  # noqa: N803
     torch.manual_seed(0)
     model, batch, loss, opt_class = _case(name)
     return measure_step(model, batch, loss, lambda p: opt_class(p, lr=0.1), B, compiled_at,
-                        compile, steps, history)
+                        compile, steps, history, amp=AMP.get(name))
 
 
 def measure_step(model, batch, loss, make_optimizer, B: int, compiled_at: int,  # noqa: N803
                  compile: bool = True, steps: int = 2, history: bool = False,
-                 start_at_b: bool = False) -> dict:
+                 start_at_b: bool = False, amp=None) -> dict:
     """The measured step of :func:`measure` for any model: ``batch(b, device)`` gives
     ``(inputs, targets)``, ``loss(output, *targets)``, ``make_optimizer(params)``.
     ``start_at_b``: the run's first steps are at ``B``, not at ``compiled_at`` (its graphs
     come from the cache a run at ``compiled_at`` filled): the optimizer state is then made
-    beside a step at ``B``, as fxmem's replay makes it."""
+    beside a step at ``B``, as fxmem's replay makes it. ``amp``: a dtype the forward and
+    the loss run under ``torch.autocast`` in."""
+    import contextlib
+
     model = model.cuda()
     run = torch.compile(model) if compile else model
     opt = make_optimizer(model.parameters())
 
     def step(inputs, targets):
-        loss(run(*inputs), *targets).backward()
+        with torch.autocast("cuda", dtype=amp) if amp else contextlib.nullcontext():
+            value = loss(run(*inputs), *targets)
+        value.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -165,12 +175,14 @@ def predict(name: str, batches: list, compiled_at: int, compile: bool = True,
 
     model, batch, loss, opt_class = _case(name)
     inputs, targets = batch(compiled_at, "cpu")
+    amp = AMP.get(name)
     if budget is not None:
         report = fxmem.analyze(model, inputs, targets, loss=loss, optimizer=opt_class,
-                               device="cuda", compile={"activation_memory_budget": budget})
+                               device="cuda", compile={"activation_memory_budget": budget},
+                               amp=amp)
     else:
         report = fxmem.analyze(torch.compile(model) if compile else model, inputs, targets,
-                               loss=loss, optimizer=opt_class, device="cuda")
+                               loss=loss, optimizer=opt_class, device="cuda", amp=amp)
     return {str(b): {"max_allocated": report.cuda_memory(b).max_allocated,
                      "max_reserved": report.cuda_memory(b).max_reserved} for b in batches}
 

@@ -19,9 +19,9 @@ from fakegpu_marks import FAKE_GPU
 pytestmark = FAKE_GPU
 BUDGETS = (1.0, 0.7, 0.5, 0.3)  # fxmem.checkpoint.compiled.BUDGETS, the kind's candidates
 HERE = os.path.dirname(os.path.abspath(__file__))
-# case -> (compiled at, the batch sizes checked); GPT-2 compiles for about a minute: in the
-# slow tier (CI runs it on 2.14.1)
-CASES = {"pointwise": (1024, (8, 512)), "gpt2": (64, (4, 32))}
+# case -> (compiled at, the batch sizes checked; gpt2_bf16: GPT-2 under bf16 autocast); GPT-2
+# compiles for about a minute: in the slow tier, which CI does not run
+CASES = {"pointwise": (1024, (8, 512)), "gpt2": (64, (4, 32)), "gpt2_bf16": (64, (4, 32))}
 _seen: dict = {}
 _cache: list = []
 
@@ -62,7 +62,8 @@ def _figures(name, compile=True, budget=None):
 
 
 @pytest.mark.parametrize("name", ["pointwise",
-                                  pytest.param("gpt2", marks=pytest.mark.slow)])
+                                  pytest.param("gpt2", marks=pytest.mark.slow),
+                                  pytest.param("gpt2_bf16", marks=pytest.mark.slow)])
 def test_compiled_step_is_exact_on_the_fake_gpu(name):
     predicted, measured = _figures(name)
     assert predicted == measured
