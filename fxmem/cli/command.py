@@ -447,7 +447,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
         extra, named = {}, report
         if dims:  # the formula in B and the named dims; numbers at the --dim sizes
             extra[f"peak in B, {', '.join(dims)}"] = str(report.peak)
-            if budget_bytes is not None and len(dims) == 1:
+            if budget_bytes is not None and len(dims) == 1 and not auto_compiled:
                 (name,) = dims
                 limit = position_limit(t.model)
                 key = f"largest {name} within the budget at B={batch}"

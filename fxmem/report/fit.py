@@ -550,6 +550,9 @@ def _longest(check, report, b, *, named=None, dims=None, limit=None, **_):
     if named is None or len(named.dims) != 1:
         return
     (name,) = named.dims
+    if _reports(report)[0].trace.compiled != _reports(named)[0].trace.compiled:
+        yield f"the longest {name}: not searched (the step is compiled, its analysis in {name} not)"
+        return
     try:
         most = named.max_length(check.budget, b, limit=limit)
     except InfeasibleBudgetError:
