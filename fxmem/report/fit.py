@@ -220,14 +220,17 @@ def _choice_way(check, choice, b: int, kind: str, value: int, line: str) -> WayO
     share = choice.recompute_fraction
     need = choice.run.max_reserved if choice.run is not None and check.by == "device" \
         else check.need(choice.report, b, True)
-    budget = getattr(choice, "compiled", None)  # a compile budget: in the plan's place
-    if budget is not None:
-        line = line.replace("checkpointing {plan}", "torch.compile's budget {plan}")
-    what = plan_text(choice.plan) if budget is None else f"activation_memory_budget={budget:g}"
-    return WayOut(kind, value, need, line.format(plan=what, share=f"{share:.1%}"),
-                  plan=choice.plan, recompute_share=share, compiled=budget,
-                  beyond="the cheapest such plan" if getattr(choice, "exact", True) else
+    budget, exact = getattr(choice, "compiled", None), getattr(choice, "exact", True)
+    text = line.format(doing=_doing(choice.plan, budget), share=f"{share:.1%}")
+    return WayOut(kind, value, need, text, plan=choice.plan, recompute_share=share,
+                  compiled=budget, beyond="the cheapest such plan" if exact else
                   "a plan found by a heuristic: a cheaper one may fit")
+
+
+def _doing(plan, compiled=None) -> str:
+    """A way's action in its line: checkpointing ``plan``, or the compile budget in its place."""
+    return f"checkpointing {plan_text(plan)}" if compiled is None else \
+        f"torch.compile's budget activation_memory_budget={compiled:g}"
 
 
 class _NoPlan(str):
@@ -261,7 +264,7 @@ def _plan_at(check, report, b, **_):
         yield choice
         return
     yield _choice_way(check, choice, b, "checkpoint", b,
-                      f"checkpointing {{plan}} at B={b} (re-running {{share}} of the FLOPs)")
+                      f"{{doing}} at B={b} (re-running {{share}} of the FLOPs)")
 
 
 def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_):
@@ -350,14 +353,14 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_)
                                                  or not _checked(check, picked, b)):
         w2 += 1  # traced, it runs out (a forward that changes state when it re-runs)
         picked = choice(w2, True)
-    line = f"FSDP2 over {w2} GPUs checkpointing {{plan}} (re-running {{share}})"
+    line = f"FSDP2 over {w2} GPUs {{doing}} (re-running {{share}})"
     if isinstance(picked, str) or not _checked(check, picked, b):
         r = under(w2)
         flops = _reports(r)[0].flop_count
         redo = int(flops.recompute.subs(SYM_B, b))
         share = redo / (int(flops.total.subs(SYM_B, b)) - redo)
         way = WayOut("fsdp+checkpoint", w2, check.need(r, b, True), line.format(
-            plan=plan_text(r.plan), share=f"{share:.1%}"), plan=r.plan, recompute_share=share)
+            doing=_doing(r.plan), share=f"{share:.1%}"), plan=r.plan, recompute_share=share)
     else:
         way = _choice_way(check, picked, b, "fsdp+checkpoint", w2, line)
     # one GPU fewer than the search's start is the step as asked: its plan is the checkpoint way
