@@ -1,12 +1,14 @@
 """Repeated blocks traced once and copied (fxmem.trace.reuse) read exactly as a block-by-block trace
 and as a real step."""
 
+import copy
 import gc
 
 import pytest
 import torch
 
 import fxmem
+from fxmem.trace.regions import Region
 from fxmem.trace.reuse import find_runs
 from fxmem.trace import trace
 from fxmem.trace.tracking import frozen_gc
@@ -153,6 +155,42 @@ def test_blocks_that_differ_fall_back_and_stay_exact(kind):
     for bs in (2, 7):
         assert r.peak_bytes(bs) == fxmem.measure(model, x, optimizer=torch.optim.SGD,
                                                  B=bs).peak_bytes
+
+
+H = "model.transformer.h"
+PLANS = {  # plan -> the blocks copied: a run is cut where the plan treats blocks otherwise
+    "whole": ([f"{H}.{i}" for i in range(5)], (2, 3, 4)),
+    "first_three": ([f"{H}.{i}" for i in range(3)], (2,)),
+    "inner": ([f"{H}.{i}.mlp" for i in range(5)], (2, 3, 4)),
+    "selective": ([Region((f"{H}.{i}",), save=(("aten.mm.default", 0),)) for i in range(5)],
+                  (2, 3, 4)),
+    "group": ([Region((f"{H}.0", f"{H}.1")), *(f"{H}.{i}" for i in range(2, 5))], (4,)),
+    "mixed": ([f"{H}.0", f"{H}.1", f"{H}.2.mlp", f"{H}.3", f"{H}.4"], ()),
+}
+
+
+@pytest.mark.parametrize("name", PLANS)
+def test_checkpointed_blocks_are_copied_as_the_plan_runs_them(gpt2, name):
+    # a copy of the second block, its re-run in backward included, reads as each later
+    # block of the same treatment
+    plan, copied = PLANS[name]
+    ids = torch.randint(0, 128, (4, 16))
+    a, b = _both(gpt2, (ids, ids), optimizer=torch.optim.Adam, device="cuda", checkpoint=plan)
+    assert a.reused == tuple(f"{H}.{i}" for i in copied)
+    assert _shape(a) == _shape(b)
+    assert _flops(a) == _flops(b)
+
+
+def test_a_copied_checkpointed_stack_matches_measure():
+    model, x = _Stack(6), torch.randn(4, 16)
+    plan = [f"blocks.{i}" for i in range(6)]
+    kw = dict(loss=None, optimizer=torch.optim.SGD)
+    r = fxmem.analyze(model, x, **kw, device="cpu", checkpoint=plan)
+    assert r.trace.reused == ("blocks.2", "blocks.3", "blocks.4", "blocks.5")
+    assert any(o.recompute for o in r.trace.ops if o.module == "blocks.5")
+    wrapped = fxmem.apply_checkpoints(copy.deepcopy(model), plan)
+    for bs in (2, 7):
+        assert r.peak_bytes(bs) == fxmem.measure(wrapped, x, **kw, B=bs).peak_bytes
 
 
 def test_find_runs_groups_identical_siblings_only():

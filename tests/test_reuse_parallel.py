@@ -1,13 +1,15 @@
 """Repeated blocks copied under FSDP2 (fxmem.trace.reuse_parallel): a rank's trace with
 blocks copied reads exactly as the same rank's trace block by block, FSDP2's all-gathers,
-reduce-scatters, side streams and reshards included; blocks that do not behave alike, and
-the strategies whose blocks are not copied, are traced block by block."""
+reduce-scatters, side streams, reshards and checkpoint plans' re-runs included; blocks that
+do not behave alike, and the strategies whose blocks are not copied, are traced block by
+block."""
 
 import pytest
 import torch
 
 from fxmem.trace import trace
 from fxmem.trace.parallel import DDP, FSDP
+from fxmem.trace.regions import Region
 from test_fsdp import _lm_loss
 from test_reuse import DIFFERING, _Stack, _flops, _shape, differing
 
@@ -90,12 +92,32 @@ def test_inference_under_fsdp(parallel, copied):
     assert _full(a) == _full(b)
 
 
-def test_checkpoint_plans_and_other_strategies_trace_every_block():
+PLANNED = [("llama", FSDP(4), 3, "whole"), ("llama", FSDP(3), 0, "selective"),
+           ("gpt2", FSDP(2), 1, "inner")]
+
+
+@pytest.mark.parametrize("kind,parallel,rank,plan", PLANNED,
+                         ids=[f"{k}-{p.name}-{n}" for k, p, _, n in PLANNED])
+def test_checkpointed_blocks_under_fsdp_are_copied_exactly(kind, parallel, rank, plan):
+    # FSDP2's all-gather before a block's backward, then the block's re-run: copied too
+    model, stack = _lm(kind, layers=5)
+    ids = torch.randint(0, 128, (2, 16))
+    plan = {"whole": [f"{stack}.{i}" for i in range(5)],
+            "selective": [Region((f"{stack}.{i}",), save=(("aten.mm.default", 1),))
+                          for i in range(5)],
+            "inner": [f"{stack}.{i}.mlp" for i in range(5)]}[plan]
+    a, b = _both(model, ids, ids, parallel, rank, loss=_lm_loss, optimizer=torch.optim.AdamW,
+                 device="cpu", checkpoint=plan)
+    assert a.reused == tuple(f"{stack}.{i}" for i in (2, 3, 4))
+    assert _full(a) == _full(b)
+    assert _flops(a) == _flops(b)
+
+
+def test_other_strategies_trace_every_block():
     model = _Stack()
     x = torch.randn(4, 16)
     step = dict(loss=None, optimizer=torch.optim.SGD, device="cpu")
     assert trace(model, x, parallel=FSDP(2), **step).reused  # the same model is copied
-    assert trace(model, x, parallel=FSDP(2), checkpoint=["blocks.1"], **step).reused == ()
     assert trace(model, x, parallel=DDP(2), **step).reused == ()
 
 

@@ -16,6 +16,11 @@ free what outlives them at the same moment; a stand-in's output feeds only the n
 Anything else raises :class:`NoReuse` and the step is traced again block by block
 (``trace(..., reuse_blocks=False)`` does that from the start).
 
+Under a checkpoint plan the stand-ins are installed over the plan's forwards, on the runs
+:func:`by_plan` cuts where the plan treats blocks differently: a traced block runs under its
+checkpoint, its re-run in backward inside its backward window, and a stand-in's copy has
+both.
+
 >>> import torch
 >>> m = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(5)])
 >>> [r.paths for r in find_runs(m)]
@@ -31,6 +36,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .checkpointing import user_path
 from .grad_sums import may_sum_in_place
+from .regions import modules_of
 
 MIN_RUN = 3  # two traced blocks, then at least one stand-in
 _ACC = "torch::autograd::AccumulateGrad"
@@ -126,6 +132,46 @@ def find_runs(model: torch.nn.Module, hooks=None) -> list:
                 inside.extend(paths)
             i = j
     return runs
+
+
+def by_plan(runs: list, plan) -> list:
+    """``runs`` cut where checkpoint ``plan`` treats their blocks differently: the blocks of
+    a run must carry the same regions, read from inside each (every block checkpointed
+    whole, or each one's MLP with the same op calls saved, or none), so that a copy of the
+    second block's ops, its re-run in backward included, is each later block's. A block
+    that a larger region holds (a group of blocks, a module around the run) is in no run;
+    pieces of fewer than :data:`MIN_RUN` blocks are traced block by block.
+
+    >>> m = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(7)])
+    >>> [r.paths for r in by_plan(find_runs(m), ["0", "1", "2"])]
+    [('0', '1', '2'), ('3', '4', '5', '6')]
+    """
+    out = []
+    for run in runs:
+        keys = [_regions_inside(user_path(p), plan) for p in run.paths]
+        i = 0
+        while i < len(keys):
+            j = i + 1
+            while keys[i] is not None and j < len(keys) and keys[j] == keys[i]:
+                j += 1
+            if keys[i] is not None and j - i >= MIN_RUN:
+                out.append(Run(run.paths[i:j], run.modules[i:j]))
+            i = j
+    return out
+
+
+def _regions_inside(block: str, plan):
+    """The plan's regions inside ``block`` (a user path), by their paths from it and their
+    saved op calls; None when a region holds the block or reaches out of it."""
+    got = []
+    for e in plan:
+        mods = modules_of(e)
+        rel = [m[len(block):] for m in mods if m == block or m.startswith(block + ".")]
+        if len(rel) != len(mods) and (rel or any(block.startswith(m + ".") for m in mods)):
+            return None
+        if rel:
+            got.append((tuple(rel), getattr(e, "save", ())))
+    return tuple(sorted(got))
 
 
 # -- recording block calls ---------------------------------------------------------------

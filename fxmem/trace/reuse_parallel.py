@@ -29,10 +29,12 @@ strategies are.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
-from .reuse import NoReuse, Reuse, _StandIn, find_runs
+from .reuse import NoReuse, Reuse, _StandIn, by_plan, find_runs
 
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
@@ -49,18 +51,30 @@ def reuses_under(parallel, train: bool = True) -> bool:
     return type(parallel) is FSDP and (train or parallel.reshard_after_forward is not False)
 
 
-def installed(rec, model, sharded: bool, fparams: dict, fbufs: dict, handles: list):
-    """The block reuse of ``model``'s runs of identical blocks, installed (and added to
-    ``handles`` to be removed), or None when it has none. ``sharded``: a rank's model under
-    ``fully_shard`` (:class:`ShardedReuse`), else the parameters and buffers are
-    ``fparams`` and ``fbufs`` (:class:`fxmem.trace.reuse.Reuse`)."""
-    runs = find_sharded_runs(model) if sharded else find_runs(model)
+def runs_of(model, sharded: bool) -> list:
+    """``model``'s runs of identical blocks (``sharded``: a rank's model under
+    ``fully_shard``, :func:`find_sharded_runs`), found before a checkpoint plan is installed
+    on them."""
+    return find_sharded_runs(model) if sharded else find_runs(model)
+
+
+@contextlib.contextmanager
+def copied(rec, runs: list, plan, sharded: bool, fparams: dict, fbufs: dict):
+    """The block reuse of ``runs`` as checkpoint ``plan`` leaves them
+    (:func:`fxmem.trace.reuse.by_plan`), installed over the plan's forwards until the block
+    exits; None when no run is left. ``sharded``: :class:`ShardedReuse`, else the
+    parameters and buffers are ``fparams`` and ``fbufs``
+    (:class:`fxmem.trace.reuse.Reuse`)."""
+    runs = by_plan(runs, plan)
     if not runs:
-        return None
+        yield None
+        return
     got = ShardedReuse(rec, runs) if sharded else Reuse(rec, runs, fparams, fbufs)
-    handles.append(got)
     got.install()
-    return got
+    try:
+        yield got
+    finally:
+        got.remove()
 
 
 def _key(hook):

@@ -69,7 +69,7 @@ from .recorder import (
 )
 from .records import B_RANGE_MAX, ModuleCall, Trace
 from .reuse import NoReuse
-from .reuse_parallel import installed, reuses_under
+from .reuse_parallel import copied, reuses_under, runs_of
 from .rules import (
     RNNRouter,
 )
@@ -509,13 +509,11 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
                 rec.recomputing -= again
         return run
 
-    reuse, reusable = None, (reuse_blocks and not plan and not compiled and not warm_up
-                             and spec.grad_accum == 1 and not kept_grads
-                             and not needs_closure(opt))
-
-    def reusing():  # (handles: removed in trace()'s finally)
-        return installed(rec, model, prepared, fparams, fbufs, handles) if reusable else None
-    reuse = reusing()  # a rank's: its warm-up runs later blocks cheaply (ShardedReuse)
+    reusable = (reuse_blocks and not compiled and not warm_up and spec.grad_accum == 1
+                and not kept_grads and not needs_closure(opt))
+    # found before the plan's forwards are installed on the blocks, installed over them
+    # (a rank's warm-up runs later blocks cheaply too: ShardedReuse)
+    runs, reuse = runs_of(model, prepared) if reusable else [], None
     hooks = torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.saved_tensors.unpack)
     # CUDA's autocast rules on the fake CPU tensors, for the whole step (a checkpointed
     # module's re-run in backward enters autocast again)
@@ -528,7 +526,9 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
         if sid is not None:
             rec.saved.add(sid)
 
-    with checkpointing(model, plan, region, held) as rec.plan, swap, router, rules, kernels, \
+    with checkpointing(model, plan, region, held) as rec.plan, \
+            copied(rec, runs, rec.plan, prepared, fparams, fbufs) as reuse, \
+            swap, router, rules, kernels, \
             mode, rec, hooks, eager_branches(rec.values), storage_resizes(rec), \
             kept.real if kept is not None else contextlib.nullcontext(), \
             inductor_on_fakes(taken, spec.compile) if compiled else contextlib.nullcontext():
