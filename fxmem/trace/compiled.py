@@ -21,7 +21,10 @@ CUDA needs a CUDA build of PyTorch and a device (a real GPU, or the fake GPU:
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import re
+import sys
 
 import torch
 
@@ -57,11 +60,14 @@ def _no_check(*args, **kwargs) -> None:
     which these checks (C++ that reads concrete sizes) cannot take."""
 
 
-def _on_fakes(g: dict) -> None:
+def _on_fakes(g: dict, inside=None) -> None:
     """Make a wrapper module's helpers dispatch (so that the trace's modes see them): its
-    C++ fast paths build tensors that no mode sees."""
-    g["empty_strided_cuda"] = lambda size, stride, dtype: torch.empty_strided(
-        size, stride, dtype=dtype, device="cuda")
+    C++ fast paths build tensors that no mode sees. ``inside(line)``: a context in which a
+    buffer allocated at that line of the wrapper is recorded (:class:`Lines`)."""
+    def empty_strided_cuda(size, stride, dtype):
+        with inside(sys._getframe(1).f_lineno) if inside else contextlib.nullcontext():
+            return torch.empty_strided(size, stride, dtype=dtype, device="cuda")
+    g["empty_strided_cuda"] = empty_strided_cuda
     g["reinterpret_tensor"] = lambda t, size, stride, offset=0: torch.as_strided(
         t, size, stride, offset)
     for name in [n for n in g if n.startswith("assert_") and callable(g[n])]:
@@ -70,8 +76,62 @@ def _on_fakes(g: dict) -> None:
         g["copy_if_misaligned"] = lambda t: t
 
 
+def module_path(node) -> str | None:
+    """The module path (as ``named_modules`` gives it, from the compiled module) of the
+    forward code an FX node of a compiled graph came from: dynamo's ``nn_module_stack``
+    (``"L['self'].transformer.h[0].attn"``), which AOTAutograd copies to each backward node
+    as ``fwd_nn_module_stack``; None when the node has neither (the loss, the graph's
+    glue).
+
+    >>> import types
+    >>> module_path(types.SimpleNamespace(meta={"nn_module_stack": {
+    ...     "a": ("L['self']", object), "b": ("L['self'].h[0]._modules['mlp']", object)}}))
+    'h.0.mlp'
+    """
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack")
+    if not stack:
+        return None
+    path = str(list(stack.values())[-1][0])
+    path = re.sub(r"^L\['self'\]|^L__self__", "", path)
+    path = re.sub(r"\._modules\['([^']*)'\]|\['([^']*)'\]|\[(\d+)\]",
+                  lambda m: "." + next(x for x in m.groups() if x is not None), path)
+    return path.strip(".")
+
+
+class Lines:
+    """Module paths of the lines of the wrappers inductor wrote: inductor marks where each
+    fused node's code begins (``wrapper_code.line_map``: line, the node's last FX origin),
+    so a buffer allocated at a line belongs to the module of the mark before it. While
+    ``inside(line)`` the recorder's ops read as that module's (``Recorder.inside``)."""
+
+    def __init__(self, rec=None):
+        self.rec, self.files = rec, {}
+
+    def add(self, file: str, line_map) -> None:
+        marks = sorted((line, module_path(node)) for line, node in line_map
+                       if hasattr(node, "meta"))
+        self.files[file] = ([m[0] for m in marks], [m[1] for m in marks])
+
+    def at(self, file: str):
+        """``inside(line)`` for the wrapper in ``file``, or None (nothing known of it)."""
+        got = self.files.get(file)
+        if got is None or self.rec is None:
+            return None
+        lines, paths = got
+
+        @contextlib.contextmanager
+        def inside(line):
+            k = bisect.bisect_right(lines, line) - 1
+            before, self.rec.inside = self.rec.inside, paths[k] if k >= 0 else None
+            try:
+                yield
+            finally:
+                self.rec.inside = before
+        return inside
+
+
 @contextlib.contextmanager
-def inductor_on_fakes(modes: list, compile=None):
+def inductor_on_fakes(modes: list, compile=None, rec=None):
     """While the trace runs: each graph inductor compiled runs its wrapper under ``modes``
     (the trace's dispatch modes, outermost first, as :func:`modes_suspended` took them off;
     a graph that runs under modes already, the backward's, keeps those) with its kernel
@@ -90,10 +150,20 @@ def inductor_on_fakes(modes: list, compile=None):
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
+    from torch._inductor.graph import GraphLowering
+
     original_call, original_run = CompiledFxGraph.__call__, CachingAutotuner.run
+    original_lines = GraphLowering._compile_to_module_lines
+    lines = Lines(rec)
+
+    def compile_lines(self, wrapper_code):
+        mod = original_lines(self, wrapper_code)
+        lines.add(mod.__file__, wrapper_code.line_map)
+        return mod
 
     def call(self, inputs):
-        _on_fakes(_wrapper_globals(self))
+        g = _wrapper_globals(self)
+        _on_fakes(g, lines.at(g.get("__file__")))
         with contextlib.ExitStack() as stack:
             active = {id(m) for m in _get_current_dispatch_mode_stack()}
             if not any(id(m) in active for m in modes):
@@ -112,10 +182,12 @@ def inductor_on_fakes(modes: list, compile=None):
     budget = compile.settings() if compile is not None else contextlib.nullcontext()
     with inductor_config.patch(settings), functorch_config.patch(lazy), budget:
         CompiledFxGraph.__call__, CachingAutotuner.run = call, run
+        GraphLowering._compile_to_module_lines = compile_lines
         try:
             yield
         finally:
             CompiledFxGraph.__call__, CachingAutotuner.run = original_call, original_run
+            GraphLowering._compile_to_module_lines = original_lines
 
 
 def _breaks() -> dict:

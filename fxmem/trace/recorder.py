@@ -122,6 +122,7 @@ class Recorder(StorageTracker):
         self.forward_starts: dict[int, int] = {}  # call depth -> op its forward began at,
         # after the module's own pre-hooks (fxmem.trace.records.ModuleCall.hook_ops)
         self.recomputing = 0  # > 0 while a checkpointed forward re-runs in backward
+        self.inside = None  # a compiled graph's module path while its buffer is made
         self.saved_tensors = SavedTensors(self, lambda: (self.phase, self.module_stack[-1]),
                                           self._node_of)
         self._unguarded: tuple | None = None  # (symbolic size, suppress_guards context)
@@ -143,6 +144,8 @@ class Recorder(StorageTracker):
         self._phase = name
 
     def module(self) -> str:
+        if self.inside is not None:  # a buffer of a compiled graph (fxmem.trace.compiled)
+            return self.inside
         if self.phase == "backward" and self.recomputing:
             return self.module_stack[-1]
         if self.phase == "backward":

@@ -531,7 +531,8 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
             swap, router, rules, kernels, \
             mode, rec, hooks, eager_branches(rec.values), storage_resizes(rec), \
             kept.real if kept is not None else contextlib.nullcontext(), \
-            inductor_on_fakes(taken, spec.compile) if compiled else contextlib.nullcontext():
+            inductor_on_fakes(taken, spec.compile, rec) if compiled else \
+            contextlib.nullcontext():
         if warm:  # one unrecorded forward and backward, as fxmem.measure's warm-up step
             rec.recording = False  # (DDP: until its buckets are rebuilt)
             with kept if kept is not None else contextlib.nullcontext():
