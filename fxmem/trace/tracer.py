@@ -513,7 +513,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
                 and not kept_grads and not needs_closure(opt))
     # found before the plan's forwards are installed on the blocks, installed over them
     # (a rank's warm-up runs later blocks cheaply too: ShardedReuse)
-    runs, reuse = runs_of(model, prepared) if reusable else [], None
+    runs = runs_of(model, prepared) if reusable else []
     hooks = torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.saved_tensors.unpack)
     # CUDA's autocast rules on the fake CPU tensors, for the whole step (a checkpointed
     # module's re-run in backward enters autocast again)
