@@ -1,0 +1,173 @@
+"""torch.compile's partitioner budgets as peers of fxmem's plans (issue 39), on the fake GPU.
+
+    python benchmarks/compiled_peers.py --python /path/to/cuda-venv/bin/python
+        [--models gpt_stack,llama,gpt2] [--budgets 1.0,0.7,0.5,0.3] [--out-md FILE]
+
+The checkpoint benchmark's models (``benchmarks/checkpoint_frontier.py``, float32, their
+optimizers, each at its batch size B), on CUDA: everything runs in ``--python`` (a CUDA build
+of PyTorch) on the fake GPU, each measurement in a process of its own.
+
+- **The peer**: the step compiled by ``torch.compile`` under
+  ``torch._functorch.config.activation_memory_budget`` = each budget, run with PyTorch alone
+  (``compiled_budgets.measure``: its graphs from an inductor cache this run filled first), its
+  ``max_memory_reserved()``: what a card must hold for it. Its FLOPs: fxmem's count on the
+  trace of that compiled step (``fxmem.checkpoint.compiled.compiled_plans``: PyTorch's
+  formulas on the ops the compiled graphs run; inductor's fused pointwise kernels are not
+  counted, on either side's compiled steps).
+- **fxmem**: the eager step analysed once (``fxmem.analyze(..., device="cuda")`` at B); at each
+  peer's measured ``max_memory_reserved()`` as the budget, ``report.plan_for(reserved, B,
+  kinds=["module", "group", "selective", "compiled"], by="device")``: the cheapest of the
+  eager plans and the compile budgets whose step runs within that budget in the caching
+  allocator's replay. Its choice is then run with PyTorch alone on a card whose allocator
+  may hold just that (``torch.cuda.set_per_process_memory_fraction``; the caching allocator
+  frees its cache and retries before it runs out, as fxmem's replay does): the step compiled
+  under the chosen budget, or the eager step with the chosen plan applied by
+  ``fxmem.apply_checkpoints``.
+
+It meets a peer when its choice runs within the peer's ``max_memory_reserved()`` and needs
+no more FLOPs. Prints a Markdown table (and writes it to ``--out-md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.join(HERE, "..", "tests")
+sys.path[:0] = [HERE, TESTS]
+
+from compiled_budgets import BUDGETS, _bundle, _case, measure  # noqa: E402
+
+KINDS = ["module", "group", "selective", "compiled"]
+
+
+def choose(name: str, B: int, peaks: dict) -> dict:  # noqa: N803
+    """In the fake GPU's child: the eager step analysed at ``B``; each compile budget's FLOPs
+    (fxmem's count on its compiled step), and at each ``peaks`` value (budget -> the peer's
+    measured ``max_memory_reserved()``) fxmem's cheapest plan among eager plans and compile
+    budgets that runs within it."""
+    import fxmem
+    from fxmem.checkpoint.compiled import compiled_plans
+
+    model, batch, loss, make_optimizer = _case(name)
+    inputs, targets = batch(B, "cpu")
+    t0 = time.perf_counter()
+    report = fxmem.analyze(model, inputs, targets, loss=loss, optimizer=make_optimizer,
+                           device="cuda")
+    traced = time.perf_counter() - t0
+    budgets = [float(b) for b in peaks]
+    flops = {str(p.budget): p.step_flops_at(B) for p in compiled_plans(report, budgets)}
+    compiled = time.perf_counter() - t0 - traced
+    out = {"traced_s": traced, "compiled_s": compiled, "peer_flops": flops, "choices": {}}
+    for budget, reserved in peaks.items():
+        t1 = time.perf_counter()
+        c = report.plan_for(int(reserved), B, kinds=KINDS, by="device")
+        out["choices"][budget] = {
+            "compiled": c.compiled, "plan": fxmem.Plan.of(c.plan).to_dict(),
+            "label": str(fxmem.Plan.of(c.plan)) or "no plan",
+            "reserved": c.run.max_reserved if c.run is not None else None,
+            "flops": c.step_flops, "seconds": time.perf_counter() - t1}
+    return out
+
+
+def measure_choice(name: str, B: int, cap: int, plan: dict | None = None,  # noqa: N803
+                   budget: float | None = None) -> dict:
+    """In the fake GPU's child: fxmem's choice run with PyTorch alone on a card whose caching
+    allocator may hold ``cap`` bytes (``torch.cuda.set_per_process_memory_fraction``): the
+    eager step with ``plan`` applied by ``fxmem.apply_checkpoints``, or the step compiled
+    under ``budget`` (its graphs from the cache). ``{"fits", "max_allocated",
+    "max_reserved"}``; ``fits`` False when it runs out of memory."""
+    import contextlib
+
+    import torch
+    from torch._functorch import config
+
+    import fxmem
+    from fakegpu_compile_targets import measure_step
+
+    model, batch, loss, make_optimizer = _case(name)
+    if plan is not None:
+        model = fxmem.apply_checkpoints(model, fxmem.Plan.from_dict(plan))
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, (cap + 0.5) / total))
+    patch = config.patch(activation_memory_budget=budget) if budget is not None else \
+        contextlib.nullcontext()
+    try:
+        with patch:
+            got = measure_step(model, batch, loss, make_optimizer, B, B,
+                               compile=budget is not None, start_at_b=True)
+    except torch.OutOfMemoryError:
+        return {"fits": False}
+    return {"fits": True, **got}
+
+
+def _call(python, fn, cache, **kwargs):
+    from fxmem.validate.fakegpu.run import call
+
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
+    module = "compiled_budgets" if fn == "measure" else "compiled_peers"
+    return call(python, f"{module}:{fn}", kwargs=kwargs, sys_path=[HERE, TESTS], env=env,
+                timeout=3600)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f}"
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--python", required=True, help="a CUDA build of PyTorch's Python")
+    p.add_argument("--models", default="gpt_stack,llama,gpt2")
+    p.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
+    p.add_argument("--out-md", default=None)
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="fxmem_inductor_") as cache:
+        lines = _run(args, cache)
+    if args.out_md:
+        with open(args.out_md, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def _run(args, cache: str) -> list:
+    lines = ["| model, B | peer | peer's reserved MiB | peer's GFLOPs | fxmem's choice | "
+             "replayed within it, MiB | run within it, MiB | GFLOPs | runs, no more FLOPs |",
+             "|---|---|---:|---:|---|---:|---:|---:|---|"]
+    for name in args.models.split(","):
+        at = _bundle(name).B
+        peaks = {}
+        for budget in (float(b) for b in args.budgets.split(",")):
+            _call(args.python, "measure", cache, name=name, budget=budget, compiled_at=at,
+                  B=at)  # fills the cache
+            peaks[str(budget)] = _call(args.python, "measure", cache, name=name,
+                                       budget=budget, compiled_at=at, B=at)[1]
+        got = _call(args.python, "choose", cache, name=name, B=at, peaks=peaks)
+        print(f"{name}: traced in {got['traced_s']:.1f} s, its compile budgets analysed in "
+              f"{got['compiled_s']:.1f} s", flush=True)
+        for budget, reserved in peaks.items():
+            c = got["choices"][budget]
+            peer_flops = got["peer_flops"][budget]
+            what = (f"compile, budget {c['compiled']:g}" if c["compiled"] is not None
+                    else c["label"])
+            seen = _call(args.python, "measure_choice", cache, name=name, B=at, cap=reserved,
+                         plan=None if c["compiled"] is not None else c["plan"],
+                         budget=c["compiled"])
+            more = c["flops"] - peer_flops
+            why = ("yes" if seen["fits"] and more <= 0 else "no: " + ", ".join(
+                x for x, bad in (("runs out", not seen["fits"]),
+                                 (f"+{more / 1e9:.2f} GFLOPs", more > 0)) if bad))
+            ran = _mib(seen["max_reserved"]) if seen["fits"] else "out of memory"
+            replayed = _mib(c["reserved"]) if c["reserved"] is not None else ""
+            lines.append(f"| {name}, {at} | compile, budget {float(budget):g} | {_mib(reserved)} "
+                         f"| {peer_flops / 1e9:.2f} | {what} | {replayed} | {ran} | "
+                         f"{c['flops'] / 1e9:.2f} | {why} |")
+            print(lines[-1], flush=True)
+    return lines
+
+
+if __name__ == "__main__":
+    main()
