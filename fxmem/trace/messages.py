@@ -13,6 +13,8 @@
   shapes.
 - :func:`fails_in_eager`: whether an op that failed in the trace fails in eager PyTorch too
   (the model's error, :class:`fxmem.errors.ModelError`), not only on fake tensors.
+- :func:`causes`, :func:`caused_by`, :func:`chained`: an exception's chain (what it was
+  raised from or during), which the trace reads to tell its own signals from failures.
 
 >>> import logging, warnings
 >>> before = (logging.getLogger("torch").level, list(warnings.filters))
@@ -273,3 +275,20 @@ def fails_in_eager(func, args, kwargs, shape_env, error: Exception) -> bool:
     except Exception:  # noqa: BLE001 - it fails otherwise: not the same mistake
         return False
     return False
+
+
+def causes(e):
+    """``e`` and the exceptions it was raised from or during, innermost last."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        yield e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+
+
+def caused_by(e, kind) -> bool:
+    return any(isinstance(x, kind) for x in causes(e))
+
+
+def chained(e, inner) -> bool:
+    return any(x is inner for x in causes(e))

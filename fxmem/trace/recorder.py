@@ -31,7 +31,7 @@ from .datadep import (
     internal_file,
 )
 from .grad_sums import GradSums
-from .messages import fails_in_eager, op_hint
+from .messages import causes, chained, fails_in_eager, op_hint
 from .records import ModuleCall, OpInfo, TensorDesc
 from .rules import (
     CONSTANT_LIFT_OPS,
@@ -550,14 +550,14 @@ def _guard_source(guard) -> str | None:
 def _as_trace_error(e: Exception, rec: Recorder) -> TraceError:
     reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
     source = _user_frame(traceback.extract_tb(e.__traceback__))
-    guard = next((x for x in _causes(e) if isinstance(x, GuardOnDataDependentSymNode)), None)
+    guard = next((x for x in causes(e) if isinstance(x, GuardOnDataDependentSymNode)), None)
     if guard is not None:  # a Python branch on a value the data sets
         frames = []
         tb = guard.__traceback__
         while tb is not None:
             frames.append(tb.tb_frame)
             tb = tb.tb_next
-        failed = rec.failed if rec.failed is not None and _chained(e, rec.failed[4]) else None
+        failed = rec.failed if rec.failed is not None and chained(e, rec.failed[4]) else None
         origin = branch_origin(guard.cond, rec.data)
         return DataDependentError(
             branch_message(origin, config_hint(reversed(frames))),
@@ -570,7 +570,7 @@ def _as_trace_error(e: Exception, rec: Recorder) -> TraceError:
                 traceback.extract_tb(guard.__traceback__)) or source
             or (origin.source if origin is not None else None),
             phase=failed[2] if failed else rec.phase)
-    if rec.failed is not None and rec.failed[4] is e or (rec.failed and _chained(e, rec.failed[4])):
+    if rec.failed is not None and rec.failed[4] is e or (rec.failed and chained(e, rec.failed[4])):
         op, module, phase, src, _, eager = rec.failed
         hint = op_hint(op, reason)
         if eager:  # the model's own error, not the trace's
@@ -584,20 +584,3 @@ def _as_trace_error(e: Exception, rec: Recorder) -> TraceError:
     return TraceError(f"cannot trace the step on fake tensors: {reason}"
                       + (f"; {hint}" if hint else ""), op=None,
                       module=rec.module_stack[-1], source=source, phase=rec.phase)
-
-
-def _causes(e):
-    """``e`` and the exceptions it was raised from or during, innermost last."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        yield e
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-
-
-def _caused_by(e, kind) -> bool:
-    return any(isinstance(x, kind) for x in _causes(e))
-
-
-def _chained(e, inner) -> bool:
-    return any(x is inner for x in _causes(e))

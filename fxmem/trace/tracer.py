@@ -48,7 +48,7 @@ from .finish import finish
 from .flat_weights import flat_rnn_params
 from .lift import lift, parity_checked
 from .offload import offloaded
-from .messages import loss_error, named_symbols, quiet
+from .messages import caused_by, loss_error, named_symbols, quiet
 from .modstate import (
     BufferAssigned,
     attributes_kept,
@@ -63,7 +63,6 @@ from .wrapped import AsWrapped
 from .recorder import (
     Recorder,
     _as_trace_error,
-    _caused_by,
     _user_frame,
     failed_in_model_code,
 )
@@ -259,9 +258,9 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
         except FxmemError:
             raise
         except Exception as e:  # noqa: BLE001 - turned into one clear TraceError
-            if _caused_by(e, BufferAssigned):
+            if caused_by(e, BufferAssigned):
                 retry, warm_up = True, True
-            elif _caused_by(e, NoReuse):
+            elif caused_by(e, NoReuse):
                 retry = True
             elif concrete_batch is None and failed_in_model_code(e, rec):
                 fixed = _as_trace_error(e, rec), "runs code that fails with B a symbol"
@@ -318,7 +317,7 @@ def _in_torch(e: Exception) -> bool:
     """Did ``e`` come from torch's code (a loss's kernel or shape check), not from a
     value or guard fxmem handles, nor from the user's own code?"""
     frames = traceback.extract_tb(e.__traceback__)
-    return (not isinstance(e, FxmemError) and not _caused_by(e, GuardOnDataDependentSymNode)
+    return (not isinstance(e, FxmemError) and not caused_by(e, GuardOnDataDependentSymNode)
             and bool(frames) and frames[-1].filename.startswith(TORCH_AND_FXMEM))
 
 
