@@ -143,14 +143,15 @@ def inductor_on_fakes(modes: list, compile=None, rec=None):
     in a real run: it makes the constants it folds for real on the device, with the fake mode
     off (a few bytes), and without it the joint graph differs from a real run's, and so,
     under a partitioner budget below 1.0, does the backward's order (GPT-2 small at 0.5:
-    3,146,240 B over at B=2). Everything is restored on exit."""
+    3,146,240 B over at B=2). ``rec``: the trace's recorder, in which each buffer a wrapper
+    allocates counts for the module its code came from (:class:`Lines`). Everything is
+    restored on exit."""
     from torch._functorch import config as functorch_config
     from torch._inductor import config as inductor_config
+    from torch._inductor.graph import GraphLowering
     from torch._inductor.output_code import CompiledFxGraph
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-    from torch._inductor.graph import GraphLowering
 
     original_call, original_run = CompiledFxGraph.__call__, CachingAutotuner.run
     original_lines = GraphLowering._compile_to_module_lines
