@@ -112,21 +112,27 @@ def measure(name: str, budget: float, compiled_at: int, B: int) -> list:  # noqa
     return [got["max_allocated"], got["max_reserved"]]
 
 
-def _call(python, fn, cache, **kwargs):
+def _call(python, fn, cache, module="compiled_budgets", **kwargs):
+    """``module:fn(**kwargs)`` in ``python`` on the fake GPU, its inductor cache ``cache``."""
     from fxmem.validate.fakegpu.run import call
 
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
-    return call(python, f"compiled_budgets:{fn}", kwargs=kwargs, sys_path=[HERE, TESTS],
+    return call(python, f"{module}:{fn}", kwargs=kwargs, sys_path=[HERE, TESTS],
                 env=env, timeout=3600)
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(argv, description: str, models: str):
+    """The command line of this benchmark and of ``compiled_peers.py``."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--python", required=True, help="a CUDA build of PyTorch's Python")
-    p.add_argument("--models", default="gpt_stack,gpt2,llama")
+    p.add_argument("--models", default=models)
     p.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
     p.add_argument("--out-md", default=None)
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = arguments(argv, __doc__.splitlines()[0], "gpt_stack,gpt2,llama")
     with tempfile.TemporaryDirectory(prefix="fxmem_inductor_") as cache:
         _run(args, cache)
 

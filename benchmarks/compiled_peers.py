@@ -30,7 +30,6 @@ no more FLOPs. Prints a Markdown table (and writes it to ``--out-md``).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -40,7 +39,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.join(HERE, "..", "tests")
 sys.path[:0] = [HERE, TESTS]
 
-from compiled_budgets import BUDGETS, _bundle, _case, measure  # noqa: E402
+from compiled_budgets import _bundle, _case, arguments  # noqa: E402
+from compiled_budgets import _call as fake_gpu  # noqa: E402
 
 KINDS = ["module", "group", "selective", "compiled"]
 
@@ -106,12 +106,8 @@ def measure_choice(name: str, B: int, cap: int, plan: dict | None = None,  # noq
 
 
 def _call(python, fn, cache, **kwargs):
-    from fxmem.validate.fakegpu.run import call
-
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
     module = "compiled_budgets" if fn == "measure" else "compiled_peers"
-    return call(python, f"{module}:{fn}", kwargs=kwargs, sys_path=[HERE, TESTS], env=env,
-                timeout=3600)
+    return fake_gpu(python, fn, cache, module=module, **kwargs)
 
 
 def _mib(n: int) -> str:
@@ -119,12 +115,7 @@ def _mib(n: int) -> str:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--python", required=True, help="a CUDA build of PyTorch's Python")
-    p.add_argument("--models", default="gpt_stack,llama,gpt2")
-    p.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
-    p.add_argument("--out-md", default=None)
-    args = p.parse_args(argv)
+    args = arguments(argv, __doc__.splitlines()[0], "gpt_stack,llama,gpt2")
     with tempfile.TemporaryDirectory(prefix="fxmem_inductor_") as cache:
         lines = _run(args, cache)
     if args.out_md:
