@@ -106,8 +106,7 @@ def measure_choice(name: str, B: int, cap: int, plan: dict | None = None,  # noq
 
 
 def _call(python, fn, cache, **kwargs):
-    module = "compiled_budgets" if fn == "measure" else "compiled_peers"
-    return fake_gpu(python, fn, cache, module=module, **kwargs)
+    return fake_gpu(python, fn, cache, module="compiled_peers", **kwargs)
 
 
 def _mib(n: int) -> str:
@@ -132,10 +131,10 @@ def _run(args, cache: str) -> list:
         at = _bundle(name).B
         peaks = {}
         for budget in (float(b) for b in args.budgets.split(",")):
-            _call(args.python, "measure", cache, name=name, budget=budget, compiled_at=at,
-                  B=at)  # fills the cache
-            peaks[str(budget)] = _call(args.python, "measure", cache, name=name,
-                                       budget=budget, compiled_at=at, B=at)[1]
+            fake_gpu(args.python, "measure", cache, name=name, budget=budget,
+                     compiled_at=at, B=at)  # fills the cache
+            peaks[str(budget)] = fake_gpu(args.python, "measure", cache, name=name,
+                                          budget=budget, compiled_at=at, B=at)[1]
         got = _call(args.python, "choose", cache, name=name, B=at, peaks=peaks)
         print(f"{name}: traced in {got['traced_s']:.1f} s, its compile budgets analysed in "
               f"{got['compiled_s']:.1f} s", flush=True)

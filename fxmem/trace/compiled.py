@@ -104,7 +104,7 @@ class Lines:
     so a buffer allocated at a line belongs to the module of the mark before it. While
     ``inside(line)`` the recorder's ops read as that module's (``Recorder.inside``)."""
 
-    def __init__(self, rec=None):
+    def __init__(self, rec):
         self.rec, self.files = rec, {}
 
     def add(self, file: str, line_map) -> None:
@@ -115,7 +115,7 @@ class Lines:
     def at(self, file: str):
         """``inside(line)`` for the wrapper in ``file``, or None (nothing known of it)."""
         got = self.files.get(file)
-        if got is None or self.rec is None:
+        if got is None:
             return None
         lines, paths = got
 
@@ -131,7 +131,7 @@ class Lines:
 
 
 @contextlib.contextmanager
-def inductor_on_fakes(modes: list, compile=None, rec=None):
+def inductor_on_fakes(modes: list, compile, rec):
     """While the trace runs: each graph inductor compiled runs its wrapper under ``modes``
     (the trace's dispatch modes, outermost first, as :func:`modes_suspended` took them off;
     a graph that runs under modes already, the backward's, keeps those) with its kernel

@@ -30,6 +30,7 @@ both.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import groupby
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -148,15 +149,11 @@ def by_plan(runs: list, plan) -> list:
     """
     out = []
     for run in runs:
-        keys = [_regions_inside(user_path(p), plan) for p in run.paths]
-        i = 0
-        while i < len(keys):
-            j = i + 1
-            while keys[i] is not None and j < len(keys) and keys[j] == keys[i]:
-                j += 1
-            if keys[i] is not None and j - i >= MIN_RUN:
-                out.append(Run(run.paths[i:j], run.modules[i:j]))
-            i = j
+        blocks = zip(run.paths, run.modules)
+        for key, piece in groupby(blocks, lambda b: _regions_inside(user_path(b[0]), plan)):
+            piece = list(piece)
+            if key is not None and len(piece) >= MIN_RUN:
+                out.append(Run(*(tuple(x) for x in zip(*piece))))
     return out
 
 
