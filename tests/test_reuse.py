@@ -12,6 +12,7 @@ from fxmem.trace.regions import Region
 from fxmem.trace.reuse import find_runs
 from fxmem.trace import trace
 from fxmem.trace.tracking import frozen_gc
+from witness import witness_step
 from zoo import gpt2 as zoo_gpt2
 
 transformers = pytest.importorskip("transformers")
@@ -191,6 +192,9 @@ def test_a_copied_checkpointed_stack_matches_measure():
     wrapped = fxmem.apply_checkpoints(copy.deepcopy(model), plan)
     for bs in (2, 7):
         assert r.peak_bytes(bs) == fxmem.measure(wrapped, x, **kw, B=bs).peak_bytes
+        # and the witness, which shares no code with the trace (tests/witness.py)
+        assert r.peak_bytes(bs) == witness_step(wrapped, (x,), (), None, torch.optim.SGD,
+                                                B=bs).peak_bytes
 
 
 def test_find_runs_groups_identical_siblings_only():
