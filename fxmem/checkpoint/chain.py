@@ -1,5 +1,5 @@
 """The plan solver over a chain of blocks with several ways to checkpoint each: plain
-numbers, no torch.
+numbers (numpy arrays for the cheapest plan's states), no torch.
 
 **Model.** ``n`` blocks ``0..n-1`` run in forward order (and backward in reverse). A
 :class:`Choice` covers the consecutive blocks ``first..last``: left alone (the *none* choice
@@ -41,6 +41,8 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from dataclasses import dataclass
+
+import numpy as np
 
 from ..errors import InfeasibleBudgetError
 
@@ -191,19 +193,24 @@ def _least(problem: ChainProblem, budget: int) -> ChainSolution | None:
     final = _cheapest(problem, budget)
     if not final:
         return None
-    cost, _, pk, ch = min(final, key=lambda s: (s[0], s[2]))
-    return ChainSolution(_unchain(ch), int(pk), cost)
+    cost, _, pk, choices = min(final, key=lambda s: (s[0], s[2]))
+    return ChainSolution(choices, int(pk), cost)
 
 
 def _cheapest(problem: ChainProblem, budget: int):
     """The states at the last boundary of the plans whose peak fits ``budget``, as ``(cost,
-    -R, peak, choices chain)``. Within a budget the rest of a plan can go on from a state
+    -R, peak, choices)``. Within a budget the rest of a plan can go on from a state
     when its ``R`` is enough, whatever its peak so far: a state is beaten by a cheaper one
     with at least its ``R``, ``R`` past what any later choice needs (``need``) counting as
     that much, and by one as cheap with at least its ``R`` and at most its peak (the peak
     breaks ties). Each state's peak and ``R`` are its own, and no cut: the cheapest plan is
     exact, where :func:`_states`' three numbers (for :func:`frontier`) are cut to
-    ``MAX_STATES``, the cheapest kept: over 80 blocks that cut lost the smallest peaks."""
+    ``MAX_STATES``, the cheapest kept: over 80 blocks that cut lost the smallest peaks.
+
+    A layer's states are numpy arrays (bytes as float64, exact below 2**53; costs int64, or
+    Python ints where a plan's could pass 2**62), each with the index of the state it came
+    from and of its last choice, so a plan's choices are read back only for the last
+    layer's states."""
     starts = _by_first(problem)
     top0 = max(problem.start, problem.boundary[0])
     if top0 > budget:
@@ -212,38 +219,69 @@ def _cheapest(problem: ChainProblem, budget: int):
     for k in range(problem.n - 1, -1, -1):
         need[k] = max([need[k + 1]] + [max(c.own, problem.boundary[c.last + 1] - c.released)
                                        - budget for c in starts[k]])
+    index = {id(c): i for i, c in enumerate(problem.choices)}
+    wide = sum(max(c.cost for c in s) for s in starts) >= 1 << 62
     layers: list = [[] for _ in range(problem.n + 1)]
-    layers[0] = [(0, 0, top0, None)]
+    layers[0] = [(np.zeros(1, object if wide else np.int64), np.zeros(1), np.array([top0], float),
+                  np.array([-1]), np.array([-1]))]
+    came, last, seen = [], [], 0  # every kept state's parent (a global index) and choice
     for k in range(problem.n):
-        states = _staircase(layers[k], -need[k])
+        if not layers[k]:  # no plan within the budget ends before block k
+            continue
+        cost, nR, pk, parent, pick = _staircase(layers[k], -need[k])
         layers[k] = None
+        came.append(parent)
+        last.append(pick)
+        ids = np.arange(seen, seen + len(cost))
+        seen += len(cost)
         for c in starts[k]:
-            nxt, b = layers[c.last + 1], problem.boundary[c.last + 1]
-            for cost, nR, pk, ch in states:
-                v = max(pk, c.own + nR, b + nR - c.released)
-                if v <= budget:
-                    nxt.append((cost + c.cost, nR - c.released, v, (c, ch)))
-    return _staircase(layers[problem.n], 0)
+            v = np.maximum(pk, np.maximum(c.own + nR, problem.boundary[c.last + 1] + nR
+                                          - c.released))
+            ok = v <= budget
+            if ok.any():
+                layers[c.last + 1].append((cost[ok] + c.cost, nR[ok] - c.released, v[ok],
+                                           ids[ok], np.full(int(ok.sum()), index[id(c)])))
+    if not layers[problem.n]:
+        return []
+    came, last = np.concatenate(came), np.concatenate(last)
+    out = []
+    for cost, nR, pk, parent, pick in zip(*_staircase(layers[problem.n], 0)):
+        chosen = [problem.choices[pick]]
+        while last[parent] >= 0:
+            chosen.append(problem.choices[last[parent]])
+            parent = came[parent]
+        out.append((int(cost), float(nR), float(pk), tuple(reversed(chosen))))
+    return out
 
 
-def _staircase(states, cap: int) -> list:
-    """The states no other beats (:func:`_cheapest`); ``cap``: ``-R`` at which a state has
-    all the ``R`` the rest of a plan can use."""
-    states.sort(key=lambda s: (s[0], s[1], s[2]))
-    kept, most = [], 1  # most: the lowest capped -R of the cheaper states kept
-    i = 0
-    while i < len(states):
-        j, low, cost, first = i, None, states[i][0], None
-        while j < len(states) and states[j][0] == cost:  # as cheap: by -R, then peak
-            st = states[j]
-            if max(st[1], cap) < most and (low is None or st[2] < low):
-                kept.append(st)
-                low, first = st[2], first or st
-            j += 1
-        if first is not None:  # the group's most R
-            most = max(first[1], cap)
-        i = j
-    return kept
+def _staircase(parts: list, cap: float) -> tuple:
+    """The states no other beats (:func:`_cheapest`), from a layer's arrays (cost, -R, peak,
+    parent, choice) in the order they were made, sorted by cost, -R and peak; ``cap``:
+    ``-R`` at which a state has all the ``R`` the rest of a plan can use.
+
+    A state is kept when its capped -R is below every cheaper state's (the least -R of the
+    cheaper ones kept is the least of all the cheaper ones') and its peak below that of
+    every state as cheap with a smaller -R kept before it."""
+    cols = [np.concatenate(col) for col in zip(*parts)]
+    order = np.lexsort((cols[2], cols[1], cols[0]))
+    cost, nR, pk = (cols[i][order] for i in range(3))
+    capped = np.maximum(nR, cap)
+    new = np.ones(len(cost), bool)
+    new[1:] = cost[1:] != cost[:-1]
+    group = np.cumsum(new) - 1
+    firsts = np.flatnonzero(new)
+    most = np.minimum.accumulate(np.minimum.reduceat(capped, firsts))
+    below = capped < np.concatenate(([1.0], most[:-1]))[group]
+    rank = np.unique(pk, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    top = int(rank.max()) + 1  # a rank no kept state has; each group below the one before
+    shifted = np.where(below, rank, top) - group * (top + 1)
+    low = np.minimum.accumulate(shifted)
+    before = np.empty_like(low)
+    before[0] = top
+    before[1:] = low[:-1]
+    before[firsts] = top - group[firsts] * (top + 1)
+    keep = order[below & (shifted < before)]
+    return tuple(col[keep] for col in cols)
 
 
 def min_peak(problem: ChainProblem) -> ChainSolution:
