@@ -17,6 +17,7 @@ Max(32*B + 152, 40*B + 76)
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
@@ -62,15 +63,33 @@ class Liveness:
 
     ``sizes[sid]``: bytes of each storage on the device; ``candidates``: the pruned peak
     candidates, in op order; ``regimes``: ``(B_from, candidate)`` pieces saying which
-    candidate is the peak from that B on (exact on CPU; from lower bounds on CUDA).
+    candidate is the peak from that B on (exact on CPU; from lower bounds on CUDA). The
+    candidates are found when first asked for: a plan's step that is only replayed through
+    the caching allocator (:meth:`fxmem.Report.runs_on_device`, a planner's walk) needs
+    the sizes alone, and the candidates are most of a liveness pass's time.
     """
 
     graph: StorageGraph
     device: str
     sizes: tuple
-    candidates: tuple
-    regimes: tuple
-    n_candidates_before_pruning: int
+
+    @functools.cached_property
+    def _pruned(self) -> tuple:
+        raw = _candidates(self.graph, self.sizes)
+        kept, regimes = prune(raw)
+        return tuple(kept), tuple(regimes), len(raw)
+
+    @property
+    def candidates(self) -> tuple:
+        return self._pruned[0]
+
+    @property
+    def regimes(self) -> tuple:
+        return self._pruned[1]
+
+    @property
+    def n_candidates_before_pruning(self) -> int:
+        return self._pruned[2]
 
     @property
     def peak(self) -> sympy.Expr:
@@ -155,10 +174,7 @@ def sweep(graph: StorageGraph):
 
 def liveness(graph: StorageGraph, device: str | None = None) -> Liveness:
     device = device or graph.trace.device
-    sizes = device_sizes(graph.storages, device)
-    raw = _candidates(graph, sizes)
-    kept, regimes = prune(raw)
-    return Liveness(graph, device, tuple(sizes), tuple(kept), tuple(regimes), len(raw))
+    return Liveness(graph, device, tuple(device_sizes(graph.storages, device)))
 
 
 def _candidates(graph: StorageGraph, sizes, only=None) -> list[Candidate]:
