@@ -106,8 +106,8 @@ def count_flops(trace: Trace, per_op: dict | None = None) -> FlopCount:
     """Count the FLOPs of every op of ``trace`` (see the module docstring). An op derived
     from another (``op.source``, e.g. a recomputation) costs what that op costs."""
     per_op = op_flops(trace) if per_op is None else per_op
-    by_phase: dict = {}
-    recompute = from_pytorch = sympy.Integer(0)
+    by_phase: dict = {}  # terms, summed once (a sum grown a term at a time is quadratic)
+    recompute, from_pytorch = [], []
     uncounted: Counter = Counter()
     for op in trace.ops:
         got = per_op.get(op.index if op.source is None else op.source)
@@ -116,12 +116,12 @@ def count_flops(trace: Trace, per_op: dict | None = None) -> FlopCount:
                 uncounted[op.op] += 1
             continue
         f, registered = got
-        by_phase[op.phase] = by_phase.get(op.phase, sympy.Integer(0)) + f
+        by_phase.setdefault(op.phase, []).append(f)
         if op.recompute:
-            recompute += f
+            recompute.append(f)
         if registered:
-            from_pytorch += f
-    total = sum(by_phase.values(), sympy.Integer(0))
-    return FlopCount(sympy.expand(total), sympy.expand(recompute),
-                     {k: sympy.expand(v) for k, v in by_phase.items()},
-                     tuple(sorted(uncounted.items())), sympy.expand(from_pytorch))
+            from_pytorch.append(f)
+    phases = {k: sympy.expand(sympy.Add(*v)) for k, v in by_phase.items()}
+    total = sympy.Add(*(t for v in by_phase.values() for t in v))
+    return FlopCount(sympy.expand(total), sympy.expand(sympy.Add(*recompute)), phases,
+                     tuple(sorted(uncounted.items())), sympy.expand(sympy.Add(*from_pytorch)))

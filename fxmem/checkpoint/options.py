@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import math
 
+import numpy as np
 import torch
 
 from ..errors import InfeasibleBudgetError, InputError
@@ -252,12 +253,12 @@ class Planner:
         be a few bytes above it); ``optimistic``: the most, a model whose peak is never
         above the exact one, whose answers are checked exactly. Built once per ``(b,
         optimistic)``."""
-        key = (b, optimistic)
-        if key not in self._problems:
-            self._problems[key] = self._problem(b, optimistic)
-        return self._problems[key]
+        if (b, optimistic) not in self._problems:
+            self._problems[b, False], self._problems[b, True] = self._problem(b)
+        return self._problems[b, optimistic]
 
-    def _problem(self, b: int, optimistic: bool) -> C.ChainProblem:
+    def _problem(self, b: int) -> tuple:
+        """The chain model at ``b`` releasing the least, and the most (``problem``)."""
         base = self.report.liveness.timeline(b)
         n = len(self.blocks)
         weight = 1 + sum(f(b) for f, r in self._flops.values() if not r)
@@ -269,22 +270,23 @@ class Planner:
                 none[k] = max(none[k], v)
             else:
                 boundary[self.cover[t]] = max(boundary[self.cover[t]], v)
-        choices = [C.Choice(k, k, 0, 0, none[k], None) for k in range(n)]
+        least = [C.Choice(k, k, 0, 0, none[k], None) for k in range(n)]
+        most = list(least)
+        base, owner = np.asarray(base, np.int64), np.asarray(self.own)
         for i, j, e, d, (lo, hi) in self.entries:
-            drop, own = [], C._NONE
-            for s, again, v in zip(d.sources, d.recompute, d.timeline(b)):
-                if again:
-                    own = max(own, v)
-                    continue
-                if lo <= s < hi:
-                    drop.append(base[s] - v)
-                elif i <= self.own[s] <= j or v != base[s]:
-                    own = max(own, v)
+            src = np.frombuffer(d.sources, d.sources.typecode)
+            again = np.frombuffer(d.recompute, np.uint8).astype(bool)
+            v, was = d.live(b), base[src]
+            window = ~again & (lo <= src) & (src < hi)
+            mine = again | (~window & (((i <= owner[src]) & (owner[src] <= j)) | (v != was)))
+            own = int(v[mine].max()) if mine.any() else C._NONE
+            drop = was[window] - v[window]
             reg, other = self._costs(d, b)
-            released = (max if optimistic else min)(drop, default=0)
-            choices.append(C.Choice(i, j, max(0, released), reg * weight + other, own, e))
+            for out, released in ((least, drop.min() if len(drop) else 0),
+                                  (most, drop.max() if len(drop) else 0)):
+                out.append(C.Choice(i, j, max(0, int(released)), reg * weight + other, own, e))
         start = _start_bytes(self.report.trace.storages, self.report.liveness.sizes, b)
-        return C.ChainProblem(n, tuple(choices), tuple(boundary), start)
+        return tuple(C.ChainProblem(n, tuple(c), tuple(boundary), start) for c in (least, most))
 
     # exact answers --------------------------------------------------------------------------
     def exact_numbers(self, plan, b: int):

@@ -35,6 +35,8 @@ import functools
 from array import array
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from ..errors import InputError
 from ..trace.records import Trace
 from ..trace.saved import latest
@@ -227,22 +229,20 @@ class Derived:
     def timeline(self, b: int) -> list:
         """Live bytes right after each op's allocations at batch size ``b``
         (:func:`fxmem.memory.liveness.timeline`)."""
+        return self.live(b).tolist()
+
+    def live(self, b: int):
+        """:meth:`timeline` as a numpy array of int64."""
         n = len(self.sources)
-        delta = [0] * (n + 1)
-        live = 0
-        for c, f, size in zip(self.created, self.freed, self.sizes):
-            v = size(b)
-            if c < 0:
-                live += v
-            else:
-                delta[c] += v
-            if f != NEVER and f + 1 <= n:
-                delta[max(f + 1, 0)] -= v
-        out = []
-        for i in range(n):
-            live += delta[i]
-            out.append(live)
-        return out
+        v = np.fromiter((size(b) for size in self.sizes), np.int64, len(self.sizes))
+        created = np.frombuffer(self.created, self.created.typecode)
+        freed = np.frombuffer(self.freed, self.freed.typecode)
+        delta = np.zeros(n + 1, np.int64)
+        made = created >= 0
+        np.add.at(delta, created[made], v[made])
+        gone = (freed != NEVER) & (freed + 1 <= n)
+        np.add.at(delta, np.maximum(freed[gone] + 1, 0), -v[gone])
+        return int(v[~made].sum()) + np.cumsum(delta[:n])
 
     def start_bytes(self, b: int) -> int:
         """Live bytes before the step's first op."""
