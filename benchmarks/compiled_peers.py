@@ -9,8 +9,10 @@ of PyTorch) on the fake GPU, each measurement in a process of its own.
 
 - **The peer**: the step compiled by ``torch.compile`` under
   ``torch._functorch.config.activation_memory_budget`` = each budget, run with PyTorch alone
-  (``compiled_budgets.measure``: its graphs from an inductor cache this run filled first), its
-  ``max_memory_reserved()``: what a card must hold for it. Its FLOPs: fxmem's count on the
+  (its graphs from an inductor cache this run filled first), three steps at B, its
+  ``max_memory_reserved()`` over the whole run (the first steps, which make the optimizer
+  state, included): what a card must hold for it. It is then run again on a card whose
+  allocator may hold just that, to show it runs there. Its FLOPs: fxmem's count on the
   trace of that compiled step (``fxmem.checkpoint.compiled.compiled_plans``: PyTorch's
   formulas on the ops the compiled graphs run; inductor's fused pointwise kernels are not
   counted, on either side's compiled steps).
@@ -74,13 +76,14 @@ def choose(name: str, B: int, peaks: dict) -> dict:  # noqa: N803
     return out
 
 
-def measure_choice(name: str, B: int, cap: int, plan: dict | None = None,  # noqa: N803
-                   budget: float | None = None) -> dict:
-    """In the fake GPU's child: fxmem's choice run with PyTorch alone on a card whose caching
-    allocator may hold ``cap`` bytes (``torch.cuda.set_per_process_memory_fraction``): the
-    eager step with ``plan`` applied by ``fxmem.apply_checkpoints``, or the step compiled
-    under ``budget`` (its graphs from the cache). ``{"fits", "max_allocated",
-    "max_reserved"}``; ``fits`` False when it runs out of memory."""
+def measure_choice(name: str, B: int, cap: int | None = None,  # noqa: N803
+                   plan: dict | None = None, budget: float | None = None) -> dict:
+    """In the fake GPU's child: a run with PyTorch alone on a card whose caching allocator
+    may hold ``cap`` bytes (``torch.cuda.set_per_process_memory_fraction``; None: the whole
+    card) of the eager step with ``plan`` applied by ``fxmem.apply_checkpoints``, or of the
+    step compiled under ``budget`` (its graphs from the cache): ``{"fits",
+    "max_allocated", "max_reserved"}`` over the whole run; ``fits`` False when it runs out
+    of memory."""
     import contextlib
 
     import torch
@@ -92,14 +95,15 @@ def measure_choice(name: str, B: int, cap: int, plan: dict | None = None,  # noq
     model, batch, loss, make_optimizer = _case(name)
     if plan is not None:
         model = fxmem.apply_checkpoints(model, fxmem.Plan.from_dict(plan))
-    total = torch.cuda.get_device_properties(0).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, (cap + 0.5) / total))
+    if cap is not None:
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, (cap + 0.5) / total))
     patch = config.patch(activation_memory_budget=budget) if budget is not None else \
         contextlib.nullcontext()
     try:
         with patch:
             got = measure_step(model, batch, loss, make_optimizer, B, B,
-                               compile=budget is not None, start_at_b=True)
+                               compile=budget is not None, start_at_b=True, whole_run=True)
     except torch.OutOfMemoryError:
         return {"fits": False}
     return {"fits": True, **got}
@@ -124,17 +128,20 @@ def main(argv=None) -> None:
 
 
 def _run(args, cache: str) -> list:
-    lines = ["| model, B | peer | peer's reserved MiB | peer's GFLOPs | fxmem's choice | "
-             "replayed within it, MiB | run within it, MiB | GFLOPs | runs, no more FLOPs |",
-             "|---|---|---:|---:|---|---:|---:|---:|---|"]
+    lines = ["| model, B | peer | peer's reserved MiB | peer runs within it | peer's GFLOPs | "
+             "fxmem's choice | replayed within it, MiB | run within it, MiB | GFLOPs | "
+             "runs, no more FLOPs |",
+             "|---|---|---:|---|---:|---|---:|---:|---:|---|"]
     for name in args.models.split(","):
         at = _bundle(name).B
-        peaks = {}
+        peaks, alone = {}, {}
         for budget in (float(b) for b in args.budgets.split(",")):
             fake_gpu(args.python, "measure", cache, name=name, budget=budget,
                      compiled_at=at, B=at)  # fills the cache
-            peaks[str(budget)] = fake_gpu(args.python, "measure", cache, name=name,
-                                          budget=budget, compiled_at=at, B=at)[1]
+            whole = _call(args.python, "measure_choice", cache, name=name, B=at, budget=budget)
+            peaks[str(budget)] = whole["max_reserved"]
+            alone[str(budget)] = _call(args.python, "measure_choice", cache, name=name, B=at,
+                                       cap=whole["max_reserved"], budget=budget)["fits"]
         got = _call(args.python, "choose", cache, name=name, B=at, peaks=peaks)
         print(f"{name}: traced in {got['traced_s']:.1f} s, its compile budgets analysed in "
               f"{got['compiled_s']:.1f} s", flush=True)
@@ -153,7 +160,8 @@ def _run(args, cache: str) -> list:
             ran = _mib(seen["max_reserved"]) if seen["fits"] else "out of memory"
             replayed = _mib(c["reserved"]) if c["reserved"] is not None else ""
             lines.append(f"| {name}, {at} | compile, budget {float(budget):g} | {_mib(reserved)} "
-                         f"| {peer_flops / 1e9:.2f} | {what} | {replayed} | {ran} | "
+                         f"| {'yes' if alone[budget] else 'no'} | {peer_flops / 1e9:.2f} "
+                         f"| {what} | {replayed} | {ran} | "
                          f"{c['flops'] / 1e9:.2f} | {why} |")
             print(lines[-1], flush=True)
     return lines

@@ -114,9 +114,11 @@ def _measure(name, B, compiled_at, compile, steps, history):  # noqa: N803
 
 def measure_step(model, batch, loss, make_optimizer, B: int, compiled_at: int,  # noqa: N803
                  compile: bool = True, steps: int = 2, history: bool = False,
-                 start_at_b: bool = False, amp=None) -> dict:
+                 start_at_b: bool = False, amp=None, whole_run: bool = False) -> dict:
     """The measured step of :func:`measure` for any model: ``batch(b, device)`` gives
     ``(inputs, targets)``, ``loss(output, *targets)``, ``make_optimizer(params)``.
+    ``whole_run``: the peaks of the whole run, its first steps too (what a card must hold
+    for it), not of the last step after an emptied cache.
     ``start_at_b``: the run's first steps are at ``B``, not at ``compiled_at`` (its graphs
     come from the cache a run at ``compiled_at`` filled): the optimizer state is then made
     beside a step at ``B``, as fxmem's replay makes it. ``amp``: a dtype the forward and
@@ -141,9 +143,10 @@ def measure_step(model, batch, loss, make_optimizer, B: int, compiled_at: int,  
         for _ in range(steps):
             step(inputs, targets)
     torch.cuda.synchronize()
-    gc.collect()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
+    if not whole_run:
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     if history:
         torch.cuda.memory._record_memory_history(max_entries=1000000)
     step(inputs, targets)
