@@ -133,29 +133,75 @@ def render_ranks(report, B: int | None = None, budget_bytes: int | None = None, 
 
 
 def plan_text(plan) -> str:
-    """A plan in a line: its entries when few, else how many, the first and the last (the
-    whole plan is ``fxmem.report.fit.WayOut.plan``).
+    """A plan in a line: its entries, runs of a stack's blocks checkpointed alike as ranges
+    (:func:`compact_plan`) when that leaves at most three, else how many, the first and
+    the last (the whole plan is ``fxmem.report.fit.WayOut.plan``).
 
     >>> plan_text(["h.0", "h.1"])
-    'h.0, h.1'
+    'h.0-1'
     >>> plan_text([f"layers.{i} (saving 1 op output)" for i in range(32)])
-    '32 modules, layers.0 ... layers.31, some op outputs kept'
+    'layers.0-31 (saving 1 op output each)'
+    >>> plan_text([f"layers.{i}" + (" (saving 1 op output)" if i % 2 else "") for i in range(8)])
+    '8 modules, layers.0 ... layers.7, some op outputs kept'
     """
     entries = [str(p) for p in plan]
-    if len(entries) <= 3:
-        return ", ".join(entries)
+    runs = _runs(entries)
+    if len(runs) <= 3:
+        return ", ".join(map(_run_text, runs))
     names = [e.split(" (")[0] for e in entries]
     kept = ", some op outputs kept" if any(" (saving" in e for e in entries) else ""
     return f"{len(entries)} modules, {names[0]} ... {names[-1]}{kept}"
 
 
+def compact_plan(plan) -> str:
+    """A plan's every entry, the runs of consecutive blocks of one stack checkpointed alike
+    written as one range.
+
+    >>> compact_plan(["h.0", "h.1", "h.2.mlp", "h.3.mlp", "h.5 (saving 2 op outputs)",
+    ...               "h.6 (saving 2 op outputs)", "h.7..h.8", "lm_head"])
+    'h.0-1, h.2-3.mlp, h.5-6 (saving 2 op outputs each), h.7..h.8, lm_head'
+    """
+    return ", ".join(map(_run_text, _runs([str(p) for p in plan])))
+
+
+def _runs(entries: list) -> list:
+    """Entries as ``[stack, first, last, tail, note]`` runs (an entry not in a stack, or a
+    group of blocks, as itself)."""
+    runs: list = []
+    for e in entries:
+        path, sep, note = e.partition(" (")
+        parts = path.split(".")
+        k = max((j for j, p in enumerate(parts) if p.isdigit()), default=None)
+        if k is None or ".." in path:
+            runs.append(e)
+            continue
+        stack, i, tail = ".".join(parts[:k]), int(parts[k]), ".".join(parts[k + 1:])
+        last = runs[-1] if runs else None
+        if isinstance(last, list) and last[0] == stack and last[2] + 1 == i \
+                and last[3:] == [tail, sep + note]:
+            last[2] = i
+        else:
+            runs.append([stack, i, i, tail, sep + note])
+    return runs
+
+
+def _run_text(run) -> str:
+    if isinstance(run, str):
+        return run
+    stack, a, b, tail, note = run
+    at = f"{stack}.{a}" if a == b else f"{stack}.{a}-{b}"
+    if a != b and note:
+        note = note[:-1] + " each)"
+    return at + (f".{tail}" if tail else "") + note
+
+
 def frontier_plan(plan, compiled=None) -> str:
-    """A frontier point's plan in a table cell: its entries, ``(none)``, or the
-    ``torch.compile`` budget that stands for a plan.
+    """A frontier point's plan in a table cell: its entries (:func:`compact_plan`),
+    ``(none)``, or the ``torch.compile`` budget that stands for a plan.
 
     >>> frontier_plan(("h.0", "h.1")), frontier_plan(()), frontier_plan((), 0.5)
-    ('h.0, h.1', '(none)', 'torch.compile, activation_memory_budget 0.5')
+    ('h.0-1', '(none)', 'torch.compile, activation_memory_budget 0.5')
     """
     if compiled is not None:
         return f"torch.compile, activation_memory_budget {compiled:g}"
-    return ", ".join(plan) or "(none)"
+    return compact_plan(plan) or "(none)"
