@@ -202,7 +202,7 @@ def test_cli_a_budget_nothing_fits(extra, capfd, tmp_path):
 def test_fewest_ranks_search_is_exact_and_short(a, s, budget):
     """The world-size search returns the smallest w that fits, exactly, and with a need of
     the FSDP2 shape (a + s / w, rounded up as blocks are) tries few world sizes."""
-    from fxmem.report.fit import MAX_WORLD_SIZE, _fewest
+    from fxmem.report.world_size import MAX_WORLD_SIZE, fewest
 
     def need(w):
         return a + -(-s // w) + (w % 3)  # not exactly on the line
@@ -215,7 +215,7 @@ def test_fewest_ranks_search_is_exact_and_short(a, s, budget):
 
     want = next((w for w in range(2, MAX_WORLD_SIZE + 1) if fits(w)), None)
     tried.clear()
-    got = _fewest(fits, 2, need=need, budget=budget)
+    got = fewest(fits, 2, need=need, budget=budget)
     assert got == want
     assert len(set(tried)) <= 8, tried
 
@@ -227,7 +227,7 @@ def test_fewest_ranks_search_guesses_by_the_floor_once_one_fits():
     Here 2 and 4 do not fit, the need's line guesses 8 (it fits), and the floor's line
     through 4 and 8 points at 5, which fits where 4 does not: four analyses, not six (8's
     neighbours down to 5)."""
-    from fxmem.report.fit import _fewest
+    from fxmem.report.world_size import fewest
 
     tried = []
 
@@ -235,7 +235,7 @@ def test_fewest_ranks_search_guesses_by_the_floor_once_one_fits():
         tried.append(w)
         return w >= 5
 
-    got = _fewest(fits, 2, need=lambda w: 80 + 160 / w, budget=100,
+    got = fewest(fits, 2, need=lambda w: 80 + 160 / w, budget=100,
                   floor=lambda w: 60 + 160 / w)
     assert got == 5 and tried == [2, 4, 8, 5]
 

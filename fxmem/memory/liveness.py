@@ -134,6 +134,27 @@ def timeline(storages, sizes, n_ops: int, b: int) -> list[int]:
     return out
 
 
+SHARDED = ("param", "grad", "optimizer_state")  # what FSDP2 cuts into shards
+
+
+def sharded_peak(lv: "Liveness", b: int, ratio: float) -> float:
+    """The live bytes' peak at ``b`` with the storages FSDP2 shards (parameters, their
+    gradients, the optimizer's state) ``ratio`` times their size, the rest as they are: an
+    estimate of a rank's peak when the step runs over ``1 / ratio`` times its GPUs (padding,
+    the gathered blocks and FSDP2's buffers left out), for a world-size search's first
+    guess.
+
+    >>> import torch, fxmem
+    >>> r = fxmem.analyze(torch.nn.Linear(64, 64), torch.randn(4, 64), loss=lambda o: o.sum(),
+    ...                   device="cpu")
+    >>> sharded_peak(r.liveness, 4, 1.0) == r.peak_bytes(4) > sharded_peak(r.liveness, 4, 0.5)
+    True
+    """
+    sizes = [(lambda x, z=z: z(x) * ratio) if s.category in SHARDED else z
+             for s, z in zip(lv.graph.storages, lv.sizes)]
+    return max(timeline(lv.graph.storages, sizes, len(lv.graph.ops), b), default=0)
+
+
 def _events(graph: StorageGraph):
     """Per op: storages allocated by it, storages freed right after it (-1: before op 0)."""
     n = len(graph.ops)

@@ -26,9 +26,9 @@ from ..errors import FxmemError, InfeasibleBudgetError, InputError
 from ..formula.symbols import B as SYM_B
 from .recent import Recent
 from .text import fmt_bytes, plan_text
+from .world_size import MAX_WORLD_SIZE, fewest, towards
 
 KINDS = ("batch", "checkpoint", "fsdp", "fsdp+checkpoint", "length")
-MAX_WORLD_SIZE = 1024  # the FSDP2 search stops here
 
 
 @dataclass(frozen=True)
@@ -296,12 +296,13 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_)
     start = base.world_size + 1 if strategy is not None else 2
     seen = []
     least = _batch_floor(report, b)
-    w = None if least >= check.budget else _fewest(
+    w = None if least >= check.budget else fewest(
         lambda w: check.fits(at(w), b), start, need=lambda w: check.need(at(w), b),
-        budget=check.budget, seen=seen, floor=lambda w: check.floor(at(w), b))
+        budget=check.budget, seen=seen, floor=lambda w: check.floor(at(w), b),
+        guess=_guess(report, b, check.budget, start))
     if w is None:
         yield (f"no number of GPUs under FSDP2 fits B={b} without a checkpoint plan: "
-               + (_towards(seen, check.by) if least < check.budget else _grows(least)))
+               + (towards(seen, check.by) if least < check.budget else _grows(least)))
     else:
         yield WayOut("fsdp", w, check.need(at(w), b, True), f"FSDP2 over {w} GPUs",
                      plan=plan, beyond=_gpus(w - 1) + " not fit")
@@ -339,14 +340,15 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_)
             return c.minimum_bytes if isinstance(c, _NoPlan) else check.need(under(w), b)
     seen, top = [], MAX_WORLD_SIZE if w is None else w - 1
     least = min(_batch_floor(report.with_plan(p), b) for p in _floor_plans(report, smallest))
-    w2 = None if least >= check.budget else _fewest(
+    w2 = None if least >= check.budget else fewest(
         fits, start, top, need=need, budget=check.budget, seen=seen,
-        floor=lambda w: _live(under(w), b))  # no plan's peak is under it
+        floor=lambda w: _live(under(w), b),  # no plan's peak is under it
+        guess=_guess(report.with_plan(smallest), b, check.budget, start))
     if w2 is None:
         yield ("FSDP2 with a checkpoint plan needs as many GPUs as without one" if w else
                f"no number of GPUs under FSDP2 fits B={b} with a checkpoint plan either "
                f"({plan_text(smallest)}, the smallest peak on one GPU): "
-               + (_towards(seen, "live") if least < check.budget else _grows(least)))
+               + (towards(seen, "live") if least < check.budget else _grows(least)))
         return
     picked = choice(w2, True)  # the cheapest plan there, traced (the search derived it)
     while check.by == "device" and w2 < top and (isinstance(picked, str)
@@ -374,6 +376,25 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_)
     else:
         yield replace(way, beyond=f"on {n} the cheapest plan re-runs "
                                   f"{one.recompute_share:.1%} (the checkpoint way)")
+
+
+def _guess(report, b: int, budget: int, start: int) -> int | None:
+    """The fewest GPUs from ``start`` whose estimated rank peak (the largest rank's live
+    bytes, its shards scaled from its world size: :func:`fxmem.memory.liveness.sharded_peak`,
+    which falls as GPUs are added) is within ``budget``, bisected: where the world-size
+    search looks first. None when no world size is."""
+    from ..memory.liveness import sharded_peak
+
+    w0 = getattr(getattr(report, "strategy", None), "world_size", 1)
+    lv = [r.liveness for r in _reports(report) if r._small(b) is None]
+    if not lv:
+        return None
+    lo, hi = start, MAX_WORLD_SIZE + 1  # hi: known within the budget (or past the search)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if max(sharded_peak(x, b, w0 / mid) for x in lv) <= budget \
+            else (mid + 1, hi)
+    return lo if lo <= MAX_WORLD_SIZE else None
 
 
 def _gpus(n: int) -> str:
@@ -455,97 +476,6 @@ def _grows(least: int) -> str:
     """Why no world size fits: what grows with B alone is over the budget."""
     return (f"the tensors that grow with B alone peak at {fmt_bytes(least)} on a rank, "
             "on any number of GPUs")
-
-
-def _towards(seen: list, by: str) -> str:
-    """Why the world-size search stopped, from the (w, need, floor) points it saw, the floor
-    as :meth:`_Check.floor` gives it ``by``."""
-    if not seen or seen[-1][0] >= MAX_WORLD_SIZE:
-        return f"not even {MAX_WORLD_SIZE} GPUs do"
-    line = _line([seen[0][::2], seen[-1][::2]]) if len(seen) >= 2 else None
-    what = "a rank's live bytes" if by == "live" else "a rank's max_memory_allocated()"
-    if line is None:
-        return f"more GPUs do not lower {what}"
-    w1, w2 = seen[0][0], seen[-1][0]
-    return (f"{what} fall towards {fmt_bytes(max(int(line[0]), 0))} as GPUs are "
-            f"added (a + s / w through {w1} and {w2} GPUs)")
-
-
-def _fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None,
-            budget: int | None = None, seen: list | None = None, floor=None) -> int | None:
-    """The smallest w in [lo, hi] with ``fits(w)``, or None, for a ``fits`` that holds from
-    some w on. ``need(w)`` (bytes; with ``budget``): a rank's need, which FSDP2 makes about
-    ``a + s / w`` (the shards, their gradients and optimizer state, and the optimizer's
-    temporaries shrink as ``s / w``; activations and gathered blocks do not): after two
-    world sizes that do not fit, the next one tried is where the line through the last two
-    meets the budget (or, where their need does not fall, the line through the first and the
-    last); once one fits, where the floor (below) on the line through it and the last that
-    did not meets the budget is one more guess (else halfway), and its neighbour below
-    confirms it, so a search costs about five analyses, not a doubling's dozen.
-    ``floor(w)`` (default: ``need``): bytes no step on w GPUs runs under (the live peak;
-    :meth:`_Check.floor` on CUDA: the allocator's ``max_memory_allocated()``, where ``need``
-    is its ``max_memory_reserved()`` with no limit, which a step within a budget may
-    undercut): when the line through the first and the last floor has its limit ``a`` at or
-    over the budget, or the floor does not fall, no w is tried more.
-
-    Padded shards make a rank's need rise a little from some w to the next (``ceil(rows /
-    w)`` rows, gathered as ``w`` times that), so near the budget ``fits`` may hold at w and
-    fail at w + 1: the w returned fits and w - 1 does not, both checked. ``seen``: a list
-    the (w, need, floor) points that did not fit are added to."""
-    if lo > hi:
-        return None
-    bad, w = lo - 1, lo  # nothing up to ``bad`` fits
-    seen = [] if seen is None else seen
-    while not fits(w):
-        if w >= hi:
-            return None
-        bad = w
-        if need is not None:
-            n = need(w)
-            seen.append((w, n, n if floor is None else floor(w)))
-        if budget is not None and len(seen) >= 2:
-            low = _line([seen[0][::2], seen[-1][::2]])
-            if low is None or low[0] >= budget:
-                return None  # more GPUs cannot bring it under the budget
-        guess = _secant(_line([p[:2] for p in seen[-2:]]), budget) or \
-            _secant(_line([seen[0][:2], seen[-1][:2]]) if len(seen) >= 2 else None, budget) \
-            or 2 * w
-        w = min(max(guess, w + 1), hi)
-    if w - 1 > bad:  # one guess: where the floor on the line through the last w that did
-        g = None  # not fit and this one meets the budget (no w below fits; at w: w's
-        # neighbour, which confirms a guess that met the line), else halfway
-        if budget is not None and seen and seen[-1][0] == bad:
-            g = _secant(_line([seen[-1][::2], (w, (floor or need)(w))]), budget)
-        g = (bad + w) // 2 if g is None else min(max(g, bad + 1), w - 1)
-        if not fits(g):
-            bad = g
-        elif g - 1 == bad or not fits(g - 1):
-            return g
-        else:
-            w = g - 1
-    lo = bad + 1
-    while lo < w:  # fits(w); nothing below lo fits
-        mid = (lo + w) // 2
-        lo, w = (lo, mid) if fits(mid) else (mid + 1, w)
-    return w
-
-
-def _line(seen) -> tuple | None:
-    """``(a, s)`` of the line ``a + s / w`` through two (w, need) points, or None (fewer
-    points, or a need that does not fall as w grows)."""
-    if len(seen) < 2:
-        return None
-    (w1, n1), (w2, n2) = seen
-    s = (n1 - n2) * w1 * w2 / (w2 - w1)
-    return None if s <= 0 else (n2 - s / w2, s)
-
-
-def _secant(line, budget) -> int | None:
-    """Where ``line`` (:func:`_line`) meets ``budget``, or None."""
-    if line is None or budget is None or line[0] >= budget:
-        return None
-    a, s = line
-    return int(-(-s // (budget - a)))
 
 
 def _longest(check, report, b, *, named=None, dims=None, limit=None, **_):
