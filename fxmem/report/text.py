@@ -160,6 +160,8 @@ def compact_plan(plan) -> str:
     >>> compact_plan(["h.0", "h.1", "h.2.mlp", "h.3.mlp", "h.5 (saving 2 op outputs)",
     ...               "h.6 (saving 2 op outputs)", "h.7..h.8", "lm_head"])
     'h.0-1, h.2-3.mlp, h.5-6 (saving 2 op outputs each), h.7..h.8, lm_head'
+    >>> compact_plan(["0", "1", "2 (saving 1 op output)"])
+    '0-1, 2 (saving 1 op output)'
     """
     return ", ".join(map(_run_text, _runs([str(p) for p in plan])))
 
@@ -189,7 +191,7 @@ def _run_text(run) -> str:
     if isinstance(run, str):
         return run
     stack, a, b, tail, note = run
-    at = f"{stack}.{a}" if a == b else f"{stack}.{a}-{b}"
+    at = (f"{stack}." if stack else "") + (f"{a}" if a == b else f"{a}-{b}")
     if a != b and note:
         note = note[:-1] + " each)"
     return at + (f".{tail}" if tail else "") + note
