@@ -295,3 +295,35 @@ def test_no_world_size_is_analysed_when_what_grows_with_b_is_over_the_budget():
     assert analysed == []
     grows = [n for n in f.none if "the tensors that grow with B alone peak at" in n]
     assert len(grows) == 2 and "with a checkpoint plan either" in grows[1], f.none
+
+
+def test_more_gpus_with_a_plan_are_not_traced_when_the_checkpoint_way_re_runs_less(monkeypatch):
+    """On FSDP2 over 2 GPUs, the step as asked, a plan fits, and no number of GPUs fits
+    without one (what grows with B alone is over the budget): the search with a plan stops at
+    3 GPUs, where the cheapest plan, derived, re-runs no less than the checkpoint way's, and
+    says so with no step traced under a plan there (the checkpoint way's plan is, once)."""
+    import importlib
+
+    from fxmem.report.fit import _batch_floor, _smallest_plan, fit
+
+    analyze_module = importlib.import_module("fxmem.analyze")
+    m = _stack()
+    r = _analyze(m, parallel=fxmem.FSDP(2))
+    b = 512
+    least = _batch_floor(r, b)
+    planned = r.with_plan(_smallest_plan(r, b)).peak_bytes(b)
+    assert planned < least
+    traced, real = [], analyze_module.trace
+
+    def counted(*args, **kwargs):
+        traced.append(bool(kwargs.get("checkpoint")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(analyze_module, "trace", counted)
+    again = r.groups[0].report.reanalyze
+    assert again is not None
+    f = fit(r, b, planned + (least - planned) // 2, by="live", reanalyze=again)
+    assert f.way("checkpoint") is not None and f.way("fsdp+checkpoint") is None
+    assert ("FSDP2 with a checkpoint plan: on 2 GPUs a plan re-running no more fits "
+            "(the checkpoint way)") in f.none
+    assert traced.count(True) == 1, traced

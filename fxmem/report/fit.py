@@ -350,6 +350,15 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_)
                f"({plan_text(smallest)}, the smallest peak on one GPU): "
                + (towards(seen, "live") if least < check.budget else _grows(least)))
         return
+    # one GPU fewer than the search's start is the step as asked: its plan is the checkpoint way
+    one = next((f for f in found if f.kind == "checkpoint"), None) if w2 == start else None
+    n = f"{w2 - 1} GPU{'s' if w2 > 2 else ''}"
+    derived = choice(w2) if one is not None else None
+    if not isinstance(derived, (str, type(None))) and \
+            one.recompute_share <= derived.recompute_fraction:  # a traced plan re-runs no less
+        yield (f"FSDP2 with a checkpoint plan: on {n} a plan re-running no more fits "
+               "(the checkpoint way)")
+        return
     picked = choice(w2, True)  # the cheapest plan there, traced (the search derived it)
     while check.by == "device" and w2 < top and (isinstance(picked, str)
                                                  or not _checked(check, picked, b)):
@@ -365,9 +374,6 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_)
             doing=_doing(r.plan), share=f"{share:.1%}"), plan=r.plan, recompute_share=share)
     else:
         way = _choice_way(check, picked, b, "fsdp+checkpoint", w2, line)
-    # one GPU fewer than the search's start is the step as asked: its plan is the checkpoint way
-    one = next((f for f in found if f.kind == "checkpoint"), None) if w2 == start else None
-    n = f"{w2 - 1} GPU{'s' if w2 > 2 else ''}"
     if one is None:
         yield replace(way, beyond=_gpus(w2 - 1) + " not fit with any plan")
     elif one.recompute_share <= way.recompute_share:
