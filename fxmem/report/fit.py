@@ -353,9 +353,8 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_)
     # one GPU fewer than the search's start is the step as asked: its plan is the checkpoint way
     one = next((f for f in found if f.kind == "checkpoint"), None) if w2 == start else None
     n = f"{w2 - 1} GPU{'s' if w2 > 2 else ''}"
-    derived = choice(w2) if one is not None else None
-    if not isinstance(derived, (str, type(None))) and \
-            one.recompute_share <= derived.recompute_fraction:  # a traced plan re-runs no less
+    derived = choice(w2) if one is not None else ""  # its cheapest plan, not yet traced
+    if not isinstance(derived, str) and one.recompute_share <= derived.recompute_fraction:
         yield (f"FSDP2 with a checkpoint plan: on {n} a plan re-running no more fits "
                "(the checkpoint way)")
         return
