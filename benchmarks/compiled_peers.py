@@ -54,6 +54,7 @@ def choose(name: str, B: int, peaks: dict) -> dict:  # noqa: N803
     budgets that runs within it."""
     import fxmem
     from fxmem.checkpoint.compiled import compiled_plans
+    from fxmem.report.text import compact_plan
 
     model, batch, loss, make_optimizer = _case(name)
     inputs, targets = batch(B, "cpu")
@@ -70,7 +71,7 @@ def choose(name: str, B: int, peaks: dict) -> dict:  # noqa: N803
         c = report.plan_for(int(reserved), B, kinds=KINDS, by="device")
         out["choices"][budget] = {
             "compiled": c.compiled, "plan": fxmem.Plan.of(c.plan).to_dict(),
-            "label": str(fxmem.Plan.of(c.plan)) or "no plan",
+            "label": compact_plan(fxmem.Plan.of(c.plan)) or "no plan",
             "reserved": c.run.max_reserved if c.run is not None else None,
             "flops": c.step_flops, "seconds": time.perf_counter() - t1}
     return out
