@@ -101,3 +101,13 @@ def test_the_budget_is_kept_over_a_long_chain():
     for budget in range(lowest, top.peak_bytes + 1, max(1, (top.peak_bytes - lowest) // 25)):
         got = C.solve(problem, budget)
         assert got.peak_bytes <= budget and C.peak(problem, got.choices) == got.peak_bytes
+
+
+def test_a_chain_of_no_blocks_has_the_empty_plan():
+    """No blocks (a parallel step whose model has no stack): the one plan is the empty one,
+    peaking at its boundary, within a budget at least that."""
+    problem = C.ChainProblem(0, (), (5,), start=3)
+    got = C.solve(problem, 10)
+    assert (got.choices, got.peak_bytes, got.cost) == ((), 5, 0)
+    with pytest.raises(InfeasibleBudgetError):
+        C.solve(problem, 4)

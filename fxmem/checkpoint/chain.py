@@ -243,13 +243,13 @@ def _cheapest(problem: ChainProblem, budget: int):
                                            ids[ok], np.full(int(ok.sum()), index[id(c)])))
     if not layers[problem.n]:
         return []
-    came, last = np.concatenate(came), np.concatenate(last)
+    came, last = (np.concatenate(x) if x else x for x in (came, last))  # none: no blocks
     out = []
     for cost, nR, pk, parent, pick in zip(*_staircase(layers[problem.n], 0)):
-        chosen = [problem.choices[pick]]
-        while last[parent] >= 0:
-            chosen.append(problem.choices[last[parent]])
-            parent = came[parent]
+        chosen = []
+        while pick >= 0:
+            chosen.append(problem.choices[pick])
+            pick, parent = last[parent], came[parent]
         out.append((int(cost), float(nR), float(pk), tuple(reversed(chosen))))
     return out
 
