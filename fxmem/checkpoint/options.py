@@ -295,7 +295,7 @@ class Planner:
         key = (plan, b)
         if key not in self._peaks:
             t = self._derived(plan)
-            peak = max([t.start_bytes(b), *t.timeline(b)])
+            peak = max(t.start_bytes(b), int(t.live(b).max(initial=0)))
             reg, other = self._costs(t, b) if plan else (0, 0)
             self._peaks[key] = (peak, reg + other, reg)
         return self._peaks[key]

@@ -22,6 +22,7 @@ from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 
+import numpy as np
 import sympy
 
 from ..formula import poly as P
@@ -137,22 +138,32 @@ def timeline(storages, sizes, n_ops: int, b: int) -> list[int]:
 SHARDED = ("param", "grad", "optimizer_state")  # what FSDP2 cuts into shards
 
 
-def sharded_peak(lv: "Liveness", b: int, ratio: float) -> float:
-    """The live bytes' peak at ``b`` with the storages FSDP2 shards (parameters, their
-    gradients, the optimizer's state) ``ratio`` times their size, the rest as they are: an
-    estimate of a rank's peak when the step runs over ``1 / ratio`` times its GPUs (padding,
-    the gathered blocks and FSDP2's buffers left out), for a world-size search's first
-    guess.
+def sharded_peak(lv: "Liveness", b: int):
+    """``peak(ratio)``: the live bytes' peak at ``b`` with the storages FSDP2 shards
+    (parameters, their gradients, the optimizer's state) ``ratio`` times their size, the
+    rest as they are: an estimate of a rank's peak when the step runs over ``1 / ratio``
+    times its GPUs (padding, the gathered blocks and FSDP2's buffers left out), for a
+    world-size search's first guess. The sizes are evaluated once; each ratio is a sum of
+    two timelines.
 
     >>> import torch, fxmem
     >>> r = fxmem.analyze(torch.nn.Linear(64, 64), torch.randn(4, 64), loss=lambda o: o.sum(),
     ...                   device="cpu")
-    >>> sharded_peak(r.liveness, 4, 1.0) == r.peak_bytes(4) > sharded_peak(r.liveness, 4, 0.5)
+    >>> peak = sharded_peak(r.liveness, 4)
+    >>> peak(1.0) == r.peak_bytes(4) > peak(0.5)
     True
     """
-    sizes = [(lambda x, z=z: z(x) * ratio) if s.category in SHARDED else z
-             for s, z in zip(lv.graph.storages, lv.sizes)]
-    return max(timeline(lv.graph.storages, sizes, len(lv.graph.ops), b), default=0)
+    storages, n = lv.graph.storages, len(lv.graph.ops)
+    sharded = [s.category in SHARDED for s in storages]
+    rest = timeline(storages, [no_bytes if x else z for x, z in zip(sharded, lv.sizes)], n, b)
+    shards = timeline(storages, [z if x else no_bytes for x, z in zip(sharded, lv.sizes)], n, b)
+    rest, shards = np.asarray(rest, float), np.asarray(shards, float)
+    return lambda ratio: float((rest + ratio * shards).max(initial=0))
+
+
+def no_bytes(b: int) -> int:
+    """A size of no bytes at any B: a storage left out of a :func:`timeline`."""
+    return 0
 
 
 def _events(graph: StorageGraph):

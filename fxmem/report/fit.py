@@ -353,8 +353,8 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_)
     # one GPU fewer than the search's start is the step as asked: its plan is the checkpoint way
     one = next((f for f in found if f.kind == "checkpoint"), None) if w2 == start else None
     n = f"{w2 - 1} GPU{'s' if w2 > 2 else ''}"
-    derived = choice(w2) if one is not None else ""  # its cheapest plan, not yet traced
-    if not isinstance(derived, str) and one.recompute_share <= derived.recompute_fraction:
+    if one is not None and not isinstance(derived := choice(w2), str) and \
+            one.recompute_share <= derived.recompute_fraction:  # that plan derived, not traced
         yield (f"FSDP2 with a checkpoint plan: on {n} a plan re-running no more fits "
                "(the checkpoint way)")
         return
@@ -391,14 +391,13 @@ def _guess(report, b: int, budget: int, start: int) -> int | None:
     from ..memory.liveness import sharded_peak
 
     w0 = getattr(getattr(report, "strategy", None), "world_size", 1)
-    lv = [r.liveness for r in _reports(report) if r._small(b) is None]
-    if not lv:
+    peaks = [sharded_peak(r.liveness, b) for r in _reports(report) if r._small(b) is None]
+    if not peaks:
         return None
     lo, hi = start, MAX_WORLD_SIZE + 1  # hi: known within the budget (or past the search)
     while lo < hi:
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if max(sharded_peak(x, b, w0 / mid) for x in lv) <= budget \
-            else (mid + 1, hi)
+        lo, hi = (lo, mid) if max(p(w0 / mid) for p in peaks) <= budget else (mid + 1, hi)
     return lo if lo <= MAX_WORLD_SIZE else None
 
 
@@ -460,21 +459,17 @@ def _batch_floor(report, b: int) -> int:
     >>> _batch_floor(r, 4) < r.peak_bytes(4), _batch_floor(r, 8) - _batch_floor(r, 4)
     (True, 160)
     """
-    from ..memory.liveness import timeline
+    from ..memory.liveness import no_bytes, timeline
 
     out = 0
     for r in _reports(report):
         if r._small(b) is not None:
             continue
         lv = r.liveness
-        sizes = [s if SYM_B in s.expr.free_symbols else _nothing for s in lv.sizes]
+        sizes = [s if SYM_B in s.expr.free_symbols else no_bytes for s in lv.sizes]
         out = max(out, max(timeline(lv.graph.storages, sizes, len(lv.graph.ops), b),
                            default=0))
     return out
-
-
-def _nothing(b: int) -> int:
-    return 0
 
 
 def _grows(least: int) -> str:

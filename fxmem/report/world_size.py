@@ -15,7 +15,7 @@ MAX_WORLD_SIZE = 1024  # the FSDP2 search stops here
 
 def towards(seen: list, by: str) -> str:
     """Why the world-size search stopped, from the (w, need, floor) points it saw, the floor
-    as :meth:`_Check.floor` gives it ``by``."""
+    as ``fxmem.report.fit._Check.floor`` gives it ``by``."""
     if not seen or seen[-1][0] >= MAX_WORLD_SIZE:
         return f"not even {MAX_WORLD_SIZE} GPUs do"
     line = through([seen[0][::2], seen[-1][::2]]) if len(seen) >= 2 else None
@@ -28,7 +28,7 @@ def towards(seen: list, by: str) -> str:
 
 
 def fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None, budget: int | None = None,
-            seen: list | None = None, floor=None, guess: int | None = None) -> int | None:
+           seen: list | None = None, floor=None, guess: int | None = None) -> int | None:
     """The smallest w in [lo, hi] with ``fits(w)``, or None, for a ``fits`` that holds from
     some w on. ``need(w)`` (bytes; with ``budget``): a rank's need, which FSDP2 makes about
     ``a + s / w`` (the shards, their gradients and optimizer state, and the optimizer's
@@ -39,9 +39,9 @@ def fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None, budget: int | Non
     did not meets the budget is one more guess (else halfway), and its neighbour below
     confirms it, so a search costs about five analyses, not a doubling's dozen.
     ``floor(w)`` (default: ``need``): bytes no step on w GPUs runs under (the live peak;
-    :meth:`_Check.floor` on CUDA: the allocator's ``max_memory_allocated()``, where ``need``
-    is its ``max_memory_reserved()`` with no limit, which a step within a budget may
-    undercut): when the line through the first and the last floor has its limit ``a`` at or
+    ``fxmem.report.fit._Check.floor`` on CUDA: the allocator's ``max_memory_allocated()``,
+    where ``need`` is its ``max_memory_reserved()`` with no limit, which a step within a
+    budget may undercut): when the line through the first and the last floor has its limit ``a`` at or
     over the budget, or the floor does not fall, no w is tried more.
 
     Padded shards make a rank's need rise a little from some w to the next (``ceil(rows /
@@ -73,10 +73,10 @@ def fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None, budget: int | Non
             low = through([seen[0][::2], seen[-1][::2]])
             if low is None or low[0] >= budget:
                 return None  # more GPUs cannot bring it under the budget
-        guess = secant(through([p[:2] for p in seen[-2:]]), budget) or \
+        aim = secant(through([p[:2] for p in seen[-2:]]), budget) or \
             secant(through([seen[0][:2], seen[-1][:2]]) if len(seen) >= 2 else None, budget) \
             or 2 * w
-        w = min(max(guess, w + 1), hi)
+        w = min(max(aim, w + 1), hi)
     if w - 1 > bad:  # one guess: where the floor on the line through the last w that did
         g = None  # not fit and this one meets the budget (no w below fits; at w: w's
         # neighbour, which confirms a guess that met the line), else halfway
