@@ -41,14 +41,17 @@ def gpt2(n_layer=2, n_embd=64):
     return GPT2LMHeadModel(cfg)
 
 
-def llama(layers=2, hidden=64):
-    """A small Llama (transformers, random weights): RMSNorm, rotary, GQA, SiLU MLP, SDPA."""
+def llama(layers=2, hidden=64, use_cache=True):
+    """A small Llama (transformers, random weights): RMSNorm, rotary, GQA, SiLU MLP, SDPA.
+    ``use_cache=False``: no cache is made in the forward, so that transformers asks
+    ``find_packed_sequence_indices`` whether the batch packs sequences (a value a kernel
+    computes: see :func:`measure_step`)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(hidden_size=hidden, intermediate_size=4 * hidden,
                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                       vocab_size=1000, max_position_embeddings=256,
-                      attn_implementation="sdpa")
+                      attn_implementation="sdpa", use_cache=use_cache)
     return LlamaForCausalLM(cfg)
 
 
@@ -66,11 +69,12 @@ def _case(name: str):
     if name == "pointwise":
         return (Pointwise(), lambda b, dev: ((torch.zeros(b, 256, device=dev),), ()),
                 lambda out: square_sum(out), torch.optim.SGD)
-    if name in ("gpt2", "llama"):
+    if name in ("gpt2", "llama", "llama_nocache"):
         def batch(b, dev):
             ids = torch.zeros(b, 128, dtype=torch.long, device=dev)
             return (ids,), (ids.clone(),)  # two tensors, as fxmem's inputs and targets are
-        return (gpt2() if name == "gpt2" else llama()), batch, lm_loss, torch.optim.AdamW
+        model = gpt2() if name == "gpt2" else llama(use_cache=name == "llama")
+        return model, batch, lm_loss, torch.optim.AdamW
     raise ValueError(name)
 
 
@@ -122,7 +126,27 @@ def measure_step(model, batch, loss, make_optimizer, B: int, compiled_at: int,  
     ``start_at_b``: the run's first steps are at ``B``, not at ``compiled_at`` (its graphs
     come from the cache a run at ``compiled_at`` filled): the optimizer state is then made
     beside a step at ``B``, as fxmem's replay makes it. ``amp``: a dtype the forward and
-    the loss run under ``torch.autocast`` in."""
+    the loss run under ``torch.autocast`` in.
+
+    An eager step (``compile`` False) runs within
+    :func:`fxmem.validate.fakegpu.reads.gpu_answers`, as ``fxmem validate --fake-gpu``
+    does: no kernel runs on the fake GPU, so transformers' packed-sequence check
+    (``find_packed_sequence_indices``, asked by a causal LM called with no attention mask
+    and no cache) would read 0 and build the 4-D mask a GPU does not, and SDPA would
+    convert it to a float bias that each layer keeps for its backward. A compiled step
+    needs no answer: under dynamo the check returns its mask without reading it
+    (``is_tracing``), on a GPU too."""
+    import contextlib
+
+    from fxmem.validate.fakegpu.reads import gpu_answers
+
+    with contextlib.nullcontext() if compile else gpu_answers():
+        return _measure_step(model, batch, loss, make_optimizer, B, compiled_at, compile,
+                             steps, history, start_at_b, amp, whole_run)
+
+
+def _measure_step(model, batch, loss, make_optimizer, B, compiled_at,  # noqa: N803
+                  compile, steps, history, start_at_b, amp, whole_run):
     import contextlib
 
     model = model.cuda()
@@ -156,6 +180,36 @@ def measure_step(model, batch, loss, make_optimizer, B: int, compiled_at: int,  
         out["history"] = _events(torch.cuda.memory._snapshot())
         torch.cuda.memory._record_memory_history(enabled=None)
     return out
+
+
+def whole_run(name: str, B: int) -> dict:  # noqa: N803
+    """The eager step of case ``name`` at ``B``, three steps from a fresh start, as
+    ``benchmarks/compiled_peers.py`` runs one (``start_at_b``, ``whole_run``): PyTorch's
+    peaks over the whole run, with the fake GPU's reads answered as a GPU's
+    (``measured``) and not (``unanswered``, each in a fresh model and allocator), and
+    fxmem's replay of the same run (``Report.runs_on_device`` with the whole card)."""
+    import fxmem
+    from fxmem.validate.fakegpu.run import TOTAL_BYTES
+
+    from fakegpu_batch import set_back
+
+    def run(fn):
+        torch.manual_seed(0)
+        model, batch, loss, opt_class = _case(name)
+        got = fn(model, batch, loss, lambda p: opt_class(p, lr=0.1), B, B, False, 3, False,
+                 True, None, True)
+        set_back()
+        return got
+
+    measured = run(measure_step)
+    unanswered = run(_measure_step)
+    model, batch, loss, opt_class = _case(name)
+    inputs, targets = batch(B, "cpu")
+    report = fxmem.analyze(model, inputs, targets, loss=loss, optimizer=opt_class,
+                           device="cuda")
+    d = report.runs_on_device(B, TOTAL_BYTES)
+    return {"measured": measured, "unanswered": unanswered,
+            "predicted": {"max_allocated": d.max_allocated, "max_reserved": d.max_reserved}}
 
 
 def _events(snapshot) -> list:

@@ -78,6 +78,18 @@ def test_compiled_and_eager_steps_differ():
     assert eager[0] == eager[1]
 
 
+def test_an_eager_llama_without_a_cache_is_exact_on_the_fake_gpu():
+    """A causal LM called with no attention mask and no cache (``use_cache=False``) asks
+    transformers' ``find_packed_sequence_indices``, a value a kernel computes. Answered as
+    a GPU answers it (``measure_step`` runs an eager step within ``gpu_answers``), the whole
+    run of three steps from a fresh start (``benchmarks/compiled_peers.py``'s) is fxmem's
+    ``runs_on_device``. Unanswered, the fake GPU reads 0, builds the 4-D mask and SDPA
+    keeps a float bias per layer for the backward: more than a GPU holds."""
+    got = _call("whole_run", name="llama_nocache", B=8)
+    assert got["measured"] == got["predicted"]
+    assert got["unanswered"]["max_allocated"] > got["measured"]["max_allocated"]
+
+
 def test_a_graph_break_is_named():
     """The eager code between two graphs would run unseen by the trace: refused, in one line
     naming dynamo's reason."""
