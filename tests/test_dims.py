@@ -191,3 +191,22 @@ def test_one_report_type_with_one_method_set():
         r.regimes
     with pytest.raises(fxmem.InputError, match="give a value for every named dim"):
         r.breakdown(8)
+
+
+def test_a_fixed_length_counts_flops_without_copying_the_graph(lm):
+    """``Report.at(L=...)`` builds its graph only when asked for: its FLOPs read the
+    original graph's nodes with L put in, and come out as from the graph built."""
+    from fxmem.checkpoint.flops import op_flops
+    from fxmem.memory.dims import Specialized
+
+    _, r = lm
+    at = r.at(L=24)
+    assert isinstance(at.trace.graph_source, Specialized)
+    counted = op_flops(at.trace)
+    assert isinstance(at.trace.graph_source, Specialized)  # still not built
+    assert counted and all(not f.free_symbols - {fxmem.B} for f, _ in counted.values())
+    assert at.flop_count.total.free_symbols == {fxmem.B}
+    built = at.trace.graph
+    assert len(built.nodes) == len(r.trace.graph.nodes)
+    assert op_flops(at.trace) == counted  # now from the built graph's own nodes
+    assert counted != op_flops(r.trace)  # in B and L there

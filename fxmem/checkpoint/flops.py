@@ -27,6 +27,7 @@ import sympy
 import torch
 from torch.utils.flop_counter import flop_registry
 
+from ..memory.dims import args_in, nodes_and_values, value_in
 from ..trace.records import TensorDesc, Trace
 
 aten = torch.ops.aten
@@ -66,20 +67,23 @@ def _shape(v):
     return v
 
 
-def _node_flops(node) -> tuple[sympy.Expr | None, bool]:
-    """FLOPs of one graph node (None: no formula), and whether PyTorch's formula gave them."""
+def _node_flops(node, values: dict) -> tuple[sympy.Expr | None, bool]:
+    """FLOPs of one graph node with ``values`` put in its shapes and arguments (None: no
+    formula), and whether PyTorch's formula gave them."""
     func = node.target
     own = getattr(func, "overloadpacket", None)
     packet = own if own in flop_registry else ALIASES.get(own, own)  # torch 2.15 has its own
     formula = flop_registry.get(packet)
 
     def arg(a):
-        return _shape(a.meta.get("val")) if isinstance(a, torch.fx.Node) else a
+        return _shape(value_in(a.meta.get("val"), values)) if isinstance(a, torch.fx.Node) \
+            else a
 
-    out = _shape(node.meta.get("val"))
+    out = _shape(value_in(node.meta.get("val"), values))
     if formula is not None:
-        args = tuple(torch.fx.node.map_arg(a, arg) for a in node.args)
-        kwargs = {k: torch.fx.node.map_arg(v, arg) for k, v in node.kwargs.items()}
+        args = tuple(torch.fx.node.map_arg(a, arg) for a in args_in(node.args, values))
+        kwargs = {k: torch.fx.node.map_arg(v, arg)
+                  for k, v in args_in(node.kwargs, values).items()}
         try:  # FlopCounterMode counts an op of the registry, not its twin
             return sympy.sympify(formula(*args, out_val=out, **kwargs)), packet is own
         except Exception:  # noqa: BLE001 - a formula that cannot take these args
@@ -92,11 +96,13 @@ def _node_flops(node) -> tuple[sympy.Expr | None, bool]:
 
 def op_flops(trace: Trace) -> dict:
     """FLOPs of each traced op with a formula: ``{op index in trace.graph: (expr, from
-    PyTorch's registry)}``; ops missing from it have no formula."""
+    PyTorch's registry)}``; ops missing from it have no formula. (A trace with its named
+    dims fixed: its original's nodes, with their values put in.)"""
     out = {}
-    for node in trace.graph.nodes:
+    graph, values = nodes_and_values(trace)
+    for node in graph.nodes:
         if node.op == "call_function" and "index" in node.meta:
-            f, registered = _node_flops(node)
+            f, registered = _node_flops(node, values)
             if f is not None:
                 out[node.meta["index"]] = (f, registered)
     return out

@@ -52,8 +52,6 @@ def specialize(trace, **values):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise InputError(f"{name} must be a positive int, got {v!r}")
         vals[dim_symbol(name)] = sympy.Integer(v)
-    from ..trace.records import TensorDesc
-
     guards = []
     for g in trace.guards:
         h = g.xreplace(vals)
@@ -68,22 +66,59 @@ def specialize(trace, **values):
         e = sympy.expand(s.size.expr.xreplace(vals))
         size = sizes.get(e) or sizes.setdefault(e, Size.of(e))
         storages.append(replace(s, size=size, shape=tuple(_subs(d, vals) for d in s.shape)))
-    graph = torch.fx.Graph()
-    env: dict = {}
-    for node in trace.graph.nodes:
-        new = graph.node_copy(node, lambda n: env[n])
-        env[node] = new
-        val = node.meta.get("val")
-        if isinstance(val, (TensorDesc, tuple)):
-            new.meta["val"] = _desc_subs(val, vals, TensorDesc)
-        new.args = _tree_subs(new.args, vals)
-        new.kwargs = _tree_subs(new.kwargs, vals)
     lower = [g for g in guards if g.free_symbols <= {B}]
     rest = [g for g in guards if not g.free_symbols <= {B}]
     ops = tuple(op if op.reduce is None else replace(op, reduce=_tree_subs(op.reduce, vals))
                 for op in trace.ops)  # the reductions' arguments (fxmem.trace.cuda.reduce_replay)
-    return replace(trace, graph_source=graph, storages=tuple(storages), ops=ops,
-                   guards=valid_when(lower) + tuple(rest), dims=())
+    return replace(trace, graph_source=Specialized(trace, vals), storages=tuple(storages),
+                   ops=ops, guards=valid_when(lower) + tuple(rest), dims=())
+
+
+class Specialized:
+    """The graph source of a trace :func:`specialize` made: its graph is the original's with
+    the named dims' ``values`` put in, built when first asked for (``Trace.graph``). What
+    reads only the nodes' shapes (FLOP counts: :func:`fxmem.checkpoint.flops.op_flops`)
+    reads the ``original``'s nodes with ``values`` put in (:func:`nodes_and_values`),
+    copying none."""
+
+    def __init__(self, original, values: dict):
+        self.original, self.values = original, values
+
+    def __call__(self) -> torch.fx.Graph:
+        graph = torch.fx.Graph()
+        env: dict = {}
+        for node in self.original.graph.nodes:
+            new = graph.node_copy(node, lambda n: env[n])
+            env[node] = new
+            if "val" in node.meta:
+                new.meta["val"] = value_in(node.meta["val"], self.values)
+            new.args = args_in(new.args, self.values)
+            new.kwargs = args_in(new.kwargs, self.values)
+        return graph
+
+
+def nodes_and_values(trace) -> tuple:
+    """(the graph whose nodes stand for ``trace``'s ops, the values to put in their
+    shapes and arguments with :func:`value_in` and :func:`args_in`): a specialized trace's
+    original graph and its dims' values, or ``trace.graph`` and none."""
+    source = trace.graph_source
+    if isinstance(source, Specialized):
+        return source.original.graph, source.values
+    return trace.graph, {}
+
+
+def value_in(val, values: dict):
+    """A node's value (``meta["val"]``) with ``values`` put in, as in a specialized graph."""
+    from ..trace.records import TensorDesc
+
+    return _desc_subs(val, values, TensorDesc) if values and isinstance(
+        val, (TensorDesc, tuple)) else val
+
+
+def args_in(args, values: dict):
+    """A node's arguments with ``values`` put in, as in a specialized graph (the nodes
+    among them kept)."""
+    return _tree_subs(args, values) if values else args
 
 
 def _desc_subs(val, vals, desc):
