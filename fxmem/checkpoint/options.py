@@ -237,8 +237,8 @@ class Planner:
         """(PyTorch-counted, other) FLOPs of the recomputed ops of derived step ``t`` (a
         :class:`fxmem.checkpoint.plans.Derived`)."""
         reg = other = 0
-        for source, again in zip(t.sources, t.recompute):
-            if again and source in self._flops:
+        for source in t.recomputed().tolist():
+            if source in self._flops:
                 f, r = self._flops[source]
                 v = f(b)
                 if r:
@@ -274,8 +274,7 @@ class Planner:
         most = list(least)
         base, owner = np.asarray(base, np.int64), np.asarray(self.own)
         for i, j, e, d, (lo, hi) in self.entries:
-            src = np.frombuffer(d.sources, d.sources.typecode)
-            again = np.frombuffer(d.recompute, np.uint8).astype(bool)
+            src, again = d.sources, d.recompute
             v, was = d.live(b), base[src]
             window = ~again & (lo <= src) & (src < hi)
             mine = again | (~window & (((i <= owner[src]) & (owner[src] <= j)) | (v != was)))

@@ -32,7 +32,6 @@ True
 from __future__ import annotations
 
 import functools
-from array import array
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -71,12 +70,6 @@ class SegmentSchedule:
     inputs: tuple
     cached: frozenset = frozenset()
     modules: tuple = ()
-
-
-def _inside(module: str, path) -> bool:
-    if not isinstance(path, str):
-        return any(_inside(module, p) for p in path)
-    return module == path or module.startswith(path + ".")
 
 
 def region_calls(trace: Trace, entry) -> list:
@@ -146,8 +139,10 @@ def _schedule(trace: Trace, entry) -> SegmentSchedule | None:
             raise InputError(f"checkpoint region {entry}: its forward has no call {missing[0]} "
                              f"(ops are named (aten op, n), the n-th call from 0)")
         cached = frozenset(names[s] for s in entry.save)
+    within, prefixes = set(mods), _prefixes(trace)
     packs = [p for _, p in sorted(kp for m, ps in _packs_by_module(trace).items()
-                                  if _inside(m, mods) for kp in ps)]  # in the trace's order
+                                  if not within.isdisjoint(prefixes[m])
+                                  for kp in ps)]  # in the trace's order
     if not packs:
         return None
     unpacked = [p for p in packs if p.unpacked_at is not None]
@@ -173,21 +168,23 @@ def derive(trace: Trace, plan) -> Trace:
         return replace(trace, plan=plan)  # no_grad: checkpoint saves nothing
     d = _Derivation(trace, plan)
     storages = trace.storages
-    pos = d.pos
+    pos, created = d.pos, d.created.tolist()
+    freed = [None if f == NEVER else f for f in d.freed.tolist()]
     new_storages = []
-    for k, st in enumerate(d.held):  # a storage nothing moved stays the same record
-        c, f, u = d.created[k], d.freed[k], st.unref_after
-        u = u if u is None or u < 0 else pos[u]
+    for k, st in enumerate(_held_storages(trace, d.changes)):  # a storage nothing moved
+        c, f, u = created[k], freed[k], st.unref_after  # stays the same record
+        u = u if u is None or u < 0 else int(pos[u])
         new_storages.append(st if (c, f, u) == (st.created_by, st.freed_after, st.unref_after)
                             else _with(st, created_by=c, freed_after=f, unref_after=u))
-    for k, s in enumerate(d.copied, len(d.held)):
+    for k, s in enumerate(d.copied, len(storages)):
         st = storages[s]
-        new_storages.append(replace(st, sid=k, created_by=d.created[k], freed_after=d.freed[k],
-                                    unref_after=d.freed[k], saved=False, category=_unsaved(st),
+        new_storages.append(replace(st, sid=k, created_by=created[k], freed_after=freed[k],
+                                    unref_after=freed[k], saved=False, category=_unsaved(st),
                                     saved_by=()))
     # the ops, renumbered; re-run ops point at the op they repeat
     ops, new_ops = trace.ops, []
-    for k, (sc, i) in enumerate(zip(d.runs, d.sources)):
+    runs = [sc for part, sc in d.parts for _ in range(len(part))]
+    for k, (sc, i) in enumerate(zip(runs, d.sources.tolist())):
         op = ops[i]
         if sc is None:
             new_ops.append(_with(op, index=k, source=i))
@@ -207,20 +204,42 @@ def derive(trace: Trace, plan) -> Trace:
 NEVER = -2  # ``Derived.freed``'s "never freed" (a trace's ``freed_after=None``)
 
 
-@dataclass(frozen=True)
+class SizeValues:
+    """A trace's storage sizes (device sizes, :class:`fxmem.formula.symbols.Size`) and their
+    values at the last few batch sizes asked for, as int64 arrays: shared by every plan a
+    planner derives from the trace (:func:`derive_numbers`)."""
+
+    def __init__(self, sizes: tuple):
+        self.sizes, self._at = tuple(sizes), {}
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def at(self, b: int):
+        if b not in self._at:
+            if len(self._at) >= 8:
+                self._at.pop(next(iter(self._at)))
+            self._at[b] = np.fromiter((z(b) for z in self.sizes), np.int64, len(self.sizes))
+        return self._at[b]
+
+
+@dataclass(frozen=True, eq=False)
 class Derived:
     """A plan's step derived as :func:`derive` does, in arrays: what a planner's numbers
     need, without a record per op and storage (:func:`derive_numbers`). Per storage of the
-    derived step: ``created`` (the op that makes it, -1: before the step), ``freed`` (the
-    op after which it is freed, :data:`NEVER`: never) and ``sizes`` (device sizes); per
-    op: ``sources`` (the base op it is, or repeats) and ``recompute`` (1 when it re-runs
-    one)."""
+    derived step: ``created`` (the op that makes it, -1: before the step) and ``freed``
+    (the op after which it is freed, :data:`NEVER`: never), int64 arrays; its size is the
+    base storage's (``base``, a :class:`SizeValues`), the first ``len(base)`` storages
+    being the base's and each after them a re-run's copy of base storage ``copied[k]``.
+    Per op: ``sources`` (the base op it is, or repeats) and ``recompute`` (1 when it
+    re-runs one)."""
 
-    created: array
-    freed: array
-    sizes: tuple
-    sources: array
-    recompute: bytes
+    created: np.ndarray
+    freed: np.ndarray
+    base: SizeValues
+    copied: np.ndarray
+    sources: np.ndarray
+    recompute: np.ndarray
 
     @property
     def n_ops(self) -> int:
@@ -231,40 +250,51 @@ class Derived:
         (:func:`fxmem.memory.liveness.timeline`)."""
         return self.live(b).tolist()
 
+    def _values(self, b: int):
+        base = self.base.at(b)
+        return np.concatenate([base, base[self.copied]]) if len(self.copied) else base
+
     def live(self, b: int):
         """:meth:`timeline` as a numpy array of int64."""
         n = len(self.sources)
-        v = np.fromiter((size(b) for size in self.sizes), np.int64, len(self.sizes))
-        created = np.frombuffer(self.created, self.created.typecode)
-        freed = np.frombuffer(self.freed, self.freed.typecode)
+        v = self._values(b)
+        made = self.created >= 0
         delta = np.zeros(n + 1, np.int64)
-        made = created >= 0
-        np.add.at(delta, created[made], v[made])
-        gone = (freed != NEVER) & (freed + 1 <= n)
-        np.add.at(delta, np.maximum(freed[gone] + 1, 0), -v[gone])
+        np.add.at(delta, self.created[made], v[made])
+        gone = (self.freed != NEVER) & (self.freed + 1 <= n)
+        np.add.at(delta, np.maximum(self.freed[gone] + 1, 0), -v[gone])
         return int(v[~made].sum()) + np.cumsum(delta[:n])
 
     def start_bytes(self, b: int) -> int:
         """Live bytes before the step's first op."""
-        return sum(z(b) for c, z in zip(self.created, self.sizes) if c < 0)
+        return int(self._values(b)[self.created < 0].sum())
+
+    def recomputed(self):
+        """The base ops the derived step runs again, one entry per re-run (int64)."""
+        return self.sources[self.recompute]
 
 
 def derive_numbers(trace: Trace, plan, sizes) -> Derived:
     """:func:`derive`'s step under ``plan`` as a :class:`Derived`, ``sizes`` the device
-    sizes of ``trace``'s storages (a re-run's copy takes its original's): the same
-    numbers as the derived trace's, in a fraction of the time and memory."""
+    sizes of ``trace``'s storages (a :class:`SizeValues`, or a tuple: then kept on the
+    trace with its values) (a re-run's copy takes its original's): the same numbers as the
+    derived trace's, in a fraction of the time and memory."""
     plan = _plan_of(trace, plan)
+    if not isinstance(sizes, SizeValues):
+        known = trace.__dict__.setdefault("_size_values", {})
+        if id(sizes) not in known:  # (the entry holds ``sizes``: the id stays its own)
+            known[id(sizes)] = SizeValues(sizes)
+        sizes = known[id(sizes)]
+    created, freed = _base(trace)
     n = len(trace.ops)
+    none = np.zeros(0, np.int64)
     if not trace.train or not plan:
-        st = trace.storages
-        return Derived(array("q", (s.created_by for s in st)),
-                       array("q", (NEVER if s.freed_after is None else s.freed_after
-                                   for s in st)),
-                       tuple(sizes), array("q", range(n)), bytes(n))
+        return Derived(created, freed, sizes, none, np.arange(n, dtype=np.int64),
+                       np.zeros(n, bool))
     d = _Derivation(trace, plan)
-    return Derived(array("q", d.created), array("q", [NEVER if f is None else f for f in d.freed]),
-                   (*sizes[:len(d.held)], *(sizes[s] for s in d.copied)),
-                   array("q", d.sources), bytes(map(bool, d.runs)))
+    again = np.concatenate([np.full(len(part), sc is not None) for part, sc in d.parts]) \
+        if d.parts else np.zeros(0, bool)
+    return Derived(d.created, d.freed, sizes, np.array(d.copied, np.int64), d.sources, again)
 
 
 def _plan_of(trace: Trace, plan) -> Plan:
@@ -275,17 +305,18 @@ def _plan_of(trace: Trace, plan) -> Plan:
 
 
 class _Derivation:
-    """What ``plan`` changes in ``trace`` (a training step), as indices: ``held``, the
-    base storages with what autograd and the checkpoints hold of them (base op indices);
-    ``copied``, the base storage behind each re-run's copy (sids ``len(held)`` on);
-    ``created`` and ``freed``, per storage of the derived step, in its op indices;
-    per op of the derived step, ``sources`` (the base op it is or repeats) and ``runs``
-    (the schedule re-running it, None: the op itself); ``pos``: base op -> derived index;
-    ``copies``: ``(path, base sid)`` -> the sid a re-run uses."""
+    """What ``plan`` changes in ``trace`` (a training step), as indices: ``changes``, the
+    base storages whose holds autograd and the checkpoints change (:func:`_held_changes`);
+    ``copied``, the base storage behind each re-run's copy (sids ``len(storages)`` on);
+    ``created`` and ``freed``, per storage of the derived step, in its op indices (int64,
+    :data:`NEVER`: never freed); ``parts``, the derived step's ops in runs of
+    ``(base ops, the schedule re-running them or None: the ops themselves)``, and
+    ``sources``, the base op each derived op is or repeats; ``pos``: base op -> derived
+    index; ``copies``: ``(path, base sid)`` -> the sid a re-run uses."""
 
     def __init__(self, trace: Trace, plan: Plan):
         scheds = [s for s in (schedule(trace, e) for e in plan) if s is not None]
-        self.held = held = _held_storages(trace, scheds)
+        self.changes = _held_changes(trace, scheds)
         ops, storages = trace.ops, trace.storages
         n = len(ops)
         # re-runs, in the order their first unpacks happened; a selective checkpoint's kept
@@ -295,72 +326,111 @@ class _Derivation:
         before: dict = {}
         for sc in reruns:
             before.setdefault(sc.recompute_at, []).append(sc)
-        sources: list = []  # per derived op: the base op it is or repeats
-        runs: list = []  # per derived op: the schedule re-running it, or None
-        pos: list = []  # base op -> its derived index
+        parts: list = []  # (base ops, schedule re-running them or None), in derived order
+        pos = np.zeros(n, np.int64)  # base op -> its derived index
         at = {}  # (path, base index) -> derived index of it (or of the op before it)
-        done = 0  # base ops placed so far
+        done = length = 0  # base ops placed, derived ops so far
+
+        def place(stop):  # the base ops up to ``stop``, as they are
+            nonlocal done, length
+            if stop > done:
+                pos[done:stop] = np.arange(length, length + stop - done)
+                parts.append((np.arange(done, stop, dtype=np.int64), None))
+                length += stop - done
+                done = stop
+
         for i in sorted(before):
-            stop = max(done, min(i, n))
-            pos.extend(range(len(sources), len(sources) + stop - done))
-            sources.extend(range(done, stop))
-            runs.extend([None] * (stop - done))
-            done = stop
+            place(max(done, min(i, n)))
             for sc in before[i]:
+                again: list = []
                 for j in range(sc.first_op, sc.stop):
                     if j not in sc.cached:
-                        sources.append(j)
-                        runs.append(sc)
-                    at[(sc.path, j)] = len(sources) - 1
-        pos.extend(range(len(sources), len(sources) + n - done))
-        sources.extend(range(done, n))
-        runs.extend([None] * (n - done))
+                        again.append(j)
+                    at[(sc.path, j)] = length + len(again) - 1
+                if again:
+                    parts.append((np.array(again, np.int64), sc))
+                    length += len(again)
+        place(n)
 
         def moved(i):  # base op index -> derived index (for "freed after op i")
-            return i if i is None or i < 0 else pos[i]
+            return i if i is None or i < 0 else int(pos[i])
 
-        self.created = [c if c < 0 else pos[c] for c in _base(trace)]
-        self.freed = [f if f is None or f < 0 else pos[f] for f in (st.freed_after
-                                                                     for st in held)]
+        base_created, base_freed = _base(trace)
+        created = np.where(base_created < 0, base_created, pos[np.maximum(base_created, 0)]) \
+            if n else base_created.copy()
+        freed = base_freed.copy()
+        for sid, (f, _, _) in self.changes.items():
+            freed[sid] = NEVER if f is None else f
+        later = freed >= 0
+        freed[later] = pos[freed[later]]
+        extra_created, extra_freed = [], []
+        overrides: dict = {}  # base sid -> derived "freed after" (None: never)
+
+        def freed_of(s):
+            if s in overrides:
+                return overrides[s]
+            return None if freed[s] == NEVER else int(freed[s])
+
         copies: dict = {}  # (path, base sid) -> sid of the recomputed copy
         copied = []
-        packs_of = _packs_of(trace)
         rerun = {sc.path for sc in reruns}
         for sc in reruns:
-            for j in range(sc.first_op, sc.stop):
-                for s in ops[j].new_sids:
-                    st = storages[s]
-                    inner = [p.dropped_after if p.unpacked_at is not None else p.released_after
-                             for p in packs_of.get(s, ()) if _inside(p.module, sc.modules)]
-                    if inner:  # kept until each saver's backward is done with it
-                        free = moved(latest(*inner))
-                    else:  # dropped by Python in the re-run, or when it stops
-                        end = sc.stop - 1
-                        u = st.unref_after
-                        free = at[(sc.path, u if u is not None and u <= end else end)]
-                    if j in sc.cached:  # the forward's own tensor, handed over
-                        self.freed[s] = latest(self.freed[s], free)
-                        copies[(sc.path, s)] = s
-                        continue
-                    sid = len(held) + len(copied)
-                    copies[(sc.path, s)] = sid
-                    copied.append(s)
-                    self.created.append(at[(sc.path, j)])
-                    self.freed.append(free)
+            for j, s, saved, after in _remade(trace, sc):
+                free = moved(after) if saved else at[(sc.path, after)]
+                if j in sc.cached:  # the forward's own tensor, handed over
+                    overrides[s] = latest(freed_of(s), free)
+                    copies[(sc.path, s)] = s
+                    continue
+                copies[(sc.path, s)] = len(storages) + len(copied)
+                copied.append(s)
+                extra_created.append(at[(sc.path, j)])
+                extra_freed.append(NEVER if free is None else free)
         for s, (sc, j) in _cached(trace, scheds).items():  # in the cache until the re-run
             # takes it back, or (never taken: past the early stop) until the checkpoint is done
             end = at[(sc.path, j)] if sc.path in rerun and j < sc.stop else \
                 moved(sc.done_after)
-            self.freed[s] = latest(self.freed[s], end)
-        self.copied, self.copies = copied, copies
-        self.sources, self.runs, self.pos = sources, runs, pos
+            overrides[s] = latest(freed_of(s), end)
+        for s, f in overrides.items():
+            freed[s] = NEVER if f is None else f
+        self.created = np.concatenate([created, np.array(extra_created, np.int64)])
+        self.freed = np.concatenate([freed, np.array(extra_freed, np.int64)])
+        self.copied, self.copies, self.parts, self.pos = copied, copies, parts, pos
+        self.sources = np.concatenate([p for p, _ in parts]) if parts else \
+            np.zeros(0, np.int64)
 
 
-def _base(trace: Trace) -> list:
-    """Each storage's ``created_by`` (kept on the trace)."""
+def _remade(trace: Trace, sc: SegmentSchedule) -> tuple:
+    """``(op, base sid, saved, after)`` for each storage ``sc``'s re-run makes: ``saved``,
+    kept until each saver inside it is done with it, then ``after`` is the base op after
+    which the last lets go (None: never); else dropped by Python in the re-run, or when
+    it stops: after base op ``after`` of the re-run (kept on the trace)."""
+    known = trace.__dict__.setdefault("_remade", {})
+    if sc not in known:
+        packs_of, prefixes, ops = _packs_of(trace), _prefixes(trace), trace.ops
+        mods, end, out = set(sc.modules), sc.stop - 1, []
+        for j in range(sc.first_op, sc.stop):
+            for s in ops[j].new_sids:
+                inner = [p.dropped_after if p.unpacked_at is not None else p.released_after
+                         for p in packs_of.get(s, ()) if not mods.isdisjoint(prefixes[p.module])]
+                if inner:
+                    out.append((j, s, True, latest(*inner)))
+                else:
+                    u = trace.storages[s].unref_after
+                    out.append((j, s, False, u if u is not None and u <= end else end))
+        known[sc] = tuple(out)
+    return known[sc]
+
+
+def _base(trace: Trace) -> tuple:
+    """Each storage's ``created_by`` and ``freed_after`` (:data:`NEVER` for None), int64
+    arrays kept on the trace."""
     known = trace.__dict__.get("_created")
     if known is None:
-        known = trace.__dict__["_created"] = [s.created_by for s in trace.storages]
+        st = trace.storages
+        known = trace.__dict__["_created"] = (
+            np.fromiter((s.created_by for s in st), np.int64, len(st)),
+            np.fromiter((NEVER if s.freed_after is None else s.freed_after for s in st),
+                        np.int64, len(st)))
     return known
 
 
@@ -398,9 +468,10 @@ def _cached(trace: Trace, scheds) -> dict:
     return cache
 
 
-def _held_storages(trace: Trace, scheds) -> list:
-    """The base storages as the plan's forward leaves them: autograd's holds from inside a
-    segment are gone, the segments' inputs wait for their backward (base op indices)."""
+def _held_changes(trace: Trace, scheds) -> dict:
+    """The base storages whose holds the plan's forward changes: autograd's holds from
+    inside a segment are gone, the segments' inputs wait for their backward: ``{sid:
+    (freed_after, saved, category)}`` (base op indices)."""
     ops, storages = trace.ops, trace.storages
     packs_of = _packs_of(trace)
     keep_until: dict = {}
@@ -409,18 +480,21 @@ def _held_storages(trace: Trace, scheds) -> list:
             for s in sc.inputs:
                 keep_until.setdefault(s, []).append(sc.done_after)
     cache = _cached(trace, scheds)
+    inside = {m for sc in scheds for m in sc.modules}  # a module in one of them, or below
+    prefixes = _prefixes(trace)
     planned: dict = {}  # module -> whether a segment of the plan holds it
 
     def outside(module: str) -> bool:
         if module not in planned:
-            planned[module] = not any(_inside(module, sc.modules) for sc in scheds)
+            planned[module] = inside.isdisjoint(prefixes[module] if module in prefixes
+                                                else _module_prefixes(module))
         return planned[module]
 
     touched = set(keep_until) | set(cache)
     for module, packs in _packs_by_module(trace).items():
         if not outside(module):
             touched.update(p.sid for _, p in packs)
-    new_storages = list(storages)  # the others stay as they are
+    out = {}
     for sid in touched:
         st = storages[sid]
         held = packs_of.get(st.sid, ())
@@ -431,10 +505,33 @@ def _held_storages(trace: Trace, scheds) -> list:
         free = latest(st.unref_after if st.created_by >= 0 else None, *kept,
                       *keep_until.get(st.sid, ()))
         by_plan = st.sid in keep_until or st.sid in cache  # the checkpoint holds it
-        new_storages[sid] = replace(st, freed_after=free, saved=bool(kept) or by_plan,
-                                    category=st.category if kept else
-                                    _held(st, ops) if by_plan else _unsaved(st))
-    return new_storages
+        out[sid] = (free, bool(kept) or by_plan, st.category if kept else
+                    _held(st, ops) if by_plan else _unsaved(st))
+    return out
+
+
+def _module_prefixes(module: str) -> tuple:
+    """``module`` and the paths of the modules it is in: ``"a.b"``: ``("a", "a.b")``."""
+    parts = module.split(".")
+    return tuple(".".join(parts[:k]) for k in range(1, len(parts) + 1))
+
+
+def _prefixes(trace: Trace) -> dict:
+    """module path -> :func:`_module_prefixes`, for the modules whose forwards saved
+    tensors (kept on the trace)."""
+    known = trace.__dict__.get("_prefixes")
+    if known is None:
+        known = trace.__dict__["_prefixes"] = {m: _module_prefixes(m)
+                                               for m in _packs_by_module(trace)}
+    return known
+
+
+def _held_storages(trace: Trace, changes: dict) -> list:
+    """The base storages as the plan's forward leaves them (:func:`_held_changes`)."""
+    out = list(trace.storages)  # the others stay as they are
+    for sid, (free, saved, category) in changes.items():
+        out[sid] = replace(out[sid], freed_after=free, saved=saved, category=category)
+    return out
 
 
 def _with(record, **changes):
