@@ -87,7 +87,7 @@ def test_a_long_chain_keeps_its_smallest_peak(monkeypatch):
     problem = random_problem(rng, 20)
     monkeypatch.setattr(C, "MAX_STATES", 8)
     lowest = C.lowest_peak(problem)
-    cut = min(s[1] for s in C._states(problem, None, 8))
+    cut = min(s[1] for s in C._run(problem, None, 8))
     assert cut > lowest  # the cut lost the smallest peaks
     assert C.min_peak(problem).peak_bytes == lowest
     assert C.frontier(problem)[-1].peak_bytes == lowest

@@ -115,65 +115,73 @@ def _by_first(problem):
 
 def _run(problem: ChainProblem, budget, max_states: int = MAX_STATES):
     """States at the last boundary that fit ``budget`` (None: any), as
-    ``(cost, peak, -R, choices)``, the choices in block order."""
-    return [(cost, pk, nR, _unchain(ch)) for cost, pk, nR, ch in _states(problem, budget,
-                                                                         max_states)]
-
-
-def _unchain(link) -> tuple:
-    """``(choice, (choice before, (...)))`` as a tuple of choices in block order."""
-    out = []
-    while link:
-        c, link = link
-        out.append(c)
-    return tuple(reversed(out))
-
-
-def _states(problem: ChainProblem, budget, max_states: int):
-    """:func:`_run`'s states, each state's choices a chain ``(last, (the one before, ...))``:
-    one pair per step, not a copy of every choice so far."""
+    ``(cost, peak, -R, choices)``, the choices in block order: a state is kept unless one
+    before it in (cost, peak, -R) order has a peak and a -R at most its own, and each
+    boundary keeps its first ``max_states``. Each boundary's states are arrays; a state
+    points at its last choice and at the state it extends (at the boundary where that
+    choice starts), read back for the last boundary's states only."""
     starts = _by_first(problem)
     limit = float("inf") if budget is None else budget
     top0 = max(problem.start, problem.boundary[0])
     if top0 > limit:
         return []
-    layers: list = [[] for _ in range(problem.n + 1)]
-    layers[0] = [(0, top0, 0, None)]
-    for k in range(problem.n):
-        states = _prune(layers[k], max_states)
-        layers[k] = None
+    exact = object if sum(c.cost for c in problem.choices) >= 2 ** 62 else np.int64
+    where = {id(c): i for i, c in enumerate(problem.choices)}
+    pending: list = [[] for _ in range(problem.n + 1)]  # (cost, peak, -R, choice, parent)
+    pending[0].append((np.zeros(1, exact), np.array([float(top0)]), np.zeros(1),
+                       np.full(1, -1), np.full(1, -1)))
+    kept: list = [None] * (problem.n + 1)
+    for k in range(problem.n + 1):
+        kept[k] = _prune_arrays(pending[k], max_states)
+        pending[k] = None
+        if k == problem.n:
+            break
+        cost, pk, nR = kept[k][:3]
         for c in starts[k]:
-            nxt = layers[c.last + 1]
-            b = problem.boundary[c.last + 1]
-            for cost, pk, nR, ch in states:
-                R = -nR
-                v = max(pk, c.own - R, b - R - c.released)
-                if v <= limit:
-                    nxt.append((cost + c.cost, v, nR - c.released, (c, ch)))
-    return _prune(layers[problem.n], max_states)
+            b = float(problem.boundary[c.last + 1])
+            v = np.maximum(pk, np.maximum(c.own + nR, b + nR - c.released))
+            fit = np.nonzero(v <= limit)[0]
+            if len(fit):
+                pending[c.last + 1].append((cost[fit] + c.cost, v[fit], nR[fit] - c.released,
+                                            np.full(len(fit), where[id(c)]), fit))
+    out = []
+    for i, (cost, pk, nR) in enumerate(zip(*(a.tolist() for a in kept[problem.n][:3]))):
+        chosen, at, j = [], problem.n, i
+        while at > 0:
+            c = problem.choices[kept[at][3][j]]
+            chosen.append(c)
+            at, j = c.first, kept[at][4][j]
+        out.append((int(cost), int(pk), int(nR), tuple(reversed(chosen))))
+    return out
 
 
-def _prune(states, max_states):
-    """Drop states another beats on R, cost and peak at once: in (cost, peak) order, a state
-    survives when no earlier one has a peak at most its own and R at least its own (the
-    earlier ones kept as a staircase: peak ascending, -R descending)."""
-    states.sort(key=lambda s: (s[0], s[1], s[2]))
-    kept: list = []
-    peaks: list = []  # the staircase
+def _prune_arrays(chunks: list, max_states: int) -> tuple:
+    """The states of ``chunks`` (``(cost, peak, -R, choice, parent)`` arrays) that
+    :func:`_run` keeps, in (cost, peak, -R) order (a stable sort: states of equal keys in the
+    order they were made)."""
+    if not chunks:
+        empty = np.zeros(0, np.int64)
+        return empty, np.zeros(0), np.zeros(0), empty, empty
+    cost, pk, nR, choice, parent = (np.concatenate(a) for a in zip(*chunks))
+    rank = cost if cost.dtype != object else np.unique(cost, return_inverse=True)[1]
+    order = np.lexsort((nR, pk, rank))
+    keep = []
+    peaks: list = []  # the staircase of the states kept: peak ascending, -R descending
     nRs: list = []
-    for st in states:
-        j = bisect_right(peaks, st[1])
-        if j and nRs[j - 1] <= st[2]:
+    for i, p, r in zip(order.tolist(), pk[order].tolist(), nR[order].tolist()):
+        j = bisect_right(peaks, p)
+        if j and nRs[j - 1] <= r:
             continue
-        kept.append(st)
-        k = j
-        while k < len(peaks) and nRs[k] >= st[2]:
-            k += 1
-        peaks[j:k] = [st[1]]
-        nRs[j:k] = [st[2]]
-    if len(kept) > max_states:  # keep the cheapest; the caller still checks exactly
-        kept = kept[:max_states]
-    return kept
+        keep.append(i)
+        if len(keep) == max_states:  # the cheapest; the caller still checks exactly
+            break
+        m = j
+        while m < len(peaks) and nRs[m] >= r:
+            m += 1
+        peaks[j:m] = [p]
+        nRs[j:m] = [r]
+    keep = np.array(keep, np.int64)
+    return cost[keep], pk[keep], nR[keep], choice[keep], parent[keep]
 
 
 def solve(problem: ChainProblem, budget_bytes: int) -> ChainSolution:
@@ -204,7 +212,7 @@ def _cheapest(problem: ChainProblem, budget: int):
     with at least its ``R``, ``R`` past what any later choice needs (``need``) counting as
     that much, and by one as cheap with at least its ``R`` and at most its peak (the peak
     breaks ties). Each state's peak and ``R`` are its own, and no cut: the cheapest plan is
-    exact, where :func:`_states`' three numbers (for :func:`frontier`) are cut to
+    exact, where :func:`_run`'s three numbers (for :func:`frontier`) are cut to
     ``MAX_STATES``, the cheapest kept: over 80 blocks that cut lost the smallest peaks.
 
     A layer's states are numpy arrays (bytes as float64, exact below 2**53; costs int64, or
