@@ -202,6 +202,7 @@ def derive(trace: Trace, plan) -> Trace:
 
 
 NEVER = -2  # ``Derived.freed``'s "never freed" (a trace's ``freed_after=None``)
+_INDEX = np.int32  # op and storage indices in a derivation's arrays (a planner keeps hundreds)
 
 
 class SizeValues:
@@ -228,7 +229,7 @@ class Derived:
     """A plan's step derived as :func:`derive` does, in arrays: what a planner's numbers
     need, without a record per op and storage (:func:`derive_numbers`). Per storage of the
     derived step: ``created`` (the op that makes it, -1: before the step) and ``freed``
-    (the op after which it is freed, :data:`NEVER`: never), int64 arrays; its size is the
+    (the op after which it is freed, :data:`NEVER`: never), int32 arrays; its size is the
     base storage's (``base``, a :class:`SizeValues`), the first ``len(base)`` storages
     being the base's and each after them a re-run's copy of base storage ``copied[k]``.
     Per op: ``sources`` (the base op it is, or repeats) and ``recompute`` (1 when it
@@ -270,7 +271,7 @@ class Derived:
         return int(self._values(b)[self.created < 0].sum())
 
     def recomputed(self):
-        """The base ops the derived step runs again, one entry per re-run (int64)."""
+        """The base ops the derived step runs again, one entry per re-run (int32)."""
         return self.sources[self.recompute]
 
 
@@ -287,14 +288,14 @@ def derive_numbers(trace: Trace, plan, sizes) -> Derived:
         sizes = known[id(sizes)]
     created, freed = _base(trace)
     n = len(trace.ops)
-    none = np.zeros(0, np.int64)
+    none = np.zeros(0, _INDEX)
     if not trace.train or not plan:
-        return Derived(created, freed, sizes, none, np.arange(n, dtype=np.int64),
+        return Derived(created, freed, sizes, none, np.arange(n, dtype=_INDEX),
                        np.zeros(n, bool))
     d = _Derivation(trace, plan)
     again = np.concatenate([np.full(len(part), sc is not None) for part, sc in d.parts]) \
         if d.parts else np.zeros(0, bool)
-    return Derived(d.created, d.freed, sizes, np.array(d.copied, np.int64), d.sources, again)
+    return Derived(d.created, d.freed, sizes, np.array(d.copied, _INDEX), d.sources, again)
 
 
 def _plan_of(trace: Trace, plan) -> Plan:
@@ -308,7 +309,7 @@ class _Derivation:
     """What ``plan`` changes in ``trace`` (a training step), as indices: ``changes``, the
     base storages whose holds autograd and the checkpoints change (:func:`_held_changes`);
     ``copied``, the base storage behind each re-run's copy (sids ``len(storages)`` on);
-    ``created`` and ``freed``, per storage of the derived step, in its op indices (int64,
+    ``created`` and ``freed``, per storage of the derived step, in its op indices (int32,
     :data:`NEVER`: never freed); ``parts``, the derived step's ops in runs of
     ``(base ops, the schedule re-running them or None: the ops themselves)``, and
     ``sources``, the base op each derived op is or repeats; ``pos``: base op -> derived
@@ -327,7 +328,7 @@ class _Derivation:
         for sc in reruns:
             before.setdefault(sc.recompute_at, []).append(sc)
         parts: list = []  # (base ops, schedule re-running them or None), in derived order
-        pos = np.zeros(n, np.int64)  # base op -> its derived index
+        pos = np.zeros(n, _INDEX)  # base op -> its derived index
         at = {}  # (path, base index) -> derived index of it (or of the op before it)
         done = length = 0  # base ops placed, derived ops so far
 
@@ -335,7 +336,7 @@ class _Derivation:
             nonlocal done, length
             if stop > done:
                 pos[done:stop] = np.arange(length, length + stop - done)
-                parts.append((np.arange(done, stop, dtype=np.int64), None))
+                parts.append((np.arange(done, stop, dtype=_INDEX), None))
                 length += stop - done
                 done = stop
 
@@ -348,7 +349,7 @@ class _Derivation:
                         again.append(j)
                     at[(sc.path, j)] = length + len(again) - 1
                 if again:
-                    parts.append((np.array(again, np.int64), sc))
+                    parts.append((np.array(again, _INDEX), sc))
                     length += len(again)
         place(n)
 
@@ -392,11 +393,11 @@ class _Derivation:
             overrides[s] = latest(freed_of(s), end)
         for s, f in overrides.items():
             freed[s] = NEVER if f is None else f
-        self.created = np.concatenate([created, np.array(extra_created, np.int64)])
-        self.freed = np.concatenate([freed, np.array(extra_freed, np.int64)])
+        self.created = np.concatenate([created, np.array(extra_created, _INDEX)])
+        self.freed = np.concatenate([freed, np.array(extra_freed, _INDEX)])
         self.copied, self.copies, self.parts, self.pos = copied, copies, parts, pos
         self.sources = np.concatenate([p for p, _ in parts]) if parts else \
-            np.zeros(0, np.int64)
+            np.zeros(0, _INDEX)
 
 
 def _remade(trace: Trace, sc: SegmentSchedule) -> tuple:
@@ -422,15 +423,15 @@ def _remade(trace: Trace, sc: SegmentSchedule) -> tuple:
 
 
 def _base(trace: Trace) -> tuple:
-    """Each storage's ``created_by`` and ``freed_after`` (:data:`NEVER` for None), int64
+    """Each storage's ``created_by`` and ``freed_after`` (:data:`NEVER` for None), int32
     arrays kept on the trace."""
     known = trace.__dict__.get("_created")
     if known is None:
         st = trace.storages
         known = trace.__dict__["_created"] = (
-            np.fromiter((s.created_by for s in st), np.int64, len(st)),
+            np.fromiter((s.created_by for s in st), _INDEX, len(st)),
             np.fromiter((NEVER if s.freed_after is None else s.freed_after for s in st),
-                        np.int64, len(st)))
+                        _INDEX, len(st)))
     return known
 
 
