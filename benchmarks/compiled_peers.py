@@ -73,7 +73,8 @@ def choose(name: str, B: int, peaks: dict) -> dict:  # noqa: N803
             "compiled": c.compiled, "plan": fxmem.Plan.of(c.plan).to_dict(),
             "label": compact_plan(fxmem.Plan.of(c.plan)) or "no plan",
             "reserved": c.run.max_reserved if c.run is not None else None,
-            "flops": c.step_flops, "seconds": time.perf_counter() - t1}
+            "flops": c.step_flops + c.recompute_flops,  # the step as the plan runs it
+            "seconds": time.perf_counter() - t1}
     return out
 
 

@@ -97,6 +97,12 @@ def test_compiled_alone_and_max_batch_size(report):
     top = compiled_plans(report)[-1]
     choice = report.plan_for(top.peak_bytes(b), b, kinds=["compiled"], by="live")
     assert choice.compiled is not None and choice.peak_bytes <= top.peak_bytes(b)
+    # the step without recomputation is budget 1.0's, as max_batch_size's choices say: the
+    # chosen step runs step_flops + recompute_flops
+    ours = next(p for p in compiled_plans(report) if p.budget == choice.compiled)
+    assert choice.step_flops == compiled_plans(report)[0].step_flops_at(b)
+    assert choice.step_flops + choice.recompute_flops == ours.step_flops_at(b)
+    assert choice.recompute_flops > 0  # (not budget 1.0 itself)
     with pytest.raises(fxmem.InfeasibleBudgetError):
         report.plan_for(top.peak_bytes(b) - 1, b, kinds=["compiled"], by="live")
     budget = compiled_plans(report)[0].peak_bytes(b)

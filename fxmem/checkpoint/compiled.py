@@ -176,14 +176,15 @@ def plan_for(report, budget_bytes: int, b: int, candidates=None, kinds=None, *,
         except InfeasibleBudgetError as e:
             least = e.minimum_bytes
     ws = options.get("cudnn_workspace", 0)
-    for p in compiled_plans(report, budgets):
+    plans = compiled_plans(report, budgets)
+    step = plans[0].step_flops_at(b)  # the step without recomputation: budget 1.0's
+    for p in plans:
         peak = p.peak_bytes(b)
         run = p.report.runs_on_device(b, budget_bytes, cudnn_workspace=ws) \
             if by == "device" else None
         if (run.fits if run is not None else peak <= budget_bytes):
-            choices.append(PlanChoice(b, (), peak, p.recompute_flops_at(b),
-                                      p.step_flops_at(b), p.report, by=by, run=run,
-                                      compiled=p.budget))
+            choices.append(PlanChoice(b, (), peak, p.recompute_flops_at(b), step, p.report,
+                                      by=by, run=run, compiled=p.budget))
             continue  # else what it needs: its peak, or its replay's with no limit
         need = peak if by == "live" else \
             p.report.cuda_memory(b, cudnn_workspace=ws).max_reserved
