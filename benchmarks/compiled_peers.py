@@ -13,9 +13,12 @@ of PyTorch) on the fake GPU, each measurement in a process of its own.
   ``max_memory_reserved()`` over the whole run (the first steps, which make the optimizer
   state, included): what a card must hold for it. It is then run again on a card whose
   allocator may hold just that, to show it runs there. Its FLOPs: fxmem's count on the
-  trace of that compiled step (``fxmem.checkpoint.compiled.compiled_plans``: PyTorch's
-  formulas on the ops the compiled graphs run; inductor's fused pointwise kernels are not
-  counted, on either side's compiled steps).
+  trace of that compiled step by PyTorch's formulas (``FlopCount.from_pytorch``: matmuls
+  and attention, the ops a compiled graph runs as they are), as for fxmem's choice, on
+  either side: the pointwise ops an eager step runs one by one, inductor fuses into kernels
+  that are not ops of the trace, so a count with them (``FlopCount.total``) is not the same
+  measure for the two kinds (GPT-2 small at B=4: its eager step 388.37 GFLOPs in all,
+  387.95 by PyTorch's formulas, the step compiled under budget 1.0 387.95 either way).
 - **fxmem**: the eager step analysed once (``fxmem.analyze(..., device="cuda")`` at B); at each
   peer's measured ``max_memory_reserved()`` as the budget, ``report.plan_for(reserved, B,
   kinds=["module", "group", "selective", "compiled"], by="device")``: the cheapest of the
@@ -63,7 +66,7 @@ def choose(name: str, B: int, peaks: dict) -> dict:  # noqa: N803
                            device="cuda")
     traced = time.perf_counter() - t0
     budgets = [float(b) for b in peaks]
-    flops = {str(p.budget): p.step_flops_at(B) for p in compiled_plans(report, budgets)}
+    flops = {str(p.budget): _pytorch_flops(p.report, B) for p in compiled_plans(report, budgets)}
     compiled = time.perf_counter() - t0 - traced
     out = {"traced_s": traced, "compiled_s": compiled, "peer_flops": flops, "choices": {}}
     for budget, reserved in peaks.items():
@@ -73,9 +76,16 @@ def choose(name: str, B: int, peaks: dict) -> dict:  # noqa: N803
             "compiled": c.compiled, "plan": fxmem.Plan.of(c.plan).to_dict(),
             "label": compact_plan(fxmem.Plan.of(c.plan)) or "no plan",
             "reserved": c.run.max_reserved if c.run is not None else None,
-            "flops": c.step_flops + c.recompute_flops,  # the step as the plan runs it
+            "flops": _pytorch_flops(c.report, B),  # the step as the choice runs it
             "seconds": time.perf_counter() - t1}
     return out
+
+
+def _pytorch_flops(report, b: int) -> int:
+    """The step's FLOPs at ``b`` by PyTorch's formulas (its re-runs included)."""
+    import fxmem
+
+    return int(report.flop_count.from_pytorch.subs(fxmem.B, b))
 
 
 def measure_choice(name: str, B: int, cap: int | None = None,  # noqa: N803
