@@ -232,8 +232,8 @@ class Derived:
     (the op after which it is freed, :data:`NEVER`: never), int32 arrays; its size is the
     base storage's (``base``, a :class:`SizeValues`), the first ``len(base)`` storages
     being the base's and each after them a re-run's copy of base storage ``copied[k]``.
-    Per op: ``sources`` (the base op it is, or repeats) and ``recompute`` (1 when it
-    re-runs one)."""
+    Per op: ``sources`` (the base op it is, or repeats) and ``recompute`` (a bool array:
+    True where it re-runs one)."""
 
     created: np.ndarray
     freed: np.ndarray
