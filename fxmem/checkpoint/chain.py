@@ -117,52 +117,69 @@ def _run(problem: ChainProblem, budget, max_states: int = MAX_STATES):
     """States at the last boundary that fit ``budget`` (None: any), as
     ``(cost, peak, -R, choices)``, the choices in block order: a state is kept unless one
     before it in (cost, peak, -R) order has a peak and a -R at most its own, and each
-    boundary keeps its first ``max_states``. Each boundary's states are arrays; a state
-    points at its last choice and at the state it extends (at the boundary where that
-    choice starts), read back for the last boundary's states only."""
-    starts = _by_first(problem)
+    boundary keeps its first ``max_states`` (:func:`_pareto`)."""
     limit = float("inf") if budget is None else budget
+    return [(cost, int(pk), int(nR), choices) for cost, nR, pk, choices in
+            _layers(problem, limit, lambda parts, k: _pareto(parts, max_states))]
+
+
+def _layers(problem: ChainProblem, budget, prune) -> list:
+    """The dynamic program over the block boundaries that :func:`_run` and
+    :func:`_cheapest` share: the states at the last boundary whose peak fits ``budget``,
+    as ``(cost, -R, peak, choices)``, the choices in block order. ``prune(parts, k)``: the
+    states boundary ``k`` keeps, from its arrays (cost, -R, peak, parent, choice) in the
+    order they were made, as such arrays.
+
+    A boundary's states are numpy arrays (bytes as float64, exact below 2**53; costs int64,
+    or Python ints where a plan's could pass 2**62), each with the index of the state it
+    came from and of its last choice, so a plan's choices are read back only for the last
+    boundary's states."""
+    starts = _by_first(problem)
     top0 = max(problem.start, problem.boundary[0])
-    if top0 > limit:
+    if top0 > budget:
         return []
-    exact = object if sum(c.cost for c in problem.choices) >= 2 ** 62 else np.int64
-    where = {id(c): i for i, c in enumerate(problem.choices)}
-    pending: list = [[] for _ in range(problem.n + 1)]  # (cost, peak, -R, choice, parent)
-    pending[0].append((np.zeros(1, exact), np.array([float(top0)]), np.zeros(1),
-                       np.full(1, -1), np.full(1, -1)))
-    kept: list = [None] * (problem.n + 1)
-    for k in range(problem.n + 1):
-        kept[k] = _prune_arrays(pending[k], max_states)
-        pending[k] = None
-        if k == problem.n:
-            break
-        cost, pk, nR = kept[k][:3]
+    index = {id(c): i for i, c in enumerate(problem.choices)}
+    wide = sum(max(c.cost for c in s) for s in starts) >= 1 << 62
+    layers: list = [[] for _ in range(problem.n + 1)]
+    layers[0] = [(np.zeros(1, object if wide else np.int64), np.zeros(1), np.array([top0], float),
+                  np.array([-1]), np.array([-1]))]
+    came, last, seen = [], [], 0  # every kept state's parent (a global index) and choice
+    for k in range(problem.n):
+        if not layers[k]:  # no plan within the budget ends before block k
+            continue
+        cost, nR, pk, parent, pick = prune(layers[k], k)
+        layers[k] = None
+        came.append(parent)
+        last.append(pick)
+        ids = np.arange(seen, seen + len(cost))
+        seen += len(cost)
         for c in starts[k]:
-            b = float(problem.boundary[c.last + 1])
-            v = np.maximum(pk, np.maximum(c.own + nR, b + nR - c.released))
-            fit = np.nonzero(v <= limit)[0]
-            if len(fit):
-                pending[c.last + 1].append((cost[fit] + c.cost, v[fit], nR[fit] - c.released,
-                                            np.full(len(fit), where[id(c)]), fit))
+            v = np.maximum(pk, np.maximum(c.own + nR, problem.boundary[c.last + 1] + nR
+                                          - c.released))
+            ok = v <= budget
+            if ok.any():
+                layers[c.last + 1].append((cost[ok] + c.cost, nR[ok] - c.released, v[ok],
+                                           ids[ok], np.full(int(ok.sum()), index[id(c)])))
+    if not layers[problem.n]:
+        return []
+    came, last = (np.concatenate(x) if x else x for x in (came, last))  # none: no blocks
     out = []
-    for i, (cost, pk, nR) in enumerate(zip(*(a.tolist() for a in kept[problem.n][:3]))):
-        chosen, at, j = [], problem.n, i
-        while at > 0:
-            c = problem.choices[kept[at][3][j]]
-            chosen.append(c)
-            at, j = c.first, kept[at][4][j]
-        out.append((int(cost), int(pk), int(nR), tuple(reversed(chosen))))
+    for cost, nR, pk, parent, pick in zip(*prune(layers[problem.n], problem.n)):
+        chosen = []
+        while pick >= 0:
+            chosen.append(problem.choices[pick])
+            pick, parent = last[parent], came[parent]
+        out.append((int(cost), float(nR), float(pk), tuple(reversed(chosen))))
     return out
 
 
-def _prune_arrays(chunks: list, max_states: int) -> tuple:
-    """The states of ``chunks`` (``(cost, peak, -R, choice, parent)`` arrays) that
-    :func:`_run` keeps, in (cost, peak, -R) order (a stable sort: states of equal keys in the
-    order they were made)."""
-    if not chunks:
-        empty = np.zeros(0, np.int64)
-        return empty, np.zeros(0), np.zeros(0), empty, empty
-    cost, pk, nR, choice, parent = (np.concatenate(a) for a in zip(*chunks))
+def _pareto(parts: list, max_states: int) -> tuple:
+    """The states of a boundary's arrays (cost, -R, peak, parent, choice) that :func:`_run`
+    keeps, in (cost, peak, -R) order (a stable sort: states of equal keys in the order they
+    were made): a state no earlier one beats on peak and -R at once, the first
+    ``max_states`` of them."""
+    cols = [np.concatenate(col) for col in zip(*parts)]
+    cost, nR, pk = cols[:3]
     rank = cost if cost.dtype != object else np.unique(cost, return_inverse=True)[1]
     order = np.lexsort((nR, pk, rank))
     keep = []
@@ -181,7 +198,7 @@ def _prune_arrays(chunks: list, max_states: int) -> tuple:
         peaks[j:m] = [p]
         nRs[j:m] = [r]
     keep = np.array(keep, np.int64)
-    return cost[keep], pk[keep], nR[keep], choice[keep], parent[keep]
+    return tuple(col[keep] for col in cols)
 
 
 def solve(problem: ChainProblem, budget_bytes: int) -> ChainSolution:
@@ -214,52 +231,13 @@ def _cheapest(problem: ChainProblem, budget: int):
     breaks ties). Each state's peak and ``R`` are its own, and no cut: the cheapest plan is
     exact, where :func:`_run`'s three numbers (for :func:`frontier`) are cut to
     ``MAX_STATES``, the cheapest kept: over 80 blocks that cut lost the smallest peaks.
-
-    A layer's states are numpy arrays (bytes as float64, exact below 2**53; costs int64, or
-    Python ints where a plan's could pass 2**62), each with the index of the state it came
-    from and of its last choice, so a plan's choices are read back only for the last
-    layer's states."""
+    Searched by :func:`_layers`, each boundary's states pruned by :func:`_staircase`."""
     starts = _by_first(problem)
-    top0 = max(problem.start, problem.boundary[0])
-    if top0 > budget:
-        return []
     need = [0] * (problem.n + 1)  # the most R a plan from boundary k on needs
     for k in range(problem.n - 1, -1, -1):
         need[k] = max([need[k + 1]] + [max(c.own, problem.boundary[c.last + 1] - c.released)
                                        - budget for c in starts[k]])
-    index = {id(c): i for i, c in enumerate(problem.choices)}
-    wide = sum(max(c.cost for c in s) for s in starts) >= 1 << 62
-    layers: list = [[] for _ in range(problem.n + 1)]
-    layers[0] = [(np.zeros(1, object if wide else np.int64), np.zeros(1), np.array([top0], float),
-                  np.array([-1]), np.array([-1]))]
-    came, last, seen = [], [], 0  # every kept state's parent (a global index) and choice
-    for k in range(problem.n):
-        if not layers[k]:  # no plan within the budget ends before block k
-            continue
-        cost, nR, pk, parent, pick = _staircase(layers[k], -need[k])
-        layers[k] = None
-        came.append(parent)
-        last.append(pick)
-        ids = np.arange(seen, seen + len(cost))
-        seen += len(cost)
-        for c in starts[k]:
-            v = np.maximum(pk, np.maximum(c.own + nR, problem.boundary[c.last + 1] + nR
-                                          - c.released))
-            ok = v <= budget
-            if ok.any():
-                layers[c.last + 1].append((cost[ok] + c.cost, nR[ok] - c.released, v[ok],
-                                           ids[ok], np.full(int(ok.sum()), index[id(c)])))
-    if not layers[problem.n]:
-        return []
-    came, last = (np.concatenate(x) if x else x for x in (came, last))  # none: no blocks
-    out = []
-    for cost, nR, pk, parent, pick in zip(*_staircase(layers[problem.n], 0)):
-        chosen = []
-        while pick >= 0:
-            chosen.append(problem.choices[pick])
-            pick, parent = last[parent], came[parent]
-        out.append((int(cost), float(nR), float(pk), tuple(reversed(chosen))))
-    return out
+    return _layers(problem, budget, lambda parts, k: _staircase(parts, -need[k]))
 
 
 def _staircase(parts: list, cap: float) -> tuple:
