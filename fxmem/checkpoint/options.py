@@ -42,7 +42,7 @@ from ..formula.symbols import Size
 from . import chain as C
 from .choose import FrontierPoint, PlanChoice, _start_bytes, default_candidates, tightened
 from .flops import ALIASES
-from .plans import derive_numbers, region_calls, sac_calls, schedule
+from .plans import SizeValues, derive_numbers, region_calls, sac_calls, schedule
 from ..trace.regions import Plan, Region
 
 KINDS = ("module", "group", "selective")
@@ -216,7 +216,7 @@ class Planner:
                         break  # not one segment: nor are longer ones
                     entries.append((i, j, g))
         self.entries = []
-        sizes = report.liveness.sizes
+        self._sizes = sizes = SizeValues(report.liveness.sizes)  # each B's values, shared
         for i, j, e in entries:
             sc = schedule(trace, e)
             if sc is None or sc.recompute_at is None:
@@ -311,7 +311,7 @@ class Planner:
         """The step under ``plan`` in arrays (:func:`fxmem.checkpoint.plans.derive_numbers`):
         the same at every B. ``self._derived`` keeps the most recent for the next B a search
         asks about."""
-        return derive_numbers(self.report.trace, plan, self.report.liveness.sizes)
+        return derive_numbers(self.report.trace, plan, self._sizes)
 
     @staticmethod
     def _plan(sol) -> Plan:

@@ -277,15 +277,11 @@ class Derived:
 
 def derive_numbers(trace: Trace, plan, sizes) -> Derived:
     """:func:`derive`'s step under ``plan`` as a :class:`Derived`, ``sizes`` the device
-    sizes of ``trace``'s storages (a :class:`SizeValues`, or a tuple: then kept on the
-    trace with its values) (a re-run's copy takes its original's): the same numbers as the
-    derived trace's, in a fraction of the time and memory."""
+    sizes of ``trace``'s storages (a :class:`SizeValues`, which a planner shares between
+    its derivations, or a tuple) (a re-run's copy takes its original's): the same numbers
+    as the derived trace's, in a fraction of the time and memory."""
     plan = _plan_of(trace, plan)
-    if not isinstance(sizes, SizeValues):
-        known = trace.__dict__.setdefault("_size_values", {})
-        if id(sizes) not in known:  # (the entry holds ``sizes``: the id stays its own)
-            known[id(sizes)] = SizeValues(sizes)
-        sizes = known[id(sizes)]
+    sizes = sizes if isinstance(sizes, SizeValues) else SizeValues(sizes)
     created, freed = _base(trace)
     n = len(trace.ops)
     none = np.zeros(0, _INDEX)
