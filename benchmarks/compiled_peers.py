@@ -13,8 +13,9 @@ of PyTorch) on the fake GPU, each measurement in a process of its own.
   ``max_memory_reserved()`` over the whole run (the first steps, which make the optimizer
   state, included): what a card must hold for it. It is then run again on a card whose
   allocator may hold just that, to show it runs there. Its FLOPs: fxmem's count on the
-  trace of that compiled step by PyTorch's formulas (``FlopCount.from_pytorch``: matmuls
-  and attention, the ops a compiled graph runs as they are), as for fxmem's choice, on
+  trace of that compiled step by PyTorch's formulas (``counted_flops`` of
+  ``fxmem.checkpoint.options``, the planner's own measure: matmuls and attention, the ops a
+  compiled graph runs as they are), as for fxmem's choice (its re-runs included), on
   either side: the pointwise ops an eager step runs one by one, inductor fuses into kernels
   that are not ops of the trace, so a count with them (``FlopCount.total``) is not the same
   measure for the two kinds (GPT-2 small at B=4: its eager step 388.37 GFLOPs in all,
@@ -57,6 +58,7 @@ def choose(name: str, B: int, peaks: dict) -> dict:  # noqa: N803
     budgets that runs within it."""
     import fxmem
     from fxmem.checkpoint.compiled import compiled_plans
+    from fxmem.checkpoint.options import counted_flops
     from fxmem.report.text import compact_plan
 
     model, batch, loss, make_optimizer = _case(name)
@@ -66,7 +68,7 @@ def choose(name: str, B: int, peaks: dict) -> dict:  # noqa: N803
                            device="cuda")
     traced = time.perf_counter() - t0
     budgets = [float(b) for b in peaks]
-    flops = {str(p.budget): _pytorch_flops(p.report, B) for p in compiled_plans(report, budgets)}
+    flops = {str(p.budget): counted_flops(p.report, B) for p in compiled_plans(report, budgets)}
     compiled = time.perf_counter() - t0 - traced
     out = {"traced_s": traced, "compiled_s": compiled, "peer_flops": flops, "choices": {}}
     for budget, reserved in peaks.items():
@@ -76,16 +78,9 @@ def choose(name: str, B: int, peaks: dict) -> dict:  # noqa: N803
             "compiled": c.compiled, "plan": fxmem.Plan.of(c.plan).to_dict(),
             "label": compact_plan(fxmem.Plan.of(c.plan)) or "no plan",
             "reserved": c.run.max_reserved if c.run is not None else None,
-            "flops": _pytorch_flops(c.report, B),  # the step as the choice runs it
+            "flops": counted_flops(c.report, B),  # the step as the choice runs it
             "seconds": time.perf_counter() - t1}
     return out
-
-
-def _pytorch_flops(report, b: int) -> int:
-    """The step's FLOPs at ``b`` by PyTorch's formulas (its re-runs included)."""
-    import fxmem
-
-    return int(report.flop_count.from_pytorch.subs(fxmem.B, b))
 
 
 def measure_choice(name: str, B: int, cap: int | None = None,  # noqa: N803
