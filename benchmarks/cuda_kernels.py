@@ -5,8 +5,8 @@ SDPA attention and its dropout 0.1), one AdamW training step, analysed with L sy
 
 For fp32 and bf16 autocast, prints a Markdown table: the peak that ``device="cpu"`` predicts
 (what the CPU build's kernels allocate: SDPA's math path, float dropout masks) and the peak
-that ``device="cuda"`` predicts (the CUDA build's kernels, fxmem.trace.cuda.kernels, in allocator
-blocks), at L = 512, 1024 and 2048, with the attention backend CUDA runs and each
+that ``device="cuda"`` predicts (the CUDA build's kernels, fxmem.trace.kernels.cuda.kernels, in
+allocator blocks), at L = 512, 1024 and 2048, with the attention backend CUDA runs and each
 prediction's B·L² term (the attention probabilities and masks the step saves).
 """
 

@@ -69,7 +69,8 @@ EXAMPLE_MODELS = (
                    "loss": "the model's own (output.loss)"}),
     Example("lstm_classifier", "lstm_classifier.py", "example", "LSTMClassifier",
             "A text classifier: embedding, two-layer LSTM over 32 tokens, linear head. "
-            "On CUDA the LSTM runs cuDNN's kernel (`_cudnn_rnn`, fxmem.trace.cuda.rnn), whose "
+            "On CUDA the LSTM runs cuDNN's kernel (`_cudnn_rnn`, "
+            "fxmem.trace.kernels.cuda.rnn), whose "
             "reserve space (kept for backward) and workspaces only cuDNN sizes: they are "
             "listed under *Caveats*, so leave headroom for them.",
             B=64, loss="cross_entropy", optimizer="Adam",

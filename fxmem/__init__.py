@@ -6,14 +6,15 @@ The pipeline, one folder per stage, each importing only the ones above it in thi
 
 - :mod:`fxmem.formula`     exact formulas: the symbols B and the named dims, polynomials,
   shape guards folded into where a formula holds, proofs of which terms can be the peak;
-- :mod:`fxmem.trace`       stage 1: the step (:mod:`fxmem.trace.step`) run on fake tensors
+- :mod:`fxmem.trace`       stage 1: the step (:mod:`fxmem.trace.engine.step`) run on fake tensors
   with B symbolic, every aten op and free recorded; eager-vs-fake kernel rules, CUDA's
   autocast lists and, for ``device="cuda"``, what CUDA's kernels run and allocate
-  (:mod:`fxmem.trace.cuda`); stacks of identical blocks traced as two; checkpoint plans;
+  (:mod:`fxmem.trace.kernels.cuda`); stacks of identical blocks traced as two; checkpoint plans;
   one rank of a data-parallel step, the model wrapped by PyTorch's own FSDP2
-  (:mod:`fxmem.trace.parallel`) or DDP, optionally with ZeRO-1 (:mod:`fxmem.trace.ddp`);
-  tensor parallel plans and FSDP2 x TP (:mod:`fxmem.trace.tp`); a model the user wrapped
-  already, analysed as it is (:mod:`fxmem.trace.wrapped`);
+  (:mod:`fxmem.trace.parallel.fsdp`) or DDP, optionally with ZeRO-1
+  (:mod:`fxmem.trace.parallel.ddp`); tensor parallel plans and FSDP2 x TP
+  (:mod:`fxmem.trace.parallel.tp`); a model the user wrapped already, analysed as it is
+  (:mod:`fxmem.trace.parallel.wrapped`);
 - :mod:`fxmem.memory`      stage 2-3: the step as a networkx graph, each storage's device
   size, live bytes after every op and the peak as an exact ``Max`` in B (and in the named
   dims, :mod:`fxmem.memory.dims`);
@@ -44,14 +45,13 @@ True
 
 import warnings as _warnings
 
-from .trace.compat import untested_release as _untested
+from .trace.kernels import untested_release as _untested
 
 if _untested():  # a release no test ran on: said once, at import (issue 37)
     _warnings.warn(_untested(), stacklevel=2)
 
 from .analyze import analyze, min_world_size, plan_checkpoints  # noqa: E402
 from .checkpoint.choose import FrontierPoint, PlanChoice
-from .trace.regions import Plan, Region, load_plan
 from .errors import (
     DataDependentError,
     FxmemError,
@@ -64,10 +64,9 @@ from .errors import (
 from .formula.symbols import B, L
 from .report.ranks import ParallelReport
 from .report.result import Breakdown, Report
-from .trace.checkpointing import apply_checkpoints
-from .trace.parallel import DDP, FSDP
-from .trace.step import Step
-from .trace.tp import TP, Parallel
+from .trace.engine import Step
+from .trace.parallel import DDP, FSDP, TP, Parallel
+from .trace.plans import Plan, Region, apply_checkpoints, load_plan
 from .validate.measure import Measurement, measure
 from .whatif import WhatIf, whatif
 

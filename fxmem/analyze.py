@@ -13,12 +13,10 @@ from .memory.graph import build_graph
 from .memory.liveness import liveness, parts_of
 from .report.ranks import ParallelReport, RankGroup
 from .report.result import Report
-from .trace.checkpointing import normalize_plan
-from .trace.parallel import check_parallel
-from .trace.step import UNSET, Step
-from .trace.tracer import trace
-from .trace.tracking import frozen_gc
-from .trace.wrapped import as_wrapped, refuse_wrapped
+from .trace.engine import UNSET, Step, trace
+from .trace.ledger import frozen_gc
+from .trace.parallel import as_wrapped, check_parallel, refuse_wrapped
+from .trace.plans import normalize_plan
 
 
 @frozen_gc()
@@ -46,11 +44,11 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     micro-batches of B before one optimizer step; the effective batch is k·B,
     :meth:`Report.effective_batch_size`), ``inference_mode=True`` (with ``train=False``),
     ``amp=torch.bfloat16`` or float16 (forward and loss under ``torch.autocast`` with the
-    target device's op lists; CUDA's are emulated: :mod:`fxmem.trace.amp`), ``grad_scaler``
+    target device's op lists; CUDA's are emulated: :mod:`fxmem.trace.kernels.amp`), ``grad_scaler``
     (default: with ``amp=torch.float16`` and an optimizer, as the AMP recipe does),
     ``compute_capability`` (the GPU whose kernels ``device="cuda"`` follows, default
     ``(9, 0)``, an H100: which attention kernel ``scaled_dot_product_attention`` runs
-    depends on it, :mod:`fxmem.trace.cuda.kernels`).
+    depends on it, :mod:`fxmem.trace.kernels.cuda.kernels`).
 
     ``checkpoint``: a plan, module paths whose forward is recomputed in backward
     (``torch.utils.checkpoint``, non-reentrant); modules already wrapped with
@@ -63,18 +61,18 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     tensors are the inputs, then the targets): the report's formulas are then in B and L
     (:attr:`Report.dims`; a checkpoint plan is then traced for real). ``reuse_blocks=False``:
     trace every block of a stack of identical blocks instead of copying the second one's trace
-    (:mod:`fxmem.trace.reuse`; the result is the same, it only takes longer).
+    (:mod:`fxmem.trace.blocks.reuse`; the result is the same, it only takes longer).
 
     ``parallel``: a parallel step (:class:`fxmem.FSDP`, :class:`fxmem.DDP`, :class:`fxmem.TP`,
     :class:`fxmem.Parallel` for FSDP2 x TP), each rank's memory with B its micro-batch: the
     model wrapped by PyTorch's own code as that rank runs it, over a fake process group
-    (:mod:`fxmem.trace.parallel`). Returns a
+    (:mod:`fxmem.trace.parallel.fsdp`). Returns a
     :class:`fxmem.report.ranks.ParallelReport`, one report per group of alike ranks; a
     checkpoint plan is then traced for real. A model you wrapped yourself (FSDP2's
     ``fully_shard``, ``parallelize_module``, both, or ``DistributedDataParallel``) over a
     fake process group is analysed as it is, without ``parallel=``: the report of your
     rank (every rank under DDP), its wrapping re-applied to a copy
-    (:mod:`fxmem.trace.wrapped`).
+    (:mod:`fxmem.trace.parallel.wrapped`).
 
     >>> import torch, fxmem
     >>> m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
@@ -155,7 +153,7 @@ def _own_world_free(parallel, b: int, guards) -> None:
     import torch.distributed as dist
 
     from .errors import InputError
-    from .trace.wrapped import AsWrapped
+    from .trace.parallel import AsWrapped
 
     if parallel is None or isinstance(parallel, AsWrapped) or not (
             dist.is_available() and dist.is_initialized()):

@@ -23,8 +23,8 @@ import torch
 
 from .analyze import analyze as analyze_step
 from .errors import InfeasibleBudgetError, InputError
-from .trace.step import UNSET, Step, make_spec
-from .trace.wrapped import refuse_wrapped
+from .trace.engine import UNSET, Step, make_spec
+from .trace.parallel import refuse_wrapped
 
 
 @dataclass(frozen=True)

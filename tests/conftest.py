@@ -15,7 +15,7 @@ def _seed():
 
 
 def _routes():
-    """The kernels fxmem.trace.cuda.kernels replaces while it traces for CUDA."""
+    """The kernels fxmem.trace.kernels.cuda.kernels replaces while it traces for CUDA."""
     return tuple(torch._C._dispatch_dump(f"aten::{n}")
                  for n in ("dropout", "scaled_dot_product_attention", "log_softmax.int",
                            "_fused_rms_norm", "lstm.input", "_cudnn_rnn",
@@ -82,8 +82,8 @@ def pytest_configure(config):
         torch.set_num_threads(1)
     # the process's first backward a plain one, before any test's own FakeTensorMode
     # backward: on a CUDA build, forked ranks (fxmem.measure(parallel=)) can then run
-    # autograd (fxmem.trace.compat.plain_backward_first)
-    from fxmem.trace.compat import plain_backward_first
+    # autograd (fxmem.trace.kernels.compat.plain_backward_first)
+    from fxmem.trace.kernels.compat import plain_backward_first
 
     plain_backward_first()
 

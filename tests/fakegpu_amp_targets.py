@@ -1,7 +1,7 @@
 """Calls for tests/test_fake_gpu.py's autocast check: the dtype each op's CUDA kernel receives
 under ``torch.autocast("cuda", torch.bfloat16)``, read by a dispatch mode below autocast (the
 kernel itself is not run: the mode returns the input), on PyTorch's own CUDA build and under
-fxmem's emulation of CUDA autocast on the CPU (fxmem.trace.amp)."""
+fxmem's emulation of CUDA autocast on the CPU (fxmem.trace.kernels.amp)."""
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -43,7 +43,7 @@ def seen(device="cuda", emulate=False):
     calls = _calls(device)
     ctx = contextlib.nullcontext()
     if emulate:
-        from fxmem.trace.amp import emulate as emulation
+        from fxmem.trace.kernels.amp import emulate as emulation
         ctx = emulation("cuda")
     out = {}
     with ctx:

@@ -2,7 +2,7 @@
 CUDA build calls, told apart on the fake GPU by the workspace each call takes (torch 2.15).
 
 Each case is ``(name, op, dtype, spec, kwargs, prefer_lt)``; :func:`build` makes its arguments
-on a device, so the fake GPU and fxmem's rule (:func:`fxmem.trace.cuda.blas.library`, on CPU
+on a device, so the fake GPU and fxmem's rule (:func:`fxmem.trace.kernels.cuda.blas.library`, on CPU
 tensors) see the same shapes, strides and dtypes."""
 
 import torch

@@ -1,6 +1,6 @@
 """Reduction cases for tests/test_fake_gpu_reductions.py: what ATen's CUDA reductions
 (``gpu_reduce_kernel``, Reduce.cuh) allocate and free inside one call, on PyTorch's own CUDA
-build on the fake GPU, against fxmem.trace.cuda.reductions.
+build on the fake GPU, against fxmem.trace.kernels.cuda.reductions.
 
 A case is ``(op, layout, dtype, dims, keepdim)``; :func:`build` makes the op's arguments on a
 device ("cuda" on the fake GPU, "meta" for fxmem's rule: the same shapes, strides, offsets and

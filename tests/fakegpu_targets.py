@@ -40,7 +40,8 @@ def gpt2(B=4, L=128, seed=0):
     return GPT2WithLabels(), (ids, ids), None, None, adamw
 
 
-# --- one model per CUDA kernel rule (fxmem.trace.cuda.kernels.RULES), for test_fake_gpu.py ------
+# --- one model per CUDA kernel rule (fxmem.trace.kernels.cuda.kernels.RULES), for test_fake_gpu.py
+# ------
 
 class _Op(nn.Module):
     """``fn(x * w)`` for a parameter ``w`` shaped like a sample (so the op is in autograd)."""

@@ -257,7 +257,7 @@ def run(cases, batches=BATCHES, record_history=False):
 
 def _run(cases, batches, record_history):
     import fxmem
-    from fxmem.trace.checkpointing import apply_checkpoints
+    from fxmem.trace.plans.checkpointing import apply_checkpoints
 
     out = []
     for name in cases:

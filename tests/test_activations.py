@@ -19,11 +19,11 @@ peak, to the byte.
 Under the CUDA rules (``device="cuda"``), where no measurement can be made here, in a second
 net, Linear -> act -> Linear (Conv2d -> act -> Conv2d for activations of images):
 
-- CUDA's autocast lists (fxmem.trace.amp, float16) with the CPU's kernels: the trace against
+- CUDA's autocast lists (fxmem.trace.kernels.amp, float16) with the CPU's kernels: the trace against
   a real CPU step run under the same emulated lists, so the Linear net is measured too;
 - CUDA's kernels derived from the CPU's: op for op and storage for storage the same trace,
   live bytes after every op those of the CPU kernels' trace in 512-byte blocks, except where
-  a rule of fxmem.trace.cuda.kernels says what CUDA's kernel does instead (then only the
+  a rule of fxmem.trace.kernels.cuda.kernels says what CUDA's kernel does instead (then only the
   activation's ops differ);
 - in a CUDA build of PyTorch (no GPU needed), the activation's forward on fake CUDA tensors
   under CUDA's own autocast: its ops, the storages they make and the tensors autograd saves
@@ -50,8 +50,8 @@ from fxmem.memory.graph import build_graph
 from fxmem.memory.liveness import liveness, parts_of
 from fxmem.report.result import Report
 from fxmem.trace import trace
-from fxmem.trace.amp import emulate
-from fxmem.trace.cuda import kernels as cuda_kernels
+from fxmem.trace.kernels.amp import emulate
+from fxmem.trace.kernels.cuda import kernels as cuda_kernels
 
 ACTIVATION = torch.nn.modules.activation
 DROPOUT = torch.nn.modules.dropout
@@ -402,8 +402,9 @@ def test_cuda_autocast_lists_exact_on_cpu_kernels(case):
 
 # --- device="cuda": CUDA's kernels derived from the CPU's -------------------------------------
 
-# Where CUDA's kernel allocates otherwise than the CPU's: the rules of fxmem.trace.cuda.kernels
-# that say so (their ``op``), by case and dtype. Every other case and dtype: no rule applies.
+# Where CUDA's kernel allocates otherwise than the CPU's: the rules of
+# fxmem.trace.kernels.cuda.kernels that say so (their ``op``), by case and dtype. Every other case
+# and dtype: no rule applies.
 DROPOUT_RULE, SOFTMAX_RULE = "dropout", "softmax.int, log_softmax.int"
 LOG_SIGMOID_RULE, PRODUCT_RULE = "log_sigmoid_forward", "_softmax_backward_data"
 SOFTMAXES = ("Softmax", "Softmin", "Softmax2d", "F.softmax(dim=1, dtype=float32)")
@@ -436,7 +437,7 @@ def _storages(t, op) -> list:
 
 # activations whose CUDA rule changes what the module after them does, against the CPU's
 # trace (float32): after Softmax2d, the convolution's cuDNN backward copies its gradient for
-# each of its two calls (fxmem.trace.cuda.cudnn; 2,304 B each at B = 4, seen on 2.14.1's
+# each of its two calls (fxmem.trace.kernels.cuda.cudnn; 2,304 B each at B = 4, seen on 2.14.1's
 # binary on the fake GPU, where fxmem's prediction of this net is exact in both peaks and
 # allocation by allocation). Under autocast the reference is CUDA's own trace: copies alike.
 CUDA_AFTER = {("Softmax2d", "fp32"): {"2"}}
@@ -459,7 +460,7 @@ def _differing_modules(cuda, base) -> set:
 
 def _with_sums_in_place(base, cuda):
     """``base`` with the gradient sums that ``cuda`` does in place done in place too: on CUDA
-    autograd adds a second gradient into the first (fxmem.trace.grad_sums; a dispatch mode,
+    autograd adds a second gradient into the first (fxmem.trace.kernels.grad_sums; a dispatch mode,
     under which the CPU's steps are measured, never does). The sum's storage takes no bytes,
     the first gradient's lives as long as the sum's. Ops are matched by index: where the two
     traces' ops differ, the comparison below fails anyway."""
@@ -489,7 +490,7 @@ def test_cuda_trace_is_the_cpu_trace_but_for_named_rules(case, dtype):
     autocast: CUDA's lists on the CPU's kernels, measured above). Without a rule: the same ops
     and storages, and the peak is the CPU trace's storages in 512-byte blocks, once the
     gradient sums CUDA's autograd does in place are done in place there too. With one: a rule
-    of fxmem.trace.cuda.kernels, and only the activation's own ops differ."""
+    of fxmem.trace.kernels.cuda.kernels, and only the activation's own ops differ."""
     cuda = _trace(case, dtype, "cuda")
     base = _trace(case, dtype, "cpu") if dtype == "fp32" else \
         _trace(case, dtype, "cuda", kernel_semantics=False)
@@ -562,7 +563,8 @@ def _traced_forward(t, b=4):
         return int(t.storages[s].size.expr.subs(fxmem.B, b))
 
     def made(o):  # its new storages in the order it returns them, as the log lists them
-        # (the trace lists them in the order CUDA's kernel makes them: fxmem.trace.cuda.call_order)
+        # (the trace lists them in the order CUDA's kernel makes them:
+        # fxmem.trace.kernels.cuda.call_order)
         outs = [s for s in dict.fromkeys(o.out_sids) if s in o.new_sids]
         return outs + [s for s in o.new_sids if s not in outs]
 

@@ -1,4 +1,4 @@
-"""CUDA autocast emulated on CPU (fxmem.trace.amp) and the GradScaler.
+"""CUDA autocast emulated on CPU (fxmem.trace.kernels.amp) and the GradScaler.
 
 The emulation is checked three ways: its table against what the installed PyTorch registers
 (dispatcher and header); the machinery against real CPU autocast (emulating the CPU with its
@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 import fxmem
-from fxmem.trace import amp
-from fxmem.trace.amp import Policy, emulate
+from fxmem.trace.kernels import amp
+from fxmem.trace.kernels.amp import Policy, emulate
 from fxmem.memory.graph import build_graph
 from fxmem.memory.liveness import liveness
 from fxmem.memory.liveness import parts_of
@@ -31,7 +31,8 @@ def _dispatcher_ops(key):
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_table_lists_every_op_the_build_registers(device):
-    # a CUDA build also registers cuDNN's RNN cast (cudnn/AutocastRNN.cpp: fxmem.trace.cuda.rnn)
+    # a CUDA build also registers cuDNN's RNN cast (cudnn/AutocastRNN.cpp:
+    # fxmem.trace.kernels.cuda.rnn)
     ops = _dispatcher_ops(amp.DISPATCH_KEY[device]) - {"_cudnn_rnn"}
     assert len(ops) > 100
     assert set(amp.registered(device)) == ops
@@ -168,7 +169,8 @@ def _cuda_check(name, dtype, train, optimizer=None, batches=(2, 13), **extra):
     """fxmem with CUDA's rules (device="cuda"), its live bytes without the allocator's
     rounding, against a real CPU step under the same emulated autocast lists. The trace keeps
     the CPU's kernels (kernel_semantics=False), which a CPU step runs; what CUDA's kernels
-    allocate instead (fxmem.trace.cuda.kernels) is checked in test_kernels.py and test_sdpa.py."""
+    allocate instead (fxmem.trace.kernels.cuda.kernels) is checked in test_kernels.py and
+    test_sdpa.py."""
     model, x, y, loss = ZOO[name]()
     opt = optimizer or (lambda p: torch.optim.Adam(p, foreach=True))
     kw = dict(loss=loss, optimizer=opt, **extra) if train else dict(train=False)

@@ -1,5 +1,5 @@
-"""Buffers a forward assigns (fxmem.trace.modstate.BufferAssigned): a table cached on the first
-call (timm ConViT's ``rel_indices``) or a buffer replaced on every call. A training loop's
+"""Buffers a forward assigns (fxmem.trace.engine.modstate.BufferAssigned): a table cached on the
+first call (timm ConViT's ``rel_indices``) or a buffer replaced on every call. A training loop's
 step after the first starts from the buffers the step before left, as ``fxmem.measure``'s
 does after its warm-up; the tracer traces such a step after an unrecorded one. Each model is
 traced at B = 4 and checked to the byte against a real eager CPU step at other batch sizes,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import fxmem
-from fxmem.trace.checkpointing import normalize_plan
+from fxmem.trace.plans.checkpointing import normalize_plan
 from zoo import OPTIMIZERS, ZOO
 
 PLANS = [  # (model, plan): none, first and last block, all blocks, nested modules, reuse

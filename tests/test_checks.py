@@ -1,12 +1,12 @@
 """Checks a model makes on its data (``assert``, ``if ...: raise``, ``torch._assert``) are
-assumed to pass (fxmem.trace.checks); any other branch on data is still refused."""
+assumed to pass (fxmem.trace.kernels.checks); any other branch on data is still refused."""
 
 import pytest
 import torch
 from torch import nn
 
 import fxmem
-from fxmem.trace.checks import outcome_at_line
+from fxmem.trace.kernels.checks import outcome_at_line
 
 
 class Checked(nn.Module):

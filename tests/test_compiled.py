@@ -22,7 +22,7 @@ def test_a_compiled_model_is_traced_for_cuda_only():
         fxmem.analyze(_compiled(), torch.zeros(4, 8), loss=lambda o: o.sum(), device="cpu")
 
 
-# --- compile= (fxmem.trace.compile_options) ---
+# --- compile= (fxmem.trace.compiled.options) ---
 
 def _linear():
     return torch.nn.Linear(8, 2)

@@ -1,4 +1,4 @@
-"""PyTorch's CPU RNNs with ``device="cpu"`` (fxmem.trace.cpu_rnn): which kernel eager runs,
+"""PyTorch's CPU RNNs with ``device="cpu"`` (fxmem.trace.kernels.cpu_rnn): which kernel eager runs,
 what it allocates, and the predicted peak against a real eager step (fxmem.measure), exact
 to the byte at batch sizes other than the traced one (4).
 
@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fxmem
-from fxmem.trace import cpu_rnn
+from fxmem.trace.kernels import cpu_rnn
 
 BATCHES = (2, 3, 7)  # the trace uses B=4
 aten = torch.ops.aten

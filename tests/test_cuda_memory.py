@@ -10,7 +10,7 @@ from torch import nn
 import fxmem
 from fxmem.device.allocator import cublas_workspace_bytes
 from fxmem.device.caching_allocator import AllocatorConfig
-from fxmem.trace.cuda import blas
+from fxmem.trace.kernels.cuda import blas
 from zoo import ZOO
 
 MiB = 2**20

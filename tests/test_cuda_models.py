@@ -1,6 +1,7 @@
 """Whole Hugging Face models on device="cuda": with SDPA, CUDA runs a fused attention kernel
-(fxmem.trace.cuda.sdpa) that never materialises the B·H·L² probabilities or their dropout mask, so the
-step saves no such tensor; with eager attention it does. On device="cpu" the same models stay
+(fxmem.trace.kernels.cuda.sdpa) that never materialises the B·H·L² probabilities or their dropout
+mask, so the step saves no such tensor; with eager attention it does. On device="cpu" the same
+models stay
 exact against fxmem.measure (test_hf.py)."""
 
 import pytest
@@ -8,7 +9,7 @@ import sympy
 import torch
 
 import fxmem
-from fxmem.trace.cuda import sdpa
+from fxmem.trace.kernels.cuda import sdpa
 from fxmem.formula.symbols import B, L
 from fxmem.trace import trace
 from zoo import LM
@@ -58,11 +59,12 @@ def _attention_sized(t, seq):
             and tuple(s.shape[1:]) == (HEADS, seq, seq)]
 
 
-# What CUDA (torch 2.13, sm90, cuDNN 9.20) runs for each family's SDPA call (fxmem.trace.cuda.sdpa): fp32
-# rules out flash and cuDNN, and memory-efficient attention takes no grouped-query attention,
-# so Llama's fp32 step (transformers passes enable_gqa=True when there is no mask) runs the
-# math backend, B·H·L² probabilities and all; bf16 would prefer cuDNN on sm90 with cuDNN > 9.15,
-# but cuDNN takes only dropout probabilities that are multiples of 1/16 (these use 0.1): flash.
+# What CUDA (torch 2.13, sm90, cuDNN 9.20) runs for each family's SDPA call
+# (fxmem.trace.kernels.cuda.sdpa): fp32 rules out flash and cuDNN, and memory-efficient attention
+# takes no grouped-query attention, so Llama's fp32 step (transformers passes enable_gqa=True when
+# there is no mask) runs the math backend, B·H·L² probabilities and all; bf16 would prefer cuDNN on
+# sm90 with cuDNN > 9.15, but cuDNN takes only dropout probabilities that are multiples of 1/16
+# (these use 0.1): flash.
 BACKEND = {("gpt2", None): "efficient", ("bert", None): "efficient",
            ("vit", None): "efficient", ("llama", None): "math"}
 FUSED = {"aten._scaled_dot_product_efficient_attention.default",

@@ -1,4 +1,5 @@
-"""fxmem.trace.cuda.rnn: PyTorch's CUDA RNN kernels on CPU fake tensors (batch size symbolic), each
+"""fxmem.trace.kernels.cuda.rnn: PyTorch's CUDA RNN kernels on CPU fake tensors (batch size
+symbolic), each
 expectation derived from the PyTorch source named in the test (torch 2.13)."""
 
 import contextlib
@@ -9,9 +10,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, statically_known_true
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fxmem.trace.cuda import rnn as cuda_rnn
-from fxmem.trace.amp import emulate
-from fxmem.trace.flat_weights import flat_rnn_params
+from fxmem.trace.kernels.cuda import rnn as cuda_rnn
+from fxmem.trace.kernels.amp import emulate
+from fxmem.trace.kernels.flat_weights import flat_rnn_params
 
 aten = torch.ops.aten
 T, BV, I, H, P = 7, 5, 4, 6, 3  # BV: the value behind the symbolic batch size

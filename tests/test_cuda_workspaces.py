@@ -1,9 +1,10 @@
-"""fxmem.trace.cuda.workspaces: CUDA kernel temporaries, re-derived by hand from PyTorch 2.13's sources.
+"""fxmem.trace.kernels.cuda.workspaces: CUDA kernel temporaries, re-derived by hand from PyTorch
+2.13's sources.
 
 Each expected value is written out from the kernel's formula in the comment beside it (file and
-function named in fxmem/trace/cuda/workspaces.py). CUB's radix-sort storage is checked against the
-sizes CCCL 3.0.1's own host code returns (DeviceRadixSort::SortPairs / DispatchRadixSort with
-d_temp_storage = nullptr, compiled with nvcc 13.0 and run without a GPU).
+function named in fxmem/trace/kernels/cuda/workspaces.py). CUB's radix-sort storage is checked
+against the sizes CCCL 3.0.1's own host code returns (DeviceRadixSort::SortPairs / DispatchRadixSort
+with d_temp_storage = nullptr, compiled with nvcc 13.0 and run without a GPU).
 """
 
 import math
@@ -16,8 +17,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
 import fxmem
-from fxmem.trace.compat import TORCH
-from fxmem.trace.cuda import workspaces as cw
+from fxmem.trace.kernels.compat import TORCH
+from fxmem.trace.kernels.cuda import workspaces as cw
 
 aten = torch.ops.aten
 FAKE = FakeTensorMode(allow_non_fake_inputs=True)
@@ -407,7 +408,8 @@ def test_group_norm_copies_a_channels_last_input_and_grad():
     bwd = ws(aten.native_group_norm_backward.default, x, x, st, st, w, N, C, HxW, G,
              [True, True, True])
     stats = {"a = empty({N, C}, acc)": N * C * 4, "b = empty({N, C}, acc)": N * C * 4}
-    if TORCH >= (2, 15):  # its channels-last kernels: nothing of X copied (fxmem.trace.cuda.norms)
+    # 2.15: its channels-last kernels: nothing of X copied (fxmem.trace.kernels.cuda.norms)
+    if TORCH >= (2, 15):
         assert fwd == stats
         assert bwd == {"ds = empty({N, C}, acc)": N * C * 4, "db = empty({N, C}, acc)": N * C * 4,
                        "c2 = empty({N, G}, acc)": N * G * 4, "c3 = empty({N, G}, acc)": N * G * 4}

@@ -1,4 +1,4 @@
-"""Values the data sets (fxmem.trace.datadep): traced through where they change contents or
+"""Values the data sets (fxmem.trace.kernels.datadep): traced through where they change contents or
 a size with a known bound, refused with what to do where Python branches on them."""
 
 import inspect

@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import fxmem
-from fxmem.trace.parallel import DDP
+from fxmem.trace.parallel.fsdp import DDP
 from test_fsdp import STEP, Stack, _batch, _exact, _hf, _lm_loss
 
 
@@ -68,7 +68,7 @@ def test_zero1_partition_is_zeros():
     """DDP.partition is ZeroRedundancyOptimizer's own (traced over a fake group)."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    from fxmem.trace.parallel import fake_world
+    from fxmem.trace.parallel.fsdp import fake_world
 
     m = Stack(d=7, n=5, out=3)
     for world in (2, 3, 4):

@@ -32,14 +32,14 @@ def test_predicted_allocations_follow_the_trace_at_b():
     want = predicted_allocations(r, 5)
     t = r.liveness.graph.trace
     # each op's in the order its CUDA kernel makes them: the trace lists them so
-    # (fxmem.trace.cuda.call_order; a dropout's mask before its output)
+    # (fxmem.trace.kernels.cuda.call_order; a dropout's mask before its output)
     pos = {sid: k for op in t.ops for k, sid in enumerate(op.new_sids)}
     made = [(s.created_by, s.size(5))
             for s in sorted(t.storages, key=lambda s: (s.created_by, pos.get(s.sid, -1)))
             if s.created_by >= 0 and s.size(5) > 0]
     assert [(a.op_index, a.nbytes) for a in want if not a.what] == made
-    # and from 2.15 each matmul's workspace, right after its output (fxmem.trace.cuda.blas)
-    from fxmem.trace.cuda import blas
+    # and from 2.15 each matmul's workspace, right after its output (fxmem.trace.kernels.cuda.blas)
+    from fxmem.trace.kernels.cuda import blas
 
     matmuls = [a.op_index for a in want if a.op in ("aten.addmm.default", "aten.mm.default")
                and not a.what]

@@ -83,12 +83,12 @@ def test_generated_pages_are_portable(generated):
 
 # Outputs the pages show for torch 2.13 and 2.14 that another release prints otherwise, as the
 # page's text says (page -> (shown, printed)): 2.15's cuBLAS takes its workspace at each call
-# and frees it (fxmem.trace.cuda.blas), so the caching allocator's blocks fall otherwise
+# and frees it (fxmem.trace.kernels.cuda.blas), so the caching allocator's blocks fall otherwise
 BY_RELEASE = {(2, 15): {"index.md": [("(21951488, 244992)", "(21951488, 321536)")]}}
 
 
 def _pycon(page: str) -> str:
-    from fxmem.trace.compat import TORCH
+    from fxmem.trace.kernels.compat import TORCH
 
     text = (ROOT / "docs" / page).read_text(encoding="utf-8")
     for shown, printed in BY_RELEASE.get(TORCH, {}).get(page, ()):

@@ -36,7 +36,7 @@ def test_low_precision_models(name, dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_lstm_inference(dtype):
     # eager takes oneDNN when this CPU supports the dtype (fp16: only without grad), as
-    # fxmem.trace.cpu_rnn.uses_onednn asks
+    # fxmem.trace.kernels.cpu_rnn.uses_onednn asks
     model, x, y, loss = _to(dtype, "lstm")
     _same(model, x, (), None, train=False)
 
@@ -78,7 +78,8 @@ def test_mixed_dtypes_inside_a_model():
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_inference_mode(name):
     # the LSTM reaches the tracker as one composite aten.lstm.input under inference_mode:
-    # fxmem.trace.tracking runs its C++ body with the tracker active, so measure sees inside it
+    # fxmem.trace.ledger.tracking runs its C++ body with the tracker active, so measure sees inside
+    # it
     model, x, _, _ = ZOO[name]()
     _same(model, x, (), None, train=False, inference_mode=True)
 

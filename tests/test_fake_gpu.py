@@ -86,11 +86,11 @@ def test_large_segments_are_exact_on_the_fake_gpu(B):
 @pytest.mark.parametrize("B", [5000, 10000])
 def test_reduction_staging_sets_the_peak_on_the_fake_gpu(B, monkeypatch):
     """The bias gradients' ``sum`` over B rows split across blocks: gpu_reduce_kernel's
-    global-reduce staging and semaphores (fxmem.trace.cuda.reductions), taken after the sum's
-    output and freed when it returns, in the allocator replay
-    (fxmem.trace.cuda.reduce_replay). At these B they set max_memory_reserved (at 5,000
+    global-reduce staging and semaphores (fxmem.trace.kernels.cuda.reductions), taken after the
+    sum's output and freed when it returns, in the allocator replay
+    (fxmem.trace.kernels.cuda.reduce_replay). At these B they set max_memory_reserved (at 5,000
     max_memory_allocated too): exact on both releases."""
-    from fxmem.trace.cuda import reduce_replay
+    from fxmem.trace.kernels.cuda import reduce_replay
 
     got, want = _fake("wide_mlp", B=B), _predicted("wide_mlp", B)
     assert (got.max_allocated, got.max_reserved) == (want.max_allocated, want.max_reserved)
@@ -101,8 +101,8 @@ def test_reduction_staging_sets_the_peak_on_the_fake_gpu(B, monkeypatch):
 
 def test_gpt2_reserved_is_exact_on_the_fake_gpu():
     """GPT-2's reserved bytes, which depend on where each block lands: exact with autograd's
-    in-place sums of two gradients (the GELU input's; fxmem.trace.grad_sums) and dropout's
-    mask before its output (fxmem.trace.cuda.call_order) modelled."""
+    in-place sums of two gradients (the GELU input's; fxmem.trace.kernels.grad_sums) and dropout's
+    mask before its output (fxmem.trace.kernels.cuda.call_order) modelled."""
     got, want = _fake("gpt2", B=4), _predicted("gpt2", 4)
     assert got.max_reserved == want.max_reserved
 
@@ -133,7 +133,7 @@ def test_each_kernel_rule_on_pytorchs_own_build(case):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_embedding_backward_sorts_on_pytorchs_own_build(dtype):
     """embedding_dense_backward above 3,072 indices: the sorted indices, CUB's radix-sort
-    storage, the segments and partial sums (fxmem.trace.cuda.workspaces)."""
+    storage, the segments and partial sums (fxmem.trace.kernels.cuda.workspaces)."""
     for B in (1, 2, 5):
         got = _fake("embedding", B=B, dtype=dtype)
         want = _predicted("embedding", B, dtype=dtype)
@@ -143,7 +143,7 @@ def test_embedding_backward_sorts_on_pytorchs_own_build(dtype):
 
 def test_cuda_autocast_casts_as_pytorchs_own_build():
     """The dtypes a kernel receives under CUDA autocast (bfloat16), on the release's own build
-    and under fxmem's emulation on the CPU (fxmem.trace.amp): one op of each policy, and
+    and under fxmem's emulation on the CPU (fxmem.trace.kernels.amp): one op of each policy, and
     2.15's linalg_matrix_sqrth, whose policy is not in the installed header."""
     import sys
 

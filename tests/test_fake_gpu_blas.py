@@ -1,4 +1,4 @@
-"""The cuBLAS / cuBLASLt choice and workspaces (fxmem.trace.cuda.blas) against PyTorch's own
+"""The cuBLAS / cuBLASLt choice and workspaces (fxmem.trace.kernels.cuda.blas) against PyTorch's own
 CUDA build on the fake GPU: every case of tests/fakegpu_blas_targets.py takes, beyond its
 output, exactly the workspace fxmem says (2.15: 32 MiB for a cuBLAS call, 1 MiB for a
 cuBLASLt one, freed after it; 2.14: none after the handle's first use, which keeps its own)."""
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fxmem.device.allocator import cublas_workspace_bytes
-from fxmem.trace.cuda import blas
+from fxmem.trace.kernels.cuda import blas
 from fakegpu_marks import FAKE_GPU
 
 pytestmark = FAKE_GPU

@@ -117,7 +117,7 @@ def test_fxmem_orders_the_efficient_attention_backward():
 
 
 def test_fxmem_sums_in_place_in_copied_blocks():
-    """Four identical residual blocks, the last a copy of a traced one (fxmem.trace.reuse):
+    """Four identical residual blocks, the last a copy of a traced one (fxmem.trace.blocks.reuse):
     each block's sum into its input's gradient runs in place in the copy too (the sums are
     applied after the splice; before, the copy's sum took a block of its own)."""
     _, m, r = _run("residuals")

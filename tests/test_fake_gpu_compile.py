@@ -1,5 +1,5 @@
 """Compiled steps (issue 39): ``fxmem.analyze(torch.compile(model), ...)`` traces inductor's
-own code (fxmem.trace.compiled), checked against the same compiled step run on the fake GPU
+own code (fxmem.trace.compiled.inductor), checked against the same compiled step run on the fake GPU
 (tests/fakegpu_compile_targets.py: PyTorch alone). Each case is compiled once with B
 dynamic at its ``compiled_at`` batch size, then run at two other batch sizes.
 

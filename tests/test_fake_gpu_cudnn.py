@@ -72,7 +72,7 @@ def _both(target, B, workspace=0, **kwargs):
 def _models_cublas_per_call() -> bool:
     """fxmem knows that from 2.15 every cuBLAS call takes (and frees) a workspace."""
     try:
-        from fxmem.trace.cuda import blas
+        from fxmem.trace.kernels.cuda import blas
     except ImportError:
         return False
     return bool(getattr(blas, "PER_CALL", False))
@@ -179,6 +179,6 @@ def test_gru_flat_weights(B):
     ``RNNBase._apply`` -> ``flatten_parameters`` -> ``_cudnn_rnn_flatten_weight``, which
     allocates cuDNN's weight space and frees the per-parameter storages (a GRU of hidden 64 has
     768-byte biases, each a 1,024-byte block on its own; the flat buffer is 175,104 bytes).
-    fxmem fakes the parameters so (``fxmem.trace.flat_weights``)."""
+    fxmem fakes the parameters so (``fxmem.trace.kernels.flat_weights``)."""
     got, want = _both("rnn", B, cell="gru")
     assert got == want

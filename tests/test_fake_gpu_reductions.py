@@ -1,5 +1,5 @@
-"""ATen's CUDA reductions (fxmem.trace.cuda.reductions) against PyTorch's own CUDA build on the
-fake GPU: every case of tests/fakegpu_reduction_targets.py (sum, mean, amax/amin, max/min,
+"""ATen's CUDA reductions (fxmem.trace.kernels.cuda.reductions) against PyTorch's own CUDA build on
+the fake GPU: every case of tests/fakegpu_reduction_targets.py (sum, mean, amax/amin, max/min,
 argmax/argmin, var/std/var_mean/std_mean, vector norms, any/all, logsumexp, the mean-reduced
 losses; 2-D and 4-D, reduced over the first, last, several or all dims, keepdim, transposed,
 strided, offset and channels-last inputs, float32/float16/bfloat16 and bool, 1e2 to 3e7
@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from fxmem.trace.cuda import reductions
+from fxmem.trace.kernels.cuda import reductions
 from fakegpu_marks import FAKE_GPU
 
 pytestmark = FAKE_GPU
@@ -28,7 +28,7 @@ import fakegpu_reduction_targets as targets  # noqa: E402
 # checked against the most transient bytes alive at once
 COMPOSITE = {"logsumexp"}
 # the recorder already gives these ops' output the unreduced loss's storage
-# (fxmem.trace.rules.UNREDUCED_STORAGE_LOSSES), the block CUDA frees before returning
+# (fxmem.trace.kernels.rules.UNREDUCED_STORAGE_LOSSES), the block CUDA frees before returning
 LOSS_IN_OUTPUT = {"mse_loss", "smooth_l1_loss"}
 KNOWN = {}  # case name -> reason (strict xfail)
 

@@ -1,7 +1,7 @@
 """SDPA on PyTorch's own CUDA build (the fake GPU, an H100 sm90): the backend its
 ``select_sdp_backend`` picks (``torch._fused_sdp_choice``) for every case of
-tests/fakegpu_sdpa_targets.py against fxmem's port (:func:`fxmem.trace.cuda.sdpa.choose` on CPU
-tensors of the same shapes, strides, dtypes and requires_grad, under the same ``sdpa_kernel``
+tests/fakegpu_sdpa_targets.py against fxmem's port (:func:`fxmem.trace.kernels.cuda.sdpa.choose` on
+CPU tensors of the same shapes, strides, dtypes and requires_grad, under the same ``sdpa_kernel``
 flags, determinism and grad mode), and the memory of a training step forced onto each backend.
 
 Runs where the installed torch is a CUDA build and gcc can build the stub (2.14.1, 2.15);
@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from fxmem.trace.cuda import sdpa
+from fxmem.trace.kernels.cuda import sdpa
 from fakegpu_marks import FAKE_GPU
 
 pytestmark = FAKE_GPU

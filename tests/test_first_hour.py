@@ -157,7 +157,7 @@ def test_a_shape_mistake_is_the_models(tmp_path, capfd):
 
 
 def test_a_fake_tensor_limit_is_not_blamed_on_the_model():
-    from fxmem.trace.messages import fails_in_eager
+    from fxmem.trace.engine.messages import fails_in_eager
 
     a, b = torch.empty(2, 64), torch.empty(63, 10)
     assert fails_in_eager(torch.ops.aten.mm.default, (a, b), {}, None, RuntimeError())

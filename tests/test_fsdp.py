@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fxmem
-from fxmem.trace.parallel import FSDP, stack_blocks
+from fxmem.trace.parallel.fsdp import FSDP, stack_blocks
 
 BATCHES = (3, 17)  # the example batch is 4
 
@@ -91,7 +91,7 @@ def test_cpu_offload_per_rank(parallel):
     """CPUOffloadPolicy: the shards, their gradients, the optimizer state and the optimizer
     step are host memory; the device holds each shard's copy until the all-gather copies it
     in, the gathered blocks, the reduce-scatter buffers and the activations. The measured
-    ranks make the same host-device copies (fxmem.trace.offload) and leave the host out."""
+    ranks make the same host-device copies (fxmem.trace.parallel.offload) and leave the host out."""
     r = _exact(Stack(), *_batch(), parallel)
     for k in range(parallel.world_size):
         parts = r.parts(k)

@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fxmem
-from fxmem.trace.parallel import FSDP
+from fxmem.trace.parallel.fsdp import FSDP
 
 STEP = dict(loss=F.cross_entropy, optimizer=torch.optim.Adam, device="cpu")
 PATHS = ("layers.0", "layers.1", "layers.2")

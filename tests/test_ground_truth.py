@@ -9,7 +9,7 @@ and tested: an op that reaches a dispatch mode whole although its kernel is a co
 And the kernels eager runs whole: an op with a composite and a kernel of its own for the
 device (``silu_backward``, ``mish_backward``, ``native_channel_shuffle`` on the CPU,
 ``_fused_rms_norm`` on CUDA) is one op in the trace and in ``measure``
-(``fxmem.trace.tracking.BACKEND_KERNEL_OVER_COMPOSITE``); a release that adds an op to
+(``fxmem.trace.ledger.tracking.BACKEND_KERNEL_OVER_COMPOSITE``); a release that adds an op to
 either list fails :func:`test_every_backend_kernel_over_a_composite_has_a_decision`."""
 
 import copy
@@ -21,7 +21,7 @@ from torch import nn
 
 import fxmem
 from fxmem import apply_checkpoints
-from fxmem.trace.tracking import BACKEND_KERNEL_OVER_COMPOSITE, builds_kernels_for
+from fxmem.trace.ledger.tracking import BACKEND_KERNEL_OVER_COMPOSITE, builds_kernels_for
 from fxmem.validate.zoo import cases
 from witness import Witness, witness_step
 from zoo import OPTIMIZERS, ZOO
@@ -47,7 +47,7 @@ def test_every_backend_kernel_over_a_composite_has_a_decision(device):
         f"torch {torch.__version__}: ops with a composite and a {device} kernel changed: "
         f"new {sorted(got - BACKEND_KERNEL_OVER_COMPOSITE[device])}, gone "
         f"{sorted(BACKEND_KERNEL_OVER_COMPOSITE[device] - got)}: decide each in "
-        "fxmem.trace.tracking")
+        "fxmem.trace.ledger.tracking")
 
 
 # the witness against measure ----------------------------------------------------------------

@@ -1,6 +1,6 @@
 """``aten._grouped_mm`` (``F.grouped_mm``; transformers' MoE experts by default): PyTorch's
 meta kernel refuses float32, which its CPU and CUDA kernels take, and lays the output out
-otherwise than they do on a CPU build (fxmem.trace.rules.grouped_mm_meta). The meta fxmem
+otherwise than they do on a CPU build (fxmem.trace.kernels.rules.grouped_mm_meta). The meta fxmem
 traces with is checked against the installed kernel on real tensors, and MoE layers, routed
 with fixed shapes, against real CPU steps; an expert loop whose sizes come from the routing is
 refused with a message saying what to do."""
@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import fxmem
-from fxmem.trace.datadep import EAGER_EXPERTS
-from fxmem.trace.rules import grouped_mm_meta
+from fxmem.trace.kernels.datadep import EAGER_EXPERTS
+from fxmem.trace.kernels.rules import grouped_mm_meta
 
 KW = {"loss": lambda o: o.float().sum(), "optimizer": torch.optim.Adam}
 BATCHES = (2, 3, 5)  # the trace is at B = 4

@@ -1,5 +1,5 @@
-"""CUDA kernel semantics (fxmem.trace.cuda.kernels): each rule against PyTorch's meta kernel for the CUDA
-op or a derivation from the source, and a whole transformer layer against the published
+"""CUDA kernel semantics (fxmem.trace.kernels.cuda.kernels): each rule against PyTorch's meta kernel
+for the CUDA op or a derivation from the source, and a whole transformer layer against the published
 formula of Korthikanti et al. 2022."""
 
 from pathlib import Path
@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fxmem
-from fxmem.trace.compat import TORCH
-from fxmem.trace.cuda import kernels
+from fxmem.trace.kernels.compat import TORCH
+from fxmem.trace.kernels.cuda import kernels
 from fxmem.formula.symbols import B, L
 from fxmem.trace import trace
 from fxmem.validate.zoo import MegatronStack
@@ -53,7 +53,8 @@ def test_every_rule_names_its_source_and_releases():
             assert case in fakegpu_targets.RULES or any(
                 f"def {case}(" in (HERE / f).read_text() for f in FAKE_GPU_TESTS), (r.op, case)
         if "attention" in r.op:
-            assert set(r.checked) >= {"2.11", "2.13"}, r  # fxmem.trace.cuda.sdpa gates 2.11's rules
+            # fxmem.trace.kernels.cuda.sdpa gates 2.11's rules
+            assert set(r.checked) >= {"2.11", "2.13"}, r
         assert r.cuda, r
 
 
@@ -85,7 +86,7 @@ def test_compute_capability_accepts_a_number():
 def test_dropout_on_cuda_is_native_dropout_with_a_bool_mask():
     """Dropout.cpp dropout(): a CUDA tensor with 0 < p < 1 takes native_dropout; its mask is
     what PyTorch's meta kernel for native_dropout says (bool, the input's shape), made before
-    the output (Dropout.cu dropout_cuda; fxmem.trace.cuda.call_order)."""
+    the output (Dropout.cu dropout_cuda; fxmem.trace.kernels.cuda.call_order)."""
     m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(0.1))
     cpu = trace(m, torch.randn(4, 16), loss=lambda o: o.sum(), device="cpu")
     cuda = trace(m, torch.randn(4, 16), loss=lambda o: o.sum(), device="cuda")
@@ -186,8 +187,8 @@ def test_megatron_layer_on_cpu_keeps_cpu_kernels():
 
 @pytest.mark.parametrize("amp", [torch.float16, torch.bfloat16])
 def test_megatron_layer_under_cuda_autocast(amp):
-    """fp32 weights under CUDA autocast (fxmem.trace.amp): layer_norm is on the fp32 list, so both
-    LayerNorms save their fp32 input (+2·s·b·h each) and return fp32 statistics (16·s·b);
+    """fp32 weights under CUDA autocast (fxmem.trace.kernels.amp): layer_norm is on the fp32 list,
+    so both LayerNorms save their fp32 input (+2·s·b·h each) and return fp32 statistics (16·s·b);
     softmax is on the fp32_set_opt_dtype list, so the probabilities are fp32 (+2·a·s²·b) and
     dropout's output is fp32 too, its fp16 copy for bmm being the paper's 2·a·s²·b; the rest is
     16-bit as the paper counts it. bf16 and fp16 follow the same lists. The linears also
@@ -322,7 +323,8 @@ def test_embedding_bag_on_cuda_keeps_n_offsets_and_sorts_in_backward():
     (fwd,) = _created(cuda, "aten._embedding_bag.default")
     assert fwd[1][1:] == ((20 * B,), 160 * B)  # offset2bag: n indices
     assert _created(cpu, "aten._embedding_bag.default")[0][1][1] == (0,)  # CPU fast sum path
-    # backward: a CUDA kernel since 2.11, which sorts the 20·B indices (fxmem.trace.cuda.workspaces)
+    # backward: a CUDA kernel since 2.11, which sorts the 20·B indices
+    # (fxmem.trace.kernels.cuda.workspaces)
     (bwd,) = _created(cuda, "aten._embedding_bag_backward.default")
     workspaces = [n for dtype, _, n in bwd if dtype is None]
     assert workspaces.count(160 * B) >= 2  # sorted_indices, orig_indices (int64, n each)
@@ -349,7 +351,7 @@ def test_group_norm_copies_a_channels_last_input_on_cuda():
         return [o for o in ops if o.startswith("aten.")]
 
     # PyTorch's own composite on fake CUDA tensors (a CUDA build): up to 2.13 it copies
-    # first, from 2.14 native_group_norm gets the input as it is (fxmem.trace.compat)
+    # first, from 2.14 native_group_norm gets the input as it is (fxmem.trace.kernels.compat)
     copies = ["aten.clone.default"] if TORCH < (2, 14) else []
     assert composite("cuda") == [*copies, "aten.native_group_norm.default"]
     assert composite("cpu") == ["aten.native_group_norm.default"]

@@ -29,6 +29,16 @@ LAYERS = (
     {"cli"},  # the command
 )
 MAX_LINES = 600
+# fxmem/trace/'s rooms, bottom to top (docs/architecture.md): the same rule inside the stage
+TRACE_ROOMS = (
+    "ledger",  # what a trace records: ops, storages, saved tensors, the tracking mode
+    "kernels",  # what eager kernels do that fake ones do not (CPU's and CUDA's)
+    "compiled",  # torch.compile'd models: inductor's code run on the fakes
+    "plans",  # checkpoint plans as data, installed on a model
+    "parallel",  # one rank of FSDP2, DDP, TP, and a model the user wrapped
+    "blocks",  # repeated blocks traced as two, the rest copied
+    "engine",  # the step, the tracer, the recorder, the finished trace
+)
 
 
 def _modules() -> dict:
@@ -101,6 +111,38 @@ def test_imports_only_flow_down():
     assert not upward, "imports reaching up a layer: " + ", ".join(sorted(upward))
 
 
+def _room(name: str) -> int | None:
+    """The room of a module of ``fxmem.trace`` (None for the stage's own ``__init__``)."""
+    parts = name.split(".")
+    if parts[:2] != ["fxmem", "trace"] or len(parts) == 2:
+        return None
+    assert parts[2] in TRACE_ROOMS, f"{name} is in no room of fxmem.trace: add it to " \
+        "TRACE_ROOMS and docs/architecture.md"
+    return TRACE_ROOMS.index(parts[2])
+
+
+def test_trace_rooms_import_only_rooms_below():
+    upward = [f"{m} -> {t}" for m, t in GRAPH.edges
+              if _room(m) is not None and _room(t) is not None and _room(t) > _room(m)]
+    assert not upward, "fxmem.trace rooms reaching up: " + ", ".join(sorted(upward))
+
+
+def test_other_stages_enter_trace_by_its_faces():
+    """Outside ``fxmem.trace``, a room is imported by its face (``fxmem.trace.parallel``,
+    its ``__init__``), not its modules; CUDA's kernel modules (``fxmem.trace.kernels.cuda``)
+    are read one by one by the device stage's allocator replay."""
+    inside = [f"{m} -> {t}" for m, t in GRAPH.edges
+              if not m.startswith("fxmem.trace") and t.startswith("fxmem.trace.")
+              and len(t.split(".")) > 3 and not t.startswith("fxmem.trace.kernels.cuda.")]
+    assert not inside, "imports past a room's face: " + ", ".join(sorted(inside))
+
+
+def test_trace_has_no_loose_modules():
+    loose = [m for m in MODULES if m.startswith("fxmem.trace.") and len(m.split(".")) == 3
+             and m.split(".")[2] not in TRACE_ROOMS]
+    assert not loose, f"modules of fxmem.trace outside its rooms: {loose}"
+
+
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_module_size(name):
     lines = len(MODULES[name].read_text().splitlines())
@@ -115,3 +157,5 @@ def test_the_checker_sees_a_cycle_and_an_upward_import():
     g.add_edge("fxmem.memory.sizes", "fxmem.memory.liveness")
     assert list(nx.simple_cycles(g))
     assert _layer("fxmem.memory.sizes") < _layer("fxmem.validate.harness")
+    assert GRAPH.has_edge("fxmem.trace.engine.tracer", "fxmem.trace.blocks.splice")
+    assert _room("fxmem.trace.blocks.splice") > _room("fxmem.trace.ledger.records")

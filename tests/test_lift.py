@@ -1,6 +1,6 @@
 """A step that makes B a Python int (``len(x)``, ``int(x.shape[0])``): the ShapeEnv fixes B,
 so the tracer traces the step at several concrete batch sizes and fits every size as a
-polynomial in B (:mod:`fxmem.trace.lift`). The fitted formula must equal a real eager CPU
+polynomial in B (:mod:`fxmem.trace.engine.lift`). The fitted formula must equal a real eager CPU
 step (``fxmem.measure``) at batch sizes never traced, and the formula of the same step
 written with ``x.shape[0]`` (traced symbolically) on CPU and CUDA; a step that is not one
 polynomial step is refused, saying why."""
@@ -19,7 +19,7 @@ from fxmem.report.jsonout import render_json
 from fxmem.report.markdown import render_markdown
 from fxmem.report.summary import summarize
 from fxmem.trace import trace
-from fxmem.trace.lift import CHECK, FIT
+from fxmem.trace.engine.lift import CHECK, FIT
 
 ADAM = {"loss": lambda o: o.float().sum(), "optimizer": torch.optim.Adam}
 UNTRACED = (7, 11)  # in none of FIT and CHECK

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 import fxmem
-from fxmem.trace.messages import has_internal_symbol
+from fxmem.trace.engine.messages import has_internal_symbol
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)

@@ -1,5 +1,5 @@
 """Normalization outputs laid out as the eager CPU kernels lay them out
-(:data:`fxmem.trace.rules.EAGER_CPU_OUTPUT_LAYOUTS`).
+(:data:`fxmem.trace.kernels.rules.EAGER_CPU_OUTPUT_LAYOUTS`).
 
 The fake kernels of ``native_layer_norm_backward``, ``native_batch_norm(_backward)`` and
 ``native_group_norm(_backward)`` give output 0 another tensor's strides (dY's, the input's,
@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 import fxmem
-from fxmem.trace import rules
+from fxmem.trace.kernels import rules
 
 aten = torch.ops.aten
 KW = {"loss": lambda o: o.float().sum(), "optimizer": torch.optim.Adam}
@@ -157,7 +157,8 @@ def _replay(program, layout, dy_transposed, with_rules=True):
     for func, args, kwargs, eager in seen.calls:
         args = tree_map(lambda a: _fake(fake, a), args)
         kwargs = tree_map(lambda a: _fake(fake, a), kwargs)
-        with fake, enable_python_dispatcher():  # as fxmem.trace.recorder.Recorder.fake_kernel
+        # as fxmem.trace.engine.recorder.Recorder.fake_kernel
+        with fake, enable_python_dispatcher():
             out = func(*args, **kwargs)
             if with_rules and func in rules.EAGER_CPU_OUTPUT_LAYOUTS:
                 out = rules.eager_cpu_layout(func, args, out)

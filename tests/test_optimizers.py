@@ -50,7 +50,7 @@ def test_every_optimizer_mlp(opt, foreach):
 @pytest.mark.parametrize("opt", sorted(OPTIMIZERS))
 def test_every_optimizer_resnet(opt, foreach):
     # foreach steps add torch.tensor(1.0) to their CPU step counters: a lifted constant,
-    # counted from its lift as eager counts it (fxmem.trace.rules.CONSTANT_LIFT_OPS)
+    # counted from its lift as eager counts it (fxmem.trace.kernels.rules.CONSTANT_LIFT_OPS)
     _check("resnet", lambda p: OPTIMIZERS[opt](p, foreach=foreach))
 
 

@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fxmem
-from fxmem.trace.parallel import DDP, FSDP
+from fxmem.trace.parallel.fsdp import DDP, FSDP
 from test_fsdp import STEP, _hf, _lm_loss
 
 B = 17  # the batch size plans are chosen at; the example batch is 4

@@ -1,7 +1,7 @@
 """Conditions on the remainder of B (``Eq(Mod(B, 2), 0)``): code that asks whether B
 divides evenly meets one at every trace (DTensor's view rule asks it of every dim it might
 keep sharded). The tracer traces a B of the other remainder and drops the condition only
-when that step is the same op by op (:func:`fxmem.trace.lift.parity_checked`); a step that
+when that step is the same op by op (:func:`fxmem.trace.engine.lift.parity_checked`); a step that
 really differs keeps it, and its formula is only claimed where the condition holds."""
 
 import pytest

@@ -106,7 +106,7 @@ def test_checkpointed_blocks_keep_no_cache_as_under_transformers_own_checkpointi
     # GPT-2 with use_cache=True (its default) writes a key/value cache in every block's
     # forward. transformers' gradient checkpointing calls a checkpointed block without it
     # (its re-run would write it again), and so do fxmem's plans, traced and applied
-    # (fxmem.trace.checkpointing.uncached): a selective plan re-runs (it failed with
+    # (fxmem.trace.plans.checkpointing.uncached): a selective plan re-runs (it failed with
     # PyTorch's "... not found in storage" when the cache was written twice), and the plan
     # plan_for confirms by tracing peaks as measured.
     from fxmem.validate.zoo import CausalLM

@@ -12,7 +12,7 @@ from fxmem.formula.symbols import B, L
 
 SIZES = [B * L, B * L**2, L, sympy.Integer(1), 512 * sympy.ceiling(3 * B * L / 512),
          512 * sympy.ceiling((B * L**2 + 7) / 512), sympy.floor(B * L / 3),
-         # a CUDA kernel's temporary that depends on a branch (fxmem.trace.cuda.workspaces)
+         # a CUDA kernel's temporary that depends on a branch (fxmem.trace.kernels.cuda.workspaces)
          sympy.Piecewise((8 * B * L, B * L > 20), (0, True)),
          3 * sympy.Min(50, sympy.floor(B * L / 2))]
 

@@ -1,6 +1,6 @@
 """Ops of real models whose PyTorch kernels take only concrete sizes: ``F.interpolate`` and
 ``nn.Upsample``, ``torch.stft`` and ``torch.istft``, the backward of ``nn.Hardshrink`` and
-``nn.Softshrink`` (fxmem.trace.symbolic).
+``nn.Softshrink`` (fxmem.trace.kernels.symbolic).
 
 They used to fail with "operator aten::size does not exist": a C++ composite asked a fake
 tensor with a symbolic batch for its concrete sizes. Each model here is traced at B = 4 with
@@ -19,8 +19,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import fxmem
 from fxmem.formula.symbols import B
-from fxmem.trace.compat import TORCH
-from fxmem.trace import rules, symbolic
+from fxmem.trace.kernels.compat import TORCH
+from fxmem.trace.kernels import rules, symbolic
 
 aten = torch.ops.aten
 KW = dict(loss=lambda o: o.float().sum(), optimizer=torch.optim.Adam)
@@ -158,7 +158,7 @@ class Spectrogram(nn.Module):
 
 class LearnedFrontEnd(nn.Module):
     """A linear layer before the stft, so that its backward runs through the framing
-    (``as_strided_backward``, fxmem.trace.rules.GUARD_INT_BACKWARD_NODES); with
+    (``as_strided_backward``, fxmem.trace.kernels.rules.GUARD_INT_BACKWARD_NODES); with
     ``inverse``, back to a signal with istft."""
 
     def __init__(self, inverse=False, **stft):
@@ -218,7 +218,7 @@ def test_stft_exact_under_amp():
 
 def test_windows_made_twice_keep_their_extra_sample():
     """Two periodic windows of one length: the second is a hit in the fake tensor mode's
-    dispatch cache, which would make it compact (fxmem.trace.rules.PERIODIC_WINDOW_OPS)."""
+    dispatch cache, which would make it compact (fxmem.trace.kernels.rules.PERIODIC_WINDOW_OPS)."""
 
     class TwoWindows(Spectrogram):
         def forward(self, x):
@@ -291,7 +291,8 @@ def test_cuda_traces_a_formula_in_b(case, amp):
     assert r.peak.free_symbols == {B}
     assert 0 < r.peak_bytes(2) < r.peak_bytes(5)
     ffts = {op for op, _, _ in r.unmodelled if "_fft_" in op}
-    # cuFFT's work area is sized inside cuFFT: named, never hidden (fxmem.trace.cuda.kernels)
+    # cuFFT's work area is sized inside cuFFT: named, never hidden
+    # (fxmem.trace.kernels.cuda.kernels)
     assert bool(ffts) == (case == "stft then istft")
 
 
@@ -499,7 +500,7 @@ def test_the_composite_check_knows_torchscript_builtins():
     """``aten::size(Tensor) -> int[]`` is no operator of the c10 dispatcher: not a composite
     to take apart (looking it up by name raised "operator aten::size does not exist"); real
     operators are looked up by name and overload as before."""
-    from fxmem.trace.tracking import _composite
+    from fxmem.trace.ledger.tracking import _composite
 
     assert not _composite(aten.size.default) and not _composite(aten.stride.default)
     assert _composite(aten.lstm.input) and _composite(aten.linear.default)
@@ -509,7 +510,7 @@ def test_the_composite_check_knows_torchscript_builtins():
 def test_a_concrete_size_read_of_the_batch_is_a_specialization_error():
     """A C++ kernel without a stand-in asking for concrete sizes (here, ``aten.size``
     called directly) fixes B: a SpecializationError naming the op, not a lookup failure
-    (refused when the step is no polynomial step, fitted otherwise: fxmem.trace.lift);
+    (refused when the step is no polynomial step, fitted otherwise: fxmem.trace.engine.lift);
     the same question about a parameter's sizes is harmless."""
 
     class ReadsSizes(nn.Module):
@@ -526,7 +527,7 @@ def test_a_concrete_size_read_of_the_batch_is_a_specialization_error():
         fxmem.analyze(ReadsSizes(True, power=True), torch.randn(4, 8), device="cpu", **KW)
     assert "does not exist" not in str(e.value) and "no polynomial in B" in str(e.value)
     # 2.15 answers a Python call of aten.size before any dispatch reaches the tracer
-    # (fxmem.trace.compat): the error then names the next op, in the same forward
+    # (fxmem.trace.kernels.compat): the error then names the next op, in the same forward
     named = "aten.size.default" if TORCH < (2, 15) else "aten.t.default"
     assert f"op {named}" in str(e.value) and "in forward" in str(e.value)
     m = ReadsSizes(True)

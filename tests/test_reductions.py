@@ -1,5 +1,5 @@
-"""fxmem.trace.cuda.reductions on the CPU: Reduce.cuh's global-reduce staging for known cases
-(read off PyTorch 2.14.1's and 2.15's CUDA builds on the fake GPU, see
+"""fxmem.trace.kernels.cuda.reductions on the CPU: Reduce.cuh's global-reduce staging for known
+cases (read off PyTorch 2.14.1's and 2.15's CUDA builds on the fake GPU, see
 tests/test_fake_gpu_reductions.py), and, with a symbolic batch size B, formulas that put no
 guard on B and equal the concrete answer at every B tried."""
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from fxmem.trace.cuda import reductions as red
-from fxmem.trace.cuda import workspaces as cw
+from fxmem.trace.kernels.cuda import reductions as red
+from fxmem.trace.kernels.cuda import workspaces as cw
 from test_cuda_workspaces import Sym  # the batch symbol B, as fxmem.trace makes it
 
 aten = torch.ops.aten

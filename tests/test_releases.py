@@ -6,7 +6,7 @@ import sys
 
 import torch
 
-from fxmem.trace.compat import TESTED, TORCH, untested_release
+from fxmem.trace.kernels.compat import TESTED, TORCH, untested_release
 
 
 def _import_fxmem_as(version: str) -> str:

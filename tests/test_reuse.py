@@ -1,4 +1,5 @@
-"""Repeated blocks traced once and copied (fxmem.trace.reuse) read exactly as a block-by-block trace
+"""Repeated blocks traced once and copied (fxmem.trace.blocks.reuse) read exactly as a
+block-by-block trace
 and as a real step."""
 
 import copy
@@ -8,10 +9,10 @@ import pytest
 import torch
 
 import fxmem
-from fxmem.trace.regions import Region
-from fxmem.trace.reuse import find_runs
+from fxmem.trace.plans.regions import Region
+from fxmem.trace.blocks.reuse import find_runs
 from fxmem.trace import trace
-from fxmem.trace.tracking import frozen_gc
+from fxmem.trace.ledger.tracking import frozen_gc
 from witness import witness_step
 from zoo import gpt2 as zoo_gpt2
 

@@ -1,4 +1,4 @@
-"""Repeated blocks copied under FSDP2 (fxmem.trace.reuse_parallel): a rank's trace with
+"""Repeated blocks copied under FSDP2 (fxmem.trace.blocks.sharded): a rank's trace with
 blocks copied reads exactly as the same rank's trace block by block, FSDP2's all-gathers,
 reduce-scatters, side streams, reshards and checkpoint plans' re-runs included; blocks that
 do not behave alike, and the strategies whose blocks are not copied, are traced block by
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from fxmem.trace import trace
-from fxmem.trace.parallel import DDP, FSDP
-from fxmem.trace.regions import Region
+from fxmem.trace.parallel.fsdp import DDP, FSDP
+from fxmem.trace.plans.regions import Region
 from test_fsdp import _lm_loss
 from test_reuse import DIFFERING, _Stack, _flops, _shape, differing
 

@@ -1,4 +1,4 @@
-"""fxmem.trace.cuda.sdpa: CUDA's SDPA backend choice and kernels on CPU fake tensors.
+"""fxmem.trace.kernels.cuda.sdpa: CUDA's SDPA backend choice and kernels on CPU fake tensors.
 
 Expected backends are derived in the comments from the rules of torch 2.13's
 sdp_utils.cpp / sdp_utils_cpp.h (priority order, per-backend filters); op sequences are
@@ -18,8 +18,8 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fxmem.trace.cuda import sdpa, sdpa_memory
-from fxmem.trace.compat import tracing_shims
+from fxmem.trace.kernels.cuda import sdpa, sdpa_memory
+from fxmem.trace.kernels.compat import tracing_shims
 
 aten = torch.ops.aten
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
@@ -208,7 +208,8 @@ class Ops(TorchDispatchMode):
         self.calls = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        with enable_python_dispatcher():  # as fxmem.trace.recorder.Recorder.fake_kernel runs it
+        # as fxmem.trace.engine.recorder.Recorder.fake_kernel runs it
+        with enable_python_dispatcher():
             out = func(*args, **(kwargs or {}))
         if func is not torch.ops.prim.device.default:
             self.calls.append((func, args, kwargs or {}, out))
@@ -369,7 +370,7 @@ def test_efficient_backward_workspace_fp32():
     ((_, size),) = sdpa_memory._efficient_bwd_workspace(q, k, v, False, (8, 0))
     assert size == b * h * 4100 * 4
     # fp32's delta: (grad_out * out).sum(-1).transpose(-2, -1).contiguous(), in that order,
-    # then the workspace (fxmem.trace.cuda.call_order frees the product and the sum first)
+    # then the workspace (fxmem.trace.kernels.cuda.call_order frees the product and the sum first)
     got = sdpa_memory.workspace_bytes(c[0], c[1], c[3], c[2], capability=(8, 0))
     assert got[-4:] == [(sdpa_memory.EFF_PRODUCT, 4 * b * l * h * d),
                         (sdpa_memory.EFF_SUM, 4 * b * l * h),
@@ -468,7 +469,7 @@ def test_symbolic_sizes_are_not_specialized(dtype, cap, mask, expected):
         q, k, v = (torch.empty(b, 8, l, 64, dtype=dtype, requires_grad=True) for _ in range(3))
         m = torch.ones(l, l, dtype=torch.bool) if mask else None
         assert sdpa.choose(q, k, v, m, is_causal=False, capability=cap).backend == expected
-        with tracing_shims(), Ops() as ops:  # torch 2.11's C++ matmul: fxmem.trace.compat
+        with tracing_shims(), Ops() as ops:  # torch 2.11's C++ matmul: fxmem.trace.kernels.compat
             out = sdpa.cuda_scaled_dot_product_attention(q, k, v, m, capability=cap)
             out.sum().backward()
         guards = len(env.guards)

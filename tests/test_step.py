@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import fxmem
 from fxmem import Step
-from fxmem.trace.step import UNSET
+from fxmem.trace.engine.step import UNSET
 
 
 def _model():

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import fxmem
 from fxmem.device.allocator import cuda_memory
-from fxmem.trace.cuda import blas
+from fxmem.trace.kernels.cuda import blas
 
 MiB = 2**20
 SMALL_SEGMENT = 2 * MiB

@@ -2,11 +2,11 @@
 
 Every pattern is traced once at B = 4 and compared to the byte with a real eager CPU step
 (``fxmem.measure``) at B = 2 and 5; ``device="cuda"`` must trace it too (CUDA's kernels, no
-GPU needed). The causes, in :meth:`fxmem.trace.recorder.Recorder.fake_kernel`: fake kernels
+GPU needed). The causes, in :meth:`fxmem.trace.engine.recorder.Recorder.fake_kernel`: fake kernels
 run without PyTorch's Python dispatcher reached C++ kernels that need concrete sizes
 (``F.pad``'s ``constant_pad_nd``, inside ``F.unfold``/``F.fold``'s decompositions too, and
 the C++ ``expand`` that ``baddbmm``'s and ``addcmul``'s Python meta kernels call); and
-:data:`fxmem.trace.rules.STORAGE_AT_LEAST_INPUT_OPS` (im2col and col2im keep the larger of
+:data:`fxmem.trace.kernels.rules.STORAGE_AT_LEAST_INPUT_OPS` (im2col and col2im keep the larger of
 their input's and output's storage).
 """
 
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import fxmem
 from fxmem.formula.symbols import L
 from fxmem.trace import trace
-from fxmem.trace.cuda.workspaces import workspace_bytes
+from fxmem.trace.kernels.cuda.workspaces import workspace_bytes
 
 aten = torch.ops.aten
 ADAM = dict(loss=lambda o: o.float().sum(), optimizer=torch.optim.Adam)
@@ -273,7 +273,7 @@ def test_len_of_a_batch_sized_tensor_is_fitted():
     """transformers' clip contrastive_loss: torch.arange(len(logits)). len() returns a
     Python int (CPython converts __len__'s result with __index__), so B is fixed there
     whatever the tracer does: the formula is fitted from traces at concrete batch sizes
-    (fxmem.trace.lift), exact at one none of them used, and the report names the line."""
+    (fxmem.trace.engine.lift), exact at one none of them used, and the report names the line."""
     ids, pixels = torch.randint(0, 64, (4, 10)), torch.randn(4, 3, 32, 32)
     r = exact(CLIP(return_loss=True), (ids, pixels), bs=(7,), loss=lambda o: o,
               optimizer=torch.optim.AdamW)
@@ -293,7 +293,7 @@ class Cells(nn.Module):
 
 @pytest.mark.parametrize("bias", [True, False])
 def test_cuda_fused_cells_keep_fxmem_meta_kernels(bias):
-    """fxmem.trace.cuda.rnn.META replaces PyTorch's meta kernels of the fused RNN cells (its
+    """fxmem.trace.kernels.cuda.rnn.META replaces PyTorch's meta kernels of the fused RNN cells (its
     LSTM cell's fails on bias=False); the Python dispatcher would prefer PyTorch's."""
     r = fxmem.analyze(Cells(bias), torch.randn(4, 8), **ADAM, device="cuda")
     assert r.peak.has(fxmem.B)

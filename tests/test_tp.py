@@ -157,7 +157,7 @@ def test_llama_own_plan():
     logits are all-gathered (``colwise_gather_output``)."""
     m = _llama()
     ids = torch.randint(0, 128, (2, 16))
-    plan = fxmem.trace.tp.hf_plan(m)
+    plan = fxmem.trace.parallel.tp.hf_plan(m)
     assert set(plan) == set(LLAMA_PLAN) | {"model.embed_tokens", "lm_head"}
     r = _exact(m, ids, ids, TP(2), batches=(3, 5), loss=_lm_loss,
                optimizer=torch.optim.AdamW)

@@ -1,4 +1,4 @@
-"""Values a model reads that do not depend on data (fxmem.trace.values): a mask the model
+"""Values a model reads that do not depend on data (fxmem.trace.kernels.values): a mask the model
 fills itself and branches on, as transformers' decoders do (``torch.ones(batch, seq)``, then
 ``_ignore_causal_mask_sdpa`` reads whether it is all ones and skips the mask). Each model is
 traced at B = 4 and checked to the byte against a real eager CPU step at other batch sizes;
@@ -12,7 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 import fxmem
-from fxmem.trace.values import KnownValues, eager_branches
+from fxmem.trace.kernels.values import KnownValues, eager_branches
 
 aten = torch.ops.aten
 KW = {"loss": lambda o: o.float().sum(), "optimizer": torch.optim.Adam}
@@ -153,7 +153,8 @@ def test_bart_decoder_skips_its_causal_mask_as_eager_does():
                                                 optimizer=torch.optim.Adam).peak_bytes, b
 
 
-# -- positions: values affine in their indices (fxmem.trace.affine) ---------------------------
+# -- positions: values affine in their indices (fxmem.trace.kernels.affine)
+# ---------------------------
 
 def _positions(x):
     """Positions as transformers' decoders make them: arange(L) + 0, expanded to the batch."""

@@ -19,7 +19,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 import fxmem
 from fxmem import DDP, FSDP, TP, Parallel
-from fxmem.trace.strategy import Strategy
+from fxmem.trace.parallel.strategy import Strategy
 from test_fsdp import STEP, Stack, _batch, _hf, _lm_loss
 from test_tp import (BLOCK_PLAN, LLAMA_PLAN, MLP, MLP_PLAN, UNEVEN_PLAN, Blocks, _blocks_batch,
                      _mlp_batch, _seq_loss)

@@ -26,7 +26,7 @@ def test_training_step_matches_measure(name, opt):
 def test_inference_step_matches_measure(name):
     model, x, _, _ = ZOO[name]()
     report = fxmem.analyze(model, x, train=False, device="cpu")
-    # only oneDNN's LSTM scratchpad, which no PyTorch storage holds (fxmem.trace.cpu_rnn)
+    # only oneDNN's LSTM scratchpad, which no PyTorch storage holds (fxmem.trace.kernels.cpu_rnn)
     assert [what.split(",")[0] for _, _, what in report.unmodelled] == (
         ["oneDNN RNN scratchpad"] if name == "lstm" else [])
     for b in BATCHES:

@@ -2,7 +2,7 @@
 ``fxmem.measure``, sharing no code with ``fxmem``.
 
 ``fxmem.measure`` observes a real step with the same storage tracker the trace is built on
-(``fxmem.trace.tracking``), so a mistake in that tracker (say, taking an op apart that the
+(``fxmem.trace.ledger.tracking``), so a mistake in that tracker (say, taking an op apart that the
 dispatcher runs whole) would be made by the prediction and its check together. This module
 imports nothing from ``fxmem``: a plain ``TorchDispatchMode`` that only counts the storages
 the ops it is handed return (and ``UntypedStorage.resize_``), each live until eager PyTorch

@@ -4,4 +4,4 @@ schedule derived from the trace without it), :mod:`~fxmem.checkpoint.solve` (the
 solver, plain numbers, no torch), :mod:`~fxmem.checkpoint.choose` (the solver's numbers from
 a report, and the exact check of its answer), :mod:`~fxmem.checkpoint.flops` (what
 recomputation costs). Applying a plan, while tracing and to a real model, is
-:mod:`fxmem.trace.checkpointing`'s."""
+:mod:`fxmem.trace.plans.checkpointing`'s."""

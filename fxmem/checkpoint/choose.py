@@ -37,7 +37,7 @@ from ..errors import InfeasibleBudgetError, InputError
 from ..formula.symbols import B, Size
 from ..memory.liveness import timeline
 from ..memory.sizes import device_sizes
-from ..trace.regions import Plan
+from ..trace.plans import Plan
 from . import solve as S
 from .plans import derive, schedule
 
@@ -120,7 +120,7 @@ class Chooser:
     """The solver's problem for one report and candidate list, per batch size."""
 
     def __init__(self, report, candidates=None):
-        from ..trace.checkpointing import check_plan
+        from ..trace.plans import check_plan
 
         if report.plan:
             raise InputError("choose a plan from a report without one (this one has "

@@ -7,7 +7,7 @@ the same two numbers:
 
 - **peak**: the live bytes of the step compiled under that budget, a formula in B, from
   ``fxmem.analyze(..., compile={"activation_memory_budget": b})`` (inductor's own code run on
-  the trace's fake tensors: :mod:`fxmem.trace.compiled`);
+  the trace's fake tensors: :mod:`fxmem.trace.compiled.inductor`);
 - **recompute FLOPs**: that step's FLOPs minus the step's compiled under budget 1.0 (the
   partition that saves what the min-cut saves), both counted as
   :mod:`fxmem.checkpoint.flops` counts any trace (PyTorch's formulas). Inductor's fused

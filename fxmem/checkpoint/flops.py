@@ -28,7 +28,7 @@ import torch
 from torch.utils.flop_counter import flop_registry
 
 from ..memory.dims import args_in, nodes_and_values, value_in
-from ..trace.records import TensorDesc, Trace
+from ..trace.ledger import TensorDesc, Trace
 
 aten = torch.ops.aten
 

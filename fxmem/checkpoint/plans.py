@@ -1,8 +1,8 @@
 """A checkpoint plan's schedule, derived from one trace of the step without the plan.
 
 Non-reentrant ``torch.utils.checkpoint`` changes three things for a segment S of the plan,
-and each is read off the base trace (:class:`fxmem.trace.saved.Pack` records who saved what, when
-autograd released it, and when Python dropped it):
+and each is read off the base trace (:class:`fxmem.trace.ledger.saved.Pack` records who saved what,
+when autograd released it, and when Python dropped it):
 
 1. **Forward.** Tensors S saves for backward are not kept by autograd: a storage made
    inside S lives only as long as Python refers to it (its ``unref_after``) or a saver
@@ -15,7 +15,7 @@ autograd released it, and when Python dropped it):
    when Python drops them in the re-run, or when it stops.
 3. **Everything else** is the base trace: op order, sizes, frees.
 
-The result is a :class:`fxmem.trace.records.Trace` (recomputed ops marked ``recompute=True``,
+The result is a :class:`fxmem.trace.ledger.records.Trace` (recomputed ops marked ``recompute=True``,
 ``source`` = the op they repeat), so the liveness stage and the report work on it as on a
 traced plan. ``tests/test_plans.py`` checks it against traces with the plan really applied
 and against :func:`fxmem.measure` of the model wrapped by :func:`fxmem.apply_checkpoints`.
@@ -37,9 +37,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..errors import InputError
-from ..trace.records import Trace
-from ..trace.saved import latest
-from ..trace.regions import Plan, modules_of
+from ..trace.ledger import Trace, latest
+from ..trace.plans import Plan, modules_of
 
 _STATIC = ("param", "buffer", "grad", "optimizer_state")
 
@@ -50,8 +49,8 @@ class SegmentSchedule:
 
     ``first_op..last_op``: its forward (after the first module's own pre-hooks, e.g. FSDP2's
     all-gather, which checkpoint does not re-run: :attr:`ModuleCall.forward_op
-    <fxmem.trace.records.ModuleCall.forward_op>`); ``stop``: the re-run covers ops ``first_op ..
-    stop - 1`` (early stop after the last save); ``recompute_at``: the re-run happens right
+    <fxmem.trace.ledger.records.ModuleCall.forward_op>`); ``stop``: the re-run covers ops ``first_op
+    .. stop - 1`` (early stop after the last save); ``recompute_at``: the re-run happens right
     before this base op (``None``: nothing it saved is read back, no re-run);
     ``order``: rank of that first unpack, for re-runs before the same op; ``done_after``:
     op after which the last saved tensor is released (checkpoint then drops the inputs;

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from ..errors import FxmemError, InfeasibleBudgetError, InputError, TraceError, one_line
-from ..trace.dtypes import AMP, accepted, dtype_of
+from ..trace.kernels import AMP, accepted, dtype_of
 from .files import check_out, plain_text, write_file
 from .strategies import data_parallel, tensor_parallel
 
@@ -347,7 +347,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
 
     from ..analyze import analyze as run_analysis
     from ..report.summary import summarize
-    from ..trace.step import Step
+    from ..trace.engine import Step
     from .targets import (
         batch_dim_of,
         check_positions,
@@ -422,7 +422,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
         raise InputError("--whatif compares training setups within a budget: give --budget "
                          "(and no --inference)")
     if checkpoint.strip().endswith(".json"):
-        from ..trace.regions import load_plan
+        from ..trace.plans import load_plan
 
         plan = load_plan(checkpoint.strip())
     else:
@@ -470,7 +470,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
             report, frontier = chosen.report, chosen.frontier
             compiled_as = chosen.setup_line(auto_compiled) or compiled_as
         if save_plan:
-            from ..trace.regions import Plan
+            from ..trace.plans import Plan
 
             write_file(save_plan, Plan.of(report.plan).to_json(indent=1) + "\n")
         fit = None

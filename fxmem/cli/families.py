@@ -25,6 +25,7 @@ import torch
 from ..errors import InputError, one_line
 from ..validate.zoo import CausalLM
 from . import presets
+
 # where a config says its longest sequence, and its image size
 _POSITIONS = ("n_positions", "max_position_embeddings", "max_source_positions")
 _DEFAULT_SEQ = 512
@@ -281,7 +282,7 @@ def torchvision_release() -> str:
     >>> bool(re.fullmatch(r"0\\.\\d+", torchvision_release()))
     True
     """
-    from ..trace.compat import TORCH
+    from ..trace.kernels import TORCH
 
     return f"0.{TORCH[1] + 15}" if TORCH[0] == 2 else "(the one made for your torch)"
 

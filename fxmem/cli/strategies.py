@@ -5,7 +5,7 @@ with ``--tp-plan`` (tensor parallelism, over FSDP2 when both are given)."""
 from __future__ import annotations
 
 from ..errors import InputError
-from ..trace.dtypes import dtype_of
+from ..trace.kernels import dtype_of
 
 
 def data_parallel(fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, replicate, offload):
@@ -42,7 +42,7 @@ def tensor_parallel(tp, tp_plan, ddp, data):
     if ddp is not None:
         raise InputError("--tp composes with --fsdp (FSDP2 over TP on a 2-D mesh), not "
                          "--ddp: give --fsdp RANKS instead")
-    from ..trace.tp import TP, Parallel
+    from ..trace.parallel import TP, Parallel
     from .targets import load_object
 
     plan = None

@@ -27,8 +27,13 @@ from typing import Callable
 import torch
 
 from ..errors import InputError, one_line
-from ..trace.datadep import internal_file
-from ..trace.dtypes import DTYPES, INTEGER, accepted, dtype_of  # noqa: F401 - DTYPES: the table
+from ..trace.kernels import (  # noqa: F401 - DTYPES: the table
+    DTYPES,
+    INTEGER,
+    accepted,
+    dtype_of,
+    internal_file,
+)
 from . import families
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -51,7 +56,7 @@ def parse_capability(text: str) -> tuple:
     >>> parse_capability("8.6")
     (8, 6)
     """
-    from ..trace.cuda.kernels import check_capability
+    from ..trace.kernels import check_capability
 
     m = re.fullmatch(r"\s*(\d+)\.(\d)\s*", str(text))
     if not m:

@@ -5,8 +5,8 @@ The formula of ``Report.peak`` counts each storage as the block it takes
 and ``max_memory_reserved()`` report on top is a replay of the step's allocations through
 the caching allocator (:mod:`fxmem.device.caching_allocator`: segments, block splitting and
 the slack of unsplit large blocks) with the cuBLAS workspaces: kept per thread up to torch
-2.14, taken and freed by every matmul from 2.15 (:mod:`fxmem.trace.cuda.blas`), and the CUDA
-reductions' staging buffers, sized at that B (:mod:`fxmem.trace.cuda.reduce_replay`):
+2.14, taken and freed by every matmul from 2.15 (:mod:`fxmem.trace.kernels.cuda.blas`), and the CUDA
+reductions' staging buffers, sized at that B (:mod:`fxmem.trace.kernels.cuda.reduce_replay`):
 :func:`cuda_memory` (``Report.cuda_memory(B)``).
 """
 
@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 
 from ..memory.sizes import _host_resident
-from ..trace.cuda import blas, call_order, reduce_replay
+from ..trace.kernels.cuda import blas, call_order, reduce_replay
 
 # --- the caching allocator, replayed over a step -------------------------------------------
 
@@ -38,7 +38,7 @@ def cublas_workspace_bytes(compute_capability=(9, 0), env: str | None = None) ->
     pairs, SIZE in KiB; ``env``, default the environment's) summed, else 32 MiB on compute
     capability 9.x (Hopper), 10.x and 12.x (Blackwell), else 4096 KiB x 2 + 16 KiB x 8. Up to
     2.14 cuBLASLt shares it by default (``TORCH_CUBLASLT_UNIFIED_WORKSPACE``); from 2.15 a
-    cuBLASLt call takes its own (:func:`fxmem.trace.cuda.blas.lt_workspace_bytes`).
+    cuBLASLt call takes its own (:func:`fxmem.trace.kernels.cuda.blas.lt_workspace_bytes`).
 
     >>> cublas_workspace_bytes((9, 0)), cublas_workspace_bytes((8, 0))
     (33554432, 8519680)
@@ -91,14 +91,14 @@ def cuda_memory(liveness, B: int, config=None, compute_capability=(9, 0),  # noq
     (``StorageInfo.stream``: FSDP2's all-gather and reduce-scatter outputs on its streams,
     whose blocks and segments the allocator keeps apart from the default stream's). A CUDA
     reduction that splits its outputs across blocks takes its staging buffer and semaphores
-    (:mod:`fxmem.trace.cuda.reduce_replay`, sized at ``B``) after its outputs and frees them
+    (:mod:`fxmem.trace.kernels.cuda.reduce_replay`, sized at ``B``) after its outputs and frees them
     before the op's inputs go.
 
     cuDNN's convolution workspaces are not in the trace: their size is the algorithm's that
     cuDNN picks. ``cudnn_workspace`` (bytes) allocates that much at every convolution, after
     its outputs, and frees it when the op ends; in ``convolution_backward``, after the input's
     gradient and again after the weight's (one cuDNN call each), the bias gradient after both
-    (:mod:`fxmem.trace.cuda.call_order`). Under ``CUDNN_CONV_WSCAP_DBG=N`` (MiB), cuDNN
+    (:mod:`fxmem.trace.kernels.cuda.call_order`). Under ``CUDNN_CONV_WSCAP_DBG=N`` (MiB), cuDNN
     offers no configuration with a larger workspace, so ``N * 2**20`` bounds what each call
     adds; 0 (the default) leaves the workspaces out."""
     r = _Replay(liveness, B, config, compute_capability, cublas_workspace, cudnn_workspace)
@@ -226,7 +226,7 @@ class _Replay:
         self.lt_ws = blas.lt_workspace_bytes()
         self.cudnn_workspace = cudnn_workspace
         # the CUDA reductions' staging (and dtype copies) at this B, in the order the kernel
-        # allocates them after its outputs (fxmem.trace.cuda.reduce_replay)
+        # allocates them after its outputs (fxmem.trace.kernels.cuda.reduce_replay)
         cap = tuple(compute_capability or (9, 0))
         self.staging = {i: st for i, op in enumerate(self.ops) if op.reduce is not None
                         and (st := reduce_replay.staging(op.op, op.reduce, B, cap))}
@@ -311,7 +311,7 @@ class _Replay:
 
     def _call(self, i, op):
         """Op ``i``'s own allocations, in the order its kernel makes them
-        (:func:`fxmem.trace.cuda.call_order.steps`): its storages, the temporaries it frees
+        (:func:`fxmem.trace.kernels.cuda.call_order.steps`): its storages, the temporaries it frees
         before it returns, and each cuDNN call's workspace (``cudnn_workspace`` bytes, held
         while the call runs: a convolution's, after its output; ``convolution_backward``'s
         two calls, after the input's gradient and after the weight's)."""

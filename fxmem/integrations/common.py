@@ -20,7 +20,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ..errors import InfeasibleBudgetError, TraceError
-from ..trace.tracking import StorageTracker
+from ..trace.ledger import StorageTracker
 
 
 def clipping(cls, max_norm: float | None = None, foreach=None, *, max_value: float | None = None):

@@ -47,8 +47,8 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from ..analyze import analyze
 from ..checkpoint.choose import PlanChoice
 from ..errors import InfeasibleBudgetError, InputError
-from ..trace.checkpointing import apply_checkpoints
-from ..trace.step import Step
+from ..trace.engine import Step
+from ..trace.plans import apply_checkpoints
 from ..validate.measure import measure
 from .common import clipping, confirmed_plan, largest, least_peak_message, live_budget
 

@@ -4,7 +4,7 @@ Trainer's real steps reach (:class:`FxmemCallback`; imported as
 
 What is measured: on CUDA, ``torch.cuda.max_memory_allocated()`` over each optimizer step
 (peak stats reset at its start); on the CPU, the live bytes of a storage tracker (the one
-:func:`fxmem.measure` uses, :class:`fxmem.trace.tracking.StorageTracker`) over the steps
+:func:`fxmem.measure` uses, :class:`fxmem.trace.ledger.tracking.StorageTracker`) over the steps
 after the first (the first creates the optimizer state), ``cpu_steps`` of them since the
 tracker slows every op: what was live at the step's start (parameters, buffers, gradients,
 optimizer state, the batch the model is called with) plus every storage the step makes,

@@ -69,7 +69,8 @@ def specialize(trace, **values):
     lower = [g for g in guards if g.free_symbols <= {B}]
     rest = [g for g in guards if not g.free_symbols <= {B}]
     ops = tuple(op if op.reduce is None else replace(op, reduce=_tree_subs(op.reduce, vals))
-                for op in trace.ops)  # the reductions' arguments (fxmem.trace.cuda.reduce_replay)
+                for op in trace.ops)  # the reductions' arguments
+    # (fxmem.trace.kernels.cuda.reduce_replay)
     return replace(trace, graph_source=Specialized(trace, vals), storages=tuple(storages),
                    ops=ops, guards=valid_when(lower) + tuple(rest), dims=())
 
@@ -109,7 +110,7 @@ def nodes_and_values(trace) -> tuple:
 
 def value_in(val, values: dict):
     """A node's value (``meta["val"]``) with ``values`` put in, as in a specialized graph."""
-    from ..trace.records import TensorDesc
+    from ..trace.ledger import TensorDesc
 
     return _desc_subs(val, values, TensorDesc) if values and isinstance(
         val, (TensorDesc, tuple)) else val

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import networkx as nx
 import sympy
 
-from ..trace.records import Trace
+from ..trace.ledger import Trace
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ not count. What the allocator adds beyond that (segments, cuBLAS workspaces) is
 :mod:`fxmem.device.allocator`'s.
 
 >>> from fxmem.formula.symbols import Size
->>> from fxmem.trace.records import StorageInfo
+>>> from fxmem.trace.ledger.records import StorageInfo
 >>> s = StorageInfo(0, Size.of(100), "activation", "", "", 0, None, False, None, ())
 >>> [x.expr for x in device_sizes([s], "cpu")], [x.expr for x in device_sizes([s], "cuda")]
 ([100], [512])

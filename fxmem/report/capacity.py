@@ -87,7 +87,7 @@ class MaxBatchSize(int):
     def plan(self):
         """The checkpoint plan that makes this B fit (a :class:`fxmem.Plan`; empty when
         none was asked for or needed)."""
-        from ..trace.regions import Plan
+        from ..trace.plans import Plan
 
         return self.choice.plan if self.choice is not None else Plan(())
 

@@ -162,7 +162,7 @@ class Report:
         from ..checkpoint.plans import derive
         from ..memory.graph import build_graph
         from ..memory.liveness import liveness
-        from ..trace.checkpointing import check_plan
+        from ..trace.plans import check_plan
 
         self._b_only("with_plan(plan)")
         plan = check_plan({c.path for c in self.trace.calls}, plan)
@@ -266,7 +266,7 @@ class Report:
     def lifted(self) -> str:
         """How the formulas were obtained when the step fixes B as a Python int (``len(x)``,
         ``int(x.shape[0])``): where, and the batch sizes they were fitted from and checked at
-        (:mod:`fxmem.trace.lift`); ``""`` when the trace kept B a symbol."""
+        (:mod:`fxmem.trace.engine.lift`); ``""`` when the trace kept B a symbol."""
         return str(self.trace.lifted) if self.trace.lifted is not None else ""
 
     @property

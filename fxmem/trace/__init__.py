@@ -1,31 +1,30 @@
 """Stage 1, the trace: one whole step run on fake tensors with the batch size as a symbol.
 
-- :mod:`~fxmem.trace.step`: the step being analysed (inputs, loss, optimizer, training-loop
-  options), run the same way by the tracer and by :func:`fxmem.measure`;
-- :mod:`~fxmem.trace.tracer`: :func:`trace`, which runs it under ``FakeTensorMode`` and a
-  ``ShapeEnv``; :mod:`~fxmem.trace.recorder`, the dispatch mode that records every aten op;
-  :mod:`~fxmem.trace.records`, what it returns (:class:`Trace`, ops, storages);
-- :mod:`~fxmem.trace.tracking`: storage-level allocation tracking, shared with the CPU
-  measurement; :mod:`~fxmem.trace.saved`: who holds saved tensors, until when;
-- :mod:`~fxmem.trace.rules`: where eager kernels differ from their fake (meta) ones;
-  :mod:`~fxmem.trace.symbolic`: stand-ins for PyTorch kernels that take only concrete sizes;
-  :mod:`~fxmem.trace.cpu_rnn`: the RNN kernels eager CPU runs (oneDNN's LSTM, RNN.cpp's
-  layers);
-  :mod:`~fxmem.trace.amp`: CUDA's autocast lists; :mod:`~fxmem.trace.cuda`: what CUDA's
-  kernels run and allocate for ``device="cuda"``; :mod:`~fxmem.trace.compat`: what older
-  PyTorch releases need;
-- :mod:`~fxmem.trace.reuse` and :mod:`~fxmem.trace.splice`: a stack of identical blocks
-  traced as two, the rest copied; :mod:`~fxmem.trace.reuse_parallel`: the same for a rank's
-  blocks under FSDP2;
-- :mod:`~fxmem.trace.checkpointing`: activation-checkpoint plans, applied while tracing and
-  to real models (:func:`fxmem.apply_checkpoints`);
-- :mod:`~fxmem.trace.lift`: a step that fixes B as a Python int (``len(x)``), traced at
-  several batch sizes and its sizes fitted as polynomials in B.
+Seven rooms, each importing only the ones above it in this list (``tests/test_layout.py``);
+every other stage enters a room by its face (its ``__init__``):
+
+- :mod:`~fxmem.trace.ledger`: what a trace records (:class:`Trace`, ops, storages, saved
+  tensors) and :class:`~fxmem.trace.ledger.tracking.StorageTracker`, the mode that sees them;
+- :mod:`~fxmem.trace.kernels`: what eager kernels do that fake ones do not, on CPU and, for
+  ``device="cuda"``, CUDA's (:mod:`fxmem.trace.kernels.cuda`); autocast's lists; values the
+  trace knows; what each PyTorch release needs;
+- :mod:`~fxmem.trace.compiled`: a ``torch.compile``'d model, inductor's own code run on the
+  fakes;
+- :mod:`~fxmem.trace.plans`: activation-checkpoint plans, applied while tracing and to real
+  models (:func:`fxmem.apply_checkpoints`);
+- :mod:`~fxmem.trace.parallel`: one rank of FSDP2, DDP (ZeRO-1), TP and FSDP2 x TP, wrapped
+  by PyTorch's own code over a fake process group, and a model the user wrapped already;
+- :mod:`~fxmem.trace.blocks`: a stack of identical blocks traced as two, the rest copied
+  (under FSDP2 too);
+- :mod:`~fxmem.trace.engine`: :class:`~fxmem.trace.engine.step.Step` and :func:`trace`,
+  which runs the step under ``FakeTensorMode`` and a ``ShapeEnv`` with the recorder that
+  records every aten op, and turns its records into a :class:`Trace` (a step that fixes B
+  as a Python int is traced at several batch sizes and lifted).
 
 Imports only from :mod:`fxmem.formula` and :mod:`fxmem.errors`.
 """
 
-from .records import ModuleCall, OpInfo, StorageInfo, TensorDesc, Trace
-from .tracer import trace
+from .engine import trace
+from .ledger import ModuleCall, OpInfo, StorageInfo, TensorDesc, Trace
 
 __all__ = ["trace", "Trace", "OpInfo", "StorageInfo", "TensorDesc", "ModuleCall"]

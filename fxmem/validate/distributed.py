@@ -6,7 +6,7 @@ be picklable), meet through a file store in a temporary folder, and talk over gl
 loopback interface only (``GLOO_SOCKET_IFNAME=lo``). Each wraps the model as the strategy
 says (:meth:`fxmem.FSDP.apply`, :meth:`fxmem.DDP.apply`), runs the warm-up steps, and
 measures its next step's live storage bytes, FSDP2's in-place storage resizes included
-(:func:`fxmem.trace.tracking.storage_resizes`). Every process is waited for within
+(:func:`fxmem.trace.ledger.tracking.storage_resizes`). Every process is waited for within
 ``timeout`` seconds, then killed; nothing outlives the call. The collectives allocate as
 NCCL's do on a GPU, not as gloo's (:func:`_as_nccl_allocates`): what the prediction models.
 
@@ -26,7 +26,7 @@ from datetime import timedelta
 import torch
 
 from ..errors import FxmemError, InputError
-from ..trace.ddp import DDP, Kept
+from ..trace.parallel import DDP, Kept
 
 LOOPBACK = "lo"  # gloo's interface: the processes talk on this machine only
 
@@ -103,7 +103,7 @@ def measure_ranks(model, spec, parallel, B: int, measure_one, timeout: float = 3
     batch size ``B`` per rank, ``model`` wrapped by ``parallel`` in each of its processes.
     ``measure_one(model, params)`` measures one process's step (the CPU protocol of
     :func:`fxmem.measure`); for :class:`fxmem.DDP`, ``measure_one(model, params, kept=)``
-    with the :class:`fxmem.trace.ddp.Kept` that saw DDP's construction."""
+    with the :class:`fxmem.trace.parallel.ddp.Kept` that saw DDP's construction."""
     if "fork" not in multiprocessing.get_all_start_methods():
         raise InputError("measuring a data-parallel step needs processes started by fork "
                          "(Linux or macOS)")
@@ -133,7 +133,7 @@ def measure_ranks(model, spec, parallel, B: int, measure_one, timeout: float = 3
     failed = [(r, msg) for r, (kind, msg) in enumerate(results) if kind != "ok"]
     if failed:
         rank, msg = failed[0]
-        if "fork-based multiprocessing" in msg:  # fxmem.trace.compat.plain_backward_first
+        if "fork-based multiprocessing" in msg:  # fxmem.trace.kernels.compat.plain_backward_first
             msg = ("autograd cannot run in a process forked from this one: on a CUDA build "
                    "of torch, this process's first backward ran on fake tensors outside "
                    "fxmem (fxmem runs a plain one first); measure the parallel step from a "

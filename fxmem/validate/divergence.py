@@ -67,11 +67,11 @@ def predicted_allocations(report, B: int) -> list[Allocation]:  # noqa: N803
     """What the measured step allocates on the device at batch size ``B``, in order: each
     op's new storages with a non-zero device size (host tensors and empty ones take no
     block), the step's storages only (not those live before it), then the staging a CUDA
-    reduction takes after its outputs (:mod:`fxmem.trace.cuda.reduce_replay`). Below the
+    reduction takes after its outputs (:mod:`fxmem.trace.kernels.cuda.reduce_replay`). Below the
     report's :attr:`~fxmem.report.result.Report.min_batch_size`, the step traced at ``B``
     (as ``cuda_memory(B)`` has it)."""
     from ..memory.sizes import device_sizes
-    from ..trace.cuda import reduce_replay
+    from ..trace.kernels.cuda import reduce_replay
 
     report = report._small(B) or report
     graph = report.liveness.graph
@@ -100,9 +100,9 @@ def predicted_allocations(report, B: int) -> list[Allocation]:  # noqa: N803
 
 def _in_call_order(op, storages):
     """The op's new storages in the order its CUDA kernel makes them
-    (:func:`fxmem.trace.cuda.call_order.steps`: a dropout's mask first; a cuDNN convolution
+    (:func:`fxmem.trace.kernels.cuda.call_order.steps`: a dropout's mask first; a cuDNN convolution
     backward's gradient copy first, its bias gradient last)."""
-    from ..trace.cuda import call_order
+    from ..trace.kernels.cuda import call_order
 
     return [sid for kind, sid in call_order.steps(op, storages, op.new_sids)
             if kind == "alloc"]
@@ -110,9 +110,9 @@ def _in_call_order(op, storages):
 
 def _per_call_workspace(op, capability) -> int:
     """From 2.15 a matmul takes its cuBLAS (or cuBLASLt) workspace from the caching allocator
-    for the call, after its output (:mod:`fxmem.trace.cuda.blas`), as the replay does."""
+    for the call, after its output (:mod:`fxmem.trace.kernels.cuda.blas`), as the replay does."""
     from ..device.allocator import CUBLAS_OPS, cublas_workspace_bytes
-    from ..trace.cuda import blas
+    from ..trace.kernels.cuda import blas
 
     if not blas.PER_CALL or op.op not in CUBLAS_OPS:
         return 0

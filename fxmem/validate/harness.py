@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from ..analyze import analyze
-from ..trace.checkpointing import apply_checkpoints
-from ..trace.step import Step
+from ..trace.engine import Step
+from ..trace.plans import apply_checkpoints
 from .divergence import first_divergence, predicted_allocations
 from .fakegpu.reads import gpu_answers
 from .fakegpu.remote import on_fake_gpu

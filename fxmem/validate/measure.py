@@ -1,8 +1,9 @@
 """Ground truth: run the real step eagerly and measure its peak memory.
 
-On CPU, live bytes are tracked at storage level with :class:`fxmem.trace.tracking.StorageTracker`
-(every storage's ``nbytes`` from its creation until eager PyTorch frees it). On CUDA, the
-figure is ``torch.cuda.max_memory_allocated`` after warm-up and a reset of the peak stats.
+On CPU, live bytes are tracked at storage level with
+:class:`fxmem.trace.ledger.tracking.StorageTracker` (every storage's ``nbytes`` from its creation
+until eager PyTorch frees it). On CUDA, the figure is ``torch.cuda.max_memory_allocated`` after
+warm-up and a reset of the peak stats.
 
 Two steps run: the first creates optimizer state; the second, in steady state (gradients
 set to None, optimizer state present), is measured. The user's model is never modified: the
@@ -27,11 +28,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ..errors import InputError
-from ..trace.ddp import local_optimizer
-from ..trace.offload import host_storages, offloaded
-from ..trace.parallel import check_parallel
-from ..trace.wrapped import refuse_wrapped
-from ..trace.step import (
+from ..trace.engine import (
     PHASES,
     UNSET,
     Step,
@@ -42,7 +39,14 @@ from ..trace.step import (
     scaler_tensors,
     warmup_steps,
 )
-from ..trace.tracking import StorageTracker, frozen_gc, storage_resizes
+from ..trace.ledger import StorageTracker, frozen_gc, storage_resizes
+from ..trace.parallel import (
+    check_parallel,
+    host_storages,
+    local_optimizer,
+    offloaded,
+    refuse_wrapped,
+)
 from .fakegpu.remote import on_fake_gpu
 
 
@@ -172,7 +176,7 @@ def measure(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     other :class:`fxmem.Step` field as a keyword: ``set_to_none``, ``grad_accum``,
     ``inference_mode``, ``amp``, ``grad_scaler``), as for :func:`fxmem.analyze`; the device
     is the CPU unless ``device`` or ``step`` says otherwise. To run a CPU step with CUDA's
-    autocast rules, call this inside :func:`fxmem.trace.amp.emulate`. ``batch_dim``: where
+    autocast rules, call this inside :func:`fxmem.trace.kernels.amp.emulate`. ``batch_dim``: where
     B is in the inputs and targets, as for :func:`fxmem.analyze`: each is tiled to ``B``
     along it (a tensor with no batch dim is used as it is).
     ``record_history=True`` (CUDA): the measured step's allocations are kept too, from
@@ -253,12 +257,12 @@ def measure(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
 def _measure_cpu(model, spec, ins, tgs, params, opt, B, device, scaler, kept=None,
                  warm_steps: int = 1, offload: bool = False) -> Measurement:
     """CPU protocol: warm up, collect, then the live bytes of the storages the next step
-    makes, replayed from the tracker's events. ``kept`` (:class:`fxmem.trace.ddp.Kept`,
+    makes, replayed from the tracker's events. ``kept`` (:class:`fxmem.trace.parallel.ddp.Kept`,
     which saw a wrapper's construction): active in the warm-up too, and the storages it
     saw made and still alive count as live before the step (DDP's gradient buckets, which
     only its C++ Reducer refers to); ``warm_steps``: the wrapper's warm-up steps.
     ``offload``: an FSDP2 rank with CPU offload, its host-device copies made as on a GPU
-    and its host storages left out (:mod:`fxmem.trace.offload`)."""
+    and its host storages left out (:mod:`fxmem.trace.parallel.offload`)."""
     with kept if kept is not None else contextlib.nullcontext(), \
             offloaded(None) if offload else contextlib.nullcontext():
         _warm_up(model, spec, ins, tgs, params, opt, scaler, warm_steps)

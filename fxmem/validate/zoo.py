@@ -245,7 +245,7 @@ _llama = _hf("LlamaConfig", "LlamaForCausalLM",
 
 
 # GPT-2 small with SDPA (transformers' default) and its dropout 0.1, at a long sequence: the
-# attention backend CUDA picks decides whether a B·H·L² term exists (fxmem.trace.cuda.sdpa)
+# attention backend CUDA picks decides whether a B·H·L² term exists (fxmem.trace.kernels.cuda.sdpa)
 _gpt2_long = _hf("GPT2Config", "GPT2LMHeadModel", dict(n_positions=2048),
                  dict(n_layer=2, n_embd=64, n_head=4, vocab_size=500, n_positions=64,
                       bos_token_id=0, eos_token_id=0), 2048, 48)

@@ -40,14 +40,14 @@ FAST = [
     # submodules shared by several paths (crpe): analyze left fake parameters on the model
     "timm/coat_lite_tiny",
     # SpecAugment's hidden_states[mask_time_indices] = masked_spec_embed: a boolean-mask
-    # index_put_, its backward's grad[mask] sized by the count (fxmem.trace.datadep)
+    # index_put_, its backward's grad[mask] sized by the count (fxmem.trace.kernels.datadep)
     "hf/wav2vec2-masked",
-    "hf/clip",  # torch.arange(len(logits)) fixes B: the formula fitted (fxmem.trace.lift)
+    "hf/clip",  # torch.arange(len(logits)) fixes B: the formula fitted (fxmem.trace.engine.lift)
     # a LayerNorm pooled through a transpose: its dX laid out as eager CPU lays it out
-    # (fxmem.trace.rules.EAGER_CPU_OUTPUT_LAYOUTS)
+    # (fxmem.trace.kernels.rules.EAGER_CPU_OUTPUT_LAYOUTS)
     "hf/swin",
-    "hf/bart",  # its decoder reads its own all-ones mask and skips it (fxmem.trace.values)
-    "hf/mixtral-moe",  # aten._grouped_mm in float32 (fxmem.trace.rules.grouped_mm_meta)
+    "hf/bart",  # its decoder reads its own all-ones mask and skips it (fxmem.trace.kernels.values)
+    "hf/mixtral-moe",  # aten._grouped_mm in float32 (fxmem.trace.kernels.rules.grouped_mm_meta)
 ]
 
 

@@ -140,9 +140,8 @@ def measure_rank(model, inputs, targets=(), *, parallel, B: int, step=None,  # n
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from ...trace.parallel import FSDP
-    from ...trace.tp import Parallel
-    from ...trace.step import Step, make_grad_scaler, make_optimizer, make_spec, run_step
+    from ...trace.engine import Step, make_grad_scaler, make_optimizer, make_spec, run_step
+    from ...trace.parallel import FSDP, Parallel
     from ..measure import _measure_cuda, batch_of
 
     step = Step.of(step, device="cuda", **options)

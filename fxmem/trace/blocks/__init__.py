@@ -1,0 +1,17 @@
+"""A stack of identical blocks traced as two, the ops of the rest copied.
+
+- :mod:`~fxmem.trace.blocks.reuse`: the runs of identical blocks, and the stand-in that
+  replaces a block's forward after the first two;
+- :mod:`~fxmem.trace.blocks.splice`: the traced blocks' ops copied for the others;
+- :mod:`~fxmem.trace.blocks.sharded`: the same for a rank's blocks under FSDP2.
+
+The result must be the trace a block-by-block run gives, op for op and byte for byte
+(``tests/test_reuse.py`` and ``test_reuse_parallel.py`` compare both): reuse only makes
+tracing faster.
+"""
+
+from .reuse import NoReuse
+from .sharded import copied, reuses_under, runs_of
+from .splice import splice
+
+__all__ = ["NoReuse", "copied", "reuses_under", "runs_of", "splice"]

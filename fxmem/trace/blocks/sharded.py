@@ -1,0 +1,274 @@
+"""Repeated blocks under FSDP2: trace two of them, copy their ops for the rest.
+
+Under ``fully_shard`` each block has FSDP2's hooks: its forward pre-hook all-gathers the
+block's parameters (setting the unsharded ones on the module) and wraps the block's inputs
+in ``RegisterPostBackwardFunction`` (its backward reduce-scatters the block's gradients);
+its forward hook reshards and puts a pre-backward hook on the outputs (all-gather again,
+prefetch the previous block). None of that runs inside the block's ``forward``, which is
+what :class:`fxmem.trace.blocks.reuse.Reuse` replaces by a stand-in: those ops stay recorded for
+real in every block, and only the block's own ops, between them, are copied
+(:mod:`fxmem.trace.blocks.splice`). So :class:`ShardedReuse` differs from the one-GPU case in
+
+- the runs it finds (:func:`find_sharded_runs`): blocks whose hooks are the same functions
+  (FSDP2's own, bound to each block's state, and fxmem's), instead of blocks with none;
+- the parameters a block reads: the module's own at the time (the unsharded parameters
+  FSDP2 set, or in backward gathered again into new storages: roles ``("pb", name)``),
+  not the sharded ones the model was registered with;
+- where a traced block's backward begins: after FSDP2's pre-backward hook (its hook on the
+  outputs is registered after FSDP2's post-forward has put its own there);
+- the gradients of the unsharded parameters: taken when the block's input gradient is
+  complete, before FSDP2's post-backward reduce-scatters and frees them;
+- the unrecorded warm-up step that initialises the wrapping before the recorded one
+  (:func:`fxmem.trace.parallel.fsdp.sharded`): it runs a run's first three blocks for real and
+  the later ones as stand-ins of their outputs' and gradients' shapes only (FSDP2's hooks
+  around them run, as in the recorded step), so that it too costs three blocks, not all.
+
+Anything else (DDP's and TP's wrappings) is not reused: :func:`reuses_under` says which
+strategies are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
+
+from .reuse import NoReuse, Reuse, _StandIn, by_plan, find_runs
+
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def reuses_under(parallel, train: bool = True) -> bool:
+    """Can the blocks of a step run under ``parallel`` be copied? Under FSDP2
+    (:class:`fxmem.FSDP`, HSDP and offload included), but not for inference with
+    ``reshard_after_forward=False`` (the warm-up step leaves every block gathered, its
+    parameters first seen by the block's own ops); not under DDP (its Reducer copies each
+    gradient into its bucket inside the block's backward), TP, their combinations, nor the
+    user's own wrapping."""
+    from ..parallel.fsdp import FSDP
+
+    return type(parallel) is FSDP and (train or parallel.reshard_after_forward is not False)
+
+
+def runs_of(model, sharded: bool) -> list:
+    """``model``'s runs of identical blocks (``sharded``: a rank's model under
+    ``fully_shard``, :func:`find_sharded_runs`), found before a checkpoint plan is installed
+    on them."""
+    return find_sharded_runs(model) if sharded else find_runs(model)
+
+
+@contextlib.contextmanager
+def copied(rec, runs: list, plan, sharded: bool, fparams: dict, fbufs: dict):
+    """The block reuse of ``runs`` as checkpoint ``plan`` leaves them
+    (:func:`fxmem.trace.blocks.reuse.by_plan`), installed over the plan's forwards until the block
+    exits; None when no run is left. ``sharded``: :class:`ShardedReuse`, else the
+    parameters and buffers are ``fparams`` and ``fbufs``
+    (:class:`fxmem.trace.blocks.reuse.Reuse`)."""
+    runs = by_plan(runs, plan)
+    if not runs:
+        yield None
+        return
+    got = ShardedReuse(rec, runs) if sharded else Reuse(rec, runs, fparams, fbufs)
+    got.install()
+    try:
+        yield got
+    finally:
+        got.remove()
+
+
+def _key(hook):
+    """What a hook runs: a bound method's function and its object's class (each block's
+    FSDP2 state is an object of its own), or the function itself."""
+    f = getattr(hook, "__func__", None)
+    return (f, type(hook.__self__)) if f is not None else hook
+
+
+def _hooks_alike(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    for h in _HOOKS:
+        ha, hb = getattr(a, h, None) or {}, getattr(b, h, None) or {}
+        if [_key(x) for x in ha.values()] != [_key(x) for x in hb.values()]:
+            return False
+    return True
+
+
+class _Warm(torch.autograd.Function):
+    """A block in the warm-up step: outputs of ``metas`` and gradients of its inputs'."""
+
+    @staticmethod
+    def forward(ctx, metas, n_in, *tensors):
+        ctx.metas = [(t.shape, t.stride(), t.dtype, t.device) for t in tensors]
+        ctx.set_materialize_grads(False)
+        outs = tuple(torch.empty_strided(shape, stride, dtype=dtype, device=device)
+                     for shape, stride, dtype, _, device in metas)
+        ctx.mark_non_differentiable(*(o for o, m in zip(outs, metas) if not m[3]))
+        return outs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, None, *(torch.empty_strided(shape, stride, dtype=dtype, device=device)
+                              for shape, stride, dtype, device in ctx.metas))
+
+
+def find_sharded_runs(model: torch.nn.Module) -> list:
+    """:func:`fxmem.trace.blocks.reuse.find_runs` for a model under ``fully_shard``: blocks whose
+    hooks are alike."""
+    return find_runs(model, _hooks_alike)
+
+
+class ShardedReuse(Reuse):
+    """:class:`fxmem.trace.blocks.reuse.Reuse` for blocks under FSDP2 (see the module docstring)."""
+
+    def __init__(self, rec, runs):
+        super().__init__(rec, runs, {}, {})
+        self.modules = {p: m for r in runs for p, m in zip(r.paths, r.modules)}
+        self._pending: dict = {}  # path -> (call, outputs) until its forward hooks ran
+        self._out_modules: dict = {}  # path -> its outputs' autograd nodes' modules, names
+        self._node_names: dict = {}  # a stand-in's path -> its pattern's output node's name
+        self._handles: list = []
+        self._warm: dict = {}  # run -> its third block's call in the warm-up: key, outputs
+
+    def _block(self, run, k, path, orig):
+        recorded = super()._block(run, k, path, orig)
+
+        def forward(*args, **kwargs):
+            if self.rec.recording:
+                return recorded(*args, **kwargs)
+            return self._warming(run, k, orig, args, kwargs)
+        return forward
+
+    def _warming(self, run, k, orig, args, kwargs):
+        """A block in the unrecorded warm-up step that initialises the wrapping: the first
+        three of a run for real, a later one called as the third was by a stand-in that
+        only makes outputs and gradients of the right shapes (FSDP2's hooks, around the
+        forward, run in every block; the recorded step's blocks are traced as always)."""
+        leaves, spec = tree_flatten((args, kwargs))
+        tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+        key = (spec, tuple(None if isinstance(v, torch.Tensor) else id(v) for v in leaves),
+               tuple((t.shape, t.stride(), t.dtype, t.requires_grad) for t in tensors))
+        seen = self._warm.get(run.paths)
+        if k < 3 or seen is None or seen[0] != key:
+            out = orig(*args, **kwargs)
+            if k == 2:
+                outs, out_spec = tree_flatten(out)
+                if all(isinstance(v, torch.Tensor) for v in outs):
+                    self._warm[run.paths] = (key, out_spec, tuple(
+                        (t.shape, t.stride(), t.dtype, t.requires_grad, t.device)
+                        for t in outs))
+            return out
+        _, out_spec, metas = seen
+        grad_in = [t for t in tensors if t.requires_grad]
+        params = [p for _, p in self.params(run.paths[k]) if p.requires_grad]
+        outs = _Warm.apply(metas, len(grad_in), *grad_in, *params)
+        return tree_unflatten(list(outs), out_spec)
+
+    def install(self) -> None:
+        super().install()
+        for mod in self.modules.values():  # after FSDP2's post-forward hook
+            self._handles.append(mod.register_forward_hook(self._outputs_hooked))
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        super().remove()
+
+    def _begin(self, run, k, path, args, kwargs, standin):
+        # a stand-in's parameters are read by no op: the trace must know them already, as
+        # FSDP2's all-gather made them (not so when a warm-up step left them gathered)
+        if self.rec.recording and any(self.rec.sid(t) is None for _, t in
+                                      [*self.params(path), *self.buffers(path)]):
+            raise NoReuse(f"{path}: its parameters were gathered before the step")
+        return super()._begin(run, k, path, args, kwargs, standin)
+
+    def params(self, path) -> list:
+        return [(n, p) for n, p in self.modules[path].named_parameters()]
+
+    def buffers(self, path) -> list:
+        return [(n, b) for n, b in self.modules[path].named_buffers() if b is not None]
+
+    def hook_outputs(self, c, outs) -> None:
+        self._pending[c.path] = (c, outs)
+        self._out_modules[c.path] = self._node_modules(outs)
+
+    def _node_modules(self, outs) -> set:
+        """The modules and names of the autograd nodes of the outputs: what FSDP2's
+        pre-backward hook on them runs as (:meth:`Recorder.module`)."""
+        fn = self.rec.fn_module
+        return {(fn.get(t.grad_fn._sequence_nr()), t.grad_fn.name()) for t in outs
+                if t.grad_fn is not None}
+
+    def _standin(self, run, path):
+        made = super()._standin(run, path)
+
+        def forward(k, *args, **kwargs):
+            out = made(k, *args, **kwargs)
+            calls = self.calls[run.paths]
+            c, pat = calls[-1], calls[1]
+            mods = self._out_modules.get(pat.path, set())
+            nodes = {t.grad_fn._sequence_nr() for t in tree_leaves(out)
+                     if isinstance(t, torch.Tensor) and t.grad_fn is not None}
+            if len(mods) > 1 or len(nodes) > 1:
+                raise NoReuse(f"{pat.path}: its outputs' gradients start in several modules")
+            for m, name in mods:
+                self._node_names[c.path] = name
+                if m is not None and (m == pat.path or m.startswith(pat.path + ".")):
+                    m = c.path + m[len(pat.path):]
+                for n in nodes:  # the stand-in's node runs FSDP2's hooks as the block would
+                    self.rec.fn_module[n] = m
+            return out
+        return forward
+
+    def _outputs_hooked(self, mod, args, out):
+        from ..plans.checkpointing import user_path
+
+        path = next(p for p, m in self.modules.items() if m is mod)
+        got = self._pending.pop(user_path(path), None)
+        if got is None:
+            return None
+        c, outs = got
+        now = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if len(now) != len(outs) or any(a is not b for a, b in zip(now, outs)):
+            raise NoReuse(f"{c.path}: a hook replaced the block's outputs")
+        super().hook_outputs(c, outs)
+        return None
+
+    def backward_began(self, c) -> None:
+        rec = self.rec
+        for name, p in self.params(self._raw(c)):
+            c.roles[("pb", name)] = rec.register(p)[0]
+
+    def _raw(self, c) -> str:
+        run = next(r for r in self.runs if any(x is c for x in self.calls[r.paths]))
+        return run.paths[c.k + self.skip.get(run.paths, 0)]
+
+    def _in_hook(self, c, i):
+        inner = super()._in_hook(c, i)
+
+        def hook(grad):
+            inner(grad)
+            rec = self.rec
+            for name, p in self.params(self._raw(c)):
+                if p.requires_grad:
+                    if p.grad is None:
+                        raise NoReuse(f"{c.path}: a parameter's gradient comes after its "
+                                      "input's")
+                    c.roles[("g", name)] = rec.register(p.grad)[0]
+        return hook
+
+    def finish(self) -> None:
+        """After the step: the ops FSDP2's hooks on a stand-in's outputs ran (outside its
+        window) read as run by its pattern's node. (The gradients were taken in backward:
+        FSDP2 has freed them since.)"""
+        from dataclasses import replace
+
+        rec, node = self.rec, _StandIn.__name__ + "Backward"
+        standins = [c for calls in self.calls.values() for c in calls if c.standin]
+        for j, op in enumerate(rec.ops):
+            if op.autograd_node != node:
+                continue
+            for c in standins:
+                if (c.path in self._node_names and c.bwd[0] is not None
+                        and j not in range(*c.bwd)
+                        and (op.module == c.path or op.module.startswith(c.path + "."))):
+                    rec.ops[j] = replace(op, autograd_node=self._node_names[c.path])

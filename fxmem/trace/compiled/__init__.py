@@ -1,0 +1,14 @@
+"""Compiled models (``torch.compile``): inductor's own code run on the trace's fake tensors.
+
+- :mod:`~fxmem.trace.compiled.inductor`: the compiled graphs lowered for the GPU and their
+  Python wrappers run on the fakes (each buffer, each ``del``);
+- :mod:`~fxmem.trace.compiled.options`: :class:`Compile`, the options ``compile=`` takes.
+
+A change here must keep the compiled steps exact against the same step run on the fake GPU
+(``tests/test_fake_gpu_compile.py``).
+"""
+
+from .inductor import check_compilable, is_compiled
+from .options import Compile
+
+__all__ = ["Compile", "check_compilable", "is_compiled"]

@@ -1,0 +1,589 @@
+"""The recorder: a dispatch mode that sees every aten op of the traced step and keeps
+what it allocated, wrote, saved and freed (and turns a failing op into a
+:class:`fxmem.TraceError` naming it)."""
+
+from __future__ import annotations
+
+import operator
+import os
+import sys
+import traceback
+
+import sympy
+import torch
+from torch._dispatch.python import enable_python_dispatcher
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
+from torch.utils.weak import WeakTensorKeyDictionary
+
+from ...errors import DataDependentError, ModelError, SpecializationError, TraceError
+from ...formula.symbols import B, dim_symbol
+from ..kernels.cuda import blas as cuda_blas
+from ..kernels.cuda import call_order, cudnn, reduce_replay
+from ..kernels.datadep import (
+    TORCH_AND_FXMEM,
+    DataSymbol,
+    branch_message,
+    branch_origin,
+    config_hint,
+    count_of,
+    data_symbols,
+    drawn_at_random,
+    internal_file,
+)
+from ..kernels.grad_sums import GradSums
+from ..kernels.rules import (
+    CONSTANT_LIFT_OPS,
+    DATA_DEPENDENT_OPS,
+    EAGER_CPU_OUTPUT_LAYOUTS,
+    GUARD_INT_BACKWARD_NODES,
+    LAYOUT_ONLY_GUARD_OPS,
+    METADATA_QUERIES,
+    OWN_META_OPS,
+    PERIODIC_WINDOW_OPS,
+    RETURNS_ITS_INPUT,
+    SIZED_OUTPUTS,
+    SKIP_NAMESPACES,
+    SPLIT_ALIASED_OUTPUTS,
+    STATS_IN_WEIGHT_DTYPE_OPS,
+    STORAGE_AT_LEAST_INPUT_OPS,
+    UNREDUCED_STORAGE_LOSSES,
+    UNSIZED_WORKSPACE_OPS,
+    ValueOracle,
+    eager_cpu_layout,
+    window_storage_nbytes,
+)
+from ..kernels.values import KnownValues
+from ..ledger.records import ModuleCall, OpInfo, TensorDesc
+from ..ledger.saved import SavedTensors
+from ..ledger.tracking import RESIZE_OP, StorageTracker
+from .messages import causes, chained, fails_in_eager, op_hint
+
+_STEP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "step.py")
+
+
+def _user_frame(frames) -> str | None:
+    """``file:line in func`` of the innermost frame that is neither torch, fxmem nor stdlib,
+    inside the step (the frames that called the step, such as the command's, are not the
+    model's)."""
+    for fr in reversed(frames):
+        if fr.filename == _STEP:
+            return None
+        if not internal_file(fr.filename):
+            return f"{fr.filename}:{fr.lineno} in {fr.name}"
+    return None
+
+
+def _live_frames():
+    """The Python frames calling this one, innermost first (their locals: the modules)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
+
+
+class Recorder(StorageTracker):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace in SKIP_NAMESPACES:
+            return func(*args, **(kwargs or {}))
+        if func in METADATA_QUERIES:
+            return self.metadata(func, args, kwargs or {})
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def __init__(self, shape_env: ShapeEnv, sym, dim_syms: dict | None = None):
+        super().__init__()
+        self.shape_env, self.sym = shape_env, sym
+        self.dim_syms = dim_syms or {}  # name -> ShapeEnv symbol of the other named dims
+        self.subs = {sym: B, **{v: dim_symbol(n) for n, v in self.dim_syms.items()}}
+        self._subbed: dict = {}
+        self.sums = GradSums()  # autograd's sums of two gradients (fxmem.trace.kernels.grad_sums)
+        self.phase = "setup"
+        self.module_stack = [""]
+        self.fn_module: dict[int, str] = {}  # autograd node sequence_nr -> forward module
+        self._seq_next = 0  # autograd sequence numbers below this are in fn_module
+        self.saved: set[int] = set()
+        self.graph = torch.fx.Graph()
+        self._node_of = WeakTensorKeyDictionary()
+        self._placeholders: dict[int, torch.fx.Node] = {}
+        self.names: dict[int, tuple[str, str]] = {}  # sid -> (category, name)
+        self.ops: list[OpInfo] = []
+        self.failed: tuple | None = None
+        self.kernels = None  # fxmem.trace.kernels.cuda.kernels.CudaKernels for device="cuda"
+        self._host: tuple = ()  # outputs of the running op that CUDA keeps in host memory
+        self._sized: tuple = ()  # (output, bytes) of the running op, sized by a CPU rule
+        self.oracle = ValueOracle()
+        # tensors filled with one known value (fxmem.trace.kernels.values)
+        self.values = KnownValues()
+        self.assigned: str | None = None  # a buffer the forward assigns (modstate.BufferAssigned)
+        self.unmodelled: dict = {}  # (op, module) -> what is not modelled
+        self._n_repl = 0
+        self.plan: tuple = ()
+        self.offload = False  # an FSDP2 rank with CPU offload: host storages left out
+        self.calls: list[ModuleCall] = []  # forward module calls, in the order they ended
+        self.call_starts: list[int] = []
+        self.forward_starts: dict[int, int] = {}  # call depth -> op its forward began at,
+        # after the module's own pre-hooks (fxmem.trace.ledger.records.ModuleCall.hook_ops)
+        self.recomputing = 0  # > 0 while a checkpointed forward re-runs in backward
+        self.inside = None  # a compiled graph's module path while its buffer is made
+        self.saved_tensors = SavedTensors(self, lambda: (self.phase, self.module_stack[-1]),
+                                          self._node_of)
+        self._unguarded: tuple | None = None  # (symbolic size, suppress_guards context)
+        # unbacked symbols (counts of a mask's True values, values read from tensors) ->
+        # where they came from (fxmem.trace.kernels.datadep); none exist before the step
+        self.data: dict = {}
+        self._n_symbols = len(shape_env.var_to_range)
+
+    # where are we -----------------------------------------------------------------
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, name: str) -> None:
+        """Before a backward pass on CUDA, hooks mark where each node's call ends."""
+        if name == "backward" and self.kernels is not None and self._phase != "backward":
+            self.sums.hook_graph([t.grad_fn for t in list(self._node_of.keys())])
+        self._phase = name
+
+    def module(self) -> str:
+        if self.inside is not None:  # a buffer of a compiled graph (fxmem.trace.compiled.inductor)
+            return self.inside
+        if self.phase == "backward" and self.recomputing:
+            return self.module_stack[-1]
+        if self.phase == "backward":
+            node = torch._C._current_autograd_node()
+            if node is not None:
+                module = self.fn_module.get(node._sequence_nr())
+                if module is None and hasattr(node, "variable"):  # AccumulateGrad
+                    cat, name = self.names.get(self.sid(node.variable), (None, ""))
+                    module = name.rpartition(".")[0] if cat == "param" else ""
+                return module or ""
+        if self.phase == "optimizer":
+            return "<optimizer>"
+        return self.module_stack[-1]
+
+    # registration of storages that exist before the step -------------------------------
+    def register_named(self, t: torch.Tensor, category: str, name: str) -> None:
+        sid, new = self.register(t)
+        if new or sid not in self.names:
+            self.names[sid] = (category, name)
+
+    def name_workspace(self, sid: int, what: str) -> None:
+        self.names[sid] = ("temporary", what)
+
+    # dispatch ---------------------------------------------------------------------
+    def metadata(self, func, args, kwargs):
+        """A C++ kernel asked a tensor with symbolic sizes for its concrete metadata (see
+        :data:`fxmem.trace.kernels.rules.METADATA_QUERIES`): the fake tensor mode answers, nothing
+        is recorded. An answer that fixes B (or a named dim) to its example value is a
+        :class:`SpecializationError` naming the op, raised here rather than at the next op."""
+        n_repl = len(self.shape_env.replacements)
+        out = func(*args, **kwargs)
+        if len(self.shape_env.replacements) != n_repl:
+            self.check_specialized(
+                str(func), self.module(),
+                hint=f"a C++ kernel asked a tensor whose sizes are symbolic for concrete ones "
+                     f"({func}); fxmem has no symbolic stand-in for the op that asked "
+                     "(fxmem.trace.kernels.symbolic)")
+        return out
+
+    def run_op(self, func, args, kwargs):
+        try:
+            if self._unguarded is not None:
+                args = self.unguarded_size(func, args)
+            if func in DATA_DEPENDENT_OPS and self.phase != "optimizer":
+                value = self.values.read(args[0])  # a value the model made, not data
+                if value is not NotImplemented:
+                    return value
+                # a value read from a tensor: an unbacked symbol, traced through while only
+                # computed with; a branch on it stops the trace (fxmem.trace.kernels.datadep)
+                out = self.fake_kernel(func, args, kwargs)
+                self.note_read(func, args[0], out)
+                return out
+            if func in DATA_DEPENDENT_OPS and self.phase == "optimizer":
+                value = self.oracle(args[0])
+                if value is not NotImplemented:
+                    return value
+                const = getattr(args[0], "constant", None)  # what the fake kernel returns
+                if func is torch.ops.aten._local_scalar_dense.default and const is not None:
+                    return const.item()  # e.g. Adam's step count, read per parameter
+            if func in RETURNS_ITS_INPUT:
+                return args[0]
+            if func in LAYOUT_ONLY_GUARD_OPS:
+                with self.shape_env.suppress_guards():
+                    return self.fake_kernel(func, args, kwargs)
+            out = self.fake_kernel(func, args, kwargs)
+            if func is torch.ops.aten.new_zeros.default and self.phase == "backward":
+                self.expect_size_read(args[1])
+            rule = UNSIZED_WORKSPACE_OPS.get(func)
+            if rule is not None and rule[0](args) and (func, self.module()) not in self.unmodelled:
+                what = rule[1]
+                self.unmodelled[(func, self.module())] = what(args) if callable(what) else what
+            sized = SIZED_OUTPUTS.get(func) if self.kernels is None else None
+            got = sized(args) if sized is not None else None
+            self._sized = (out[got[0]], got[1]) if got is not None else ()
+            # what CUDA's kernel allocates (fxmem.trace.kernels.cuda.kernels)
+            if self.kernels is not None:
+                out = self.kernels.outputs(func, args, kwargs, out)
+                self._host = tuple(out[i] for i in self.kernels.host_outputs(func, args, kwargs))
+                what = self.kernels.unmodelled(func, args, kwargs, out)
+                if what is not None:
+                    self.unmodelled.setdefault((func, self.module()), what)
+            if func in EAGER_CPU_OUTPUT_LAYOUTS and self.kernels is None:
+                out = eager_cpu_layout(func, args, out)  # CUDA's: fxmem.trace.kernels.cuda.kernels
+            pair = SPLIT_ALIASED_OUTPUTS.get(func)
+            if pair and out[pair[0]].untyped_storage() is out[pair[1]].untyped_storage():
+                out = (*out[:pair[1]], torch.empty_like(out[pair[1]]), *out[pair[1] + 1:])
+            self.values.update(func, args, kwargs, out)
+            return out
+        except TraceError:
+            raise
+        except Exception as e:
+            if self.failed is None:
+                self.failed = (str(func), self.module(), self.phase,
+                               _user_frame(traceback.extract_stack()), e,
+                               fails_in_eager(func, args, kwargs, self.shape_env, e))
+            raise
+
+    def note_read(self, func, t: torch.Tensor, value) -> None:
+        """``value`` was read from fake tensor ``t``: its unbacked symbol, with where it was
+        read and whether ``t`` is computed from a random draw."""
+        new = data_symbols(value) - self.data.keys()
+        if new:
+            node = self._node_of.get(t)
+            read = DataSymbol("a value read from a tensor", str(func), self.module(),
+                              self.phase, _user_frame(traceback.extract_stack()),
+                              random=drawn_at_random(node) if node is not None else None)
+            self.data.update(dict.fromkeys(new, read))
+
+    def note_counts(self, func, args, new_sids) -> None:
+        """Storages of this op sized by a symbol the trace has not seen: a count of the
+        values of a tensor (a mask's True values), bounded by its number of elements
+        (:func:`fxmem.trace.kernels.datadep.count_of`), or unbounded when the op says nothing."""
+        found = set()
+        for sid in new_sids:
+            found |= data_symbols(self.storages[sid].nbytes)
+        for sym in found - self.data.keys():
+            bound, what = count_of(func, args, sym) or (None, "values {func} counts")
+            expr = bound.node.expr if isinstance(bound, torch.SymInt) else bound
+            n = self._sub(expr) if isinstance(expr, sympy.Expr) else expr
+            self.data[sym] = DataSymbol(
+                "the number of " + what.format(n=n, func=func), str(func), self.module(),
+                self.phase, _user_frame(traceback.extract_stack()), expr)
+
+    def expect_size_read(self, size) -> None:
+        """A backward node of :data:`~fxmem.trace.kernels.rules.GUARD_INT_BACKWARD_NODES` made its
+        gradient storage, ``new_zeros(size)``: its C++ reads that size as an int before its
+        next op, so guards stay suppressed until then (:meth:`unguarded_size`)."""
+        node = torch._C._current_autograd_node()
+        if (node is None or node.name() not in GUARD_INT_BACKWARD_NODES or len(size) != 1
+                or not isinstance(size[0], torch.SymInt)):
+            return
+        suppress = self.shape_env.suppress_guards()
+        suppress.__enter__()
+        self._unguarded = (size[0], suppress)
+
+    def unguarded_size(self, func, args) -> tuple:
+        """The op after :meth:`expect_size_read`: guards are on again; an ``arange(0, n)``
+        whose ``n`` is the storage size read as an int gets that size, symbolic."""
+        size, suppress = self._unguarded
+        self._unguarded = None
+        suppress.__exit__(None, None, None)
+        if (func is torch.ops.aten.arange.start and len(args) == 2 and args[0] == 0
+                and isinstance(args[1], int) and args[1] == size.node.hint):
+            return (0, size)
+        return args
+
+    def fake_kernel(self, func, args, kwargs):
+        """``func`` on the fake tensors, under PyTorch's Python dispatcher, as AOTAutograd
+        (torch/_functorch/aot_autograd.py, whenever there is a ShapeEnv) and
+        ``make_fx(tracing_mode="symbolic")`` (torch/fx/experimental/proxy_tensor.py) run fake
+        kernels with symbolic sizes. Without
+        it, FakeTensorMode (torch/_subclasses/fake_tensor.py ``_dispatch_impl``) reaches C++
+        kernels that need concrete sizes: ``aten::constant_pad_nd``, whose Python meta
+        torch/_meta_registrations.py ``activate_meta`` keeps off the C++ Meta key, calls
+        ``sizes()`` and so pins B (``F.pad``, and ``F.unfold``/``F.fold``, whose Python
+        decompositions ``im2col``/``col2im`` in torch/_decomp/decompositions.py pad); the
+        C++ ``aten::expand`` that Python meta kernels call (``meta_baddbmm``, and
+        ``elementwise_meta``'s broadcast for ``addcmul``/``addcdiv``) refuses symbolic sizes
+        ("SymIntArrayRef expected to contain only concrete integers"). The Python dispatcher
+        sends each op to its Python kernel (``OpOverload.py_kernels``) first. It is entered
+        here only, below autograd and this mode: the model's own ops (composites included)
+        still run their C++ kernels, in eager order.
+
+        The exception: ops whose Meta kernel fxmem replaces while tracing
+        (:data:`fxmem.trace.kernels.rules.OWN_META_OPS`; for CUDA,
+        :data:`fxmem.trace.kernels.cuda.rnn.META`). The Python dispatcher would prefer PyTorch's
+        Python meta, which they replace, over a
+        kernel registered with ``torch.library``."""
+        if func in OWN_META_OPS or self.kernels is not None and func in self.kernels.meta_ops:
+            return func(*args, **kwargs)
+        with enable_python_dispatcher():
+            return func(*args, **kwargs)
+
+    def workspaces(self, func, args, kwargs, out) -> list:
+        if self.kernels is None:
+            return []
+        # an empty tensor stands for each (a storage of its own), its size given as is: a
+        # symbolic size through torch.empty could meet the fake mode's dispatch cache
+        return [(torch.empty(0, dtype=torch.uint8), what, nbytes)
+                for what, nbytes in self.kernels.workspaces(func, args, kwargs, out)]
+
+    def output_nbytes(self, func, args, kwargs, t):
+        if self._host and any(t is h for h in self._host):
+            return 0  # a host tensor: no device memory (fxmem.trace.kernels.cuda.kernels)
+        if self._sized and t is self._sized[0]:
+            return self._sized[1]  # fxmem.trace.kernels.rules.SIZED_OUTPUTS
+        if func in STATS_IN_WEIGHT_DTYPE_OPS and self.kernels is None:  # CPU kernels only
+            x, w = args[0], args[1]
+            if w is not None and w.dtype != x.dtype and t.dim() == 1 and x.dim() > 1:
+                return t.numel() * w.element_size()  # a per-channel statistic
+            return None
+        if func in PERIODIC_WINDOW_OPS:
+            return window_storage_nbytes(func, args, kwargs, t)
+        if func in STORAGE_AT_LEAST_INPUT_OPS:  # empty_like(input), then resize_
+            return torch.sym_max(args[0].numel(), t.numel()) * t.element_size()
+        pos = UNREDUCED_STORAGE_LOSSES.get(func)
+        if pos is not None:
+            reduction = args[pos] if len(args) > pos else kwargs.get("reduction", 1)
+            if reduction != 0:
+                return args[0].numel() * t.element_size()
+        return None
+
+    def _node(self, t: torch.Tensor) -> torch.fx.Node:
+        node = self._node_of.get(t)
+        if node is not None:
+            return node
+        sid, _ = self.register(t)
+        if sid not in self._placeholders:
+            cat, name = self.names.get(sid, ("external", f"s{sid}"))
+            safe = "".join(c if c.isalnum() else "_" for c in f"{cat}_{name}")
+            ph = self.graph.placeholder(safe)
+            ph.meta["val"] = self._desc(t, sid)
+            self._placeholders[sid] = ph
+        return self._placeholders[sid]
+
+    def _desc(self, t, sid) -> TensorDesc:
+        shape = tuple(d if isinstance(d, int) else self._sub(d.node.expr) for d in t.shape)
+        return TensorDesc(shape, t.dtype, sid)
+
+    def _sub(self, expr):
+        """``expr`` with the ShapeEnv's symbols replaced by B and the named dims (cached)."""
+        got = self._subbed.get(expr)
+        if got is None:
+            got = self._subbed[expr] = expr.xreplace(self.subs)
+        return got
+
+    def on_op(self, index, func, args, kwargs, out, out_sids, new_sids):
+        module = self.module()
+        if self.kernels is not None:  # in the order CUDA's kernel makes them
+            new_sids = call_order.new_storage_order(func, args, kwargs, out, new_sids, self.sid)
+        in_sids = []
+        if func in CONSTANT_LIFT_OPS and out_sids and self.sid(args[0]) is None:
+            self.alias(args[0], out_sids[0])
+
+        def to_node(x):
+            if isinstance(x, torch.Tensor):
+                in_sids.append(self.register(x)[0])
+                return self._node(x)
+            if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                return self._sub(x.node.expr)
+            return x
+
+        def walk(x):  # aten arguments: tensors, scalars and lists of them (no pytree cost)
+            if type(x) in (list, tuple):  # what pytree maps (a torch.Size is a leaf)
+                return type(x)(walk(v) for v in x)
+            return to_node(x)
+
+        fargs = walk(args)
+        fkwargs = {k: walk(v) for k, v in kwargs.items()}
+        node = self.graph.call_function(func, tuple(fargs), dict(fkwargs))
+        node.meta.update(phase=self.phase, module=module, index=index)
+        grad_node = None
+        if self.phase == "forward":
+            # Autograd numbers each node it makes, and makes an op's node before the op
+            # reaches this mode (its output's grad_fn is set only later): the nodes made
+            # since the last op belong to this op's module, whose backward they will run.
+            seq = torch._C._autograd._get_sequence_nr()
+            for k in range(self._seq_next, seq):
+                self.fn_module[k] = module
+            self._seq_next = max(self._seq_next, seq)
+        if self.phase == "backward":
+            n = torch._C._current_autograd_node()
+            grad_node = n.name() if n is not None else None
+            if self.kernels is not None:
+                self.sums.note(n, index, func, args, kwargs, out_sids, self.sid)
+        if isinstance(out, torch.Tensor):
+            self._node_of[out] = node
+            node.meta["val"] = self._desc(out, out_sids[0])
+        elif isinstance(out, (tuple, list)):
+            vals = []
+            for i, o in enumerate(out):
+                if isinstance(o, torch.Tensor):
+                    g = self.graph.call_function(operator.getitem, (node, i))
+                    self._node_of[o] = g
+                    g.meta["val"] = self._desc(o, self.sid(o))
+                    vals.append(g.meta["val"])
+                else:
+                    vals.append(None)  # keep positions (e.g. a gradient not asked for)
+            node.meta["val"] = tuple(vals)
+        if len(self.shape_env.var_to_range) > self._n_symbols:  # counts exist in this step
+            self.note_counts(func, args, new_sids)
+        self.ops.append(OpInfo(index, str(func), self.phase, module, tuple(out_sids),
+                               tuple(new_sids), tuple(dict.fromkeys(in_sids)),
+                               self._written(func, args, kwargs), grad_node,
+                               self.phase == "backward" and self.recomputing > 0,
+                               blas=None if self.kernels is None
+                               else cuda_blas.library(func, args, kwargs),
+                               reduce=None if self.kernels is None
+                               else reduce_replay.record(func, args, kwargs, self._sub),
+                               conv=None if self.kernels is None
+                               else cudnn.conv_backend(func, args, kwargs)))
+        if len(self.shape_env.replacements) != self._n_repl:
+            self._n_repl = len(self.shape_env.replacements)
+            self.check_specialized(str(func), module)
+
+    def on_resize(self, index: int, st, sid: int) -> None:
+        """A storage resized from 0 (FSDP2's ``alloc_storage``): an op of its own that makes
+        storage ``sid`` (:data:`fxmem.trace.ledger.tracking.RESIZE_OP`)."""
+        nbytes = self.storages[sid].nbytes
+        module = self.module()
+        node = self.graph.call_function(RESIZE_OP, (None, nbytes))
+        node.meta.update(phase=self.phase, module=module, index=index,
+                         val=TensorDesc((nbytes,), torch.uint8, sid))
+        self.ops.append(OpInfo(index, str(RESIZE_OP), self.phase, module, (sid,), (sid,), (),
+                               (), None, self.phase == "backward" and self.recomputing > 0))
+        # not an activation even when autograd saves a view of it: FSDP2 frees it by
+        # resizing, whatever is saved (its gathered parameters, all-gather buffers)
+        self.names[sid] = ("temporary", "resized in place (FSDP2's gathered parameters)")
+
+    def _written(self, func, args, kwargs) -> tuple:
+        writes = _WRITES.get(func)
+        if writes is None:
+            writes = _WRITES[func] = tuple(
+                (i, a.name) for i, a in enumerate(func._schema.arguments)
+                if a.alias_info is not None and a.alias_info.is_write)
+        out = []
+        for i, name in writes:
+            v = args[i] if i < len(args) else kwargs.get(name)
+            for t in (v if isinstance(v, (list, tuple)) else (v,)):
+                if isinstance(t, torch.Tensor):
+                    out.append(self.sid(t))
+        return tuple(s for s in out if s is not None)
+
+    def check_specialized(self, op=None, module=None, hint=None) -> None:
+        for name, sym in (("B", self.sym), *self.dim_syms.items()):
+            val = self.shape_env.replacements.get(sym)
+            rng = self.shape_env.var_to_range.get(sym)
+            if not ((val is not None and val.is_number)
+                    or (rng is not None and rng.lower == rng.upper)):
+                continue
+            source = _fixed_at(self.shape_env, sym) or _user_frame(traceback.extract_stack())
+            for g in self.shape_env.guards:
+                if source is None and sym in g.expr.free_symbols:
+                    source = _guard_source(g)
+            value = val if val is not None else rng.lower
+            what = "the batch size" if name == "B" else f"dim {name}"
+            # len(x), int(x.shape[0]) and range(x.shape[0]) are Python ints: they fix the
+            # symbol whatever fxmem does (CPython's len() converts with __index__); a
+            # Hugging Face config flag may be what turned on the code that does so
+            hint = hint or config_hint(_live_frames()) or (
+                "compute sizes from x.shape[0] instead of constants, int() or len(x)"
+                if name == "B" else
+                "compute sizes from the tensor's shape instead of constants, int() or len()")
+            raise SpecializationError(
+                f"{what} was specialized to {value}, so memory is not a formula in {name} "
+                f"({hint})", op=op, module=module, source=source, phase=self.phase)
+
+    # saved tensors ----------------------------------------------------------------
+    def pack(self, t):
+        sid = self.sid(t)
+        if sid is not None:
+            self.saved.add(sid)
+        return self.saved_tensors.pack(t)
+
+    def close(self) -> None:
+        super().close()
+        self.saved_tensors.close()
+        self.sums.apply(self.storages, self.names)
+        if self._unguarded is not None:  # a failed step: guards back on
+            self._unguarded[1].__exit__(None, None, None)
+            self._unguarded = None
+
+
+_WRITES: dict = {}  # op -> (position, name) of the arguments it writes in place
+
+
+def failed_in_model_code(e: Exception, rec: Recorder) -> bool:
+    """Did ``e`` come from the model's own Python code (neither torch's nor fxmem's), outside
+    any aten op, while the step ran? Such code may need B as a number where it holds a
+    symbolic size: ``np.arange(x.shape[0])`` makes an array of objects, which
+    ``torch.from_numpy`` refuses."""
+    if rec.failed is not None or rec.phase not in ("forward", "backward"):
+        return False
+    frames = traceback.extract_tb(e.__traceback__)
+    return bool(frames) and not frames[-1].filename.startswith(TORCH_AND_FXMEM)
+
+
+def _fixed_at(shape_env, sym) -> str | None:
+    """The user's line where ``sym`` became a number: the frame the ShapeEnv recorded with
+    its ``Eq(sym, value)`` guard (``len(x)`` makes no op, so the op that notices is a later
+    one, on a later line)."""
+    for g in reversed(shape_env.guards):
+        frame = getattr(getattr(g, "sloc", None), "framework_loc", None)
+        if (isinstance(g.expr, sympy.Eq) and g.expr.free_symbols == {sym}
+                and isinstance(frame, traceback.FrameSummary)):
+            return _user_frame([frame])
+    return None
+
+
+def _guard_source(guard) -> str | None:
+    """The user's (or a model library's) line a guard was created at, if the ShapeEnv
+    recorded one: its ``framework_loc``, the frame that asked (a Python int read of a
+    symbol, such as ``range(x.shape[0])``), when that is not torch's nor fxmem's."""
+    sloc = getattr(guard, "sloc", None)
+    user = getattr(sloc, "maybe_user_loc", None)
+    if user:
+        return str(user).strip() or None
+    fr = getattr(sloc, "framework_loc", None)
+    if isinstance(fr, traceback.FrameSummary):
+        return _user_frame([fr])
+    return None
+
+
+def _as_trace_error(e: Exception, rec: Recorder) -> TraceError:
+    reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    source = _user_frame(traceback.extract_tb(e.__traceback__))
+    guard = next((x for x in causes(e) if isinstance(x, GuardOnDataDependentSymNode)), None)
+    if guard is not None:  # a Python branch on a value the data sets
+        frames = []
+        tb = guard.__traceback__
+        while tb is not None:
+            frames.append(tb.tb_frame)
+            tb = tb.tb_next
+        failed = rec.failed if rec.failed is not None and chained(e, rec.failed[4]) else None
+        origin = branch_origin(guard.cond, rec.data)
+        return DataDependentError(
+            branch_message(origin, config_hint(reversed(frames))),
+            op=failed[0] if failed else origin.op if origin is not None else None,
+            # the module running the branch (forward hooks left on the stack); in backward,
+            # where no stack is kept, the module that read the value
+            module=failed[1] if failed else origin.module if origin is not None
+            and rec.phase != "forward" else rec.module_stack[-1],
+            source=(failed[3] if failed else None) or _user_frame(
+                traceback.extract_tb(guard.__traceback__)) or source
+            or (origin.source if origin is not None else None),
+            phase=failed[2] if failed else rec.phase)
+    if rec.failed is not None and rec.failed[4] is e or (rec.failed and chained(e, rec.failed[4])):
+        op, module, phase, src, _, eager = rec.failed
+        hint = op_hint(op, reason)
+        if eager:  # the model's own error, not the trace's
+            return ModelError(f"the model fails at this op, as eager PyTorch would on these "
+                              f"shapes and dtypes: {reason}" + (f"; {hint}" if hint else ""),
+                              op=op, module=module, source=src or source, phase=phase)
+        return TraceError(f"cannot trace this op on fake tensors: {reason}"
+                          + (f"; {hint}" if hint else ""), op=op,
+                          module=module, source=src or source, phase=phase)
+    hint = op_hint(None, reason)
+    return TraceError(f"cannot trace the step on fake tensors: {reason}"
+                      + (f"; {hint}" if hint else ""), op=None,
+                      module=rec.module_stack[-1], source=source, phase=rec.phase)

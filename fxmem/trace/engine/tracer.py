@@ -1,0 +1,594 @@
+"""Stage 1: trace one whole step on fake tensors, with the batch size as a symbol.
+
+The step (:mod:`fxmem.trace.engine.step`) runs for real, in eager order, under ``FakeTensorMode``
+with a ``ShapeEnv``: the batch dim of every input and target (dim 0, or where ``batch_dim`` says) is
+the symbol :data:`fxmem.B`, parameters and all other dims are static, and nothing the size of the model or the batch is allocated. A
+recorder (:class:`fxmem.trace.ledger.tracking.StorageTracker`) sees every aten op, builds a
+``torch.fx.Graph`` of the step, and records when eager PyTorch frees each storage.
+
+The optimizer runs in steady state: before the recorded ``optimizer.step()``, one
+unrecorded step creates its state, which then counts as live from the start of the step.
+
+>>> import torch, fxmem
+>>> from fxmem.trace import trace
+>>> t = trace(torch.nn.Linear(8, 2), torch.randn(4, 8), loss=lambda o: o.sum(), device="cpu")
+>>> [s.size.expr for s in t.storages if s.category == "input"]
+[32*B]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import traceback
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import (
+    DimDynamic,
+    GuardOnDataDependentSymNode,
+)
+from torch.nn.utils.stateless import _reparametrize_module
+from torch.utils._pytree import tree_leaves
+
+from ...errors import (
+    FxmemError,
+    InputError,
+    SpecializationError,
+)
+from ..blocks.reuse import NoReuse
+from ..blocks.sharded import copied, reuses_under, runs_of
+from ..blocks.splice import splice
+from ..compiled.inductor import check_compilable, inductor_on_fakes, is_compiled, modes_suspended
+from ..kernels.amp import emulate
+from ..kernels.checks import CheckingShapeEnv
+from ..kernels.compat import plain_backward_first, tracing_shims
+from ..kernels.cuda.kernels import cuda_kernels
+from ..kernels.datadep import TORCH_AND_FXMEM
+from ..kernels.flat_weights import flat_rnn_params
+from ..kernels.rules import (
+    RNNRouter,
+)
+from ..kernels.symbolic import symbolic_kernels
+from ..kernels.values import eager_branches
+from ..ledger.records import B_RANGE_MAX, ModuleCall, Trace
+from ..ledger.tracking import frozen_gc, storage_resizes
+from ..parallel.ddp import local_optimizer, wrapper_name
+from ..parallel.fsdp import check_parallel, sharded, unwrapped
+from ..parallel.offload import offloaded
+from ..parallel.tp import metadata_unrecorded
+from ..parallel.wrapped import AsWrapped
+from ..plans.checkpointing import checkpointing, normalize_plan, user_path, wrapped_modules
+from .finish import finish
+from .lift import lift, parity_checked
+from .messages import caused_by, loss_error, named_symbols, quiet
+from .modstate import (
+    BufferAssigned,
+    attributes_kept,
+    global_forward_hook,
+    placement,
+    register_buffers,
+    slots,
+    watch_buffers,
+)
+from .recorder import (
+    Recorder,
+    _as_trace_error,
+    _user_frame,
+    failed_in_model_code,
+)
+from .step import (
+    UNSET,
+    Step,
+    StepSpec,
+    make_grad_scaler,
+    make_optimizer,
+    make_spec,
+    needs_closure,
+    run_step,
+    scaler_tensors,
+    warmup_steps,
+)
+
+
+def check_dims(dims, spec: StepSpec) -> dict:
+    """``dims``: name -> [(tensor, dim), ...], where tensor indexes the inputs followed by
+    the targets and dim is any dim but the tensor's batch dim. Each place of a name must have the same size in
+    the example tensors. Returns the mapping with lists of int pairs."""
+    if not dims:
+        return {}
+    if not isinstance(dims, dict):
+        raise InputError(f"dims must be a dict name -> [(tensor, dim), ...], got {dims!r}")
+    tensors = spec.inputs + spec.targets
+    out = {}
+    for name, places in dims.items():
+        if not isinstance(name, str) or not name.isidentifier() or name == "B":
+            raise InputError(f"a dim name is an identifier other than B, got {name!r}")
+        if not isinstance(places, (tuple, list)):
+            raise InputError(f"dims[{name!r}] is a list of (tensor, dim) places, e.g. "
+                             f"{{{name!r}: [(0, 1)]}} for dim 1 of the first input; got "
+                             f"{places!r}")
+        places = [places] if isinstance(places, tuple) else list(places)
+        if not places:
+            raise InputError(f"dim {name} names no (tensor, dim) place")
+        sizes = set()
+        for place in places:
+            if (not isinstance(place, tuple) or len(place) != 2
+                    or not all(isinstance(v, int) for v in place)):
+                raise InputError(f"dim {name}: a place is (tensor index, dim), got {place!r}")
+            t_i, d = place
+            if not 0 <= t_i < len(tensors):
+                raise InputError(f"dim {name}: tensor {t_i} does not exist (inputs then "
+                                 f"targets: {len(tensors)} tensors)")
+            bd = spec.batch_dims[t_i]
+            if not 0 <= d < tensors[t_i].dim() or d == bd:
+                where = "B" if d == bd else "no such dim"
+                raise InputError(f"dim {name}: tensor {t_i} of shape {tuple(tensors[t_i].shape)} "
+                                 f"has {where} at dim {d}")
+            sizes.add(int(tensors[t_i].shape[d]))
+        if len(sizes) > 1:
+            raise InputError(f"dim {name} has different sizes in the example tensors: "
+                             f"{sorted(sizes)}")
+        out[name] = places
+    return out
+
+
+def _fake_like(mode: FakeTensorMode, t: torch.Tensor, batch=None, param=False, named=None,
+               batch_dim=0, device="cpu"):
+    shape = list(t.shape)
+    if batch is not None and batch_dim is not None:
+        shape[batch_dim] = batch
+    for d, v in (named or {}).items():
+        shape[d] = v
+    with mode:
+        f = torch.empty(shape, dtype=t.dtype, device=device)
+    if param:
+        f = torch.nn.Parameter(f, requires_grad=t.requires_grad)
+    return f
+
+
+def quietly(fn):
+    """``fn`` run under :func:`fxmem.trace.engine.messages.quiet`: torch's log and warnings
+    silenced."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with quiet():
+            return fn(*args, **kwargs)
+    return run
+
+
+@quietly
+def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
+          device=UNSET, *, step: Step | None = None, batch_hint: int | None = None,
+          checkpoint=None, dims=None, reuse_blocks: bool = True, kernel_semantics: bool = True,
+          concrete_batch: int | None = None, warm_up: bool = False, batch_dim=0,
+          parallel=None, rank: int = 0, check_parity: bool = True, **options) -> Trace:
+    """Trace one steady-state step of ``model``; see the module docstring. The step is
+    ``step`` with the options given here (``loss``, ``optimizer``, ``train``, ``device`` and
+    any other :class:`~fxmem.trace.engine.step.Step` field as a keyword). ``checkpoint``:
+    a plan (module paths) whose forwards run under ``torch.utils.checkpoint`` for real.
+    With ``amp`` and ``device="cuda"``, autocast follows CUDA's op lists
+    (:func:`fxmem.trace.kernels.amp.emulate`). ``dims``: other input dims that are symbols too, e.g.
+    ``{"L": [(0, 1)]}`` (:func:`check_dims`). ``reuse_blocks``: trace two blocks of each
+    run of identical blocks and copy them for the rest (:mod:`fxmem.trace.blocks.reuse`); the step
+    is traced again block by block when the blocks turn out not to behave alike.
+    ``device="cuda"`` follows CUDA's kernels (:mod:`fxmem.trace.kernels.cuda.kernels`) for a GPU of
+    ``compute_capability``; ``kernel_semantics=False`` keeps the CPU's (with CUDA's autocast
+    lists still emulated): only to compare with a real CPU step run under
+    :func:`fxmem.trace.kernels.amp.emulate`. ``warm_up``: one unrecorded forward and backward run
+    first, so that the recorded step starts from the buffers it left; the step is traced
+    so when its forward turns out to (re)assign a buffer (:class:`BufferAssigned`).
+    ``batch_dim``: where B is in the inputs and targets (default 0;
+    :func:`fxmem.trace.engine.step.batch_dims`).
+
+    When the step fixes B as a Python int (``len(x)``, ``int(x.shape[0])``), the step is
+    traced at several concrete batch sizes and the sizes fitted as polynomials in B
+    (:mod:`fxmem.trace.engine.lift`); ``concrete_batch``: trace at that batch size, with B a plain
+    int (every size then a number).
+
+    ``parallel``: the step of rank ``rank`` of a data-parallel run (:class:`fxmem.FSDP`,
+    :class:`fxmem.DDP`),
+    the model wrapped as that strategy wraps it (:mod:`fxmem.trace.parallel.fsdp`); B is the
+    rank's micro-batch."""
+    step = Step.of(step, loss=loss, optimizer=optimizer, train=train, device=device, **options)
+    spec = make_spec(model, inputs, targets, step, batch_dim)
+    check_parallel(parallel, rank)
+    plain_backward_first()  # forks stay usable on a CUDA build (fxmem.trace.kernels.compat)
+    if parallel is not None:  # blocks are copied under FSDP2 only (fxmem.trace.blocks.sharded)
+        reuse_blocks = reuse_blocks and reuses_under(parallel, spec.train)
+        spec = _replace_optimizer(spec, parallel.optimizer(spec.optimizer))  # ZeRO-1
+    plan = normalize_plan(model, checkpoint)
+    if batch_hint is not None and (isinstance(batch_hint, bool) or not isinstance(batch_hint, int)
+                                   or batch_hint < 1):
+        raise InputError(f"batch_hint must be a positive int, got {batch_hint!r}")
+    hint = concrete_batch or batch_hint or (spec.batch_size if spec.batch_size >= 2 else 8)
+    shape_env = CheckingShapeEnv(specialize_zero_one=False, duck_shape=False)
+    mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
+    from torch._dynamo.source import ConstantSource
+
+    sym = shape_env.create_symbol(hint, source=ConstantSource("B"),
+                                  dynamic_dim=DimDynamic.DYNAMIC)
+    # A finite range lets checks such as eager indexing's "skip a full slice" (B <= stop)
+    # be decided statically, as they are for concrete sizes; the bound itself is never hit.
+    shape_env.constrain_symbol_range(sym, compiler_min=1, compiler_max=B_RANGE_MAX)
+    batch = shape_env.create_symintnode(sym, hint=hint) if concrete_batch is None else \
+        concrete_batch
+    positions = check_dims(dims, spec)
+    dim_syms, named = {}, {}
+    for name, places in positions.items():
+        t_i, d = places[0]
+        size = int((spec.inputs + spec.targets)[t_i].shape[d])
+        s_ = shape_env.create_symbol(size, source=ConstantSource(name),
+                                     dynamic_dim=DimDynamic.DYNAMIC)
+        shape_env.constrain_symbol_range(s_, compiler_min=1, compiler_max=B_RANGE_MAX)
+        dim_syms[name] = s_
+        node = shape_env.create_symintnode(s_, hint=size)
+        for t_i, d in places:
+            named.setdefault(t_i, {})[d] = node
+    rec = Recorder(shape_env, sym, dim_syms)
+    rec.capability = step.compute_capability
+    if spec.device == "cuda" and kernel_semantics:  # CUDA's kernels, not the CPU's
+        rec.kernels = cuda_kernels(rec.capability)
+        rec.backend = "cuda"  # an op with a CUDA kernel of its own runs whole (tracking)
+    def again(**changes) -> Trace:  # this step traced again, some options changed
+        options = dict(step=step, batch_hint=batch_hint, checkpoint=checkpoint, dims=dims,
+                       reuse_blocks=reuse_blocks, kernel_semantics=kernel_semantics,
+                       concrete_batch=concrete_batch, warm_up=warm_up, batch_dim=batch_dim,
+                       parallel=parallel, rank=rank, check_parity=check_parity)
+        return trace(model, inputs, targets, **{**options, **changes})
+
+    with named_symbols(rec):  # B and the named dims in messages, not s44
+        handles, retry, fixed = [], False, None
+        try:
+            with frozen_gc(), tracing_shims(), symbolic_kernels(), attributes_kept(model), \
+                    _as_rank(model, parallel, rank, mode, rec) as (ranked, kept):
+                traced = _run(ranked, spec, mode, rec, sym, batch, hint, handles, plan, named,
+                              reuse_blocks, warm_up, prepared=parallel is not None,
+                              kept=kept, warm_steps=getattr(parallel, "warmup_steps", 1))
+            if rec.assigned is None:
+                if concrete_batch is not None or not check_parity:
+                    return traced
+                return parity_checked(traced, lambda b: again(batch_hint=b,
+                                                              check_parity=False))
+            # the model caught BufferAssigned: the buffer was not even assigned
+            retry, warm_up = True, True
+        except SpecializationError as e:
+            if concrete_batch is not None or not _fixed(shape_env, sym):
+                raise
+            fixed = e, "makes B a Python int"  # (len(x), int(x.shape[0]), [0] * x.size(0))
+        except FxmemError:
+            raise
+        except Exception as e:  # noqa: BLE001 - turned into one clear TraceError
+            if caused_by(e, BufferAssigned):
+                retry, warm_up = True, True
+            elif caused_by(e, NoReuse):
+                retry = True
+            elif concrete_batch is None and failed_in_model_code(e, rec):
+                fixed = _as_trace_error(e, rec), "runs code that fails with B a symbol"
+            else:
+                raise _as_trace_error(e, rec) from e
+        finally:
+            rec.close()
+            for h in handles:
+                h.remove()
+        warm_up = warm_up or rec.assigned is not None
+        if fixed is not None:  # traced at concrete batch sizes, the sizes fitted in B
+            # (the conditions on B met before it was fixed hold)
+            guards = [g.expr.xreplace(rec.subs) for g in shape_env.guards
+                      if g.expr.free_symbols <= {sym}]
+            return lift(lambda b: again(batch_hint=None, concrete_batch=b),
+                        fixed[0], guards, hint=hint, cause=fixed[1])
+        if retry:  # the blocks did not behave alike (trace each one), or a buffer is assigned
+            return again(reuse_blocks=False)
+
+
+def _given(rec, args, kwargs) -> tuple:
+    """Storages of the tensors a module's forward was given (checkpoint holds them all,
+    read or not); a tensor with no storage of its own (sparse, nested) is left out."""
+    sids = set()
+    for t in tree_leaves((args, kwargs)):
+        if isinstance(t, torch.Tensor):
+            try:
+                sids.add(rec.sid(t))
+            except (RuntimeError, NotImplementedError):
+                continue
+    return tuple(sorted(sids - {None}))
+
+
+@contextlib.contextmanager
+def _as_rank(model, parallel, rank: int, mode, rec):
+    """``model`` itself, or with ``parallel``, a copy wrapped as rank ``rank`` runs it
+    (:func:`fxmem.trace.parallel.fsdp.sharded`), its parameters fakes of ``mode`` already;
+    and what saw the wrapper's construction (:class:`fxmem.trace.parallel.ddp.Kept`, or None), with
+    DTensor's shape propagation unrecorded (:func:`fxmem.trace.parallel.tp.metadata_unrecorded`)."""
+    if parallel is None:
+        yield model, None
+        return
+    if isinstance(parallel, AsWrapped):  # the user's own wrapping (fxmem.trace.parallel.wrapped)
+        with parallel.copy(model, rank, mode) as (copied, kept), metadata_unrecorded(rec):
+            yield copied, kept
+        return
+    rec.offload = parallel.offload
+    with sharded(model, parallel, rank, mode) as (copied, kept), metadata_unrecorded(rec), \
+            offloaded(rec) if parallel.offload else contextlib.nullcontext():
+        yield copied, kept
+
+
+def _in_torch(e: Exception) -> bool:
+    """Did ``e`` come from torch's code (a loss's kernel or shape check), not from a
+    value or guard fxmem handles, nor from the user's own code?"""
+    frames = traceback.extract_tb(e.__traceback__)
+    return (not isinstance(e, FxmemError) and not caused_by(e, GuardOnDataDependentSymNode)
+            and bool(frames) and frames[-1].filename.startswith(TORCH_AND_FXMEM))
+
+
+def _fixed(shape_env, sym) -> bool:
+    """Did the ShapeEnv fix the batch symbol to a number (not only a named dim)?"""
+    val = shape_env.replacements.get(sym)
+    rng = shape_env.var_to_range.get(sym)
+    return (val is not None and val.is_number) or (rng is not None and rng.lower == rng.upper)
+
+
+def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
+         plan=(), named=None, reuse_blocks=False, warm_up=False, prepared=False, kept=None,
+         warm_steps=1) -> Trace:
+    # fake parameters and buffers, registered under their names (``prepared``: the model's
+    # own are fakes of ``mode`` already, e.g. a rank's shards: fxmem.trace.parallel.fsdp)
+    wrapper, model = model, unwrapped(model)  # names, plans and buffers are the user's model's
+    if spec.compile is not None:  # compile=: torch.compile(model) (fxmem.trace.compiled.options)
+        wrapper = spec.compile.apply(wrapper)
+    # a compiled model is lowered for the device its fakes are on (fxmem.trace.compiled.inductor)
+    compiled, taken = is_compiled(wrapper), []
+    rec.compiled = compiled
+    if compiled:
+        check_compilable(spec.device)
+    on = "cuda" if compiled else "cpu"
+    named_p = list(model.named_parameters())
+    named_b = [(n, b) for n, b in model.named_buffers() if b is not None]
+    if not prepared:  # a rank's wrapped model places its shards itself
+        rec.placement = placement(model)
+    # on CUDA an RNN's weights are views of cuDNN's flat buffer (fxmem.trace.kernels.flat_weights)
+    flat = flat_rnn_params(mode, model) \
+        if spec.device == "cuda" and not prepared and not compiled else {}
+    fparams = dict(named_p) if prepared else \
+        {n: flat[n] if n in flat else _fake_like(mode, p, param=True, device=on)
+         for n, p in named_p}
+    fbufs = dict(named_b) if prepared else \
+        {n: _fake_like(mode, b, device=on) for n, b in named_b}
+    named, n_in = named or {}, len(spec.inputs)
+    fins = [_fake_like(mode, t, batch, named=named.get(i), batch_dim=spec.batch_dims[i],
+                       device=on) for i, t in enumerate(spec.inputs)]
+    ftgs = [_fake_like(mode, t, batch, named=named.get(n_in + i),
+                       batch_dim=spec.batch_dims[n_in + i], device=on)
+            for i, t in enumerate(spec.targets)]
+    # a rank's wrapped model (prepared) is registered after the warm-up step, which
+    # initialises the wrapping (FSDP2's lazy init may move the shards to new storages)
+    for n, p in fparams.items() if not prepared else ():
+        rec.register_named(p, "param", user_path(n))
+    # steady state: the previous step left every gradient allocated (set_to_none=False),
+    # and the buffers its forward assigned; an unrecorded step first makes them
+    # (zero_grad_at="backward": the previous step's gradients live until the first backward)
+    kept_grads = spec.train and (not spec.set_to_none or spec.zero_grad_at == "backward")
+    warm = warm_up or prepared or kept_grads
+    for n, b in fbufs.items() if not warm else ():  # else: those the warm-up leaves
+        rec.register_named(b, "buffer", user_path(n))
+    for i, t in enumerate(fins):
+        rec.register_named(t, "input", f"inputs[{i}]")
+    for i, t in enumerate(ftgs):
+        rec.register_named(t, "input", f"targets[{i}]")
+
+    # Global module hooks (removed in trace()'s finally): per-module hooks would be seen by
+    # the model, e.g. nn.TransformerEncoderLayer turns its fused fast path off when it has any.
+    name_of = {id(m): user_path(n) for n, m in model.named_modules()}
+    # a module inside a checkpoint_wrapper is called by it, under the wrapper's path: one call
+    inside = wrapped_modules(model)
+    call_of = {k: v for k, v in name_of.items() if k not in inside}
+
+    def enter(mod, args):
+        name = call_of.get(id(mod))
+        if name is not None:
+            rec.module_stack.append(name)  # returns None: inputs unchanged
+            rec.call_starts.append(rec.op_count)
+            rec.forward_starts.pop(len(rec.call_starts), None)
+
+    def leave(mod, args, kwargs, out):
+        if id(mod) in call_of and len(rec.module_stack) > 1:
+            name = rec.module_stack.pop()  # returns None: output unchanged
+            inner = rec.forward_starts.pop(len(rec.call_starts), None)
+            start = rec.call_starts.pop() if rec.call_starts else rec.op_count
+            if rec.phase == "forward" and name:
+                hook_ops = inner - start if inner is not None and inner >= start else 0
+                rec.calls.append(ModuleCall(name, start, rec.op_count - 1, hook_ops,
+                                            _given(rec, args, kwargs)))
+
+    def began(mod, args):  # after the module's own pre-hooks (FSDP2's all-gather): the
+        if id(mod) in call_of:  # ops before this are not its forward's (not re-run)
+            rec.forward_starts[len(rec.call_starts)] = rec.op_count
+
+    # global hooks run before a module's own ones: under a parallel wrapping (FSDP2's
+    # pre-forward all-gather, TP's input redistribution), a pre-hook of the module's own,
+    # added last, marks where its forward begins, as checkpoint (which replaces the
+    # forward, the hooks outside it) re-runs it; only on modules with pre-hooks already,
+    # so no module sees a hook it would not have had
+    hooked = {id(m): m for m in wrapper.modules() if m._forward_pre_hooks} if prepared else {}
+    for m in hooked.values():
+        handles.append(m.register_forward_pre_hook(began))
+
+    from torch.nn.modules.module import register_module_forward_pre_hook
+
+    handles.append(register_module_forward_pre_hook(enter))
+    handles.append(global_forward_hook(leave))  # with kwargs; its removal complete
+
+    if not warm:  # a buffer the forward assigns: trace again after a warm-up step
+        handles.append(watch_buffers(rec, name_of))
+
+    fakes = {id(p): fparams[n] for n, p in named_p} | {id(b): fbufs[n] for n, b in named_b}
+    params = list(fparams.values())
+
+    def forward(*args):
+        if compiled:  # dynamo captures with no mode on (fxmem.trace.compiled.inductor)
+            with modes_suspended(taken):
+                return wrapper(*args)
+        return wrapper(*args)
+
+    with mode:
+        opt = make_optimizer(spec.optimizer, params, spec.device, spec) \
+            if spec.optimizer else None
+        scaler = make_grad_scaler(spec, "cpu", fake=True)
+    for name, t in scaler_tensors(scaler).items():
+        rec.register_named(t, "optimizer_state", name)
+
+    cache = mode.cache_enabled
+
+    def on_phase(name):
+        # FakeTensorMode's dispatch cache pays when an op repeats with the same sizes many
+        # times: Adam's foreach ops, and a stack whose every block is traced. With blocks
+        # reused, a forward or backward op repeats about twice, and with symbolic sizes
+        # making and checking an entry costs more than it saves (GPT-2 small, B and L
+        # symbolic: 1.19 s with it off there, 1.67 s on; benchmarks/speed.py).
+        mode.cache_enabled = cache and (reuse is None or name == "optimizer")
+        if name == "forward":
+            rec.module_stack[:] = [""]
+            rec.call_starts.clear()
+        if name == "backward":
+            rec.module_stack[:] = ["<loss>"]
+        if name == "optimizer":
+            rec.phase = name  # the unrecorded step below reads as the optimizer's
+            for n, p in fparams.items():
+                if p.grad is not None:
+                    sid = rec.sid(p.grad)
+                    if sid is not None and rec.storages[sid].created_by >= 0:
+                        rec.names[sid] = ("grad", n)
+            if opt is not None and not needs_closure(opt):  # state: one unrecorded step
+                rec.recording = False
+                opt.step()
+                rec.recording = True
+                state = local_optimizer(opt).state  # ZeRO-1: this rank's partition's
+                for i, p in enumerate(params):
+                    for k, t in state.get(p, {}).items():
+                        if isinstance(t, torch.Tensor):
+                            rec.register_named(t, "optimizer_state", f"{named_p[i][0]}.{k}")
+        rec.phase = name
+
+    def loss_fn_wrap(out, *tgs):
+        rec.module_stack.append("<loss>")
+        try:
+            return spec.loss(out, *tgs)
+        except Exception as e:
+            if not _in_torch(e):
+                raise
+            raise loss_error(e, spec.loss, out, tgs, rec, _user_frame(
+                traceback.extract_tb(e.__traceback__))) from e
+        finally:
+            rec.module_stack.pop()
+
+    spec_run = spec if spec.loss is None else _replace_loss(spec, loss_fn_wrap)
+    # Only models with RNN modules get the router: any active torch-function mode turns off
+    # fast paths such as nn.TransformerEncoderLayer's fused inference kernel.
+    has_rnn = any(isinstance(m, (torch.nn.RNNBase, torch.nn.RNNCellBase))
+                  for m in model.modules())
+    # On CUDA, fxmem.trace.kernels.cuda.kernels routes the RNNs to what the CUDA build runs instead.
+    router = RNNRouter() if has_rnn and rec.kernels is None else contextlib.nullcontext()
+    # The fake parameters stay in place for the whole step, not just the forward: a
+    # checkpointed module's forward runs again during backward.
+    swap = contextlib.nullcontext() if prepared else \
+        _reparametrize_module(model, slots(model, fakes))
+
+    def region(path, fn):  # what checkpoint runs, and re-runs in backward
+        def run(*args, **kwargs):
+            depth, again = len(rec.module_stack), rec.phase == "backward"
+            cdepth = len(rec.call_starts)
+            if again:
+                rec.module_stack.append(path)
+                rec.recomputing += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:  # early stop raises out of the region: drop its stack entries
+                del rec.module_stack[depth:]
+                del rec.call_starts[cdepth:]
+                rec.recomputing -= again
+        return run
+
+    reusable = (reuse_blocks and not compiled and not warm_up and spec.grad_accum == 1
+                and not kept_grads and not needs_closure(opt))
+    # found before the plan's forwards are installed on the blocks, installed over them
+    # (a rank's warm-up runs later blocks cheaply too: ShardedReuse)
+    runs = runs_of(model, prepared) if reusable else []
+    hooks = torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.saved_tensors.unpack)
+    # CUDA's autocast rules on the fake CPU tensors, for the whole step (a checkpointed
+    # module's re-run in backward enters autocast again)
+    rules = emulate("cuda") if spec.amp is not None and spec.device == "cuda" else \
+        contextlib.nullcontext()
+    kernels = rec.kernels if rec.kernels is not None else contextlib.nullcontext()
+
+    def held(t):  # an output selective checkpointing keeps for backward: saved, as by autograd
+        sid = rec.sid(t) if rec.recording else None
+        if sid is not None:
+            rec.saved.add(sid)
+
+    with checkpointing(model, plan, region, held) as rec.plan, \
+            copied(rec, runs, rec.plan, prepared, fparams, fbufs) as reuse, \
+            swap, router, rules, kernels, \
+            mode, rec, hooks, eager_branches(rec.values), storage_resizes(rec), \
+            kept.real if kept is not None else contextlib.nullcontext(), \
+            inductor_on_fakes(taken, spec.compile, rec) if compiled else \
+            contextlib.nullcontext():
+        if warm:  # one unrecorded forward and backward, as fxmem.measure's warm-up step
+            rec.recording = False  # (DDP: until its buckets are rebuilt)
+            with kept if kept is not None else contextlib.nullcontext():
+                for _ in range(warm_steps):
+                    run_step(forward, spec_run, fins, ftgs, params, None, lambda name: None,
+                             micro_steps=1)
+            rec.recording = True
+            for n, p in fparams.items() if prepared else ():
+                rec.register_named(p, "param", user_path(n))
+            for n, p in fparams.items():
+                if p.grad is not None and kept_grads:
+                    rec.register_named(p.grad, "grad", user_path(n))
+                elif kept is not None:  # as the step's zero_grad will (not the wrapper's)
+                    p.grad = None
+            register_buffers(rec, model)
+            if kept is not None:  # the wrapper's own storages, e.g. DDP's gradient buckets
+                for i, st in enumerate(kept.left([*fparams.values(), *fbufs.values()])):
+                    rec.register_named(st, "grad", f"<{wrapper_name(wrapper)}>[{i}]")
+                kept.close()
+        if needs_closure(opt):
+            # steady state: LBFGS's history is full after some steps; run them unrecorded
+            rec.recording = False
+            for _ in range(warmup_steps(opt)):
+                run_step(forward, spec_run, fins, ftgs, params, opt,
+                         lambda name: setattr(rec, "phase", name))
+            rec.recording = True
+            for k, v in opt.state[params[0]].items():
+                leaves = [t for t in tree_leaves(v) if isinstance(t, torch.Tensor)]
+                for i, t in enumerate(leaves):
+                    rec.register_named(t, "optimizer_state",
+                                       f"{k}[{i}]" if len(leaves) > 1 else k)
+        out = run_step(forward, spec_run, fins, ftgs, params, opt, on_phase,
+                       micro_steps=min(spec.grad_accum, 2), scaler=scaler)
+    if reuse is not None:  # autograd's in-place sums: on the spliced trace
+        rec.sums.hold = True
+    rec.close()
+    rec.check_specialized()
+    if reuse is not None:
+        reuse.finish()
+        splice(rec, reuse)
+        rec.sums.hold = False
+        rec.sums.apply(rec.storages, rec.names)
+    end_index = len(rec.ops)
+    del out
+    return finish(rec, sym, hint, spec, end_index)
+
+
+def _replace_optimizer(spec: StepSpec, factory) -> StepSpec:
+    from dataclasses import replace
+
+    if factory is spec.optimizer:
+        return spec
+    return replace(spec, step=replace(spec.step, optimizer=factory))
+
+
+def _replace_loss(spec: StepSpec, fn) -> StepSpec:
+    from dataclasses import replace
+
+    return replace(spec, step=replace(spec.step, loss=fn))

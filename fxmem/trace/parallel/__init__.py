@@ -1,0 +1,22 @@
+"""One rank of a data- or tensor-parallel step, wrapped by PyTorch's own code.
+
+- :mod:`~fxmem.trace.parallel.strategy`: what every strategy has; :mod:`~fxmem.trace.parallel.fsdp`:
+  :class:`FSDP` (FSDP2's ``fully_shard`` over a fake process group), the fake world and the
+  sharded meta copy; :mod:`~fxmem.trace.parallel.ddp`: :class:`DDP` and ZeRO-1;
+  :mod:`~fxmem.trace.parallel.tp`: :class:`TP` and :class:`Parallel` (FSDP2 x TP);
+- :mod:`~fxmem.trace.parallel.offload`: FSDP2's CPU offload; :mod:`~fxmem.trace.parallel.wrapped`:
+  a model the user wrapped already, analysed as it is.
+
+No formula of fxmem's stands in for a wrapping: a change must keep each rank's trace exact
+against the same rank run for real over gloo (``tests/test_fsdp.py``, ``test_ddp.py``,
+``test_tp.py``).
+"""
+
+from .ddp import Kept, local_optimizer
+from .fsdp import DDP, FSDP, check_parallel
+from .offload import host_storages, offloaded
+from .tp import TP, Parallel
+from .wrapped import AsWrapped, as_wrapped, refuse_wrapped
+
+__all__ = ["AsWrapped", "DDP", "FSDP", "Kept", "Parallel", "TP", "as_wrapped", "check_parallel",
+           "host_storages", "local_optimizer", "offloaded", "refuse_wrapped"]
