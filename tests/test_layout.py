@@ -29,6 +29,7 @@ LAYERS = (
     {"cli"},  # the command
 )
 MAX_LINES = 600
+MAX_FUNCTION_LINES, MAX_CLASS_LINES = 120, 300  # in fxmem/trace/
 # fxmem/trace/'s rooms, bottom to top (docs/architecture.md): the same rule inside the stage
 TRACE_ROOMS = (
     "ledger",  # what a trace records: ops, storages, saved tensors, the tracking mode
@@ -141,6 +142,22 @@ def test_trace_has_no_loose_modules():
     loose = [m for m in MODULES if m.startswith("fxmem.trace.") and len(m.split(".")) == 3
              and m.split(".")[2] not in TRACE_ROOMS]
     assert not loose, f"modules of fxmem.trace outside its rooms: {loose}"
+
+
+def test_trace_bodies_read_as_steps():
+    """In ``fxmem.trace``, no function over 120 lines and no class over 300 (docstrings
+    included): a longer body is broken into named steps (issue 38)."""
+    long = []
+    for name, path in MODULES.items():
+        if not name.startswith("fxmem.trace"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > (MAX_CLASS_LINES if isinstance(node, ast.ClassDef)
+                            else MAX_FUNCTION_LINES):
+                    long.append(f"{name}.{node.name}: {lines} lines")
+    assert not long, "long bodies in fxmem.trace: " + ", ".join(sorted(long))
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))

@@ -29,16 +29,39 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import os
 import re
+import sys
 import warnings
 from typing import Iterator
 
 import torch
 
 from ...errors import FxmemError, TraceError, one_line
-from ..kernels.datadep import is_data_symbol
+from ..kernels.datadep import internal_file, is_data_symbol
 
 SILENT = logging.CRITICAL + 1
+_STEP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "step.py")
+
+
+def user_frame(frames) -> str | None:
+    """``file:line in func`` of the innermost frame that is neither torch, fxmem nor stdlib,
+    inside the step (the frames that called the step, such as the command's, are not the
+    model's)."""
+    for fr in reversed(frames):
+        if fr.filename == _STEP:
+            return None
+        if not internal_file(fr.filename):
+            return f"{fr.filename}:{fr.lineno} in {fr.name}"
+    return None
+
+
+def live_frames():
+    """The Python frames calling this one, innermost first (their locals: the modules)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
 
 
 def _loggers(namespaces) -> list:

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import traceback
+from dataclasses import dataclass
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import (
     DimDynamic,
-    GuardOnDataDependentSymNode,
 )
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._pytree import tree_leaves
@@ -44,37 +43,34 @@ from ..kernels.amp import emulate
 from ..kernels.checks import CheckingShapeEnv
 from ..kernels.compat import plain_backward_first, tracing_shims
 from ..kernels.cuda.kernels import cuda_kernels
-from ..kernels.datadep import TORCH_AND_FXMEM
 from ..kernels.flat_weights import flat_rnn_params
 from ..kernels.rules import (
     RNNRouter,
 )
 from ..kernels.symbolic import symbolic_kernels
 from ..kernels.values import eager_branches
-from ..ledger.records import B_RANGE_MAX, ModuleCall, Trace
+from ..ledger.records import B_RANGE_MAX, Trace
 from ..ledger.tracking import frozen_gc, storage_resizes
 from ..parallel.ddp import local_optimizer, wrapper_name
 from ..parallel.fsdp import check_parallel, sharded, unwrapped
 from ..parallel.offload import offloaded
 from ..parallel.tp import metadata_unrecorded
 from ..parallel.wrapped import AsWrapped
-from ..plans.checkpointing import checkpointing, normalize_plan, user_path, wrapped_modules
+from ..plans.checkpointing import checkpointing, normalize_plan, user_path
+from .calls import CallHooks, held, loss_wrapper, region
 from .finish import finish
 from .lift import lift, parity_checked
-from .messages import caused_by, loss_error, named_symbols, quiet
+from .messages import caused_by, named_symbols, quiet
 from .modstate import (
     BufferAssigned,
     attributes_kept,
-    global_forward_hook,
     placement,
     register_buffers,
     slots,
-    watch_buffers,
 )
 from .recorder import (
     Recorder,
     _as_trace_error,
-    _user_frame,
     failed_in_model_code,
 )
 from .step import (
@@ -204,27 +200,7 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     hint = concrete_batch or batch_hint or (spec.batch_size if spec.batch_size >= 2 else 8)
     shape_env = CheckingShapeEnv(specialize_zero_one=False, duck_shape=False)
     mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
-    from torch._dynamo.source import ConstantSource
-
-    sym = shape_env.create_symbol(hint, source=ConstantSource("B"),
-                                  dynamic_dim=DimDynamic.DYNAMIC)
-    # A finite range lets checks such as eager indexing's "skip a full slice" (B <= stop)
-    # be decided statically, as they are for concrete sizes; the bound itself is never hit.
-    shape_env.constrain_symbol_range(sym, compiler_min=1, compiler_max=B_RANGE_MAX)
-    batch = shape_env.create_symintnode(sym, hint=hint) if concrete_batch is None else \
-        concrete_batch
-    positions = check_dims(dims, spec)
-    dim_syms, named = {}, {}
-    for name, places in positions.items():
-        t_i, d = places[0]
-        size = int((spec.inputs + spec.targets)[t_i].shape[d])
-        s_ = shape_env.create_symbol(size, source=ConstantSource(name),
-                                     dynamic_dim=DimDynamic.DYNAMIC)
-        shape_env.constrain_symbol_range(s_, compiler_min=1, compiler_max=B_RANGE_MAX)
-        dim_syms[name] = s_
-        node = shape_env.create_symintnode(s_, hint=size)
-        for t_i, d in places:
-            named.setdefault(t_i, {})[d] = node
+    sym, batch, dim_syms, named = _symbols(shape_env, spec, hint, concrete_batch, dims)
     rec = Recorder(shape_env, sym, dim_syms)
     rec.capability = step.compute_capability
     if spec.device == "cuda" and kernel_semantics:  # CUDA's kernels, not the CPU's
@@ -282,17 +258,33 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
             return again(reuse_blocks=False)
 
 
-def _given(rec, args, kwargs) -> tuple:
-    """Storages of the tensors a module's forward was given (checkpoint holds them all,
-    read or not); a tensor with no storage of its own (sparse, nested) is left out."""
-    sids = set()
-    for t in tree_leaves((args, kwargs)):
-        if isinstance(t, torch.Tensor):
-            try:
-                sids.add(rec.sid(t))
-            except (RuntimeError, NotImplementedError):
-                continue
-    return tuple(sorted(sids - {None}))
+def _symbols(shape_env, spec: StepSpec, hint: int, concrete_batch, dims) -> tuple:
+    """The trace's symbols: B's (and the SymInt the inputs' batch dims take, or
+    ``concrete_batch``), each named dim's, and the inputs' named dims as SymInts
+    (tensor index -> {dim: SymInt}), each ranged 1..:data:`B_RANGE_MAX`."""
+    from torch._dynamo.source import ConstantSource
+
+    def symbol(name: str, hint: int):
+        s = shape_env.create_symbol(hint, source=ConstantSource(name),
+                                    dynamic_dim=DimDynamic.DYNAMIC)
+        # A finite range lets checks such as eager indexing's "skip a full slice"
+        # (B <= stop) be decided statically, as they are for concrete sizes; the bound
+        # itself is never hit.
+        shape_env.constrain_symbol_range(s, compiler_min=1, compiler_max=B_RANGE_MAX)
+        return s
+
+    sym = symbol("B", hint)
+    batch = shape_env.create_symintnode(sym, hint=hint) if concrete_batch is None else \
+        concrete_batch
+    dim_syms, named = {}, {}
+    for name, places in check_dims(dims, spec).items():
+        t_i, d = places[0]
+        size = int((spec.inputs + spec.targets)[t_i].shape[d])
+        dim_syms[name] = symbol(name, size)
+        node = shape_env.create_symintnode(dim_syms[name], hint=size)
+        for t_i, d in places:
+            named.setdefault(t_i, {})[d] = node
+    return sym, batch, dim_syms, named
 
 
 @contextlib.contextmanager
@@ -314,14 +306,6 @@ def _as_rank(model, parallel, rank: int, mode, rec):
         yield copied, kept
 
 
-def _in_torch(e: Exception) -> bool:
-    """Did ``e`` come from torch's code (a loss's kernel or shape check), not from a
-    value or guard fxmem handles, nor from the user's own code?"""
-    frames = traceback.extract_tb(e.__traceback__)
-    return (not isinstance(e, FxmemError) and not caused_by(e, GuardOnDataDependentSymNode)
-            and bool(frames) and frames[-1].filename.startswith(TORCH_AND_FXMEM))
-
-
 def _fixed(shape_env, sym) -> bool:
     """Did the ShapeEnv fix the batch symbol to a number (not only a named dim)?"""
     val = shape_env.replacements.get(sym)
@@ -332,8 +316,11 @@ def _fixed(shape_env, sym) -> bool:
 def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
          plan=(), named=None, reuse_blocks=False, warm_up=False, prepared=False, kept=None,
          warm_steps=1) -> Trace:
-    # fake parameters and buffers, registered under their names (``prepared``: the model's
-    # own are fakes of ``mode`` already, e.g. a rank's shards: fxmem.trace.parallel.fsdp)
+    """The step run once on fakes of ``mode``, recorded by ``rec``, and its trace: the fakes
+    made and named, the module hooks installed (their ``handles`` removed by :func:`trace`),
+    the optimizer made, the warm-up steps run unrecorded, the recorded step run, and the
+    copied blocks spliced in. ``prepared``: ``model`` is a rank's wrapped model whose own
+    parameters are fakes of ``mode`` already (:func:`fxmem.trace.parallel.fsdp.sharded`)."""
     wrapper, model = model, unwrapped(model)  # names, plans and buffers are the user's model's
     if spec.compile is not None:  # compile=: torch.compile(model) (fxmem.trace.compiled.options)
         wrapper = spec.compile.apply(wrapper)
@@ -342,88 +329,16 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     rec.compiled = compiled
     if compiled:
         check_compilable(spec.device)
-    on = "cuda" if compiled else "cpu"
-    named_p = list(model.named_parameters())
-    named_b = [(n, b) for n, b in model.named_buffers() if b is not None]
     if not prepared:  # a rank's wrapped model places its shards itself
         rec.placement = placement(model)
-    # on CUDA an RNN's weights are views of cuDNN's flat buffer (fxmem.trace.kernels.flat_weights)
-    flat = flat_rnn_params(mode, model) \
-        if spec.device == "cuda" and not prepared and not compiled else {}
-    fparams = dict(named_p) if prepared else \
-        {n: flat[n] if n in flat else _fake_like(mode, p, param=True, device=on)
-         for n, p in named_p}
-    fbufs = dict(named_b) if prepared else \
-        {n: _fake_like(mode, b, device=on) for n, b in named_b}
-    named, n_in = named or {}, len(spec.inputs)
-    fins = [_fake_like(mode, t, batch, named=named.get(i), batch_dim=spec.batch_dims[i],
-                       device=on) for i, t in enumerate(spec.inputs)]
-    ftgs = [_fake_like(mode, t, batch, named=named.get(n_in + i),
-                       batch_dim=spec.batch_dims[n_in + i], device=on)
-            for i, t in enumerate(spec.targets)]
-    # a rank's wrapped model (prepared) is registered after the warm-up step, which
-    # initialises the wrapping (FSDP2's lazy init may move the shards to new storages)
-    for n, p in fparams.items() if not prepared else ():
-        rec.register_named(p, "param", user_path(n))
+    fakes = _Fakes.of(model, spec, mode, batch, named or {}, prepared, compiled)
     # steady state: the previous step left every gradient allocated (set_to_none=False),
     # and the buffers its forward assigned; an unrecorded step first makes them
     # (zero_grad_at="backward": the previous step's gradients live until the first backward)
     kept_grads = spec.train and (not spec.set_to_none or spec.zero_grad_at == "backward")
     warm = warm_up or prepared or kept_grads
-    for n, b in fbufs.items() if not warm else ():  # else: those the warm-up leaves
-        rec.register_named(b, "buffer", user_path(n))
-    for i, t in enumerate(fins):
-        rec.register_named(t, "input", f"inputs[{i}]")
-    for i, t in enumerate(ftgs):
-        rec.register_named(t, "input", f"targets[{i}]")
-
-    # Global module hooks (removed in trace()'s finally): per-module hooks would be seen by
-    # the model, e.g. nn.TransformerEncoderLayer turns its fused fast path off when it has any.
-    name_of = {id(m): user_path(n) for n, m in model.named_modules()}
-    # a module inside a checkpoint_wrapper is called by it, under the wrapper's path: one call
-    inside = wrapped_modules(model)
-    call_of = {k: v for k, v in name_of.items() if k not in inside}
-
-    def enter(mod, args):
-        name = call_of.get(id(mod))
-        if name is not None:
-            rec.module_stack.append(name)  # returns None: inputs unchanged
-            rec.call_starts.append(rec.op_count)
-            rec.forward_starts.pop(len(rec.call_starts), None)
-
-    def leave(mod, args, kwargs, out):
-        if id(mod) in call_of and len(rec.module_stack) > 1:
-            name = rec.module_stack.pop()  # returns None: output unchanged
-            inner = rec.forward_starts.pop(len(rec.call_starts), None)
-            start = rec.call_starts.pop() if rec.call_starts else rec.op_count
-            if rec.phase == "forward" and name:
-                hook_ops = inner - start if inner is not None and inner >= start else 0
-                rec.calls.append(ModuleCall(name, start, rec.op_count - 1, hook_ops,
-                                            _given(rec, args, kwargs)))
-
-    def began(mod, args):  # after the module's own pre-hooks (FSDP2's all-gather): the
-        if id(mod) in call_of:  # ops before this are not its forward's (not re-run)
-            rec.forward_starts[len(rec.call_starts)] = rec.op_count
-
-    # global hooks run before a module's own ones: under a parallel wrapping (FSDP2's
-    # pre-forward all-gather, TP's input redistribution), a pre-hook of the module's own,
-    # added last, marks where its forward begins, as checkpoint (which replaces the
-    # forward, the hooks outside it) re-runs it; only on modules with pre-hooks already,
-    # so no module sees a hook it would not have had
-    hooked = {id(m): m for m in wrapper.modules() if m._forward_pre_hooks} if prepared else {}
-    for m in hooked.values():
-        handles.append(m.register_forward_pre_hook(began))
-
-    from torch.nn.modules.module import register_module_forward_pre_hook
-
-    handles.append(register_module_forward_pre_hook(enter))
-    handles.append(global_forward_hook(leave))  # with kwargs; its removal complete
-
-    if not warm:  # a buffer the forward assigns: trace again after a warm-up step
-        handles.append(watch_buffers(rec, name_of))
-
-    fakes = {id(p): fparams[n] for n, p in named_p} | {id(b): fbufs[n] for n, b in named_b}
-    params = list(fparams.values())
+    fakes.register(rec, prepared, warm)
+    CallHooks(rec, model).install(wrapper, prepared, handles, watch=not warm)
 
     def forward(*args):
         if compiled:  # dynamo captures with no mode on (fxmem.trace.compiled.inductor)
@@ -432,21 +347,111 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
         return wrapper(*args)
 
     with mode:
-        opt = make_optimizer(spec.optimizer, params, spec.device, spec) \
+        opt = make_optimizer(spec.optimizer, fakes.param_list, spec.device, spec) \
             if spec.optimizer else None
         scaler = make_grad_scaler(spec, "cpu", fake=True)
     for name, t in scaler_tensors(scaler).items():
         rec.register_named(t, "optimizer_state", name)
+    phases = _Phases(rec, mode, fakes, opt)
+    spec_run = spec if spec.loss is None else _replace_loss(spec, loss_wrapper(rec, spec.loss))
+    reusable = (reuse_blocks and not compiled and not warm_up and spec.grad_accum == 1
+                and not kept_grads and not needs_closure(opt))
+    # found before the plan's forwards are installed on the blocks, installed over them
+    # (a rank's warm-up runs later blocks cheaply too: ShardedReuse)
+    runs = runs_of(model, prepared) if reusable else []
+    inside = _step_contexts(model, spec, mode, rec, fakes, prepared)
+    with checkpointing(model, plan, region(rec), held(rec)) as rec.plan, \
+            copied(rec, runs, rec.plan, prepared, fakes.params, fakes.buffers) as reuse, \
+            _entered(inside), \
+            kept.real if kept is not None else contextlib.nullcontext(), \
+            inductor_on_fakes(taken, spec.compile, rec) if compiled else \
+            contextlib.nullcontext():
+        phases.reuse = reuse
+        run = functools.partial(run_step, forward, spec_run, fakes.inputs, fakes.targets,
+                                fakes.param_list)
+        if warm:  # one unrecorded forward and backward, as fxmem.measure's warm-up step
+            _warm_up(rec, run, model, wrapper, fakes, kept, kept_grads, prepared, warm_steps)
+        if needs_closure(opt):
+            _closure_warm_up(rec, run, opt, fakes.param_list)
+        out = run(opt, phases, micro_steps=min(spec.grad_accum, 2), scaler=scaler)
+    end_index = _spliced(rec, reuse)
+    del out
+    return finish(rec, sym, hint, spec, end_index)
 
-    cache = mode.cache_enabled
 
-    def on_phase(name):
+@dataclass
+class _Fakes:
+    """The fake parameters, buffers, inputs and targets of one trace (names -> fakes, in
+    the model's order). A rank's wrapped model (``prepared``) brings its own."""
+
+    params: dict
+    buffers: dict
+    inputs: list
+    targets: list
+    by_id: dict  # id of the model's own tensor -> its fake, for the parameter swap
+
+    @property
+    def param_list(self) -> list:
+        return list(self.params.values())
+
+    @classmethod
+    def of(cls, model, spec: StepSpec, mode, batch, named: dict, prepared: bool,
+           compiled: bool) -> _Fakes:
+        on = "cuda" if compiled else "cpu"
+        named_p = list(model.named_parameters())
+        named_b = [(n, b) for n, b in model.named_buffers() if b is not None]
+        # on CUDA an RNN's weights are views of cuDNN's flat buffer
+        # (fxmem.trace.kernels.flat_weights)
+        flat = flat_rnn_params(mode, model) \
+            if spec.device == "cuda" and not prepared and not compiled else {}
+        params = dict(named_p) if prepared else \
+            {n: flat[n] if n in flat else _fake_like(mode, p, param=True, device=on)
+             for n, p in named_p}
+        buffers = dict(named_b) if prepared else \
+            {n: _fake_like(mode, b, device=on) for n, b in named_b}
+        n_in = len(spec.inputs)
+        inputs = [_fake_like(mode, t, batch, named=named.get(i), batch_dim=spec.batch_dims[i],
+                             device=on) for i, t in enumerate(spec.inputs)]
+        targets = [_fake_like(mode, t, batch, named=named.get(n_in + i),
+                              batch_dim=spec.batch_dims[n_in + i], device=on)
+                   for i, t in enumerate(spec.targets)]
+        by_id = {id(p): params[n] for n, p in named_p} | {id(b): buffers[n] for n, b in named_b}
+        return cls(params, buffers, inputs, targets, by_id)
+
+    def register(self, rec: Recorder, prepared: bool, warm: bool) -> None:
+        """Name the storages the step starts with. A rank's wrapped model (``prepared``) is
+        registered after the warm-up step, which initialises the wrapping (FSDP2's lazy
+        init may move the shards to new storages); after a warm-up (``warm``), the buffers
+        it leaves are."""
+        for n, p in self.params.items() if not prepared else ():
+            rec.register_named(p, "param", user_path(n))
+        for n, b in self.buffers.items() if not warm else ():
+            rec.register_named(b, "buffer", user_path(n))
+        for i, t in enumerate(self.inputs):
+            rec.register_named(t, "input", f"inputs[{i}]")
+        for i, t in enumerate(self.targets):
+            rec.register_named(t, "input", f"targets[{i}]")
+
+
+class _Phases:
+    """What :func:`run_step` calls as each phase of the recorded step begins: the recorder
+    told where it is, and before the optimizer's phase, the gradients named and the
+    optimizer's state made by one unrecorded step (the step then runs in steady state).
+    ``reuse``: the blocks' reuse, set once it is entered (or None)."""
+
+    def __init__(self, rec: Recorder, mode, fakes: _Fakes, opt):
+        self.rec, self.mode, self.fakes, self.opt = rec, mode, fakes, opt
+        self.cache = mode.cache_enabled
+        self.reuse = None
+
+    def __call__(self, name: str) -> None:
+        rec = self.rec
         # FakeTensorMode's dispatch cache pays when an op repeats with the same sizes many
         # times: Adam's foreach ops, and a stack whose every block is traced. With blocks
         # reused, a forward or backward op repeats about twice, and with symbolic sizes
         # making and checking an entry costs more than it saves (GPT-2 small, B and L
         # symbolic: 1.19 s with it off there, 1.67 s on; benchmarks/speed.py).
-        mode.cache_enabled = cache and (reuse is None or name == "optimizer")
+        self.mode.cache_enabled = self.cache and (self.reuse is None or name == "optimizer")
         if name == "forward":
             rec.module_stack[:] = [""]
             rec.call_starts.clear()
@@ -454,119 +459,104 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
             rec.module_stack[:] = ["<loss>"]
         if name == "optimizer":
             rec.phase = name  # the unrecorded step below reads as the optimizer's
-            for n, p in fparams.items():
-                if p.grad is not None:
-                    sid = rec.sid(p.grad)
-                    if sid is not None and rec.storages[sid].created_by >= 0:
-                        rec.names[sid] = ("grad", n)
-            if opt is not None and not needs_closure(opt):  # state: one unrecorded step
-                rec.recording = False
-                opt.step()
-                rec.recording = True
-                state = local_optimizer(opt).state  # ZeRO-1: this rank's partition's
-                for i, p in enumerate(params):
-                    for k, t in state.get(p, {}).items():
-                        if isinstance(t, torch.Tensor):
-                            rec.register_named(t, "optimizer_state", f"{named_p[i][0]}.{k}")
+            self._optimizer_state()
         rec.phase = name
 
-    def loss_fn_wrap(out, *tgs):
-        rec.module_stack.append("<loss>")
-        try:
-            return spec.loss(out, *tgs)
-        except Exception as e:
-            if not _in_torch(e):
-                raise
-            raise loss_error(e, spec.loss, out, tgs, rec, _user_frame(
-                traceback.extract_tb(e.__traceback__))) from e
-        finally:
-            rec.module_stack.pop()
+    def _optimizer_state(self) -> None:
+        rec, opt = self.rec, self.opt
+        for n, p in self.fakes.params.items():
+            if p.grad is not None:
+                sid = rec.sid(p.grad)
+                if sid is not None and rec.storages[sid].created_by >= 0:
+                    rec.names[sid] = ("grad", n)
+        if opt is None or needs_closure(opt):
+            return
+        rec.recording = False  # state: one unrecorded step
+        opt.step()
+        rec.recording = True
+        state = local_optimizer(opt).state  # ZeRO-1: this rank's partition's
+        for n, p in self.fakes.params.items():
+            for k, t in state.get(p, {}).items():
+                if isinstance(t, torch.Tensor):
+                    rec.register_named(t, "optimizer_state", f"{n}.{k}")
 
-    spec_run = spec if spec.loss is None else _replace_loss(spec, loss_fn_wrap)
+
+def _step_contexts(model, spec: StepSpec, mode, rec: Recorder, fakes: _Fakes,
+                   prepared: bool) -> list:
+    """Everything the step runs inside but the plan, the reuse and the wrapping, in the
+    order entered (made now, before the plan is installed): the fake parameters swapped
+    in, the RNN router, CUDA's autocast lists and kernels, the fake mode, the recorder, the
+    saved-tensor hooks, the known values, storage resizes."""
     # Only models with RNN modules get the router: any active torch-function mode turns off
-    # fast paths such as nn.TransformerEncoderLayer's fused inference kernel.
+    # fast paths such as nn.TransformerEncoderLayer's fused inference kernel. On CUDA,
+    # fxmem.trace.kernels.cuda.kernels routes the RNNs to what the CUDA build runs instead.
     has_rnn = any(isinstance(m, (torch.nn.RNNBase, torch.nn.RNNCellBase))
                   for m in model.modules())
-    # On CUDA, fxmem.trace.kernels.cuda.kernels routes the RNNs to what the CUDA build runs instead.
     router = RNNRouter() if has_rnn and rec.kernels is None else contextlib.nullcontext()
     # The fake parameters stay in place for the whole step, not just the forward: a
     # checkpointed module's forward runs again during backward.
     swap = contextlib.nullcontext() if prepared else \
-        _reparametrize_module(model, slots(model, fakes))
-
-    def region(path, fn):  # what checkpoint runs, and re-runs in backward
-        def run(*args, **kwargs):
-            depth, again = len(rec.module_stack), rec.phase == "backward"
-            cdepth = len(rec.call_starts)
-            if again:
-                rec.module_stack.append(path)
-                rec.recomputing += 1
-            try:
-                return fn(*args, **kwargs)
-            finally:  # early stop raises out of the region: drop its stack entries
-                del rec.module_stack[depth:]
-                del rec.call_starts[cdepth:]
-                rec.recomputing -= again
-        return run
-
-    reusable = (reuse_blocks and not compiled and not warm_up and spec.grad_accum == 1
-                and not kept_grads and not needs_closure(opt))
-    # found before the plan's forwards are installed on the blocks, installed over them
-    # (a rank's warm-up runs later blocks cheaply too: ShardedReuse)
-    runs = runs_of(model, prepared) if reusable else []
-    hooks = torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.saved_tensors.unpack)
+        _reparametrize_module(model, slots(model, fakes.by_id))
     # CUDA's autocast rules on the fake CPU tensors, for the whole step (a checkpointed
     # module's re-run in backward enters autocast again)
     rules = emulate("cuda") if spec.amp is not None and spec.device == "cuda" else \
         contextlib.nullcontext()
     kernels = rec.kernels if rec.kernels is not None else contextlib.nullcontext()
+    hooks = torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.saved_tensors.unpack)
+    return [swap, router, rules, kernels, mode, rec, hooks, eager_branches(rec.values),
+            storage_resizes(rec)]
 
-    def held(t):  # an output selective checkpointing keeps for backward: saved, as by autograd
-        sid = rec.sid(t) if rec.recording else None
-        if sid is not None:
-            rec.saved.add(sid)
 
-    with checkpointing(model, plan, region, held) as rec.plan, \
-            copied(rec, runs, rec.plan, prepared, fparams, fbufs) as reuse, \
-            swap, router, rules, kernels, \
-            mode, rec, hooks, eager_branches(rec.values), storage_resizes(rec), \
-            kept.real if kept is not None else contextlib.nullcontext(), \
-            inductor_on_fakes(taken, spec.compile, rec) if compiled else \
-            contextlib.nullcontext():
-        if warm:  # one unrecorded forward and backward, as fxmem.measure's warm-up step
-            rec.recording = False  # (DDP: until its buckets are rebuilt)
-            with kept if kept is not None else contextlib.nullcontext():
-                for _ in range(warm_steps):
-                    run_step(forward, spec_run, fins, ftgs, params, None, lambda name: None,
-                             micro_steps=1)
-            rec.recording = True
-            for n, p in fparams.items() if prepared else ():
-                rec.register_named(p, "param", user_path(n))
-            for n, p in fparams.items():
-                if p.grad is not None and kept_grads:
-                    rec.register_named(p.grad, "grad", user_path(n))
-                elif kept is not None:  # as the step's zero_grad will (not the wrapper's)
-                    p.grad = None
-            register_buffers(rec, model)
-            if kept is not None:  # the wrapper's own storages, e.g. DDP's gradient buckets
-                for i, st in enumerate(kept.left([*fparams.values(), *fbufs.values()])):
-                    rec.register_named(st, "grad", f"<{wrapper_name(wrapper)}>[{i}]")
-                kept.close()
-        if needs_closure(opt):
-            # steady state: LBFGS's history is full after some steps; run them unrecorded
-            rec.recording = False
-            for _ in range(warmup_steps(opt)):
-                run_step(forward, spec_run, fins, ftgs, params, opt,
-                         lambda name: setattr(rec, "phase", name))
-            rec.recording = True
-            for k, v in opt.state[params[0]].items():
-                leaves = [t for t in tree_leaves(v) if isinstance(t, torch.Tensor)]
-                for i, t in enumerate(leaves):
-                    rec.register_named(t, "optimizer_state",
-                                       f"{k}[{i}]" if len(leaves) > 1 else k)
-        out = run_step(forward, spec_run, fins, ftgs, params, opt, on_phase,
-                       micro_steps=min(spec.grad_accum, 2), scaler=scaler)
-    if reuse is not None:  # autograd's in-place sums: on the spliced trace
+@contextlib.contextmanager
+def _entered(contexts: list):
+    """``contexts`` entered in order and left in reverse, as one ``with`` statement would."""
+    with contextlib.ExitStack() as stack:
+        for c in contexts:
+            stack.enter_context(c)
+        yield
+
+
+def _warm_up(rec: Recorder, run, model, wrapper, fakes: _Fakes, kept, kept_grads: bool,
+             prepared: bool, steps: int) -> None:
+    """``steps`` unrecorded forwards and backwards (DDP: until its buckets are rebuilt),
+    then the storages they leave named: a rank's shards, the gradients the recorded step
+    starts with, the buffers, the wrapper's own storages (DDP's gradient buckets)."""
+    rec.recording = False
+    with kept if kept is not None else contextlib.nullcontext():
+        for _ in range(steps):
+            run(None, lambda name: None, micro_steps=1)
+    rec.recording = True
+    for n, p in fakes.params.items() if prepared else ():
+        rec.register_named(p, "param", user_path(n))
+    for n, p in fakes.params.items():
+        if p.grad is not None and kept_grads:
+            rec.register_named(p.grad, "grad", user_path(n))
+        elif kept is not None:  # as the step's zero_grad will (not the wrapper's)
+            p.grad = None
+    register_buffers(rec, model)
+    if kept is not None:
+        for i, st in enumerate(kept.left([*fakes.params.values(), *fakes.buffers.values()])):
+            rec.register_named(st, "grad", f"<{wrapper_name(wrapper)}>[{i}]")
+        kept.close()
+
+
+def _closure_warm_up(rec: Recorder, run, opt, params: list) -> None:
+    """Steady state for an optimizer that evaluates the loss itself (LBFGS): its history is
+    full after some steps; they run unrecorded, and its state is named."""
+    rec.recording = False
+    for _ in range(warmup_steps(opt)):
+        run(opt, lambda name: setattr(rec, "phase", name))
+    rec.recording = True
+    for k, v in opt.state[params[0]].items():
+        leaves = [t for t in tree_leaves(v) if isinstance(t, torch.Tensor)]
+        for i, t in enumerate(leaves):
+            rec.register_named(t, "optimizer_state", f"{k}[{i}]" if len(leaves) > 1 else k)
+
+
+def _spliced(rec: Recorder, reuse) -> int:
+    """Close the recording, copy the reused blocks' ops in (autograd's in-place gradient
+    sums applied on the spliced trace) and return the number of ops of the step."""
+    if reuse is not None:
         rec.sums.hold = True
     rec.close()
     rec.check_specialized()
@@ -575,9 +565,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
         splice(rec, reuse)
         rec.sums.hold = False
         rec.sums.apply(rec.storages, rec.names)
-    end_index = len(rec.ops)
-    del out
-    return finish(rec, sym, hint, spec, end_index)
+    return len(rec.ops)
 
 
 def _replace_optimizer(spec: StepSpec, factory) -> StepSpec:

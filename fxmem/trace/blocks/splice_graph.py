@@ -1,0 +1,157 @@
+"""The spliced step's graph side: the fx graph in the new order, and the first description
+of each storage (:mod:`fxmem.trace.blocks.splice`)."""
+
+from __future__ import annotations
+
+import operator
+from contextlib import nullcontext
+from dataclasses import replace
+
+import torch
+
+from ..ledger.records import TensorDesc
+from .reuse import NoReuse
+
+
+def first_desc(old, order, final, sid_in) -> dict:
+    """sid -> the first TensorDesc seen on it, in the new order (what the graph holds):
+    ``old``, the recorded graph; ``order``, the spliced ops' sources; ``final`` and
+    ``sid_in``, the storages' new numbers (:class:`fxmem.trace.blocks.splice.Numbering`)."""
+    from ..ledger.records import TensorDesc
+
+    by_index, first, later = {}, {}, []
+    for node in old.nodes:
+        vals = node.meta.get("val")
+        if node.op == "placeholder":  # one made before a later op: in the op's turn
+            if isinstance(vals, TensorDesc) and vals.sid in final:
+                (later.append(vals) if by_index else
+                 first.setdefault(final[vals.sid], replace(vals, sid=final[vals.sid])))
+            continue
+        src = node.args[0] if node.target is operator.getitem else node
+        idx = src.meta.get("index") if isinstance(src, torch.fx.Node) else None
+        if idx is not None:
+            if src is node:  # the storages it reads first (a copy's parameters)
+                by_index.setdefault(idx, []).extend(
+                    a.meta.get("val") for a in node.all_input_nodes
+                    if a.op == "placeholder")
+            by_index.setdefault(idx, []).append(vals)
+    for item in order:
+        if item[0] == "r":
+            def fs(s):
+                return final.get(s)
+            vals_list = by_index.get(item[1], ())
+        else:
+            c = item[1]
+
+            def fs(s, c=c):
+                try:
+                    return sid_in(c, s)
+                except NoReuse:
+                    return None
+            vals_list = by_index.get(item[3], ())
+        for vals in vals_list:
+            for v in (vals if isinstance(vals, tuple) else (vals,)):
+                if isinstance(v, TensorDesc):
+                    s = fs(v.sid)
+                    if s is not None and s not in first:
+                        first[s] = replace(v, sid=s)
+    for v in later:  # read by no op
+        first.setdefault(final[v.sid], replace(v, sid=final[v.sid]))
+    return first
+
+
+def graph(old, order, final, sid_in, rename) -> torch.fx.Graph:
+    """The spliced step's fx graph: ``old``'s nodes in the new ``order``, each copy's
+    reading the copy's own tensors, its module paths renamed (``rename``); built only when
+    asked for (FLOPs, named dims)."""
+    groups, placeholders = {}, []
+    for node in old.nodes:
+        if node.op == "placeholder":
+            placeholders.append(node)
+        elif node.op == "call_function" and "index" in node.meta:
+            groups[node.meta["index"]] = [node]
+        elif node.op == "call_function" and node.target is operator.getitem:
+            src = node.args[0]
+            if "index" in src.meta:
+                groups[src.meta["index"]].append(node)
+    g = torch.fx.Graph()
+    env, by_sid, copies = {}, {}, {}  # by_sid: sid -> nodes whose value is on it
+
+    def desc(v, fs):
+        if isinstance(v, TensorDesc):
+            return TensorDesc(v.shape, v.dtype, fs(v.sid))
+        if isinstance(v, tuple):
+            return tuple(desc(x, fs) for x in v)
+        return v
+
+    def real_fs(s):
+        return final.get(s, -1)
+
+    for ph in placeholders:
+        new = g.node_copy(ph)
+        new.meta = dict(ph.meta)
+        new.meta["val"] = desc(ph.meta.get("val"), real_fs)
+        env[ph] = new
+        v = new.meta["val"]
+        if isinstance(v, TensorDesc):
+            by_sid.setdefault(v.sid, []).append(new)
+
+    def lookup(n, fs):
+        if fs is real_fs and n in env:
+            return env[n]
+        v = n.meta.get("val")
+        target = fs(v.sid) if isinstance(v, TensorDesc) else None
+        if target is not None:
+            got = by_sid.get(target)
+            if got is not None:  # the last tensor on that storage of the same shape
+                same = [x for x in got if _same_desc(x.meta.get("val"), v)]
+                return (same or got)[-1]
+            if target == real_fs(v.sid) and n in env:
+                return env[n]
+        elif n in env:
+            return env[n]
+        first = next(iter(g.nodes), None)
+        with g.inserting_before(first) if first is not None else nullcontext():
+            ph = g.placeholder(f"copied_{len(env)}_{len(by_sid)}")
+        ph.meta["val"] = desc(v, fs)
+        if target is not None:
+            by_sid.setdefault(target, []).append(ph)
+        return ph
+
+    for j, item in enumerate(order):
+        if item[0] == "r":
+            nodes, local, fs = groups.get(item[1], []), env, real_fs
+            mod_of = None
+        else:
+            _, c, _, q, _ = item
+            # a copy's ops read the copy's own earlier tensors (not whatever tensor was
+            # last seen on that storage: a view's shape is not its storage's)
+            nodes, local = groups.get(q, []), copies.setdefault(id(c), {})
+
+            def fs(s, c=c):
+                try:
+                    return sid_in(c, s)
+                except NoReuse:
+                    return -1
+            mod_of = c
+        for node in nodes:
+            new = g.node_copy(node, lambda n, local=local, fs=fs: local[n] if n in local
+                              else lookup(n, fs))
+            new.meta = dict(node.meta)
+            new.meta["val"] = desc(node.meta.get("val"), fs)
+            if "index" in node.meta:
+                new.meta["index"] = j
+            if mod_of is not None and "module" in node.meta:
+                new.meta["module"] = rename(mod_of, node.meta["module"])
+            local[node] = new
+            vals = new.meta["val"]
+            for v in (vals if isinstance(vals, tuple) else (vals,)):
+                if isinstance(v, TensorDesc):
+                    by_sid.setdefault(v.sid, []).append(new)
+    return g
+
+
+def _same_desc(a, b) -> bool:
+    """Same shape and dtype (a node's value against the tensor a copied op reads)."""
+    return getattr(a, "shape", None) == getattr(b, "shape", None) and \
+        getattr(a, "dtype", None) == getattr(b, "dtype", None)
