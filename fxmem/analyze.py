@@ -13,7 +13,7 @@ from .memory.graph import build_graph
 from .memory.liveness import liveness, parts_of
 from .report.ranks import ParallelReport, RankGroup
 from .report.result import Report
-from .trace.engine import UNSET, Step, trace
+from .trace.engine import UNSET, Step, TraceRequest, trace
 from .trace.ledger import frozen_gc
 from .trace.parallel import as_wrapped, check_parallel, refuse_wrapped
 from .trace.plans import normalize_plan
@@ -89,39 +89,53 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     2
     """
     step = Step.of(step, loss=loss, optimizer=optimizer, train=train, device=device, **options)
-    given = parallel
-    if parallel is None:
+    return analyze_request(TraceRequest(model, inputs, targets, step=step, checkpoint=checkpoint,
+                                 batch_hint=batch_hint, dims=dims, batch_dim=batch_dim,
+                                 reuse_blocks=reuse_blocks, parallel=parallel), retrace)
+
+
+def analyze_request(request: TraceRequest, retrace: bool = False):
+    """:func:`analyze` of one :class:`~fxmem.trace.engine.request.TraceRequest` (its
+    ``parallel`` as the user gave it; ``retrace``: its checkpoint plan traced for real):
+    what :func:`analyze`, :func:`min_world_size`, :func:`fxmem.whatif` and every trace a
+    report makes again (a plan confirmed, the ways out) call, each with the request it
+    was given, some fields changed.
+
+    >>> import torch
+    >>> from fxmem.trace.engine import Step
+    >>> r = TraceRequest(torch.nn.Linear(8, 2), torch.randn(4, 8),
+    ...                  step=Step(loss=lambda o: o.sum(), device="cpu"))
+    >>> analyze_request(r).parts["grads"]
+    72
+    >>> analyze_request(r.but(step=Step(device="cpu", train=False))).parts["grads"]
+    0
+    """
+    given, model = request.parallel, request.model
+    if given is None:
         model, parallel = as_wrapped(model)  # a model the user wrapped: as it is
     else:
+        parallel = given
         refuse_wrapped(model, parallel)
+    request = request.but(model=model)
     as_here = _modes(model)
 
     def reanalyze(**changes):  # the ways out (fxmem.report.fit): FSDP2 over more ranks, ...
         with as_here():
-            return analyze(model, inputs, targets, step=step, batch_hint=batch_hint,
-                           dims=dims, reuse_blocks=reuse_blocks, batch_dim=batch_dim,
-                           **{"checkpoint": checkpoint, "parallel": given, **changes})
+            return analyze_request(request.but(**changes))
     again_as = {} if given is None and parallel is not None else {"reanalyze": reanalyze}
     if parallel is not None:
-        return _per_rank(model, inputs, targets, step, parallel, checkpoint, batch_hint, dims,
-                         batch_dim, again_as)
-    plan = normalize_plan(model, checkpoint)
-    below = _below(as_here, model, inputs, targets, step=step, checkpoint=plan, dims=dims,
-                   reuse_blocks=reuse_blocks, batch_dim=batch_dim)
-    if dims:
-        t = trace(model, inputs, targets, step=step, batch_hint=batch_hint,
-                  checkpoint=checkpoint, dims=dims, reuse_blocks=reuse_blocks,
-                  batch_dim=batch_dim)
+        return _per_rank(request.but(parallel=parallel), again_as)
+    plan = normalize_plan(model, request.checkpoint)
+    below = _below(as_here, request.but(checkpoint=plan))
+    step = request.step
+    if request.dims:
+        t = _trace(request)
         return replace(Report.in_dims(t, step.device), below=below, **again_as)
-    t = trace(model, inputs, targets, step=step, batch_hint=batch_hint,
-              checkpoint=None if plan and not retrace else plan, reuse_blocks=reuse_blocks,
-              batch_dim=batch_dim)
+    t = _trace(request.but(checkpoint=None if plan and not retrace else plan))
     if plan and not retrace:
         runs = Counter(c.path for c in t.calls)
         if t.plan or any(runs[p] > 1 for p in plan.modules):
-            return analyze(model, inputs, targets, step=step, checkpoint=plan, retrace=True,
-                           batch_hint=batch_hint, reuse_blocks=reuse_blocks,
-                           batch_dim=batch_dim)
+            return analyze_request(request.but(checkpoint=plan), retrace=True)
         t = derive(t, plan)
     lv = liveness(build_graph(t))
     if plan:
@@ -129,20 +143,23 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
 
     def again(plan):  # the planner's confirmation: this step traced with ``plan``
         with as_here():
-            return analyze(model, inputs, targets, step=step, checkpoint=plan, retrace=True,
-                           batch_hint=batch_hint, reuse_blocks=reuse_blocks,
-                           batch_dim=batch_dim)
+            return analyze_request(request.but(checkpoint=plan), retrace=True)
     return Report(lv, parts_of(lv), t.guards, retrace=again, below=below, **again_as)
 
 
-def _below(as_here, model, inputs, targets, guards=(), **options):
-    """``b -> Report``: the step (``trace``'s ``options``) traced with B the int ``b``, for a
-    B below where the formulas hold, the modules in the modes ``as_here`` restores."""
+def _trace(request: TraceRequest):
+    """``request`` traced (by this module's :func:`trace`, which tests count)."""
+    return trace(request.model, request.inputs, request.targets, **request.options())
+
+
+def _below(as_here, request: TraceRequest, guards=()):
+    """``b -> Report``: ``request`` traced with B the int ``b``, for a B below where the
+    formulas hold, the modules in the modes ``as_here`` restores."""
     def below(b):
-        _own_world_free(options.get("parallel"), b, guards)
+        _own_world_free(request.parallel, b, guards)
         with as_here():
-            t = trace(model, inputs, targets, concrete_batch=b, **options)
-        return _report(t, options.get("dims"), options["step"].device)
+            t = _trace(request.but(concrete_batch=b))
+        return _report(t, request.dims, request.step.device)
     return below
 
 
@@ -193,25 +210,23 @@ def _modes(model):
     return as_here
 
 
-def _per_rank(model, inputs, targets, step, parallel, checkpoint, batch_hint, dims,
-              batch_dim, again_as=None) -> ParallelReport:
-    """One trace per group of alike ranks (the strategy's ``rank_groups``)."""
+def _per_rank(request: TraceRequest, again_as=None) -> ParallelReport:
+    """One trace per group of alike ranks (the strategy's ``rank_groups``) of ``request``'s
+    parallel step."""
+    parallel, model = request.parallel, request.model
     check_parallel(parallel)
-    plan = normalize_plan(model, checkpoint)
+    plan = normalize_plan(model, request.checkpoint)
     groups = []
     as_here = _modes(model)
     for ranks in parallel.rank_groups(model):
-        t = trace(model, inputs, targets, step=step, batch_hint=batch_hint, checkpoint=plan,
-                  dims=dims, batch_dim=batch_dim, parallel=parallel, rank=ranks[0])
-
-        below = _below(as_here, model, inputs, targets, t.guards, step=step, checkpoint=plan,
-                       dims=dims, batch_dim=batch_dim, parallel=parallel, rank=ranks[0])
-        groups.append(RankGroup(ranks, replace(_report(t, dims, step.device), below=below,
-                                               **(again_as or {}))))
+        rank = request.but(checkpoint=plan, rank=ranks[0])
+        t = _trace(rank)
+        below = _below(as_here, rank, t.guards)
+        groups.append(RankGroup(ranks, replace(_report(t, rank.dims, rank.step.device),
+                                               below=below, **(again_as or {}))))
 
     def retrace(plan):  # the planner's confirmation: this step traced with ``plan``
-        return _per_rank(model, inputs, targets, step, parallel, plan, batch_hint, dims,
-                         batch_dim, again_as)
+        return _per_rank(request.but(checkpoint=plan), again_as)
     return ParallelReport(parallel, tuple(groups), None if plan else retrace)
 
 
@@ -245,12 +260,12 @@ def min_world_size(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train
         raise InputError(f"min_world_size varies the world size of fxmem.FSDP, fxmem.DDP or "
                          f"fxmem.TP; for {parallel.name}, vary one of its parts")
     step = Step.of(step, loss=loss, optimizer=optimizer, train=train, device=device, **options)
+    request = TraceRequest(model, inputs, targets, step=step, batch_dim=batch_dim)
     memo: dict = {}
 
     def fits(w: int) -> bool:
         if w not in memo:
-            r = analyze(model, inputs, targets, step=step, batch_dim=batch_dim,
-                        parallel=replace(parallel, world_size=w))
+            r = analyze_request(request.but(parallel=replace(parallel, world_size=w)))
             try:
                 memo[w] = r.max_batch_size(budget_bytes, by=by) >= B, r
             except InfeasibleBudgetError:

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import sympy
 import torch
 
-from .analyze import analyze as analyze_step
+from .analyze import analyze_request
 from .errors import InfeasibleBudgetError, InputError
-from .trace.engine import UNSET, Step, make_spec
+from .trace.engine import UNSET, Step, TraceRequest, make_spec
 from .trace.parallel import refuse_wrapped
 
 
@@ -73,12 +73,8 @@ def whatif(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, *, B: int,  #
     step = Step.of(step, loss=loss, optimizer=optimizer, device=device, **options)
     spec = make_spec(model, inputs, targets, step, batch_dim)
 
-    def analyze(m, inputs, targets=None, step=step):  # the evaluation row has no targets
-        where = spec.batch_dims if targets is not None else spec.batch_dims[:len(spec.inputs)]
-        return analyze_step(m, inputs, () if targets is None else targets, step=step,
-                            batch_dim=where)
-
-    base = analyze(model, inputs, targets, step=step)
+    request = TraceRequest(model, inputs, targets, step=step, batch_dim=spec.batch_dims)
+    base = analyze_request(request)
     b0 = base.peak_bytes(B)
     rows = []
 
@@ -96,21 +92,22 @@ def whatif(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, *, B: int,  #
     half = max(base.min_batch_size, B // 2)
     row("smaller batch", base, half, f"B = {half} instead of {B}: the same formula")
     if smaller_model is not None:
-        row("smaller model", analyze(smaller_model, inputs, targets, step=step), B,
+        row("smaller model", analyze_request(request.but(model=smaller_model)), B,
             "the model passed as smaller_model")
     if amp is not None:
         mixed = Step.of(step, amp=amp)
         scaler = " with a GradScaler" if mixed.scaled else ""
-        row("mixed precision", analyze(model, inputs, targets, step=mixed), B,
+        row("mixed precision", analyze_request(request.but(step=mixed)), B,
             f"forward and loss under torch.autocast('{step.device}', {amp}){scaler}")
     k = grad_accum
     micro = max(1, B // k)
     row("gradient accumulation",
-        analyze(model, inputs, targets, step=Step.of(step, grad_accum=k)), micro,
+        analyze_request(request.but(step=Step.of(step, grad_accum=k))), micro,
         f"{k} micro-batches of {micro}; largest batch = {k} x the largest micro-batch", k)
     evaluation = Step.of(step, loss=None, optimizer=None, train=False, grad_accum=1,
                          grad_scaler=None, set_to_none=True)
-    row("no_grad evaluation", analyze(model, inputs, step=evaluation), B,
+    no_targets = request.but(targets=(), batch_dim=spec.batch_dims[:len(spec.inputs)])
+    row("no_grad evaluation", analyze_request(no_targets.but(step=evaluation)), B,
         "inference under torch.no_grad(): no backward, no optimizer")
     plan = checkpoint
     if plan is None:
@@ -120,9 +117,7 @@ def whatif(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, *, B: int,  #
     row("checkpointing", planned, B,
         f"plan {', '.join(map(str, plan))}" if plan else "no checkpoint plan lowers the peak")
     if parallel is not None:
-        where = spec.batch_dims
-        sharded = analyze_step(model, inputs, targets, step=step, batch_dim=where,
-                               parallel=parallel)
+        sharded = analyze_request(request.but(parallel=parallel))
         row("sharding", sharded, B, f"{parallel.name}: B per rank, the rank with the "
             "largest peak")
     return tuple(rows)

@@ -15,6 +15,7 @@ global state (dispatch modes, patched functions, the default dtype) and the user
 process as they were, whether the trace succeeds or fails.
 """
 
+from .request import TraceRequest
 from .step import (
     PHASES,
     UNSET,
@@ -28,5 +29,5 @@ from .step import (
 )
 from .tracer import trace
 
-__all__ = ["PHASES", "Step", "UNSET", "make_grad_scaler", "make_optimizer", "make_spec", "run_step",
-           "scaler_tensors", "trace", "warmup_steps"]
+__all__ = ["PHASES", "Step", "TraceRequest", "UNSET", "make_grad_scaler", "make_optimizer",
+           "make_spec", "run_step", "scaler_tensors", "trace", "warmup_steps"]

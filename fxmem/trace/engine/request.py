@@ -1,0 +1,66 @@
+"""One trace asked for: the step (:class:`~fxmem.trace.engine.step.Step`) of a model on its
+inputs, and how to trace it, in one object.
+
+:func:`fxmem.analyze` traces a step more than once: a checkpoint plan confirmed, a batch
+size below where the formulas hold, each group of alike ranks, the ways out of a step
+that does not fit (more ranks, another plan). Each of those is the first request with a
+few fields changed (:meth:`TraceRequest.but`), so an option added here reaches every one
+of them.
+
+>>> import torch
+>>> r = TraceRequest(torch.nn.Linear(8, 2), torch.randn(4, 8), step=Step(device="cpu"))
+>>> r.but(batch_hint=16).batch_hint, r.batch_hint
+(16, None)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from .step import Step
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """A step of ``model`` on ``inputs`` (and ``targets``), traced as :func:`fxmem.trace.trace`
+    says for each field: ``step``, the training step; ``checkpoint``, a plan whose forwards
+    run under ``torch.utils.checkpoint``; ``batch_hint``, the value of B where the trace
+    must decide; ``dims``, other input dims as symbols; ``batch_dim``, where B is;
+    ``reuse_blocks``, copy repeated blocks; ``parallel`` and ``rank``, one rank of a
+    parallel step; ``concrete_batch``, B as an int; ``warm_up``, one unrecorded step
+    first; ``kernel_semantics``, CUDA's kernels for ``device="cuda"``; ``check_parity``,
+    the lifted trace checked at another B."""
+
+    model: Any
+    inputs: Any
+    targets: Any = ()
+    step: Step = field(default_factory=Step)
+    checkpoint: Any = None
+    batch_hint: int | None = None
+    dims: Any = None
+    batch_dim: Any = 0
+    reuse_blocks: bool = True
+    parallel: Any = None
+    rank: int = 0
+    concrete_batch: int | None = None
+    warm_up: bool = False
+    kernel_semantics: bool = True
+    check_parity: bool = True
+
+    def but(self, **changes) -> TraceRequest:
+        """This request with ``changes`` (field names) made."""
+        return replace(self, **changes)
+
+    def options(self) -> dict:
+        """The keywords :func:`fxmem.trace.trace` takes besides the model, inputs and
+        targets."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("model", "inputs", "targets")}
+
+    def trace(self, **changes):
+        """This request (with ``changes``) traced: a :class:`fxmem.trace.Trace`."""
+        from .tracer import trace
+
+        r = self.but(**changes) if changes else self
+        return trace(r.model, r.inputs, r.targets, **r.options())
