@@ -200,8 +200,8 @@ RULES: tuple = (
     KernelRule("_softmax_backward_data", "workspace",
                "tmp = grad_output * output, the size of the gradient (float32 in the "
                "half_to_float backward), while the kernel runs; copies of non-contiguous "
-               "inputs in _softmax, _log_softmax and their backward (fxmem/trace/cuda/"
-               "workspaces.py)",
+               "inputs in _softmax, _log_softmax and their backward "
+               "(fxmem/trace/kernels/cuda/workspaces.py)",
                "aten/src/ATen/native/cuda/SoftMax.cu: softmax_backward_cuda_out, host_softmax, "
                "host_softmax_backward (the calls also read off the 2.11 and 2.14 cu130 "
                "binaries)",
