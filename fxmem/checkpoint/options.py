@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -320,17 +321,23 @@ class Planner:
     def choose(self, budget_bytes: int, b: int, max_recompute_flops: int | None = None):
         """The cheapest plan whose exact peak at ``b`` fits, as a :class:`PlanChoice`
         (kept: a search asks the same budget again, e.g. a plan chosen on derived peaks, then
-        confirmed)."""
+        confirmed). Kept without its report, which the plan's derivation makes again when
+        asked after :meth:`fxmem.Report.with_plan` has dropped it: the walks over candidate
+        plans ask for dozens (kept, their reports took Llama-3.1-8B's one-GPU command from
+        1.22 to 1.62 GB of peak RSS: docs/benchmarks.md)."""
         key = (budget_bytes, b, max_recompute_flops)
         if key not in self._chosen:
             try:
-                self._chosen[key] = (self._choose(budget_bytes, b, max_recompute_flops), None)
+                got = self._choose(budget_bytes, b, max_recompute_flops)
+                self._chosen[key] = (got if got is None else replace(got, report=None), None)
             except InfeasibleBudgetError as e:
                 self._chosen[key] = (None, e)
         got, error = self._chosen[key]
         if error is not None:
             raise error.with_traceback(None)
-        return got
+        if got is None:
+            return got
+        return replace(got, report=self.report.with_plan(got.plan) if got.plan else self.report)
 
     def _choose(self, budget_bytes: int, b: int, max_recompute_flops: int | None):
         found = []
