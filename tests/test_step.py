@@ -38,6 +38,18 @@ def test_each_option_is_checked_when_the_step_is_made(options, message):
         Step(**options)
 
 
+def test_a_report_analysed_again_takes_the_steps_options_and_the_traces():
+    """``Report.reanalyze(**changes)`` (the ways out, compile budgets as plans) changes the
+    step's options (``grad_accum``, ``compile``) as well as how it is traced (``parallel``,
+    ``checkpoint``): both go through one :class:`fxmem.trace.engine.TraceRequest`."""
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    r = fxmem.analyze(m, torch.randn(4, 8), loss=lambda o: o.sum(), device="cpu")
+    again = r.reanalyze(grad_accum=2, checkpoint=["0"])
+    assert (again.grad_accum, again.plan, r.grad_accum, r.plan) == (2, ("0",), 1, ())
+    with pytest.raises(fxmem.InputError, match="unknown step option set_to_zero"):
+        r.reanalyze(set_to_zero=True)
+
+
 def test_a_step_is_frozen_and_normalised():
     s = Step(compute_capability=8.6, train=1)
     assert s.compute_capability == (8, 6) and s.train is True

@@ -11,6 +11,8 @@ of them.
 >>> r = TraceRequest(torch.nn.Linear(8, 2), torch.randn(4, 8), step=Step(device="cpu"))
 >>> r.but(batch_hint=16).batch_hint, r.batch_hint
 (16, None)
+>>> r.but(grad_accum=2).step.grad_accum  # a field of the step
+2
 """
 
 from __future__ import annotations
@@ -49,7 +51,12 @@ class TraceRequest:
     check_parity: bool = True
 
     def but(self, **changes) -> TraceRequest:
-        """This request with ``changes`` (field names) made."""
+        """This request with ``changes`` made: to its own fields, or to its step's
+        (``amp=``, ``compile=``: :meth:`Step.of`, which names an unknown option)."""
+        own = {f.name for f in fields(self)}
+        options = {k: changes.pop(k) for k in list(changes) if k not in own}
+        if options:
+            changes["step"] = Step.of(changes.get("step", self.step), **options)
         return replace(self, **changes)
 
     def options(self) -> dict:
