@@ -289,8 +289,8 @@ def graph_break() -> str:
 def cli_and_api(budget: float, B: int) -> dict:
     """``fxmem analyze ... --compile --compile-budget`` on the pointwise model, and the API's
     ``compile=`` prediction of the same step: (the CLI's setup row, its max_allocated, the
-    API's) at ``B``, and the modules the API's trace puts each of inductor's buffers in, by
-    phase."""
+    API's) at ``B``, and the modules the API's trace puts each of inductor's buffers and each
+    of its calls into cuBLAS (``extern_kernels.mm``) in, by phase."""
     import json
 
     from click.testing import CliRunner
@@ -307,13 +307,16 @@ def cli_and_api(budget: float, B: int) -> dict:
     api = fxmem.analyze(Pointwise(), torch.zeros(8, 256), torch.zeros(8, 256),
                         loss=torch.nn.functional.mse_loss, optimizer=None, device="cuda",
                         compile={"activation_memory_budget": budget})
-    buffers = {}
+    buffers, library = {}, {}
     for o in api.trace.ops:
         if o.op == "aten.empty_strided.default":
             buffers.setdefault(o.phase, set()).add(o.module)
+        if o.op.split(".")[1] in ("mm", "addmm") and o.phase in ("forward", "backward"):
+            library.setdefault(o.phase, set()).add(o.module)
     return {"setup": report["setup"].get("compiled"),
             "cli": report["cuda"]["max_allocated"], "api": api.cuda_memory(B).max_allocated,
-            "buffers": {k: sorted(v) for k, v in buffers.items()}}
+            "buffers": {k: sorted(v) for k, v in buffers.items()},
+            "library": {k: sorted(v) for k, v in library.items()}}
 
 
 def cli_auto(B: int, slacks: list) -> list:  # noqa: N803

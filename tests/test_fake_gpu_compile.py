@@ -112,8 +112,8 @@ def test_compile_option_at_a_partitioner_budget_is_exact_on_the_fake_gpu():
 
 def test_the_command_line_compiles_with_a_budget():
     """``fxmem analyze --compile --compile-budget 0.5`` says so in its setup and gives the
-    API's ``compile=`` figure; the buffers of the compiled graphs are the modules' they came
-    from."""
+    API's ``compile=`` figure; the buffers of the compiled graphs, and their library calls,
+    are the modules' they came from."""
     got = _call("cli_and_api", budget=0.5, B=64)
     assert got["setup"] == "torch.compile, activation_memory_budget 0.5"
     assert got["cli"] == got["api"] > 0
@@ -122,6 +122,10 @@ def test_the_command_line_compiles_with_a_budget():
     # the fused chain between them the model's
     for phase in ("forward", "backward"):
         assert {"a", "b"} <= set(got["buffers"][phase]) <= {"", "a", "b"}, got["buffers"]
+    # and so does each call into cuBLAS the wrappers make, with what it allocates (its
+    # workspace), not the module around the compiled graph
+    for phase in ("forward", "backward"):
+        assert set(got["library"][phase]) == {"a", "b"}, got["library"]
 
 
 @pytest.mark.slow  # four compiles of the pointwise model at two sizes: minutes

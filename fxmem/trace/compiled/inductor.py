@@ -129,6 +129,26 @@ class Lines:
                 self.rec.inside = before
         return inside
 
+    def running(self, file: str):
+        """``() -> module path``: the module of the line the wrapper in ``file`` is running
+        (the wrapper's frame found on the stack; None outside it or where nothing is known):
+        what its library calls (``extern_kernels.mm``, a fallback kernel) allocate, their
+        outputs and workspaces (cuBLAS's), counts for the module their line came from."""
+        got = self.files.get(file)
+        if got is None:
+            return None
+        lines, paths = got
+
+        def module() -> str | None:
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_code.co_filename != file:
+                frame = frame.f_back
+            if frame is None:
+                return None
+            k = bisect.bisect_right(lines, frame.f_lineno) - 1
+            return paths[k] if k >= 0 else None
+        return module
+
 
 @contextlib.contextmanager
 def inductor_on_fakes(modes: list, compile, rec):
@@ -170,7 +190,11 @@ def inductor_on_fakes(modes: list, compile, rec):
             if not any(id(m) in active for m in modes):
                 for m in modes:
                     stack.enter_context(m)
-            return original_call(self, inputs)
+            before, rec.running = rec.running, lines.running(g.get("__file__"))
+            try:
+                return original_call(self, inputs)
+            finally:
+                rec.running = before
 
     def run(self, *args, **kwargs):  # a fused kernel's launch: nothing to allocate
         return None

@@ -80,6 +80,7 @@ class Recorder(EagerOps, StorageTracker):
         # after the module's own pre-hooks (fxmem.trace.ledger.records.ModuleCall.hook_ops)
         self.recomputing = 0  # > 0 while a checkpointed forward re-runs in backward
         self.inside = None  # a compiled graph's module path while its buffer is made
+        self.running = None  # () -> the module of the compiled graph's line running
         self.saved_tensors = SavedTensors(self, lambda: (self.phase, self.module_stack[-1]),
                                           self._node_of)
         self._unguarded: tuple | None = None  # (symbolic size, suppress_guards context)
@@ -103,6 +104,10 @@ class Recorder(EagerOps, StorageTracker):
     def module(self) -> str:
         if self.inside is not None:  # a buffer of a compiled graph (fxmem.trace.compiled.inductor)
             return self.inside
+        if self.running is not None:  # what a compiled graph's library call allocates
+            path = self.running()
+            if path is not None:
+                return path
         if self.phase == "backward" and self.recomputing:
             return self.module_stack[-1]
         if self.phase == "backward":
