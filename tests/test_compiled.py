@@ -22,6 +22,32 @@ def test_a_compiled_model_is_traced_for_cuda_only():
         fxmem.analyze(_compiled(), torch.zeros(4, 8), loss=lambda o: o.sum(), device="cpu")
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_blocks_compiled_on_their_own_are_refused_in_one_line(device):
+    """Blocks compiled one by one (``torch.compile(block)`` put in the model, as torchtitan
+    does, or ``block.compile()``), or the model compiled in place: fxmem lowers a model
+    compiled whole, and these would run eagerly under its fake tensors, the report the
+    eager step's with nothing said (as it was before this check)."""
+    def stack():
+        return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+    m = stack()
+    m[0] = torch.compile(m[0])
+    m[2].compile()
+    with pytest.raises(fxmem.InputError, match=r"^module 0 \(and 1 more\) is compiled on its "
+                                               r"own: fxmem traces a model compiled whole"):
+        fxmem.analyze(m, torch.zeros(4, 8), loss=lambda o: o.sum(), device=device)
+    whole = stack()
+    whole.compile()
+    with pytest.raises(fxmem.InputError, match=r"^the model is compiled in place"):
+        fxmem.analyze(whole, torch.zeros(4, 8), loss=lambda o: o.sum(), device=device)
+    inner = stack()
+    inner[2] = torch.compile(inner[2])
+    with pytest.raises(fxmem.InputError, match=r"^module 2 is compiled on its own"):
+        fxmem.analyze(torch.compile(inner), torch.zeros(4, 8), loss=lambda o: o.sum(),
+                      device=device)
+
+
 # --- compile= (fxmem.trace.compiled.options) ---
 
 def _linear():

@@ -38,6 +38,39 @@ def is_compiled(model) -> bool:
     return isinstance(model, OptimizedModule)
 
 
+def refuse_compiled_parts(model) -> None:
+    """Raise :class:`fxmem.InputError` when ``model`` holds modules compiled on their own
+    (``torch.compile(block)`` put in the model, ``block.compile()``, or ``model.compile()``):
+    fxmem lowers a model compiled whole (``torch.compile(model)``, or ``compile=``); under
+    the trace's fake tensors those parts would run eagerly and the report would be the
+    eager step's, with nothing said.
+
+    >>> import torch
+    >>> m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    >>> m[0] = torch.compile(m[0])
+    >>> try:
+    ...     refuse_compiled_parts(m)
+    ... except InputError as e:
+    ...     print(str(e).split(":")[0])
+    module 0 is compiled on its own
+    """
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    if not isinstance(model, torch.nn.Module):
+        return
+    top = model._orig_mod if isinstance(model, OptimizedModule) else model
+    parts = [name or "the model" for name, m in top.named_modules()
+             if (isinstance(m, OptimizedModule) and m is not model)
+             or getattr(m, "_compiled_call_impl", None) is not None]
+    if parts:
+        more = f" (and {len(parts) - 1} more)" if len(parts) > 1 else ""
+        what = "the model is compiled in place (model.compile())" if parts[0] == "the model" \
+            else f"module {parts[0]}{more} is compiled on its own"
+        raise InputError(f"{what}: fxmem traces a model compiled whole, torch.compile(model) "
+                         "or compile=; the parts compiled on their own would run eagerly "
+                         "under its fake tensors and the report be the eager step's")
+
+
 def check_compilable(device: str) -> None:
     """Raise :class:`fxmem.InputError` when this process cannot lower a compiled step for
     ``device``: inductor needs a CUDA build of PyTorch that sees a device."""

@@ -38,7 +38,13 @@ from ...errors import (
 from ..blocks.reuse import NoReuse
 from ..blocks.sharded import copied, reuses_under, runs_of
 from ..blocks.splice import splice
-from ..compiled.inductor import check_compilable, inductor_on_fakes, is_compiled, modes_suspended
+from ..compiled.inductor import (
+    check_compilable,
+    inductor_on_fakes,
+    is_compiled,
+    modes_suspended,
+    refuse_compiled_parts,
+)
 from ..kernels.amp import emulate
 from ..kernels.checks import CheckingShapeEnv
 from ..kernels.compat import plain_backward_first, tracing_shims
@@ -189,6 +195,7 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     step = Step.of(step, loss=loss, optimizer=optimizer, train=train, device=device, **options)
     spec = make_spec(model, inputs, targets, step, batch_dim)
     check_parallel(parallel, rank)
+    refuse_compiled_parts(model)  # compiled blocks: not lowered (fxmem.trace.compiled)
     plain_backward_first()  # forks stay usable on a CUDA build (fxmem.trace.kernels.compat)
     if parallel is not None:  # blocks are copied under FSDP2 only (fxmem.trace.blocks.sharded)
         reuse_blocks = reuse_blocks and reuses_under(parallel, spec.train)
