@@ -93,14 +93,11 @@ def _no_check(*args, **kwargs) -> None:
     which these checks (C++ that reads concrete sizes) cannot take."""
 
 
-def _on_fakes(g: dict, inside=None) -> None:
+def _on_fakes(g: dict) -> None:
     """Make a wrapper module's helpers dispatch (so that the trace's modes see them): its
-    C++ fast paths build tensors that no mode sees. ``inside(line)``: a context in which a
-    buffer allocated at that line of the wrapper is recorded (:class:`Lines`)."""
-    def empty_strided_cuda(size, stride, dtype):
-        with inside(sys._getframe(1).f_lineno) if inside else contextlib.nullcontext():
-            return torch.empty_strided(size, stride, dtype=dtype, device="cuda")
-    g["empty_strided_cuda"] = empty_strided_cuda
+    C++ fast paths build tensors that no mode sees."""
+    g["empty_strided_cuda"] = lambda size, stride, dtype: torch.empty_strided(
+        size, stride, dtype=dtype, device="cuda")
     g["reinterpret_tensor"] = lambda t, size, stride, offset=0: torch.as_strided(
         t, size, stride, offset)
     for name in [n for n in g if n.startswith("assert_") and callable(g[n])]:
@@ -134,39 +131,22 @@ def module_path(node) -> str | None:
 class Lines:
     """Module paths of the lines of the wrappers inductor wrote: inductor marks where each
     fused node's code begins (``wrapper_code.line_map``: line, the node's last FX origin),
-    so a buffer allocated at a line belongs to the module of the mark before it. While
-    ``inside(line)`` the recorder's ops read as that module's (``Recorder.inside``)."""
+    so what a line allocates (a buffer, a library call's output and workspace) belongs to
+    the module of the mark before it (:meth:`running`, ``Recorder.running``)."""
 
-    def __init__(self, rec):
-        self.rec, self.files = rec, {}
+    def __init__(self):
+        self.files = {}
 
     def add(self, file: str, line_map) -> None:
         marks = sorted((line, module_path(node)) for line, node in line_map
                        if hasattr(node, "meta"))
         self.files[file] = ([m[0] for m in marks], [m[1] for m in marks])
 
-    def at(self, file: str):
-        """``inside(line)`` for the wrapper in ``file``, or None (nothing known of it)."""
-        got = self.files.get(file)
-        if got is None:
-            return None
-        lines, paths = got
-
-        @contextlib.contextmanager
-        def inside(line):
-            k = bisect.bisect_right(lines, line) - 1
-            before, self.rec.inside = self.rec.inside, paths[k] if k >= 0 else None
-            try:
-                yield
-            finally:
-                self.rec.inside = before
-        return inside
-
     def running(self, file: str):
         """``() -> module path``: the module of the line the wrapper in ``file`` is running
         (the wrapper's frame found on the stack; None outside it or where nothing is known):
-        what its library calls (``extern_kernels.mm``, a fallback kernel) allocate, their
-        outputs and workspaces (cuBLAS's), counts for the module their line came from."""
+        what the line allocates counts for it, its buffers (``empty_strided_cuda``) and its
+        library calls' outputs and workspaces (``extern_kernels.mm``, cuBLAS's)."""
         got = self.files.get(file)
         if got is None:
             return None
@@ -196,7 +176,7 @@ def inductor_on_fakes(modes: list, compile, rec):
     in a real run: it makes the constants it folds for real on the device, with the fake mode
     off (a few bytes), and without it the joint graph differs from a real run's, and so,
     under a partitioner budget below 1.0, does the backward's order (GPT-2 small at 0.5:
-    3,146,240 B over at B=2). ``rec``: the trace's recorder, in which each buffer a wrapper
+    3,146,240 B over at B=2). ``rec``: the trace's recorder, in which what a wrapper
     allocates counts for the module its code came from (:class:`Lines`). Everything is
     restored on exit."""
     from torch._functorch import config as functorch_config
@@ -208,7 +188,7 @@ def inductor_on_fakes(modes: list, compile, rec):
 
     original_call, original_run = CompiledFxGraph.__call__, CachingAutotuner.run
     original_lines = GraphLowering._compile_to_module_lines
-    lines = Lines(rec)
+    lines = Lines()
 
     def compile_lines(self, wrapper_code):
         mod = original_lines(self, wrapper_code)
@@ -217,7 +197,7 @@ def inductor_on_fakes(modes: list, compile, rec):
 
     def call(self, inputs):
         g = _wrapper_globals(self)
-        _on_fakes(g, lines.at(g.get("__file__")))
+        _on_fakes(g)
         with contextlib.ExitStack() as stack:
             active = {id(m) for m in _get_current_dispatch_mode_stack()}
             if not any(id(m) in active for m in modes):

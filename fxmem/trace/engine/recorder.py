@@ -79,7 +79,6 @@ class Recorder(EagerOps, StorageTracker):
         self.forward_starts: dict[int, int] = {}  # call depth -> op its forward began at,
         # after the module's own pre-hooks (fxmem.trace.ledger.records.ModuleCall.hook_ops)
         self.recomputing = 0  # > 0 while a checkpointed forward re-runs in backward
-        self.inside = None  # a compiled graph's module path while its buffer is made
         self.running = None  # () -> the module of the compiled graph's line running
         self.saved_tensors = SavedTensors(self, lambda: (self.phase, self.module_stack[-1]),
                                           self._node_of)
@@ -102,9 +101,7 @@ class Recorder(EagerOps, StorageTracker):
         self._phase = name
 
     def module(self) -> str:
-        if self.inside is not None:  # a buffer of a compiled graph (fxmem.trace.compiled.inductor)
-            return self.inside
-        if self.running is not None:  # what a compiled graph's library call allocates
+        if self.running is not None:  # a compiled graph's (fxmem.trace.compiled.inductor)
             path = self.running()
             if path is not None:
                 return path
