@@ -89,9 +89,10 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     2
     """
     step = Step.of(step, loss=loss, optimizer=optimizer, train=train, device=device, **options)
-    return analyze_request(TraceRequest(model, inputs, targets, step=step, checkpoint=checkpoint,
-                                 batch_hint=batch_hint, dims=dims, batch_dim=batch_dim,
-                                 reuse_blocks=reuse_blocks, parallel=parallel), retrace)
+    request = TraceRequest(model, inputs, targets, step=step, checkpoint=checkpoint,
+                           batch_hint=batch_hint, dims=dims, batch_dim=batch_dim,
+                           reuse_blocks=reuse_blocks, parallel=parallel)
+    return analyze_request(request, retrace)
 
 
 def analyze_request(request: TraceRequest, retrace: bool = False):
@@ -148,7 +149,8 @@ def analyze_request(request: TraceRequest, retrace: bool = False):
 
 
 def _trace(request: TraceRequest):
-    """``request`` traced (by this module's :func:`trace`, which tests count)."""
+    """``request`` traced (by this module's :func:`trace`, which tests and the benchmarks'
+    logging count)."""
     return trace(request.model, request.inputs, request.targets, **request.options())
 
 

@@ -102,12 +102,13 @@ def whatif(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, *, B: int,  #
     k = grad_accum
     micro = max(1, B // k)
     row("gradient accumulation",
-        analyze_request(request.but(step=Step.of(step, grad_accum=k))), micro,
+        analyze_request(request.but(grad_accum=k)), micro,
         f"{k} micro-batches of {micro}; largest batch = {k} x the largest micro-batch", k)
     evaluation = Step.of(step, loss=None, optimizer=None, train=False, grad_accum=1,
                          grad_scaler=None, set_to_none=True)
-    no_targets = request.but(targets=(), batch_dim=spec.batch_dims[:len(spec.inputs)])
-    row("no_grad evaluation", analyze_request(no_targets.but(step=evaluation)), B,
+    evaluated = request.but(targets=(), batch_dim=spec.batch_dims[:len(spec.inputs)],
+                            step=evaluation)  # no targets
+    row("no_grad evaluation", analyze_request(evaluated), B,
         "inference under torch.no_grad(): no backward, no optimizer")
     plan = checkpoint
     if plan is None:

@@ -64,10 +64,3 @@ class TraceRequest:
         targets."""
         return {f.name: getattr(self, f.name) for f in fields(self)
                 if f.name not in ("model", "inputs", "targets")}
-
-    def trace(self, **changes):
-        """This request (with ``changes``) traced: a :class:`fxmem.trace.Trace`."""
-        from .tracer import trace
-
-        r = self.but(**changes) if changes else self
-        return trace(r.model, r.inputs, r.targets, **r.options())
