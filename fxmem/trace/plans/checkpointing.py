@@ -190,9 +190,14 @@ def checkpointing(model: torch.nn.Module, plan, region=None, held=None):
                 continue
             name, mod = mods[0]
             # the module inside a checkpoint_wrapper is called, its own hooks run inside
-            # the checkpoint (and again in its re-run), as CheckpointWrapper.forward does
-            inner = mod._checkpoint_wrapped_module if isinstance(
-                mod, CheckpointWrapper) else uncached(mod, own_forward(mod))
+            # the checkpoint (and again in its re-run), as CheckpointWrapper.forward does;
+            # without its cache when apply_checkpoints wrapped it (its checkpoint_fn)
+            if isinstance(mod, CheckpointWrapper):
+                inner = mod._checkpoint_wrapped_module
+                if getattr(mod.checkpoint_fn, "func", None) is _checkpoint_uncached:
+                    inner = uncached(inner, inner)
+            else:
+                inner = uncached(mod, own_forward(mod))
             run = region(user_path(name), inner) if region else inner
             mod.forward = functools.partial(_checkpointed, run, fn)
         yield Plan.of(simple(t[0]) for t in targets)
