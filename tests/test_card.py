@@ -119,6 +119,9 @@ def test_no_b_when_the_state_alone_is_over_the_budget(seed):
     with pytest.raises(fxmem.InfeasibleBudgetError, match="optimizer state alone take") as e:
         no_below.max_batch_size(state - 1)
     assert e.value.minimum_bytes == state
+    with pytest.raises(fxmem.InfeasibleBudgetError, match="optimizer state alone take") as e:
+        no_below.max_batch_size(state - 1, by="allocated")  # max_memory_allocated's answer
+    assert e.value.minimum_bytes == state
     with pytest.raises(fxmem.InfeasibleBudgetError, match="runs out while placing"):
         seed.max_batch_size(state)  # the state fits; the batch does not
 

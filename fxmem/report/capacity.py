@@ -170,6 +170,8 @@ def allocated_max_batch_size(report, budget_bytes: int, config=None, compute_cap
     def fits(b):
         return allocated(b) <= budget_bytes
 
+    if report.min_batch_size > 1 and not fits(report.min_batch_size):
+        _no_state_room(report, budget_bytes)  # before tracing a smaller B to find out
     lo = report.start_batch_size(fits)
     if lo is None:
         least = allocated(report.least_batch_size)
