@@ -3,6 +3,7 @@ the same step (gloo, on this machine's CPU, fxmem.measure(..., parallel=...)), t
 byte, at batch sizes other than the traced one; ranks with uneven shards included."""
 
 import dataclasses
+import functools
 import gc
 
 import pytest
@@ -65,6 +66,39 @@ def test_stack_per_rank(parallel):
     # 30 rows over 4 ranks: 8, 8, 8, 6; 10 rows: 3, 3, 3, 1. The last rank differs.
     groups = [g.ranks for g in r.groups]
     assert groups == ([(0, 1)] if parallel.world_size == 2 else [(0, 1, 2), (3,)])
+
+
+@pytest.mark.parametrize("optimizer", [
+    torch.optim.SGD, functools.partial(torch.optim.SGD, momentum=0.9), torch.optim.Adam,
+    torch.optim.AdamW, torch.optim.Adagrad, torch.optim.RMSprop, torch.optim.NAdam,
+    torch.optim.RAdam, torch.optim.Adamax,
+], ids=lambda o: getattr(o, "__name__", None) or f"{o.func.__name__}-{o.keywords}")
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_optimizer_steps_on_local_shards(optimizer, device, monkeypatch):
+    """An elementwise optimizer's step runs on the ranks' local shards, not through DTensor
+    (fxmem.trace.parallel.local_step): every rank's bytes as the real DTensor step's over
+    gloo; Adamax (not elementwise: its foreach step stacks tensors) runs through DTensor."""
+    from fxmem.trace.parallel import local_step
+
+    ran = []
+    locals_ = local_step._locals
+    monkeypatch.setattr(local_step, "_locals", lambda *a: ran.append(1) or locals_(*a))
+    elementwise = getattr(optimizer, "func", optimizer) in local_step.ELEMENTWISE
+    if device == "cpu":
+        _exact(Stack(), *_batch(), FSDP(4), batches=(3,), optimizer=optimizer)
+    else:  # CUDA's foreach step: the recorded ops those of the step through DTensor
+        ops = {}
+        for on in (True, False):
+            if not on:
+                monkeypatch.setattr(local_step, "ELEMENTWISE", ())
+            r = fxmem.analyze(Stack(), *_batch(), parallel=FSDP(2), loss=F.cross_entropy,
+                              optimizer=optimizer, device="cuda")
+            t = r.rank(1).trace
+            ops[on] = [(op.op, op.phase, [str(t.storages[s].size.expr) for s in op.new_sids])
+                       for op in t.ops], r.peak_bytes(5, rank=1)
+            assert any(o[1] == "optimizer" for o in ops[on][0])
+        assert ops[True] == ops[False]
+    assert bool(ran) == elementwise
 
 
 @pytest.mark.parametrize("parallel,groups", [

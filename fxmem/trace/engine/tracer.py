@@ -59,6 +59,7 @@ from ..ledger.records import B_RANGE_MAX, Trace
 from ..ledger.tracking import frozen_gc, storage_resizes
 from ..parallel.ddp import local_optimizer, wrapper_name
 from ..parallel.fsdp import check_parallel, sharded, unwrapped
+from ..parallel.local_step import on_local_shards
 from ..parallel.offload import offloaded
 from ..parallel.tp import metadata_unrecorded
 from ..parallel.wrapped import AsWrapped
@@ -356,6 +357,8 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     with mode:
         opt = make_optimizer(spec.optimizer, fakes.param_list, spec.device, spec) \
             if spec.optimizer else None
+        if opt is not None and prepared:  # a rank's DTensor shards (fxmem.trace.parallel)
+            on_local_shards(opt)
         scaler = make_grad_scaler(spec, "cpu", fake=True)
     for name, t in scaler_tensors(scaler).items():
         rec.register_named(t, "optimizer_state", name)

@@ -4,6 +4,7 @@
   :class:`FSDP` (FSDP2's ``fully_shard`` over a fake process group), the fake world and the
   sharded meta copy; :mod:`~fxmem.trace.parallel.ddp`: :class:`DDP` and ZeRO-1;
   :mod:`~fxmem.trace.parallel.tp`: :class:`TP` and :class:`Parallel` (FSDP2 x TP);
+- :mod:`~fxmem.trace.parallel.local_step`: a rank's optimizer step over its local shards;
 - :mod:`~fxmem.trace.parallel.offload`: FSDP2's CPU offload; :mod:`~fxmem.trace.parallel.wrapped`:
   a model the user wrapped already, analysed as it is.
 
@@ -14,9 +15,11 @@ against the same rank run for real over gloo (``tests/test_fsdp.py``, ``test_ddp
 
 from .ddp import Kept, local_optimizer
 from .fsdp import DDP, FSDP, check_parallel
+from .local_step import on_local_shards
 from .offload import host_storages, offloaded
 from .tp import TP, Parallel
 from .wrapped import AsWrapped, as_wrapped, refuse_wrapped
 
 __all__ = ["AsWrapped", "DDP", "FSDP", "Kept", "Parallel", "TP", "as_wrapped", "check_parallel",
-           "host_storages", "local_optimizer", "offloaded", "refuse_wrapped"]
+           "host_storages", "local_optimizer", "offloaded",
+           "on_local_shards", "refuse_wrapped"]
