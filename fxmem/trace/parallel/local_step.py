@@ -6,14 +6,14 @@ placements, and an elementwise optimizer's ops (Adam's ``_foreach_lerp_``, ``_fo
 so nothing is allocated but what the local op allocates. DTensor's sharding propagation of
 those ops is what costs: under a ``FakeTensorMode`` it is not cached
 (``torch.distributed.tensor._sharding_prop``, ``_are_we_tracing``), and the foreach ops
-over an 8B model's 291 shards took 5.8 s of a 23 s rank trace (py-spy). So a step whose
+over an 8B model's 291 shards took 5.2 to 5.8 s of a 23 s rank trace (py-spy). So a step whose
 parameters, gradients and state are DTensors of the same placements, of an optimizer whose
 ops are elementwise (:data:`ELEMENTWISE`), runs on the local tensors: the local shards stand
 in for the parameters, their gradients' local shards for the gradients, and the state the
 step makes is wrapped back into DTensors of each parameter's placements afterwards. Any
-other step (TP's partial gradients, a mix of DTensors and tensors, another optimizer) runs
-through DTensor as before. ``tests/test_fsdp.py`` checks the ranks' bytes against the same
-steps run for real over gloo.
+other step (a gradient or a state of other placements, a mix of DTensors and tensors,
+another optimizer) runs through DTensor as before. ``tests/test_fsdp.py`` checks the ranks'
+bytes against the same steps run for real over gloo.
 """
 
 from __future__ import annotations
