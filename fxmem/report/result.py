@@ -18,7 +18,7 @@ from ..formula.readable import readable
 from ..formula.symbols import B, dim_symbol
 from ..memory.dims import DimsFormula
 from ..memory.liveness import PARTS, Liveness, parts_of
-from .points import Breakdown, PeakRegime, TimelinePoint, breakdown_of, regimes_of
+from .points import Breakdown, TimelinePoint, breakdown_of, regimes_of
 from .recent import Recent
 from .text import render_text
 

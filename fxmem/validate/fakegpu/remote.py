@@ -25,8 +25,8 @@ import tempfile
 from pathlib import Path
 
 from ...errors import InputError
-from .run import CHILD, DEFAULT_BUILD_DIR, MARK, FakeGPUError, call, stub_env
 from .build import build
+from .run import CHILD, DEFAULT_BUILD_DIR, MARK, FakeGPUError, call, stub_env
 
 FXMEM_ROOT = Path(__file__).resolve().parents[3]  # the folder that holds the fxmem package
 

@@ -9,7 +9,6 @@ symbolic sizes. :mod:`fxmem.trace.kernels.cuda.reductions` applies it per op.
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch

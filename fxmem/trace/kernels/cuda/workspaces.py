@@ -32,15 +32,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-import operator
 from fractions import Fraction
-from functools import reduce
 
 import torch
 from torch._prims_common import compute_elementwise_output_strides
 from torch.fx.experimental.symbolic_shapes import statically_known_true as _known
 
-from ..compat import TORCH
 from .norms import (
     _batch_norm_backward,
     _group_norm,
