@@ -22,6 +22,8 @@ which of them it is, and with ``max_recompute`` carries the checkpoint plan that
 
 from __future__ import annotations
 
+import functools
+
 from ..errors import FxmemError, InfeasibleBudgetError, InputError
 from ..formula.search import largest
 
@@ -163,16 +165,15 @@ def allocated_max_batch_size(report, budget_bytes: int, config=None, compute_cap
                              cudnn_workspace: int = 0) -> int:
     """:meth:`fxmem.Report.cuda_max_batch_size` (a report in B alone): the largest B whose
     predicted ``max_memory_allocated()`` fits ``budget_bytes``."""
-    def allocated(b):
+    @functools.cache
+    def allocated(b):  # one replay per B
         return report.cuda_memory(b, config, compute_capability,
                                   cudnn_workspace=cudnn_workspace).max_allocated
 
     def fits(b):
         return allocated(b) <= budget_bytes
 
-    if report.min_batch_size > 1 and not fits(report.min_batch_size):
-        _no_state_room(report, budget_bytes)  # before tracing a smaller B to find out
-    lo = report.start_batch_size(fits)
+    lo = _start(report, fits, budget_bytes)
     if lo is None:
         least = allocated(report.least_batch_size)
         raise InfeasibleBudgetError(
@@ -196,9 +197,7 @@ def device_max_batch_size(report, budget_bytes: int, *, config=None, compute_cap
                                             cudnn_workspace=cudnn_workspace)
         return runs[b]
 
-    if report.min_batch_size > 1 and not run(report.min_batch_size).fits:
-        _no_state_room(report, budget_bytes)  # before tracing a smaller B to find out
-    lo = report.start_batch_size(lambda b: run(b).fits)
+    lo = _start(report, lambda b: run(b).fits, budget_bytes)
     if lo is None:
         lo = report.least_batch_size
         first = run(lo)
@@ -221,6 +220,16 @@ def device_max_batch_size(report, budget_bytes: int, *, config=None, compute_cap
         hint = None
     b, limit = search(lambda x: run(x).fits, lo, hint, report.max_valid_batch_size)
     return MaxBatchSize(b, by="device", budget_bytes=budget_bytes, gpu=gpu, limit=limit)
+
+
+def _start(report, fits, budget_bytes: int) -> int | None:
+    """Where the search for the largest B with ``fits(B)`` starts
+    (:meth:`fxmem.Report.start_batch_size`), once :func:`_no_state_room` has said that no B
+    runs when the state alone is over ``budget_bytes``: before a smaller B is traced to find
+    out."""
+    if report.min_batch_size > 1 and not fits(report.min_batch_size):
+        _no_state_room(report, budget_bytes)
+    return report.start_batch_size(fits)
 
 
 def _no_state_room(report, budget_bytes: int) -> None:
