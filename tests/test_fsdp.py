@@ -219,6 +219,45 @@ def test_cuda_step_on_shards():
     assert r.max_batch_size(gpu="H100-80GB") > 1000
 
 
+def _recorded(t) -> tuple:
+    """A trace's ops and storages, everything but object identities."""
+    ops = [(o.op, o.phase, o.module, o.out_sids, o.new_sids, o.in_sids, o.written_sids,
+            o.autograd_node, o.blas, o.reduce) for o in t.ops]
+    storages = [(str(s.size.expr), s.category, s.name, s.module, s.created_by, s.freed_after,
+                 s.saved, s.unref_after, s.resized_away, s.stream) for s in t.storages]
+    return ops, storages
+
+
+@pytest.mark.parametrize("kind,parallel,device", [
+    ("stack", FSDP(4), "cpu"),
+    ("stack", FSDP(4), "cuda"),
+    ("stack", FSDP(4, reshard_after_forward=False), "cpu"),
+    ("stack", FSDP(4, reshard_after_forward=2), "cuda"),
+    ("stack", FSDP(2, param_dtype=torch.bfloat16, reduce_dtype=torch.float32), "cuda"),
+    ("stack", FSDP(4, replicate=2), "cpu"),
+    ("llama", FSDP(4), "cuda"),
+    ("llama", FSDP(2, param_dtype=torch.bfloat16, reduce_dtype=torch.float32), "cuda"),
+], ids=lambda v: getattr(v, "name", v))
+def test_initialisation_stands_for_the_warm_up_step(parallel, device, kind):
+    """A rank's step is traced after FSDP2's own initialisation (lazy init, each module
+    gathered and freed: fxmem.trace.parallel.fsdp.initialise), not after a whole unrecorded
+    step (``warm_up=True``): both record the same ops and storages, on every rank group,
+    on the CPU's and CUDA's kernels."""
+    from fxmem.trace.engine import trace
+
+    if kind == "stack":
+        model, (x, y), step = Stack(), _batch(), dict(loss=F.cross_entropy)
+    else:
+        model, step = _hf("llama"), dict(loss=_lm_loss)
+        x = y = torch.randint(0, 128, (2, 16))
+    step.update(optimizer=torch.optim.AdamW, device=device, parallel=parallel,
+                reuse_blocks=False)
+    for ranks in parallel.rank_groups(model):
+        initialised = trace(model, x, y, rank=ranks[0], **step)
+        stepped = trace(model, x, y, rank=ranks[0], warm_up=True, **step)
+        assert _recorded(initialised) == _recorded(stepped), ranks
+
+
 def test_nothing_changes_outside():
     """The user's model keeps its parameters and class; no process group is left; the
     storage method fxmem wraps while tracing is PyTorch's again."""

@@ -58,7 +58,7 @@ from ..kernels.values import eager_branches
 from ..ledger.records import B_RANGE_MAX, Trace
 from ..ledger.tracking import frozen_gc, storage_resizes
 from ..parallel.ddp import local_optimizer, wrapper_name
-from ..parallel.fsdp import check_parallel, sharded, unwrapped
+from ..parallel.fsdp import check_parallel, initialise, is_fsdp_root, sharded, unwrapped
 from ..parallel.local_step import on_local_shards
 from ..parallel.offload import offloaded
 from ..parallel.tp import metadata_unrecorded
@@ -345,8 +345,13 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     # (zero_grad_at="backward": the previous step's gradients live until the first backward)
     kept_grads = spec.train and (not spec.set_to_none or spec.zero_grad_at == "backward")
     warm = warm_up or prepared or kept_grads
+    # a rank's FSDP2 step that keeps nothing across steps needs FSDP2's own initialisation
+    # before it, not a whole step (fxmem.trace.parallel.fsdp.initialise); a buffer its
+    # forward assigns then traces again with the step (BufferAssigned)
+    only_init = prepared and not warm_up and not kept_grads and kept is None \
+        and is_fsdp_root(wrapper)
     fakes.register(rec, prepared, warm)
-    CallHooks(rec, model).install(wrapper, prepared, handles, watch=not warm)
+    CallHooks(rec, model).install(wrapper, prepared, handles, watch=not warm or only_init)
 
     def forward(*args):
         if compiled:  # dynamo captures with no mode on (fxmem.trace.compiled.inductor)
@@ -380,7 +385,8 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
         run = functools.partial(run_step, forward, spec_run, fakes.inputs, fakes.targets,
                                 fakes.param_list)
         if warm:  # one unrecorded forward and backward, as fxmem.measure's warm-up step
-            _warm_up(rec, run, model, wrapper, fakes, kept, kept_grads, prepared, warm_steps)
+            _warm_up(rec, run, model, wrapper, fakes, kept, kept_grads, prepared, warm_steps,
+                     only_init)
         if needs_closure(opt):
             _closure_warm_up(rec, run, opt, fakes.param_list)
         out = run(opt, phases, micro_steps=min(spec.grad_accum, 2), scaler=scaler)
@@ -527,13 +533,16 @@ def _entered(contexts: list):
 
 
 def _warm_up(rec: Recorder, run, model, wrapper, fakes: _Fakes, kept, kept_grads: bool,
-             prepared: bool, steps: int) -> None:
-    """``steps`` unrecorded forwards and backwards (DDP: until its buckets are rebuilt),
+             prepared: bool, steps: int, only_init: bool = False) -> None:
+    """``steps`` unrecorded forwards and backwards (DDP: until its buckets are rebuilt;
+    ``only_init``: none, the FSDP2 root's initialisation instead),
     then the storages they leave named: a rank's shards, the gradients the recorded step
     starts with, the buffers, the wrapper's own storages (DDP's gradient buckets)."""
     rec.recording = False
     with kept if kept is not None else contextlib.nullcontext():
-        for _ in range(steps):
+        if only_init:
+            initialise(wrapper)
+        for _ in range(0 if only_init else steps):
             run(None, lambda name: None, micro_steps=1)
     rec.recording = True
     for n, p in fakes.params.items() if prepared else ():

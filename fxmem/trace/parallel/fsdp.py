@@ -250,6 +250,33 @@ def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 
+def is_fsdp_root(module: torch.nn.Module) -> bool:
+    """Is ``module`` ``fully_shard``-ed (an FSDP2 root when it is the outermost)?
+
+    >>> is_fsdp_root(torch.nn.Linear(2, 2))
+    False
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
+def initialise(root: torch.nn.Module) -> None:
+    """FSDP2's state as a training step leaves it, made without running one: the root's
+    lazy initialisation (``FSDPState._lazy_init``: the root, the shared streams, each
+    parameter's padded shard), then every ``fully_shard``-ed module's parameters gathered
+    and freed again (``FSDPModule.unshard`` and ``reshard``: the gathered parameters made,
+    their storages resized to 0, as a step's reshard leaves them). A step after this one
+    allocates and frees what a step after a real step does, op for op (checked against
+    the warm-up step it replaces: ``tests/test_fsdp.py``). ``root``: an FSDP2 root
+    (:func:`is_fsdp_root`)."""
+    root._get_fsdp_state()._lazy_init()
+    for m in root.modules():
+        if is_fsdp_root(m):
+            m.unshard()
+            m.reshard()
+
+
 def empty_tied(model: torch.nn.Module) -> None:
     """``model.to_empty(device="cpu")`` that keeps tied parameters tied: ``to_empty`` makes
     a new ``Parameter`` for each module that holds one when the device type changes
