@@ -56,6 +56,24 @@ def test_workspace_sizes_follow_the_gpu_and_the_environment(monkeypatch):
     assert none.workspaces == () and none.max_allocated == r.peak_bytes(8)
 
 
+def test_a_replay_runs_once_per_question(monkeypatch):
+    """A report asked the same replay again (its headline, its ways out and its batch-size
+    answers ask it several times) gets the first one's answer; another B, capacity,
+    GPU or workspace size is another replay."""
+    from fxmem.device import allocator
+
+    r, made = _report(), []
+    real = allocator._Replay.__init__
+    monkeypatch.setattr(allocator._Replay, "__init__",
+                        lambda self, *a, **k: made.append(a[1]) or real(self, *a, **k))
+    first, run = r.cuda_memory(8), r.runs_on_device(8, 2**30)
+    assert r.cuda_memory(8) is first and r.runs_on_device(8, 2**30) is run
+    assert made == [8, 8]
+    r.cuda_memory(9), r.runs_on_device(8, 2**29), r.cuda_memory(8, compute_capability=(8, 0))
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:2")
+    assert r.cuda_memory(8) != first and len(made) == 6
+
+
 def test_inference_and_matmul_free_models():
     model, x, _, _ = ZOO["mlp"]()
     inf = fxmem.analyze(model, x, train=False).cuda_memory(8)
