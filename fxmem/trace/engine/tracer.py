@@ -345,11 +345,9 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     # (zero_grad_at="backward": the previous step's gradients live until the first backward)
     kept_grads = spec.train and (not spec.set_to_none or spec.zero_grad_at == "backward")
     warm = warm_up or prepared or kept_grads
-    # a rank's FSDP2 step that keeps nothing across steps needs FSDP2's own initialisation
-    # before it, not a whole step (fxmem.trace.parallel.fsdp.initialise); a buffer its
-    # forward assigns then traces again with the step (BufferAssigned)
-    only_init = prepared and not warm_up and not kept_grads and kept is None \
-        and is_fsdp_root(wrapper)
+    # FSDP2 keeping nothing across steps: its own initialisation, not a whole step, before
+    # the recorded one (fxmem.trace.parallel.fsdp.initialise; BufferAssigned: traced again)
+    only_init = prepared and not (warm_up or kept_grads) and kept is None and is_fsdp_root(wrapper)
     fakes.register(rec, prepared, warm)
     CallHooks(rec, model).install(wrapper, prepared, handles, watch=not warm or only_init)
 
@@ -535,9 +533,9 @@ def _entered(contexts: list):
 def _warm_up(rec: Recorder, run, model, wrapper, fakes: _Fakes, kept, kept_grads: bool,
              prepared: bool, steps: int, only_init: bool = False) -> None:
     """``steps`` unrecorded forwards and backwards (DDP: until its buckets are rebuilt;
-    ``only_init``: none, the FSDP2 root's initialisation instead),
-    then the storages they leave named: a rank's shards, the gradients the recorded step
-    starts with, the buffers, the wrapper's own storages (DDP's gradient buckets)."""
+    ``only_init``: FSDP2's initialisation instead), then the storages they leave named: a
+    rank's shards, the gradients the recorded step starts with, the buffers, the wrapper's
+    own storages (DDP's gradient buckets)."""
     rec.recording = False
     with kept if kept is not None else contextlib.nullcontext():
         if only_init:
