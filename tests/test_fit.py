@@ -252,10 +252,11 @@ def test_fewest_ranks_counts_the_optimizer_temporaries_that_shard():
                       optimizer=torch.optim.AdamW)
     budget, analysed = 1_500_000, {}
 
-    def again(parallel):  # each world size analysed once, by the search or by this test
-        if parallel.world_size not in analysed:
-            analysed[parallel.world_size] = r.reanalyze(parallel=parallel)
-        return analysed[parallel.world_size]
+    def again(parallel, **kw):  # each world size analysed once by the search (B=1 alone:
+        key = parallel.world_size, tuple(kw.items())  # concrete_batch), once by this test
+        if key not in analysed:
+            analysed[key] = r.reanalyze(parallel=parallel, **kw)
+        return analysed[key]
 
     def need(w):
         return max(g.peak_bytes(1) for g in _reports(again(fxmem.FSDP(w))))
@@ -327,3 +328,61 @@ def test_more_gpus_with_a_plan_are_not_traced_when_the_checkpoint_way_re_runs_le
     assert ("FSDP2 with a checkpoint plan: on 2 GPUs a plan re-running no more fits "
             "(the checkpoint way)") in f.none
     assert traced.count(True) == 1, traced
+
+
+def _counting(monkeypatch) -> list:
+    """The keyword options of every trace fxmem.analyze's module makes from now on."""
+    import importlib
+
+    analyze_module = importlib.import_module("fxmem.analyze")
+    traced, real = [], analyze_module.trace
+
+    def counted(*args, **kwargs):
+        traced.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(analyze_module, "trace", counted)
+    return traced
+
+
+def test_a_batch_below_the_formulas_is_traced_once(monkeypatch):
+    """A Llama's formulas hold from B=2; B=1 is traced as an int, once for the analysis,
+    whichever report derived from it asks (its length's, its plans')."""
+    from test_fsdp import _hf, _lm_loss
+
+    ids = torch.randint(0, 128, (2, 16))
+    r = fxmem.analyze(_hf("llama"), ids, ids, loss=_lm_loss, device="cpu",
+                      dims={"L": [(0, 1), (1, 1)]})
+    assert r.at(L=16).min_batch_size == 2
+    traced = _counting(monkeypatch)
+    one = r.peak_bytes(1, L=16)
+    assert [t.get("concrete_batch") for t in traced] == [1]
+    at = r.at(L=16)
+    plan = ["model.layers.0"]
+    assert at.peak_bytes(1) == one and at.with_plan(plan).peak_bytes(1) <= one
+    assert len(traced) == 1
+
+
+def test_fewest_gpus_at_a_batch_below_the_formulas_traces_that_batch_alone(monkeypatch):
+    """At B=1, below where the Llama's formulas hold, each number of GPUs the FSDP2 search
+    tries is traced at B=1 alone (one trace a rank group), not first for the formulas; its
+    answer is checked by analyses of its own: it fits and one GPU fewer does not."""
+    from test_fsdp import _hf, _lm_loss
+
+    ids = torch.randint(0, 128, (2, 16))
+    model, step = _hf("llama"), dict(loss=_lm_loss, device="cpu", optimizer=torch.optim.AdamW)
+    two, four = (fxmem.analyze(model, ids, ids, parallel=fxmem.FSDP(w), **step).peak_bytes(1)
+                 for w in (2, 4))
+    assert four < two
+    r = fxmem.analyze(model, ids, ids, parallel=fxmem.FSDP(2), **step)
+    budget = (two + four) // 2
+    traced = _counting(monkeypatch)
+    f = r.fits(1, budget, by="live")
+    way = f.way("fsdp")
+    assert not f and way is not None and 2 < way.value <= 4
+    assert traced and all(t.get("concrete_batch") == 1 for t in traced), traced
+    assert len(traced) == len({(t["parallel"].world_size, t["rank"], bool(t.get("checkpoint")))
+                               for t in traced})
+    fits, fewer = (fxmem.analyze(model, ids, ids, parallel=fxmem.FSDP(w), **step).peak_bytes(1)
+                   for w in (way.value, way.value - 1))
+    assert fits <= budget < fewer

@@ -121,7 +121,8 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
     ``named``: the report in named dims that ``report`` is at ``dims`` (the longest-length
     way needs it; ``limit``: the model's own maximum length). ``reanalyze(**options)``: the
     step analysed again with other :func:`fxmem.analyze` options (``parallel=``,
-    ``checkpoint=``), for the FSDP2 ways; :func:`fxmem.analyze` gives reports one
+    ``checkpoint=``; and ``concrete_batch=B`` for a ``B`` below where the formulas hold:
+    traced at that B alone), for the FSDP2 ways; :func:`fxmem.analyze` gives reports one
     (``Report.reanalyze``). ``ways=False``: only whether it fits. ``progress(what)``: called
     with what is being searched as each search starts (the CLI's status line)."""
     if isinstance(B, bool) or not isinstance(B, int) or B < 1:
@@ -285,11 +286,15 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_)
     base = strategy or FSDP(1)
     plan = report.plan
     memo = Recent()
+    # a B below where the formulas hold is traced as an int (Report._small): on other numbers
+    # of GPUs too, where the search asks for it alone, so the formula's trace is not made
+    changes = {"checkpoint": plan} if plan else {}
+    if b < min(r.min_batch_size for r in _reports(report)):
+        changes["concrete_batch"] = b
 
     def at(w):
         if w not in memo:
-            r = reanalyze(parallel=replace(base, world_size=w),
-                          **({"checkpoint": plan} if plan else {}))
+            r = reanalyze(parallel=replace(base, world_size=w), **changes)
             memo[w] = r.at(**dims) if dims else r
         return memo[w]
 
@@ -391,7 +396,7 @@ def _guess(report, b: int, budget: int, start: int) -> int | None:
     from ..memory.liveness import sharded_peak
 
     w0 = getattr(getattr(report, "strategy", None), "world_size", 1)
-    peaks = [sharded_peak(r.liveness, b) for r in _reports(report) if r._small(b) is None]
+    peaks = [sharded_peak((r._small(b) or r).liveness, b) for r in _reports(report)]
     if not peaks:
         return None
     lo, hi = start, MAX_WORLD_SIZE + 1  # hi: known within the budget (or past the search)

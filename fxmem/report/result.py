@@ -79,19 +79,19 @@ class Report:
 
             t = specialize(self.named.trace, **values)
             lv = liveness(build_graph(t), self.device)
-            below = self.below and (lambda b, f=self.below: f(b).at(**values))
+            below = self.below and (lambda b: self._traced_at(b).at(**values))
             again = self.reanalyze and (lambda f=self.reanalyze, **kw: f(**kw).at(**values))
             self._at[key] = Report(lv, parts_of(lv), t.guards, below=below, reanalyze=again)
         return self._at[key]
 
     def _small(self, B) -> "Report | None":  # noqa: N803
-        """For a ``B`` below :attr:`min_batch_size`, where the formulas do not hold, the
-        step traced with B the int ``B`` (cached); None for any other B."""
+        """The step traced at B (cached) below min_batch_size (no formula there), else None."""
         b = _check_b(B)
-        if self.below is None or b >= self.min_batch_size:
-            return None
-        cache = self.__dict__.setdefault("_below_at", {})
-        if b not in cache:
+        return None if self.below is None or b >= self.min_batch_size else self._traced_at(b)
+
+    def _traced_at(self, b: int) -> "Report":
+        """This step traced with B the int ``b``, once (reports derived from it ask it)."""
+        if b not in (cache := self.__dict__.setdefault("_below_at", {})):
             cache[b] = self.below(b)
         return cache[b]
 
@@ -169,7 +169,7 @@ class Report:
         kept = self.__dict__.setdefault("_with_plans", Recent())  # a planner's choice, then
         if plan not in kept:  # its replay, ask for the same plan
             lv = liveness(build_graph(derive(self.trace, plan)), self.device)
-            below = self.below and (lambda b, f=self.below: f(b).with_plan(plan))
+            below = self.below and (lambda b: self._traced_at(b).with_plan(plan))
             kept[plan] = Report(lv, parts_of(lv), self.valid_when, below=below)
         return kept[plan]
 
