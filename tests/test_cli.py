@@ -174,3 +174,26 @@ def test_help_and_version():
     assert r.returncode == 0 and "analyze" in r.stdout
     r = run("--version")
     assert r.returncode == 0 and "0.1.0" in r.stdout
+
+
+def test_the_collector_is_paced_while_a_command_runs(monkeypatch, capsys):
+    """Full collections are rarer while a command analyses (fxmem.cli.collector), and the
+    process's thresholds are as they were once it is done."""
+    import gc
+
+    from fxmem.cli import command
+    from fxmem.cli.collector import FULL_EVERY
+
+    seen, real = [], command._analyze
+
+    def recording(*args, **kwargs):
+        seen.append(gc.get_threshold())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(command, "_analyze", recording)
+    monkeypatch.chdir(ROOT)
+    before = gc.get_threshold()
+    with pytest.raises(SystemExit) as done:
+        command.main(["analyze", *SEED, "--format", "json"])
+    assert done.value.code in (0, None), capsys.readouterr().err
+    assert seen and seen[0][2] >= FULL_EVERY > before[2] and gc.get_threshold() == before

@@ -23,6 +23,7 @@ import torch.nn.functional as F  # noqa: N812
 
 from ..errors import FxmemError, InfeasibleBudgetError, InputError, TraceError, one_line
 from ..trace.kernels import AMP, accepted, dtype_of
+from .collector import paced
 from .files import check_out, plain_text, write_file
 from .strategies import data_parallel, tensor_parallel
 
@@ -215,7 +216,7 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
             from .auto import check
 
             check(compile_budget, parallel)
-        with _silenced():
+        with _silenced(), paced():  # fxmem.cli.collector
             text, fit = _analyze(target, inputs, targets, loss, optimizer, amp, device, inference,
                             grad_accum, batch, budget, checkpoint, config, seq, fmt, top,
                             whatif, dim_sizes, cudnn_workspace=cudnn_workspace,
