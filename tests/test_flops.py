@@ -53,3 +53,36 @@ def test_recompute_flops_of_a_plan():
     model, x, y, loss = ZOO["seed_cnn"]()
     r = fxmem.analyze(model, x, y, loss=loss, device="cpu", checkpoint=["conv1", "conv2"])
     assert r.recompute_flops == 0
+
+
+def test_copied_blocks_cost_what_their_pattern_costs():
+    """A stack of identical blocks is traced as two and the others' ops copied
+    (fxmem.trace.blocks): each op's FLOPs are read from the recorded graph, a copied op
+    costing its pattern op's, op for op what the whole step's graph gives (in B, in B and
+    L, on an FSDP2 rank), and in all what FlopCounterMode counts on a real step."""
+    transformers = pytest.importorskip("transformers")
+    from fxmem.checkpoint.flops import _graph_flops, op_flops
+    from fxmem.memory.dims import nodes_and_values
+    from fxmem.trace.blocks import Spliced
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=128, n_embd=32, n_layer=4, n_head=4,
+                                  n_positions=64, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
+    model, ids = transformers.GPT2LMHeadModel(cfg), torch.randint(0, 128, (2, 16))
+
+    def loss(out):
+        return out.logits.sum()
+
+    step = dict(loss=loss, device="cpu")
+    plain = fxmem.analyze(model, ids, **step)
+    for r in (plain, fxmem.analyze(model, ids, dims={"L": [(0, 1)]}, **step).at(L=16),
+              fxmem.analyze(model, ids, parallel=fxmem.FSDP(2), **step).groups[0].report):
+        t = r.trace
+        source = getattr(t.graph_source, "original", t).graph_source
+        assert isinstance(source, Spliced) and len(t.reused) == 2
+        assert op_flops(t) == _graph_flops(*nodes_and_values(t))
+    for b in (3, 5):
+        with FlopCounterMode(display=False) as counter:
+            loss(model(batch_of(ids, b, "cpu"))).backward()
+        model.zero_grad(set_to_none=True)
+        assert plain.flop_count.from_pytorch.subs(fxmem.B, b) == counter.get_total_flops()

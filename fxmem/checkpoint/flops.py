@@ -27,7 +27,8 @@ import sympy
 import torch
 from torch.utils.flop_counter import flop_registry
 
-from ..memory.dims import args_in, nodes_and_values, value_in
+from ..memory.dims import Specialized, args_in, nodes_and_values, value_in
+from ..trace.blocks import Spliced
 from ..trace.ledger import TensorDesc, Trace
 
 aten = torch.ops.aten
@@ -98,8 +99,19 @@ def op_flops(trace: Trace) -> dict:
     """FLOPs of each traced op with a formula: ``{op index in trace.graph: (expr, from
     PyTorch's registry)}``; ops missing from it have no formula. (A trace with its named
     dims fixed: its original's nodes, with their values put in.)"""
+    source, values = trace.graph_source, {}
+    if isinstance(source, Specialized):
+        source, values = source.original.graph_source, source.values
+    if isinstance(source, Spliced):  # copied blocks: each op costs what its pattern's does,
+        # read from the recorded graph (the whole step's is not built for it)
+        recorded = _graph_flops(source.old, values)
+        return {j: recorded[i] for j, i in enumerate(source.source_of) if i in recorded}
+    return _graph_flops(*nodes_and_values(trace))
+
+
+def _graph_flops(graph, values: dict) -> dict:
+    """``{node's op index: (FLOPs, from PyTorch's registry)}`` of ``graph``'s op nodes."""
     out = {}
-    graph, values = nodes_and_values(trace)
     for node in graph.nodes:
         if node.op == "call_function" and "index" in node.meta:
             f, registered = _node_flops(node, values)

@@ -13,5 +13,6 @@ tracing faster.
 from .reuse import NoReuse
 from .sharded import copied, reuses_under, runs_of
 from .splice import splice
+from .splice_graph import Spliced
 
-__all__ = ["NoReuse", "copied", "reuses_under", "runs_of", "splice"]
+__all__ = ["NoReuse", "Spliced", "copied", "reuses_under", "runs_of", "splice"]

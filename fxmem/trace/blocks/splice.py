@@ -16,7 +16,7 @@ from ..ledger.saved import _Record
 from ..ledger.tracking import TrackedStorage
 from .reuse import NoReuse, Reuse
 from .splice_checks import check_run, windows
-from .splice_graph import first_desc, graph
+from .splice_graph import Spliced, first_desc
 
 
 def splice(rec, reuse: Reuse) -> None:
@@ -214,8 +214,8 @@ class _Splice:
         rec.first_desc = first_desc(old_graph, num.order, num.final, num.sid_in)
         rec.sums.candidates = self._sums(num)
 
-        def built():  # built when first asked for (FLOPs, named dims): a sixth of a splice
-            return graph(old_graph, num.order, num.final, num.sid_in, num.rename)
+        # the graph is built when first asked for (named dims): a sixth of a splice
+        built = Spliced(old_graph, num.order, num.final, num.sid_in, num.rename)
         rec.ops, rec.storages, rec.calls = new_ops, num.storages, calls_new
         rec.saved_tensors._packs = packs
         rec.saved, rec.names, rec.unmodelled, rec.graph = saved, names, unmodelled, built

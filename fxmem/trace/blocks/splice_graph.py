@@ -60,6 +60,23 @@ def first_desc(old, order, final, sid_in) -> dict:
     return first
 
 
+class Spliced:
+    """The graph source of a spliced trace (``Trace.graph_source``): called, the whole
+    step's graph (:func:`graph`, built when first asked for); ``old``, the recorded graph,
+    and ``source_of[j]``, the recorded op whose node op ``j`` of the spliced step copies (or
+    is): what reads one op's shapes alone (its FLOPs: :func:`fxmem.checkpoint.flops.op_flops`)
+    reads that node, a copied block's ops being its pattern's shapes for shapes."""
+
+    def __init__(self, old, order, final, sid_in, rename):
+        self.old, self._args = old, (order, final, sid_in, rename)
+        self.source_of = tuple(item[1] if item[0] == "r" else item[3] for item in order)
+
+    def __call__(self) -> torch.fx.Graph:
+        g = graph(self.old, *self._args)
+        g.output(None)
+        return g
+
+
 def graph(old, order, final, sid_in, rename) -> torch.fx.Graph:
     """The spliced step's fx graph: ``old``'s nodes in the new ``order``, each copy's
     reading the copy's own tensors, its module paths renamed (``rename``); built only when

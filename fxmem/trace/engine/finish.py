@@ -11,6 +11,7 @@ import torch
 from ...errors import DataDependentError, TraceError
 from ...formula.guards import implied, lower_bounds, simplified, valid_when
 from ...formula.symbols import B, Size, dim_symbol, plain
+from ..blocks.splice_graph import Spliced
 from ..kernels.datadep import data_symbols
 from ..ledger.records import B_RANGE_MAX, StorageInfo, TensorDesc, Trace
 from ..ledger.saved import latest
@@ -107,7 +108,7 @@ def finish(rec: Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
     graph = rec.graph
     if isinstance(graph, torch.fx.Graph):
         graph.output(None)
-    else:
+    elif not isinstance(graph, Spliced):  # (a spliced step's graph ends itself)
         def graph(build=graph):
             g = build()
             g.output(None)
