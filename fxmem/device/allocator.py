@@ -101,9 +101,8 @@ def cuda_memory(liveness, B: int, config=None, compute_capability=(9, 0),  # noq
     (:mod:`fxmem.trace.kernels.cuda.call_order`). Under ``CUDNN_CONV_WSCAP_DBG=N`` (MiB), cuDNN
     offers no configuration with a larger workspace, so ``N * 2**20`` bounds what each call
     adds; 0 (the default) leaves the workspaces out."""
-    return _replayed(liveness, ("memory", B, config, compute_capability, cublas_workspace,
-                                cudnn_workspace), lambda: _memory(
-        liveness, B, config, compute_capability, cublas_workspace, cudnn_workspace))
+    return _replayed(_memory, liveness, B, config, compute_capability, cublas_workspace,
+                     cudnn_workspace)
 
 
 def _memory(liveness, B, config, compute_capability, cublas_workspace,  # noqa: N803
@@ -191,15 +190,15 @@ def run_on_device(liveness, B: int, capacity_bytes: int, config=None,  # noqa: N
     from .allocator_config import DEFAULT_CONFIG
 
     config = dataclasses.replace(config or DEFAULT_CONFIG, capacity_bytes=capacity_bytes)
-    return _replayed(liveness, ("run", B, config, compute_capability, cublas_workspace,
-                                cudnn_workspace), lambda: _run(
-        liveness, B, capacity_bytes, config, compute_capability, cublas_workspace,
-        cudnn_workspace))
+    return _replayed(_run, liveness, B, config, compute_capability, cublas_workspace,
+                     cudnn_workspace)
 
 
-def _run(liveness, B, capacity_bytes, config, compute_capability,  # noqa: N803
-         cublas_workspace, cudnn_workspace) -> DeviceRun:
+def _run(liveness, B, config, compute_capability, cublas_workspace,  # noqa: N803
+         cudnn_workspace) -> DeviceRun:
     from .caching_allocator import OutOfMemory
+
+    capacity_bytes = config.capacity_bytes
 
     r = _Replay(liveness, B, config, compute_capability, cublas_workspace, cudnn_workspace)
     a, steps = r.allocator, 0
@@ -222,19 +221,19 @@ def _run(liveness, B, capacity_bytes, config, compute_capability,  # noqa: N803
                      a.num_alloc_retries)
 
 
-def _replayed(liveness, key: tuple, replay):
-    """``replay()``, once per ``key`` for ``liveness``: a replay is a function of the step
-    and of these numbers alone (the cuBLAS workspaces' sizes, read from the environment
-    when not given, are in the key), and a report asks for the same one many times (its
-    headline, the ways out, the batch-size answers, the planner's walk)."""
+def _replayed(replay, liveness, B, config, cc, ws, cudnn):  # noqa: N803
+    """``replay(liveness, B, config, cc, ws, cudnn)``, once per question for ``liveness``: a
+    replay is a function of the step and of these numbers alone (the cuBLAS workspaces'
+    sizes, read from the environment when not given, are in the key), and a report asks
+    for the same one many times (its headline, the ways out, the batch-size answers, the
+    planner's walk)."""
     from ..trace.kernels.cuda import blas
 
-    kind, B, config, cc, ws, cudnn = key  # noqa: N806
-    key = (kind, B, config, tuple(cc) if cc else cc,
+    key = (replay, B, config, tuple(cc) if cc else cc,
            cublas_workspace_bytes(cc) if ws is None else ws, blas.lt_workspace_bytes(), cudnn)
     kept = liveness.__dict__.setdefault("_replays", {})
     if key not in kept:
-        kept[key] = replay()
+        kept[key] = replay(liveness, B, config, cc, ws, cudnn)
     return kept[key]
 
 

@@ -65,7 +65,7 @@ class Spliced:
     step's graph (:func:`graph`, built when first asked for); ``old``, the recorded graph,
     and ``source_of[j]``, the recorded op whose node op ``j`` of the spliced step copies (or
     is): what reads one op's shapes alone (its FLOPs: :func:`fxmem.checkpoint.flops.op_flops`)
-    reads that node, a copied block's ops being its pattern's shapes for shapes."""
+    reads that node, a copied op having its pattern op's shapes."""
 
     def __init__(self, old, order, final, sid_in, rename):
         self.old, self._args = old, (order, final, sid_in, rename)
@@ -80,7 +80,7 @@ class Spliced:
 def graph(old, order, final, sid_in, rename) -> torch.fx.Graph:
     """The spliced step's fx graph: ``old``'s nodes in the new ``order``, each copy's
     reading the copy's own tensors, its module paths renamed (``rename``); built only when
-    asked for (FLOPs, named dims)."""
+    asked for (named dims; the FLOPs read the recorded graph, :class:`Spliced`)."""
     groups, placeholders = {}, []
     for node in old.nodes:
         if node.op == "placeholder":

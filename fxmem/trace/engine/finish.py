@@ -11,7 +11,6 @@ import torch
 from ...errors import DataDependentError, TraceError
 from ...formula.guards import implied, lower_bounds, simplified, valid_when
 from ...formula.symbols import B, Size, dim_symbol, plain
-from ..blocks.splice_graph import Spliced
 from ..kernels.datadep import data_symbols
 from ..ledger.records import B_RANGE_MAX, StorageInfo, TensorDesc, Trace
 from ..ledger.saved import latest
@@ -105,14 +104,9 @@ def finish(rec: Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
     lows = lower_bounds(guards, [B, *map(dim_symbol, rec.dim_syms)])
     mixed = [simplified(g) for g in all_guards if len(g.free_symbols) > 1]
     guards += tuple(dict.fromkeys(g for g in mixed if not implied(g, lows)))
-    graph = rec.graph
-    if isinstance(graph, torch.fx.Graph):
+    graph = rec.graph  # or, blocks copied, its source, which ends the graph it builds
+    if isinstance(graph, torch.fx.Graph):  # (fxmem.trace.blocks.Spliced)
         graph.output(None)
-    elif not isinstance(graph, Spliced):  # (a spliced step's graph ends itself)
-        def graph(build=graph):
-            g = build()
-            g.output(None)
-            return g
     unmodelled = tuple((str(f), m, why) for (f, m), why in rec.unmodelled.items())
     unmodelled += tuple(("check", "", f"a check on data assumed to pass (fake tensors have no "
                          f"values; a step that fails it raises): {note}")

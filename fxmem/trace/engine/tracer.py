@@ -58,7 +58,7 @@ from ..kernels.values import eager_branches
 from ..ledger.records import B_RANGE_MAX, Trace
 from ..ledger.tracking import frozen_gc, storage_resizes
 from ..parallel.ddp import local_optimizer, wrapper_name
-from ..parallel.fsdp import check_parallel, initialise, is_fsdp_root, sharded, unwrapped
+from ..parallel.fsdp import check_parallel, fully_sharded, initialise, sharded, unwrapped
 from ..parallel.local_step import on_local_shards
 from ..parallel.offload import offloaded
 from ..parallel.tp import metadata_unrecorded
@@ -347,7 +347,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     warm = warm_up or prepared or kept_grads
     # FSDP2 keeping nothing across steps: its own initialisation, not a whole step, before
     # the recorded one (fxmem.trace.parallel.fsdp.initialise; BufferAssigned: traced again)
-    only_init = prepared and not (warm_up or kept_grads) and kept is None and is_fsdp_root(wrapper)
+    only_init = prepared and not (warm_up or kept_grads) and kept is None and fully_sharded(wrapper)
     fakes.register(rec, prepared, warm)
     CallHooks(rec, model).install(wrapper, prepared, handles, watch=not warm or only_init)
 
@@ -540,8 +540,9 @@ def _warm_up(rec: Recorder, run, model, wrapper, fakes: _Fakes, kept, kept_grads
     with kept if kept is not None else contextlib.nullcontext():
         if only_init:
             initialise(wrapper)
-        for _ in range(0 if only_init else steps):
-            run(None, lambda name: None, micro_steps=1)
+        else:
+            for _ in range(steps):
+                run(None, lambda name: None, micro_steps=1)
     rec.recording = True
     for n, p in fakes.params.items() if prepared else ():
         rec.register_named(p, "param", user_path(n))

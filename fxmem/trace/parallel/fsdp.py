@@ -250,10 +250,11 @@ def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 
-def is_fsdp_root(module: torch.nn.Module) -> bool:
-    """Is ``module`` ``fully_shard``-ed (an FSDP2 root when it is the outermost)?
+def fully_sharded(module: torch.nn.Module) -> bool:
+    """Is ``module`` ``fully_shard``-ed (an FSDP2 ``FSDPModule``; the outermost one is the
+    root)?
 
-    >>> is_fsdp_root(torch.nn.Linear(2, 2))
+    >>> fully_sharded(torch.nn.Linear(2, 2))
     False
     """
     from torch.distributed.fsdp import FSDPModule
@@ -268,11 +269,11 @@ def initialise(root: torch.nn.Module) -> None:
     and freed again (``FSDPModule.unshard`` and ``reshard``: the gathered parameters made,
     their storages resized to 0, as a step's reshard leaves them). A step after this one
     allocates and frees what a step after a real step does, op for op (checked against
-    the warm-up step it replaces: ``tests/test_fsdp.py``). ``root``: an FSDP2 root
-    (:func:`is_fsdp_root`)."""
+    the warm-up step it replaces: ``tests/test_fsdp.py``). ``root``: the outermost
+    module :func:`fully_sharded`."""
     root._get_fsdp_state()._lazy_init()
     for m in root.modules():
-        if is_fsdp_root(m):
+        if fully_sharded(m):
             m.unshard()
             m.reshard()
 
