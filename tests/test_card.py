@@ -109,8 +109,8 @@ def test_bad_budget_and_card_arguments(seed):
 
 def test_no_b_when_the_state_alone_is_over_the_budget(seed):
     """Parameters and Adam's two moments (the step counts stay on the host) take 3x the
-    parameter bytes at every B: one byte less and the answer is "no B", said without tracing
-    a B below the formula's range to find out."""
+    parameter bytes at every B: one byte less and the answer is "no B", by the allocator and
+    by live bytes, said without tracing a B below the formula's range to find out."""
     from seed_convnet import seed_step
 
     state = 3 * sum(p.numel() * p.element_size() for p in seed_step()[0].parameters())
@@ -121,6 +121,10 @@ def test_no_b_when_the_state_alone_is_over_the_budget(seed):
     assert e.value.minimum_bytes == state
     with pytest.raises(fxmem.InfeasibleBudgetError, match="optimizer state alone take") as e:
         no_below.max_batch_size(state - 1, by="allocated")  # max_memory_allocated's answer
+    assert e.value.minimum_bytes == state
+    with pytest.raises(fxmem.InfeasibleBudgetError, match="below the smallest peak: the "
+                       "parameters, buffers and optimizer state alone take") as e:
+        no_below.max_batch_size(state - 1, by="live")  # the live bytes' answer
     assert e.value.minimum_bytes == state
     with pytest.raises(fxmem.InfeasibleBudgetError, match="runs out while placing"):
         seed.max_batch_size(state)  # the state fits; the batch does not

@@ -222,28 +222,30 @@ def device_max_batch_size(report, budget_bytes: int, *, config=None, compute_cap
     return MaxBatchSize(b, by="device", budget_bytes=budget_bytes, gpu=gpu, limit=limit)
 
 
-def _start(report, fits, budget_bytes: int) -> int | None:
+def _start(report, fits, budget_bytes: int, live: bool = False) -> int | None:
     """Where the search for the largest B with ``fits(B)`` starts
     (:meth:`fxmem.Report.start_batch_size`), once :func:`_no_state_room` has said that no B
-    runs when the state alone is over ``budget_bytes``: before a smaller B is traced to find
-    out."""
+    runs (``live``: fits by its live bytes) when the state alone is over ``budget_bytes``:
+    before a smaller B is traced to find out."""
     if report.min_batch_size > 1 and not fits(report.min_batch_size):
-        _no_state_room(report, budget_bytes)
+        _no_state_room(report, budget_bytes, live)
     return report.start_batch_size(fits)
 
 
-def _no_state_room(report, budget_bytes: int) -> None:
+def _no_state_room(report, budget_bytes: int, live: bool = False) -> None:
     """Raise :class:`fxmem.InfeasibleBudgetError` when the parameters, buffers and
-    optimizer state alone (:func:`fxmem.device.allocator.state_bytes`, the same at every B)
-    are over ``budget_bytes``: then no B runs, and no smaller B need be traced to say so."""
+    optimizer state alone (:func:`fxmem.device.allocator.state_bytes`, the same at every B
+    and live throughout the step) are over ``budget_bytes``: then no B runs (``live``: no
+    B's live bytes fit), and no smaller B need be traced to say so."""
     from ..device.allocator import state_bytes
     from .text import fmt_bytes
 
     state = state_bytes(report.liveness)
     if state > budget_bytes:
         b = report.least_batch_size
+        within = f"budget {budget_bytes:,} B is below the smallest peak" if live else \
+            f"B={b} does not run within {fmt_bytes(budget_bytes)} of device memory"
         raise InfeasibleBudgetError(
-            f"B={b} does not run within {fmt_bytes(budget_bytes)} of device memory: the "
-            f"parameters, buffers and optimizer state alone take {fmt_bytes(state)} "
+            f"{within}: the parameters, buffers and optimizer state alone take {fmt_bytes(state)} "
             f"({state:,} B), whatever the batch size", minimum_bytes=state)
 

@@ -452,7 +452,7 @@ class Report:
         'the largest B whose steps, replayed through'
         """
         from ..device.gpus import gpu as lookup_gpu
-        from .capacity import MaxBatchSize, check_by, device_max_batch_size, search
+        from .capacity import MaxBatchSize, _start, check_by, device_max_batch_size, search
 
         if self.named is not None:
             return self.at(**dims).max_batch_size(
@@ -491,7 +491,7 @@ class Report:
                                             cudnn_workspace=cudnn_workspace)
             return MaxBatchSize(most, by=by, budget_bytes=budget_bytes, gpu=card,
                                 limit=most == self.max_valid_batch_size)
-        lo = self.start_batch_size(lambda b: self.peak_bytes(b) <= budget_bytes)
+        lo = _start(self, lambda b: self.peak_bytes(b) <= budget_bytes, budget_bytes, live=True)
         if lo is None:
             least = self.peak_bytes(self.least_batch_size)
             raise InfeasibleBudgetError(
