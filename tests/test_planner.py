@@ -280,6 +280,25 @@ def test_smallest_is_the_frontier_last(case):
         assert len(fresh._peaks) <= len(Planner(r).frontier(at))
 
 
+def test_a_choice_without_its_report_derives_no_step(case, monkeypatch):
+    """``choose`` and ``smallest`` with ``report=False`` (a search over rank groups, which
+    reads their numbers) give the same choice with no report, and build none."""
+    from fxmem.checkpoint.options import Planner
+
+    name, build, batch, loss, b, r = case
+    p = Planner(r)
+    low = p.smallest(b)
+    budget = (low.peak_bytes + r.peak_bytes(b)) // 2
+    full = (p.choose(budget, b), low)
+    monkeypatch.setattr(type(r), "with_plan", lambda *a: pytest.fail("a report was built"))
+    fresh = Planner(r)
+    bare = (fresh.choose(budget, b, report=False), fresh.smallest(b, report=False))
+    for got, want in zip(bare, full):
+        assert got.report is None and want.report is not None
+        assert (got.plan, got.peak_bytes, got.recompute_flops, got.exact) == \
+            (want.plan, want.peak_bytes, want.recompute_flops, want.exact)
+
+
 def test_solve_skips_what_cannot_fit(case):
     """Planner.choose's solver call answers at once when the model's smallest peak is over
     the budget, and as chain.solve does otherwise."""

@@ -318,13 +318,15 @@ class Planner:
     def _plan(sol) -> Plan:
         return Plan.of(c.name for c in sol.choices if c.name is not None)
 
-    def choose(self, budget_bytes: int, b: int, max_recompute_flops: int | None = None):
+    def choose(self, budget_bytes: int, b: int, max_recompute_flops: int | None = None, *,
+               report: bool = True):
         """The cheapest plan whose exact peak at ``b`` fits, as a :class:`PlanChoice`
         (kept: a search asks the same budget again, e.g. a plan chosen on derived peaks, then
         confirmed). Kept without its report, which the plan's derivation makes again when
         asked after :meth:`fxmem.Report.with_plan` has dropped it: the walks over candidate
         plans ask for dozens (kept, their reports took Llama-3.1-8B's one-GPU command from
-        1.22 to 1.62 GB of peak RSS: docs/benchmarks.md)."""
+        1.22 to 1.62 GB of peak RSS: docs/benchmarks.md). ``report=False``: the choice's
+        ``report`` is None (a search over rank groups reads its numbers alone)."""
         key = (budget_bytes, b, max_recompute_flops)
         if key not in self._chosen:
             try:
@@ -335,7 +337,7 @@ class Planner:
         got, error = self._chosen[key]
         if error is not None:
             raise error.with_traceback(None)
-        if got is None:
+        if got is None or not report:
             return got
         return replace(got, report=self.report.with_plan(got.plan) if got.plan else self.report)
 
@@ -350,7 +352,8 @@ class Planner:
                 found.append(got)
         if found:  # proven cheapest when the model below the exact peaks found it untightened
             plan, exact = min(reversed(found), key=lambda g: self._rank(g[0], b))
-            return self._choice(plan, b, exact and len(found) == 2 and plan == found[1][0])
+            return self._choice(plan, b, exact and len(found) == 2 and plan == found[1][0],
+                                report=False)
         if max_recompute_flops is not None and \
                 C.lowest_peak(self.problem(b, True)) > budget_bytes:
             return None  # over the budget even in the model below every exact peak
@@ -362,10 +365,10 @@ class Planner:
             best = min(fits, key=lambda p: self._rank(p, b))
             if max_recompute_flops is None or \
                     self.exact_numbers(best, b)[1] <= max_recompute_flops:
-                return self._choice(best, b, False)
+                return self._choice(best, b, False, report=False)
         if max_recompute_flops is not None:
             return None
-        low = self.smallest(b)
+        low = self.smallest(b, report=False)
         raise InfeasibleBudgetError(
             f"no checkpoint plan over {len(self.blocks)} blocks fits {budget_bytes:,} bytes at "
             f"B={b}: the smallest peak is {low.peak_bytes:,} bytes (plan {low.plan})",
@@ -377,11 +380,12 @@ class Planner:
         peak, cost, reg = self.exact_numbers(plan, b)
         return reg, cost, peak
 
-    def smallest(self, b: int):
+    def smallest(self, b: int, *, report: bool = True):
         """The plan of the smallest exact peak among the model's frontier at ``b`` (the
         last point of :meth:`frontier`), its plans derived in the order of their peaks in
         the model below the exact ones, until that bound is over the smallest exact peak
-        found: a few derivations, not the frontier's."""
+        found: a few derivations, not the frontier's. ``report=False``: as
+        :meth:`choose`'s."""
         sols = self._solutions(b)
         low = self.problem(b, optimistic=True)
         by = {(c.first, c.last, c.name): c for c in low.choices}
@@ -395,7 +399,7 @@ class Planner:
             peak, cost, reg = self.exact_numbers(plan, b)
             if best is None or (peak, reg, cost) < best[0]:
                 best = (peak, reg, cost), plan
-        return self._choice(best[1], b, False)
+        return self._choice(best[1], b, False, report)
 
     def _solutions(self, b: int) -> tuple:
         """The chain model's frontier at ``b`` (kept: a search asks for it again)."""
@@ -428,7 +432,7 @@ class Planner:
                 out.append(FrontierPoint(peak, cost, plan))
         return tuple(out)
 
-    def _choice(self, plan, b: int, exact: bool):
-        rep = self.report.with_plan(plan) if plan else self.report
+    def _choice(self, plan, b: int, exact: bool, report: bool = True):
+        rep = None if not report else self.report.with_plan(plan) if plan else self.report
         peak, cost, _ = self.exact_numbers(plan, b)
         return PlanChoice(b, Plan.of(plan), peak, cost, self.step_flops(b), rep, exact)

@@ -27,6 +27,12 @@ def _indices(chooser, plan) -> tuple | None:
     return None
 
 
+def _numbers(chooser) -> dict:
+    """Options asking ``chooser`` for a choice's numbers alone, not its report (a
+    :class:`fxmem.checkpoint.options.Planner` derives that again for each plan)."""
+    return {"report": False} if hasattr(chooser, "exact_numbers") else {}
+
+
 def evaluate(reports, choosers, plan, b: int) -> tuple:
     """``(peak, recompute FLOPs, step FLOPs)`` of ``plan`` at ``b``: each the largest over
     the groups (peaks derived exactly from each group's trace)."""
@@ -59,7 +65,7 @@ def choose(reports, choosers, budget_bytes: int, b: int,
     own = []
     for ch in choosers:
         limit = None if max_recompute is None else int(max_recompute * ch.step_flops(b))
-        c = ch.choose(budget_bytes, b, limit)  # raises: no plan fits this group
+        c = ch.choose(budget_bytes, b, limit, **_numbers(ch))  # raises: none fits this group
         if c is None:
             return None
         own.append(c)
@@ -111,7 +117,7 @@ def _pooled(reports, choosers, b: int) -> list:
 def smallest(reports, choosers, b: int) -> tuple:
     """``(plan, peak)``: of the groups' smallest-peak plans, the one whose largest peak
     over the groups is the smallest."""
-    plans = dict.fromkeys(ch.smallest(b).plan for ch in choosers)
+    plans = dict.fromkeys(ch.smallest(b, **_numbers(ch)).plan for ch in choosers)
     return min(((p, evaluate(reports, choosers, p, b)[0]) for p in plans),
                key=lambda pp: (pp[1], len(pp[0])))
 

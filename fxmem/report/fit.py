@@ -422,7 +422,7 @@ def _smallest_plan(report, b: int):
         if getattr(report, "named", True) is None and not report._small(b):
             planner = report._chooser()
             if isinstance(planner, Planner):  # its last point alone, not the frontier's
-                return planner.smallest(b).plan or None
+                return planner.smallest(b, report=False).plan or None
         points = report.frontier(b)
     except FxmemError:
         return None
