@@ -156,3 +156,14 @@ def test_a_users_own_selective_policy_counts_too():
     for r in _reports(both).values():
         assert r.parts["activations"] == users.parts["activations"]
         assert r.peak == users.peak
+
+
+def test_a_plan_s_parts_are_made_when_first_read():
+    """A planner's walk derives dozens of plans' steps and replays them, or asks their peak:
+    their parts (formulas over every storage) are made only when read, then kept."""
+    x, y = _batch()
+    r = fxmem.analyze(Stack(), x, y, **STEP).with_plan(WHOLE)
+    r.peak_bytes(8)
+    assert r.parts._made is None
+    assert r.parts["activations"] == 3 * 256 * B + 1024 * B
+    assert r.parts._made is not None and dict(r.parts) == r.parts._made

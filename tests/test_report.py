@@ -103,6 +103,48 @@ def test_cuda_peak_is_exact_over_rounded_storages():
         assert int(r.peak.subs(B, b)) == r.peak_bytes(b)
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("name", ["mlp", "resnet", "lstm", "tied_reuse", "keeps_locals"])
+def test_a_peak_read_off_the_timeline_is_the_formulas(name, device):
+    """Before its candidates are made, a liveness answers a few B's peaks from the timeline
+    at that B (what a searched plan's step is asked), then from the formulas: the same
+    numbers, on a plan's derived step too."""
+    from fxmem.memory.liveness import NUMERIC_PEAKS, Liveness
+
+    model, x, y, loss = ZOO[name]()
+    r = fxmem.analyze(model, x, y, loss=loss, optimizer=adam, device=device)
+    plan = [c.path for c in r.trace.calls if c.path.count(".") == 0 and c.path][:1]
+    for lv in (r.liveness, r.with_plan(plan).liveness if plan else r.liveness):
+        bs = (1, 2, 3, 17, 100, 1000)
+        fresh = Liveness(lv.graph, lv.device, lv.sizes)
+        got = [fresh.peak_bytes(b) for b in bs[:NUMERIC_PEAKS]]
+        assert "_pruned" not in fresh.__dict__  # no formula made
+        assert got == [lv.peak_candidate(b)(b) for b in bs[:NUMERIC_PEAKS]]
+        assert [fresh.peak_bytes(b) for b in bs] == [int(lv.peak.subs(B, b)) for b in bs]
+        assert "_pruned" in fresh.__dict__  # a search over B: the formulas answer
+
+
+
+def test_a_peak_read_off_the_timeline_counts_what_goes_before_the_first_op():
+    """Storages the step frees before its first op (none in the zoo's steps) count at the
+    start, for the timeline's peak as for the formulas'."""
+    import dataclasses
+
+    from fxmem.memory.graph import build_graph
+    from fxmem.memory.liveness import Liveness
+
+    model, x, y, loss = ZOO["mlp"]()
+    r = fxmem.analyze(model, x, y, loss=loss, optimizer=adam, device="cpu")
+    t = r.trace
+    k = next(i for i, s in enumerate(t.storages) if s.created_by < 0)
+    gone = dataclasses.replace(t.storages[k], freed_after=-1)
+    g = build_graph(dataclasses.replace(t, storages=t.storages[:k] + (gone,) + t.storages[k + 1:]))
+    sizes = r.liveness.sizes[:k] + (Size.of(10**9),) + r.liveness.sizes[k + 1:]
+    fresh, formula = Liveness(g, "cpu", sizes), Liveness(g, "cpu", sizes)
+    start = sum(z(4) for s, z in zip(g.storages, sizes) if s.created_by < 0)
+    assert fresh.peak_bytes(4) == formula.peak_candidate(4)(4) == start > max(fresh.timeline(4))
+
+
 def test_str_names_the_checkpoint_plan():
     model, x, y, loss = ZOO["resnet"]()
     r = fxmem.analyze(model, x, y, loss=loss, device="cpu", checkpoint=["layer1.0"])

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -29,6 +30,8 @@ from ..formula import poly as P
 from ..formula.symbols import B, Size
 from .graph import StorageGraph
 from .sizes import device_sizes
+
+NUMERIC_PEAKS = 4  # B's whose peak is read off the timeline before the candidates are made
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,20 @@ class Liveness:
         return max(self.candidates, key=lambda c: (c(b), -c.op_index))
 
     def peak_bytes(self, b: int) -> int:
-        return self.peak_candidate(b)(b)
+        """The live bytes' peak at batch size b: from the candidates once they are made,
+        else from the timeline at b (a plan's step that a search asks about at one B or two
+        needs no formula). The same number: only a candidate's point can be the maximum,
+        and the start counts the storages freed before the first op."""
+        if "_pruned" in self.__dict__:
+            return self.peak_candidate(b)(b)
+        asked = self.__dict__.setdefault("_peaks_at", {})
+        if b not in asked:
+            if len(asked) >= NUMERIC_PEAKS:  # a search over B: the formulas answer faster
+                return self.peak_candidate(b)(b)
+            start = sum(size(b) for s, size in zip(self.graph.storages, self.sizes)
+                        if s.created_by < 0)
+            asked[b] = max([start, *self.timeline(b)])
+        return asked[b]
 
     def live_sids(self, op_index: int) -> list[int]:
         """Storages alive right after op ``op_index``'s allocations."""
@@ -369,7 +385,45 @@ _PART_OF = {"param": "params", "buffer": "buffers", "input": "inputs", "grad": "
             "optimizer_state": "optimizer_state"}
 
 
-def parts_of(lv: Liveness) -> dict:
+class Parts(Mapping):
+    """A step's :func:`parts_of`, made when first read: a plan's step that a search only
+    replays, or asks the peak of, never reads them (their sums and the activations' high
+    water are formulas over every storage). Its keys are :data:`PARTS`."""
+
+    def __init__(self, lv: Liveness):
+        self._lv, self._made = lv, None
+
+    def _parts(self) -> dict:
+        if self._made is None:
+            self._made = _parts(self._lv)
+        return self._made
+
+    def __getitem__(self, part: str) -> sympy.Expr:
+        return self._parts()[part]
+
+    def __iter__(self):
+        return iter(PARTS)
+
+    def __len__(self) -> int:
+        return len(PARTS)
+
+    def __repr__(self) -> str:
+        return repr(self._parts())
+
+
+def parts_of(lv: Liveness) -> Parts:
+    """:func:`_parts`, made when first read (:class:`Parts`).
+
+    >>> import torch, fxmem
+    >>> m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    >>> r = fxmem.analyze(m, torch.randn(4, 8), loss=lambda o: o.sum(), device="cpu")
+    >>> r.parts["params"], r.parts["activations"], list(r.parts) == list(PARTS)
+    (712, 64*B, True)
+    """
+    return Parts(lv)
+
+
+def _parts(lv: Liveness) -> dict:
     """Bytes by part, as sympy expressions in B (device sizes): each of the first five
     totalled over the step (the previous step's gradients that a late zero_grad frees,
     ``zero_grad_at="backward"``, are the ones the step makes again: counted once), and
