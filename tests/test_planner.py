@@ -222,6 +222,22 @@ def test_lowest_peak_bounds_every_plan(case):
         assert low <= ch.smallest(at).peak_bytes
 
 
+def test_least_growing_bounds_every_plan(case):
+    """``least_growing``: no plan's step holds fewer bytes at once of the storages that grow
+    with B (:func:`fxmem.report.fit._batch_floor`, exact, of each plan's derived step): the
+    frontier's plans, the smallest peak's, every block whole, each block alone, and none."""
+    from fxmem.report.fit import _batch_floor
+
+    name, build, batch, loss, b, r = case
+    ch = r._chooser()
+    for at in (b, 3 * b):
+        low = ch.least_growing(at)
+        plans = {p.plan for p in ch.frontier(at)} | {ch.smallest(at).plan, tuple(ch.blocks)}
+        plans |= {(p,) for p in ch.blocks}
+        floors = [_batch_floor(r.with_plan(list(p)) if p else r, at) for p in plans | {()}]
+        assert 0 < low <= min(floors), (low, min(floors))
+
+
 def _same_numbers(report, plans, bs):
     """derive_numbers' arrays (what the planner's numbers are made of) against the trace
     derive makes, plan by plan: timelines, the bytes before the step, each op's source and

@@ -39,7 +39,8 @@ import numpy as np
 import torch
 
 from ..errors import InfeasibleBudgetError, InputError
-from ..formula.symbols import Size
+from ..formula.symbols import B, Size
+from ..memory.liveness import no_bytes, timeline
 from ..trace.plans import Plan, Region
 from . import chain as C
 from .choose import FrontierPoint, PlanChoice, _start_bytes, default_candidates, tightened
@@ -258,9 +259,18 @@ class Planner:
             self._problems[b, False], self._problems[b, True] = self._problem(b)
         return self._problems[b, optimistic]
 
-    def _problem(self, b: int) -> tuple:
-        """The chain model at ``b`` releasing the least, and the most (``problem``)."""
-        base = self.report.liveness.timeline(b)
+    def _problem(self, b: int, keep=None) -> tuple:
+        """The chain model at ``b`` releasing the least, and the most (``problem``);
+        ``keep``: a bool per storage of the trace, the others counted as no bytes (None:
+        every storage)."""
+        lv, values = self.report.liveness, None
+        sizes = lv.sizes if keep is None else \
+            tuple(z if k else no_bytes for z, k in zip(lv.sizes, keep))
+        if keep is None:
+            base = lv.timeline(b)
+        else:
+            values = self._sizes.at(b) * np.asarray(keep, np.int64)
+            base = timeline(lv.graph.storages, sizes, len(lv.graph.ops), b)
         n = len(self.blocks)
         weight = 1 + sum(f(b) for f, r in self._flops.values() if not r)
         boundary = [C._NONE] * (n + 1)
@@ -276,7 +286,7 @@ class Planner:
         base, owner = np.asarray(base, np.int64), np.asarray(self.own)
         for i, j, e, d, (lo, hi) in self.entries:
             src, again = d.sources, d.recompute
-            v, was = d.live(b), base[src]
+            v, was = d.live(b, values), base[src]
             window = ~again & (lo <= src) & (src < hi)
             mine = again | (~window & (((i <= owner[src]) & (owner[src] <= j)) | (v != was)))
             own = int(v[mine].max()) if mine.any() else C._NONE
@@ -285,8 +295,18 @@ class Planner:
             for out, released in ((least, drop.min() if len(drop) else 0),
                                   (most, drop.max() if len(drop) else 0)):
                 out.append(C.Choice(i, j, max(0, int(released)), reg * weight + other, own, e))
-        start = _start_bytes(self.report.trace.storages, self.report.liveness.sizes, b)
+        start = _start_bytes(self.report.trace.storages, sizes, b)
         return tuple(C.ChainProblem(n, tuple(c), tuple(boundary), start) for c in (least, most))
+
+    def least_growing(self, b: int) -> int:
+        """No plan's step at ``b`` holds fewer bytes at its peak of the storages whose size
+        grows with B (the activations, their gradients, the batch) than this: the chain
+        model's smallest peak of those alone, in the model below the exact peaks (as
+        :func:`fxmem.checkpoint.chain.lowest_peak` bounds every plan's peak), over every plan
+        of this planner's kinds and blocks. FSDP2 shards none of them, so no number of
+        GPUs runs a plan's step in fewer."""
+        grows = [B in z.expr.free_symbols for z in self.report.liveness.sizes]
+        return C.lowest_peak(self._problem(b, grows)[1])
 
     # exact answers --------------------------------------------------------------------------
     def exact_numbers(self, plan, b: int):

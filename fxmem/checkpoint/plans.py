@@ -250,14 +250,15 @@ class Derived:
         (:func:`fxmem.memory.liveness.timeline`)."""
         return self.live(b).tolist()
 
-    def _values(self, b: int):
-        base = self.base.at(b)
+    def _values(self, b: int, base=None):
+        base = self.base.at(b) if base is None else base
         return np.concatenate([base, base[self.copied]]) if len(self.copied) else base
 
-    def live(self, b: int):
-        """:meth:`timeline` as a numpy array of int64."""
+    def live(self, b: int, base=None):
+        """:meth:`timeline` as a numpy array of int64; ``base``: the base storages' bytes
+        at ``b`` to count instead of their sizes' (an int64 array, e.g. some of them 0)."""
         n = len(self.sources)
-        v = self._values(b)
+        v = self._values(b, base)
         made = self.created >= 0
         delta = np.zeros(n + 1, np.int64)
         np.add.at(delta, self.created[made], v[made])

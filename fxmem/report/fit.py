@@ -344,7 +344,7 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_)
             c = choice(w)
             return c.minimum_bytes if isinstance(c, _NoPlan) else check.need(under(w), b)
     seen, top = [], MAX_WORLD_SIZE if w is None else w - 1
-    least = min(_batch_floor(report.with_plan(p), b) for p in _floor_plans(report, smallest))
+    least = _plan_floor(report, b)
     w2 = None if least >= check.budget else fewest(
         fits, start, top, need=need, budget=check.budget, seen=seen,
         floor=lambda w: _live(under(w), b),  # no plan's peak is under it
@@ -353,7 +353,7 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_)
         yield ("FSDP2 with a checkpoint plan needs as many GPUs as without one" if w else
                f"no number of GPUs under FSDP2 fits B={b} with a checkpoint plan either "
                f"({plan_text(smallest)}, the smallest peak on one GPU): "
-               + (towards(seen, "live") if least < check.budget else _grows(least)))
+               + (towards(seen, "live") if least < check.budget else _grows(least, True)))
         return
     # one GPU fewer than the search's start is the step as asked: its plan is the checkpoint way
     one = next((f for f in found if f.kind == "checkpoint"), None) if w2 == start else None
@@ -429,15 +429,26 @@ def _smallest_plan(report, b: int):
     return points[-1].plan if points and points[-1].plan else None
 
 
-def _floor_plans(report, smallest) -> tuple:
-    """The plans whose least live bytes that grow with B stand for any plan's (not proven
-    over every plan): the step's of smallest peak, and every block checkpointed whole,
-    which keeps fewer where the smallest peak is not the activations' (one GPU's)."""
-    try:  # a ParallelReport (FSDP2 asked for) or no chain of blocks: the first alone
-        blocks = () if hasattr(report, "groups") else tuple(report._chooser().blocks)
-    except (FxmemError, AttributeError):
-        blocks = ()
-    return (smallest,) + ((blocks,) if blocks and blocks != tuple(smallest) else ())
+def _plan_floor(report, b: int) -> int:
+    """Bytes of the storages that grow with B that no checkpoint plan's step at ``b`` holds
+    fewer of at once, the largest rank's (:meth:`fxmem.checkpoint.options.Planner.least_
+    growing`, a bound over every plan the planner can choose): as :func:`_batch_floor`
+    without a plan, no number of GPUs runs a plan's step in fewer. 0 where no planner over
+    a chain of blocks bounds them, or B is traced as an int."""
+    from ..checkpoint.options import Planner
+
+    out = 0
+    for r in _reports(report):
+        if r._small(b) is not None:
+            continue
+        try:
+            planner = r._chooser()
+        except FxmemError:
+            return 0
+        if not isinstance(planner, Planner):
+            return 0
+        out = max(out, planner.least_growing(b))
+    return out
 
 
 def _reports(report) -> tuple:
@@ -477,8 +488,12 @@ def _batch_floor(report, b: int) -> int:
     return out
 
 
-def _grows(least: int) -> str:
-    """Why no world size fits: what grows with B alone is over the budget."""
+def _grows(least: int, planned: bool = False) -> str:
+    """Why no world size fits: what grows with B alone is over the budget (``planned``:
+    under any plan, :func:`_plan_floor`)."""
+    if planned:
+        return (f"under any plan, the tensors that grow with B alone peak at no less than "
+                f"{fmt_bytes(least)} on a rank, on any number of GPUs")
     return (f"the tensors that grow with B alone peak at {fmt_bytes(least)} on a rank, "
             "on any number of GPUs")
 
