@@ -13,6 +13,7 @@ from .memory.graph import build_graph
 from .memory.liveness import liveness, parts_of
 from .report.ranks import ParallelReport, RankGroup
 from .report.result import Report
+from .trace.compiled import check_parts
 from .trace.engine import UNSET, Step, TraceRequest, trace
 from .trace.ledger import frozen_gc
 from .trace.parallel import as_wrapped, check_parallel, refuse_wrapped
@@ -127,6 +128,7 @@ def analyze_request(request: TraceRequest, retrace: bool = False):
     if parallel is not None:
         return _per_rank(request.but(parallel=parallel), again_as)
     plan = normalize_plan(model, request.checkpoint)
+    check_parts(model, plan, None, None)  # the plan is derived from a trace without it
     below = _below(as_here, request.but(checkpoint=plan))
     step = request.step
     if request.dims:

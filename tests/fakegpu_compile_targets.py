@@ -31,6 +31,47 @@ def square_sum(out):
     return out.square().sum()
 
 
+class Residual(nn.Module):
+    """:class:`Pointwise` with a residual: a block of :class:`Blocks`."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = Pointwise()
+
+    def forward(self, x):
+        return x + self.inner(x)
+
+
+class Blocks(nn.Module):
+    """Two :class:`Residual` blocks and a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([Residual() for _ in range(2)])
+        self.head = nn.Linear(256, 10)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def blocks(how: str):
+    """:class:`Blocks` compiled ``how``: ``"each"``, each block ``torch.compile(block)`` put
+    back in its list (as torchtitan did); ``"in_place"``, ``block.compile()``; ``"model"``,
+    ``model.compile()``; ``"eager"``, none."""
+    m = Blocks()
+    if how == "each":
+        for i, layer in enumerate(m.layers):
+            m.layers[i] = torch.compile(layer)
+    elif how == "in_place":
+        for layer in m.layers:
+            layer.compile()
+    elif how == "model":
+        m.compile()
+    return m
+
+
 def gpt2(n_layer=2, n_embd=64):
     """A small GPT-2 (transformers, random weights), SDPA attention, no dropout."""
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -68,6 +109,10 @@ def _case(name: str):
     name = name.removesuffix("_bf16")
     if name == "pointwise":
         return (Pointwise(), lambda b, dev: ((torch.zeros(b, 256, device=dev),), ()),
+                lambda out: square_sum(out), torch.optim.SGD)
+    if name.startswith("blocks_"):  # compiled parts: the model brings them (compile=False)
+        return (blocks(name.removeprefix("blocks_")),
+                lambda b, dev: ((torch.zeros(b, 256, device=dev),), ()),
                 lambda out: square_sum(out), torch.optim.SGD)
     if name in ("gpt2", "llama", "llama_nocache"):
         def batch(b, dev):
@@ -242,6 +287,20 @@ def predict(name: str, batches: list, compiled_at: int, compile: bool = True,
                                loss=loss, optimizer=opt_class, device="cuda", amp=amp)
     return {str(b): {"max_allocated": report.cuda_memory(b).max_allocated,
                      "max_reserved": report.cuda_memory(b).max_reserved} for b in batches}
+
+
+def part_modules(name: str, compiled_at: int) -> dict:
+    """The module paths fxmem's trace of case ``name`` names its ops by, and whether the
+    same model analysed again in this process (its parts' dynamo caches holding the first
+    trace's entries) gives the same peak formula."""
+    import fxmem
+
+    model, batch, loss, opt_class = _case(name)
+    inputs, targets = batch(compiled_at, "cpu")
+    first, again = (fxmem.analyze(model, inputs, targets, loss=loss, optimizer=opt_class,
+                                  device="cuda") for _ in range(2))
+    return {"modules": sorted({o.module for o in first.trace.ops}),
+            "again": str(first.peak) == str(again.peak)}
 
 
 def measure_with_fxmem(name: str, B: int, compiled_at: int, budget: float) -> dict:

@@ -22,30 +22,59 @@ def test_a_compiled_model_is_traced_for_cuda_only():
         fxmem.analyze(_compiled(), torch.zeros(4, 8), loss=lambda o: o.sum(), device="cpu")
 
 
-@pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_blocks_compiled_on_their_own_are_refused_in_one_line(device):
-    """Blocks compiled one by one (``torch.compile(block)`` put in the model, as torchtitan
-    does, or ``block.compile()``), or the model compiled in place: fxmem lowers a model
-    compiled whole, and these would run eagerly under its fake tensors, the report the
-    eager step's with nothing said (as it was before this check)."""
-    def stack():
-        return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+def _stack():
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
 
-    m = stack()
+
+def _parts():
+    """Blocks compiled one by one: ``torch.compile(block)`` put in the model (as torchtitan
+    did) and ``block.compile()`` (as it does now)."""
+    m = _stack()
     m[0] = torch.compile(m[0])
     m[2].compile()
+    return m
+
+
+def test_parts_compiled_on_their_own_say_what_they_need():
+    """Parts compiled on their own are lowered one by one on CUDA (the fake GPU's tests:
+    tests/test_fake_gpu_compile.py); on the CPU, or in a model compiled whole (where they
+    would run eagerly under its fake tensors), one line says why not."""
+    def analyze(model, **kw):
+        fxmem.analyze(model, torch.zeros(4, 8), loss=lambda o: o.sum(), **kw)
+
     with pytest.raises(fxmem.InputError, match=r"^module 0 \(and 1 more\) is compiled on its "
-                                               r"own: fxmem traces a model compiled whole"):
-        fxmem.analyze(m, torch.zeros(4, 8), loss=lambda o: o.sum(), device=device)
-    whole = stack()
+                                               r"own: a compiled model .* device='cuda' only"):
+        analyze(_parts(), device="cpu")
+    whole = _stack()
     whole.compile()
-    with pytest.raises(fxmem.InputError, match=r"^the model is compiled in place"):
-        fxmem.analyze(whole, torch.zeros(4, 8), loss=lambda o: o.sum(), device=device)
-    inner = stack()
+    with pytest.raises(fxmem.InputError, match=r"^the model is compiled in place .* "
+                                               r"device='cuda' only"):
+        analyze(whole, device="cpu")
+    inner = _stack()
     inner[2] = torch.compile(inner[2])
-    with pytest.raises(fxmem.InputError, match=r"^module 2 is compiled on its own"):
-        fxmem.analyze(torch.compile(inner), torch.zeros(4, 8), loss=lambda o: o.sum(),
-                      device=device)
+    for device in ("cpu", "cuda"):
+        with pytest.raises(fxmem.InputError, match=r"^module 2 is compiled on its own inside "
+                                                   r"a model compiled whole"):
+            analyze(torch.compile(inner), device=device)
+    if not torch.cuda.is_available():
+        with pytest.raises(fxmem.InputError, match="needs a CUDA build of PyTorch"):
+            analyze(_parts(), device="cuda")
+
+
+@pytest.mark.parametrize("option, message", [
+    ({"checkpoint": ["0"]}, "checkpoint plans over parts compiled on their own are not "
+                            "modelled yet"),
+    ({"parallel": fxmem.FSDP(2)}, "parts compiled on their own under FSDP2 over 2 ranks are "
+                                  "not modelled yet"),
+    ({"compile": True}, "compile= compiles the model whole"),
+])
+def test_parts_compiled_on_their_own_refuse_what_is_not_modelled(option, message):
+    """Under a checkpoint plan, data or tensor parallelism, or ``compile=``: one line, before
+    anything is traced."""
+    with pytest.raises(fxmem.InputError, match=r"^module 0 \(and 1 more\) is compiled on its "
+                                               r"own: " + message):
+        fxmem.analyze(_parts(), torch.zeros(4, 8), loss=lambda o: o.sum(), device="cuda",
+                      **option)
 
 
 # --- compile= (fxmem.trace.compiled.options) ---

@@ -21,7 +21,8 @@ BUDGETS = (1.0, 0.7, 0.5, 0.3)  # fxmem.checkpoint.compiled.BUDGETS, the kind's 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # case -> (compiled at, the batch sizes checked; gpt2_bf16: GPT-2 under bf16 autocast); GPT-2
 # compiles for about a minute: in the slow tier, which CI does not run
-CASES = {"pointwise": (1024, (8, 512)), "gpt2": (64, (4, 32)), "gpt2_bf16": (64, (4, 32))}
+CASES = {"pointwise": (1024, (8, 512)), "gpt2": (64, (4, 32)), "gpt2_bf16": (64, (4, 32)),
+         **{f"blocks_{how}": (1024, (8, 512)) for how in ("each", "in_place", "model", "eager")}}
 _seen: dict = {}
 _cache: list = []
 
@@ -67,6 +68,37 @@ def _figures(name, compile=True, budget=None):
 def test_compiled_step_is_exact_on_the_fake_gpu(name):
     predicted, measured = _figures(name)
     assert predicted == measured
+
+
+@pytest.mark.parametrize("how", ["each", "in_place", "model"])
+def test_parts_compiled_on_their_own_are_exact_on_the_fake_gpu(how):
+    """Blocks compiled one by one, ``torch.compile(block)`` put back in the model (as
+    torchtitan did) or ``block.compile()`` (as it does now), and a model compiled in place
+    (``model.compile()``): each part's graphs lowered and run on the trace's fakes, the eager
+    code between them traced as any step's (fxmem.trace.compiled.parts). Exact at two batch
+    sizes, and not the eager step's."""
+    name = f"blocks_{how}"
+    predicted, measured = _figures(name, compile=False)
+    assert predicted == measured
+    eager = _figures("blocks_eager", compile=False)
+    b = str(CASES[name][1][-1])
+    assert measured[b]["max_allocated"] < eager[1][b]["max_allocated"]
+    assert eager[0] == eager[1]
+
+
+def test_a_part_s_buffers_count_below_its_path():
+    """What a block's graphs allocate, forward and backward, counts for the modules of that
+    block (by the names its parameters have: ``_orig_mod`` within ``torch.compile(block)``),
+    not for paths within the compiled module alone ("inner.a"); a second analysis in the
+    process, past the parts' cached graphs, gives the same formula."""
+    got = _call("part_modules", name="blocks_each", compiled_at=64)
+    assert {"layers.0._orig_mod.inner.a", "layers.1._orig_mod.inner.b"} <= \
+        set(got["modules"]), got
+    assert not [m for m in got["modules"] if m.startswith("inner")], got
+    assert got["again"]  # analysed again in the process: the same formula
+    got = _call("part_modules", name="blocks_in_place", compiled_at=64)
+    assert {"layers.0.inner.a", "layers.1.inner.b"} <= set(got["modules"]), got
+    assert got["again"]
 
 
 def test_compiled_and_eager_steps_differ():

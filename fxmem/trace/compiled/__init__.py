@@ -2,6 +2,8 @@
 
 - :mod:`~fxmem.trace.compiled.inductor`: the compiled graphs lowered for the GPU and their
   Python wrappers run on the fakes (each buffer, each ``del``);
+- :mod:`~fxmem.trace.compiled.parts`: modules compiled on their own (``torch.compile(block)``,
+  ``block.compile()``), each lowered so, the eager code between them traced as any step's;
 - :mod:`~fxmem.trace.compiled.options`: :class:`Compile`, the options ``compile=`` takes.
 
 A change here must keep the compiled steps exact against the same step run on the fake GPU
@@ -10,5 +12,6 @@ A change here must keep the compiled steps exact against the same step run on th
 
 from .inductor import check_compilable, is_compiled
 from .options import Compile
+from .parts import check_parts
 
-__all__ = ["Compile", "check_compilable", "is_compiled"]
+__all__ = ["Compile", "check_compilable", "check_parts", "is_compiled"]

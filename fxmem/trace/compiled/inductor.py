@@ -38,39 +38,6 @@ def is_compiled(model) -> bool:
     return isinstance(model, OptimizedModule)
 
 
-def refuse_compiled_parts(model) -> None:
-    """Raise :class:`fxmem.InputError` when ``model`` holds modules compiled on their own
-    (``torch.compile(block)`` put in the model, ``block.compile()``, or ``model.compile()``):
-    fxmem lowers a model compiled whole (``torch.compile(model)``, or ``compile=``); under
-    the trace's fake tensors those parts would run eagerly and the report would be the
-    eager step's, with nothing said.
-
-    >>> import torch
-    >>> m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
-    >>> m[0] = torch.compile(m[0])
-    >>> try:
-    ...     refuse_compiled_parts(m)
-    ... except InputError as e:
-    ...     print(str(e).split(":")[0])
-    module 0 is compiled on its own
-    """
-    from torch._dynamo.eval_frame import OptimizedModule
-
-    if not isinstance(model, torch.nn.Module):
-        return
-    top = model._orig_mod if isinstance(model, OptimizedModule) else model
-    parts = [name or "the model" for name, m in top.named_modules()
-             if (isinstance(m, OptimizedModule) and m is not model)
-             or getattr(m, "_compiled_call_impl", None) is not None]
-    if parts:
-        more = f" (and {len(parts) - 1} more)" if len(parts) > 1 else ""
-        what = "the model is compiled in place (model.compile())" if parts[0] == "the model" \
-            else f"module {parts[0]}{more} is compiled on its own"
-        raise InputError(f"{what}: fxmem traces a model compiled whole, torch.compile(model) "
-                         "or compile=; the parts compiled on their own would run eagerly "
-                         "under its fake tensors and the report be the eager step's")
-
-
 def check_compilable(device: str) -> None:
     """Raise :class:`fxmem.InputError` when this process cannot lower a compiled step for
     ``device``: inductor needs a CUDA build of PyTorch that sees a device."""
@@ -163,6 +130,30 @@ class Lines:
         return module
 
 
+def part_running(rec) -> str | None:
+    """The path of the part compiled on its own whose graph runs (its module's names,
+    ``_orig_mod`` within a ``torch.compile(block)``: :mod:`fxmem.trace.compiled.parts`): in
+    its forward, the part called; in backward, the part whose forward made the autograd node
+    running; None for a model compiled whole."""
+    if rec.part is not None:
+        return rec.part
+    node = torch._C._current_autograd_node()
+    return None if node is None else rec.part_nodes.get(node._sequence_nr())
+
+
+def below(part: str | None, running):
+    """``running`` (:meth:`fxmem.trace.compiled.inductor.Lines.running`'s, a path within
+    the compiled module, or None) as a path in the model, below ``part``: the part's own
+    where no line is marked."""
+    if not part:
+        return running
+
+    def module():
+        path = None if running is None else running()
+        return f"{part}.{path}" if path else part
+    return module
+
+
 @contextlib.contextmanager
 def inductor_on_fakes(modes: list, compile, rec):
     """While the trace runs: each graph inductor compiled runs its wrapper under ``modes``
@@ -203,7 +194,8 @@ def inductor_on_fakes(modes: list, compile, rec):
             if not any(id(m) in active for m in modes):
                 for m in modes:
                     stack.enter_context(m)
-            before, rec.running = rec.running, lines.running(g.get("__file__"))
+            before = rec.running  # a part's lines below its path (compiled.parts)
+            rec.running = below(part_running(rec), lines.running(g.get("__file__")))
             try:
                 return original_call(self, inputs)
             finally:

@@ -24,35 +24,22 @@ from dataclasses import dataclass
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import (
-    DimDynamic,
-)
+from torch.fx.experimental.symbolic_shapes import DimDynamic
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._pytree import tree_leaves
 
-from ...errors import (
-    FxmemError,
-    InputError,
-    SpecializationError,
-)
+from ...errors import FxmemError, InputError, SpecializationError
 from ..blocks.reuse import NoReuse
 from ..blocks.sharded import copied, reuses_under, runs_of
 from ..blocks.splice import splice
-from ..compiled.inductor import (
-    check_compilable,
-    inductor_on_fakes,
-    is_compiled,
-    modes_suspended,
-    refuse_compiled_parts,
-)
+from ..compiled.inductor import check_compilable, inductor_on_fakes, is_compiled, modes_suspended
+from ..compiled.parts import check_parts, compiled_parts, parts_lowered
 from ..kernels.amp import emulate
 from ..kernels.checks import CheckingShapeEnv
 from ..kernels.compat import plain_backward_first, tracing_shims
 from ..kernels.cuda.kernels import cuda_kernels
 from ..kernels.flat_weights import flat_rnn_params
-from ..kernels.rules import (
-    RNNRouter,
-)
+from ..kernels.rules import RNNRouter
 from ..kernels.symbolic import symbolic_kernels
 from ..kernels.values import eager_branches
 from ..ledger.records import B_RANGE_MAX, Trace
@@ -196,7 +183,7 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     step = Step.of(step, loss=loss, optimizer=optimizer, train=train, device=device, **options)
     spec = make_spec(model, inputs, targets, step, batch_dim)
     check_parallel(parallel, rank)
-    refuse_compiled_parts(model)  # compiled blocks: not lowered (fxmem.trace.compiled)
+    check_parts(model, checkpoint, parallel, spec)  # fxmem.trace.compiled.parts
     plain_backward_first()  # forks stay usable on a CUDA build (fxmem.trace.kernels.compat)
     if parallel is not None:  # blocks are copied under FSDP2 only (fxmem.trace.blocks.sharded)
         reuse_blocks = reuse_blocks and reuses_under(parallel, spec.train)
@@ -333,7 +320,8 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     if spec.compile is not None:  # compile=: torch.compile(model) (fxmem.trace.compiled.options)
         wrapper = spec.compile.apply(wrapper)
     # a compiled model is lowered for the device its fakes are on (fxmem.trace.compiled.inductor)
-    compiled, taken = is_compiled(wrapper), []
+    parts, taken = compiled_parts(wrapper), []
+    compiled = is_compiled(wrapper) or bool(parts)
     rec.compiled = compiled
     if compiled:
         check_compilable(spec.device)
@@ -352,7 +340,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     CallHooks(rec, model).install(wrapper, prepared, handles, watch=not warm or only_init)
 
     def forward(*args):
-        if compiled:  # dynamo captures with no mode on (fxmem.trace.compiled.inductor)
+        if compiled and not parts:  # dynamo captures with no mode on (compiled.inductor)
             with modes_suspended(taken):
                 return wrapper(*args)
         return wrapper(*args)
@@ -378,7 +366,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
             _entered(inside), \
             kept.real if kept is not None else contextlib.nullcontext(), \
             inductor_on_fakes(taken, spec.compile, rec) if compiled else \
-            contextlib.nullcontext():
+            contextlib.nullcontext(), parts_lowered(parts, taken, rec):
         phases.reuse = reuse
         run = functools.partial(run_step, forward, spec_run, fakes.inputs, fakes.targets,
                                 fakes.param_list)

@@ -1,0 +1,146 @@
+"""Blocks compiled on their own: ``torch.compile(block)`` put in the model, or
+``block.compile()`` (torchtitan compiles each transformer block so).
+
+Each such part is lowered as a model compiled whole is (:mod:`fxmem.trace.compiled.inductor`):
+its call takes the trace's dispatch modes off while dynamo captures it, and its graphs' wrappers
+run under them again; the eager code between the parts runs under the modes as any step's.
+What a part's graphs allocate counts for the module its code came from, below the part's path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+
+def compiled_parts(model) -> list:
+    """``(path, module)`` of each module of ``model`` compiled on its own, outermost first
+    (none inside another): an ``OptimizedModule`` below the model, or a module compiled in
+    place (``block.compile()``, ``model.compile()``: path ``""``).
+
+    >>> m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    >>> m[0].compile()
+    >>> [p for p, _ in compiled_parts(m)]
+    ['0']
+    """
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    if not isinstance(model, torch.nn.Module):
+        return []
+    top = model._orig_mod if isinstance(model, OptimizedModule) else model
+    out = []
+    for name, m in top.named_modules():
+        if any(name.startswith(p + ".") or p == "" for p, _ in out):
+            continue  # inside a part: lowered with it
+        if (isinstance(m, OptimizedModule) and m is not model) or \
+                getattr(m, "_compiled_call_impl", None) is not None:
+            out.append((name, m))
+    return out
+
+
+def _named(parts: list) -> str:
+    """The parts as a sentence's subject: "module 0 (and 1 more) is compiled on its own"."""
+    if parts[0][0] == "":
+        return "the model is compiled in place (model.compile())"
+    more = f" (and {len(parts) - 1} more)" if len(parts) > 1 else ""
+    return f"module {parts[0][0]}{more} is compiled on its own"
+
+
+def check_parts(model, checkpoint, parallel, spec) -> None:
+    """Raise :class:`fxmem.InputError`, in one line, for what is not modelled of a model
+    with parts compiled on their own: parts inside a model compiled whole (they would run
+    eagerly under its fake tensors), on the CPU (inductor's CPU code), under a checkpoint
+    plan, data or tensor parallelism, or ``compile=`` (which compiles the model whole).
+
+    >>> m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    >>> m[0] = torch.compile(m[0])
+    >>> try:
+    ...     check_parts(torch.compile(m), None, None, None)
+    ... except Exception as e:
+    ...     print(str(e).split(":")[0])
+    module 0 is compiled on its own inside a model compiled whole
+    """
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    from ...errors import InputError
+
+    if isinstance(model, OptimizedModule):
+        inner = compiled_parts(model._orig_mod)
+        if inner:
+            raise InputError(f"{_named(inner)} inside a model compiled whole: fxmem lowers "
+                             "either the model compiled whole or its parts compiled on their "
+                             "own; under the whole model's fake tensors the parts would run "
+                             "eagerly")
+        return
+    parts = compiled_parts(model)
+    if not parts:
+        return
+    what = _named(parts)
+    if spec is not None and spec.device != "cuda":
+        raise InputError(f"{what}: a compiled model (torch.compile) is traced on "
+                         "device='cuda' only: inductor's CPU code is not modelled")
+    if spec is not None and spec.compile is not None:
+        raise InputError(f"{what}: compile= compiles the model whole; pass the model "
+                         "without compile= (its parts' partitioner budget is "
+                         "torch._functorch.config.activation_memory_budget)")
+    if checkpoint:
+        raise InputError(f"{what}: checkpoint plans over parts compiled on their own are "
+                         "not modelled yet")
+    if parallel is not None:
+        raise InputError(f"{what}: parts compiled on their own under "
+                         f"{getattr(parallel, 'name', type(parallel).__name__)} are not "
+                         "modelled yet")
+
+
+@contextlib.contextmanager
+def parts_lowered(parts: list, taken: list, rec):
+    """While the trace runs: each part's call runs with the trace's modes off
+    (:func:`fxmem.trace.compiled.inductor.modes_suspended`, ``taken`` receiving them), and
+    its graphs' lines count below the part's path (:func:`part_running`). Everything is
+    restored on exit."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    from .inductor import modes_suspended
+
+    def lowered(fn, path):
+        def call(*args, **kwargs):
+            before, rec.part = rec.part, path
+            try:
+                with modes_suspended(taken):
+                    out = fn(*args, **kwargs)
+            finally:
+                rec.part = before
+            for t in tree_leaves(out):  # its backward's graph: found by its autograd node
+                if isinstance(t, torch.Tensor) and t.grad_fn is not None:
+                    _mark(t.grad_fn, path, rec.part_nodes)
+            return out
+        return call
+
+    undo = []
+    try:
+        for path, m in parts:
+            attr = "forward" if isinstance(m, OptimizedModule) else "_compiled_call_impl"
+            inner = f"{path}._orig_mod".lstrip(".") if attr == "forward" else path
+            undo.append((m, attr, attr in m.__dict__, m.__dict__.get(attr)))
+            object.__setattr__(m, attr, lowered(getattr(m, attr), inner))
+        yield
+    finally:
+        for m, attr, had, old in reversed(undo):
+            if had:
+                object.__setattr__(m, attr, old)
+            else:
+                m.__dict__.pop(attr, None)
+
+
+def _mark(node, path: str, nodes: dict, depth: int = 4) -> None:
+    """AOTAutograd's backward nodes reached from ``node`` within ``depth`` steps (an
+    output's view or alias node comes first) -> ``path``."""
+    if node is None or depth == 0:
+        return
+    if type(node).__name__.startswith("CompiledFunction"):
+        nodes[node._sequence_nr()] = path
+        return
+    for nxt, _ in node.next_functions:
+        _mark(nxt, path, nodes, depth - 1)
