@@ -303,6 +303,22 @@ def part_modules(name: str, compiled_at: int) -> dict:
             "again": str(first.peak) == str(again.peak)}
 
 
+def estimates(name: str, compiled_at: int, compile: bool = True) -> dict:
+    """Inductor's estimate and fxmem's of each compiled graph's run of case ``name``
+    (fxmem.report.inductor), and the line a report's setup shows."""
+    import fxmem
+    from fxmem.report.inductor import graph_estimates
+    from fxmem.report.summary import summarize
+
+    model, batch, loss, opt_class = _case(name)
+    inputs, targets = batch(compiled_at, "cpu")
+    report = fxmem.analyze(torch.compile(model) if compile else model, inputs, targets,
+                           loss=loss, optimizer=opt_class, device="cuda", amp=AMP.get(name))
+    return {"runs": [[e.phase, e.first_op, e.last_op, e.B, e.inductor_bytes, e.fxmem_bytes]
+                     for e in graph_estimates(report.trace)],
+            "line": summarize(report, B=compiled_at).setup.get("inductor's estimate")}
+
+
 def measure_with_fxmem(name: str, B: int, compiled_at: int, budget: float) -> dict:
     """``fxmem.measure(..., compile={"activation_memory_budget": budget})`` of the same step:
     the example batch at ``compiled_at``, measured at ``B``."""

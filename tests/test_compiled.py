@@ -164,3 +164,26 @@ def test_checkpoint_auto_with_compile_refuses_what_it_cannot_choose():
     assert r.exit_code == 2 and "chooses the torch.compile budget itself" in r.output
     r = CliRunner().invoke(cli, [*base, "--fsdp", "2"])
     assert r.exit_code == 2 and "not modelled yet" in r.output
+
+
+def test_a_graph_s_own_peak_counts_what_it_makes_and_frees():
+    """fxmem's figure beside inductor's estimate (fxmem.report.inductor): over a graph's run
+    (ops 2..4), the storages it makes and those made before that it frees, the most live at
+    once; a storage made before and kept, or made after, does not count."""
+    import types
+
+    from fxmem.formula.symbols import Size
+    from fxmem.report.inductor import _own_peak
+
+    def st(made, gone, n):
+        return types.SimpleNamespace(created_by=made, freed_after=gone, size=Size.of(n))
+
+    storages = [st(0, 3, 100),     # an input the run frees after op 3: counts until then
+                st(1, None, 1000),  # made before, kept: not the run's
+                st(2, 2, 10),       # the run's, freed after op 2
+                st(3, None, 50),    # the run's output
+                st(4, 4, 7),        # the run's, at its last op
+                st(5, 6, 999)]      # after the run
+    # just before: 100; op 2: 110; op 3: 150; op 4: 57
+    assert _own_peak(storages, 2, 4, 1) == 150
+    assert _own_peak(storages[:1], 2, 4, 1) == 100

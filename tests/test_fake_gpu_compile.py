@@ -101,6 +101,24 @@ def test_a_part_s_buffers_count_below_its_path():
     assert got["again"]
 
 
+def test_inductor_s_own_estimate_is_shown_beside_fxmem_s():
+    """Each compiled graph's run with inductor's estimate of its peak (torch._inductor.memory,
+    at the batch size it compiled at) and fxmem's of the same bytes, in the report's setup.
+    The forward graph of ``pointwise`` frees nothing it was given: there the two count the
+    same buffers, and agree to the byte; a model compiled block by block runs a graph per
+    block, summarised by its largest."""
+    got = _call("estimates", name="pointwise", compiled_at=1024)
+    assert [r[0] for r in got["runs"]] == ["forward", "backward"], got
+    (_, first, last, b, theirs, ours), back = got["runs"]
+    assert b == 1024 and 0 <= first < last < back[1] <= back[2]
+    assert theirs == ours > 0, got  # the forward: the same buffers
+    assert back[4] > 0 and back[5] > 0
+    assert got["line"].startswith("forward graph at B=1024: inductor "), got["line"]
+    got = _call("estimates", name="blocks_each", compiled_at=1024, compile=False)
+    assert [r[0] for r in got["runs"]] == ["forward"] * 2 + ["backward"] * 2, got
+    assert "forward graphs (2 runs) at B=1024: inductor up to" in got["line"], got["line"]
+
+
 def test_compiled_and_eager_steps_differ():
     """The case tells the two apart: at B=512 inductor's fused chain holds less than eager's
     outputs, and each prediction is its own step's."""

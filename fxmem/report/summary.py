@@ -23,6 +23,7 @@ import sympy
 
 from ..errors import InfeasibleBudgetError
 from ..formula.symbols import B as SYM_B
+from .inductor import graph_estimates, summary_line
 from .whatif import as_dict
 
 SCHEMA = "fxmem.report/2"
@@ -212,8 +213,10 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
         (b, d.max_allocated, d.max_reserved)
         for b, d in ((b, report.cuda_memory(b, cudnn_workspace=cudnn_workspace)) for b in bs))
     kernels = "; ".join(what for _, what in report.trace.kernel_choices)
+    estimates = graph_estimates(report.trace)
     info = {"device": report.device, "step": "training" if report.trace.train else "inference",
             **({"CUDA kernels": kernels} if kernels else {}),
+            **({"inductor's estimate": summary_line(estimates)} if estimates else {}),
             **({"grad_accum": report.grad_accum} if report.grad_accum > 1 else {}),
             **(setup or {}), **shown}
     parts = {p: report.parts[p] for p in PARTS if report.parts[p] != 0}

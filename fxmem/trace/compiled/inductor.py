@@ -29,6 +29,7 @@ import sys
 import torch
 
 from ...errors import FxmemError, InputError, TraceError
+from ..ledger.records import GraphRun
 
 
 def is_compiled(model) -> bool:
@@ -179,11 +180,13 @@ def inductor_on_fakes(modes: list, compile, rec):
 
     original_call, original_run = CompiledFxGraph.__call__, CachingAutotuner.run
     original_lines = GraphLowering._compile_to_module_lines
-    lines = Lines()
+    lines, estimates = Lines(), {}  # wrapper file -> inductor's estimate of its peak
+    rec.graph_runs = []
 
     def compile_lines(self, wrapper_code):
         mod = original_lines(self, wrapper_code)
         lines.add(mod.__file__, wrapper_code.line_map)
+        estimates[mod.__file__] = own_estimate(self)
         return mod
 
     def call(self, inputs):
@@ -196,10 +199,13 @@ def inductor_on_fakes(modes: list, compile, rec):
                     stack.enter_context(m)
             before = rec.running  # a part's lines below its path (compiled.parts)
             rec.running = below(part_running(rec), lines.running(g.get("__file__")))
+            first, phase = len(rec.ops), rec.phase
             try:
                 return original_call(self, inputs)
             finally:
                 rec.running = before
+                rec.graph_runs.append(GraphRun(phase, first, len(rec.ops) - 1,
+                                               estimates.get(g.get("__file__"))))
 
     def run(self, *args, **kwargs):  # a fused kernel's launch: nothing to allocate
         return None
@@ -218,6 +224,25 @@ def inductor_on_fakes(modes: list, compile, rec):
         finally:
             CompiledFxGraph.__call__, CachingAutotuner.run = original_call, original_run
             GraphLowering._compile_to_module_lines = original_lines
+
+
+def own_estimate(graph) -> int | None:
+    """Inductor's own estimate of the peak of the graph ``graph`` (a ``GraphLowering``)
+    emitted: ``torch._inductor.memory.prepare_planning_info`` on its scheduler's nodes in
+    their final order, what ``reorder_for_peak_memory`` weighs (the buffers it allocates
+    and the graph inputs it frees, at its size hints), in bytes; None when this release
+    has no such estimate or it fails."""
+    try:
+        from torch._inductor.memory import prepare_planning_info
+        from torch.utils._ordered_set import OrderedSet
+
+        sched = graph.scheduler
+        peak, _ = prepare_planning_info(
+            list(sched.nodes), sched.name_to_buf, sched.name_to_fused_node,
+            OrderedSet(graph.graph_inputs.keys()), OrderedSet(graph.get_output_names()))
+        return int(peak)
+    except Exception:  # noqa: BLE001 - an estimate shown beside fxmem's, never needed
+        return None
 
 
 def _breaks() -> dict:

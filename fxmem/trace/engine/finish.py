@@ -119,7 +119,8 @@ def finish(rec: Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
                  rec.capability, rec.kernels.choices if rec.kernels is not None else (),
                  tuple((op, m, what) for (op, m), what in data_sized.items()),
                  placement=getattr(rec, "placement", ()),
-                 compiled=getattr(rec, "compiled", False))
+                 compiled=getattr(rec, "compiled", False),
+                 graph_runs=tuple(getattr(rec, "graph_runs", ())))
 
 
 def _largest_counts(rec: Recorder) -> dict:

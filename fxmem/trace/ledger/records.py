@@ -51,6 +51,20 @@ class OpInfo:
 
 
 @dataclass(frozen=True)
+class GraphRun:
+    """One run of a graph inductor compiled (:mod:`fxmem.trace.compiled.inductor`): its
+    wrapper's ops are ``first_op..last_op``, in the ``phase`` it ran in; ``inductor_bytes``:
+    inductor's own estimate of the graph's peak (``torch._inductor.memory``: the buffers it
+    allocates and the inputs it frees, at its size hints, i.e. at the trace's batch hint),
+    None when inductor gave none."""
+
+    phase: str
+    first_op: int
+    last_op: int
+    inductor_bytes: int | None
+
+
+@dataclass(frozen=True)
 class ModuleCall:
     """One forward call of a submodule: its ops are ``first_op..last_op`` (none if
     ``last_op < first_op``); the first ``hook_ops`` of them ran in the module's own forward
@@ -152,6 +166,7 @@ class Trace:
     placement: tuple = ()
     # the model ran compiled: inductor's code (fxmem.trace.compiled.inductor)
     compiled: bool = False
+    graph_runs: tuple = ()  # GraphRun per run of a compiled graph, in order
 
 
 def _graph(self) -> torch.fx.Graph:
