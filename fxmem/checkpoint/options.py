@@ -161,6 +161,9 @@ def _solve(problem: C.ChainProblem, budget_bytes: int):
     return C.solve(problem, budget_bytes)
 
 
+DERIVED_KEPT = 8  # plans whose derivation (arrays as large as the trace) a planner keeps
+
+
 class Planner:
     """Every granularity over the chain of blocks ``candidates`` (default:
     :func:`stack_blocks`); the same methods as
@@ -227,7 +230,10 @@ class Planner:
                                  (sc.last_op + 1, sc.recompute_at)))
         self._step = Size.of(report.flop_count.total)
         self._peaks: dict = {}
-        self._derived = functools.lru_cache(maxsize=256)(self._derive)
+        # the latest plans' derivations, for the next B a search asks about; their numbers
+        # are kept apart (_peaks). 256 kept took Llama-3.1-70B's --fsdp 64 command to 3.65 GB
+        # of peak RSS, 8 to 3.10 GB, the same answer (docs/benchmarks.md)
+        self._derived = functools.lru_cache(maxsize=DERIVED_KEPT)(self._derive)
         self._problems: dict = {}
         self._chosen: dict = {}  # (budget, b, recompute limit) -> (choice, error)
 
