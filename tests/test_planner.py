@@ -256,6 +256,10 @@ def _same_numbers(report, plans, bs):
                                            if s.created_by < 0)
         assert list(d.sources) == [o.source for o in t.ops]
         assert list(d.recompute) == [int(o.recompute) for o in t.ops]
+        # kept small: runs of ops, and the storages whose indices the move misses
+        kept = sum(a.nbytes for a in (d.runs, *d.created_at, *d.freed_at, *d.tail))
+        whole = sum(a.nbytes for a in (d.created, d.freed, d.sources, d.recompute))
+        assert kept < whole, (kept, whole)
 
 
 def test_derived_numbers_are_the_derived_trace(case):

@@ -45,7 +45,8 @@ from ..trace.plans import Plan, Region
 from . import chain as C
 from .choose import FrontierPoint, PlanChoice, _start_bytes, default_candidates, tightened
 from .flops import ALIASES
-from .plans import SizeValues, derive_numbers, region_calls, sac_calls, schedule
+from .numbers import SizeValues
+from .plans import derive_numbers, region_calls, sac_calls, schedule
 
 KINDS = ("module", "group", "selective")
 _ATTENTION = ("aten._scaled_dot_product_flash_attention.default",

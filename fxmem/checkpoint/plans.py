@@ -39,6 +39,7 @@ import numpy as np
 from ..errors import InputError
 from ..trace.ledger import Trace, latest
 from ..trace.plans import Plan, modules_of
+from .numbers import _INDEX, NEVER, Derived, SizeValues
 
 _STATIC = ("param", "buffer", "grad", "optimizer_state")
 
@@ -200,81 +201,6 @@ def derive(trace: Trace, plan) -> Trace:
                    plan=plan, packs=())
 
 
-NEVER = -2  # ``Derived.freed``'s "never freed" (a trace's ``freed_after=None``)
-_INDEX = np.int32  # op and storage indices in a derivation's arrays (a planner keeps hundreds)
-
-
-class SizeValues:
-    """A trace's storage sizes (device sizes, :class:`fxmem.formula.symbols.Size`) and their
-    values at the last few batch sizes asked for, as int64 arrays: shared by every plan a
-    planner derives from the trace (:func:`derive_numbers`)."""
-
-    def __init__(self, sizes: tuple):
-        self.sizes, self._at = tuple(sizes), {}
-
-    def __len__(self) -> int:
-        return len(self.sizes)
-
-    def at(self, b: int):
-        if b not in self._at:
-            if len(self._at) >= 8:
-                self._at.pop(next(iter(self._at)))
-            self._at[b] = np.fromiter((z(b) for z in self.sizes), np.int64, len(self.sizes))
-        return self._at[b]
-
-
-@dataclass(frozen=True, eq=False)
-class Derived:
-    """A plan's step derived as :func:`derive` does, in arrays: what a planner's numbers
-    need, without a record per op and storage (:func:`derive_numbers`). Per storage of the
-    derived step: ``created`` (the op that makes it, -1: before the step) and ``freed``
-    (the op after which it is freed, :data:`NEVER`: never), int32 arrays; its size is the
-    base storage's (``base``, a :class:`SizeValues`), the first ``len(base)`` storages
-    being the base's and each after them a re-run's copy of base storage ``copied[k]``.
-    Per op: ``sources`` (the base op it is, or repeats) and ``recompute`` (a bool array:
-    True where it re-runs one)."""
-
-    created: np.ndarray
-    freed: np.ndarray
-    base: SizeValues
-    copied: np.ndarray
-    sources: np.ndarray
-    recompute: np.ndarray
-
-    @property
-    def n_ops(self) -> int:
-        return len(self.sources)
-
-    def timeline(self, b: int) -> list:
-        """Live bytes right after each op's allocations at batch size ``b``
-        (:func:`fxmem.memory.liveness.timeline`)."""
-        return self.live(b).tolist()
-
-    def _values(self, b: int, base=None):
-        base = self.base.at(b) if base is None else base
-        return np.concatenate([base, base[self.copied]]) if len(self.copied) else base
-
-    def live(self, b: int, base=None):
-        """:meth:`timeline` as a numpy array of int64; ``base``: the base storages' bytes
-        at ``b`` to count instead of their sizes' (an int64 array, e.g. some of them 0)."""
-        n = len(self.sources)
-        v = self._values(b, base)
-        made = self.created >= 0
-        delta = np.zeros(n + 1, np.int64)
-        np.add.at(delta, self.created[made], v[made])
-        gone = (self.freed != NEVER) & (self.freed + 1 <= n)
-        np.add.at(delta, np.maximum(self.freed[gone] + 1, 0), -v[gone])
-        return int(v[~made].sum()) + np.cumsum(delta[:n])
-
-    def start_bytes(self, b: int) -> int:
-        """Live bytes before the step's first op."""
-        return int(self._values(b)[self.created < 0].sum())
-
-    def recomputed(self):
-        """The base ops the derived step runs again, one entry per re-run (int32)."""
-        return self.sources[self.recompute]
-
-
 def derive_numbers(trace: Trace, plan, sizes) -> Derived:
     """:func:`derive`'s step under ``plan`` as a :class:`Derived`, ``sizes`` the device
     sizes of ``trace``'s storages (a :class:`SizeValues`, which a planner shares between
@@ -282,16 +208,17 @@ def derive_numbers(trace: Trace, plan, sizes) -> Derived:
     as the derived trace's, in a fraction of the time and memory."""
     plan = _plan_of(trace, plan)
     sizes = sizes if isinstance(sizes, SizeValues) else SizeValues(sizes)
-    created, freed = _base(trace)
+    created, freed = bases = _base(trace)
     n = len(trace.ops)
     none = np.zeros(0, _INDEX)
     if not trace.train or not plan:
-        return Derived(created, freed, sizes, none, np.arange(n, dtype=_INDEX),
-                       np.zeros(n, bool))
+        return Derived.of(created, freed, sizes, none, np.arange(n, dtype=_INDEX),
+                          np.zeros(n, bool), bases)
     d = _Derivation(trace, plan)
     again = np.concatenate([np.full(len(part), sc is not None) for part, sc in d.parts]) \
         if d.parts else np.zeros(0, bool)
-    return Derived(d.created, d.freed, sizes, np.array(d.copied, _INDEX), d.sources, again)
+    return Derived.of(d.created, d.freed, sizes, np.array(d.copied, _INDEX), d.sources, again,
+                      bases)
 
 
 def _plan_of(trace: Trace, plan) -> Plan:
