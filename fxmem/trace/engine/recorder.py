@@ -80,8 +80,8 @@ class Recorder(EagerOps, StorageTracker):
         # after the module's own pre-hooks (fxmem.trace.ledger.records.ModuleCall.hook_ops)
         self.recomputing = 0  # > 0 while a checkpointed forward re-runs in backward
         self.running = None  # () -> the module of the compiled graph's line running
-        self.part = None  # the part compiled on its own whose forward runs, and the
-        self.part_nodes: dict = {}  # parts' backward nodes (fxmem.trace.compiled.parts)
+        self.part = None  # the part compiled on its own whose forward runs (compiled.parts)
+        self.part_nodes: dict = {}  # a part's backward node's sequence number -> its path
         self.saved_tensors = SavedTensors(self, lambda: (self.phase, self.module_stack[-1]),
                                           self._node_of)
         self._unguarded: tuple | None = None  # (symbolic size, suppress_guards context)
