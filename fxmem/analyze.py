@@ -127,8 +127,8 @@ def analyze_request(request: TraceRequest, retrace: bool = False):
     again_as = {} if given is None and parallel is not None else {"reanalyze": reanalyze}
     if parallel is not None:
         return _per_rank(request.but(parallel=parallel), again_as)
+    check_parts(model, request.checkpoint, None, None)  # the plan is derived, not traced
     plan = normalize_plan(model, request.checkpoint)
-    check_parts(model, plan, None, None)  # the plan is derived from a trace without it
     below = _below(as_here, request.but(checkpoint=plan))
     step = request.step
     if request.dims:

@@ -61,6 +61,17 @@ def test_parts_compiled_on_their_own_say_what_they_need():
             analyze(_parts(), device="cuda")
 
 
+@pytest.mark.parametrize("plan", [["layers.0"], ["_orig_mod.0"]])
+def test_a_model_compiled_whole_refuses_an_eager_plan_as_such(plan):
+    """A model compiled whole is planned by torch.compile's budgets; an eager plan over it
+    was refused by what it said of the module ("no submodule", "runs 0 times in one
+    step"), not that the step is compiled."""
+    with pytest.raises(fxmem.InputError, match=r"^the model is compiled whole "
+                                               r"\(torch.compile\(model\)\): eager checkpoint"):
+        fxmem.analyze(torch.compile(_stack()), torch.zeros(4, 8), loss=lambda o: o.sum(),
+                      device="cuda", checkpoint=plan)
+
+
 @pytest.mark.parametrize("option, message", [
     ({"checkpoint": ["0"]}, "checkpoint plans over parts compiled on their own are not "
                             "modelled yet"),

@@ -52,7 +52,8 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
     """Raise :class:`fxmem.InputError`, in one line, for what is not modelled of a model
     with parts compiled on their own: parts inside a model compiled whole (they would run
     eagerly under its fake tensors), on the CPU (inductor's CPU code), under a checkpoint
-    plan, data or tensor parallelism, or ``compile=`` (which compiles the model whole).
+    plan, data or tensor parallelism, or ``compile=`` (which compiles the model whole); and
+    a model compiled whole under an eager checkpoint plan.
 
     >>> m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
     >>> m[0] = torch.compile(m[0])
@@ -73,6 +74,11 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
                              "either the model compiled whole or its parts compiled on their "
                              "own; under the whole model's fake tensors the parts would run "
                              "eagerly")
+        if checkpoint:
+            raise InputError("the model is compiled whole (torch.compile(model)): eager "
+                             "checkpoint plans over its compiled code are not modelled; its "
+                             "plans are torch.compile's partitioner budgets (compile="
+                             "{'activation_memory_budget': ...} on the model itself)")
         return
     parts = compiled_parts(model)
     if not parts:
