@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from ..errors import InfeasibleBudgetError, InputError
 from ..formula.symbols import B, Size
-from ..memory.liveness import timeline
+from ..memory.liveness import start_bytes, timeline
 from ..memory.sizes import device_sizes
 from ..trace.plans import Plan
 from . import solve as S
@@ -175,7 +175,7 @@ class Chooser:
             if v > points.get(key, -1):
                 points[key] = v
 
-        add(_start_bytes(self.report.trace.storages, self.report.liveness.sizes, b), 0)
+        add(start_bytes(self.report.trace.storages, self.report.liveness.sizes, b), 0)
         for t, v in enumerate(base):
             devs = sorted(differs.get(t, ()), key=lambda d: (-abs(d[0] - v), d[1]))
             if not devs:
@@ -266,7 +266,7 @@ class Chooser:
         if key not in self._peaks:
             t = derive(self.report.trace, self.paths(idx)) if idx else self.report.trace
             sizes = device_sizes(t.storages, self.report.device)
-            self._peaks[key] = max([_start_bytes(t.storages, sizes, b),
+            self._peaks[key] = max([start_bytes(t.storages, sizes, b),
                                     *timeline(t.storages, sizes, len(t.ops), b)])
         return self._peaks[key]
 
@@ -298,11 +298,6 @@ def tightened(solve, numbers, budget_bytes: int, max_recompute_flops: int | None
         budget -= peak - budget_bytes  # the model was short by this much
         exact = False
     return None
-
-
-def _start_bytes(storages, sizes, b: int) -> int:
-    """Live bytes before the step's first op: what exists before the step."""
-    return sum(z(b) for s, z in zip(storages, sizes) if s.created_by < 0)
 
 
 def max_batch_size(report, budget_bytes: int, max_recompute: float,

@@ -40,10 +40,10 @@ import torch
 
 from ..errors import InfeasibleBudgetError, InputError
 from ..formula.symbols import B, Size
-from ..memory.liveness import no_bytes, timeline
+from ..memory.liveness import no_bytes, start_bytes, timeline
 from ..trace.plans import Plan, Region
 from . import chain as C
-from .choose import FrontierPoint, PlanChoice, _start_bytes, default_candidates, tightened
+from .choose import FrontierPoint, PlanChoice, default_candidates, tightened
 from .flops import ALIASES
 from .numbers import SizeValues
 from .plans import derive_numbers, region_calls, sac_calls, schedule
@@ -302,7 +302,7 @@ class Planner:
             for out, released in ((least, drop.min() if len(drop) else 0),
                                   (most, drop.max() if len(drop) else 0)):
                 out.append(C.Choice(i, j, max(0, int(released)), reg * weight + other, own, e))
-        start = _start_bytes(self.report.trace.storages, sizes, b)
+        start = start_bytes(self.report.trace.storages, sizes, b)
         return tuple(C.ChainProblem(n, tuple(c), tuple(boundary), start) for c in (least, most))
 
     def least_growing(self, b: int) -> int:
@@ -358,7 +358,7 @@ class Planner:
         if key not in self._chosen:
             try:
                 got = self._choose(budget_bytes, b, max_recompute_flops)
-                self._chosen[key] = (got if got is None else replace(got, report=None), None)
+                self._chosen[key] = (got, None)  # without its report (_choose's)
             except InfeasibleBudgetError as e:
                 self._chosen[key] = (None, e)
         got, error = self._chosen[key]

@@ -116,8 +116,7 @@ class Liveness:
         if b not in asked:
             if len(asked) >= NUMERIC_PEAKS:  # a search over B: the formulas answer faster
                 return self.peak_candidate(b)(b)
-            start = sum(size(b) for s, size in zip(self.graph.storages, self.sizes)
-                        if s.created_by < 0)
+            start = start_bytes(self.graph.storages, self.sizes, b)
             asked[b] = max([start, *self.timeline(b)])
         return asked[b]
 
@@ -149,6 +148,12 @@ def timeline(storages, sizes, n_ops: int, b: int) -> list[int]:
         live += delta[i]
         out.append(live)
     return out
+
+
+def start_bytes(storages, sizes, b: int) -> int:
+    """Live bytes before the step's first op at batch size b: the storages made before it
+    (freed before op 0 or not), of device sizes ``sizes``."""
+    return sum(z(b) for s, z in zip(storages, sizes) if s.created_by < 0)
 
 
 SHARDED = ("param", "grad", "optimizer_state")  # what FSDP2 cuts into shards
