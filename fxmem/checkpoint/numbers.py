@@ -73,18 +73,15 @@ class Derived:
             runs = np.stack([sources[firsts], lengths, recompute[firsts]], 1).astype(_INDEX)
         else:
             runs = np.zeros((0, 3), _INDEX)
-        d = cls(base, np.asarray(copied, _INDEX), runs, bases, (), (), ())
-        moved_c, moved_f = d._moved()
+        moved_c, moved_f = _moved(runs, bases)
         n = len(moved_c)
 
         def diff(full, moved):
             at = np.flatnonzero(full[:n] != moved).astype(_INDEX)
             return at, full[:n][at].astype(_INDEX)
-        object.__setattr__(d, "created_at", diff(created, moved_c))
-        object.__setattr__(d, "freed_at", diff(freed, moved_f))
-        object.__setattr__(d, "tail", (np.asarray(created[n:], _INDEX),
-                                       np.asarray(freed[n:], _INDEX)))
-        return d
+        return cls(base, np.asarray(copied, _INDEX), runs, bases, diff(created, moved_c),
+                   diff(freed, moved_f), (np.asarray(created[n:], _INDEX),
+                                          np.asarray(freed[n:], _INDEX)))
 
     @property
     def sources(self) -> np.ndarray:
@@ -98,24 +95,13 @@ class Derived:
     def n_ops(self) -> int:
         return int(self.runs[:, 1].sum())
 
-    def _moved(self) -> tuple:
-        """The base storages' created and freed, moved to the derived op indices."""
-        created, freed = self.bases
-        pos = np.zeros(max(int((self.runs[:, 0] + self.runs[:, 1]).max(initial=0)), 1), _INDEX)
-        own = self.runs[:, 2] == 0  # pos: base op -> its derived index
-        at = np.cumsum(self.runs[:, 1]) - self.runs[:, 1]
-        pos[_expand(self.runs[own])] = _expand(np.stack([at[own], self.runs[own, 1]], 1))
-        made = np.where(created < 0, created, pos[np.maximum(created, 0)])
-        gone = np.where(freed >= 0, pos[np.maximum(freed, 0)], freed)
-        return made.astype(_INDEX), gone.astype(_INDEX)
-
     def _arrays(self) -> tuple:
         """(created, freed) of every storage of the derived step."""
-        created, freed = self._moved()
+        created, freed = _moved(self.runs, self.bases)
         for arr, (at, v) in ((created, self.created_at), (freed, self.freed_at)):
             if len(at):
                 arr[at] = v
-        if self.tail and len(self.tail[0]):
+        if len(self.tail[0]):
             created = np.concatenate([created, self.tail[0]])
             freed = np.concatenate([freed, self.tail[1]])
         return created, freed
@@ -163,6 +149,19 @@ class Derived:
     def recomputed(self):
         """The base ops the derived step runs again, one entry per re-run (int32)."""
         return _expand(self.runs[self.runs[:, 2] != 0])
+
+
+def _moved(runs, bases: tuple) -> tuple:
+    """The base storages' created and freed (``bases``), moved to the derived op indices of
+    the ops in ``runs``."""
+    created, freed = bases
+    pos = np.zeros(max(int((runs[:, 0] + runs[:, 1]).max(initial=0)), 1), _INDEX)
+    own = runs[:, 2] == 0  # pos: base op -> its derived index
+    at = np.cumsum(runs[:, 1]) - runs[:, 1]
+    pos[_expand(runs[own])] = _expand(np.stack([at[own], runs[own, 1]], 1))
+    made = np.where(created < 0, created, pos[np.maximum(created, 0)])
+    gone = np.where(freed >= 0, pos[np.maximum(freed, 0)], freed)
+    return made.astype(_INDEX), gone.astype(_INDEX)
 
 
 def _expand(runs) -> np.ndarray:

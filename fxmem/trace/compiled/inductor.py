@@ -181,7 +181,6 @@ def inductor_on_fakes(modes: list, compile, rec):
     original_call, original_run = CompiledFxGraph.__call__, CachingAutotuner.run
     original_lines = GraphLowering._compile_to_module_lines
     lines, estimates = Lines(), {}  # wrapper file -> inductor's estimate of its peak
-    rec.graph_runs = []
 
     def compile_lines(self, wrapper_code):
         mod = original_lines(self, wrapper_code)

@@ -120,7 +120,7 @@ def finish(rec: Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
                  tuple((op, m, what) for (op, m), what in data_sized.items()),
                  placement=getattr(rec, "placement", ()),
                  compiled=getattr(rec, "compiled", False),
-                 graph_runs=tuple(getattr(rec, "graph_runs", ())))
+                 graph_runs=tuple(rec.graph_runs))
 
 
 def _largest_counts(rec: Recorder) -> dict:

@@ -82,6 +82,7 @@ class Recorder(EagerOps, StorageTracker):
         self.running = None  # () -> the module of the compiled graph's line running
         self.part = None  # the part compiled on its own whose forward runs (compiled.parts)
         self.part_nodes: dict = {}  # a part's backward node's sequence number -> its path
+        self.graph_runs: list = []  # GraphRun per run of a compiled graph (compiled.inductor)
         self.saved_tensors = SavedTensors(self, lambda: (self.phase, self.module_stack[-1]),
                                           self._node_of)
         self._unguarded: tuple | None = None  # (symbolic size, suppress_guards context)
