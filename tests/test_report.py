@@ -145,6 +145,20 @@ def test_a_peak_read_off_the_timeline_counts_what_goes_before_the_first_op():
     assert fresh.peak_bytes(4) == formula.peak_candidate(4)(4) == start > max(fresh.timeline(4))
 
 
+def test_a_derived_plan_answers_without_its_networkx_graph():
+    """A plan's derived step is replayed and its peak read, dozens of times in a search,
+    from the trace's storages and ops: the networkx graph of its ops is built only when
+    read (``StorageGraph.nx``), and is the same graph then."""
+    model, x, y, loss = ZOO["mlp"]()
+    r = fxmem.analyze(model, x, y, loss=loss, optimizer=adam, device="cuda")
+    planned = r.with_plan(r.frontier(8)[-1].plan)
+    graph = planned.liveness.graph
+    planned.peak_bytes(8), planned.cuda_memory(8), planned.runs_on_device(8, 2**30)
+    assert "nx" not in graph.__dict__
+    ops = graph.nx.nodes
+    assert len(ops) == len(graph.ops) and ops[0]["op"] == graph.ops[0].op
+
+
 def test_str_names_the_checkpoint_plan():
     model, x, y, loss = ZOO["resnet"]()
     r = fxmem.analyze(model, x, y, loss=loss, device="cpu", checkpoint=["layer1.0"])
