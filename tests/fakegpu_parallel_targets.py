@@ -46,7 +46,19 @@ CASES = {  # name: (model, strategy, input width, step options)
     "fsdp-wide-kept": (Wide, lambda: FSDP(2), 1024, {"set_to_none": False}),
     "ddp": (Stack, lambda: DDP(2), 64, {}),
     "tp": (MLP, lambda: TP(2, MLP_PLAN), 64, {}),
+    # torchtitan's way: each block torch.compile(block) put back in the model, then sharded
+    "fsdp-compiled": (lambda: _blocks("each"), lambda: FSDP(2), 256, {}),
 }
+# a compiled case's first step, B marked dynamic: its blocks compile at the example's batch
+# size, as fxmem's trace lowers them, and that code runs at the measured B (measure_rank's
+# first_at)
+COMPILED_AT = {"fsdp-compiled": 4}
+
+
+def _blocks(how):
+    from fakegpu_compile_targets import blocks
+
+    return blocks(how)
 
 
 def case(name):
@@ -83,4 +95,17 @@ def measure(name, B, record_history=False):  # noqa: N803
 
     model, x, y, parallel, step = case(name)
     return measure_rank(model, (x,), (y,), parallel=parallel, B=B,
-                        record_history=record_history, **step)
+                        record_history=record_history, first_at=COMPILED_AT.get(name), **step)
+
+
+def predict(name, batches):
+    """On the fake GPU (a compiled case lowers there): fxmem's per-rank prediction of the case
+    at each of ``batches``, traced at the example batch with B a symbol: {str(B): [(max_allocated,
+    max_reserved) per rank]}."""
+    import fxmem
+
+    model, x, y, parallel, step = case(name)
+    report = fxmem.analyze(model, (x,), (y,), parallel=parallel, device="cuda", **step)
+    return {str(b): [(d.max_allocated, d.max_reserved) for d in
+                     (report.rank(k).cuda_memory(b) for k in range(parallel.world_size))]
+            for b in batches}

@@ -75,8 +75,13 @@ def test_a_model_compiled_whole_refuses_an_eager_plan_as_such(plan):
 @pytest.mark.parametrize("option, message", [
     ({"checkpoint": ["0"]}, "checkpoint plans over parts compiled on their own are not "
                             "modelled yet"),
-    ({"parallel": fxmem.FSDP(2)}, "parts compiled on their own under FSDP2 over 2 ranks are "
-                                  "not modelled yet"),
+    ({"parallel": fxmem.DDP(2)}, r"parts compiled on their own under DDP over 2 ranks are "
+                                 r"not modelled yet \(under FSDP2 without HSDP or offload they "
+                                 r"are\)"),
+    ({"parallel": fxmem.FSDP(2, offload=True)}, "parts compiled on their own under FSDP2 "
+                                                ".*are not modelled yet"),
+    ({"parallel": fxmem.FSDP(4, replicate=2)}, "parts compiled on their own under .*are not "
+                                               "modelled yet"),
     ({"compile": True}, "compile= compiles the model whole"),
 ])
 def test_parts_compiled_on_their_own_refuse_what_is_not_modelled(option, message):
@@ -86,6 +91,19 @@ def test_parts_compiled_on_their_own_refuse_what_is_not_modelled(option, message
                                                r"own: " + message):
         fxmem.analyze(_parts(), torch.zeros(4, 8), loss=lambda o: o.sum(), device="cuda",
                       **option)
+
+
+def test_parts_compiled_in_place_under_fsdp2_say_how_fxmem_models_them():
+    """Under FSDP2, parts are modelled as torchtitan compiles them: ``torch.compile(block)``
+    put back in the model, then ``fully_shard`` (the fake GPU's tests:
+    tests/test_fake_gpu_parallel.py); a block compiled in place is one line."""
+    with pytest.raises(fxmem.InputError, match=r"^module 2 is compiled in place "
+                                               r"\(module.compile\(\)\): under FSDP2 over 2 "
+                                               r"ranks fxmem models blocks compiled as "
+                                               r"torch.compile\(block\) put back") as e:
+        fxmem.analyze(_parts(), torch.zeros(4, 8), loss=lambda o: o.sum(), device="cuda",
+                      parallel=fxmem.FSDP(2))
+    assert "\n" not in str(e.value)
 
 
 # --- compile= (fxmem.trace.compiled.options) ---

@@ -78,3 +78,54 @@ def test_reserved_per_rank(name):
     for B in BATCHES:
         seen, want = _figures(name, B)
         assert [s[1] for s in seen] == [w[1] for w in want], (B, seen, want)
+
+
+# blocks compiled on their own (torch.compile(block) put back, then fully_shard: torchtitan's
+# way) under FSDP2, compiled first at the example's B=4 with B dynamic
+# (fakegpu_parallel_targets.COMPILED_AT), as fxmem lowers them, and measured at two other batch
+# sizes with their graphs from an inductor cache a run before filled (as
+# tests/test_fake_gpu_compile.py measures a compiled step: a process that compiles a graph
+# cold can end with another max_reserved)
+COMPILED_BATCHES = (8, 512)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_figures(name):
+    """``{B: (seen, predicted)}`` per rank ``(max_allocated, max_reserved)`` of case ``name``,
+    fxmem's on the fake GPU too (inductor lowers there), traced at the example batch (4)
+    with B a symbol."""
+    import tempfile
+
+    import fakegpu_parallel_targets as t
+
+    from fxmem.validate.fakegpu.ranks import call_ranks
+    from fxmem.validate.fakegpu.run import call
+
+    world = t.CASES[name][1]().world_size
+    with tempfile.TemporaryDirectory(prefix="fxmem_inductor_") as cache:
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
+        run = functools.partial(call_ranks, sys.executable, world_size=world,
+                                sys_path=[HERE], env=env)
+        run("fakegpu_parallel_targets:measure", kwargs={"name": name, "B": 8})  # fills it
+        got = run("fakegpu_parallel_targets:measure_each",
+                  kwargs={"name": name, "batches": list(COMPILED_BATCHES)})
+        want = call(sys.executable, "fakegpu_parallel_targets:predict", sys_path=[HERE],
+                    env=env, kwargs={"name": name, "batches": list(COMPILED_BATCHES)})
+    return {B: ([(r[str(B)]["peak_bytes"], r[str(B)]["peak_reserved_bytes"]) for r in got],
+                [tuple(w) for w in want[str(B)]]) for B in COMPILED_BATCHES}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "each rank's max_allocated is measured 4,096 B over fxmem's at both B, reserved equal "
+    "(2.14.1: 80,904,192 vs 80,900,096 at B=8, 90,780,160 vs 90,776,064 at B=512; 2.15: "
+    "47,304,192 vs 47,300,096, 57,220,608 vs 57,216,512): the measured step makes three "
+    "blocks from no Python frame, in its backward, that the trace does not (4,320, 144 and "
+    "4,320 B on 2.14.1 at B=8), not looked into"))
+def test_blocks_compiled_on_their_own_under_fsdp2_allocate_as_predicted():
+    for B, (seen, want) in _compiled_figures("fsdp-compiled").items():
+        assert [s[0] for s in seen] == [w[0] for w in want], (B, seen, want)
+
+
+def test_blocks_compiled_on_their_own_under_fsdp2_reserve_as_predicted():
+    for B, (seen, want) in _compiled_figures("fsdp-compiled").items():
+        assert [s[1] for s in seen] == [w[1] for w in want], (B, seen, want)

@@ -281,7 +281,7 @@ def _fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_)
         yield f"the fewest GPUs under FSDP2: not searched for {strategy.name}"
         return
     if _reports(report)[0].trace.compiled:
-        yield "the fewest GPUs under FSDP2: not searched (compiled parallel steps not modelled)"
+        yield "the fewest GPUs under FSDP2: not searched for a compiled step"
         return
     base = strategy or FSDP(1)
     plan = report.plan

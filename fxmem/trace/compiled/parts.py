@@ -52,8 +52,9 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
     """Raise :class:`fxmem.InputError`, in one line, for what is not modelled of a model
     with parts compiled on their own: parts inside a model compiled whole (they would run
     eagerly under its fake tensors), on the CPU (inductor's CPU code), under a checkpoint
-    plan, data or tensor parallelism, or ``compile=`` (which compiles the model whole); and
-    a model compiled whole under an eager checkpoint plan.
+    plan, data or tensor parallelism other than FSDP2's over ``torch.compile(block)`` parts,
+    or ``compile=`` (which compiles the model whole); and a model compiled whole under an
+    eager checkpoint plan.
 
     >>> m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
     >>> m[0] = torch.compile(m[0])
@@ -95,9 +96,28 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
         raise InputError(f"{what}: checkpoint plans over parts compiled on their own are "
                          "not modelled yet")
     if parallel is not None:
-        raise InputError(f"{what}: parts compiled on their own under "
-                         f"{getattr(parallel, 'name', type(parallel).__name__)} are not "
-                         "modelled yet")
+        _check_sharded(parts, parallel, what)
+
+
+def _check_sharded(parts: list, parallel, what: str) -> None:
+    """Parts under ``parallel``: modelled under FSDP2 alone (no HSDP, no offload), each
+    part a ``torch.compile(block)`` put in the model (torchtitan's way, then
+    ``fully_shard``: FSDP2's hooks run eagerly around the compiled block); else an
+    :class:`fxmem.InputError` in one line."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    from ...errors import InputError
+
+    name = getattr(parallel, "name", type(parallel).__name__)
+    if not getattr(parallel, "shards_compiled_parts", lambda: False)():  # (a Strategy's)
+        raise InputError(f"{what}: parts compiled on their own under {name} are not "
+                         "modelled yet (under FSDP2 without HSDP or offload they are)")
+    in_place = [p for p, m in parts if not isinstance(m, OptimizedModule)]
+    if in_place:
+        raise InputError(f"module {in_place[0] or '(the model)'} is compiled in place "
+                         f"(module.compile()): under {name} fxmem models blocks compiled "
+                         "as torch.compile(block) put back in the model before fully_shard "
+                         "(torchtitan's way)")
 
 
 @contextlib.contextmanager

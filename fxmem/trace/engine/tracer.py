@@ -296,7 +296,8 @@ def _as_rank(model, parallel, rank: int, mode, rec):
             yield copied, kept
         return
     rec.offload = parallel.offload
-    with sharded(model, parallel, rank, mode) as (copied, kept), metadata_unrecorded(rec), \
+    on = "cuda" if compiled_parts(model) else "cpu"  # inductor lowers for its inputs' device
+    with sharded(model, parallel, rank, mode, on) as (copied, kept), metadata_unrecorded(rec), \
             offloaded(rec) if parallel.offload else contextlib.nullcontext():
         yield copied, kept
 
@@ -325,6 +326,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     rec.compiled = compiled
     if compiled:
         check_compilable(spec.device)
+        rec.streams_on("cuda")  # its fakes, and a rank's shards (sharded), are CUDA's
     if not prepared:  # a rank's wrapped model places its shards itself
         rec.placement = placement(model)
     fakes = _Fakes.of(model, spec, mode, batch, named or {}, prepared, compiled)

@@ -173,7 +173,8 @@ class StorageTracker(TorchDispatchMode):
         self.host: set[int] = set()  # host memory, not the device's (fxmem.trace.parallel.offload)
         self.backend = "cpu"  # whose kernels run: "cuda" when the tracer follows CUDA's
         # the streams storages were made on, default first (stream_index); the stream
-        # objects themselves, so that an id is never reused
+        # objects themselves, so that an id is never reused; torch.cpu's (streams_on)
+        self._device = torch.cpu
         self._streams: list = [torch.cpu.current_stream()]
         # storages an unrecorded op made on another stream (a warm-up step) -> its index
         self._made_on = WeakIdKeyDictionary()
@@ -209,13 +210,20 @@ class StorageTracker(TorchDispatchMode):
             self.events.append(StorageEvent("alloc", sid, created_by))
         return sid
 
+    def streams_on(self, device: str) -> None:
+        """Read the streams of ``device`` (``"cpu"``, the default, or ``"cuda"``: a trace on
+        CUDA fakes, a compiled step's, where FSDP2 runs on a CUDA mesh and selects its
+        streams with ``torch.cuda.stream``), the one current now the default."""
+        self._device = getattr(torch, device)
+        self._streams = [self._device.current_stream()]
+
     def stream_index(self) -> int:
         """The stream an allocation now goes to: 0 for the default stream (the one current
-        when the tracker was made), else 1, 2, ... for the others ``torch.cpu.stream``
-        selected, in the order of their first allocation."""
-        s = torch.cpu.current_stream()
+        when the tracker was made), else 1, 2, ... for the others ``torch.cpu.stream`` (or
+        :meth:`streams_on`'s device's) selected, in the order of their first allocation."""
+        s = self._device.current_stream()
         for i, known in enumerate(self._streams):
-            if known is s:
+            if known is s or known == s:  # torch.cuda makes a new object per call
                 return i
         self._streams.append(s)
         return len(self._streams) - 1
@@ -303,7 +311,8 @@ class StorageTracker(TorchDispatchMode):
         than the default one, so that one still there when the step starts is placed on its
         stream (FSDP2's gradients kept across steps are views of a reduce-scatter output,
         made on the reduce-scatter stream). An output on an input's storage is not made."""
-        if torch.cpu.current_stream() is self._streams[0]:
+        now = self._device.current_stream()
+        if now is self._streams[0] or now == self._streams[0]:
             return
         given = {id(plain(x).untyped_storage()) for x in tree_leaves((args, kwargs))
                  if isinstance(x, torch.Tensor)}

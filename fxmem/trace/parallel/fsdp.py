@@ -183,6 +183,11 @@ class FSDP(Strategy):
         chunk, k = -(-rows // self.shards), rank % self.shards
         return max(0, min(rows, (k + 1) * chunk) - k * chunk)
 
+    def shards_compiled_parts(self) -> bool:
+        """Without HSDP or CPU offload: the rank's shards then CUDA fakes on a CUDA mesh
+        (:func:`sharded`), checked on the fake GPU's ranks."""
+        return type(self) is FSDP and self.replicate == 1 and not self.offload
+
     def rank_groups(self, model: torch.nn.Module) -> tuple:
         """The ranks, grouped by the rows of every parameter they hold (ranks of a group
         hold shards of the same shapes, so their memory is the same), first rank first."""
@@ -321,9 +326,9 @@ def meta_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 @contextlib.contextmanager
 def fake_world(world_size: int, rank: int, mesh_shape: tuple | None = None,
-               mesh_dim_names: tuple | None = None) -> Iterator:
+               mesh_dim_names: tuple | None = None, device: str = "cpu") -> Iterator:
     """A fake process group of ``world_size`` ranks as rank ``rank`` (collectives do
-    nothing), as the default group while the block runs, and its CPU device mesh
+    nothing), as the default group while the block runs, and its device mesh on ``device``
     (``mesh_shape``, default 1-D, dims named ``mesh_dim_names``); the group is destroyed
     on exit."""
     import torch.distributed as dist
@@ -347,7 +352,7 @@ def fake_world(world_size: int, rank: int, mesh_shape: tuple | None = None,
     hook = sys.excepthook
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
-        yield init_device_mesh("cpu", mesh_shape or (world_size,),
+        yield init_device_mesh(device, mesh_shape or (world_size,),
                                mesh_dim_names=mesh_dim_names)
     finally:
         dist.destroy_process_group()
@@ -356,17 +361,20 @@ def fake_world(world_size: int, rank: int, mesh_shape: tuple | None = None,
 
 
 @contextlib.contextmanager
-def sharded(model: torch.nn.Module, parallel: Strategy, rank: int, mode) -> Iterator:
+def sharded(model: torch.nn.Module, parallel: Strategy, rank: int, mode,
+            device: str = "cpu") -> Iterator:
     """A meta copy of ``model`` wrapped by ``parallel`` as rank ``rank`` sees it, its
-    storages fake tensors of ``mode``; usable while the block runs. Yields the wrapped
+    storages fake tensors of ``mode`` on ``device`` (``"cuda"``: a model with parts
+    compiled on their own, sharded over a CUDA mesh, as inductor lowers them for the device
+    their inputs are on); usable while the block runs. Yields the wrapped
     model and, for :class:`DDP`, the :class:`fxmem.trace.parallel.ddp.Kept` that saw its
     construction (to be active in the warm-up steps too; None for the others)."""
     with fake_world(parallel.world_size, rank, parallel.mesh_shape,
-                    parallel.mesh_dim_names) as mesh:
+                    parallel.mesh_dim_names, device) as mesh:
         copied = meta_copy(model)
         if not isinstance(parallel, DDP):  # shards on meta, then their storages made fakes
             parallel.apply(copied, mesh)
-            parallel.materialize(copied, mode)
+            parallel.materialize(copied, mode, device)
             yield copied, None
             return
         with mode:  # DDP's constructor broadcasts the parameters and builds its buckets

@@ -29,12 +29,19 @@ class Strategy:
             raise InputError(f"{who}: world_size is a positive int (the number of ranks), "
                              f"got {w!r}")
 
+    def shards_compiled_parts(self) -> bool:
+        """Are parts of a model compiled on their own (``torch.compile(block)``) modelled
+        under this strategy (:func:`fxmem.trace.compiled.parts.check_parts`)? Under FSDP2
+        alone (:class:`fxmem.FSDP`)."""
+        return False
+
     def optimizer(self, factory):
         """The optimizer factory each rank runs: ``factory`` itself (on its shards); ZeRO-1
         wraps it (:class:`fxmem.DDP`)."""
         return factory
 
-    def materialize(self, model: torch.nn.Module, mode) -> None:
-        """Give ``model``'s meta parameters and buffers storages: fakes of ``mode``."""
+    def materialize(self, model: torch.nn.Module, mode, device: str = "cpu") -> None:
+        """Give ``model``'s meta parameters and buffers storages: fakes of ``mode`` on
+        ``device``."""
         with mode:
-            model.to_empty(device="cpu")
+            model.to_empty(device=device)

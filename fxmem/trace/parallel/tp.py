@@ -106,14 +106,14 @@ class TP(Strategy):
         copy as each rank), first rank first."""
         return _groups(self, model)
 
-    def materialize(self, model: torch.nn.Module, mode) -> None:
+    def materialize(self, model: torch.nn.Module, mode, device: str = "cpu") -> None:
         """Fakes of ``mode`` for ``model``'s meta parameters and buffers, each local shard
         keeping its storage's size: ``distribute_tensor`` scatters a dim-0 shard into a
         buffer the size of the largest chunk and narrows it to the rank's rows
         (``placement_types.py``, ``Shard._shard_tensor``: ``output =
         torch.empty_like(first)``, then ``_maybe_unpad_tensor_with_sizes``), so a rank with
         fewer rows holds the padded buffer (``to_empty`` would make it the rows' size)."""
-        materialize_shards(model, mode)
+        materialize_shards(model, mode, device)
 
 
 @dataclass(frozen=True)
@@ -173,15 +173,15 @@ class Parallel(Strategy):
         return _groups(self, model)
 
 
-def materialize_shards(model: torch.nn.Module, mode) -> None:
-    """Fakes of ``mode`` for ``model``'s meta parameters and buffers, a ``DTensor``'s local
-    shard keeping its storage's size (:meth:`TP.materialize`)."""
+def materialize_shards(model: torch.nn.Module, mode, device: str = "cpu") -> None:
+    """Fakes of ``mode`` on ``device`` for ``model``'s meta parameters and buffers, a
+    ``DTensor``'s local shard keeping its storage's size (:meth:`TP.materialize`)."""
     from torch.distributed.tensor import DTensor
 
     def fresh(t):
         local = plain(t)
         base = torch.empty(local.untyped_storage().nbytes() // local.element_size(),
-                           dtype=local.dtype, device="cpu")
+                           dtype=local.dtype, device=device)
         new = base.as_strided(local.shape, local.stride(), local.storage_offset())
         if local is t:
             return new

@@ -122,7 +122,8 @@ def _no_value_checks() -> None:
 
 
 def measure_rank(model, inputs, targets=(), *, parallel, B: int, step=None,  # noqa: N803
-                 batch_dim=0, record_history: bool = False, **options) -> dict:
+                 batch_dim=0, record_history: bool = False, first_at: int | None = None,
+                 **options) -> dict:
     """In one rank's process (a :func:`call_ranks` target): ``model`` wrapped by
     ``parallel`` on a CUDA device mesh over the process group, and its step at batch size
     ``B`` measured as :func:`fxmem.measure` measures a CUDA step (warm-up steps, then
@@ -133,7 +134,11 @@ def measure_rank(model, inputs, targets=(), *, parallel, B: int, step=None,  # n
 
     Under FSDP2 the model is handed to ``fully_shard`` as it comes (on the CPU): it moves
     each rank's shards to the device; the model of any other strategy (DDP, TP) is moved
-    to ``cuda`` first. The batch is made after the wrapping."""
+    to ``cuda`` first. The batch is made after the wrapping. ``first_at``: a step at that
+    batch size, its inputs' batch dimension marked dynamic, runs before the warm-up steps at
+    ``B``: parts of the model compiled on their own (``torch.compile(block)``) compile there
+    with B a symbol, as fxmem's trace at that batch size lowers them, and that code runs
+    at ``B``."""
     import dataclasses
 
     import torch
@@ -158,6 +163,15 @@ def measure_rank(model, inputs, targets=(), *, parallel, B: int, step=None,  # n
     factory = parallel.optimizer(spec.optimizer)
     opt = make_optimizer(factory, params, "cuda", spec) if factory else None
     scaler = make_grad_scaler(spec, "cuda")
+    if first_at is not None:  # B marked dynamic: the graphs compiled here serve every B
+        first = [[batch_of(t, first_at, "cuda", d) for t, d in zip(ts, dims)]
+                 for ts, dims in ((spec.inputs, spec.batch_dims),
+                                  (spec.targets, spec.batch_dims[n_in:]))]
+        for t, d in zip(first[0], spec.batch_dims):
+            if d is not None:
+                torch._dynamo.mark_dynamic(t, d)
+        out = run_step(model, spec, *first, params, opt, lambda phase: None, scaler=scaler)
+        del out, first
     for _ in range(parallel.warmup_steps - 1):  # the measure's own warm-up is the last
         out = run_step(model, spec, ins, tgs, params, opt, lambda phase: None, scaler=scaler)
         del out
