@@ -7,6 +7,7 @@ against the sizes CCCL 3.0.1's own host code returns (DeviceRadixSort::SortPairs
 with d_temp_storage = nullptr, compiled with nvcc 13.0 and run without a GPU).
 """
 
+import importlib
 import math
 
 import pytest
@@ -577,3 +578,36 @@ def test_softmax_product_in_a_cuda_trace():
 
     assert made(trace(m, x, loss=lambda o: o.sum(), device="cuda")) == [str(64 * B)]
     assert made(trace(m, x, loss=lambda o: o.sum(), device="cpu")) == []
+
+
+# --- 8. _chunk_cat.out (cuda/TensorShape.cu; FSDP2's reduce-scatter copy-in) ---------------
+
+def test_chunk_cat_packs_its_metadata_on_the_device():
+    """_chunk_cat_out_cuda's fast path: seven int64 vectors packed and moved to the device,
+    (6 * inputs + 2 + blocks) * 8 bytes, a block per 2,048 bytes of each input's padded chunk.
+    Seen on the fake GPU (tests/test_fake_gpu_parallel.py, two ranks): 4,320 B for a block's
+    gradients (1024x256, 1024, 256x1024, 256), 144 B for the head's (10x256, 10)."""
+    op = torch.ops.aten._chunk_cat.out
+    pack = "pack_vecs: addresses, sizes, block map"
+
+    def cat(shapes, dst=F32, src=F32, chunks=2):
+        grads = [fake(*s, dtype=src) for s in shapes]
+        out = fake(sum(math.prod(s) for s in shapes) + 64, dtype=dst)
+        return dict(cw.workspace_bytes(op, (grads, 0, chunks), {"out": out}, None))
+
+    block = [(1024, 256), (1024,), (256, 1024), (256,)]
+    assert cat(block) == {pack: 4320}
+    assert cat([(10, 256), (10,)]) == {pack: 144}
+    # rows padded to a multiple of the chunks, bfloat16 into float32 chunks of float32 bytes
+    # (3 rows over 4 chunks: chunks of one row)
+    assert cat([(3, 1000)], chunks=4) == {pack: (6 + 2 + math.ceil(1000 * 4 / 2048)) * 8}
+    assert cat([(3, 1000)], dst=F32, src=BF16, chunks=4) == cat([(3, 1000)], chunks=4)
+    # another mix of dtypes, or an input that is not contiguous: the composite, not sized
+    assert cat(block, dst=BF16) == {}
+    with FAKE:
+        t = torch.empty(256, 64).t()
+    assert dict(cw.workspace_bytes(op, ([t], 0, 2), {"out": fake(64 * 256)}, None)) == {}
+    importlib.import_module("torch.distributed.fsdp")  # registers FSDP2's fsdp.chunk_cat
+    grads = [fake(*s) for s in block]
+    assert dict(cw.workspace_bytes(torch.ops.fsdp.chunk_cat.default, (grads, 0, 2),
+                                   {"out": fake(600000)}, None)) == {pack: 4320}

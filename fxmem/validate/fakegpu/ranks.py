@@ -121,6 +121,17 @@ def _no_value_checks() -> None:
     ddp._verify_param_shape_across_processes = lambda *args, **kwargs: None
 
 
+def _mark_dynamic(inputs, dims) -> None:
+    """Each input's batch dimension dynamic for dynamo (a function of its own: a loop's
+    variable left in the caller would keep the last input alive through the measured
+    step)."""
+    import torch
+
+    for x, d in zip(inputs, dims):
+        if d is not None:
+            torch._dynamo.mark_dynamic(x, d)
+
+
 def measure_rank(model, inputs, targets=(), *, parallel, B: int, step=None,  # noqa: N803
                  batch_dim=0, record_history: bool = False, first_at: int | None = None,
                  **options) -> dict:
@@ -167,9 +178,7 @@ def measure_rank(model, inputs, targets=(), *, parallel, B: int, step=None,  # n
         first = [[batch_of(t, first_at, "cuda", d) for t, d in zip(ts, dims)]
                  for ts, dims in ((spec.inputs, spec.batch_dims),
                                   (spec.targets, spec.batch_dims[n_in:]))]
-        for t, d in zip(first[0], spec.batch_dims):
-            if d is not None:
-                torch._dynamo.mark_dynamic(t, d)
+        _mark_dynamic(first[0], spec.batch_dims)
         out = run_step(model, spec, *first, params, opt, lambda phase: None, scaler=scaler)
         del out, first
     for _ in range(parallel.warmup_steps - 1):  # the measure's own warm-up is the last

@@ -429,6 +429,41 @@ def _split_with_sizes_copy(a, cap, sms):
     return [("pack_vecs: addresses, chunk sizes, block map", (4 * len(chunk) + 1 + blocks) * 8)]
 
 
+# --- 8. _chunk_cat.out (cuda/TensorShape.cu; FSDP2's reduce-scatter copy-in) ----------------
+
+def _chunk_cat(a, cap, sms):
+    """``_chunk_cat_out_cuda``: when every input is dense and of the output's dtype (or
+    bfloat16 into float32), ``get_chunk_cat_metadata`` packs seven int64 vectors into one
+    tensor moved to the device (``detail::pack_vecs``): per input its address, bytes, padded
+    chunk bytes and blocks; its first block and first byte (one per input, and one); and
+    the input of each block. An input of ``d`` rows (along ``dim``, padded to a multiple of
+    ``num_chunks``) of ``t`` elements each has chunks of ``ceil(d / num_chunks) * t`` output
+    elements, and takes ``ceil(chunk bytes / 2048)`` blocks. The packed tensor is gone when
+    the metadata function returns, before the kernel is launched. FSDP2's
+    ``fsdp.chunk_cat`` calls it on each block's gradients (seen on 2.14.1's binary on the
+    fake GPU: 4,320 bytes for a block's four parameters over two ranks, 144 for the head's
+    two, ``tests/test_fake_gpu_parallel.py``). Sizes that depend on B: not sized (none
+    here)."""
+    tensors, out = a.get("tensors") or (), a.get("out")
+    if not tensors or out is None or tensors[0].dim() == 0:
+        return []
+    from torch.fx.experimental.symbolic_shapes import is_concrete_int
+
+    if not all(is_concrete_int(d) for t in tensors for d in (*t.shape, *t.stride())):
+        return []
+    src = tensors[0].dtype
+    if not all(_contiguous(t) for t in tensors) or not (
+            out.dtype == src or (src, out.dtype) == (torch.bfloat16, torch.float32)):
+        return []
+    dim, chunks = int(a.get("dim", 0)) % tensors[0].dim(), int(a["num_chunks"])
+    blocks = 0
+    for t in tensors:
+        rows = _cdiv(int(t.shape[dim]), chunks)
+        blocks += _cdiv(rows * math.prod(int(n) for n in t.shape[dim + 1:])
+                        * out.element_size(), 128 * 16)  # TILE_SIZE bytes a block
+    return [("pack_vecs: addresses, sizes, block map", (6 * len(tensors) + 2 + blocks) * 8)]
+
+
 # --- the table -----------------------------------------------------------------------------------
 
 _RULES = {
@@ -456,9 +491,11 @@ _RULES = {
     aten._softmax_backward_data.default: _softmax_backward,
     aten._log_softmax_backward_data.default: lambda a, c, s: _softmax_backward(a, c, s, True),
     aten.split_with_sizes_copy.out: _split_with_sizes_copy,
+    aten._chunk_cat.out: _chunk_cat,
 }
 # ops of libraries registered on import, by name (FSDP2's custom ops)
-_NAMED_RULES = {"fsdp.split_with_sizes_copy.default": _split_with_sizes_copy}
+_NAMED_RULES = {"fsdp.split_with_sizes_copy.default": _split_with_sizes_copy,
+                "fsdp.chunk_cat.default": _chunk_cat}
 
 OPS: frozenset = frozenset(_RULES)
 
