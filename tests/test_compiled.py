@@ -3,6 +3,7 @@ needs (issue 39). Its prediction is checked on the fake GPU (tests/test_fake_gpu
 
 import pytest
 import torch
+from torch.distributed.tensor.parallel import ColwiseParallel
 
 import fxmem
 
@@ -78,6 +79,8 @@ def test_a_model_compiled_whole_refuses_an_eager_plan_as_such(plan):
     ({"parallel": fxmem.DDP(2)}, r"parts compiled on their own under DDP over 2 ranks are "
                                  r"not modelled yet \(under FSDP2 without HSDP or offload they "
                                  r"are\)"),
+    ({"parallel": fxmem.TP(2, {"2": ColwiseParallel()})}, "parts compiled on their own under "
+                                                         "TP .*are not modelled yet"),
     ({"parallel": fxmem.FSDP(2, offload=True)}, "parts compiled on their own under FSDP2 "
                                                 ".*are not modelled yet"),
     ({"parallel": fxmem.FSDP(4, replicate=2)}, "parts compiled on their own under .*are not "
@@ -95,7 +98,7 @@ def test_parts_compiled_on_their_own_refuse_what_is_not_modelled(option, message
 
 def test_parts_compiled_in_place_under_fsdp2_say_how_fxmem_models_them():
     """Under FSDP2, parts are modelled as torchtitan compiles them: ``torch.compile(block)``
-    put back in the model, then ``fully_shard`` (the fake GPU's tests:
+    put back in the model, then sharded (the fake GPU's tests:
     tests/test_fake_gpu_parallel.py); a block compiled in place is one line."""
     with pytest.raises(fxmem.InputError, match=r"^module 2 is compiled in place "
                                                r"\(module.compile\(\)\): under FSDP2 over 2 "

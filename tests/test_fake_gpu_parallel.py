@@ -115,11 +115,17 @@ def _compiled_figures(name):
                 [tuple(w) for w in want[str(B)]]) for B in COMPILED_BATCHES}
 
 
-def test_blocks_compiled_on_their_own_under_fsdp2_allocate_as_predicted():
-    for B, (seen, want) in _compiled_figures("fsdp-compiled").items():
-        assert [s[0] for s in seen] == [w[0] for w in want], (B, seen, want)
+COMPILED_CASES = [("fsdp-compiled", 8), ("fsdp-compiled", 512)]
 
 
-def test_blocks_compiled_on_their_own_under_fsdp2_reserve_as_predicted():
-    for B, (seen, want) in _compiled_figures("fsdp-compiled").items():
-        assert [s[1] for s in seen] == [w[1] for w in want], (B, seen, want)
+@pytest.mark.parametrize("name, B", COMPILED_CASES)
+def test_blocks_compiled_on_their_own_allocate_as_predicted(name, B):  # noqa: N803
+    """Each block ``torch.compile(block)`` put back in the model, then sharded."""
+    seen, want = _compiled_figures(name)[B]
+    assert [s[0] for s in seen] == [w[0] for w in want], (B, seen, want)
+
+
+@pytest.mark.parametrize("name, B", COMPILED_CASES)
+def test_blocks_compiled_on_their_own_reserve_as_predicted(name, B):  # noqa: N803
+    seen, want = _compiled_figures(name)[B]
+    assert [s[1] for s in seen] == [w[1] for w in want], (B, seen, want)

@@ -109,15 +109,14 @@ def _check_sharded(parts: list, parallel, what: str) -> None:
     from ...errors import InputError
 
     name = getattr(parallel, "name", type(parallel).__name__)
-    if not getattr(parallel, "shards_compiled_parts", lambda: False)():  # (a Strategy's)
+    if not getattr(parallel, "runs_compiled_parts", lambda: False)():  # (a Strategy's)
         raise InputError(f"{what}: parts compiled on their own under {name} are not "
                          "modelled yet (under FSDP2 without HSDP or offload they are)")
     in_place = [p for p, m in parts if not isinstance(m, OptimizedModule)]
     if in_place:
         raise InputError(f"module {in_place[0] or '(the model)'} is compiled in place "
                          f"(module.compile()): under {name} fxmem models blocks compiled "
-                         "as torch.compile(block) put back in the model before fully_shard "
-                         "(torchtitan's way)")
+                         "as torch.compile(block) put back in the model (torchtitan's way)")
 
 
 @contextlib.contextmanager

@@ -183,7 +183,7 @@ class FSDP(Strategy):
         chunk, k = -(-rows // self.shards), rank % self.shards
         return max(0, min(rows, (k + 1) * chunk) - k * chunk)
 
-    def shards_compiled_parts(self) -> bool:
+    def runs_compiled_parts(self) -> bool:
         """Without HSDP or CPU offload: the rank's shards then CUDA fakes on a CUDA mesh
         (:func:`sharded`), checked on the fake GPU's ranks."""
         return type(self) is FSDP and self.replicate == 1 and not self.offload

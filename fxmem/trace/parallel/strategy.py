@@ -29,10 +29,10 @@ class Strategy:
             raise InputError(f"{who}: world_size is a positive int (the number of ranks), "
                              f"got {w!r}")
 
-    def shards_compiled_parts(self) -> bool:
+    def runs_compiled_parts(self) -> bool:
         """Are parts of a model compiled on their own (``torch.compile(block)``) modelled
         under this strategy (:func:`fxmem.trace.compiled.parts.check_parts`)? Under FSDP2
-        alone (:class:`fxmem.FSDP`)."""
+        alone (:class:`fxmem.FSDP`), checked on the fake GPU's ranks."""
         return False
 
     def optimizer(self, factory):
