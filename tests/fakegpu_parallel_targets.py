@@ -46,7 +46,7 @@ CASES = {  # name: (model, strategy, input width, step options)
     "fsdp-wide-kept": (Wide, lambda: FSDP(2), 1024, {"set_to_none": False}),
     "ddp": (Stack, lambda: DDP(2), 64, {}),
     "tp": (MLP, lambda: TP(2, MLP_PLAN), 64, {}),
-    # torchtitan's way: each block torch.compile(block) put back in the model, then sharded
+    # as torchtitan did: each block torch.compile(block) put back in the model, then sharded
     "fsdp-compiled": (lambda: _blocks("each"), lambda: FSDP(2), 256, {}),
 }
 # a compiled case's first step, B marked dynamic: its blocks compile at the example's batch

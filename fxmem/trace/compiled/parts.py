@@ -101,7 +101,7 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
 
 def _check_sharded(parts: list, parallel, what: str) -> None:
     """Parts under ``parallel``: modelled under FSDP2 alone (no HSDP, no offload), each
-    part a ``torch.compile(block)`` put in the model (torchtitan's way, then
+    part a ``torch.compile(block)`` put in the model (as torchtitan did, then
     ``fully_shard``: FSDP2's hooks run eagerly around the compiled block); else an
     :class:`fxmem.InputError` in one line."""
     from torch._dynamo.eval_frame import OptimizedModule
@@ -116,7 +116,8 @@ def _check_sharded(parts: list, parallel, what: str) -> None:
     if in_place:
         raise InputError(f"module {in_place[0] or '(the model)'} is compiled in place "
                          f"(module.compile()): under {name} fxmem models blocks compiled "
-                         "as torch.compile(block) put back in the model (torchtitan's way)")
+                         "as torch.compile(block) put back in the model (as torchtitan "
+                         "did)")
 
 
 @contextlib.contextmanager
