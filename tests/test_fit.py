@@ -245,7 +245,8 @@ def test_fewest_ranks_counts_the_optimizer_temporaries_that_shard():
     make the peak, so what is left beside the shards (1.58 MB) is over a 1.5 MB budget, yet
     those temporaries shrink with more GPUs too: 32 GPUs fit. The way found is checked here
     by analysing again at it and one GPU fewer."""
-    from fxmem.report.fit import _reports, fit
+    from fxmem.report.fit import fit
+    from fxmem.report.ways import rank_reports
 
     m = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(12)])
     r = fxmem.analyze(m, torch.randn(4, 256), loss=lambda o: o.sum(),
@@ -259,10 +260,10 @@ def test_fewest_ranks_counts_the_optimizer_temporaries_that_shard():
         return analysed[key]
 
     def need(w):
-        return max(g.peak_bytes(1) for g in _reports(again(fxmem.FSDP(w))))
+        return max(g.peak_bytes(1) for g in rank_reports(again(fxmem.FSDP(w))))
 
     two = again(fxmem.FSDP(2))
-    assert need(2) - max(g.fixed_bytes for g in _reports(two)) > budget
+    assert need(2) - max(g.fixed_bytes for g in rank_reports(two)) > budget
     f = fit(r, 1, budget, by="live", reanalyze=again)
     way = f.way("fsdp")
     assert way is not None, f.none
@@ -275,16 +276,18 @@ def test_no_world_size_is_analysed_when_what_grows_with_b_is_over_the_budget():
     with B: their live bytes peak the same at 2 and at 8 GPUs, under each rank's peak. When
     they alone are over the budget, with the smallest plan too, the fewest-GPUs search
     analyses no world size and says why."""
-    from fxmem.report.fit import _batch_floor, _smallest_plan, fit
+    from fxmem.report.fit import fit
+    from fxmem.report.ways import batch_floor
+    from fxmem.report.world_size import smallest_plan
 
     m = _stack()
     r = _analyze(m)
     b = 512
-    least = _batch_floor(r, b)
+    least = batch_floor(r, b)
     for w in (2, 8):
         at = _analyze(m, parallel=fxmem.FSDP(w))
-        assert _batch_floor(at, b) == least < at.peak_bytes(b)
-    planned = _batch_floor(r.with_plan(_smallest_plan(r, b)), b)
+        assert batch_floor(at, b) == least < at.peak_bytes(b)
+    planned = batch_floor(r.with_plan(smallest_plan(r, b)), b)
     assert 0 < planned < least
     analysed = []
 
@@ -305,14 +308,16 @@ def test_more_gpus_with_a_plan_are_not_traced_when_the_checkpoint_way_re_runs_le
     says so with no step traced under a plan there (the checkpoint way's plan is, once)."""
     import importlib
 
-    from fxmem.report.fit import _batch_floor, _smallest_plan, fit
+    from fxmem.report.fit import fit
+    from fxmem.report.ways import batch_floor
+    from fxmem.report.world_size import smallest_plan
 
     analyze_module = importlib.import_module("fxmem.analyze")
     m = _stack()
     r = _analyze(m, parallel=fxmem.FSDP(2))
     b = 512
-    least = _batch_floor(r, b)
-    planned = r.with_plan(_smallest_plan(r, b)).peak_bytes(b)
+    least = batch_floor(r, b)
+    planned = r.with_plan(smallest_plan(r, b)).peak_bytes(b)
     assert planned < least
     traced, real = [], analyze_module.trace
 

@@ -224,9 +224,9 @@ def test_lowest_peak_bounds_every_plan(case):
 
 def test_least_growing_bounds_every_plan(case):
     """``least_growing``: no plan's step holds fewer bytes at once of the storages that grow
-    with B (:func:`fxmem.report.fit._batch_floor`, exact, of each plan's derived step): the
+    with B (:func:`fxmem.report.ways.batch_floor`, exact, of each plan's derived step): the
     frontier's plans, the smallest peak's, every block whole, each block alone, and none."""
-    from fxmem.report.fit import _batch_floor
+    from fxmem.report.ways import batch_floor
 
     name, build, batch, loss, b, r = case
     ch = r._chooser()
@@ -234,7 +234,7 @@ def test_least_growing_bounds_every_plan(case):
         low = ch.least_growing(at)
         plans = {p.plan for p in ch.frontier(at)} | {ch.smallest(at).plan, tuple(ch.blocks)}
         plans |= {(p,) for p in ch.blocks}
-        floors = [_batch_floor(r.with_plan(list(p)) if p else r, at) for p in plans | {()}]
+        floors = [batch_floor(r.with_plan(list(p)) if p else r, at) for p in plans | {()}]
         assert 0 < low <= min(floors), (low, min(floors))
 
 

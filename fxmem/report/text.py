@@ -135,7 +135,7 @@ def render_ranks(report, B: int | None = None, budget_bytes: int | None = None, 
 def plan_text(plan) -> str:
     """A plan in a line: its entries, runs of a stack's blocks checkpointed alike as ranges
     (:func:`compact_plan`) when that leaves at most three, else how many, the first and
-    the last (the whole plan is ``fxmem.report.fit.WayOut.plan``).
+    the last (the whole plan is ``fxmem.report.ways.WayOut.plan``).
 
     >>> plan_text(["h.0", "h.1"])
     'h.0-1'

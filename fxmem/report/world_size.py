@@ -1,6 +1,7 @@
-"""The fewest GPUs under FSDP2: the world-size search of :func:`fxmem.report.fit.fit`'s
-"fewest GPUs" way, on plain callables (each world size's analysis is the caller's), and the
-line ``a + s / w`` through the needs it saw.
+"""The fewest GPUs under FSDP2, :func:`fxmem.report.fit.fit`'s way of that name
+(:func:`fewest_ranks`, without a checkpoint plan and with the cheapest one): each world
+size's analysis, and the world-size search over it on plain callables (:func:`fewest`),
+with the line ``a + s / w`` through the needs it saw.
 
 >>> fewest(lambda w: 80 + 160 / w <= 100, 2, need=lambda w: 80 + 160 / w, budget=100)
 8
@@ -8,14 +9,31 @@ line ``a + s / w`` through the needs it saw.
 
 from __future__ import annotations
 
-from .text import fmt_bytes
+from dataclasses import replace
+
+from ..errors import FxmemError
+from ..formula.symbols import B as SYM_B
+from .recent import Recent
+from .text import fmt_bytes, plan_text
+from .ways import (
+    NoPlan,
+    WayOut,
+    batch_floor,
+    cheapest_plan,
+    checked,
+    choice_way,
+    doing,
+    grows,
+    live_peak,
+    rank_reports,
+)
 
 MAX_WORLD_SIZE = 1024  # the FSDP2 search stops here
 
 
 def towards(seen: list, by: str) -> str:
     """Why the world-size search stopped, from the (w, need, floor) points it saw, the floor
-    as ``fxmem.report.fit._Check.floor`` gives it ``by``."""
+    as ``fxmem.report.ways.Check.floor`` gives it ``by``."""
     if not seen or seen[-1][0] >= MAX_WORLD_SIZE:
         return f"not even {MAX_WORLD_SIZE} GPUs do"
     line = through([seen[0][::2], seen[-1][::2]]) if len(seen) >= 2 else None
@@ -39,7 +57,7 @@ def fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None, budget: int | Non
     did not meets the budget is one more guess (else halfway), and its neighbour below
     confirms it, so a search costs about five analyses, not a doubling's dozen.
     ``floor(w)`` (default: ``need``): bytes no step on w GPUs runs under (the live peak;
-    ``fxmem.report.fit._Check.floor`` on CUDA: the allocator's ``max_memory_allocated()``,
+    ``fxmem.report.ways.Check.floor`` on CUDA: the allocator's ``max_memory_allocated()``,
     where ``need`` is its ``max_memory_reserved()`` with no limit, which a step within a
     budget may undercut): when the line through the first and the last floor has its limit ``a`` at or
     over the budget, or the floor does not fall, no w is tried more.
@@ -112,3 +130,186 @@ def secant(line, budget) -> int | None:
         return None
     a, s = line
     return int(-(-s // (budget - a)))
+
+
+def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_):
+    """FSDP2's fewest GPUs at ``b``, without a plan then with the cheapest one (``found``:
+    the ways found before, the plan on one GPU among them)."""
+    from ..trace.parallel import FSDP
+
+    strategy = getattr(report, "strategy", None)
+    if reanalyze is None:
+        yield "the fewest GPUs under FSDP2: not searched (the report cannot analyse again)"
+        return
+    if strategy is not None and not (isinstance(strategy, FSDP) and strategy.replicate == 1):
+        yield f"the fewest GPUs under FSDP2: not searched for {strategy.name}"
+        return
+    if rank_reports(report)[0].trace.compiled:
+        yield "the fewest GPUs under FSDP2: not searched for a compiled step"
+        return
+    base = strategy or FSDP(1)
+    plan = report.plan
+    memo = Recent()
+    # a B below where the formulas hold is traced as an int (Report._small): on other numbers
+    # of GPUs too, where the search asks for it alone, so the formula's trace is not made
+    changes = {"checkpoint": plan} if plan else {}
+    if b < min(r.min_batch_size for r in rank_reports(report)):
+        changes["concrete_batch"] = b
+
+    def at(w):
+        if w not in memo:
+            r = reanalyze(parallel=replace(base, world_size=w), **changes)
+            memo[w] = r.at(**dims) if dims else r
+        return memo[w]
+
+    start = base.world_size + 1 if strategy is not None else 2
+    seen = []
+    least = batch_floor(report, b)
+    w = None if least >= check.budget else fewest(
+        lambda w: check.fits(at(w), b), start, need=lambda w: check.need(at(w), b),
+        budget=check.budget, seen=seen, floor=lambda w: check.floor(at(w), b),
+        guess=_guess(report, b, check.budget, start))
+    if w is None:
+        yield (f"no number of GPUs under FSDP2 fits B={b} without a checkpoint plan: "
+               + (towards(seen, check.by) if least < check.budget else grows(least)))
+    else:
+        yield WayOut("fsdp", w, check.need(at(w), b, True), f"FSDP2 over {w} GPUs",
+                     plan=plan, beyond=_gpus(w - 1) + " not fit")
+    if plan:
+        return
+    smallest = smallest_plan(report, b)
+    if smallest is None:
+        yield "the fewest GPUs under FSDP2 with a checkpoint plan: the model has none to choose"
+        return
+    planned = Recent()
+
+    def under(w):  # FSDP2 over w GPUs under its own plan of smallest peak, derived (one
+        if w not in planned:  # GPU's can keep far more: docs/concepts.md, "the ways out")
+            planned[w] = at(w).with_plan(smallest_plan(at(w), b) or smallest)
+        return planned[w]
+
+    choices = Recent()
+
+    def choice(w, confirm=False):  # the cheapest plan that runs on w GPUs (derived while
+        if (w, confirm) not in choices:  # searching), or the line saying why none does
+            choices[w, confirm] = cheapest_plan(check, at(w), b, confirm)
+        return choices[w, confirm]
+
+    if check.by == "live":  # the plan of smallest live peak fits when any plan does
+        fits, need = (lambda w: check.fits(under(w), b)), (lambda w: check.need(under(w), b))
+    else:  # not by the allocator: a plan of larger live peak can fragment less
+        def fits(w):  # some plan runs: first its plan of smallest peak (one replay), else
+            if check.fits(under(w), b):  # the planner's walk; the cheapest, at the answer
+                return True
+            c = choice(w)
+            return not isinstance(c, str) and checked(check, c, b)
+
+        def need(w):
+            c = choice(w)
+            return c.minimum_bytes if isinstance(c, NoPlan) else check.need(under(w), b)
+    seen, top = [], MAX_WORLD_SIZE if w is None else w - 1
+    least = _plan_floor(report, b)
+    w2 = None if least >= check.budget else fewest(
+        fits, start, top, need=need, budget=check.budget, seen=seen,
+        floor=lambda w: live_peak(under(w), b),  # no plan's peak is under it
+        guess=_guess(report.with_plan(smallest), b, check.budget, start))
+    if w2 is None:
+        yield ("FSDP2 with a checkpoint plan needs as many GPUs as without one" if w else
+               f"no number of GPUs under FSDP2 fits B={b} with a checkpoint plan either "
+               f"({plan_text(smallest)}, the smallest peak on one GPU): "
+               + (towards(seen, "live") if least < check.budget else grows(least, True)))
+        return
+    # one GPU fewer than the search's start is the step as asked: its plan is the checkpoint way
+    one = next((f for f in found if f.kind == "checkpoint"), None) if w2 == start else None
+    n = f"{w2 - 1} GPU{'s' if w2 > 2 else ''}"
+    if one is not None and not isinstance(derived := choice(w2), str) and \
+            one.recompute_share <= derived.recompute_fraction:  # that plan derived, not traced
+        yield (f"FSDP2 with a checkpoint plan: on {n} a plan re-running no more fits "
+               "(the checkpoint way)")
+        return
+    picked = choice(w2, True)  # the cheapest plan there, traced (the search derived it)
+    while check.by == "device" and w2 < top and (isinstance(picked, str)
+                                                 or not checked(check, picked, b)):
+        w2 += 1  # traced, it runs out (a forward that changes state when it re-runs)
+        picked = choice(w2, True)
+    line = f"FSDP2 over {w2} GPUs {{doing}} (re-running {{share}})"
+    if isinstance(picked, str) or not checked(check, picked, b):
+        r = under(w2)
+        flops = rank_reports(r)[0].flop_count
+        redo = int(flops.recompute.subs(SYM_B, b))
+        share = redo / (int(flops.total.subs(SYM_B, b)) - redo)
+        way = WayOut("fsdp+checkpoint", w2, check.need(r, b, True), line.format(
+            doing=doing(r.plan), share=f"{share:.1%}"), plan=r.plan, recompute_share=share)
+    else:
+        way = choice_way(check, picked, b, "fsdp+checkpoint", w2, line)
+    if one is None:
+        yield replace(way, beyond=_gpus(w2 - 1) + " not fit with any plan")
+    elif one.recompute_share <= way.recompute_share:
+        yield (f"FSDP2 with a checkpoint plan: on {n} a plan re-running no more fits "
+               "(the checkpoint way)")
+    else:
+        yield replace(way, beyond=f"on {n} the cheapest plan re-runs "
+                                  f"{one.recompute_share:.1%} (the checkpoint way)")
+
+
+def _guess(report, b: int, budget: int, start: int) -> int | None:
+    """The fewest GPUs from ``start`` whose estimated rank peak (the largest rank's live
+    bytes, its shards scaled from its world size: :func:`fxmem.memory.liveness.sharded_peak`,
+    which falls as GPUs are added) is within ``budget``, bisected: where the world-size
+    search looks first. None when no world size is."""
+    from ..memory.liveness import sharded_peak
+
+    w0 = getattr(getattr(report, "strategy", None), "world_size", 1)
+    peaks = [sharded_peak((r._small(b) or r).liveness, b) for r in rank_reports(report)]
+    if not peaks:
+        return None
+    lo, hi = start, MAX_WORLD_SIZE + 1  # hi: known within the budget (or past the search)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if max(p(w0 / mid) for p in peaks) <= budget else (mid + 1, hi)
+    return lo if lo <= MAX_WORLD_SIZE else None
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPUs do" if n > 1 else "1 GPU does"
+
+
+def smallest_plan(report, b: int):
+    """The checkpoint plan with the smallest peak at ``b`` (the frontier's last; of a
+    :class:`fxmem.ParallelReport`, the largest rank's), or None."""
+    from ..checkpoint.options import Planner
+    from ..checkpoint.ranks import smallest
+
+    try:
+        if getattr(report, "groups", None) is not None:
+            return smallest(*report._planner(None), b)[0] or None
+        if getattr(report, "named", True) is None and not report._small(b):
+            planner = report._chooser()
+            if isinstance(planner, Planner):  # its last point alone, not the frontier's
+                return planner.smallest(b, report=False).plan or None
+        points = report.frontier(b)
+    except FxmemError:
+        return None
+    return points[-1].plan if points and points[-1].plan else None
+
+
+def _plan_floor(report, b: int) -> int:
+    """Bytes of the storages that grow with B that no checkpoint plan's step at ``b`` holds
+    fewer of at once, the largest rank's (:meth:`fxmem.checkpoint.options.Planner.least_
+    growing`, a bound over every plan the planner can choose): as :func:`batch_floor`
+    without a plan, no number of GPUs runs a plan's step in fewer. 0 where no planner over
+    a chain of blocks bounds them, or B is traced as an int."""
+    from ..checkpoint.options import Planner
+
+    out = 0
+    for r in rank_reports(report):
+        if r._small(b) is not None:
+            continue
+        try:
+            planner = r._chooser()
+        except FxmemError:
+            return 0
+        if not isinstance(planner, Planner):
+            return 0
+        out = max(out, planner.least_growing(b))
+    return out
