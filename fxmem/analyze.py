@@ -126,7 +126,7 @@ def analyze_request(request: TraceRequest, retrace: bool = False):
             return analyze_request(request.but(**changes))
     again_as = {} if given is None and parallel is not None else {"reanalyze": reanalyze}
     if parallel is not None:  # (what is not modelled of compiled parts: before any rank)
-        check_parts(model, request.checkpoint, parallel, None)
+        check_parts(model, request.checkpoint, parallel, request.step)
         return _per_rank(request.but(parallel=parallel), again_as)
     check_parts(model, request.checkpoint, None, None)  # the plan is derived, not traced
     plan = normalize_plan(model, request.checkpoint)

@@ -96,6 +96,21 @@ def test_parts_compiled_on_their_own_refuse_what_is_not_modelled(option, message
                       **option)
 
 
+@pytest.mark.parametrize("how", ["torch.compile(model)", "compile="])
+@pytest.mark.parametrize("parallel", [fxmem.FSDP(2), fxmem.DDP(2)])
+def test_a_model_compiled_whole_under_a_strategy_is_one_line(how, parallel):
+    """It had ended in the trace, on the fake GPU, as "the compiled model does not run on
+    the trace's fake tensors: ... Tensor device mismatch" (the rank's shards on the CPU)."""
+    model, kw = (torch.compile(_stack()), {}) if how != "compile=" else \
+        (_stack(), {"compile": True})
+    with pytest.raises(fxmem.InputError, match=r"^the model is compiled whole under "
+                                               + parallel.name.split(" ")[0] + " over 2 "
+                                               r"ranks: not modelled yet") as e:
+        fxmem.analyze(model, torch.zeros(4, 8), loss=lambda o: o.sum(), device="cuda",
+                      parallel=parallel, **kw)
+    assert "\n" not in str(e.value)
+
+
 def test_parts_compiled_in_place_under_fsdp2_say_how_fxmem_models_them():
     """Under FSDP2, parts are modelled as torchtitan compiles them: ``torch.compile(block)``
     put back in the model, then sharded (the fake GPU's tests:

@@ -54,7 +54,7 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
     eagerly under its fake tensors), on the CPU (inductor's CPU code), under a checkpoint
     plan, data or tensor parallelism other than FSDP2's over ``torch.compile(block)`` parts,
     or ``compile=`` (which compiles the model whole); and a model compiled whole under an
-    eager checkpoint plan.
+    eager checkpoint plan or a strategy (``spec``: the step's, for ``compile=``).
 
     >>> m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
     >>> m[0] = torch.compile(m[0])
@@ -68,6 +68,11 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
 
     from ...errors import InputError
 
+    if parallel is not None and (isinstance(model, OptimizedModule) or (
+            spec is not None and spec.compile is not None)):
+        raise InputError(f"the model is compiled whole under {_name(parallel)}: not "
+                         "modelled yet; under FSDP2 its blocks compiled on their own "
+                         "(torch.compile(block) put back in the model) are")
     if isinstance(model, OptimizedModule):
         inner = compiled_parts(model._orig_mod)
         if inner:
@@ -108,7 +113,7 @@ def _check_sharded(parts: list, parallel, what: str) -> None:
 
     from ...errors import InputError
 
-    name = getattr(parallel, "name", type(parallel).__name__)
+    name = _name(parallel)
     if not getattr(parallel, "runs_compiled_parts", lambda: False)():  # (a Strategy's)
         raise InputError(f"{what}: parts compiled on their own under {name} are not "
                          "modelled yet (under FSDP2 without HSDP or offload they are)")
@@ -118,6 +123,10 @@ def _check_sharded(parts: list, parallel, what: str) -> None:
                          f"(module.compile()): under {name} fxmem models blocks compiled "
                          "as torch.compile(block) put back in the model (as torchtitan "
                          "did)")
+
+
+def _name(parallel) -> str:
+    return getattr(parallel, "name", type(parallel).__name__)
 
 
 @contextlib.contextmanager
