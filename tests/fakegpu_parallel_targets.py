@@ -51,8 +51,8 @@ CASES = {  # name: (model, strategy, input width, step options)
 }
 # a compiled case's first step, B marked dynamic: its blocks compile at the example's batch
 # size, as fxmem's trace lowers them, and that code runs at the measured B (measure_rank's
-# first_at)
-COMPILED_AT = {"fsdp-compiled": 4}
+# compile_at_example)
+COMPILED = {"fsdp-compiled"}
 
 
 def _blocks(how):
@@ -95,7 +95,7 @@ def measure(name, B, record_history=False):  # noqa: N803
 
     model, x, y, parallel, step = case(name)
     return measure_rank(model, (x,), (y,), parallel=parallel, B=B,
-                        record_history=record_history, first_at=COMPILED_AT.get(name), **step)
+                        record_history=record_history, compile_at_example=name in COMPILED, **step)
 
 
 def predict(name, batches):

@@ -82,7 +82,7 @@ def test_reserved_per_rank(name):
 
 # blocks compiled on their own (torch.compile(block) put back, then fully_shard: torchtitan's
 # way) under FSDP2, compiled first at the example's B=4 with B dynamic
-# (fakegpu_parallel_targets.COMPILED_AT), as fxmem lowers them, and measured at two other batch
+# (fakegpu_parallel_targets.COMPILED), as fxmem lowers them, and measured at two other batch
 # sizes with their graphs from an inductor cache a run before filled (as
 # tests/test_fake_gpu_compile.py measures a compiled step: a process that compiles a graph
 # cold can end with another max_reserved)

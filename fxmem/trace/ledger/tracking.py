@@ -223,7 +223,7 @@ class StorageTracker(TorchDispatchMode):
         :meth:`streams_on`'s device's) selected, in the order of their first allocation."""
         s = self._device.current_stream()
         for i, known in enumerate(self._streams):
-            if known is s or known == s:  # torch.cuda makes a new object per call
+            if known == s:  # (torch.cuda makes a new object per call: not `is`)
                 return i
         self._streams.append(s)
         return len(self._streams) - 1
@@ -311,8 +311,7 @@ class StorageTracker(TorchDispatchMode):
         than the default one, so that one still there when the step starts is placed on its
         stream (FSDP2's gradients kept across steps are views of a reduce-scatter output,
         made on the reduce-scatter stream). An output on an input's storage is not made."""
-        now = self._device.current_stream()
-        if now is self._streams[0] or now == self._streams[0]:
+        if self._device.current_stream() == self._streams[0]:
             return
         given = {id(plain(x).untyped_storage()) for x in tree_leaves((args, kwargs))
                  if isinstance(x, torch.Tensor)}

@@ -121,19 +121,8 @@ def _no_value_checks() -> None:
     ddp._verify_param_shape_across_processes = lambda *args, **kwargs: None
 
 
-def _mark_dynamic(inputs, dims) -> None:
-    """Each input's batch dimension dynamic for dynamo (a function of its own: a loop's
-    variable left in the caller would keep the last input alive through the measured
-    step)."""
-    import torch
-
-    for x, d in zip(inputs, dims):
-        if d is not None:
-            torch._dynamo.mark_dynamic(x, d)
-
-
 def measure_rank(model, inputs, targets=(), *, parallel, B: int, step=None,  # noqa: N803
-                 batch_dim=0, record_history: bool = False, first_at: int | None = None,
+                 batch_dim=0, record_history: bool = False, compile_at_example: bool = False,
                  **options) -> dict:
     """In one rank's process (a :func:`call_ranks` target): ``model`` wrapped by
     ``parallel`` on a CUDA device mesh over the process group, and its step at batch size
@@ -145,11 +134,11 @@ def measure_rank(model, inputs, targets=(), *, parallel, B: int, step=None,  # n
 
     Under FSDP2 the model is handed to ``fully_shard`` as it comes (on the CPU): it moves
     each rank's shards to the device; the model of any other strategy (DDP, TP) is moved
-    to ``cuda`` first. The batch is made after the wrapping. ``first_at``: a step at that
-    batch size, its inputs' batch dimension marked dynamic, runs before the warm-up steps at
-    ``B``: parts of the model compiled on their own (``torch.compile(block)``) compile there
-    with B a symbol, as fxmem's trace at that batch size lowers them, and that code runs
-    at ``B``."""
+    to ``cuda`` first. The batch is made after the wrapping. ``compile_at_example``: a step
+    at the example's batch size, its batch dimensions marked dynamic, runs before the
+    warm-up steps at ``B`` (as :func:`fxmem.measure` runs ``compile=``): parts of the model
+    compiled on their own (``torch.compile(block)``) compile there with B a symbol, as
+    fxmem's trace at that batch size lowers them, and that code runs at ``B``."""
     import dataclasses
 
     import torch
@@ -158,7 +147,7 @@ def measure_rank(model, inputs, targets=(), *, parallel, B: int, step=None,  # n
 
     from ...trace.engine import Step, make_grad_scaler, make_optimizer, make_spec, run_step
     from ...trace.parallel import FSDP, Parallel
-    from ..measure import _measure_cuda, batch_of
+    from ..measure import _compile_at_example, _measure_cuda, batch_of
 
     step = Step.of(step, device="cuda", **options)
     spec = make_spec(model, inputs, targets, step, batch_dim)
@@ -174,13 +163,8 @@ def measure_rank(model, inputs, targets=(), *, parallel, B: int, step=None,  # n
     factory = parallel.optimizer(spec.optimizer)
     opt = make_optimizer(factory, params, "cuda", spec) if factory else None
     scaler = make_grad_scaler(spec, "cuda")
-    if first_at is not None:  # B marked dynamic: the graphs compiled here serve every B
-        first = [[batch_of(t, first_at, "cuda", d) for t, d in zip(ts, dims)]
-                 for ts, dims in ((spec.inputs, spec.batch_dims),
-                                  (spec.targets, spec.batch_dims[n_in:]))]
-        _mark_dynamic(first[0], spec.batch_dims)
-        out = run_step(model, spec, *first, params, opt, lambda phase: None, scaler=scaler)
-        del out, first
+    if compile_at_example:  # B marked dynamic: the graphs compiled there serve every B
+        _compile_at_example(model, spec, params, opt, scaler)
     for _ in range(parallel.warmup_steps - 1):  # the measure's own warm-up is the last
         out = run_step(model, spec, ins, tgs, params, opt, lambda phase: None, scaler=scaler)
         del out
