@@ -96,9 +96,10 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     return analyze_request(request, retrace)
 
 
-def analyze_request(request: TraceRequest, retrace: bool = False):
+def analyze_request(request: TraceRequest, retrace: bool = False, defer: bool = False):
     """:func:`analyze` of one :class:`~fxmem.trace.engine.request.TraceRequest` (its
-    ``parallel`` as the user gave it; ``retrace``: its checkpoint plan traced for real):
+    ``parallel`` as the user gave it; ``retrace``: its checkpoint plan traced for real;
+    ``defer``: a parallel step's groups of ranks after the first traced when first read):
     what :func:`analyze`, :func:`min_world_size`, :func:`fxmem.whatif` and every trace a
     report makes again (a plan confirmed, the ways out) call, each with the request it
     was given, some fields changed.
@@ -121,13 +122,13 @@ def analyze_request(request: TraceRequest, retrace: bool = False):
     request = request.but(model=model)
     as_here = _modes(model)
 
-    def reanalyze(**changes):  # the ways out (fxmem.report.fit): FSDP2 over more ranks, ...
-        with as_here():
-            return analyze_request(request.but(**changes))
+    def reanalyze(*, defer: bool = False, **changes):  # the ways out (fxmem.report.fit):
+        with as_here():  # FSDP2 over more ranks, ... (defer: as _per_rank's)
+            return analyze_request(request.but(**changes), defer=defer)
     again_as = {} if given is None and parallel is not None else {"reanalyze": reanalyze}
     if parallel is not None:  # (what is not modelled of compiled parts: before any rank)
         check_parts(model, request.checkpoint, parallel, request.step)
-        return _per_rank(request.but(parallel=parallel), again_as)
+        return _per_rank(request.but(parallel=parallel), again_as, defer)
     check_parts(model, request.checkpoint, None, None)  # the plan is derived, not traced
     plan = normalize_plan(model, request.checkpoint)
     below = _below(as_here, request.but(checkpoint=plan))
@@ -215,20 +216,26 @@ def _modes(model):
     return as_here
 
 
-def _per_rank(request: TraceRequest, again_as=None) -> ParallelReport:
+def _per_rank(request: TraceRequest, again_as=None, defer: bool = False) -> ParallelReport:
     """One trace per group of alike ranks (the strategy's ``rank_groups``) of ``request``'s
-    parallel step."""
+    parallel step; ``defer``: the groups after the first traced when first read (in the
+    modules' modes of now), for a search that reads them only where the first fits."""
     parallel, model = request.parallel, request.model
     check_parallel(parallel)
     plan = normalize_plan(model, request.checkpoint)
-    groups = []
     as_here = _modes(model)
-    for ranks in parallel.rank_groups(model):
+
+    def group(ranks):
         rank = request.but(checkpoint=plan, rank=ranks[0])
-        t = _trace(rank)
+        with as_here():
+            t = _trace(rank)
         below = _below(as_here, rank, t.guards)
-        groups.append(RankGroup(ranks, replace(_report(t, rank.dims, rank.step.device),
-                                               below=below, **(again_as or {}))))
+        return replace(_report(t, rank.dims, rank.step.device), below=below,
+                       **(again_as or {}))
+    first, *rest = parallel.rank_groups(model)
+    groups = [RankGroup(first, group(first))]
+    groups += [RankGroup(ranks, make=lambda r=ranks: group(r)) if defer else
+               RankGroup(ranks, group(ranks)) for ranks in rest]
 
     def retrace(plan):  # the planner's confirmation: this step traced with ``plan``
         return _per_rank(request.but(checkpoint=plan), again_as)

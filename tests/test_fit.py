@@ -335,6 +335,26 @@ def test_more_gpus_with_a_plan_are_not_traced_when_the_checkpoint_way_re_runs_le
     assert traced.count(True) == 1, traced
 
 
+def test_a_world_size_whose_rank_0_does_not_fit_traces_no_other_rank(monkeypatch):
+    """On 3 GPUs the stack's rows (256, 64) shard unevenly: ranks 0-1 and rank 2 are two
+    groups, two traces. Where rank 0 does not fit, the step on 3 GPUs does not, whatever
+    rank 2 holds: the fewest-GPUs search (4 here, between the peaks at 3 and 4 GPUs) traces
+    rank 0 alone there, with and without a plan. Its answer is checked by analysing again
+    at it (all ranks) and one GPU fewer."""
+    m, b = _stack(), 4
+    three = _analyze(m, parallel=fxmem.FSDP(3))
+    assert [g.ranks for g in three.groups] == [(0, 1), (2,)]
+    four = _analyze(m, parallel=fxmem.FSDP(4))
+    r = _analyze(m, parallel=fxmem.FSDP(2))
+    traced = _counting(monkeypatch)
+    f = r.fits(b, (three.peak_bytes(b) + four.peak_bytes(b)) // 2, by="live")
+    assert f.way("fsdp").value == 4, (f.line, f.none)
+    assert [(t["parallel"].world_size, t["rank"]) for t in traced
+            if t["parallel"].world_size > 2] == [(4, 0), (3, 0)], traced
+    monkeypatch.undo()
+    _check_ways(m, r, f)
+
+
 def _counting(monkeypatch) -> list:
     """The keyword options of every trace fxmem.analyze's module makes from now on."""
     import importlib

@@ -17,13 +17,45 @@ from ..errors import InputError
 from .result import Report, _check_b
 
 
-@dataclass(frozen=True)
 class RankGroup:
     """Ranks whose shards have the same shapes, so the same memory: ``report`` is each
-    one's step, B its micro-batch."""
+    one's step, B its micro-batch. ``make`` (instead of ``report``): how that report is
+    made, called when it is first read (a search over world sizes reads a world size's
+    other groups only when its first group fits: :func:`fxmem.report.world_size.
+    fewest_ranks`).
 
-    ranks: tuple
-    report: Report
+    >>> g = RankGroup((1, 2), make=lambda: "a report")
+    >>> g.made, g.report, g.made
+    (False, 'a report', True)
+    """
+
+    __slots__ = ("ranks", "_report", "_make")
+
+    def __init__(self, ranks: tuple, report: Report | None = None, *, make=None):
+        if (report is None) == (make is None):
+            raise TypeError("RankGroup takes a report or how to make it, one of them")
+        self.ranks, self._report, self._make = tuple(ranks), report, make
+
+    @property
+    def report(self) -> Report:
+        if self._make is not None:
+            self._report, self._make = self._make(), None
+        return self._report
+
+    @property
+    def made(self) -> bool:
+        """Whether :attr:`report` is made (read, or given)."""
+        return self._make is None
+
+    def then(self, change) -> "RankGroup":
+        """These ranks with ``change(report)`` as their report, made when this one's is
+        (now if it is made, else when first read)."""
+        if self.made:
+            return RankGroup(self.ranks, change(self._report))
+        return RankGroup(self.ranks, make=lambda: change(self.report))
+
+    def __repr__(self) -> str:
+        return f"RankGroup(ranks={self.ranks!r}, report={self._report if self.made else '...'})"
 
     @property
     def label(self) -> str:
@@ -108,8 +140,15 @@ class ParallelReport:
         """Every rank's report in B alone with the named dims fixed, e.g. ``at(L=512)``."""
         retrace = None if self.retrace is None else \
             (lambda plan, f=self.retrace: f(plan).at(**values))
-        return ParallelReport(self.strategy, tuple(RankGroup(g.ranks, g.report.at(**values))
+        return ParallelReport(self.strategy, tuple(g.then(lambda r: r.at(**values))
                                                    for g in self.groups), retrace)
+
+    def first_group(self) -> "ParallelReport":
+        """This step with its first group of ranks alone (rank 0's; under FSDP2, the shards
+        with the most rows): where it does not fit, the step on these GPUs does not. A part
+        of the answer, for a search (:func:`fxmem.report.world_size.fewest_ranks`), which reads the
+        other groups only where the first fits."""
+        return ParallelReport(self.strategy, self.groups[:1])
 
     def tightest(self, B: int, budget_bytes: int | None = None, **options) -> RankGroup:  # noqa: N803
         """The group of ranks with the least room: with ``budget_bytes``, the one whose
@@ -197,7 +236,7 @@ class ParallelReport:
     def with_plan(self, plan) -> "ParallelReport":
         """Every rank's step under checkpoint ``plan`` (module paths), derived from each
         group's trace without a plan (:meth:`fxmem.Report.with_plan`)."""
-        return ParallelReport(self.strategy, tuple(RankGroup(g.ranks, g.report.with_plan(plan))
+        return ParallelReport(self.strategy, tuple(g.then(lambda r: r.with_plan(plan))
                                                    for g in self.groups))
 
     @property

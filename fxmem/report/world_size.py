@@ -156,19 +156,24 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_):
     if b < min(r.min_batch_size for r in rank_reports(report)):
         changes["concrete_batch"] = b
 
-    def at(w):
-        if w not in memo:
-            r = reanalyze(parallel=replace(base, world_size=w), **changes)
+    def at(w):  # the other groups of ranks traced where the first fits (where it does not,
+        if w not in memo:  # the step on w GPUs does not: ``lead``)
+            r = reanalyze(parallel=replace(base, world_size=w), defer=True, **changes)
             memo[w] = r.at(**dims) if dims else r
         return memo[w]
+
+    def lead(w):
+        return at(w).first_group()
 
     start = base.world_size + 1 if strategy is not None else 2
     seen = []
     least = batch_floor(report, b)
+    # the needs and floors of world sizes that do not fit: rank 0's, which guide the search
+    # (its shards have the most rows, and no other rank holds more at once)
     w = None if least >= check.budget else fewest(
-        lambda w: check.fits(at(w), b), start, need=lambda w: check.need(at(w), b),
-        budget=check.budget, seen=seen, floor=lambda w: check.floor(at(w), b),
-        guess=_guess(report, b, check.budget, start))
+        lambda w: check.fits(lead(w), b) and check.fits(at(w), b), start,
+        need=lambda w: check.need(lead(w), b), budget=check.budget, seen=seen,
+        floor=lambda w: check.floor(lead(w), b), guess=_guess(report, b, check.budget, start))
     if w is None:
         yield (f"no number of GPUs under FSDP2 fits B={b} without a checkpoint plan: "
                + (towards(seen, check.by) if least < check.budget else grows(least)))
@@ -181,37 +186,40 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_):
     if smallest is None:
         yield "the fewest GPUs under FSDP2 with a checkpoint plan: the model has none to choose"
         return
-    planned = Recent()
+    planned, choices = Recent(), Recent()
 
-    def under(w):  # FSDP2 over w GPUs under its own plan of smallest peak, derived (one
-        if w not in planned:  # GPU's can keep far more: docs/concepts.md, "the ways out")
-            planned[w] = at(w).with_plan(smallest_plan(at(w), b) or smallest)
-        return planned[w]
+    def under(w, part=at):  # FSDP2 over w GPUs (``part``: its ranks, or rank 0's ``lead``)
+        key = w, part is lead  # under its own plan of smallest peak, derived (one GPU's can
+        if key not in planned:  # keep far more: docs/concepts.md, "the ways out")
+            planned[key] = part(w).with_plan(smallest_plan(part(w), b) or smallest)
+        return planned[key]
 
-    choices = Recent()
+    def choice(w, confirm=False, part=at):  # the cheapest plan that runs on w GPUs (derived
+        key = w, confirm, part is lead  # while searching), or the line saying why none does
+        if key not in choices:
+            choices[key] = cheapest_plan(check, part(w), b, confirm)
+        return choices[key]
 
-    def choice(w, confirm=False):  # the cheapest plan that runs on w GPUs (derived while
-        if (w, confirm) not in choices:  # searching), or the line saying why none does
-            choices[w, confirm] = cheapest_plan(check, at(w), b, confirm)
-        return choices[w, confirm]
+    def runs(w, part):  # some plan runs: first its plan of smallest peak (one replay), else
+        if check.fits(under(w, part), b):  # the planner's walk; the cheapest, at the answer
+            return True
+        if check.by == "live":  # the plan of smallest live peak fits when any plan does
+            return False
+        c = choice(w, part=part)  # (by the allocator, a plan of larger live peak can
+        return not isinstance(c, str) and checked(check, c, b)  # fragment less)
 
-    if check.by == "live":  # the plan of smallest live peak fits when any plan does
-        fits, need = (lambda w: check.fits(under(w), b)), (lambda w: check.need(under(w), b))
-    else:  # not by the allocator: a plan of larger live peak can fragment less
-        def fits(w):  # some plan runs: first its plan of smallest peak (one replay), else
-            if check.fits(under(w), b):  # the planner's walk; the cheapest, at the answer
-                return True
-            c = choice(w)
-            return not isinstance(c, str) and checked(check, c, b)
+    def fits(w):
+        return runs(w, lead) and runs(w, at)
 
-        def need(w):
-            c = choice(w)
-            return c.minimum_bytes if isinstance(c, NoPlan) else check.need(under(w), b)
+    def need(w):  # of a w that does not fit, rank 0's (as without a plan): no plan's
+        c = None if check.by == "live" or check.fits(under(w, lead), b) else \
+            choice(w, part=lead)  # when none runs there
+        return c.minimum_bytes if isinstance(c, NoPlan) else check.need(under(w, lead), b)
     seen, top = [], MAX_WORLD_SIZE if w is None else w - 1
     least = _plan_floor(report, b)
     w2 = None if least >= check.budget else fewest(
         fits, start, top, need=need, budget=check.budget, seen=seen,
-        floor=lambda w: live_peak(under(w), b),  # no plan's peak is under it
+        floor=lambda w: live_peak(under(w, lead), b),  # no plan's peak is under it
         guess=_guess(report.with_plan(smallest), b, check.budget, start))
     if w2 is None:
         yield ("FSDP2 with a checkpoint plan needs as many GPUs as without one" if w else
