@@ -171,12 +171,13 @@ def derive(trace: Trace, plan) -> Trace:
     pos, created = d.pos, d.created.tolist()
     freed = [None if f == NEVER else f for f in d.freed.tolist()]
     new_storages = []
-    for k, st in enumerate(_held_storages(trace, d.changes)):  # a storage nothing moved
-        c, f, u = created[k], freed[k], st.unref_after  # stays the same record
+    held = _held_storages(trace, d.changes.records())
+    for k, st in enumerate(held):  # a storage nothing moved stays the same record
+        c, f, u = created[k], freed[k], st.unref_after
         u = u if u is None or u < 0 else int(pos[u])
         new_storages.append(st if (c, f, u) == (st.created_by, st.freed_after, st.unref_after)
                             else _with(st, created_by=c, freed_after=f, unref_after=u))
-    for k, s in enumerate(d.copied, len(storages)):
+    for k, s in enumerate(d.copied.tolist(), len(storages)):
         st = storages[s]
         new_storages.append(replace(st, sid=k, created_by=created[k], freed_after=freed[k],
                                     unref_after=freed[k], saved=False, category=_unsaved(st),
@@ -230,13 +231,14 @@ def _plan_of(trace: Trace, plan) -> Plan:
 
 class _Derivation:
     """What ``plan`` changes in ``trace`` (a training step), as indices: ``changes``, the
-    base storages whose holds autograd and the checkpoints change (:func:`_held_changes`);
+    base storages whose holds autograd and the checkpoints change (:class:`_Changes`);
     ``copied``, the base storage behind each re-run's copy (sids ``len(storages)`` on);
     ``created`` and ``freed``, per storage of the derived step, in its op indices (int32,
     :data:`NEVER`: never freed); ``parts``, the derived step's ops in runs of
     ``(base ops, the schedule re-running them or None: the ops themselves)``, and
     ``sources``, the base op each derived op is or repeats; ``pos``: base op -> derived
-    index; ``copies``: ``(path, base sid)`` -> the sid a re-run uses."""
+    index; ``copies``: ``(path, base sid)`` -> the sid a re-run uses (made when read:
+    :func:`derive` reads it, a planner's numbers do not)."""
 
     def __init__(self, trace: Trace, plan: Plan):
         scheds = [s for s in (schedule(trace, e) for e in plan) if s is not None]
@@ -252,7 +254,7 @@ class _Derivation:
             before.setdefault(sc.recompute_at, []).append(sc)
         parts: list = []  # (base ops, schedule re-running them or None), in derived order
         pos = np.zeros(n, _INDEX)  # base op -> its derived index
-        at = {}  # (path, base index) -> derived index of it (or of the op before it)
+        at = {}  # schedule -> derived index of each op of its range (or of the op before it)
         done = length = 0  # base ops placed, derived ops so far
 
         def place(stop):  # the base ops up to ``stop``, as they are
@@ -266,28 +268,22 @@ class _Derivation:
         for i in sorted(before):
             place(max(done, min(i, n)))
             for sc in before[i]:
-                again: list = []
-                for j in range(sc.first_op, sc.stop):
-                    if j not in sc.cached:
-                        again.append(j)
-                    at[(sc.path, j)] = length + len(again) - 1
-                if again:
-                    parts.append((np.array(again, _INDEX), sc))
-                    length += len(again)
+                ops_of = np.arange(sc.first_op, max(sc.stop, sc.first_op), dtype=_INDEX)
+                again = ~_within(ops_of, sc.cached)
+                at[sc] = (length - 1 + np.cumsum(again)).astype(_INDEX)
+                if again.any():
+                    parts.append((ops_of[again], sc))
+                    length += int(again.sum())
         place(n)
-
-        def moved(i):  # base op index -> derived index (for "freed after op i")
-            return i if i is None or i < 0 else int(pos[i])
 
         base_created, base_freed = _base(trace)
         created = np.where(base_created < 0, base_created, pos[np.maximum(base_created, 0)]) \
             if n else base_created.copy()
         freed = base_freed.copy()
-        for sid, (f, _, _) in self.changes.items():
-            freed[sid] = NEVER if f is None else f
+        freed[self.changes.sids] = self.changes.freed
         later = freed >= 0
         freed[later] = pos[freed[later]]
-        extra_created, extra_freed = [], []
+        extra_created, extra_freed, copied = [], [], []
         overrides: dict = {}  # base sid -> derived "freed after" (None: never)
 
         def freed_of(s):
@@ -295,39 +291,65 @@ class _Derivation:
                 return overrides[s]
             return None if freed[s] == NEVER else int(freed[s])
 
-        copies: dict = {}  # (path, base sid) -> sid of the recomputed copy
-        copied = []
-        rerun = {sc.path for sc in reruns}
+        self._copied_runs, self._handed = [], {}  # (path, base sids, first copy), (path, s)
+        first_copy = len(storages)
         for sc in reruns:
-            for j, s, saved, after in _remade(trace, sc):
-                free = moved(after) if saved else at[(sc.path, after)]
-                if j in sc.cached:  # the forward's own tensor, handed over
-                    overrides[s] = latest(freed_of(s), free)
-                    copies[(sc.path, s)] = s
-                    continue
-                copies[(sc.path, s)] = len(storages) + len(copied)
-                copied.append(s)
-                extra_created.append(at[(sc.path, j)])
-                extra_freed.append(NEVER if free is None else free)
+            made, sids, saved, after = _remade(trace, sc)
+            where = at[sc]
+            if not len(made):
+                continue
+            # kept until each saver inside is done with it, then freed after ``after``
+            # (moved); else dropped by Python inside the re-run, after its op ``after``
+            inner = where[np.clip(after - sc.first_op, 0, len(where) - 1)]
+            free = np.where(saved, np.where(after >= 0, pos[np.maximum(after, 0)], after), inner)
+            handed = _within(made, sc.cached)  # the forward's own tensor, handed over
+            for k in np.flatnonzero(handed).tolist():
+                s, f = int(sids[k]), int(free[k])
+                overrides[s] = latest(freed_of(s), None if f == NEVER else f)
+                self._handed[(sc.path, s)] = s
+            new = ~handed
+            copied.append(sids[new])
+            extra_created.append(where[made[new] - sc.first_op])
+            extra_freed.append(free[new])
+            self._copied_runs.append((sc.path, sids[new], first_copy))
+            first_copy += int(new.sum())
         for s, (sc, j) in _cached(trace, scheds).items():  # in the cache until the re-run
             # takes it back, or (never taken: past the early stop) until the checkpoint is done
-            end = at[(sc.path, j)] if sc.path in rerun and j < sc.stop else \
-                moved(sc.done_after)
+            end = int(at[sc][j - sc.first_op]) if sc in at and j < sc.stop else \
+                (sc.done_after if sc.done_after is None or sc.done_after < 0
+                 else int(pos[sc.done_after]))
             overrides[s] = latest(freed_of(s), end)
         for s, f in overrides.items():
             freed[s] = NEVER if f is None else f
-        self.created = np.concatenate([created, np.array(extra_created, _INDEX)])
-        self.freed = np.concatenate([freed, np.array(extra_freed, _INDEX)])
-        self.copied, self.copies, self.parts, self.pos = copied, copies, parts, pos
+        self.created = np.concatenate([created, *extra_created]).astype(_INDEX)
+        self.freed = np.concatenate([freed, *extra_freed]).astype(_INDEX)
+        self.copied = np.concatenate(copied).astype(_INDEX) if copied else np.zeros(0, _INDEX)
+        self.parts, self.pos = parts, pos
         self.sources = np.concatenate([p for p, _ in parts]) if parts else \
             np.zeros(0, _INDEX)
 
+    @functools.cached_property
+    def copies(self) -> dict:
+        out = dict(self._handed)
+        for path, sids, first in self._copied_runs:
+            out.update(zip(((path, s) for s in sids.tolist()),
+                           range(first, first + len(sids))))
+        return out
+
+
+def _within(ops_of: np.ndarray, chosen: frozenset) -> np.ndarray:
+    """Whether each of ``ops_of`` is in ``chosen`` (a bool array)."""
+    if not chosen:
+        return np.zeros(len(ops_of), bool)
+    return np.isin(ops_of, np.fromiter(chosen, np.int64, len(chosen)))
+
 
 def _remade(trace: Trace, sc: SegmentSchedule) -> tuple:
-    """``(op, base sid, saved, after)`` for each storage ``sc``'s re-run makes: ``saved``,
-    kept until each saver inside it is done with it, then ``after`` is the base op after
-    which the last lets go (None: never); else dropped by Python in the re-run, or when
-    it stops: after base op ``after`` of the re-run (kept on the trace)."""
+    """``(op, base sid, saved, after)`` arrays, one entry for each storage ``sc``'s re-run
+    makes: ``saved``, kept until each saver inside it is done with it, then ``after`` is
+    the base op after which the last lets go (:data:`NEVER`: never); else dropped by
+    Python in the re-run, or when it stops: after base op ``after`` of the re-run (kept on
+    the trace)."""
     known = trace.__dict__.setdefault("_remade", {})
     if sc not in known:
         packs_of, prefixes, ops = _packs_of(trace), _prefixes(trace), trace.ops
@@ -337,11 +359,14 @@ def _remade(trace: Trace, sc: SegmentSchedule) -> tuple:
                 inner = [p.dropped_after if p.unpacked_at is not None else p.released_after
                          for p in packs_of.get(s, ()) if not mods.isdisjoint(prefixes[p.module])]
                 if inner:
-                    out.append((j, s, True, latest(*inner)))
+                    last = latest(*inner)
+                    out.append((j, s, True, NEVER if last is None else last))
                 else:
                     u = trace.storages[s].unref_after
                     out.append((j, s, False, u if u is not None and u <= end else end))
-        known[sc] = tuple(out)
+        columns = list(zip(*out)) or [(), (), (), ()]
+        known[sc] = (np.array(columns[0], np.int64), np.array(columns[1], np.int64),
+                     np.array(columns[2], bool), np.array(columns[3], np.int64))
     return known[sc]
 
 
@@ -392,12 +417,29 @@ def _cached(trace: Trace, scheds) -> dict:
     return cache
 
 
-def _held_changes(trace: Trace, scheds) -> dict:
+class _Changes:
+    """The base storages whose holds a plan's forward changes (:func:`_held_changes`):
+    ``sids`` and each one's ``freed`` (base op indices, :data:`NEVER`: never), arrays; and
+    :meth:`records`, each one's ``(freed_after, saved, category)`` as a traced plan has
+    them (:func:`derive` reads them; a planner's numbers do not)."""
+
+    def __init__(self, trace: Trace, sids, freed, kept, by_plan: set):
+        self.trace, self.sids, self.freed = trace, sids, freed
+        self._kept, self._by_plan = kept, by_plan
+
+    def records(self) -> dict:
+        storages, ops, out = self.trace.storages, self.trace.ops, {}
+        for sid, f, kept in zip(self.sids.tolist(), self.freed.tolist(), self._kept.tolist()):
+            st, by_plan = storages[sid], sid in self._by_plan
+            out[sid] = (None if f == NEVER else f, kept or by_plan,
+                        st.category if kept else _held(st, ops) if by_plan else _unsaved(st))
+        return out
+
+
+def _held_changes(trace: Trace, scheds) -> _Changes:
     """The base storages whose holds the plan's forward changes: autograd's holds from
-    inside a segment are gone, the segments' inputs wait for their backward: ``{sid:
-    (freed_after, saved, category)}`` (base op indices)."""
-    ops, storages = trace.ops, trace.storages
-    packs_of = _packs_of(trace)
+    inside a segment are gone, the segments' inputs wait for their backward (a
+    :class:`_Changes`)."""
     keep_until: dict = {}
     for sc in scheds:
         if sc.recompute_at is not None:
@@ -405,33 +447,53 @@ def _held_changes(trace: Trace, scheds) -> dict:
                 keep_until.setdefault(s, []).append(sc.done_after)
     cache = _cached(trace, scheds)
     inside = {m for sc in scheds for m in sc.modules}  # a module in one of them, or below
+    mods, pack_sid, pack_mod, released, held, unref, resized = _pack_arrays(trace)
     prefixes = _prefixes(trace)
-    planned: dict = {}  # module -> whether a segment of the plan holds it
+    planned = np.fromiter((not inside.isdisjoint(prefixes[m]) for m in mods), bool, len(mods))
+    in_plan = planned[pack_mod] if len(pack_mod) else np.zeros(0, bool)  # per pack
+    n = len(trace.storages)
+    kept = np.bincount(pack_sid[~in_plan], minlength=n)  # packs held from outside the plan
+    last = np.full(n, -1, np.int64)  # the latest of their releases (_NOT: never)
+    np.maximum.at(last, pack_sid[~in_plan], released[~in_plan])
+    waits = np.full(n, -1, np.int64)  # the latest "done" of the checkpoints holding it
+    by_plan = set(keep_until) | set(cache)
+    for s, done in keep_until.items():
+        waits[s] = max(_NOT if d is None else d for d in done)
+    touched = np.union1d(np.unique(pack_sid[in_plan]),
+                         np.fromiter(by_plan, np.int64, len(by_plan)))
+    planned_hold = np.zeros(n, bool)
+    planned_hold[np.fromiter(by_plan, np.int64, len(by_plan))] = True
+    moved = ((kept[touched] != held[touched]) | planned_hold[touched]) & ~resized[touched]
+    touched = touched[moved]
+    free = np.maximum(np.maximum(unref[touched], last[touched]), waits[touched])
+    return _Changes(trace, touched, np.where(free == _NOT, NEVER, free), kept[touched] > 0,
+                    by_plan)
 
-    def outside(module: str) -> bool:
-        if module not in planned:
-            planned[module] = inside.isdisjoint(prefixes[module] if module in prefixes
-                                                else _module_prefixes(module))
-        return planned[module]
 
-    touched = set(keep_until) | set(cache)
-    for module, packs in _packs_by_module(trace).items():
-        if not outside(module):
-            touched.update(p.sid for _, p in packs)
-    out = {}
-    for sid in touched:
-        st = storages[sid]
-        held = packs_of.get(st.sid, ())
-        kept = [p.released_after for p in held if outside(p.module)]
-        if (len(kept) == len(held) and st.sid not in keep_until and st.sid not in cache) \
-                or st.resized_away:
-            continue  # (resized away: freed then, whoever refers to it)
-        free = latest(st.unref_after if st.created_by >= 0 else None, *kept,
-                      *keep_until.get(st.sid, ()))
-        by_plan = st.sid in keep_until or st.sid in cache  # the checkpoint holds it
-        out[sid] = (free, bool(kept) or by_plan, st.category if kept else
-                    _held(st, ops) if by_plan else _unsaved(st))
-    return out
+_NOT = np.iinfo(np.int64).max  # "never freed" where a latest is a maximum
+
+
+def _pack_arrays(trace: Trace) -> tuple:
+    """The trace's packs and storages as :func:`_held_changes` reads them (kept on the
+    trace): the modules whose forwards saved tensors; per pack its storage, its module (an
+    index in those) and ``released_after`` (:data:`_NOT`: never); per storage how many
+    packs hold it, ``unref_after`` (:data:`_NOT`: never, and for a storage made before the
+    step) and whether a resize freed it."""
+    known = trace.__dict__.get("_pack_arrays")
+    if known is None:
+        mods = list(_packs_by_module(trace))
+        index = {m: k for k, m in enumerate(mods)}
+        packs, storages = trace.packs, trace.storages
+        sids = np.array([p.sid for p in packs], np.int64)
+        unref = [_NOT if st.created_by < 0 or st.unref_after is None else st.unref_after
+                 for st in storages]
+        known = trace.__dict__["_pack_arrays"] = (
+            mods, sids, np.array([index[p.module] for p in packs], np.int64),
+            np.array([_NOT if p.released_after is None else p.released_after for p in packs],
+                     np.int64),
+            np.bincount(sids, minlength=len(storages)), np.array(unref, np.int64),
+            np.array([st.resized_away for st in storages], bool))
+    return known
 
 
 def _module_prefixes(module: str) -> tuple:
