@@ -87,7 +87,9 @@ def segments(graph: StorageGraph) -> Segments:
     """Every submodule that ran in the forward, as a :class:`Segment`, in call order."""
     trace = graph.trace
     storages = trace.storages
-    forward = graph.nx.subgraph(o.index for o in trace.ops if o.phase == "forward")
+    # the forward's graph copied once: each call's edge boundary read through a subgraph
+    # view filters every edge it visits (a 70B Llama's planner: 5 s of views, 80 layers)
+    forward = graph.nx.subgraph(o.index for o in trace.ops if o.phase == "forward").copy()
     reverse = forward.reverse(copy=False)
     n_calls = Counter(c.path for c in trace.calls)
     out, seen = [], set()
