@@ -215,6 +215,17 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_):
         c = None if check.by == "live" or check.fits(under(w, lead), b) else \
             choice(w, part=lead)  # when none runs there
         return c.minimum_bytes if isinstance(c, NoPlan) else check.need(under(w, lead), b)
+    # a plan fits the step as asked (the checkpoint way): one GPU more is a way where a plan
+    # runs there re-running less. None that runs on every rank re-runs less than the
+    # cheapest that runs on rank 0 (derived): when that one does not, the other ranks there
+    # are not traced
+    one = next((f for f in found if f.kind == "checkpoint"), None)
+    first = None if one is None else choice(start, part=lead)
+    if first is not None and not isinstance(first, str) and \
+            one.recompute_share <= first.recompute_fraction:
+        yield (f"FSDP2 with a checkpoint plan: on {_n_gpus(start - 1)} a plan re-running no "
+               "more fits (the checkpoint way)")
+        return
     seen, top = [], MAX_WORLD_SIZE if w is None else w - 1
     least = _plan_floor(report, b)
     w2 = None if least >= check.budget else fewest(
@@ -228,8 +239,8 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_):
                + (towards(seen, "live") if least < check.budget else grows(least, True)))
         return
     # one GPU fewer than the search's start is the step as asked: its plan is the checkpoint way
-    one = next((f for f in found if f.kind == "checkpoint"), None) if w2 == start else None
-    n = f"{w2 - 1} GPU{'s' if w2 > 2 else ''}"
+    one = one if w2 == start else None
+    n = _n_gpus(w2 - 1)
     if one is not None and not isinstance(derived := choice(w2), str) and \
             one.recompute_share <= derived.recompute_fraction:  # that plan derived, not traced
         yield (f"FSDP2 with a checkpoint plan: on {n} a plan re-running no more fits "
@@ -276,6 +287,10 @@ def _guess(report, b: int, budget: int, start: int) -> int | None:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if max(p(w0 / mid) for p in peaks) <= budget else (mid + 1, hi)
     return lo if lo <= MAX_WORLD_SIZE else None
+
+
+def _n_gpus(n: int) -> str:
+    return f"{n} GPU{'s' if n > 1 else ''}"
 
 
 def _gpus(n: int) -> str:
