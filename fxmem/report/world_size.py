@@ -134,7 +134,9 @@ def secant(line, budget) -> int | None:
 
 def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_):
     """FSDP2's fewest GPUs at ``b``, without a plan then with the cheapest one (``found``:
-    the ways found before, the plan on one GPU among them)."""
+    the ways found before, the plan on one GPU among them). A world size's groups of ranks
+    after the first are traced only where rank 0's step fits: where it does not, the step
+    on those GPUs does not."""
     from ..trace.parallel import FSDP
 
     strategy = getattr(report, "strategy", None)
@@ -211,9 +213,9 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_):
     def fits(w):
         return runs(w, lead) and runs(w, at)
 
-    def need(w):  # of a w that does not fit, rank 0's (as without a plan): no plan's
+    def need(w):  # of a w that does not fit, rank 0's (as without a plan); where no plan
         c = None if check.by == "live" or check.fits(under(w, lead), b) else \
-            choice(w, part=lead)  # when none runs there
+            choice(w, part=lead)  # runs there, the least a plan's step needs
         return c.minimum_bytes if isinstance(c, NoPlan) else check.need(under(w, lead), b)
     # a plan fits the step as asked (the checkpoint way): one GPU more is a way where a plan
     # runs there re-running less. None that runs on every rank re-runs less than the
