@@ -109,3 +109,30 @@ def predict(name, batches):
     return {str(b): [(d.max_allocated, d.max_reserved) for d in
                      (report.rank(k).cuda_memory(b) for k in range(parallel.world_size))]
             for b in batches}
+
+
+def fewest_compiled(B):  # noqa: N803
+    """On the fake GPU: the ``fsdp-compiled`` case's blocks compiled on their own, its step on
+    one GPU at ``B`` within a budget of live bytes halfway between the largest rank's peaks
+    on 2 and 3 GPUs (the allocator's reserve: more on any number of GPUs than on one, for
+    these small blocks: FSDP2's streams keep pools of their own): the ways out fxmem gives,
+    and whether the step fits on the number of GPUs it names and on one fewer, each
+    analysed again (every rank traced, its blocks lowered as on one GPU)."""
+    import fxmem
+
+    model, x, y, _, step = case("fsdp-compiled")
+
+    def analysed(w):
+        return fxmem.analyze(model, (x,), (y,), device="cuda", **step,
+                             **({"parallel": FSDP(w)} if w > 1 else {}))
+
+    two, three = analysed(2).peak_bytes(B), analysed(3).peak_bytes(B)
+    budget = (two + three) // 2
+    f = analysed(1).fits(B, budget, by="live")
+    fsdp = f.way("fsdp")
+    fits = {} if fsdp is None else {
+        w: bool(analysed(w).fits(B, budget, by="live", ways=False))
+        for w in (fsdp.value, fsdp.value - 1)}
+    return {"peaks": [two, three], "budget": budget, "fits": bool(f),
+            "ways": [w.as_dict() for w in f.ways], "none": list(f.none),
+            "checked": {str(w): v for w, v in fits.items()}}

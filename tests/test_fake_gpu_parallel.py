@@ -129,3 +129,23 @@ def test_blocks_compiled_on_their_own_allocate_as_predicted(name, B):  # noqa: N
 def test_blocks_compiled_on_their_own_reserve_as_predicted(name, B):  # noqa: N803
     seen, want = _compiled_figures(name)[B]
     assert [s[1] for s in seen] == [w[1] for w in want], (B, seen, want)
+
+
+def test_fewest_gpus_of_blocks_compiled_on_their_own():
+    """The one-GPU step of the blocks compiled on their own (``fsdp-compiled``'s model) at
+    B=8, within live bytes halfway between the largest rank's peaks on 2 and 3 GPUs: the
+    fewest-GPUs way searches FSDP2 over the compiled blocks (each rank traced, its blocks
+    lowered as on one GPU) and finds 3, which, analysed again, fits where 2 GPUs do not;
+    the search with a plan says why it is not made."""
+    import tempfile
+
+    from fxmem.validate.fakegpu.run import call
+
+    with tempfile.TemporaryDirectory(prefix="fxmem_inductor_") as cache:
+        got = call(sys.executable, "fakegpu_parallel_targets:fewest_compiled", sys_path=[HERE],
+                   env=dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache), kwargs={"B": 8})
+    way = next((w for w in got["ways"] if w["kind"] == "fsdp"), None)
+    assert not got["fits"] and way is not None and way["value"] == 3, got
+    assert got["checked"] == {"3": True, "2": False}, got
+    assert ("the fewest GPUs under FSDP2 with a checkpoint plan: not searched for a compiled "
+            "step (checkpoint plans over compiled parts are not modelled)") in got["none"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..errors import FxmemError
+from ..errors import FxmemError, InputError
 from ..formula.symbols import B as SYM_B
 from .recent import Recent
 from .text import fmt_bytes, plan_text
@@ -146,9 +146,9 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_):
     if strategy is not None and not (isinstance(strategy, FSDP) and strategy.replicate == 1):
         yield f"the fewest GPUs under FSDP2: not searched for {strategy.name}"
         return
-    if rank_reports(report)[0].trace.compiled:
-        yield "the fewest GPUs under FSDP2: not searched for a compiled step"
-        return
+    # a compiled step: its parts compiled on their own are traced on each rank as on one
+    # GPU; what is not modelled under FSDP2 (a model compiled whole) says so when analysed
+    compiled = rank_reports(report)[0].trace.compiled
     base = strategy or FSDP(1)
     plan = report.plan
     memo = Recent()
@@ -172,10 +172,17 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_):
     least = batch_floor(report, b)
     # the needs and floors of world sizes that do not fit: rank 0's, which guide the search
     # (its shards have the most rows, and no other rank holds more at once)
-    w = None if least >= check.budget else fewest(
-        lambda w: check.fits(lead(w), b) and check.fits(at(w), b), start,
-        need=lambda w: check.need(lead(w), b), budget=check.budget, seen=seen,
-        floor=lambda w: check.floor(lead(w), b), guess=_guess(report, b, check.budget, start))
+    try:
+        w = None if least >= check.budget else fewest(
+            lambda w: check.fits(lead(w), b) and check.fits(at(w), b), start,
+            need=lambda w: check.need(lead(w), b), budget=check.budget, seen=seen,
+            floor=lambda w: check.floor(lead(w), b),
+            guess=_guess(report, b, check.budget, start))
+    except InputError as e:
+        if not compiled:
+            raise
+        yield f"the fewest GPUs under FSDP2: not searched: {e}"
+        return
     if w is None:
         yield (f"no number of GPUs under FSDP2 fits B={b} without a checkpoint plan: "
                + (towards(seen, check.by) if least < check.budget else grows(least)))
@@ -183,6 +190,10 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_):
         yield WayOut("fsdp", w, check.need(at(w), b, True), f"FSDP2 over {w} GPUs",
                      plan=plan, beyond=_gpus(w - 1) + " not fit")
     if plan:
+        return
+    if compiled:
+        yield ("the fewest GPUs under FSDP2 with a checkpoint plan: not searched for a "
+               "compiled step (checkpoint plans over compiled parts are not modelled)")
         return
     smallest = smallest_plan(report, b)
     if smallest is None:
