@@ -269,7 +269,7 @@ class _Derivation:
             place(max(done, min(i, n)))
             for sc in before[i]:
                 ops_of = np.arange(sc.first_op, max(sc.stop, sc.first_op), dtype=_INDEX)
-                again = ~_within(ops_of, sc.cached)
+                again = ~_kept(trace, sc)
                 at[sc] = (length - 1 + np.cumsum(again)).astype(_INDEX)
                 if again.any():
                     parts.append((ops_of[again], sc))
@@ -284,13 +284,8 @@ class _Derivation:
         later = freed >= 0
         freed[later] = pos[freed[later]]
         extra_created, extra_freed, copied = [], [], []
-        overrides: dict = {}  # base sid -> derived "freed after" (None: never)
-
-        def freed_of(s):
-            if s in overrides:
-                return overrides[s]
-            return None if freed[s] == NEVER else int(freed[s])
-
+        later_sids, later_frees = [], []  # holds the re-runs and the caches extend: base sid,
+        # derived "freed after" (NEVER: never), each freed after the latest of its own and these
         self._copied_runs, self._handed = [], {}  # (path, base sids, first copy), (path, s)
         first_copy = len(storages)
         for sc in reruns:
@@ -302,11 +297,11 @@ class _Derivation:
             # (moved); else dropped by Python inside the re-run, after its op ``after``
             inner = where[np.clip(after - sc.first_op, 0, len(where) - 1)]
             free = np.where(saved, np.where(after >= 0, pos[np.maximum(after, 0)], after), inner)
-            handed = _within(made, sc.cached)  # the forward's own tensor, handed over
-            for k in np.flatnonzero(handed).tolist():
-                s, f = int(sids[k]), int(free[k])
-                overrides[s] = latest(freed_of(s), None if f == NEVER else f)
-                self._handed[(sc.path, s)] = s
+            handed = _kept(trace, sc)[made - sc.first_op]  # the forward's own, handed over
+            if handed.any():
+                later_sids.append(sids[handed])
+                later_frees.append(free[handed])
+                self._handed.update(((sc.path, s), s) for s in sids[handed].tolist())
             new = ~handed
             copied.append(sids[new])
             extra_created.append(where[made[new] - sc.first_op])
@@ -316,11 +311,16 @@ class _Derivation:
         for s, (sc, j) in _cached(trace, scheds).items():  # in the cache until the re-run
             # takes it back, or (never taken: past the early stop) until the checkpoint is done
             end = int(at[sc][j - sc.first_op]) if sc in at and j < sc.stop else \
-                (sc.done_after if sc.done_after is None or sc.done_after < 0
+                (NEVER if sc.done_after is None else sc.done_after if sc.done_after < 0
                  else int(pos[sc.done_after]))
-            overrides[s] = latest(freed_of(s), end)
-        for s, f in overrides.items():
-            freed[s] = NEVER if f is None else f
+            later_sids.append([s])
+            later_frees.append([end])
+        if later_sids:
+            sids = np.concatenate(later_sids).astype(np.int64)
+            frees = np.concatenate(later_frees).astype(np.int64)
+            last = np.where(freed == NEVER, _NOT, freed).astype(np.int64)
+            np.maximum.at(last, sids, np.where(frees == NEVER, _NOT, frees))
+            freed[sids] = np.where(last[sids] == _NOT, NEVER, last[sids])
         self.created = np.concatenate([created, *extra_created]).astype(_INDEX)
         self.freed = np.concatenate([freed, *extra_freed]).astype(_INDEX)
         self.copied = np.concatenate(copied).astype(_INDEX) if copied else np.zeros(0, _INDEX)
@@ -337,11 +337,16 @@ class _Derivation:
         return out
 
 
-def _within(ops_of: np.ndarray, chosen: frozenset) -> np.ndarray:
-    """Whether each of ``ops_of`` is in ``chosen`` (a bool array)."""
-    if not chosen:
-        return np.zeros(len(ops_of), bool)
-    return np.isin(ops_of, np.fromiter(chosen, np.int64, len(chosen)))
+def _kept(trace: Trace, sc: SegmentSchedule) -> np.ndarray:
+    """Whether each op of ``sc``'s re-run range (``first_op .. stop - 1``) is one whose
+    outputs selective checkpointing keeps (``sc.cached``): a bool array (kept on the
+    trace)."""
+    known = trace.__dict__.setdefault("_kept", {})
+    if sc not in known:
+        out = np.zeros(max(sc.stop - sc.first_op, 0), bool)
+        out[[j - sc.first_op for j in sc.cached if sc.first_op <= j < sc.stop]] = True
+        known[sc] = out
+    return known[sc]
 
 
 def _remade(trace: Trace, sc: SegmentSchedule) -> tuple:
