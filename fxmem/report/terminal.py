@@ -20,6 +20,8 @@ from rich.text import Text
 from .headline import largest_b, not_fitting, way_rows
 from .text import at_dims, exact_when, fmt_bytes, frontier_plan
 
+FRONTIER_ROWS = 16  # the most frontier points a terminal table shows
+
 
 def _table(title: str, *columns: str, right=()) -> Table:
     t = Table(title=title, title_justify="left", title_style="bold")
@@ -153,9 +155,13 @@ def render_terminal(s, exact: bool = False) -> Group:
         items.append(Text(f"Checkpoint plan: {', '.join(s.plan)} "
                           f"({s.recompute_flops:,} recompute FLOPs at B = {s.B})"))
     if s.frontier:
-        fr = _table(f"Checkpoint frontier at B = {s.B}", "peak", "recompute FLOPs", "plan",
-                    right=("peak", "recompute FLOPs"))
-        for p, f, pl, c in s.frontier:
+        shown = shown_points(len(s.frontier))
+        fr = _table(f"Checkpoint frontier at B = {s.B}" + (
+            f" ({len(shown)} of its {len(s.frontier)} points, evenly spaced; --format md, "
+            "json or html gives every one)" if len(shown) < len(s.frontier) else ""),
+            "peak", "recompute FLOPs", "plan", right=("peak", "recompute FLOPs"))
+        for i in shown:
+            p, f, pl, c = s.frontier[i]
             fr.add_row(fmt_bytes(p), f"{f:,}", frontier_plan(pl, c))
         items.append(fr)
     if s.whatifs:
@@ -170,6 +176,19 @@ def render_terminal(s, exact: bool = False) -> Group:
                        most, w["note"])
         items.append(wi)
     return Group(*items)
+
+
+def shown_points(n: int, most: int = FRONTIER_ROWS) -> list:
+    """The indices of the frontier points the terminal shows: every one up to ``most``,
+    else ``most`` evenly spaced, the first and the last among them (a frontier over 80
+    blocks has 256 points, a long plan each).
+
+    >>> shown_points(4), shown_points(256, 5)
+    ([0, 1, 2, 3], [0, 64, 128, 191, 255])
+    """
+    if n <= most:
+        return list(range(n))
+    return sorted({round(k * (n - 1) / (most - 1)) for k in range(most)})
 
 
 def _formula(s, exact: bool) -> list:
