@@ -190,18 +190,8 @@ class Planner:
         self.windows = [(s.last_op + 1, s.recompute_at) for _, s in scheds]
         n = len(self.blocks)
         ops = trace.ops
-        self.own = [-1] * len(ops)  # op -> the block whose op it is
-        for k, p in enumerate(self.blocks):
-            for o in ops:
-                if o.phase in ("forward", "backward") and (o.module == p or
-                                                           o.module.startswith(p + ".")):
-                    self.own[o.index] = k
-        self.cover = [0] * len(ops)  # op -> how many blocks' windows hold it (a prefix)
-        for t in range(len(ops)):
-            inside = [k for k, (lo, hi) in enumerate(self.windows) if lo <= t < hi]
-            if inside != list(range(len(inside))):
-                raise NotAChain(f"the windows over op {t} are not a prefix of the blocks")
-            self.cover[t] = len(inside)
+        self.own = _owners(ops, self.blocks)  # op -> the block whose op it is
+        self.cover = _covers(len(ops), self.windows)  # op -> how many blocks' windows hold it
         b0 = trace.batch_hint
         self._flops = primary_flops(report)
         entries = []  # (first, last, plan entry)
@@ -463,3 +453,42 @@ class Planner:
         rep = None if not report else self.report.with_plan(plan) if plan else self.report
         peak, cost, _ = self.exact_numbers(plan, b)
         return PlanChoice(b, Plan.of(plan), peak, cost, self.step_flops(b), rep, exact)
+
+
+def _owners(ops, blocks) -> list:
+    """Per op, the index of the block (a module path) whose forward or backward op it is (its
+    module the block or inside it; the last such block), else -1."""
+    index = {p: k for k, p in enumerate(blocks)}
+    by_module: dict = {}
+    out = [-1] * len(ops)
+    for o in ops:
+        if o.phase not in ("forward", "backward"):
+            continue
+        k = by_module.get(o.module)
+        if k is None:
+            parts = o.module.split(".")
+            k = by_module[o.module] = max(
+                (index[q] for q in (".".join(parts[:j]) for j in range(1, len(parts) + 1))
+                 if q in index), default=-1)
+        out[o.index] = k
+    return out
+
+
+def _covers(n: int, windows) -> list:
+    """Per op of ``n``, how many of the blocks' ``windows`` ((first, end) op ranges, in block
+    order) hold it, which must be the first that many: each window within the one before
+    (:class:`NotAChain` naming the first op where they are not)."""
+    count = np.zeros(n + 1, np.int64)
+    for lo, hi in windows:
+        lo, hi = max(lo, 0), min(hi, n)
+        if lo < hi:
+            count[lo] += 1
+            count[hi] -= 1
+    bad = []  # per window not within the one before, its first op outside that one
+    for (lo0, hi0), (lo, hi) in zip(windows, windows[1:]):
+        lo, hi = max(lo, 0), min(hi, n)
+        if lo < hi and not (lo0 <= lo and hi <= hi0):
+            bad.append(lo if lo < lo0 or lo >= hi0 else hi0)
+    if bad:
+        raise NotAChain(f"the windows over op {min(bad)} are not a prefix of the blocks")
+    return np.cumsum(count[:n]).tolist()
