@@ -453,8 +453,7 @@ def _held_changes(trace: Trace, scheds) -> _Changes:
     cache = _cached(trace, scheds)
     inside = {m for sc in scheds for m in sc.modules}  # a module in one of them, or below
     mods, pack_sid, pack_mod, released, held, unref, resized = _pack_arrays(trace)
-    prefixes = _prefixes(trace)
-    planned = np.fromiter((not inside.isdisjoint(prefixes[m]) for m in mods), bool, len(mods))
+    planned = _within(trace, inside)  # per module in ``mods``
     in_plan = planned[pack_mod] if len(pack_mod) else np.zeros(0, bool)  # per pack
     n = len(trace.storages)
     kept = np.bincount(pack_sid[~in_plan], minlength=n)  # packs held from outside the plan
@@ -515,6 +514,28 @@ def _prefixes(trace: Trace) -> dict:
         known = trace.__dict__["_prefixes"] = {m: _module_prefixes(m)
                                                for m in _packs_by_module(trace)}
     return known
+
+
+def _within(trace: Trace, inside: set) -> np.ndarray:
+    """Per module of :func:`_pack_arrays`' modules: is it one of ``inside`` (module paths)
+    or in one of them? Read from an array of each module's :func:`_module_prefixes` as
+    indices (kept on the trace), padded with one that is never inside."""
+    known = trace.__dict__.get("_prefix_indices")
+    if known is None:
+        prefixes = _prefixes(trace)
+        rows = [prefixes[m] for m in _pack_arrays(trace)[0]]
+        index: dict = {}
+        for row in rows:
+            for q in row:
+                index.setdefault(q, len(index))
+        table = np.full((len(rows), max(map(len, rows), default=0)), len(index), np.int64)
+        for k, row in enumerate(rows):
+            table[k, :len(row)] = [index[q] for q in row]
+        known = trace.__dict__["_prefix_indices"] = index, table
+    index, table = known
+    marked = np.zeros(len(index) + 1, bool)
+    marked[[index[m] for m in inside if m in index]] = True
+    return marked[table].any(axis=1)
 
 
 def _held_storages(trace: Trace, changes: dict) -> list:
