@@ -74,3 +74,42 @@ def test_a_branching_size_is_bounded_by_its_branches():
     # 8BL >= the workspace everywhere; the workspace alone bounds nothing
     assert prune_rows([ws, B * L], [[1, 0], [0, 8]], {B: 1, L: 1}) == [1]
     assert prune_rows([ws, B * L], [[1, 0], [0, 7]], {B: 1, L: 1}) == [0, 1]
+
+
+def _every_pair(sizes, rows, lows) -> list:
+    """prune_rows as it was written first: every row against every other, then the mixes."""
+    import numpy as np
+
+    from fxmem.formula import prune as P
+
+    rows = np.array(rows, dtype=object).reshape(len(rows), len(sizes))
+    lo, hi, unbounded = P._bound_matrices(sizes, lows)
+    n = len(rows)
+    dominated = np.zeros((n, n), dtype=bool)
+    for i in range(n):
+        bounds, bad = P._difference_bounds(rows - rows[i], lo, hi, unbounded)
+        dominated[i] = (bounds >= 0).all(axis=1) & ~bad
+        dominated[i, i] = False
+    alive = [i for i in range(n)
+             if not any(dominated[i, j] and not (dominated[j, i] and i < j) for j in range(n))]
+    for i in list(alive):
+        others = [j for j in alive if j != i]
+        if len(others) < 2:
+            continue
+        diff = rows[others] - rows[i]
+        bounds, bad = P._difference_bounds(diff, lo, hi, unbounded)
+        if P._pair_bounds(bounds[~bad].tolist()) or P._exact_pair(diff, lo, hi, unbounded):
+            alive.remove(i)
+    return alive
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), min_size=len(SIZES), max_size=len(SIZES)),
+                min_size=1, max_size=5),
+       st.lists(st.integers(0, 4), min_size=1, max_size=40), st.integers(1, 3))
+def test_the_rows_kept_are_those_every_pair_keeps(pool, picks, low):
+    """Rows tried against the few above them at sample points, the highest first, keep what
+    trying every pair kept (rows repeated: of equal rows the first stays)."""
+    rows = [pool[k % len(pool)] for k in picks]
+    lows = {B: low, L: 1}
+    assert prune_rows(SIZES, rows, lows) == _every_pair(SIZES, rows, lows)
