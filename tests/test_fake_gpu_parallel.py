@@ -149,3 +149,7 @@ def test_fewest_gpus_of_blocks_compiled_on_their_own():
     assert got["checked"] == {"3": True, "2": False}, got
     assert ("the fewest GPUs under FSDP2 with a checkpoint plan: not searched for a compiled "
             "step (checkpoint plans over compiled parts are not modelled)") in got["none"]
+    # the plan at B: not a budget of compile= (which would compile the model whole)
+    assert ("no checkpoint plan at B=8: module layers.0 (and 1 more) is compiled on its own: "
+            "plans over parts compiled on their own (checkpoint plans, the partitioner's "
+            "activation_memory_budget) are not modelled yet") in got["none"], got["none"]

@@ -85,6 +85,13 @@ def compiled_plans(report, budgets=BUDGETS) -> tuple:
     if report.device != "cuda":
         raise InputError("compiled plans are for device='cuda' (inductor's CPU code is not "
                          "modelled)")
+    parts = getattr(report.trace, "compiled_parts", ())
+    if parts:  # analysed again with compile=, the model would be compiled whole
+        from ..trace.compiled.parts import named_parts
+
+        raise InputError(f"{named_parts(list(parts))}: plans over parts compiled on their own "
+                         "(checkpoint plans, the partitioner's activation_memory_budget) are "
+                         "not modelled yet")
     memo = report.__dict__.setdefault("_compiled_plans", {})
     for b in check_budgets(budgets):
         if b not in memo:

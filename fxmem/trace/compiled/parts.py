@@ -40,8 +40,10 @@ def compiled_parts(model) -> list:
     return out
 
 
-def _named(parts: list) -> str:
-    """The parts as a sentence's subject: "module 0 (and 1 more) is compiled on its own"."""
+def named_parts(parts: list) -> str:
+    """The parts as a sentence's subject: "module 0 (and 1 more) is compiled on its own"
+    (``parts``: ``(path, module)`` pairs, or the paths alone)."""
+    parts = [p if isinstance(p, tuple) else (p, None) for p in parts]
     if parts[0][0] == "":
         return "the model is compiled in place (model.compile())"
     more = f" (and {len(parts) - 1} more)" if len(parts) > 1 else ""
@@ -76,7 +78,7 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
     if isinstance(model, OptimizedModule):
         inner = compiled_parts(model._orig_mod)
         if inner:
-            raise InputError(f"{_named(inner)} inside a model compiled whole: fxmem lowers "
+            raise InputError(f"{named_parts(inner)} inside a model compiled whole: fxmem lowers "
                              "either the model compiled whole or its parts compiled on their "
                              "own; under the whole model's fake tensors the parts would run "
                              "eagerly")
@@ -89,7 +91,7 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
     parts = compiled_parts(model)
     if not parts:
         return
-    what = _named(parts)
+    what = named_parts(parts)
     if spec is not None and spec.device != "cuda":
         raise InputError(f"{what}: a compiled model (torch.compile) is traced on "
                          "device='cuda' only: inductor's CPU code is not modelled")

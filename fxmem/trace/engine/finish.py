@@ -120,6 +120,7 @@ def finish(rec: Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
                  tuple((op, m, what) for (op, m), what in data_sized.items()),
                  placement=getattr(rec, "placement", ()),
                  compiled=getattr(rec, "compiled", False),
+                 compiled_parts=getattr(rec, "compiled_parts", ()),
                  graph_runs=tuple(rec.graph_runs))
 
 

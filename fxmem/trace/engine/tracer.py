@@ -323,7 +323,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     # a compiled model is lowered for the device its fakes are on (fxmem.trace.compiled.inductor)
     parts, taken = compiled_parts(wrapper), []
     compiled = is_compiled(wrapper) or bool(parts)
-    rec.compiled = compiled
+    rec.compiled, rec.compiled_parts = compiled, tuple(path for path, _ in parts)
     if compiled:
         check_compilable(spec.device)
         rec.streams_on("cuda")  # its fakes, and a rank's shards (sharded), are CUDA's

@@ -166,6 +166,9 @@ class Trace:
     placement: tuple = ()
     # the model ran compiled: inductor's code (fxmem.trace.compiled.inductor)
     compiled: bool = False
+    # the paths of the modules compiled on their own, outermost (fxmem.trace.compiled.parts);
+    # "": the model compiled in place (model.compile())
+    compiled_parts: tuple = ()
     graph_runs: tuple = ()  # GraphRun per run of a compiled graph, in order
 
 
