@@ -87,7 +87,7 @@ def compiled_plans(report, budgets=BUDGETS) -> tuple:
                          "modelled)")
     parts = getattr(report.trace, "compiled_parts", ())
     if parts:  # analysed again with compile=, the model would be compiled whole
-        from ..trace.compiled.parts import named_parts
+        from ..trace.compiled import named_parts
 
         raise InputError(f"{named_parts(list(parts))}: plans over parts compiled on their own "
                          "(checkpoint plans, the partitioner's activation_memory_budget) are "
