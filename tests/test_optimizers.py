@@ -222,3 +222,58 @@ FUSED = {
 @pytest.mark.parametrize("opt", sorted(FUSED))
 def test_fused_optimizers_on_cpu(opt, name):
     _check(name, FUSED[opt])
+
+
+def _trace_records(t) -> list:
+    """Every op and storage record of trace ``t``, sizes as text."""
+    ops = [(o.op, o.phase, o.module, o.out_sids, o.new_sids, o.in_sids, o.written_sids)
+           for o in t.ops]
+    return ops + [(s.sid, str(s.size.expr), s.category, s.name, s.created_by, s.freed_after,
+                   s.saved, s.stream) for s in t.storages]
+
+
+@pytest.mark.parametrize("parallel", [None, 2])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("opt", ["adamw", "adam_amsgrad", "sgd_momentum", "radam", "asgd",
+                                 "rmsprop_centered_momentum", "adadelta"])
+def test_the_state_step_runs_no_update_in_place(opt, device, parallel, monkeypatch):
+    """The unrecorded step that makes the optimizer's state skips the kernels of updates in
+    place (``fxmem.trace.engine.eager_ops.writes_only``): the trace is the one the step
+    run whole gives, record for record, one rank of FSDP2 too, and no such kernel ran on
+    more than a step count."""
+    import importlib
+
+    from torch.utils._pytree import tree_leaves
+
+    from fxmem.trace.engine import eager_ops
+
+    analysis = importlib.import_module("fxmem.analyze")  # the module, not the function
+    model, x, y, loss = ZOO["mlp"]()
+    ran = []
+    fake_kernel = eager_ops.EagerOps.fake_kernel
+
+    def counting(self, func, args, kwargs):
+        if not self.recording and self.phase == "optimizer" and eager_ops.writes_only(func) \
+                and any(isinstance(t, torch.Tensor) and t.numel() > 1
+                        for t in tree_leaves(args[0])):
+            ran.append(func)  # (a step count's update runs: its value is read later)
+        return fake_kernel(self, func, args, kwargs)
+
+    def traced():
+        t = []
+        real = analysis.trace
+        with monkeypatch.context() as m:
+            m.setattr(analysis, "trace", lambda *a, **k: t.append(real(*a, **k)) or t[-1])
+            m.setattr(eager_ops.EagerOps, "fake_kernel", counting)
+            r = fxmem.analyze(model, x, y, loss=loss, optimizer=OPTIMIZERS[opt], device=device,
+                              parallel=fxmem.FSDP(parallel) if parallel else None)
+        for g in getattr(r, "groups", ()):
+            g.report
+        return [_trace_records(u) for u in t]
+
+    skipped = traced()
+    assert not ran
+    with monkeypatch.context() as m:
+        m.setattr(eager_ops, "writes_only", lambda func: False)
+        whole = traced()
+    assert skipped == whole

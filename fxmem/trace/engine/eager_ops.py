@@ -18,6 +18,7 @@ import traceback
 import sympy
 import torch
 from torch._dispatch.python import enable_python_dispatcher
+from torch.utils._pytree import tree_leaves
 
 from ...errors import TraceError
 from ..kernels.datadep import DataSymbol, count_of, data_symbols, drawn_at_random
@@ -62,6 +63,14 @@ class EagerOps:
 
     def run_op(self, func, args, kwargs):
         try:
+            if not self.recording and self.phase == "optimizer" and writes_only(func) and \
+                    not any(getattr(t, "constant", None) is not None
+                            for t in tree_leaves(_written_args(func, args, kwargs))):
+                # the unrecorded step that makes the optimizer's state: an update in place
+                # changes no storage, so its kernel is not run, but for a value the fake
+                # mode keeps (a step count the next step reads)
+                self.values.update(func, args, kwargs, None)
+                return _written_result(func, args, kwargs)
             if self._unguarded is not None:
                 args = self.unguarded_size(func, args)
             if func in DATA_DEPENDENT_OPS and self.phase != "optimizer":
@@ -222,3 +231,58 @@ class EagerOps:
             if reduction != 0:
                 return args[0].numel() * t.element_size()
         return None
+
+
+def writes_only(func) -> bool:
+    """Does ``func`` only write tensors it is given in place, their sizes and storages kept
+    (``mul_``, ``_foreach_lerp_``; not ``resize_``, ``set_``, ``t_``, nor an ``out=``
+    variant, which may resize its output), returning nothing or what it wrote?
+
+    >>> writes_only(torch.ops.aten._foreach_mul_.Scalar), writes_only(torch.ops.aten.mul.out)
+    (True, False)
+    >>> writes_only(torch.ops.aten.resize_.default), writes_only(torch.ops.aten.t_.default)
+    (False, False)
+    """
+    got = _WRITES_ONLY.get(func)
+    if got is None:
+        schema = func._schema
+        written = {frozenset(a.alias_info.before_set) for a in schema.arguments
+                   if a.alias_info is not None and a.alias_info.is_write and not a.kwarg_only}
+        got = _WRITES_ONLY[func] = bool(written) and func._opname.endswith("_") \
+            and func._opname not in _KEEPS_NOT_STORAGE \
+            and torch.Tag.inplace_view not in func.tags \
+            and all(r.alias_info is not None and frozenset(r.alias_info.before_set) in written
+                    for r in schema.returns)
+    return got
+
+
+_WRITES_ONLY: dict = {}
+# in place, yet they change a tensor's storage or its size: run as they are
+_KEEPS_NOT_STORAGE = frozenset(("resize_", "resize_as_", "set_", "_resize_output_",
+                                "resize_as_sparse_", "sparse_resize_",
+                                "sparse_resize_and_clear_", "_coalesced_"))
+
+
+def _written(func) -> dict:
+    """``func``'s written arguments: their alias set -> (position, name)."""
+    return {frozenset(a.alias_info.before_set): (i, a.name)
+            for i, a in enumerate(func._schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write}
+
+
+def _written_args(func, args, kwargs) -> list:
+    return [args[i] if i < len(args) else kwargs.get(name)
+            for i, name in _written(func).values()]
+
+
+def _written_result(func, args, kwargs):
+    """What ``func`` (:func:`writes_only`) returns: nothing, or the arguments it wrote."""
+    returns = func._schema.returns
+    if not returns:
+        return None
+    at = _written(func)
+    outs = []
+    for r in returns:
+        i, name = at[frozenset(r.alias_info.before_set)]
+        outs.append(args[i] if i < len(args) else kwargs[name])
+    return outs[0] if len(outs) == 1 else tuple(outs)
