@@ -3,6 +3,7 @@ model, its example batch and a strategy; :func:`measure` runs in each rank's pro
 (:func:`fxmem.validate.fakegpu.ranks.call_ranks`), :func:`case` also in the test's, for the
 prediction."""
 
+import collections
 import functools
 
 import torch
@@ -48,11 +49,13 @@ CASES = {  # name: (model, strategy, input width, step options)
     "tp": (MLP, lambda: TP(2, MLP_PLAN), 64, {}),
     # as torchtitan did: each block torch.compile(block) put back in the model, then sharded
     "fsdp-compiled": (lambda: _blocks("each"), lambda: FSDP(2), 256, {}),
+    # as torchtitan does now: each block compiled in place (block.compile()), then sharded
+    "fsdp-compiled-in-place": (lambda: _blocks("in_place"), lambda: FSDP(2), 256, {}),
 }
 # a compiled case's first step, B marked dynamic: its blocks compile at the example's batch
 # size, as fxmem's trace lowers them, and that code runs at the measured B (measure_rank's
 # compile_at_example)
-COMPILED = {"fsdp-compiled"}
+COMPILED = {"fsdp-compiled", "fsdp-compiled-in-place"}
 
 
 def _blocks(how):
@@ -106,9 +109,15 @@ def predict(name, batches):
 
     model, x, y, parallel, step = case(name)
     report = fxmem.analyze(model, (x,), (y,), parallel=parallel, device="cuda", **step)
-    return {str(b): [(d.max_allocated, d.max_reserved) for d in
-                     (report.rank(k).cuda_memory(b) for k in range(parallel.world_size))]
-            for b in batches}
+    out = {str(b): [(d.max_allocated, d.max_reserved) for d in
+                    (report.rank(k).cuda_memory(b) for k in range(parallel.world_size))]
+           for b in batches}
+    # FSDP2's ops each rank's trace recorded, by phase: its all-gathers, copies in and out
+    # of their buffers, reduce-scatters (none may go unseen inside a compiled call)
+    out["ops"] = [sorted(collections.Counter(
+        f"{o.op} {o.phase}" for o in report.rank(k).trace.ops
+        if o.op.startswith(("fsdp.", "c10d."))).items()) for k in range(parallel.world_size)]
+    return out
 
 
 def fewest_compiled(B):  # noqa: N803

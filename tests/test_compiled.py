@@ -111,17 +111,34 @@ def test_a_model_compiled_whole_under_a_strategy_is_one_line(how, parallel):
     assert "\n" not in str(e.value)
 
 
-def test_parts_compiled_in_place_under_fsdp2_say_how_fxmem_models_them():
-    """Under FSDP2, parts are modelled as torchtitan compiles them: ``torch.compile(block)``
-    put back in the model, then sharded (the fake GPU's tests:
-    tests/test_fake_gpu_parallel.py); a block compiled in place is one line."""
-    with pytest.raises(fxmem.InputError, match=r"^module 2 is compiled in place "
-                                               r"\(module.compile\(\)\): under FSDP2 over 2 "
-                                               r"ranks fxmem models blocks compiled as "
-                                               r"torch.compile\(block\) put back") as e:
-        fxmem.analyze(_parts(), torch.zeros(4, 8), loss=lambda o: o.sum(), device="cuda",
+def test_a_model_compiled_in_place_under_fsdp2_is_one_line():
+    """Blocks compiled in place (``block.compile()``, as torchtitan does) are lowered on each
+    rank as ``torch.compile(block)`` put back is (the fake GPU's tests:
+    tests/test_fake_gpu_parallel.py); the model compiled in place is one line."""
+    whole = _stack()
+    whole.compile()
+    with pytest.raises(fxmem.InputError, match=r"^the model is compiled in place "
+                                               r"\(model.compile\(\)\) under FSDP2 over 2 "
+                                               r"ranks: not modelled yet; its blocks") as e:
+        fxmem.analyze(whole, torch.zeros(4, 8), loss=lambda o: o.sum(), device="cuda",
                       parallel=fxmem.FSDP(2))
     assert "\n" not in str(e.value)
+
+
+def test_a_rank_s_copy_keeps_the_blocks_compiled_in_place():
+    """A deep copy drops ``block.compile()`` (``Module.__getstate__``): a rank's meta copy
+    compiles its own block in place again, by the same dynamo context (backend, options),
+    so that it runs the copy's parameters, not the model's."""
+    from fxmem.trace.compiled import in_place_context
+    from fxmem.trace.parallel.fsdp import meta_copy
+
+    m = _stack()
+    m[2].compile(backend="eager")  # dynamo runs it on any device
+    copied = meta_copy(m)
+    assert in_place_context(copied[2]) is in_place_context(m[2])
+    assert copied[1]._compiled_call_impl is None
+    assert copied(torch.zeros(4, 8, device="meta")).device.type == "meta"  # its own weights
+    assert m(torch.zeros(4, 8)).device.type == "cpu"
 
 
 # --- compile= (fxmem.trace.compiled.options) ---

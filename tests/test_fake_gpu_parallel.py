@@ -111,16 +111,21 @@ def _compiled_figures(name):
                   kwargs={"name": name, "batches": list(COMPILED_BATCHES)})
         want = call(sys.executable, "fakegpu_parallel_targets:predict", sys_path=[HERE],
                     env=env, kwargs={"name": name, "batches": list(COMPILED_BATCHES)})
-    return {B: ([(r[str(B)]["peak_bytes"], r[str(B)]["peak_reserved_bytes"]) for r in got],
-                [tuple(w) for w in want[str(B)]]) for B in COMPILED_BATCHES}
+    return {**{B: ([(r[str(B)]["peak_bytes"], r[str(B)]["peak_reserved_bytes"]) for r in got],
+                   [tuple(w) for w in want[str(B)]]) for B in COMPILED_BATCHES},
+            "ops": want["ops"]}
 
 
-COMPILED_CASES = [("fsdp-compiled", 8), ("fsdp-compiled", 512)]
+COMPILED_CASES = [(name, B) for name in ("fsdp-compiled", "fsdp-compiled-in-place")
+                  for B in COMPILED_BATCHES]
 
 
 @pytest.mark.parametrize("name, B", COMPILED_CASES)
 def test_blocks_compiled_on_their_own_allocate_as_predicted(name, B):  # noqa: N803
-    """Each block ``torch.compile(block)`` put back in the model, then sharded."""
+    """Each block ``torch.compile(block)`` put back in the model, then sharded; or each
+    block compiled in place (``block.compile()``), then sharded: its compiled call runs
+    FSDP2's hooks (eagerly: graph breaks), which the trace records around the block's
+    forward compiled by the same context (fxmem.trace.compiled.parts.parts_lowered)."""
     seen, want = _compiled_figures(name)[B]
     assert [s[0] for s in seen] == [w[0] for w in want], (B, seen, want)
 
@@ -129,6 +134,17 @@ def test_blocks_compiled_on_their_own_allocate_as_predicted(name, B):  # noqa: N
 def test_blocks_compiled_on_their_own_reserve_as_predicted(name, B):  # noqa: N803
     seen, want = _compiled_figures(name)[B]
     assert [s[1] for s in seen] == [w[1] for w in want], (B, seen, want)
+
+
+def test_blocks_compiled_in_place_record_fsdp2_s_hooks():
+    """A block compiled in place runs FSDP2's hooks inside its compiled call: each rank's
+    trace records the same all-gathers, copies and reduce-scatters, phase by phase, as for
+    blocks ``torch.compile(block)`` put back (with the hooks inside the lowered call, the
+    compiled blocks' forward all-gathers went unseen, their peaks elsewhere)."""
+    in_place = _compiled_figures("fsdp-compiled-in-place")["ops"]
+    assert in_place == _compiled_figures("fsdp-compiled")["ops"]
+    # the root's and the two blocks' (the blocks' went unseen inside the lowered call)
+    assert ["fsdp.all_gather_copy_in.default forward", 3] in in_place[0]
 
 
 def test_fewest_gpus_of_blocks_compiled_on_their_own():

@@ -119,12 +119,34 @@ def _check_sharded(parts: list, parallel, what: str) -> None:
     if not getattr(parallel, "runs_compiled_parts", lambda: False)():  # (a Strategy's)
         raise InputError(f"{what}: parts compiled on their own under {name} are not "
                          "modelled yet (under FSDP2 without HSDP or offload they are)")
-    in_place = [p for p, m in parts if not isinstance(m, OptimizedModule)]
-    if in_place:
-        raise InputError(f"module {in_place[0] or '(the model)'} is compiled in place "
-                         f"(module.compile()): under {name} fxmem models blocks compiled "
-                         "as torch.compile(block) put back in the model (as torchtitan "
-                         "did)")
+    if parts[0][0] == "":
+        raise InputError(f"the model is compiled in place (model.compile()) under {name}: "
+                         "not modelled yet; its blocks compiled on their own "
+                         "(block.compile(), or torch.compile(block) put back) are")
+    unknown = [p for p, m in parts
+               if not isinstance(m, OptimizedModule) and in_place_context(m) is None]
+    if unknown:  # (a _compiled_call_impl set by other code than Module.compile)
+        raise InputError(f"module {unknown[0]} is compiled in place, not by "
+                         f"module.compile(): under {name} fxmem models blocks compiled by "
+                         "block.compile() or torch.compile(block) put back in the model")
+
+
+def in_place_context(module):
+    """The dynamo context ``module.compile()`` wrapped the module's call in (its backend and
+    options), found in the compiled call's closure, or None.
+
+    >>> m = torch.nn.Linear(2, 2)
+    >>> m.compile(dynamic=True)
+    >>> type(in_place_context(m)).__name__
+    'OptimizeContext'
+    """
+    from torch._dynamo.eval_frame import _TorchDynamoContext
+
+    call = getattr(module, "_compiled_call_impl", None)
+    for cell in getattr(call, "__closure__", None) or ():
+        if isinstance(cell.cell_contents, _TorchDynamoContext):
+            return cell.cell_contents
+    return None
 
 
 def _name(parallel) -> str:
@@ -132,11 +154,20 @@ def _name(parallel) -> str:
 
 
 @contextlib.contextmanager
-def parts_lowered(parts: list, taken: list, rec):
+def parts_lowered(parts: list, taken: list, rec, hooked: bool = False):
     """While the trace runs: each part's call runs with the trace's modes off
     (:func:`fxmem.trace.compiled.inductor.modes_suspended`, ``taken`` receiving them), and
     its graphs' lines count below the part's path (:func:`part_running`). Everything is
-    restored on exit."""
+    restored on exit.
+
+    ``hooked``: the model is a rank's, wrapped by FSDP2, whose hooks are on the blocks: a
+    block compiled in place (``block.compile()``) runs them inside its compiled call, where
+    dynamo runs them eagerly (they are ``torch._dynamo.disable``d: graph breaks around its
+    forward's graph). The trace records them as it records any eager op: the block's call
+    runs uncompiled, its hooks under the modes, and its ``forward`` compiled by the same
+    dynamo context (backend and options), as ``torch.compile(block)`` put back in the model
+    runs it. (On the fake GPU, the two ways of compiling measure the same, tests/
+    test_fake_gpu_parallel.py.)"""
     from torch._dynamo.eval_frame import OptimizedModule
 
     from .inductor import modes_suspended
@@ -158,10 +189,17 @@ def parts_lowered(parts: list, taken: list, rec):
     undo = []
     try:
         for path, m in parts:
-            attr = "forward" if isinstance(m, OptimizedModule) else "_compiled_call_impl"
-            inner = f"{path}._orig_mod".lstrip(".") if attr == "forward" else path
+            if isinstance(m, OptimizedModule):
+                attr, inner, call = "forward", f"{path}._orig_mod".lstrip("."), m.forward
+            elif hooked:  # its call uncompiled, its forward compiled as the call was
+                call = in_place_context(m)(m.forward)
+                undo.append((m, "_compiled_call_impl", True, m._compiled_call_impl))
+                object.__setattr__(m, "_compiled_call_impl", None)
+                attr, inner = "forward", path
+            else:
+                attr, inner, call = "_compiled_call_impl", path, m._compiled_call_impl
             undo.append((m, attr, attr in m.__dict__, m.__dict__.get(attr)))
-            object.__setattr__(m, attr, lowered(getattr(m, attr), inner))
+            object.__setattr__(m, attr, lowered(call, inner))
         yield
     finally:
         for m, attr, had, old in reversed(undo):

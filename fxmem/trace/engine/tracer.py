@@ -368,7 +368,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
             _entered(inside), \
             kept.real if kept is not None else contextlib.nullcontext(), \
             inductor_on_fakes(taken, spec.compile, rec) if compiled else \
-            contextlib.nullcontext(), parts_lowered(parts, taken, rec):
+            contextlib.nullcontext(), parts_lowered(parts, taken, rec, hooked=prepared):
         phases.reuse = reuse
         run = functools.partial(run_step, forward, spec_run, fakes.inputs, fakes.targets,
                                 fakes.param_list)

@@ -314,14 +314,24 @@ def empty_tied(model: torch.nn.Module) -> None:
 
 def meta_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A deep copy of ``model`` whose parameters and buffers are on the meta device (ties
-    kept; nothing the size of the model is allocated)."""
+    kept; nothing the size of the model is allocated). A module compiled in place
+    (``block.compile()``, which a copy drops: ``Module.__getstate__``) is compiled in the
+    copy too, by the same dynamo context."""
+    from ..compiled import in_place_context
+
     memo = {}
     for t in itertools.chain(model.parameters(), model.buffers()):
         if id(t) not in memo and t is not None:
             m = t.detach().to("meta")
             memo[id(t)] = torch.nn.Parameter(m, requires_grad=t.requires_grad) \
                 if isinstance(t, torch.nn.Parameter) else m
-    return copy.deepcopy(model, memo)
+    copied = copy.deepcopy(model, memo)
+    for (_, m), (_, c) in zip(model.named_modules(remove_duplicate=False),
+                              copied.named_modules(remove_duplicate=False)):
+        context = in_place_context(m)
+        if context is not None:
+            c._compiled_call_impl = context(c._call_impl)
+    return copied
 
 
 @contextlib.contextmanager
