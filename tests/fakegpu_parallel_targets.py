@@ -51,11 +51,14 @@ CASES = {  # name: (model, strategy, input width, step options)
     "fsdp-compiled": (lambda: _blocks("each"), lambda: FSDP(2), 256, {}),
     # as torchtitan does now: each block compiled in place (block.compile()), then sharded
     "fsdp-compiled-in-place": (lambda: _blocks("in_place"), lambda: FSDP(2), 256, {}),
+    # HSDP: 2 replicas of 2 shards (fully_shard on a 2-D mesh over 4 ranks)
+    "hsdp": (Stack, lambda: FSDP(4, replicate=2), 64, {}),
+    "hsdp-compiled": (lambda: _blocks("each"), lambda: FSDP(4, replicate=2), 256, {}),
 }
 # a compiled case's first step, B marked dynamic: its blocks compile at the example's batch
 # size, as fxmem's trace lowers them, and that code runs at the measured B (measure_rank's
 # compile_at_example)
-COMPILED = {"fsdp-compiled", "fsdp-compiled-in-place"}
+COMPILED = {"fsdp-compiled", "fsdp-compiled-in-place", "hsdp-compiled"}
 
 
 def _blocks(how):

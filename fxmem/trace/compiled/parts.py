@@ -107,10 +107,10 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
 
 
 def _check_sharded(parts: list, parallel, what: str) -> None:
-    """Parts under ``parallel``: modelled under FSDP2 alone (no HSDP, no offload), each
+    """Parts under ``parallel``: modelled under FSDP2 and HSDP without CPU offload, each
     part a ``torch.compile(block)`` put in the model (as torchtitan did, then
-    ``fully_shard``: FSDP2's hooks run eagerly around the compiled block); else an
-    :class:`fxmem.InputError` in one line."""
+    ``fully_shard``: FSDP2's hooks run eagerly around the compiled block) or a block
+    compiled in place; else an :class:`fxmem.InputError` in one line."""
     from torch._dynamo.eval_frame import OptimizedModule
 
     from ...errors import InputError
@@ -118,7 +118,7 @@ def _check_sharded(parts: list, parallel, what: str) -> None:
     name = _name(parallel)
     if not getattr(parallel, "runs_compiled_parts", lambda: False)():  # (a Strategy's)
         raise InputError(f"{what}: parts compiled on their own under {name} are not "
-                         "modelled yet (under FSDP2 without HSDP or offload they are)")
+                         "modelled yet (under FSDP2 and HSDP without CPU offload they are)")
     if parts[0][0] == "":
         raise InputError(f"the model is compiled in place (model.compile()) under {name}: "
                          "not modelled yet; its blocks compiled on their own "

@@ -184,9 +184,9 @@ class FSDP(Strategy):
         return max(0, min(rows, (k + 1) * chunk) - k * chunk)
 
     def runs_compiled_parts(self) -> bool:
-        """Without HSDP or CPU offload: the rank's shards then CUDA fakes on a CUDA mesh
+        """Without CPU offload (HSDP too): the rank's shards then CUDA fakes on a CUDA mesh
         (:func:`sharded`), checked on the fake GPU's ranks."""
-        return type(self) is FSDP and self.replicate == 1 and not self.offload
+        return type(self) is FSDP and not self.offload
 
     def rank_groups(self, model: torch.nn.Module) -> tuple:
         """The ranks, grouped by the rows of every parameter they hold (ranks of a group
