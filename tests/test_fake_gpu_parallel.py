@@ -57,21 +57,11 @@ CASES = ("fsdp", "fsdp-keep", "fsdp-wide", "fsdp-wide-kept", "hsdp", "ddp", "tp"
 KNOWN_ALLOCATED: dict = {}
 KNOWN_RESERVED: dict = {}
 UNSTABLE_ALLOCATED: dict = {}
-# HSDP's shard and replica groups are NCCL communicators split from the world's
-# (ncclCommSplit), whose size the stub cannot learn (it would need the other ranks' colours);
-# 2.15's NCCL backend reads the size from the communicator (ncclCommCount), 2.14.1's from the
-# process group, so the measured step stops at its first all-gather on 2.15
-SPLIT_COMM_SIZE = pytest.mark.xfail(
-    tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 15),
-    strict=True, reason="the fake GPU's NCCL stub gives a split communicator no size "
-                        "(2.15: 'Output tensor size must be input_size * comm_size')")
-
 
 def _params(known, unstable=None):
     unstable = unstable or {}
     return [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=known[c]))
-            if c in known else pytest.param(c, marks=unstable[c]) if c in unstable else
-            pytest.param(c, marks=SPLIT_COMM_SIZE) if c.startswith("hsdp") else c
+            if c in known else pytest.param(c, marks=unstable[c]) if c in unstable else c
             for c in CASES]
 
 
@@ -125,9 +115,8 @@ def _compiled_figures(name):
             "ops": want["ops"]}
 
 
-COMPILED_CASES = [pytest.param(name, B, marks=SPLIT_COMM_SIZE) if name.startswith("hsdp")
-                  else (name, B) for name in ("fsdp-compiled", "fsdp-compiled-in-place",
-                                              "hsdp-compiled") for B in COMPILED_BATCHES]
+COMPILED_CASES = [(name, B) for name in ("fsdp-compiled", "fsdp-compiled-in-place",
+                                         "hsdp-compiled") for B in COMPILED_BATCHES]
 
 
 @pytest.mark.parametrize("name, B", COMPILED_CASES)

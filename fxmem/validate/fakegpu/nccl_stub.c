@@ -27,8 +27,12 @@
  * per-communicator device state), which is outside PyTorch's allocator and
  * so in neither max_memory_allocated nor max_memory_reserved; ncclMemAlloc
  * (user-buffer registration pools, symmetric memory) is plain host memory.
- * ncclCommSplit learns no group size (it would need the other ranks'
- * colours): the new communicator's size is unknown (-1), its rank the key.
+ * ncclCommSplit learns the new communicator's size and rank from the other
+ * ranks' colours and keys: each rank of the parent writes its own to a file
+ * in FAKEGPU_NCCL_DIR (the rank processes' shared folder, fxmem.validate.
+ * fakegpu.ranks) and reads the others' (a parent known by its unique id, the
+ * split by its number); without that folder the size is unknown (-1), the
+ * rank the key.
  */
 #define _GNU_SOURCE
 /* nccl.h includes the half-precision headers, which need CCCL's <nv/target> (not in the
@@ -48,6 +52,8 @@
 struct ncclComm {
     int rank;
     int nranks;
+    unsigned long long uid; /* the same on every rank of the communicator */
+    unsigned splits;        /* ncclCommSplit calls on it so far */
 };
 
 static int debug_on(void) {
@@ -87,6 +93,41 @@ static ncclComm_t new_comm(int rank, int nranks) {
         c->nranks = nranks;
     }
     return c;
+}
+
+static unsigned long long mix(unsigned long long h, const void *p, size_t n) {
+    const unsigned char *b = p; /* FNV-1a */
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* The colours and keys of every rank of ``comm`` for its next split, this rank's written
+ * first; 0 when they were read (into colors/keys, nranks entries), -1 when they cannot be. */
+static int split_exchange(ncclComm_t comm, unsigned seq, int color, int key, int *colors,
+                          int *keys) {
+    const char *dir = getenv("FAKEGPU_NCCL_DIR");
+    if (!dir || !*dir || comm->nranks < 1) return -1;
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof(path), "%s/split-%llx-%u-%d", dir, comm->uid, seq, comm->rank);
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return -1;
+    fprintf(f, "%d %d\n", color, key);
+    fclose(f);
+    if (rename(tmp, path) != 0) return -1;
+    for (int r = 0; r < comm->nranks; r++) {
+        snprintf(path, sizeof(path), "%s/split-%llx-%u-%d", dir, comm->uid, seq, r);
+        for (int waited = 0;; waited++) { /* up to a minute: every rank splits at once */
+            f = fopen(path, "r");
+            if (f) break;
+            if (waited > 60000) return -1;
+            usleep(1000);
+        }
+        int ok = fscanf(f, "%d %d", &colors[r], &keys[r]) == 2;
+        fclose(f);
+        if (!ok) return -1;
+    }
+    return 0;
 }
 
 /* --- versions, ids, errors ------------------------------------------------ */
@@ -132,9 +173,9 @@ EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *err) {
 
 /* --- communicators -------------------------------------------------------- */
 EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
-    (void)id;
     if (!comm || nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
     *comm = new_comm(rank, nranks);
+    if (*comm) (*comm)->uid = mix(1469598103934665603ULL, id.internal, sizeof(id.internal));
     return *comm ? ncclSuccess : ncclSystemError;
 }
 
@@ -162,11 +203,35 @@ EXPORT ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devl
 
 EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
                                   ncclConfig_t *config) {
-    (void)comm;
     (void)config;
     if (!newcomm) return ncclInvalidArgument;
-    *newcomm = color == NCCL_SPLIT_NOCOLOR ? NULL : new_comm(key, -1);
-    return ncclSuccess;
+    unsigned seq = comm ? comm->splits++ : 0;
+    int n = comm ? comm->nranks : 0;
+    int *colors = n > 0 ? calloc((size_t)n, sizeof(int)) : NULL;
+    int *keys = n > 0 ? calloc((size_t)n, sizeof(int)) : NULL;
+    int known = colors && keys && split_exchange(comm, seq, color, key, colors, keys) == 0;
+    int size = -1, rank = key;
+    if (known) { /* ranked by key, then by the parent's rank, as NCCL does */
+        size = rank = 0;
+        for (int r = 0; r < n; r++) {
+            if (colors[r] != color) continue;
+            size++;
+            if (keys[r] < key || (keys[r] == key && r < comm->rank)) rank++;
+        }
+    }
+    free(colors);
+    free(keys);
+    LOG("ncclCommSplit colour %d key %d: rank %d of %d", color, key, rank, size);
+    if (color == NCCL_SPLIT_NOCOLOR) {
+        *newcomm = NULL;
+        return ncclSuccess;
+    }
+    *newcomm = new_comm(rank, size);
+    if (*newcomm && comm) {
+        unsigned long long h = mix(comm->uid, &seq, sizeof(seq));
+        (*newcomm)->uid = mix(h, &color, sizeof(color));
+    }
+    return *newcomm ? ncclSuccess : ncclSystemError;
 }
 
 EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int *exclude, int nexclude,

@@ -62,7 +62,7 @@ def call_ranks(python_exe, target: str, world_size: int, *, kwargs: dict | None 
                        "init_method": init, "timeout": timeout}
                 e = stub_env(lib, env)
                 e.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0",
-                         LOCAL_WORLD_SIZE="1")
+                         LOCAL_WORLD_SIZE="1", FAKEGPU_NCCL_DIR=tmp)  # (split communicators)
                 out = open(Path(tmp) / f"rank{rank}.out", "w+")
                 err = open(Path(tmp) / f"rank{rank}.err", "w+")
                 files += [out, err]
