@@ -58,6 +58,7 @@ KNOWN_ALLOCATED: dict = {}
 KNOWN_RESERVED: dict = {}
 UNSTABLE_ALLOCATED: dict = {}
 
+
 def _params(known, unstable=None):
     unstable = unstable or {}
     return [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=known[c]))

@@ -39,6 +39,7 @@ from ..kernels.rules import (
     eager_cpu_layout,
     window_storage_nbytes,
 )
+from ..kernels.values import written_args
 from .messages import fails_in_eager, user_frame
 
 
@@ -64,8 +65,9 @@ class EagerOps:
     def run_op(self, func, args, kwargs):
         try:
             if not self.recording and self.phase == "optimizer" and writes_only(func) and \
-                    not any(getattr(t, "constant", None) is not None
-                            for t in tree_leaves(_written_args(func, args, kwargs))):
+                    not any(getattr(t, "constant", None) is not None for t in tree_leaves(
+                        [args[i] if i < len(args) else kwargs.get(name)
+                         for i, name in written_args(func)])):
                 # the unrecorded step that makes the optimizer's state: an update in place
                 # changes no storage, so its kernel is not run, but for a value the fake
                 # mode keeps (a step count the next step reads)
@@ -243,46 +245,34 @@ def writes_only(func) -> bool:
     >>> writes_only(torch.ops.aten.resize_.default), writes_only(torch.ops.aten.t_.default)
     (False, False)
     """
-    got = _WRITES_ONLY.get(func)
-    if got is None:
-        schema = func._schema
-        written = {frozenset(a.alias_info.before_set) for a in schema.arguments
-                   if a.alias_info is not None and a.alias_info.is_write and not a.kwarg_only}
-        got = _WRITES_ONLY[func] = bool(written) and func._opname.endswith("_") \
-            and func._opname not in _KEEPS_NOT_STORAGE \
-            and torch.Tag.inplace_view not in func.tags \
-            and all(r.alias_info is not None and frozenset(r.alias_info.before_set) in written
-                    for r in schema.returns)
-    return got
+    return _returned(func) is not None
 
 
-_WRITES_ONLY: dict = {}
+def _returned(func) -> tuple | None:
+    """Of a :func:`writes_only` op, the (position, name) of the written argument each of its
+    returns is; None for any other op."""
+    if func not in _RETURNED:
+        schema, got = func._schema, None
+        at = {frozenset(a.alias_info.before_set): (i, a.name)
+              for i, a in enumerate(schema.arguments)
+              if a.alias_info is not None and a.alias_info.is_write and not a.kwarg_only}
+        if at and func._opname.endswith("_") and func._opname not in _KEEPS_NOT_STORAGE \
+                and torch.Tag.inplace_view not in func.tags \
+                and all(r.alias_info is not None and frozenset(r.alias_info.before_set) in at
+                        for r in schema.returns):
+            got = tuple(at[frozenset(r.alias_info.before_set)] for r in schema.returns)
+        _RETURNED[func] = got
+    return _RETURNED[func]
+
+
+_RETURNED: dict = {}
 # in place, yet they change a tensor's storage or its size: run as they are
 _KEEPS_NOT_STORAGE = frozenset(("resize_", "resize_as_", "set_", "_resize_output_",
                                 "resize_as_sparse_", "sparse_resize_",
                                 "sparse_resize_and_clear_", "_coalesced_"))
 
 
-def _written(func) -> dict:
-    """``func``'s written arguments: their alias set -> (position, name)."""
-    return {frozenset(a.alias_info.before_set): (i, a.name)
-            for i, a in enumerate(func._schema.arguments)
-            if a.alias_info is not None and a.alias_info.is_write}
-
-
-def _written_args(func, args, kwargs) -> list:
-    return [args[i] if i < len(args) else kwargs.get(name)
-            for i, name in _written(func).values()]
-
-
 def _written_result(func, args, kwargs):
     """What ``func`` (:func:`writes_only`) returns: nothing, or the arguments it wrote."""
-    returns = func._schema.returns
-    if not returns:
-        return None
-    at = _written(func)
-    outs = []
-    for r in returns:
-        i, name = at[frozenset(r.alias_info.before_set)]
-        outs.append(args[i] if i < len(args) else kwargs[name])
-    return outs[0] if len(outs) == 1 else tuple(outs)
+    outs = [args[i] if i < len(args) else kwargs[name] for i, name in _returned(func)]
+    return None if not outs else outs[0] if len(outs) == 1 else tuple(outs)

@@ -92,7 +92,7 @@ _SAME_REDUCTIONS = {  # the reduction of n >= 1 equal values is that value
 }
 _ALL_ANY = {aten.all.default: bool, aten.all.dim: bool, aten.any.default: bool,
             aten.any.dim: bool}
-def _written(func) -> tuple:
+def written_args(func) -> tuple:
     """Positions and names of the arguments ``func`` writes (in-place and ``out=``)."""
     got = _WRITES.get(func)
     if got is None:
@@ -181,7 +181,7 @@ class KnownValues:
 
     def update(self, func, args, kwargs, out) -> None:
         """Follow ``func``: forget storages it writes, learn its output's value."""
-        written = _written(func)
+        written = written_args(func)
         for i, name in written if self._of or self._affine else ():
             t = args[i] if i < len(args) else kwargs.get(name)
             for x in t if isinstance(t, (list, tuple)) else (t,):
