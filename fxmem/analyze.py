@@ -237,8 +237,8 @@ def _per_rank(request: TraceRequest, again_as=None, defer: bool = False) -> Para
     groups += [RankGroup(ranks, make=lambda r=ranks: group(r)) if defer else
                RankGroup(ranks, group(ranks)) for ranks in rest]
 
-    def retrace(plan):  # the planner's confirmation: this step traced with ``plan``
-        return _per_rank(request.but(checkpoint=plan), again_as)
+    def retrace(plan, defer: bool = False):  # the planner's confirmation: this step traced
+        return _per_rank(request.but(checkpoint=plan), again_as, defer)  # with ``plan``
     return ParallelReport(parallel, tuple(groups), None if plan else retrace)
 
 

@@ -358,6 +358,64 @@ def test_a_world_size_whose_rank_0_does_not_fit_traces_no_other_rank(monkeypatch
     _check_ways(m, r, f)
 
 
+def test_a_plan_on_uneven_ranks_is_chosen_on_rank_0_and_traced_on_the_others(monkeypatch):
+    """The stack on one GPU, a budget only FSDP2 over 3 GPUs with a plan fits (by live
+    bytes): on 3 GPUs ranks 0-1 and rank 2 hold unlike shards. Rank 0's plans are derived
+    from its trace; the cheapest that fits it, traced on rank 0 and rank 2, runs on both,
+    so no plan fitting every rank re-runs less and rank 2 is never traced without a plan.
+    The answer is checked by analysing again at it (all ranks) and one GPU fewer."""
+    m, b = _stack(), 512
+    three = _analyze(m, parallel=fxmem.FSDP(3))
+    assert [g.ranks for g in three.groups] == [(0, 1), (2,)]
+    two = _analyze(m, parallel=fxmem.FSDP(2))
+    low = [min(p.peak_bytes for p in r.frontier(b)) for r in (two, three)]
+    r = _analyze(m)
+    traced = _counting(monkeypatch)
+    f = r.fits(b, sum(low) // 2, by="live")
+    way = f.way("fsdp+checkpoint")
+    assert way is not None and way.value == 3, (f.line, f.none)
+    got = [(t["parallel"].world_size, t["rank"], bool(t.get("checkpoint"))) for t in traced]
+    assert (3, 2, True) in got and (3, 2, False) not in got, got
+    monkeypatch.undo()
+    assert way.plan == three.plan_for(sum(low) // 2, b, by="live").plan
+    _check_ways(m, r, f)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_plan_chosen_on_rank_0_is_the_one_chosen_over_every_rank(device, monkeypatch):
+    """ParallelReport.plan_for chooses on the first group of ranks, then traces its plan on
+    every group: on 3 GPUs (two unlike groups) at each budget between the frontier's
+    replayed needs (by live bytes on the CPU, by the caching allocator's replay on CUDA),
+    the plan, its peak, its replay and its recompute FLOPs are those of the choice over
+    every group's planner."""
+    from fxmem.report.ranks import ParallelReport
+
+    m, b = _stack(width=256, hidden=1024), 4096
+    three = _analyze(m, device, parallel=fxmem.FSDP(3))
+    assert len(three.groups) == 2
+    if device == "cuda":
+        needs = {max(g.report.cuda_memory(b).max_reserved for g in three.with_plan(p.plan).groups)
+                 for p in three.frontier(b)}
+    else:
+        needs = {p.peak_bytes for p in three.frontier(b)}
+    for budget in sorted(needs)[1:]:
+        first = three.plan_for(budget, b)
+        with monkeypatch.context() as mp:
+            mp.setattr(ParallelReport, "_first_chooses", lambda *a, **k: None)
+            every = three.plan_for(budget, b)
+        assert (first.plan, first.peak_bytes, first.recompute_flops) == \
+            (every.plan, every.peak_bytes, every.recompute_flops)
+        assert first.report.peak_bytes(b) == every.report.peak_bytes(b)
+        if device == "cuda":
+            assert first.run.max_reserved == every.run.max_reserved <= budget
+    with pytest.raises(fxmem.InfeasibleBudgetError) as first:
+        three.plan_for(min(needs) // 2, b)
+    with monkeypatch.context() as mp, pytest.raises(fxmem.InfeasibleBudgetError) as every:
+        mp.setattr(ParallelReport, "_first_chooses", lambda *a, **k: None)
+        three.plan_for(min(needs) // 2, b)
+    assert str(first.value) == str(every.value)
+
+
 def _counting(monkeypatch) -> list:
     """The keyword options of every trace fxmem.analyze's module makes from now on."""
     import importlib

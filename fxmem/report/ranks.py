@@ -139,7 +139,7 @@ class ParallelReport:
     def at(self, **values) -> "ParallelReport":
         """Every rank's report in B alone with the named dims fixed, e.g. ``at(L=512)``."""
         retrace = None if self.retrace is None else \
-            (lambda plan, f=self.retrace: f(plan).at(**values))
+            (lambda plan, defer=False, f=self.retrace: f(plan, defer).at(**values))
         return ParallelReport(self.strategy, tuple(g.then(lambda r: r.at(**values))
                                                    for g in self.groups), retrace)
 
@@ -281,7 +281,11 @@ class ParallelReport:
         The plan is chosen on plans derived from each group's trace
         (:mod:`fxmem.checkpoint.ranks`), then, for a report made by :func:`fxmem.analyze`,
         traced with the plan applied: the choice's ``report`` and ``peak_bytes`` are the
-        traced ones (``confirm=False``: the derived ones, a search's cheap answer). Should the
+        traced ones (``confirm=False``: the derived ones, a search's cheap answer). Such a
+        report's first group (rank 0's: under FSDP2 its shards have the most rows) chooses
+        first, alone: when its plan, traced on every group, runs on each, no plan fitting
+        every group costs less (each fits the first), and the other groups are not traced
+        without the plan (a search's deferred groups: :meth:`first_group`). Should the
         traced peak not fit (a forward that changes state when it re-runs, e.g. a key/value
         cache), the budget is tightened by the excess and the plan chosen again; a plan
         checkpoint cannot run on fake tensors (``nn.MultiheadAttention`` alone) is returned
@@ -307,6 +311,11 @@ class ParallelReport:
         derived = self if confirm else replace(self, retrace=None)
 
         def pick(kinds):
+            if confirm and self.retrace is not None and len(self.groups) > 1:
+                got = self._first_chooses(budget_bytes, b, candidates, kinds, by,
+                                          cudnn_workspace)
+                if got is not None:
+                    return got
             reports, choosers = self._planner(candidates, kinds)
             if by == "device":
                 return derived._on_device(reports, choosers, b, budget_bytes, None, traced,
@@ -317,6 +326,40 @@ class ParallelReport:
                                       traced)
 
         return without_selective(pick, kinds)
+
+    def _first_chooses(self, budget_bytes: int, b: int, candidates, kinds, by: str,
+                       cudnn_workspace: int):
+        """:meth:`plan_for`'s choice on the first group of ranks alone, its plan traced on
+        every group (the others when first read), when its steps run there as ``by``
+        checks them (the choice's ``report``, ``peak_bytes`` and ``run`` then every
+        group's); else None (no plan fits the first group, one that is not traced, or one
+        another group does not run: :meth:`plan_for` chooses over every group)."""
+        from ..checkpoint.on_device import device_run
+        from ..errors import FxmemError
+
+        whole: dict = {}
+
+        def retrace(plan):  # every group traced with ``plan``; the first read here
+            if plan not in whole:
+                whole[plan] = self.retrace(plan, defer=True)
+            return whole[plan].first_group()
+        try:
+            got = replace(self.first_group(), retrace=retrace).plan_for(
+                budget_bytes, b, candidates, kinds=kinds, by=by,
+                cudnn_workspace=cudnn_workspace)
+        except FxmemError:
+            return None
+        if got.plan and got.plan not in whole:
+            return None  # derived: a plan checkpoint cannot run on fake tensors
+        report = whole[got.plan] if got.plan else self
+        if by == "device":
+            run = device_run(report, b, budget_bytes, cudnn_workspace)
+            if not run.fits:
+                return None
+            return replace(got, report=report, peak_bytes=report.peak_bytes(b), run=run)
+        if report.peak_bytes(b) > budget_bytes:
+            return None
+        return replace(got, report=report, peak_bytes=report.peak_bytes(b))
 
     def _on_device(self, reports, choosers, b: int, budget_bytes: int, max_recompute,
                    traced: dict, cudnn_workspace: int, raises: bool = True):

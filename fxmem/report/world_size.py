@@ -221,8 +221,13 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_):
         c = choice(w, part=part)  # (by the allocator, a plan of larger live peak can
         return not isinstance(c, str) and checked(check, c, b)  # fragment less)
 
-    def fits(w):
-        return runs(w, lead) and runs(w, at)
+    def fits(w):  # rank 0's plans derived; where one runs and there are other groups, the
+        if not runs(w, lead):  # cheapest traced on every group (ParallelReport.plan_for:
+            return False  # chosen on rank 0, so the others are traced with it alone)
+        if len(at(w).groups) == 1:
+            return True
+        c = choice(w, True)
+        return not isinstance(c, str) and checked(check, c, b)
 
     def need(w):  # of a w that does not fit, rank 0's (as without a plan); where no plan
         c = None if check.by == "live" or check.fits(under(w, lead), b) else \
