@@ -58,12 +58,28 @@ class Blocks(nn.Module):
 
 def blocks(how: str):
     """:class:`Blocks` compiled ``how``: ``"each"``, each block ``torch.compile(block)`` put
-    back in its list (as torchtitan did); ``"in_place"``, ``block.compile()``; ``"model"``,
-    ``model.compile()``; ``"eager"``, none."""
+    back in its list (as torchtitan did); ``"checkpointed"``, each block
+    ``torch.compile(checkpoint_wrapper(block))`` (torchtitan's activation checkpointing,
+    then compile: the checkpoint inside the compiled graph); ``"wrapped"``, each block
+    ``checkpoint_wrapper(block)``, none compiled (the case compiles the model whole);
+    ``"in_place"``, ``block.compile()``; ``"model"``, ``model.compile()``; ``"eager"``,
+    none."""
     m = Blocks()
-    if how == "each":
+    if how == "wrapped":
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            checkpoint_wrapper,
+        )
+
         for i, layer in enumerate(m.layers):
-            m.layers[i] = torch.compile(layer)
+            m.layers[i] = checkpoint_wrapper(layer)
+    if how in ("each", "checkpointed"):
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            checkpoint_wrapper,
+        )
+
+        for i, layer in enumerate(m.layers):
+            m.layers[i] = torch.compile(checkpoint_wrapper(layer) if how == "checkpointed"
+                                        else layer)
     elif how == "in_place":
         for layer in m.layers:
             layer.compile()

@@ -363,7 +363,8 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     # (a rank's warm-up runs later blocks cheaply too: ShardedReuse)
     runs = runs_of(model, prepared) if reusable else []
     inside = _step_contexts(model, spec, mode, rec, fakes, prepared)
-    with checkpointing(model, plan, region(rec), held(rec)) as rec.plan, \
+    with checkpointing(model, plan, region(rec), held(rec), compiled and not parts) \
+            as rec.plan, \
             copied(rec, runs, rec.plan, prepared, fakes.params, fakes.buffers) as reuse, \
             _entered(inside), \
             kept.real if kept is not None else contextlib.nullcontext(), \

@@ -33,6 +33,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, noop_context_fn
 
 from ...errors import InputError
+from ..compiled import compiled_parts
 from .regions import Plan, Region, modules_of, simple
 from .selective import SaveCalls, context_fn, group_of, install_group, own_forward
 
@@ -146,7 +147,7 @@ def apply_checkpoints(model: torch.nn.Module, plan) -> torch.nn.Module:
 
 
 @contextlib.contextmanager
-def checkpointing(model: torch.nn.Module, plan, region=None, held=None):
+def checkpointing(model: torch.nn.Module, plan, region=None, held=None, whole=False):
     """Run the plan's forwards under ``torch.utils.checkpoint`` until the block exits.
 
     Installs an instance attribute ``forward`` on each module of the plan (and on modules
@@ -156,12 +157,19 @@ def checkpointing(model: torch.nn.Module, plan, region=None, held=None):
     recomputation apart; ``held(tensor)``, if given, is called with each op output that
     selective checkpointing keeps for backward (whatever the policy: the plan's, or the
     user's own in a ``checkpoint_wrapper``'s ``context_fn``), as its policy decides it.
-    Yields the plan in effect (a :class:`fxmem.Plan`).
+    A ``checkpoint_wrapper`` within a part compiled on its own, or anywhere in a model
+    compiled whole (``whole``), is left as it is: dynamo captures its checkpoint into the
+    part's graphs (the partitioner re-runs its forward in the backward graph). Yields the
+    plan in effect (a :class:`fxmem.Plan`).
     """
     plan = normalize_plan(model, plan)
     targets = [(e, [_submodule(model, p) for p in modules_of(e)]) for e in plan]
+    parts = [("", model)] if whole else compiled_parts(model)
+    inside = {id(m) for _, part in parts for m in part.modules()}
     seen = set()
-    for n, m in model.named_modules():  # what the user applied already
+    for n, m in model.named_modules():  # what the user applied already, but within a part
+        if id(m) in inside:  # compiled on its own: dynamo's (its graphs re-run what it drops)
+            continue
         if isinstance(m, CheckpointWrapper):
             fn = m.checkpoint_fn.keywords.get("context_fn", noop_context_fn) \
                 if isinstance(m.checkpoint_fn, functools.partial) else noop_context_fn
