@@ -54,11 +54,16 @@ CASES = {  # name: (model, strategy, input width, step options)
     # HSDP: 2 replicas of 2 shards (fully_shard on a 2-D mesh over 4 ranks)
     "hsdp": (Stack, lambda: FSDP(4, replicate=2), 64, {}),
     "hsdp-compiled": (lambda: _blocks("each"), lambda: FSDP(4, replicate=2), 256, {}),
+    # FSDP2's CPU offload: the shards, their gradients and the optimizer state in pinned
+    # host memory, the optimizer step on the host
+    "fsdp-offload": (Stack, lambda: FSDP(2, offload=True), 64, {}),
+    "fsdp-compiled-offload": (lambda: _blocks("each"), lambda: FSDP(2, offload=True), 256, {}),
 }
 # a compiled case's first step, B marked dynamic: its blocks compile at the example's batch
 # size, as fxmem's trace lowers them, and that code runs at the measured B (measure_rank's
 # compile_at_example)
-COMPILED = {"fsdp-compiled", "fsdp-compiled-in-place", "hsdp-compiled"}
+COMPILED = {"fsdp-compiled", "fsdp-compiled-in-place", "hsdp-compiled",
+            "fsdp-compiled-offload"}
 
 
 def _blocks(how):

@@ -53,7 +53,8 @@ def _figures(name, B):  # noqa: N803
     return seen, want
 
 
-CASES = ("fsdp", "fsdp-keep", "fsdp-wide", "fsdp-wide-kept", "hsdp", "ddp", "tp")
+CASES = ("fsdp", "fsdp-keep", "fsdp-wide", "fsdp-wide-kept", "fsdp-offload", "hsdp", "ddp",
+         "tp")
 KNOWN_ALLOCATED: dict = {}
 KNOWN_RESERVED: dict = {}
 UNSTABLE_ALLOCATED: dict = {}
@@ -117,13 +118,15 @@ def _compiled_figures(name):
 
 
 COMPILED_CASES = [(name, B) for name in ("fsdp-compiled", "fsdp-compiled-in-place",
-                                         "hsdp-compiled") for B in COMPILED_BATCHES]
+                                         "hsdp-compiled", "fsdp-compiled-offload")
+                  for B in COMPILED_BATCHES]
 
 
 @pytest.mark.parametrize("name, B", COMPILED_CASES)
 def test_blocks_compiled_on_their_own_allocate_as_predicted(name, B):  # noqa: N803
     """Each block ``torch.compile(block)`` put back in the model, then sharded (over 2
-    ranks; under HSDP, 2 replicas of 2 shards on 4 ranks); or each
+    ranks; under HSDP, 2 replicas of 2 shards on 4 ranks; with FSDP2's CPU offload, the
+    shards and the optimizer step on the host); or each
     block compiled in place (``block.compile()``), then sharded: its compiled call runs
     FSDP2's hooks (eagerly: graph breaks), which the trace records around the block's
     forward compiled by the same context (fxmem.trace.compiled.parts.parts_lowered)."""

@@ -184,9 +184,10 @@ class FSDP(Strategy):
         return max(0, min(rows, (k + 1) * chunk) - k * chunk)
 
     def runs_compiled_parts(self) -> bool:
-        """Without CPU offload (HSDP too): the rank's shards then CUDA fakes on a CUDA mesh
-        (:func:`sharded`), checked on the fake GPU's ranks."""
-        return type(self) is FSDP and not self.offload
+        """Under FSDP2 and HSDP, CPU offload included: the rank's mesh then a CUDA one, its
+        shards CUDA fakes (host fakes under CPU offload: :func:`sharded`), checked on the
+        fake GPU's ranks."""
+        return type(self) is FSDP
 
     def rank_groups(self, model: torch.nn.Module) -> tuple:
         """The ranks, grouped by the rows of every parameter they hold (ranks of a group
@@ -383,8 +384,9 @@ def sharded(model: torch.nn.Module, parallel: Strategy, rank: int, mode,
                     parallel.mesh_dim_names, device) as mesh:
         copied = meta_copy(model)
         if not isinstance(parallel, DDP):  # shards on meta, then their storages made fakes
-            parallel.apply(copied, mesh)
-            parallel.materialize(copied, mode, device)
+            parallel.apply(copied, mesh)  # (CPU offload: the shards on the host, always)
+            parallel.materialize(copied, mode, "cpu" if getattr(parallel, "offload", False)
+                                 else device)
             yield copied, None
             return
         with mode:  # DDP's constructor broadcasts the parameters and builds its buckets
