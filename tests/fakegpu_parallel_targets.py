@@ -58,12 +58,31 @@ CASES = {  # name: (model, strategy, input width, step options)
     # host memory, the optimizer step on the host
     "fsdp-offload": (Stack, lambda: FSDP(2, offload=True), 64, {}),
     "fsdp-compiled-offload": (lambda: _blocks("each"), lambda: FSDP(2, offload=True), 256, {}),
+    # a block compiled on its own, then its linears split column- and row-wise (the
+    # compiled graph runs on the local shards: DTensor's ops traced by dynamo)
+    "tp-compiled": (lambda: _tp_block("each"), lambda: TP(2, TP_BLOCK), 256, {}),
+    "tp-compiled-in-place": (lambda: _tp_block("in_place"),
+                             lambda: TP(2, {"0.a": ColwiseParallel(), "0.b": RowwiseParallel()}),
+                             256, {}),
 }
+TP_BLOCK = {"0._orig_mod.a": ColwiseParallel(), "0._orig_mod.b": RowwiseParallel()}
+
+
+def _tp_block(how):
+    """:class:`fakegpu_compile_targets.Pointwise` alone (every parameter split: CUDA's
+    foreach Adam takes no mix of DTensors and plain tensors), ``torch.compile``d and put
+    in a ``Sequential`` (``"each"``), compiled in place (``"in_place"``), or not."""
+    from fakegpu_compile_targets import Pointwise
+
+    block = Pointwise()
+    if how == "in_place":
+        block.compile()
+    return nn.Sequential(torch.compile(block) if how == "each" else block)
 # a compiled case's first step, B marked dynamic: its blocks compile at the example's batch
 # size, as fxmem's trace lowers them, and that code runs at the measured B (measure_rank's
 # compile_at_example)
 COMPILED = {"fsdp-compiled", "fsdp-compiled-in-place", "hsdp-compiled",
-            "fsdp-compiled-offload"}
+            "fsdp-compiled-offload", "tp-compiled", "tp-compiled-in-place"}
 
 
 def _blocks(how):

@@ -77,10 +77,11 @@ def test_a_model_compiled_whole_refuses_an_eager_plan_as_such(plan):
     ({"checkpoint": ["0"]}, "checkpoint plans over parts compiled on their own are not "
                             "modelled yet"),
     ({"parallel": fxmem.DDP(2)}, r"parts compiled on their own under DDP over 2 ranks are "
-                                 r"not modelled yet \(under FSDP2 and HSDP, CPU offload "
+                                 r"not modelled yet \(under FSDP2, HSDP and TP, CPU offload "
                                  r"included, they are\)"),
-    ({"parallel": fxmem.TP(2, {"2": ColwiseParallel()})}, "parts compiled on their own under "
-                                                         "TP .*are not modelled yet"),
+    ({"parallel": fxmem.Parallel(fsdp=fxmem.FSDP(2), tp=fxmem.TP(2, {"2": ColwiseParallel()}))},
+     r"parts compiled on their own under FSDP2 over 2 ranks x TP over 2 ranks \(4 ranks\) "
+     r"are not modelled yet"),
     ({"compile": True}, "compile= compiles the model whole"),
 ])
 def test_parts_compiled_on_their_own_refuse_what_is_not_modelled(option, message):

@@ -118,15 +118,20 @@ def _compiled_figures(name):
 
 
 COMPILED_CASES = [(name, B) for name in ("fsdp-compiled", "fsdp-compiled-in-place",
-                                         "hsdp-compiled", "fsdp-compiled-offload")
+                                         "hsdp-compiled", "fsdp-compiled-offload", "tp-compiled")
                   for B in COMPILED_BATCHES]
+# the same block compiled in place under TP: the figures of tp-compiled (checked on 2.14.1
+# and 2.15 when added), its compile in place lowered by the same code as fsdp-compiled-in-place's
+COMPILED_CASES += [pytest.param("tp-compiled-in-place", B, marks=pytest.mark.slow)
+                   for B in COMPILED_BATCHES]
 
 
 @pytest.mark.parametrize("name, B", COMPILED_CASES)
 def test_blocks_compiled_on_their_own_allocate_as_predicted(name, B):  # noqa: N803
     """Each block ``torch.compile(block)`` put back in the model, then sharded (over 2
     ranks; under HSDP, 2 replicas of 2 shards on 4 ranks; with FSDP2's CPU offload, the
-    shards and the optimizer step on the host); or each
+    shards and the optimizer step on the host; under TP, a block's two linears split
+    column- and row-wise: dynamo traces the block on its DTensors); or each
     block compiled in place (``block.compile()``), then sharded: its compiled call runs
     FSDP2's hooks (eagerly: graph breaks), which the trace records around the block's
     forward compiled by the same context (fxmem.trace.compiled.parts.parts_lowered)."""
@@ -138,6 +143,21 @@ def test_blocks_compiled_on_their_own_allocate_as_predicted(name, B):  # noqa: N
 def test_blocks_compiled_on_their_own_reserve_as_predicted(name, B):  # noqa: N803
     seen, want = _compiled_figures(name)[B]
     assert [s[1] for s in seen] == [w[1] for w in want], (B, seen, want)
+
+
+def test_a_block_compiled_under_tp_is_not_the_eager_one():
+    """tp-compiled's prediction at B=512 (checked against the fake GPU above) is under the
+    same block's eager one: the block is lowered, not run eagerly."""
+    import fakegpu_parallel_targets as t
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    model, x, y, _, step = t.case("tp-compiled")
+    eager = fxmem.analyze(t._tp_block("eager"), (x,), (y,), device="cuda", **step,
+                          parallel=fxmem.TP(2, {"0.a": ColwiseParallel(),
+                                                "0.b": RowwiseParallel()}))
+    compiled = _compiled_figures("tp-compiled")[512][1]
+    assert all(w[0] < eager.rank(k).cuda_memory(512).max_allocated
+               for k, w in enumerate(compiled)), compiled
 
 
 def test_blocks_compiled_in_place_record_fsdp2_s_hooks():

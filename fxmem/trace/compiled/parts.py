@@ -107,7 +107,8 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
 
 
 def _check_sharded(parts: list, parallel, what: str) -> None:
-    """Parts under ``parallel``: modelled under FSDP2 and HSDP (CPU offload included), each
+    """Parts under ``parallel``: modelled under FSDP2 and HSDP (CPU offload included) and
+    TP, each
     part a ``torch.compile(block)`` put in the model (as torchtitan did, then
     ``fully_shard``: FSDP2's hooks run eagerly around the compiled block) or a block
     compiled in place; else an :class:`fxmem.InputError` in one line."""
@@ -118,8 +119,8 @@ def _check_sharded(parts: list, parallel, what: str) -> None:
     name = _name(parallel)
     if not getattr(parallel, "runs_compiled_parts", lambda: False)():  # (a Strategy's)
         raise InputError(f"{what}: parts compiled on their own under {name} are not "
-                         "modelled yet (under FSDP2 and HSDP, CPU offload included, they "
-                         "are)")
+                         "modelled yet (under FSDP2, HSDP and TP, CPU offload included, "
+                         "they are)")
     if parts[0][0] == "":
         raise InputError(f"the model is compiled in place (model.compile()) under {name}: "
                          "not modelled yet; its blocks compiled on their own "

@@ -106,6 +106,13 @@ class TP(Strategy):
         copy as each rank), first rank first."""
         return _groups(self, model)
 
+    def runs_compiled_parts(self) -> bool:
+        """Blocks compiled on their own (``torch.compile(block)`` put back, or
+        ``block.compile()``) whose linears the plan splits: dynamo traces the block on its
+        DTensors, and the rank's trace lowers it as on one GPU (over a CUDA mesh), checked on
+        the fake GPU's ranks. Not under FSDP2 x TP (:class:`Parallel`)."""
+        return type(self) is TP
+
     def materialize(self, model: torch.nn.Module, mode, device: str = "cpu") -> None:
         """Fakes of ``mode`` for ``model``'s meta parameters and buffers, each local shard
         keeping its storage's size: ``distribute_tensor`` scatters a dim-0 shard into a
