@@ -108,8 +108,7 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
 
 def _check_sharded(parts: list, parallel, what: str) -> None:
     """Parts under ``parallel``: modelled under FSDP2 and HSDP (CPU offload included) and
-    TP, each
-    part a ``torch.compile(block)`` put in the model (as torchtitan did, then
+    TP, each part a ``torch.compile(block)`` put in the model (as torchtitan did, then
     ``fully_shard``: FSDP2's hooks run eagerly around the compiled block) or a block
     compiled in place; else an :class:`fxmem.InputError` in one line."""
     from torch._dynamo.eval_frame import OptimizedModule
