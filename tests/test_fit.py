@@ -384,10 +384,10 @@ def test_a_plan_on_uneven_ranks_is_chosen_on_rank_0_and_traced_on_the_others(mon
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_a_plan_chosen_on_rank_0_is_the_one_chosen_over_every_rank(device, monkeypatch):
     """ParallelReport.plan_for chooses on the first group of ranks, then traces its plan on
-    every group: on 3 GPUs (two unlike groups) at each budget between the frontier's
-    replayed needs (by live bytes on the CPU, by the caching allocator's replay on CUDA),
-    the plan, its peak, its replay and its recompute FLOPs are those of the choice over
-    every group's planner."""
+    every group: on 3 GPUs (two unlike groups), at three of the frontier's peaks (on the
+    CPU, by live bytes) or replayed needs (on CUDA, by the caching allocator's replay), the
+    highest that needs a plan, the lowest and one between, the plan, its peak, its replay
+    and its recompute FLOPs are those of the choice over every group's planner."""
     from fxmem.report.ranks import ParallelReport
 
     m, b = _stack(width=256, hidden=1024), 4096
@@ -398,7 +398,8 @@ def test_a_plan_chosen_on_rank_0_is_the_one_chosen_over_every_rank(device, monke
                  for p in three.frontier(b)}
     else:
         needs = {p.peak_bytes for p in three.frontier(b)}
-    for budget in sorted(needs)[1:]:
+    ordered = sorted(needs, reverse=True)[1:]  # the largest needs no plan; three others
+    for budget in dict.fromkeys([ordered[0], ordered[len(ordered) // 2], ordered[-1]]):
         first = three.plan_for(budget, b)
         with monkeypatch.context() as mp:
             mp.setattr(ParallelReport, "_first_chooses", lambda *a, **k: None)
