@@ -64,22 +64,14 @@ def blocks(how: str):
     ``checkpoint_wrapper(block)``, none compiled (the case compiles the model whole);
     ``"in_place"``, ``block.compile()``; ``"model"``, ``model.compile()``; ``"eager"``,
     none."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
     m = Blocks()
-    if how == "wrapped":
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-            checkpoint_wrapper,
-        )
-
+    if how in ("each", "checkpointed", "wrapped"):
         for i, layer in enumerate(m.layers):
-            m.layers[i] = checkpoint_wrapper(layer)
-    if how in ("each", "checkpointed"):
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-            checkpoint_wrapper,
-        )
-
-        for i, layer in enumerate(m.layers):
-            m.layers[i] = torch.compile(checkpoint_wrapper(layer) if how == "checkpointed"
-                                        else layer)
+            if how != "each":
+                layer = checkpoint_wrapper(layer)
+            m.layers[i] = layer if how == "wrapped" else torch.compile(layer)
     elif how == "in_place":
         for layer in m.layers:
             layer.compile()

@@ -61,11 +61,13 @@ CASES = {  # name: (model, strategy, input width, step options)
     # a block compiled on its own, then its linears split column- and row-wise (the
     # compiled graph runs on the local shards: DTensor's ops traced by dynamo)
     "tp-compiled": (lambda: _tp_block("each"), lambda: TP(2, TP_BLOCK), 256, {}),
-    "tp-compiled-in-place": (lambda: _tp_block("in_place"),
-                             lambda: TP(2, {"0.a": ColwiseParallel(), "0.b": RowwiseParallel()}),
-                             256, {}),
+    "tp-compiled-in-place": (lambda: _tp_block("in_place"), lambda: TP(2, TP_BLOCK_OWN), 256,
+                             {}),
 }
+# the block's linears split: through torch.compile(block)'s _orig_mod, or the block's own
+# paths (compiled in place, or eager)
 TP_BLOCK = {"0._orig_mod.a": ColwiseParallel(), "0._orig_mod.b": RowwiseParallel()}
+TP_BLOCK_OWN = {"0.a": ColwiseParallel(), "0.b": RowwiseParallel()}
 
 
 def _tp_block(how):

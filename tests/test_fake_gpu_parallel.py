@@ -149,12 +149,10 @@ def test_a_block_compiled_under_tp_is_not_the_eager_one():
     """tp-compiled's prediction at B=512 (checked against the fake GPU above) is under the
     same block's eager one: the block is lowered, not run eagerly."""
     import fakegpu_parallel_targets as t
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     model, x, y, _, step = t.case("tp-compiled")
     eager = fxmem.analyze(t._tp_block("eager"), (x,), (y,), device="cuda", **step,
-                          parallel=fxmem.TP(2, {"0.a": ColwiseParallel(),
-                                                "0.b": RowwiseParallel()}))
+                          parallel=fxmem.TP(2, t.TP_BLOCK_OWN))
     compiled = _compiled_figures("tp-compiled")[512][1]
     assert all(w[0] < eager.rank(k).cuda_memory(512).max_allocated
                for k, w in enumerate(compiled)), compiled

@@ -189,6 +189,11 @@ class FSDP(Strategy):
         fake GPU's ranks."""
         return type(self) is FSDP
 
+    def materialize(self, model: torch.nn.Module, mode, device: str = "cpu") -> None:
+        """Fakes of ``mode`` for ``model``'s meta parameters and buffers, on ``device``; under
+        CPU offload on the host whatever the mesh's device (FSDP2 refuses shards elsewhere)."""
+        super().materialize(model, mode, "cpu" if self.offload else device)
+
     def rank_groups(self, model: torch.nn.Module) -> tuple:
         """The ranks, grouped by the rows of every parameter they hold (ranks of a group
         hold shards of the same shapes, so their memory is the same), first rank first."""
@@ -384,9 +389,8 @@ def sharded(model: torch.nn.Module, parallel: Strategy, rank: int, mode,
                     parallel.mesh_dim_names, device) as mesh:
         copied = meta_copy(model)
         if not isinstance(parallel, DDP):  # shards on meta, then their storages made fakes
-            parallel.apply(copied, mesh)  # (CPU offload: the shards on the host, always)
-            parallel.materialize(copied, mode, "cpu" if getattr(parallel, "offload", False)
-                                 else device)
+            parallel.apply(copied, mesh)
+            parallel.materialize(copied, mode, device)
             yield copied, None
             return
         with mode:  # DDP's constructor broadcasts the parameters and builds its buckets
