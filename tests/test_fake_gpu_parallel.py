@@ -87,31 +87,40 @@ def test_reserved_per_rank(name):
 # sizes with their graphs from an inductor cache a run before filled (as
 # tests/test_fake_gpu_compile.py measures a compiled step: a process that compiles a graph
 # cold can end with another max_reserved)
+# The cases share one cache folder, the module's: each case's run at B=8 fills it before its
+# measured run (a graph compiled by an earlier case is loaded, not compiled again: the blocks
+# of fsdp-compiled, hsdp-compiled and fsdp-compiled-offload are one model's)
 COMPILED_BATCHES = (8, 512)
 
 
-@functools.lru_cache(maxsize=None)
-def _compiled_figures(name):
-    """``{B: (seen, predicted)}`` per rank ``(max_allocated, max_reserved)`` of case ``name``,
-    fxmem's on the fake GPU too (inductor lowers there), traced at the example batch (4)
-    with B a symbol."""
+@pytest.fixture(scope="module")
+def inductor_cache():
+    """The module's inductor cache folder (tens of MB), removed with the module."""
     import tempfile
 
+    with tempfile.TemporaryDirectory(prefix="fxmem_inductor_") as cache:
+        yield cache
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_figures(name, cache):
+    """``{B: (seen, predicted)}`` per rank ``(max_allocated, max_reserved)`` of case ``name``,
+    fxmem's on the fake GPU too (inductor lowers there), traced at the example batch (4)
+    with B a symbol; ``cache``: the inductor cache folder."""
     import fakegpu_parallel_targets as t
 
     from fxmem.validate.fakegpu.ranks import call_ranks
     from fxmem.validate.fakegpu.run import call
 
     world = t.CASES[name][1]().world_size
-    with tempfile.TemporaryDirectory(prefix="fxmem_inductor_") as cache:
-        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
-        run = functools.partial(call_ranks, sys.executable, world_size=world,
-                                sys_path=[HERE], env=env)
-        run("fakegpu_parallel_targets:measure", kwargs={"name": name, "B": 8})  # fills it
-        got = run("fakegpu_parallel_targets:measure_each",
-                  kwargs={"name": name, "batches": list(COMPILED_BATCHES)})
-        want = call(sys.executable, "fakegpu_parallel_targets:predict", sys_path=[HERE],
-                    env=env, kwargs={"name": name, "batches": list(COMPILED_BATCHES)})
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
+    run = functools.partial(call_ranks, sys.executable, world_size=world, sys_path=[HERE],
+                            env=env)
+    run("fakegpu_parallel_targets:measure", kwargs={"name": name, "B": 8})  # fills it
+    got = run("fakegpu_parallel_targets:measure_each",
+              kwargs={"name": name, "batches": list(COMPILED_BATCHES)})
+    want = call(sys.executable, "fakegpu_parallel_targets:predict", sys_path=[HERE], env=env,
+                kwargs={"name": name, "batches": list(COMPILED_BATCHES)})
     return {**{B: ([(r[str(B)]["peak_bytes"], r[str(B)]["peak_reserved_bytes"]) for r in got],
                    [tuple(w) for w in want[str(B)]]) for B in COMPILED_BATCHES},
             "ops": want["ops"]}
@@ -127,7 +136,7 @@ COMPILED_CASES += [pytest.param("tp-compiled-in-place", B, marks=pytest.mark.slo
 
 
 @pytest.mark.parametrize("name, B", COMPILED_CASES)
-def test_blocks_compiled_on_their_own_allocate_as_predicted(name, B):  # noqa: N803
+def test_blocks_compiled_on_their_own_allocate_as_predicted(name, B, inductor_cache):  # noqa: N803
     """Each block ``torch.compile(block)`` put back in the model, then sharded (over 2
     ranks; under HSDP, 2 replicas of 2 shards on 4 ranks; with FSDP2's CPU offload, the
     shards and the optimizer step on the host; under TP, a block's two linears split
@@ -135,17 +144,17 @@ def test_blocks_compiled_on_their_own_allocate_as_predicted(name, B):  # noqa: N
     block compiled in place (``block.compile()``), then sharded: its compiled call runs
     FSDP2's hooks (eagerly: graph breaks), which the trace records around the block's
     forward compiled by the same context (fxmem.trace.compiled.parts.parts_lowered)."""
-    seen, want = _compiled_figures(name)[B]
+    seen, want = _compiled_figures(name, inductor_cache)[B]
     assert [s[0] for s in seen] == [w[0] for w in want], (B, seen, want)
 
 
 @pytest.mark.parametrize("name, B", COMPILED_CASES)
-def test_blocks_compiled_on_their_own_reserve_as_predicted(name, B):  # noqa: N803
-    seen, want = _compiled_figures(name)[B]
+def test_blocks_compiled_on_their_own_reserve_as_predicted(name, B, inductor_cache):  # noqa: N803
+    seen, want = _compiled_figures(name, inductor_cache)[B]
     assert [s[1] for s in seen] == [w[1] for w in want], (B, seen, want)
 
 
-def test_a_block_compiled_under_tp_is_not_the_eager_one():
+def test_a_block_compiled_under_tp_is_not_the_eager_one(inductor_cache):
     """tp-compiled's prediction at B=512 (checked against the fake GPU above) is under the
     same block's eager one: the block is lowered, not run eagerly."""
     import fakegpu_parallel_targets as t
@@ -153,35 +162,32 @@ def test_a_block_compiled_under_tp_is_not_the_eager_one():
     model, x, y, _, step = t.case("tp-compiled")
     eager = fxmem.analyze(t._tp_block("eager"), (x,), (y,), device="cuda", **step,
                           parallel=fxmem.TP(2, t.TP_BLOCK_OWN))
-    compiled = _compiled_figures("tp-compiled")[512][1]
+    compiled = _compiled_figures("tp-compiled", inductor_cache)[512][1]
     assert all(w[0] < eager.rank(k).cuda_memory(512).max_allocated
                for k, w in enumerate(compiled)), compiled
 
 
-def test_blocks_compiled_in_place_record_fsdp2_s_hooks():
+def test_blocks_compiled_in_place_record_fsdp2_s_hooks(inductor_cache):
     """A block compiled in place runs FSDP2's hooks inside its compiled call: each rank's
     trace records the same all-gathers, copies and reduce-scatters, phase by phase, as for
     blocks ``torch.compile(block)`` put back (with the hooks inside the lowered call, the
     compiled blocks' forward all-gathers went unseen, their peaks elsewhere)."""
-    in_place = _compiled_figures("fsdp-compiled-in-place")["ops"]
-    assert in_place == _compiled_figures("fsdp-compiled")["ops"]
+    in_place = _compiled_figures("fsdp-compiled-in-place", inductor_cache)["ops"]
+    assert in_place == _compiled_figures("fsdp-compiled", inductor_cache)["ops"]
     # the root's and the two blocks' (the blocks' went unseen inside the lowered call)
     assert ["fsdp.all_gather_copy_in.default forward", 3] in in_place[0]
 
 
-def test_fewest_gpus_of_blocks_compiled_on_their_own():
+def test_fewest_gpus_of_blocks_compiled_on_their_own(inductor_cache):
     """The one-GPU step of the blocks compiled on their own (``fsdp-compiled``'s model) at
     B=8, within live bytes halfway between the largest rank's peaks on 2 and 3 GPUs: the
     fewest-GPUs way searches FSDP2 over the compiled blocks (each rank traced, its blocks
     lowered as on one GPU) and finds 3, which, analysed again, fits where 2 GPUs do not;
     the search with a plan says why it is not made."""
-    import tempfile
-
     from fxmem.validate.fakegpu.run import call
 
-    with tempfile.TemporaryDirectory(prefix="fxmem_inductor_") as cache:
-        got = call(sys.executable, "fakegpu_parallel_targets:fewest_compiled", sys_path=[HERE],
-                   env=dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache), kwargs={"B": 8})
+    got = call(sys.executable, "fakegpu_parallel_targets:fewest_compiled", sys_path=[HERE],
+               env=dict(os.environ, TORCHINDUCTOR_CACHE_DIR=inductor_cache), kwargs={"B": 8})
     way = next((w for w in got["ways"] if w["kind"] == "fsdp"), None)
     assert not got["fits"] and way is not None and way["value"] == 3, got
     assert got["checked"] == {"3": True, "2": False}, got
