@@ -287,8 +287,9 @@ def test_derived_numbers_under_fsdp():
 
 
 def test_smallest_is_the_frontier_last(case):
-    """``smallest`` derives plans only while the model below the exact peaks can beat the
-    smallest exact peak found: the frontier's last point, derived whole in a new planner."""
+    """``smallest`` derives two plans (each chain model's smallest peak's), not the
+    frontier's; on these models, its plan is the frontier's last point, derived whole in a
+    new planner (which holds it: no lower in general)."""
     from fxmem.checkpoint.options import Planner
 
     name, build, batch, loss, b, r = case
@@ -297,7 +298,7 @@ def test_smallest_is_the_frontier_last(case):
         fresh = Planner(r)
         got = fresh.smallest(at)
         assert (got.peak_bytes, got.recompute_flops) == (last.peak_bytes, last.recompute_flops)
-        assert len(fresh._peaks) <= len(Planner(r).frontier(at))
+        assert len(fresh._peaks) <= 2
 
 
 def test_a_choice_without_its_report_derives_no_step(case, monkeypatch):

@@ -398,25 +398,26 @@ class Planner:
         return reg, cost, peak
 
     def smallest(self, b: int, *, report: bool = True):
-        """The plan of the smallest exact peak among the model's frontier at ``b`` (the
-        last point of :meth:`frontier`), its plans derived in the order of their peaks in
-        the model below the exact ones, until that bound is over the smallest exact peak
-        found: a few derivations, not the frontier's. ``report=False``: as
+        """The plan of the smallest exact peak at ``b`` of two: the plan of each chain
+        model's own smallest peak (:func:`fxmem.checkpoint.chain.min_peak`, in the model
+        above the exact peaks, whose frontier ends with it, and in the one below), derived
+        exactly; ties: the least recompute. Two solves and two derivations, not the
+        frontier's (Llama-3.1-70B's 256, which the model below the exact peaks, 70 % under
+        them there, could not cut short). :meth:`frontier` holds both plans: its last
+        point is this one, or one of a lower exact peak. ``report=False``: as
         :meth:`choose`'s."""
-        sols = self._solutions(b)
-        low = self.problem(b, optimistic=True)
-        by = {(c.first, c.last, c.name): c for c in low.choices}
-        bounds = sorted((C.peak(low, [by[c.first, c.last, c.name] for c in s.choices]), k)
-                        for k, s in enumerate(sols))
-        best = None  # ((peak, PyTorch-counted recompute, recompute), plan)
-        for bound, k in bounds:
-            if best is not None and bound > best[0][0]:
-                break  # every plan left peaks above it
-            plan = self._plan(sols[k])
-            peak, cost, reg = self.exact_numbers(plan, b)
-            if best is None or (peak, reg, cost) < best[0]:
-                best = (peak, reg, cost), plan
-        return self._choice(best[1], b, False, report)
+        key = ("smallest", b)
+        if key not in self._problems:
+            plans = dict.fromkeys(self._plan(C.min_peak(self.problem(b, optimistic)))
+                                  for optimistic in (False, True))
+            self._problems[key] = min(plans, key=lambda p: self._lowest(p, b))
+        return self._choice(self._problems[key], b, False, report)
+
+    def _lowest(self, plan, b: int) -> tuple:
+        """What :meth:`smallest` minimises: the exact peak, then the PyTorch-counted
+        recompute FLOPs, then the others."""
+        peak, cost, reg = self.exact_numbers(plan, b)
+        return peak, reg, cost
 
     def _solutions(self, b: int) -> tuple:
         """The chain model's frontier at ``b`` (kept: a search asks for it again)."""
@@ -438,9 +439,10 @@ class Planner:
         return [self._plan(s) for s in sols]
 
     def frontier(self, b: int) -> tuple:
-        """Pareto-optimal (exact peak, recompute FLOPs, plan) at ``b``, peak descending."""
+        """Pareto-optimal (exact peak, recompute FLOPs, plan) at ``b``, peak descending: the
+        chain model's frontier's plans and :meth:`smallest`'s, derived exactly."""
         pts = set()
-        for plan in self._frontier_plans(b):
+        for plan in [*self._frontier_plans(b), self.smallest(b, report=False).plan]:
             peak, cost, reg = self.exact_numbers(plan, b)
             pts.add((reg, cost, peak, plan))
         out = []
