@@ -12,7 +12,6 @@ import os
 import sys
 
 import pytest
-import torch
 
 import fxmem
 from fakegpu_marks import FAKE_GPU

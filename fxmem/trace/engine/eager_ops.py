@@ -39,7 +39,7 @@ from ..kernels.rules import (
     eager_cpu_layout,
     window_storage_nbytes,
 )
-from ..kernels.values import written_args
+from ..kernels.values import passed, written_args
 from .messages import fails_in_eager, user_frame
 
 
@@ -66,8 +66,7 @@ class EagerOps:
         try:
             if not self.recording and self.phase == "optimizer" and writes_only(func) and \
                     not any(getattr(t, "constant", None) is not None for t in tree_leaves(
-                        [args[i] if i < len(args) else kwargs.get(name)
-                         for i, name in written_args(func)])):
+                        passed(written_args(func), args, kwargs))):
                 # the unrecorded step that makes the optimizer's state: an update in place
                 # changes no storage, so its kernel is not run, but for a value the fake
                 # mode keeps (a step count the next step reads)

@@ -29,7 +29,7 @@ from ..kernels.rules import (
     SKIP_NAMESPACES,
     ValueOracle,
 )
-from ..kernels.values import KnownValues
+from ..kernels.values import KnownValues, passed, written_args
 from ..ledger.records import ModuleCall, OpInfo, TensorDesc
 from ..ledger.saved import SavedTensors
 from ..ledger.tracking import RESIZE_OP, StorageTracker
@@ -240,14 +240,8 @@ class Recorder(EagerOps, StorageTracker):
         self.names[sid] = ("temporary", "resized in place (FSDP2's gathered parameters)")
 
     def _written(self, func, args, kwargs) -> tuple:
-        writes = _WRITES.get(func)
-        if writes is None:
-            writes = _WRITES[func] = tuple(
-                (i, a.name) for i, a in enumerate(func._schema.arguments)
-                if a.alias_info is not None and a.alias_info.is_write)
         out = []
-        for i, name in writes:
-            v = args[i] if i < len(args) else kwargs.get(name)
+        for v in passed(written_args(func), args, kwargs):
             for t in (v if isinstance(v, (list, tuple)) else (v,)):
                 if isinstance(t, torch.Tensor):
                     out.append(self.sid(t))
@@ -291,9 +285,6 @@ class Recorder(EagerOps, StorageTracker):
         if self._unguarded is not None:  # a failed step: guards back on
             self._unguarded[1].__exit__(None, None, None)
             self._unguarded = None
-
-
-_WRITES: dict = {}  # op -> (position, name) of the arguments it writes in place
 
 
 def failed_in_model_code(e: Exception, rec: Recorder) -> bool:

@@ -105,6 +105,20 @@ def written_args(func) -> tuple:
 _WRITES: dict = {}
 
 
+def passed(positions, args, kwargs) -> list:
+    """The values a call passed for ``positions`` (``(index, name)`` pairs of its schema's
+    arguments, as :func:`written_args` gives them), by position or by name; None for one
+    passed neither way.
+
+    >>> f = torch.ops.aten.add_.Tensor
+    >>> passed(written_args(f), (1, 2), {})
+    [1]
+    >>> passed(((1, "out"),), (1,), {"out": 3})
+    [3]
+    """
+    return [args[i] if i < len(args) else kwargs.get(name) for i, name in positions]
+
+
 class KnownValues:
     """Storage -> (dtype, value): every element of the storage, read as ``dtype``, equals
     ``value`` (a Python number, or a sympy expression in the ShapeEnv's symbols). Holds no
@@ -182,8 +196,7 @@ class KnownValues:
     def update(self, func, args, kwargs, out) -> None:
         """Follow ``func``: forget storages it writes, learn its output's value."""
         written = written_args(func)
-        for i, name in written if self._of or self._affine else ():
-            t = args[i] if i < len(args) else kwargs.get(name)
+        for t in passed(written, args, kwargs) if self._of or self._affine else ():
             for x in t if isinstance(t, (list, tuple)) else (t,):
                 if isinstance(x, torch.Tensor):
                     st = x.untyped_storage()
