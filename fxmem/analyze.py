@@ -13,7 +13,7 @@ from .memory.graph import build_graph
 from .memory.liveness import liveness, parts_of
 from .report.ranks import ParallelReport, RankGroup
 from .report.result import Report
-from .trace.compiled import check_parts
+from .trace.compiled import check_parts, compiled_parts
 from .trace.engine import UNSET, Step, TraceRequest, trace
 from .trace.ledger import frozen_gc
 from .trace.parallel import as_wrapped, check_parallel, refuse_wrapped
@@ -56,7 +56,10 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     ``checkpoint_wrapper`` count too. The plan's schedule is derived from one trace of the
     step without it (:meth:`Report.with_plan`); it is traced with ``torch.utils.checkpoint``
     really running when ``retrace=True``, when a module of the plan runs more than once
-    per step, or when the model already has checkpointed modules. ``batch_hint``: the value
+    per step, when the model already has checkpointed modules, or when it has parts
+    compiled on their own (each ``torch.compile(block)`` of the plan lowered as
+    ``torch.compile(checkpoint_wrapper(block))``: :mod:`fxmem.trace.compiled.parts`).
+    ``batch_hint``: the value
     of B used where the trace must decide something (default: the inputs' batch size, or 8).
     ``dims``: other input dims as symbols, e.g. ``{"L": [(0, 1)]}`` (dim 1 of tensor 0;
     tensors are the inputs, then the targets): the report's formulas are then in B and L
@@ -129,8 +132,11 @@ def analyze_request(request: TraceRequest, retrace: bool = False, defer: bool = 
     if parallel is not None:  # (what is not modelled of compiled parts: before any rank)
         check_parts(model, request.checkpoint, parallel, request.step)
         return _per_rank(request.but(parallel=parallel), again_as, defer)
-    check_parts(model, request.checkpoint, None, None)  # the plan is derived, not traced
+    check_parts(model, request.checkpoint, None, None)
     plan = normalize_plan(model, request.checkpoint)
+    # the plan is derived from the step traced without it, but over parts compiled on their
+    # own: traced, each part lowered with its checkpoint (the partitioner's re-run)
+    retrace = retrace or bool(plan and compiled_parts(model))
     below = _below(as_here, request.but(checkpoint=plan))
     step = request.step
     if request.dims:

@@ -277,10 +277,10 @@ def _events(snapshot) -> list:
 
 
 def predict(name: str, batches: list, compiled_at: int, compile: bool = True,
-            budget: float | None = None) -> dict:
+            budget: float | None = None, checkpoint: list | None = None) -> dict:
     """fxmem's prediction of the same step (traced at ``compiled_at``) at each B: of
     ``torch.compile(model)``, or with ``budget`` of the model with
-    ``compile={"activation_memory_budget": budget}``."""
+    ``compile={"activation_memory_budget": budget}``; under the ``checkpoint`` plan."""
     import fxmem
 
     model, batch, loss, opt_class = _case(name)
@@ -292,7 +292,8 @@ def predict(name: str, batches: list, compiled_at: int, compile: bool = True,
                                amp=amp)
     else:
         report = fxmem.analyze(torch.compile(model) if compile else model, inputs, targets,
-                               loss=loss, optimizer=opt_class, device="cuda", amp=amp)
+                               loss=loss, optimizer=opt_class, device="cuda", amp=amp,
+                               checkpoint=checkpoint)
     return {str(b): {"max_allocated": report.cuda_memory(b).max_allocated,
                      "max_reserved": report.cuda_memory(b).max_reserved} for b in batches}
 

@@ -74,8 +74,10 @@ def test_a_model_compiled_whole_refuses_an_eager_plan_as_such(plan):
 
 
 @pytest.mark.parametrize("option, message", [
-    ({"checkpoint": ["0"]}, "checkpoint plans over parts compiled on their own are not "
-                            "modelled yet"),
+    ({"parallel": fxmem.DDP(2), "checkpoint": ["0"]}, r"checkpoint plans over parts compiled "
+                                                      r"on their own under DDP over 2 ranks "
+                                                      r"are not modelled yet \(on one GPU "
+                                                      r"they are\)"),
     ({"parallel": fxmem.DDP(2)}, r"parts compiled on their own under DDP over 2 ranks are "
                                  r"not modelled yet \(under FSDP2, HSDP and TP, CPU offload "
                                  r"included, they are\)"),
@@ -91,6 +93,73 @@ def test_parts_compiled_on_their_own_refuse_what_is_not_modelled(option, message
                                                r"own: " + message):
         fxmem.analyze(_parts(), torch.zeros(4, 8), loss=lambda o: o.sum(), device="cuda",
                       **option)
+
+
+def _nested():
+    """A block of a linear compiled on its own and a ReLU, then a linear compiled on its own
+    in a block of its own, then a linear compiled in place."""
+    m = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()),
+                            torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    m[0][0] = torch.compile(m[0][0])
+    m[1] = torch.compile(torch.nn.Sequential(m[1]))
+    m[2].compile()
+    return m
+
+
+@pytest.mark.parametrize("plan, message", [
+    (["2"], r"module 2 is compiled in place \(block.compile\(\)\): plans over it are not "
+            r"modelled yet; over torch.compile\(block\) put in the model they are"),
+    (["1._orig_mod.0"], r"module 1._orig_mod.0 is inside module 1, compiled on its own: a plan "
+                        r"checkpoints such a part whole, not modules inside it"),
+    (["0"], r"module 0 holds module 0.0, compiled on its own: an eager checkpoint around "
+            r"compiled code is not modelled; checkpoint the parts themselves"),
+    ([fxmem.Region(("1",), (("aten.mm.default", 1),))], r"1 \(saving 1 op output\) is "
+                                                       r"selective or a group over module 1, "
+                                                       r"compiled on its own: a plan "
+                                                       r"checkpoints such a part whole"),
+])
+def test_a_plan_over_parts_compiled_on_their_own_checkpoints_them_whole(plan, message):
+    """On one GPU a plan may checkpoint a part ``torch.compile(block)`` whole (lowered as
+    ``torch.compile(checkpoint_wrapper(block))``: the fake GPU's tests), or modules outside
+    every part; else one line, before anything is traced."""
+    with pytest.raises(fxmem.InputError, match=r"^checkpoint plan: " + message) as e:
+        fxmem.analyze(_nested(), torch.zeros(4, 8), loss=lambda o: o.sum(), device="cuda",
+                      checkpoint=plan)
+    assert "\n" not in str(e.value)
+
+
+def test_a_plan_applied_to_a_part_compiled_on_its_own_wraps_it_inside_the_compile():
+    """``fxmem.apply_checkpoints`` over a part ``torch.compile(block)`` makes it
+    ``torch.compile(checkpoint_wrapper(block))`` with the part's own options: the step
+    ``fxmem.analyze`` traces for the plan (tests/test_fake_gpu_compile.py)."""
+    from torch._dynamo.eval_frame import OptimizedModule
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    m = _nested()
+    part, ctx = m[1]._orig_mod, m[1].dynamo_ctx
+    fxmem.apply_checkpoints(m, ["1"])
+    assert isinstance(m[1], OptimizedModule) and m[1].dynamo_ctx is ctx
+    assert isinstance(m[1]._orig_mod, CheckpointWrapper)
+    assert m[1]._orig_mod._checkpoint_wrapped_module is part
+    with pytest.raises(fxmem.InputError, match=r"^checkpoint plan: module 2 is compiled in "
+                                               r"place"):
+        fxmem.apply_checkpoints(_nested(), ["2"])
+
+
+def test_a_compiled_step_s_plan_is_traced_not_derived():
+    """``with_plan`` derives a plan from an eager step's ops; a compiled step's ops are its
+    graphs' buffers (what re-runs is the partitioner's): one line naming the traced way."""
+    from types import SimpleNamespace
+
+    from fxmem.report.result import Report
+
+    trace = SimpleNamespace(compiled=True, plan=(), calls=(SimpleNamespace(path="0"),))
+    compiled = SimpleNamespace(trace=trace, _b_only=lambda what: None)
+    with pytest.raises(fxmem.InputError, match=r"^a checkpoint plan is derived from an eager "
+                                               r"step's trace; this step ran compiled "
+                                               r"\(torch.compile\): trace the plan, "
+                                               r"fxmem.analyze\(..., checkpoint=plan\)$"):
+        Report.with_plan(compiled, ["0"])
 
 
 @pytest.mark.parametrize("how", ["torch.compile(model)", "compile="])

@@ -101,6 +101,17 @@ def test_blocks_checkpointed_inside_their_compile_are_exact_on_the_fake_gpu():
     assert measured["512"]["max_allocated"] < plain["512"]["max_allocated"]
 
 
+def test_a_plan_over_parts_compiled_on_their_own_is_their_checkpoint_in_the_compile():
+    """fxmem's plan ``checkpoint=["layers.0", "layers.1"]`` over the blocks
+    ``torch.compile(block)`` put back lowers each part as
+    ``torch.compile(checkpoint_wrapper(block))`` is: the step the fake GPU measured for
+    that model (``blocks_checkpointed``), exactly, at two batch sizes."""
+    at, batches = CASES["blocks_checkpointed"]
+    planned = _call("predict", name="blocks_each", compiled_at=at, compile=False,
+                    batches=list(batches), checkpoint=["layers.0", "layers.1"])
+    assert planned == _figures("blocks_checkpointed", compile=False)[1]
+
+
 def test_a_part_s_buffers_count_below_its_path():
     """What a block's graphs allocate, forward and backward, counts for the modules of that
     block (by the names its parameters have: ``_orig_mod`` within ``torch.compile(block)``),

@@ -223,6 +223,10 @@ def derive_numbers(trace: Trace, plan, sizes) -> Derived:
 
 
 def _plan_of(trace: Trace, plan) -> Plan:
+    if trace.compiled:  # its ops are its graphs' buffers; what re-runs is the partitioner's
+        raise InputError("a checkpoint plan is derived from an eager step's trace; this "
+                         "step ran compiled (torch.compile): trace the plan, "
+                         "fxmem.analyze(..., checkpoint=plan)")
     if trace.plan:
         raise InputError("derive a plan from a trace without one (this one has "
                          f"{list(trace.plan)})")

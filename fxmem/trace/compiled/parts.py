@@ -54,7 +54,9 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
     """Raise :class:`fxmem.InputError`, in one line, for what is not modelled of a model
     with parts compiled on their own: parts inside a model compiled whole (they would run
     eagerly under its fake tensors), on the CPU (inductor's CPU code), under a checkpoint
-    plan, data or tensor parallelism other than FSDP2's over ``torch.compile(block)`` parts,
+    plan but over whole ``torch.compile(block)`` parts on one GPU
+    (:func:`fxmem.trace.plans.checkpointing.check_parts_plan`),
+    data or tensor parallelism other than FSDP2's over ``torch.compile(block)`` parts,
     or ``compile=`` (which compiles the model whole); and a model compiled whole under an
     eager checkpoint plan or a strategy (``spec``: the step's, for ``compile=``).
 
@@ -99,9 +101,9 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
         raise InputError(f"{what}: compile= compiles the model whole; pass the model "
                          "without compile= (its parts' partitioner budget is "
                          "torch._functorch.config.activation_memory_budget)")
-    if checkpoint:
-        raise InputError(f"{what}: checkpoint plans over parts compiled on their own are "
-                         "not modelled yet")
+    if checkpoint and parallel is not None:  # on one GPU: fxmem.trace.plans.check_parts_plan
+        raise InputError(f"{what}: checkpoint plans over parts compiled on their own under "
+                         f"{_name(parallel)} are not modelled yet (on one GPU they are)")
     if parallel is not None:
         _check_sharded(parts, parallel, what)
 
@@ -155,7 +157,7 @@ def _name(parallel) -> str:
 
 
 @contextlib.contextmanager
-def parts_lowered(parts: list, taken: list, rec, hooked: bool = False):
+def parts_lowered(parts: list, taken: list, rec, hooked: bool = False, planned=()):
     """While the trace runs: each part's call runs with the trace's modes off
     (:func:`fxmem.trace.compiled.inductor.modes_suspended`, ``taken`` receiving them), and
     its graphs' lines count below the part's path (:func:`part_running`). Everything is
@@ -168,8 +170,14 @@ def parts_lowered(parts: list, taken: list, rec, hooked: bool = False):
     runs uncompiled, its hooks under the modes, and its ``forward`` compiled by the same
     dynamo context (backend and options), as ``torch.compile(block)`` put back in the model
     runs it. (On the fake GPU, the two ways of compiling measure the same, tests/
-    test_fake_gpu_parallel.py.)"""
+    test_fake_gpu_parallel.py.)
+
+    ``planned``: the paths of parts ``torch.compile(block)`` the checkpoint plan holds
+    (:func:`check_parts`), each lowered as ``torch.compile(checkpoint_wrapper(block))``
+    is, by the part's own dynamo context: dynamo captures the checkpoint into its graphs
+    (the partitioner re-runs the block's forward in the backward graph)."""
     from torch._dynamo.eval_frame import OptimizedModule
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     from .inductor import modes_suspended
 
@@ -192,6 +200,8 @@ def parts_lowered(parts: list, taken: list, rec, hooked: bool = False):
         for path, m in parts:
             if isinstance(m, OptimizedModule):
                 attr, inner, call = "forward", f"{path}._orig_mod".lstrip("."), m.forward
+                if path in planned:
+                    call = m.dynamo_ctx(checkpoint_wrapper(m._orig_mod))
             elif hooked:  # its call uncompiled, its forward compiled as the call was
                 call = in_place_context(m)(m.forward)
                 undo.append((m, "_compiled_call_impl", True, m._compiled_call_impl))

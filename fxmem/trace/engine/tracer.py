@@ -51,6 +51,7 @@ from ..parallel.offload import offloaded
 from ..parallel.tp import metadata_unrecorded
 from ..parallel.wrapped import AsWrapped
 from ..plans.checkpointing import checkpointing, normalize_plan, user_path
+from ..plans.regions import modules_of
 from .calls import CallHooks, held, loss_wrapper, region
 from .finish import finish
 from .lift import lift, parity_checked
@@ -363,13 +364,16 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     # (a rank's warm-up runs later blocks cheaply too: ShardedReuse)
     runs = runs_of(model, prepared) if reusable else []
     inside = _step_contexts(model, spec, mode, rec, fakes, prepared)
+    # the plan's parts compiled on their own, lowered with the checkpoint (compiled.parts)
+    planned = {p for p, _ in parts if user_path(p) in {m for e in plan for m in modules_of(e)}}
     with checkpointing(model, plan, region(rec), held(rec), compiled and not parts) \
             as rec.plan, \
             copied(rec, runs, rec.plan, prepared, fakes.params, fakes.buffers) as reuse, \
             _entered(inside), \
             kept.real if kept is not None else contextlib.nullcontext(), \
             inductor_on_fakes(taken, spec.compile, rec) if compiled else \
-            contextlib.nullcontext(), parts_lowered(parts, taken, rec, hooked=prepared):
+            contextlib.nullcontext(), \
+            parts_lowered(parts, taken, rec, hooked=prepared, planned=planned):
         phases.reuse = reuse
         run = functools.partial(run_step, forward, spec_run, fakes.inputs, fakes.targets,
                                 fakes.param_list)

@@ -56,7 +56,40 @@ def normalize_plan(model: torch.nn.Module, plan) -> Plan:
         return Plan()
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    return check_plan({user_path(m) for m in _named_modules(model)}, plan)
+    plan = check_plan({user_path(m) for m in _named_modules(model)}, plan)
+    check_parts_plan(model, plan)
+    return plan
+
+
+def check_parts_plan(model: torch.nn.Module, plan: Plan) -> None:
+    """A plan with parts compiled on their own (:func:`fxmem.trace.compiled.compiled_parts`):
+    each entry over them a whole part ``torch.compile(block)`` put in the model (traced
+    lowered as ``torch.compile(checkpoint_wrapper(block))``:
+    :func:`fxmem.trace.compiled.parts.parts_lowered`), the others outside every part; else
+    an :class:`fxmem.InputError` in one line."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    by_path = {user_path(p): m for p, m in compiled_parts(model)} if plan else {}
+    for e in plan if by_path else ():
+        for p in modules_of(e):
+            if p in by_path and not isinstance(by_path[p], OptimizedModule):
+                raise InputError(f"checkpoint plan: module {p} is compiled in place "
+                                 "(block.compile()): plans over it are not modelled yet; "
+                                 "over torch.compile(block) put in the model they are")
+            if p in by_path and not isinstance(e, str):
+                raise InputError(f"checkpoint plan: {e} is selective or a group over module "
+                                 f"{p}, compiled on its own: a plan checkpoints such a part "
+                                 "whole, as torch.compile(checkpoint_wrapper(block)) does")
+            part = next((q for q in by_path if p.startswith(q + ".") or q == ""), None)
+            if part is not None:
+                raise InputError(f"checkpoint plan: module {p} is inside module "
+                                 f"{part or '(the model)'}, compiled on its own: a plan "
+                                 "checkpoints such a part whole, not modules inside it")
+            held = next((q for q in by_path if q.startswith(p + ".")), None)
+            if held is not None:
+                raise InputError(f"checkpoint plan: module {p} holds module {held}, compiled "
+                                 "on its own: an eager checkpoint around compiled code is not "
+                                 "modelled; checkpoint the parts themselves")
 
 
 def check_plan(paths, plan) -> Plan:
@@ -124,6 +157,9 @@ def apply_checkpoints(model: torch.nn.Module, plan) -> torch.nn.Module:
     ``create_selective_checkpoint_contexts``). A group of modules becomes one checkpoint
     through :func:`fxmem.trace.plans.selective.install_group` (module paths do not change).
     Already wrapped modules are left as they are. Gradients are the same as without the plan.
+    A part compiled on its own, ``torch.compile(block)``, becomes
+    ``torch.compile(checkpoint_wrapper(block))`` (the part's own options), the step
+    :func:`fxmem.analyze` traces for the plan.
     """
     for e in normalize_plan(model, plan):
         mods = [_submodule(model, p) for p in modules_of(e)]
@@ -138,11 +174,13 @@ def apply_checkpoints(model: torch.nn.Module, plan) -> torch.nn.Module:
         name, mod = mods[0]
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
+        # a part torch.compile(block): torch.compile(checkpoint_wrapper(block)), as traced
+        inner = getattr(mod, "_orig_mod", mod) if (name, mod) in compiled_parts(model) else mod
         how = {"checkpoint_fn": _checkpoint_uncached, "use_reentrant": False} \
-            if _writes_cache(mod) else {}
-        setattr(parent, child, checkpoint_wrapper(mod, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
-                                                  context_fn=context_fn(save),
-                                                  **how))
+            if _writes_cache(inner) else {}
+        wrapped = checkpoint_wrapper(inner, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+                                     context_fn=context_fn(save), **how)
+        setattr(parent, child, mod.dynamo_ctx(wrapped) if inner is not mod else wrapped)
     return model
 
 
@@ -159,12 +197,17 @@ def checkpointing(model: torch.nn.Module, plan, region=None, held=None, whole=Fa
     user's own in a ``checkpoint_wrapper``'s ``context_fn``), as its policy decides it.
     A ``checkpoint_wrapper`` within a part compiled on its own, or anywhere in a model
     compiled whole (``whole``), is left as it is: dynamo captures its checkpoint into the
-    part's graphs (the partitioner re-runs its forward in the backward graph). Yields the
-    plan in effect (a :class:`fxmem.Plan`).
+    part's graphs (the partitioner re-runs its forward in the backward graph); so does a
+    plan's entry that is such a part (lowered with the checkpoint:
+    :func:`fxmem.trace.compiled.parts.parts_lowered`). Yields the plan in effect (a
+    :class:`fxmem.Plan`).
     """
     plan = normalize_plan(model, plan)
-    targets = [(e, [_submodule(model, p) for p in modules_of(e)]) for e in plan]
     parts = [("", model)] if whole else compiled_parts(model)
+    # an entry over a part compiled on its own: lowered with the checkpoint (compiled.parts)
+    lowered = [e for e in plan if isinstance(e, str) and e in {user_path(p) for p, _ in parts}]
+    targets = [(e, [_submodule(model, p) for p in modules_of(e)]) for e in plan
+               if e not in lowered]
     inside = {id(m) for _, part in parts for m in part.modules()}
     seen = set()
     for n, m in model.named_modules():  # what the user applied already, but within a part
@@ -208,7 +251,7 @@ def checkpointing(model: torch.nn.Module, plan, region=None, held=None, whole=Fa
                 inner = uncached(mod, own_forward(mod))
             run = region(user_path(name), inner) if region else inner
             mod.forward = functools.partial(_checkpointed, run, fn)
-        yield Plan.of(simple(t[0]) for t in targets)
+        yield Plan.of([*(simple(t[0]) for t in targets), *lowered])
     finally:
         for mod, before in reversed(installed):
             if before is None:
