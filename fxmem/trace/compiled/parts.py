@@ -173,7 +173,7 @@ def parts_lowered(parts: list, taken: list, rec, hooked: bool = False, planned=(
     test_fake_gpu_parallel.py.)
 
     ``planned``: the paths of parts ``torch.compile(block)`` the checkpoint plan holds
-    (:func:`check_parts`), each lowered as ``torch.compile(checkpoint_wrapper(block))``
+    (:func:`fxmem.trace.plans.checkpointing.check_parts_plan`), each lowered as ``torch.compile(checkpoint_wrapper(block))``
     is, by the part's own dynamo context: dynamo captures the checkpoint into its graphs
     (the partitioner re-runs the block's forward in the backward graph)."""
     from torch._dynamo.eval_frame import OptimizedModule

@@ -205,7 +205,8 @@ def checkpointing(model: torch.nn.Module, plan, region=None, held=None, whole=Fa
     plan = normalize_plan(model, plan)
     parts = [("", model)] if whole else compiled_parts(model)
     # an entry over a part compiled on its own: lowered with the checkpoint (compiled.parts)
-    lowered = [e for e in plan if isinstance(e, str) and e in {user_path(p) for p, _ in parts}]
+    paths = {user_path(p) for p, _ in parts}
+    lowered = [e for e in plan if isinstance(e, str) and e in paths]
     targets = [(e, [_submodule(model, p) for p in modules_of(e)]) for e in plan
                if e not in lowered]
     inside = {id(m) for _, part in parts for m in part.modules()}
