@@ -157,7 +157,8 @@ def _name(parallel) -> str:
 
 
 @contextlib.contextmanager
-def parts_lowered(parts: list, taken: list, rec, hooked: bool = False, planned=()):
+def parts_lowered(parts: list, taken: list, rec, hooked: bool = False,
+                  planned: dict | None = None):
     """While the trace runs: each part's call runs with the trace's modes off
     (:func:`fxmem.trace.compiled.inductor.modes_suspended`, ``taken`` receiving them), and
     its graphs' lines count below the part's path (:func:`part_running`). Everything is
@@ -172,12 +173,12 @@ def parts_lowered(parts: list, taken: list, rec, hooked: bool = False, planned=(
     runs it. (On the fake GPU, the two ways of compiling measure the same, tests/
     test_fake_gpu_parallel.py.)
 
-    ``planned``: the paths of parts ``torch.compile(block)`` the checkpoint plan holds
-    (:func:`fxmem.trace.plans.checkpointing.check_parts_plan`), each lowered as ``torch.compile(checkpoint_wrapper(block))``
-    is, by the part's own dynamo context: dynamo captures the checkpoint into its graphs
-    (the partitioner re-runs the block's forward in the backward graph)."""
+    ``planned``: path -> what runs instead, for the parts ``torch.compile(block)`` the
+    checkpoint plan holds: ``torch.compile(checkpoint_wrapper(block))``
+    (:func:`fxmem.trace.plans.checkpointing.checkpointed_part`), whose checkpoint dynamo
+    captures into its graphs (the partitioner re-runs the block's forward in the backward
+    graph)."""
     from torch._dynamo.eval_frame import OptimizedModule
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     from .inductor import modes_suspended
 
@@ -199,9 +200,8 @@ def parts_lowered(parts: list, taken: list, rec, hooked: bool = False, planned=(
     try:
         for path, m in parts:
             if isinstance(m, OptimizedModule):
-                attr, inner, call = "forward", f"{path}._orig_mod".lstrip("."), m.forward
-                if path in planned:
-                    call = m.dynamo_ctx(checkpoint_wrapper(m._orig_mod))
+                attr, inner = "forward", f"{path}._orig_mod".lstrip(".")
+                call = (planned or {}).get(path, m.forward)
             elif hooked:  # its call uncompiled, its forward compiled as the call was
                 call = in_place_context(m)(m.forward)
                 undo.append((m, "_compiled_call_impl", True, m._compiled_call_impl))

@@ -50,7 +50,7 @@ from ..parallel.local_step import on_local_shards
 from ..parallel.offload import offloaded
 from ..parallel.tp import metadata_unrecorded
 from ..parallel.wrapped import AsWrapped
-from ..plans.checkpointing import checkpointing, normalize_plan, user_path
+from ..plans.checkpointing import checkpointed_part, checkpointing, normalize_plan, user_path
 from ..plans.regions import modules_of
 from .calls import CallHooks, held, loss_wrapper, region
 from .finish import finish
@@ -365,7 +365,8 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     runs = runs_of(model, prepared) if reusable else []
     inside = _step_contexts(model, spec, mode, rec, fakes, prepared)
     # the plan's parts compiled on their own, lowered with the checkpoint (compiled.parts)
-    planned = {p for p, _ in parts if user_path(p) in {m for e in plan for m in modules_of(e)}}
+    in_plan = {q for e in plan for q in modules_of(e)}
+    planned = {p: checkpointed_part(m) for p, m in parts if user_path(p) in in_plan}
     with checkpointing(model, plan, region(rec), held(rec), compiled and not parts) \
             as rec.plan, \
             copied(rec, runs, rec.plan, prepared, fakes.params, fakes.buffers) as reuse, \

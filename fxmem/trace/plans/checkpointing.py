@@ -161,7 +161,9 @@ def apply_checkpoints(model: torch.nn.Module, plan) -> torch.nn.Module:
     ``torch.compile(checkpoint_wrapper(block))`` (the part's own options), the step
     :func:`fxmem.analyze` traces for the plan.
     """
-    for e in normalize_plan(model, plan):
+    plan = normalize_plan(model, plan)  # an entry over a part: the whole part, compiled
+    parts = {id(m) for _, m in compiled_parts(model)} if plan else set()
+    for e in plan:
         mods = [_submodule(model, p) for p in modules_of(e)]
         if any(isinstance(m, CheckpointWrapper) or group_of(m) is not None for _, m in mods):
             continue
@@ -174,14 +176,30 @@ def apply_checkpoints(model: torch.nn.Module, plan) -> torch.nn.Module:
         name, mod = mods[0]
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        # a part torch.compile(block): torch.compile(checkpoint_wrapper(block)), as traced
-        inner = getattr(mod, "_orig_mod", mod) if (name, mod) in compiled_parts(model) else mod
-        how = {"checkpoint_fn": _checkpoint_uncached, "use_reentrant": False} \
-            if _writes_cache(inner) else {}
-        wrapped = checkpoint_wrapper(inner, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
-                                     context_fn=context_fn(save), **how)
-        setattr(parent, child, mod.dynamo_ctx(wrapped) if inner is not mod else wrapped)
+        setattr(parent, child, checkpointed_part(mod) if id(mod) in parts else
+                _wrapped(mod, save))
     return model
+
+
+def checkpointed_part(part) -> torch.nn.Module:
+    """A part compiled on its own, ``torch.compile(block)``, as
+    ``torch.compile(checkpoint_wrapper(block))``: the block in the wrapper
+    :func:`apply_checkpoints` puts, compiled by the part's own dynamo context (backend and
+    options). What :func:`apply_checkpoints` puts in the model for such an entry of a plan,
+    and what the trace lowers for it (:func:`fxmem.trace.compiled.parts.parts_lowered`)."""
+    return part.dynamo_ctx(_wrapped(part._orig_mod, ()))
+
+
+def _wrapped(mod: torch.nn.Module, save) -> torch.nn.Module:
+    """``mod`` in PyTorch's non-reentrant ``checkpoint_wrapper`` saving the ``save`` calls
+    (without its cache when it writes one: :func:`_checkpoint_uncached`). No ``context_fn``
+    when it saves none: dynamo refuses one inside a compile ("checkpoint not implemented
+    for ... context_fn", 2.15), and without it checkpoint's own is the same."""
+    how = {"checkpoint_fn": _checkpoint_uncached, "use_reentrant": False} \
+        if _writes_cache(mod) else {}
+    if save:
+        how["context_fn"] = context_fn(save)
+    return checkpoint_wrapper(mod, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **how)
 
 
 @contextlib.contextmanager
