@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..errors import FxmemError, InfeasibleBudgetError, InputError
+from .precision import param_dtype_way
 from .text import fmt_bytes
 from .ways import KINDS, Check, WayOut, cheapest_plan, choice_way, rank_reports
 from .world_size import fewest_ranks
@@ -109,6 +110,7 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
     for what, way in (("the largest B", _largest_batch),
                       (f"the cheapest checkpoint plan at B={B}", _plan_at),
                       ("the fewest GPUs under FSDP2", fewest_ranks),
+                      ("FSDP2's own mixed precision", param_dtype_way),
                       (f"the longest sequence at B={B}", _longest)):
         if progress is not None:
             progress(what)

@@ -13,7 +13,8 @@ from ..errors import FxmemError, InfeasibleBudgetError
 from ..formula.symbols import B as SYM_B
 from .text import fmt_bytes, plan_text
 
-KINDS = ("batch", "checkpoint", "fsdp", "fsdp+checkpoint", "length")
+KINDS = ("batch", "checkpoint", "fsdp", "fsdp+checkpoint", "param_dtype",
+         "param_dtype+checkpoint", "length")
 
 
 @dataclass(frozen=True)
@@ -21,9 +22,10 @@ class WayOut:
     """One change that makes the step fit, checked.
 
     ``kind``: one of :data:`KINDS`; ``value``: the batch size (``"batch"``), the number of
-    GPUs (``"fsdp"``, ``"fsdp+checkpoint"``), the sequence length (``"length"``), or the
-    asked B (``"checkpoint"``); ``need_bytes``: what the step takes there, answered as the
-    budget is (``Fit.by``: for ``"device"``, ``max_memory_reserved()`` within the budget);
+    GPUs (``"fsdp"``, ``"fsdp+checkpoint"``; ``"param_dtype"``, ``"param_dtype+checkpoint"``:
+    the step's own, FSDP2's ``param_dtype`` set, :mod:`fxmem.report.precision`), the
+    sequence length (``"length"``), or the asked B (``"checkpoint"``); ``need_bytes``: what
+    the step takes there, answered as the budget is (``Fit.by``: for ``"device"``, ``max_memory_reserved()`` within the budget);
     ``plan``: the checkpoint plan it takes (a :class:`fxmem.Plan`, for ``analyze(...,
     checkpoint=plan)``; empty: none) and ``recompute_share``: the FLOPs that plan re-runs,
     as a share of the step's; ``beyond``: what one step beyond gives (the next B, one GPU

@@ -170,6 +170,7 @@ class Trace:
     # "": the model compiled in place (model.compile())
     compiled_parts: tuple = ()
     graph_runs: tuple = ()  # GraphRun per run of a compiled graph, in order
+    amp: torch.dtype | None = None  # the dtype the forward ran under autocast in (Step.amp)
 
 
 def _graph(self) -> torch.fx.Graph:

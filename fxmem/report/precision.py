@@ -1,0 +1,63 @@
+"""A way out of :func:`fxmem.report.fit.fit` for an FSDP2 step under autocast: FSDP2's own
+mixed precision (``MixedPrecisionPolicy(param_dtype=..., reduce_dtype=torch.float32)``)
+with autocast kept, on the same GPUs.
+
+Under autocast alone, FSDP2 gathers each block's fp32 parameters and every op that autocast
+runs in bf16 casts its weight to a bf16 copy of its own: a copy that autograd saves for the
+op's backward (a linear's gradient of its input needs the weight) and that autocast's weight
+cache holds until the forward's outermost ``autocast`` exits. FSDP2 lets go of the gathered
+fp32 parameters after each block; the copies stay, so at the end of the forward a rank holds
+a bf16 copy of every weight of the model, whatever the number of GPUs, and a checkpoint plan
+drops only the saved one (the cache's stays until the forward ends). With ``param_dtype`` set, FSDP2 gathers the weights in bf16
+already and autocast casts nothing (it casts only fp32 tensors); the gathered weights go
+after each block. torchtitan trains this way (FSDP2's policy, no autocast under FSDP2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from .ways import WayOut, cheapest_plan, choice_way, rank_reports
+
+
+def param_dtype_way(check, report, b, *, reanalyze=None, dims=None, **_):
+    """FSDP2's ``param_dtype`` (the autocast dtype) with ``reduce_dtype=torch.float32`` on the
+    same GPUs at ``b``: with no plan, or (when it does not fit without one) the cheapest
+    plan there. Nothing for a step that is not FSDP2 under autocast without a
+    ``param_dtype``."""
+    from ..trace.parallel import FSDP
+
+    strategy = getattr(report, "strategy", None)
+    amp = rank_reports(report)[0].trace.amp
+    if not isinstance(strategy, FSDP) or strategy.param_dtype is not None or amp is None:
+        return
+    if reanalyze is None:
+        yield "FSDP2's param_dtype: not searched (the report cannot analyse again)"
+        return
+    if rank_reports(report)[0].trace.compiled:
+        yield "FSDP2's param_dtype: not searched for a compiled step"
+        return
+    policy = replace(strategy, param_dtype=amp, reduce_dtype=torch.float32)
+    changes = {"checkpoint": report.plan} if report.plan else {}
+    if b < min(r.min_batch_size for r in rank_reports(report)):
+        changes["concrete_batch"] = b
+    again = reanalyze(parallel=policy, **changes)
+    again = again.at(**dims) if dims else again
+    name = str(amp).removeprefix("torch.")
+    what = f"FSDP2's param_dtype=torch.{name}, reduce_dtype=torch.float32 (autocast kept)"
+    if check.fits(again, b):
+        yield WayOut("param_dtype", strategy.world_size, check.need(again, b, True), what,
+                     plan=report.plan, beyond="the same GPUs and plan")
+        return
+    if report.plan:
+        yield f"{what}: does not fit B={b} under the step's plan either"
+        return
+    choice = cheapest_plan(check, again, b)
+    if isinstance(choice, str):
+        yield f"{what}: {choice}"
+        return
+    way = choice_way(check, choice, b, "param_dtype+checkpoint", strategy.world_size,
+                     f"{what}, {{doing}} (re-running {{share}})")
+    yield way if isinstance(way, str) else replace(way, beyond=f"{what} alone does not fit")

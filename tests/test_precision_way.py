@@ -1,0 +1,119 @@
+"""FSDP2's own mixed precision as a way out (fxmem.report.precision): an FSDP2 step under
+autocast holds a bf16 copy of every gathered weight until its backward (autocast's weight
+cache: until the forward ends, under a checkpoint plan too); with ``param_dtype`` FSDP2
+gathers bf16 weights and autocast casts none. The way is the step analysed again with the
+policy, checked against a budget; the policy's step is exact against real ranks (and on the
+fake GPU: tests/test_fake_gpu_parallel.py's ``fsdp-amp`` cases)."""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import fxmem
+from fxmem import DDP, FSDP
+from test_fsdp import _exact
+
+
+class Blocks(nn.Module):
+    """Blocks of Linear, GELU, Linear (8x wider inside) and a head: their activations grow
+    with B, and the bf16 copies of their weights are the larger part at small B."""
+
+    def __init__(self, d=64, n=8):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Sequential(nn.Linear(d, 8 * d), nn.GELU(),
+                                                   nn.Linear(8 * d, d)) for _ in range(n)])
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+STEP = dict(loss=F.cross_entropy, optimizer=torch.optim.SGD, device="cpu", amp=torch.bfloat16)
+POLICY = FSDP(4, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def _batch():
+    torch.manual_seed(0)
+    return torch.randn(4, 64), torch.randint(0, 10, (4,))
+
+
+def _reports(model):
+    x, y = _batch()
+    return (fxmem.analyze(model, x, y, parallel=FSDP(4), **STEP),
+            fxmem.analyze(model, x, y, parallel=POLICY, **STEP))
+
+
+def test_the_policy_under_autocast_is_exact_per_rank():
+    _exact(Blocks(), *_batch(), POLICY, batches=(3, 16), **STEP)
+
+
+def test_the_policy_alone_fits():
+    """Between the policy's peak and autocast's: the way is the policy on the same 4 GPUs,
+    its need the policy's step's own peak, no plan."""
+    model = Blocks()
+    amp, policy = _reports(model)
+    b = 256
+    assert policy.peak_bytes(b) < amp.peak_bytes(b)
+    f = amp.fits(b, (policy.peak_bytes(b) + amp.peak_bytes(b)) // 2)
+    way = f.way("param_dtype")
+    assert not f and way is not None and f.way("param_dtype+checkpoint") is None
+    assert (way.value, way.need_bytes, way.plan) == (4, policy.peak_bytes(b), ())
+    assert way.line == ("FSDP2's param_dtype=torch.bfloat16, reduce_dtype=torch.float32 "
+                        "(autocast kept)")
+    assert way.as_dict()["kind"] == "param_dtype"
+
+
+def test_the_policy_with_a_plan():
+    """At B=4 the copies are most of the peak: no plan, batch size or number of GPUs makes
+    autocast's step fit a budget under the policy's unplanned peak, and the policy with its
+    cheapest plan does; that plan traced with the policy peaks at the way's need."""
+    from fxmem.report.world_size import smallest_plan
+
+    model = Blocks()
+    amp, policy = _reports(model)
+    b = 4
+    low = policy.with_plan(smallest_plan(policy, b)).peak_bytes(b)
+    assert low < policy.peak_bytes(b)
+    budget = (low + policy.peak_bytes(b)) // 2
+    f = amp.fits(b, budget)
+    assert [w.kind for w in f.ways] == ["param_dtype+checkpoint"]
+    way = f.ways[0]
+    assert way.plan and way.need_bytes <= budget < policy.peak_bytes(b)
+    assert way.beyond.endswith("alone does not fit")
+    traced = fxmem.analyze(model, *_batch(), parallel=POLICY, checkpoint=way.plan, **STEP)
+    assert traced.peak_bytes(b) == way.need_bytes
+    assert "no checkpoint plan fits at B=4" in " ".join(f.none)
+
+
+def test_not_a_way_without_autocast_or_with_a_policy_or_fsdp2():
+    model, (x, y) = Blocks(), _batch()
+    plain = {**STEP, "amp": None}
+    for parallel, step in ((FSDP(4), plain), (POLICY, STEP), (DDP(2), STEP), (None, STEP)):
+        r = fxmem.analyze(model, x, y, parallel=parallel, **step)
+        f = r.fits(256, r.peak_bytes(256) // 2)
+        assert not f and not {w.kind for w in f.ways} & {"param_dtype", "param_dtype+checkpoint"}
+        assert not any("param_dtype" in n for n in f.none)
+
+
+def test_command_line():
+    """``--fsdp 4 --amp bf16 --budget``: the way in the line and in the JSON."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    amp, policy = _reports(Blocks())
+    budget = (policy.peak_bytes(256) + amp.peak_bytes(256)) // 2
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    args = ["analyze", "tests/test_precision_way.py:Blocks", "--input", "B,64", "--target",
+            "B:int64:10", "--optimizer", "sgd", "--amp", "bf16", "--device", "cpu", "--fsdp",
+            "4", "--batch", "256", "--budget", str(budget), "--format", "json"]
+    r = subprocess.run([sys.executable, "-m", "fxmem", *args], cwd=root, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 4, r.stderr  # does not fit
+    assert "or FSDP2's param_dtype=torch.bfloat16, reduce_dtype=torch.float32" in r.stderr
+    ways = json.loads(r.stdout)["fit"]["ways"]
+    assert {"kind": "param_dtype", "need_bytes": policy.peak_bytes(256)} in [
+        {k: w[k] for k in ("kind", "need_bytes")} for w in ways]
