@@ -17,7 +17,7 @@ from .trace.compiled import check_parts, compiled_parts
 from .trace.engine import UNSET, Step, TraceRequest, trace
 from .trace.ledger import frozen_gc
 from .trace.parallel import as_wrapped, check_parallel, refuse_wrapped
-from .trace.plans import normalize_plan
+from .trace.plans import drops_a_cache, normalize_plan
 
 
 @frozen_gc()
@@ -135,8 +135,10 @@ def analyze_request(request: TraceRequest, retrace: bool = False, defer: bool = 
     check_parts(model, request.checkpoint, None, None)
     plan = normalize_plan(model, request.checkpoint)
     # the plan is derived from the step traced without it, but over parts compiled on their
-    # own: traced, each part lowered with its checkpoint (the partitioner's re-run)
-    retrace = retrace or bool(plan and compiled_parts(model))
+    # own: traced, each part lowered with its checkpoint (the partitioner's re-run); and
+    # over Hugging Face layers that write a key/value cache, which run without it
+    # checkpointed (the derivation would keep the cache the step without the plan writes)
+    retrace = retrace or bool(plan and (compiled_parts(model) or drops_a_cache(model, plan)))
     below = _below(as_here, request.but(checkpoint=plan))
     step = request.step
     if request.dims:

@@ -8,9 +8,11 @@ op's backward (a linear's gradient of its input needs the weight) and that autoc
 cache holds until the forward's outermost ``autocast`` exits. FSDP2 lets go of the gathered
 fp32 parameters after each block; the copies stay, so at the end of the forward a rank holds
 a bf16 copy of every weight of the model, whatever the number of GPUs, and a checkpoint plan
-drops only the saved one (the cache's stays until the forward ends). With ``param_dtype`` set, FSDP2 gathers the weights in bf16
-already and autocast casts nothing (it casts only fp32 tensors); the gathered weights go
-after each block. torchtitan trains this way (FSDP2's policy, no autocast under FSDP2).
+drops only the saved one (the cache's stays until the forward ends). With ``param_dtype``
+set, FSDP2 gathers the weights in bf16 already and autocast casts nothing (it casts only
+fp32 tensors); the gathered weights go after each block. torchtitan trains this way
+(FSDP2's policy, no autocast under FSDP2). Measured on the fake GPU: docs/concepts.md, "the
+ways out"; tests/test_precision_way.py.
 """
 
 from __future__ import annotations

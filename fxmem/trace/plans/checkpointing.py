@@ -304,6 +304,15 @@ def uncached(module, forward):
     return _WithoutCache(forward)
 
 
+def drops_a_cache(model: torch.nn.Module, plan) -> bool:
+    """Whether ``plan`` (normalized) checkpoints a Hugging Face layer that writes its
+    key/value cache: checkpointed, it runs without it (:func:`uncached`), so the step under
+    the plan is not the step without it with the plan's forwards re-run (the cache's
+    keys and values, and under autocast their copies, are not made at all)."""
+    paths = set(getattr(plan, "modules", ()))
+    return any(_writes_cache(m) for n, m in model.named_modules() if n and user_path(n) in paths)
+
+
 def _writes_cache(module) -> bool:
     """Whether ``module`` is a Hugging Face layer that writes its key/value cache."""
     return any(c.__name__ == "GradientCheckpointingLayer" for c in type(module).__mro__) \
