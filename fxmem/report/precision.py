@@ -47,8 +47,7 @@ def param_dtype_way(check, report, b, *, reanalyze=None, dims=None, **_):
         changes["concrete_batch"] = b
     again = reanalyze(parallel=policy, **changes)
     again = again.at(**dims) if dims else again
-    name = str(amp).removeprefix("torch.")
-    what = f"FSDP2's param_dtype=torch.{name}, reduce_dtype=torch.float32 (autocast kept)"
+    what = f"FSDP2's param_dtype={amp}, reduce_dtype=torch.float32 (autocast kept)"
     if check.fits(again, b):
         yield WayOut("param_dtype", strategy.world_size, check.need(again, b, True), what,
                      plan=report.plan, beyond="the same GPUs and plan")

@@ -25,13 +25,14 @@ class WayOut:
     GPUs (``"fsdp"``, ``"fsdp+checkpoint"``; ``"param_dtype"``, ``"param_dtype+checkpoint"``:
     the step's own, FSDP2's ``param_dtype`` set, :mod:`fxmem.report.precision`), the
     sequence length (``"length"``), or the asked B (``"checkpoint"``); ``need_bytes``: what
-    the step takes there, answered as the budget is (``Fit.by``: for ``"device"``, ``max_memory_reserved()`` within the budget);
-    ``plan``: the checkpoint plan it takes (a :class:`fxmem.Plan`, for ``analyze(...,
-    checkpoint=plan)``; empty: none) and ``recompute_share``: the FLOPs that plan re-runs,
-    as a share of the step's; ``beyond``: what one step beyond gives (the next B, one GPU
-    fewer, the next length, or that no cheaper plan fits); ``line``: the way, for people;
-    ``compiled``: the ``torch.compile`` budget that takes the place of a plan (a compiled
-    step's plans, :mod:`fxmem.checkpoint.compiled`), else None."""
+    the step takes there, answered as the budget is (``Fit.by``: for ``"device"``,
+    ``max_memory_reserved()`` within the budget); ``plan``: the checkpoint plan it takes (a
+    :class:`fxmem.Plan`, for ``analyze(..., checkpoint=plan)``; empty: none) and
+    ``recompute_share``: the FLOPs that plan re-runs, as a share of the step's; ``beyond``:
+    what one step beyond gives (the next B, one GPU fewer, the next length, or that no
+    cheaper plan fits); ``line``: the way, for people; ``compiled``: the ``torch.compile``
+    budget that takes the place of a plan (a compiled step's plans,
+    :mod:`fxmem.checkpoint.compiled`), else None."""
 
     kind: str
     value: int
