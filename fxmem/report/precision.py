@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import torch
 
-from .ways import WayOut, cheapest_plan, choice_way, rank_reports
+from .ways import WayOut, as_asked, cheapest_plan, choice_way, rank_reports
 
 
 def param_dtype_way(check, report, b, *, reanalyze=None, dims=None, **_):
@@ -42,10 +42,7 @@ def param_dtype_way(check, report, b, *, reanalyze=None, dims=None, **_):
         yield "FSDP2's param_dtype: not searched for a compiled step"
         return
     policy = replace(strategy, param_dtype=amp, reduce_dtype=torch.float32)
-    changes = {"checkpoint": report.plan} if report.plan else {}
-    if b < min(r.min_batch_size for r in rank_reports(report)):
-        changes["concrete_batch"] = b
-    again = reanalyze(parallel=policy, **changes)
+    again = reanalyze(parallel=policy, **as_asked(report, b))
     again = again.at(**dims) if dims else again
     what = f"FSDP2's param_dtype={amp}, reduce_dtype=torch.float32 (autocast kept)"
     if check.fits(again, b):

@@ -144,6 +144,16 @@ def cheapest_plan(check, report, b: int, confirm: bool = True):
         return f"no checkpoint plan at B={b}: {e}"
 
 
+def as_asked(report, b: int) -> dict:
+    """The :func:`fxmem.analyze` options a way's ``reanalyze`` keeps from the step as asked
+    at ``b``: its checkpoint plan, and B traced as the int ``b`` when ``b`` is below where
+    the formulas hold (``Report._small``), so that no formula's trace is made."""
+    changes = {"checkpoint": report.plan} if report.plan else {}
+    if b < min(r.min_batch_size for r in rank_reports(report)):
+        changes["concrete_batch"] = b
+    return changes
+
+
 def rank_reports(report) -> tuple:
     """Each rank group's report of a :class:`fxmem.ParallelReport`, or ``(report,)``."""
     groups = getattr(report, "groups", None)

@@ -18,6 +18,7 @@ from .text import fmt_bytes, plan_text
 from .ways import (
     NoPlan,
     WayOut,
+    as_asked,
     batch_floor,
     cheapest_plan,
     checked,
@@ -152,11 +153,7 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_):
     base = strategy or FSDP(1)
     plan = report.plan
     memo = Recent()
-    # a B below where the formulas hold is traced as an int (Report._small): on other numbers
-    # of GPUs too, where the search asks for it alone, so the formula's trace is not made
-    changes = {"checkpoint": plan} if plan else {}
-    if b < min(r.min_batch_size for r in rank_reports(report)):
-        changes["concrete_batch"] = b
+    changes = as_asked(report, b)  # (a B below the formulas' traced as an int there too)
 
     def at(w):  # the other groups of ranks traced where the first fits (where it does not,
         if w not in memo:  # the step on w GPUs does not: ``lead``)
