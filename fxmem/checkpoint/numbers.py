@@ -9,7 +9,7 @@ plans.derive_numbers` makes them), kept small, without a record per op and stora
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -60,10 +60,13 @@ class Derived:
     created_at: tuple  # (base storage indices, derived "created by") that the move misses
     freed_at: tuple  # likewise for "freed after"
     tail: tuple  # (created, freed) of the re-runs' copies
+    # storages the plan does not make (a checkpointed layer's cache: fxmem.checkpoint.uncached),
+    # counted as no bytes
+    dropped: np.ndarray = field(default_factory=lambda: np.zeros(0, _INDEX))
 
     @classmethod
     def of(cls, created, freed, base: SizeValues, copied, sources, recompute,
-           bases: tuple) -> "Derived":
+           bases: tuple, dropped=None) -> "Derived":
         """The derivation of the whole arrays (as the class docstring names them)."""
         sources, recompute = np.asarray(sources, _INDEX), np.asarray(recompute, bool)
         if len(sources):
@@ -81,7 +84,8 @@ class Derived:
             return at, full[:n][at].astype(_INDEX)
         return cls(base, np.asarray(copied, _INDEX), runs, bases, diff(created, moved_c),
                    diff(freed, moved_f), (np.asarray(created[n:], _INDEX),
-                                          np.asarray(freed[n:], _INDEX)))
+                                          np.asarray(freed[n:], _INDEX)),
+                   np.zeros(0, _INDEX) if dropped is None else np.asarray(dropped, _INDEX))
 
     @property
     def sources(self) -> np.ndarray:
@@ -121,7 +125,11 @@ class Derived:
 
     def _values(self, b: int, base=None):
         base = self.base.at(b) if base is None else base
-        return np.concatenate([base, base[self.copied]]) if len(self.copied) else base
+        v = np.concatenate([base, base[self.copied]]) if len(self.copied) else base
+        if len(self.dropped):
+            v = v.copy()
+            v[self.dropped] = 0
+        return v
 
     def live(self, b: int, base=None):
         """:meth:`timeline` as a numpy array of int64; ``base``: the base storages' bytes

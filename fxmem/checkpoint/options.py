@@ -122,7 +122,7 @@ def policies(report, path: str, b: int, flops: dict | None = None) -> dict:
     if sc is None:
         return {}
     ops = trace.ops
-    names = sac_calls(trace, call.forward_op, call.last_op)
+    names = sac_calls(trace, call.forward_op, call.last_op, (path,))
     index = {i: k for k, i in names.items()}
     written = {}  # sid -> last op of the region writing it
     for i in range(call.forward_op, call.last_op + 1):

@@ -37,9 +37,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..errors import InputError
+from ..formula.symbols import ZERO
 from ..trace.ledger import Trace, latest
 from ..trace.plans import Plan, modules_of
 from .numbers import _INDEX, NEVER, Derived, SizeValues
+from .uncached import held_by_locals, uncached
 
 _STATIC = ("param", "buffer", "grad", "optimizer_state")
 
@@ -94,15 +96,17 @@ def region_calls(trace: Trace, entry) -> list:
     return out
 
 
-def sac_calls(trace: Trace, first: int, last: int) -> dict:
+def sac_calls(trace: Trace, first: int, last: int, modules=()) -> dict:
     """``{(op, n): op index}`` for ops ``first..last``: each op call named as selective
     checkpointing counts them (torch/utils/checkpoint.py ``_CachingTorchDispatchMode``:
-    every op but ``SAC_IGNORED_OPS``, numbered per overload)."""
+    every op but ``SAC_IGNORED_OPS``, numbered per overload), in the forward of the
+    checkpointed ``modules``: without their cache's ops (:mod:`fxmem.checkpoint.uncached`)."""
     seen: dict = {}
     out = {}
+    skipped = uncached(trace, modules).skipped
     for i in range(first, last + 1):
         name = trace.ops[i].op
-        if name in _sac_ignored():
+        if name in _sac_ignored() or i in skipped:
             continue
         n = seen.get(name, 0)
         seen[name] = n + 1
@@ -133,7 +137,7 @@ def _schedule(trace: Trace, entry) -> SegmentSchedule | None:
     first, last = calls[0].forward_op, calls[-1].last_op
     cached = frozenset()
     if getattr(entry, "save", ()):
-        names = sac_calls(trace, first, last)
+        names = sac_calls(trace, first, last, mods)
         missing = [s for s in entry.save if s not in names]
         if missing:
             raise InputError(f"checkpoint region {entry}: its forward has no call {missing[0]} "
@@ -182,6 +186,8 @@ def derive(trace: Trace, plan) -> Trace:
         new_storages.append(replace(st, sid=k, created_by=created[k], freed_after=freed[k],
                                     unref_after=freed[k], saved=False, category=_unsaved(st),
                                     saved_by=()))
+    for k in d.dropped.tolist():  # not made: a layer's cache (fxmem.checkpoint.uncached)
+        new_storages[k] = _with(new_storages[k], size=ZERO)
     # the ops, renumbered; re-run ops point at the op they repeat
     ops, new_ops = trace.ops, []
     runs = [sc for part, sc in d.parts for _ in range(len(part))]
@@ -219,7 +225,7 @@ def derive_numbers(trace: Trace, plan, sizes) -> Derived:
     again = np.concatenate([np.full(len(part), sc is not None) for part, sc in d.parts]) \
         if d.parts else np.zeros(0, bool)
     return Derived.of(d.created, d.freed, sizes, np.array(d.copied, _INDEX), d.sources, again,
-                      bases)
+                      bases, d.dropped)
 
 
 def _plan_of(trace: Trace, plan) -> Plan:
@@ -287,6 +293,10 @@ class _Derivation:
         freed[self.changes.sids] = self.changes.freed
         later = freed >= 0
         freed[later] = pos[freed[later]]
+        lost = [uncached(trace, sc.modules) for sc in scheds]  # the cache a layer does not write
+        for x, end, _ in (s for u in lost for s in u.sources):  # held by the attention's locals
+            freed[x] = NEVER if freed[x] == NEVER else max(freed[x], pos[end])
+        dropped = [np.fromiter(sorted(u.dropped), _INDEX) for u in lost]
         extra_created, extra_freed, copied = [], [], []
         later_sids, later_frees = [], []  # holds the re-runs and the caches extend: base sid,
         # derived "freed after" (NEVER: never), each freed after the latest of its own and these
@@ -301,6 +311,9 @@ class _Derivation:
             # (moved); else dropped by Python inside the re-run, after its op ``after``
             inner = where[np.clip(after - sc.first_op, 0, len(where) - 1)]
             free = np.where(saved, np.where(after >= 0, pos[np.maximum(after, 0)], after), inner)
+            lost = uncached(trace, sc.modules)
+            if lost.sources:
+                free = held_by_locals(lost, sc, sids, saved, free, where)
             handed = _kept(trace, sc)[made - sc.first_op]  # the forward's own, handed over
             if handed.any():
                 later_sids.append(sids[handed])
@@ -311,6 +324,9 @@ class _Derivation:
             extra_created.append(where[made[new] - sc.first_op])
             extra_freed.append(free[new])
             self._copied_runs.append((sc.path, sids[new], first_copy))
+            if lost.dropped:
+                gone = np.isin(sids[new], np.fromiter(lost.dropped, np.int64))
+                dropped.append((first_copy + np.flatnonzero(gone)).astype(_INDEX))
             first_copy += int(new.sum())
         for s, (sc, j) in _cached(trace, scheds).items():  # in the cache until the re-run
             # takes it back, or (never taken: past the early stop) until the checkpoint is done
@@ -329,6 +345,8 @@ class _Derivation:
         self.freed = np.concatenate([freed, *extra_freed]).astype(_INDEX)
         self.copied = np.concatenate(copied).astype(_INDEX) if copied else np.zeros(0, _INDEX)
         self.parts, self.pos = parts, pos
+        # storages the plan's uncached layers do not make (counted as no bytes)
+        self.dropped = np.concatenate(dropped) if dropped else np.zeros(0, _INDEX)
         self.sources = np.concatenate([p for p, _ in parts]) if parts else \
             np.zeros(0, _INDEX)
 

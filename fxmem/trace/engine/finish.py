@@ -121,7 +121,8 @@ def finish(rec: Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
                  placement=getattr(rec, "placement", ()),
                  compiled=getattr(rec, "compiled", False),
                  compiled_parts=getattr(rec, "compiled_parts", ()),
-                 graph_runs=tuple(rec.graph_runs), amp=spec.amp)
+                 graph_runs=tuple(rec.graph_runs), amp=spec.amp,
+                 cache_layers=getattr(rec, "cache_layers", ()))
 
 
 def _largest_counts(rec: Recorder) -> dict:

@@ -50,6 +50,7 @@ from ..parallel.local_step import on_local_shards
 from ..parallel.offload import offloaded
 from ..parallel.tp import metadata_unrecorded
 from ..parallel.wrapped import AsWrapped
+from ..plans import cache_layers
 from ..plans.checkpointing import checkpointed_part, checkpointing, normalize_plan, user_path
 from ..plans.regions import modules_of
 from .calls import CallHooks, held, loss_wrapper, region
@@ -325,6 +326,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     parts, taken = compiled_parts(wrapper), []
     compiled = is_compiled(wrapper) or bool(parts)
     rec.compiled, rec.compiled_parts = compiled, tuple(path for path, _ in parts)
+    rec.cache_layers = cache_layers(model)
     if compiled:
         check_compilable(spec.device)
         rec.streams_on("cuda")  # its fakes, and a rank's shards (sharded), are CUDA's

@@ -171,6 +171,9 @@ class Trace:
     compiled_parts: tuple = ()
     graph_runs: tuple = ()  # GraphRun per run of a compiled graph, in order
     amp: torch.dtype | None = None  # the dtype the forward ran under autocast in (Step.amp)
+    # the paths of the Hugging Face layers that write their key/value cache when given one
+    # (run without it when checkpointed: fxmem.checkpoint.uncached)
+    cache_layers: tuple = ()
 
 
 def _graph(self) -> torch.fx.Graph:

@@ -9,8 +9,14 @@ A plan traced here must run as the same plan applied to the user's model runs: t
 (``fxmem.checkpoint``) derives plans from one trace and confirms the chosen one by tracing it.
 """
 
-from .checkpointing import apply_checkpoints, check_plan, drops_a_cache, normalize_plan
+from .checkpointing import (
+    apply_checkpoints,
+    cache_layers,
+    check_plan,
+    drops_a_cache,
+    normalize_plan,
+)
 from .regions import Plan, Region, load_plan, modules_of
 
-__all__ = ["Plan", "Region", "apply_checkpoints", "check_plan", "drops_a_cache", "load_plan",
-           "modules_of", "normalize_plan"]
+__all__ = ["Plan", "Region", "apply_checkpoints", "cache_layers", "check_plan", "drops_a_cache",
+           "load_plan", "modules_of", "normalize_plan"]

@@ -171,7 +171,7 @@ def apply_checkpoints(model: torch.nn.Module, plan) -> torch.nn.Module:
         if len(mods) > 1:
             by_path = dict(zip(modules_of(e), (m for _, m in mods)))
             install_group([m for _, m in mods], modules_of(e), save,
-                          wrap=lambda p, f: uncached(by_path[p], f))
+                          outer=lambda p, f: uncached(by_path[p], f))
             continue
         name, mod = mods[0]
         parent_name, _, child = name.rpartition(".")
@@ -253,23 +253,22 @@ def checkpointing(model: torch.nn.Module, plan, region=None, held=None, whole=Fa
             if len(mods) > 1:
                 by_path = {user_path(n): m for n, m in mods}
 
-                def wrap(p, f, by_path=by_path):  # its Hugging Face layers keep no cache
-                    f = uncached(by_path[p], f)
-                    return region(p, f) if region else f
-                install_group([m for _, m in mods], list(by_path), wrap=wrap, ctx_fn=fn)
+                install_group([m for _, m in mods], list(by_path), ctx_fn=fn,
+                              wrap=region, outer=lambda p, f, by=by_path: uncached(by[p], f))
                 continue
             name, mod = mods[0]
             # the module inside a checkpoint_wrapper is called, its own hooks run inside
             # the checkpoint (and again in its re-run), as CheckpointWrapper.forward does;
             # without its cache when apply_checkpoints wrapped it (its checkpoint_fn)
+            layer = mod
             if isinstance(mod, CheckpointWrapper):
                 inner = mod._checkpoint_wrapped_module
                 if getattr(mod.checkpoint_fn, "func", None) is _checkpoint_uncached:
-                    inner = uncached(inner, inner)
+                    layer = inner
             else:
-                inner = uncached(mod, own_forward(mod))
+                inner = own_forward(mod)
             run = region(user_path(name), inner) if region else inner
-            mod.forward = functools.partial(_checkpointed, run, fn)
+            mod.forward = uncached(layer, functools.partial(_checkpointed, run, fn))
         yield Plan.of([*(simple(t[0]) for t in targets), *lowered])
     finally:
         for mod, before in reversed(installed):
@@ -291,17 +290,19 @@ _CACHE_ARGS = ("cache", "past_key_values", "past_key_value", "layer_past", "cach
 
 
 def uncached(module, forward):
-    """``forward`` (``module``'s) called without the key/value cache when ``module`` is a
-    Hugging Face layer that writes it (a ``GradientCheckpointingLayer`` without
-    ``_can_checkpoint_with_cache``), as transformers calls its checkpointed layers under
-    ``gradient_checkpointing_enable()``: ``use_cache=False`` and no cache object. Else the
-    recomputation in backward would write the cache a second time (a key and value twice
-    as long, and selective checkpointing's count of op calls no longer matching the
-    forward's). ``forward`` itself for any other module, or when it is without the cache
-    already (a group :func:`apply_checkpoints` made, traced again)."""
+    """``forward`` (a call of ``module``'s forward: its checkpoint) called without the
+    key/value cache when ``module`` is a Hugging Face layer that writes it (a
+    ``GradientCheckpointingLayer`` without ``_can_checkpoint_with_cache``), as transformers
+    calls its checkpointed layers under ``gradient_checkpointing_enable()``:
+    ``use_cache=False`` and no cache object, taken out before the checkpoint keeps the
+    arguments for its re-run (the cache, holding every layer's keys and values, is then not
+    kept until the layer's backward). Else the recomputation in backward would write the
+    cache a second time (a key and value twice as long, and selective checkpointing's count
+    of op calls no longer matching the forward's). ``forward`` itself for any other module,
+    or when it is without the cache already."""
     if not _writes_cache(module) or isinstance(forward, _WithoutCache):
         return forward
-    return _WithoutCache(forward)
+    return _WithoutCache(forward, module)
 
 
 def drops_a_cache(model: torch.nn.Module, plan) -> bool:
@@ -309,8 +310,13 @@ def drops_a_cache(model: torch.nn.Module, plan) -> bool:
     key/value cache: checkpointed, it runs without it (:func:`uncached`), so the step under
     the plan is not the step without it with the plan's forwards re-run (the cache's
     keys and values, and under autocast their copies, are not made at all)."""
-    paths = set(getattr(plan, "modules", ()))
-    return any(_writes_cache(m) for n, m in model.named_modules() if n and user_path(n) in paths)
+    return not set(cache_layers(model)).isdisjoint(getattr(plan, "modules", ()))
+
+
+def cache_layers(model: torch.nn.Module) -> tuple:
+    """The paths of ``model``'s Hugging Face layers that write their key/value cache when
+    given one, and run without it checkpointed (:func:`uncached`)."""
+    return tuple(user_path(n) for n, m in model.named_modules() if n and _writes_cache(m))
 
 
 def _writes_cache(module) -> bool:
@@ -320,17 +326,18 @@ def _writes_cache(module) -> bool:
 
 
 class _WithoutCache:
-    """A forward (or a module) called without the key/value cache (:func:`uncached`); an
-    object, not a closure, so that ``copy.deepcopy`` of the model copies what it calls."""
+    """A call of ``module``'s forward made without the key/value cache (:func:`uncached`);
+    an object, not a closure, so that ``copy.deepcopy`` of the model copies what it
+    calls."""
 
-    def __init__(self, forward):
-        self.forward = forward
+    def __init__(self, forward, module):
+        self.forward, self.module = forward, module
 
     def __call__(self, *args, **kwargs):
         f = self.forward
         try:  # the cache may come as a positional argument (GPT-2's blocks take it second)
-            sig = inspect.signature(f.forward if isinstance(f, torch.nn.Module) else f)
-            bound = sig.bind(*args, **kwargs)
+            sig = inspect.signature(type(self.module).forward)
+            bound = sig.bind(self.module, *args, **kwargs)
         except (TypeError, ValueError):
             _drop_cache(kwargs)
             return f(*args, **kwargs)
@@ -339,7 +346,7 @@ class _WithoutCache:
             if p.kind is p.VAR_KEYWORD:
                 changed |= _drop_cache(bound.arguments.get(p.name, {}))
         # unchanged: called as given (not rebound, so arguments keep their places)
-        return f(*bound.args, **bound.kwargs) if changed else f(*args, **kwargs)
+        return f(*bound.args[1:], **bound.kwargs) if changed else f(*args, **kwargs)
 
 
 def _drop_cache(arguments: dict) -> bool:
@@ -353,10 +360,14 @@ def _drop_cache(arguments: dict) -> bool:
     return changed
 
 
-def _checkpoint_uncached(module, *args, **kwargs):
+def _checkpoint_uncached(module, *args, use_reentrant=False, context_fn=noop_context_fn,
+                         **kwargs):
     """``torch.utils.checkpoint.checkpoint`` of a Hugging Face layer, without its cache
-    (:func:`uncached`): ``checkpoint_wrapper``'s ``checkpoint_fn``."""
-    return checkpoint(uncached(module, module), *args, **kwargs)
+    (:func:`uncached`): ``checkpoint_wrapper``'s ``checkpoint_fn`` (given checkpoint's own
+    options with the layer's arguments)."""
+    run = functools.partial(checkpoint, module, use_reentrant=use_reentrant,
+                            context_fn=context_fn)
+    return uncached(module, run)(*args, **kwargs)
 
 
 def _checkpointed(fn, ctx_fn, *args, **kwargs):

@@ -25,6 +25,7 @@ checkpointing (keep some op outputs) and a group of consecutive modules as one s
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 import torch
@@ -70,13 +71,15 @@ def context_fn(save):
 
 
 class GroupForward:
-    """The ``forward`` a group member gets (an instance attribute; ``original`` is its own)."""
+    """The ``forward`` a group member gets (an instance attribute; ``original`` is its own;
+    ``call``: what it calls, the group's step for member ``k`` or a wrapper of it)."""
 
-    def __init__(self, group, k: int, original):
+    def __init__(self, group, k: int, original, call=None):
         self.group, self.k, self.original = group, k, original
+        self.call = call if call is not None else functools.partial(group.call, k)
 
     def __call__(self, *args, **kwargs):
-        return self.group.call(self.k, *args, **kwargs)
+        return self.call(*args, **kwargs)
 
 
 class _Group:
@@ -180,17 +183,20 @@ class _Run:
         return out
 
 
-def install_group(modules, paths, save=(), wrap=None, ctx_fn=None) -> list:
+def install_group(modules, paths, save=(), wrap=None, ctx_fn=None, outer=None) -> list:
     """Make ``modules`` (consecutive siblings, in call order) one checkpoint saving the
     ``save`` calls (or with the ``context_fn`` ``ctx_fn``); ``wrap(path, forward)``, if
-    given, wraps each member's own forward (a tracer marking the recomputation). Returns the
-    modules whose ``forward`` was set."""
+    given, wraps each member's own forward (a tracer marking the recomputation), run inside
+    the checkpoint; ``outer(path, call)`` each member's call of the checkpoint, outside it
+    (what it is given, before the checkpoint keeps it). Returns the modules whose
+    ``forward`` was set."""
     forwards = [own_forward(m) for m in modules]
     if wrap is not None:
         forwards = [wrap(p, f) for p, f in zip(paths, forwards)]
     group = _Group(paths, forwards, ctx_fn if ctx_fn is not None else context_fn(save))
-    for k, (m, f) in enumerate(zip(modules, forwards)):
-        m.forward = GroupForward(group, k, f)
+    for k, (m, p, f) in enumerate(zip(modules, paths, forwards)):
+        call = functools.partial(group.call, k)
+        m.forward = GroupForward(group, k, f, outer(p, call) if outer else None)
     return list(modules)
 
 
