@@ -138,3 +138,32 @@ def _small():
     torch.manual_seed(0)
     return [torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(),
                                 torch.nn.Linear(256, 64)) for _ in range(4)]
+
+
+def test_the_walk_traces_only_the_plan_it_finds():
+    """The walk by the replay is made on the derived steps, and only the plan it finds is
+    traced; the walk over traced plans (as before) traced each plan it accepted, and where
+    the derivations are exact gives the same answer (fxmem.checkpoint.confirm.on_device).
+    Budgets between the needs at B/4 and B, where that walk jumps and accepts two plans."""
+    from dataclasses import replace
+
+    from fxmem.checkpoint.confirm import accepting
+    from fxmem.checkpoint.on_device import walk
+
+    r = _analyze()
+    ch, lo, hi = r._chooser(), _need(r, B // 4), _need(r, B)
+    seen = 0
+    for k in range(4, 9):
+        budget, before = lo + (hi - lo) * k // 10, {}
+        walked = walk(lambda live: ch.choose(live, B), accepting(
+            B, budget, lambda c: c.report, r.retrace, before), budget, lambda: ch.smallest(B))
+        traced = []
+
+        def retrace(plan, defer=False):
+            traced.append(plan)
+            return r.retrace(plan)
+        got = replace(r, retrace=retrace).plan_for(budget, B)
+        assert traced == [got.plan] and got.by == "device" and got.run.fits
+        assert (walked.choice.plan, walked.choice.peak_bytes) == (got.plan, got.peak_bytes)
+        seen = max(seen, len(before))
+    assert seen > 1

@@ -156,9 +156,25 @@ def on_device(choose, smallest, b: int, budget_bytes: int, derived_of, *, retrac
     a derived :class:`PlanChoice` or None, ``smallest()`` likewise; :func:`accepting`), as
     a :class:`PlanChoice` with ``by="device"``. None when no plan runs and not ``raises``;
     else :class:`fxmem.InfeasibleBudgetError` saying where the last plan tried runs out,
-    with its need replayed with no limit as ``minimum_bytes``."""
-    walked = walk(choose, accepting(b, budget_bytes, derived_of, retrace, traced,
-                                    cudnn_workspace), budget_bytes, smallest)
+    with its need replayed with no limit as ``minimum_bytes``.
+
+    With ``retrace``, the walk is first made on the derived steps alone and only the plan
+    it finds is traced: when that runs with the derived peak, the walk over traced plans
+    would have found it too (each plan it accepts is the derived one, traced); else that
+    walk is made (the plans a derivation cannot see, e.g. a forward that changes state)."""
+    traced = {} if traced is None else traced
+
+    def need(c):
+        return _need(derived_of(c), b, cudnn_workspace)
+    walked = walk(choose, accepting(b, budget_bytes, derived_of, None, None, cudnn_workspace),
+                  budget_bytes, smallest, need)
+    c = walked.choice
+    if retrace is not None and c is not None and c.plan:
+        got, _ = accepting(b, budget_bytes, derived_of, retrace, traced, cudnn_workspace)(c)
+        walked = replace(walked, choice=got) if got is not None and \
+            got.peak_bytes == c.peak_bytes else \
+            walk(choose, accepting(b, budget_bytes, derived_of, retrace, traced,
+                                   cudnn_workspace), budget_bytes, smallest, need)
     if walked.choice is not None:
         return replace(walked.choice, exact=walked.exact)
     if not raises:

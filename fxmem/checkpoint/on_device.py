@@ -12,7 +12,12 @@ alone can run out there, so plans are chosen against the replay too, by the form
 2. when it runs out, the next cheapest plan whose live peak leaves more room is replayed
    (``choose(peak - 1)``: the next point of the Pareto frontier), for
    :data:`SINGLE_STEPS` points; then the distance below the first plan that ran out
-   doubles at each step (a plan with a lower live peak rarely needs more of the allocator);
+   doubles at each step (a plan with a lower live peak rarely needs more of the allocator).
+   Given the first plan's need (replayed with no limit), the first of those steps is at
+   least what it needs over the budget: the allocator's overhead over the live bytes
+   changes little between plans close on the frontier, where a frontier of many plans
+   (Llama-3.1-70B's 78 layers, each with its selective policies) would take more
+   doublings to cross it than the replays allowed;
 3. once a plan runs after such a jump, the live budgets between it and the last plan that
    ran out are bisected: a plan the solver finds there is replayed, so the answer is the
    cheapest plan that runs among those the search saw, with ``exact=False``;
@@ -29,7 +34,7 @@ from dataclasses import dataclass
 
 from ..errors import InfeasibleBudgetError
 
-MAX_REPLAYS = 8  # candidate plans replayed per answer (the smallest peak's among them)
+MAX_REPLAYS = 12  # candidate plans replayed per answer (the smallest peak's among them)
 SINGLE_STEPS = 2  # plans that ran out before the steps below the first one double
 MAX_BISECT = 16  # solver calls bisecting back after a jump
 
@@ -72,7 +77,7 @@ class Walked:
     ran_out: tuple
 
 
-def walk(choose, accept, budget_bytes: int, smallest=None) -> Walked:
+def walk(choose, accept, budget_bytes: int, smallest=None, need=None) -> Walked:
     """The cheapest plan that runs, searched as the module docstring says.
 
     ``choose(live)``: the cheapest plan whose live peak is at most ``live`` bytes, an object
@@ -80,7 +85,8 @@ def walk(choose, accept, budget_bytes: int, smallest=None) -> Walked:
     none; raised from the first call, at the budget: no plan's live peak fits);
     ``accept(c)``: ``(choice, run)``, ``c`` checked as the headline answers (the
     replay, the plan traced), ``choice`` None when it runs out; ``smallest()``: the plan of
-    the smallest live peak (or None), tried when the walk ends without one."""
+    the smallest live peak (or None), tried when the walk ends without one; ``need(c)``:
+    what ``c``'s step needs replayed with no limit (asked of the first that runs out)."""
     ran_out: list = []
     seen: dict = {}  # plan -> its choice, accepted or None
 
@@ -101,7 +107,9 @@ def walk(choose, accept, budget_bytes: int, smallest=None) -> Walked:
         if found is not None:
             break
         gap = 1 if len(ran_out) <= SINGLE_STEPS else \
-            max(1, ran_out[0][0].peak_bytes - c.peak_bytes)
+            max(1, ran_out[0][0].peak_bytes - c.peak_bytes,
+                need(ran_out[0][0]) - budget_bytes
+                if need is not None and len(ran_out) == SINGLE_STEPS + 1 else 0)
         jumped |= gap > 1
         live = c.peak_bytes - gap
     if found is None and smallest is not None:
