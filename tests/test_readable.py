@@ -163,3 +163,28 @@ def test_cli_exact_formula_flag():
     assert short.exit_code == 0 and full.exit_code == 0, short.output + full.output
     assert "Peak memory (bytes, in B, L)" in short.output and "Exact expression" in full.output
     assert "--exact-formula shows" in short.output and "--exact-formula shows" not in full.output
+
+
+def test_a_parallel_step_in_b_and_l_leads_with_the_readable_peak_of_every_rank():
+    # FSDP2 over 3 ranks of a GPT-2 whose rows do not split evenly: two groups of ranks, two
+    # peak formulas; the readable peak is their Max's, read at the point (the LLM commands'
+    # reports had led with the exact Max: a data-parallel report in B, L had none)
+    from zoo import gpt2
+
+    pytest.importorskip("transformers")
+    m = gpt2(n_layer=2, n_embd=64, n_head=4, vocab_size=130, n_positions=512,
+             bos_token_id=0, eos_token_id=0)
+    ids = torch.randint(0, 130, (4, 16))
+    r = fxmem.analyze(m, (ids, ids), optimizer=torch.optim.AdamW, amp=torch.bfloat16,
+                      dims={"L": [(0, 1), (1, 1)]}, parallel=fxmem.FSDP(3))
+    assert len(r.groups) == 2 and len({g.report.peak for g in r.groups}) == 2
+    rd = r.readable_peak(8, L=256)
+    assert rd is not None and rd.formula.is_polynomial(B, L)
+    assert not rd.formula.has(sympy.ceiling, sympy.floor, sympy.Max, sympy.Piecewise)
+    assert rd.holds(B=8, L=256) and rd.formula.xreplace({B: 8, L: 256}) == r.peak_bytes(8, L=256)
+    points = [(b, n) for b in (2, 3, 8, 12) for n in (2, 17, 64, 128, 256, 320)]
+    assert _check(lambda b, n: r.peak_bytes(b, L=n), rd, points) >= 3
+    s = summarize(r.at(L=256), B=8, setup={"peak in B, L": str(r.peak)}, named=r,
+                  dims={"L": 256})
+    assert s.leads_readable and s.peak_exact == str(r.peak) and s.ranks
+    assert s.peak_readable == str(rd.formula)

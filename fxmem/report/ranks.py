@@ -188,12 +188,37 @@ class ParallelReport:
         peaks = list(dict.fromkeys(g.report.peak for g in self.groups))
         return peaks[0] if len(peaks) == 1 else sympy.Max(*peaks)
 
-    def peak_bytes(self, B: int, rank: int | None = None) -> int:  # noqa: N803
-        """Peak bytes of rank ``rank`` at micro-batch ``B``; without ``rank``, the
-        largest of any rank."""
+    def peak_bytes(self, B: int, rank: int | None = None, **dims) -> int:  # noqa: N803
+        """Peak bytes of rank ``rank`` at micro-batch ``B`` (and the named dims' values);
+        without ``rank``, the largest of any rank."""
         if rank is not None:
-            return self.rank(rank).peak_bytes(B)
-        return max(g.report.peak_bytes(B) for g in self.groups)
+            return self.rank(rank).peak_bytes(B, **dims)
+        return max(g.report.peak_bytes(B, **dims) for g in self.groups)
+
+    def readable_peak(self, B: int, **dims):  # noqa: N803
+        """:attr:`peak` (the largest of any rank) around micro-batch ``B`` and the named dims'
+        values, as one polynomial and where it equals the peak:
+        :meth:`fxmem.Report.readable_peak`, over every group's peak.
+
+        >>> import torch, fxmem
+        >>> m = torch.nn.Sequential(*[torch.nn.Linear(30, 30) for _ in range(3)])
+        >>> r = fxmem.analyze(m, torch.randn(4, 30), loss=lambda o: o.sum(),
+        ...                   optimizer=torch.optim.Adam, parallel=fxmem.FSDP(4))
+        >>> p = r.readable_peak(64)
+        >>> p.holds(B=64), p.formula.subs(fxmem.B, 64) == r.peak_bytes(64)
+        (True, True)
+        """
+        from ..formula.guards import lower_bounds
+        from ..formula.readable import readable
+        from ..formula.symbols import dim_symbol
+
+        reports = [g.report for g in self.groups]
+        if len({r.peak for r in reports}) == 1 or any(r._small(B) for r in reports):
+            # one formula, or B below where the formulas hold: the tightest rank's own
+            return max(reports, key=lambda r: r.peak_bytes(B, **dims)).readable_peak(B, **dims)
+        point = {dim_symbol(n): v for n, v in {"B": B, **dims}.items()}
+        guards = tuple(dict.fromkeys(g for r in reports for g in r.valid_when))
+        return readable(self.peak, point, lower_bounds(guards, list(point)))
 
     def max_batch_size(self, budget_bytes: int | None = None,
                        max_recompute: float | None = None, candidates=None, *,

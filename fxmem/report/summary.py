@@ -256,8 +256,6 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
 
 def _readable(report, b: int, dims: dict) -> dict:
     """The summary's ``peak_readable`` fields (:meth:`fxmem.Report.readable_peak`)."""
-    if not hasattr(report, "readable_peak"):  # a data-parallel report in named dims
-        return {}
     exact, r = str(report.peak), report.readable_peak(b, **dims)
     if r is None:
         return dict(peak_exact=exact)
