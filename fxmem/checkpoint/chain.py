@@ -131,18 +131,20 @@ def _layers(problem: ChainProblem, budget, prune) -> list:
     order they were made, as such arrays.
 
     A boundary's states are numpy arrays (bytes as float64, exact below 2**53; costs int64,
-    or Python ints where a plan's could pass 2**62), each with the index of the state it
-    came from and of its last choice, so a plan's choices are read back only for the last
-    boundary's states."""
+    or where a plan's could pass 2**62 two int64 columns, its low 62 bits and the rest:
+    :func:`_plus`), each with the index of the state it came from and of its last choice, so
+    a plan's choices are read back only for the last boundary's states."""
     starts = _by_first(problem)
     top0 = max(problem.start, problem.boundary[0])
     if top0 > budget:
         return []
     index = {id(c): i for i, c in enumerate(problem.choices)}
-    wide = sum(max(c.cost for c in s) for s in starts) >= 1 << 62
+    most = sum(max(c.cost for c in s) for s in starts)
+    if most >= 1 << 123:
+        raise OverflowError("a plan's recompute cost is past 2**123")
     layers: list = [[] for _ in range(problem.n + 1)]
-    layers[0] = [(np.zeros(1, object if wide else np.int64), np.zeros(1), np.array([top0], float),
-                  np.array([-1]), np.array([-1]))]
+    layers[0] = [(np.zeros((1, 2) if most >= 1 << 62 else 1, np.int64), np.zeros(1),
+                  np.array([top0], float), np.array([-1]), np.array([-1]))]
     came, last, seen = [], [], 0  # every kept state's parent (a global index) and choice
     for k in range(problem.n):
         if not layers[k]:  # no plan within the budget ends before block k
@@ -158,7 +160,7 @@ def _layers(problem: ChainProblem, budget, prune) -> list:
                                           - c.released))
             ok = v <= budget
             if ok.any():
-                layers[c.last + 1].append((cost[ok] + c.cost, nR[ok] - c.released, v[ok],
+                layers[c.last + 1].append((_plus(cost[ok], c.cost), nR[ok] - c.released, v[ok],
                                            ids[ok], np.full(int(ok.sum()), index[id(c)])))
     if not layers[problem.n]:
         return []
@@ -169,7 +171,7 @@ def _layers(problem: ChainProblem, budget, prune) -> list:
         while pick >= 0:
             chosen.append(problem.choices[pick])
             pick, parent = last[parent], came[parent]
-        out.append((int(cost), float(nR), float(pk), tuple(reversed(chosen))))
+        out.append((_value(cost), float(nR), float(pk), tuple(reversed(chosen))))
     return out
 
 
@@ -202,20 +204,42 @@ def _pareto(parts: list, max_states: int) -> tuple:
 
 def _cost_keys(cost) -> tuple:
     """int64 arrays that sort as ``cost`` does, the most significant last (for
-    ``np.lexsort``): ``cost`` itself, or of Python ints (a cost past 2**62: PyTorch-counted
-    FLOPs weighted over the others, :meth:`fxmem.checkpoint.options.Planner.problem`) its
-    low 62 bits and the rest, which numpy sorts without comparing Python objects (sorting
-    them took most of the chain solver's time over Llama-3.1-70B's 80 blocks).
+    ``np.lexsort``): ``cost`` itself, or of a wide cost (past 2**62: PyTorch-counted FLOPs
+    weighted over the others, :meth:`fxmem.checkpoint.options.Planner.problem`; its rows the
+    low 62 bits and the rest, :func:`_plus`) its two columns.
 
-    >>> [k.tolist() for k in _cost_keys(np.array([3 << 62 | 5, 1 << 62, 7], object))]
+    >>> [k.tolist() for k in _cost_keys(_wide([3 << 62 | 5, 1 << 62, 7]))]
     [[5, 0, 7], [3, 1, 0]]
     """
-    if cost.dtype != object:
-        return (cost,)
-    high = cost >> 62
-    if len(cost) and high.max() >= 1 << 62:
-        raise OverflowError("a plan's recompute cost is past 2**124")
-    return (cost & ((1 << 62) - 1)).astype(np.int64), high.astype(np.int64)
+    return (cost,) if cost.ndim == 1 else (cost[:, 0], cost[:, 1])
+
+
+_LOW = (1 << 62) - 1
+
+
+def _wide(costs) -> np.ndarray:
+    """Python ints below 2**123 as rows of their low 62 bits and the rest (int64)."""
+    return np.array([(c & _LOW, c >> 62) for c in costs], np.int64).reshape(-1, 2)
+
+
+def _plus(cost: np.ndarray, add: int) -> np.ndarray:
+    """Each of ``cost`` (int64, or :func:`_wide` rows) plus the int ``add``, in the same
+    form: the wide rows' low bits carried into the high ones, all in int64 (Python ints in
+    an object array had taken most of the solver's time over Llama-3.1-70B's 80 blocks).
+
+    >>> c = _plus(_wide([_LOW, 5]), 3 << 62 | 1)
+    >>> [_value(r) for r in c] == [_LOW + (3 << 62 | 1), 5 + (3 << 62 | 1)]
+    True
+    """
+    if cost.ndim == 1:
+        return cost + add
+    low = cost[:, 0] + (add & _LOW)
+    return np.stack((low & _LOW, cost[:, 1] + (add >> 62) + (low >> 62)), axis=1)
+
+
+def _value(cost) -> int:
+    """One state's cost as the Python int it stands for (an int64, or a wide row)."""
+    return int(cost) if np.ndim(cost) == 0 else int(cost[1]) << 62 | int(cost[0])
 
 
 def solve(problem: ChainProblem, budget_bytes: int) -> ChainSolution:
