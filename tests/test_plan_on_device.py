@@ -167,3 +167,33 @@ def test_the_walk_traces_only_the_plan_it_finds():
         assert (walked.choice.plan, walked.choice.peak_bytes) == (got.plan, got.peak_bytes)
         seen = max(seen, len(before))
     assert seen > 1
+
+
+def test_a_jump_past_every_plan_that_runs_comes_back_to_them():
+    """The walk's third step goes down by what the first plan needs over the budget; when
+    that passes every plan that runs and the smallest runs out too, the plans between the
+    lowest that ran out and the one before the jump are bisected. The frontier (live peak,
+    need with no limit, MB) is that of FSDP2 over 3 ranks of tests/test_fit.py's stack at
+    B=4096 on torch 2.15, where only the plan of live peak 97.6 runs within 165.7: the walk
+    had ended with "no checkpoint plan runs"."""
+    from types import SimpleNamespace
+
+    from fxmem.checkpoint.on_device import walk
+
+    frontier = [(181.5, 249.6), (164.7, 232.8), (147.9, 216.0), (131.2, 199.2),
+                (114.4, 182.5), (97.6, 165.7), (83.7, 182.5)]  # cheapest first
+    plans = [SimpleNamespace(plan=f"p{k}", peak_bytes=int(live * 1e6), need=int(need * 1e6),
+                             exact=True) for k, (live, need) in enumerate(frontier)]
+    budget, accepted = int(165.7e6), []
+
+    def choose(live):
+        return next((p for p in plans if p.peak_bytes <= live), None)
+
+    def accept(c):
+        accepted.append(c.plan)
+        return (c if c.need <= budget else None), None
+
+    walked = walk(choose, accept, budget, lambda: plans[-1], lambda c: c.need)
+    assert walked.choice is plans[5] and not walked.exact
+    assert accepted[:3] == ["p1", "p2", "p3"] and "p6" in accepted
+    assert [c.plan for c, _ in walked.ran_out] == [p for p in accepted if p != "p5"]

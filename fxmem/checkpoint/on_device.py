@@ -20,7 +20,9 @@ alone can run out there, so plans are chosen against the replay too, by the form
    doublings to cross it than the replays allowed;
 3. once a plan runs after such a jump, the live budgets between it and the last plan that
    ran out are bisected: a plan the solver finds there is replayed, so the answer is the
-   cheapest plan that runs among those the search saw, with ``exact=False``;
+   cheapest plan that runs among those the search saw, with ``exact=False``; when none ran
+   (the jump went below every plan that runs), those between the lowest plan that ran out
+   and the one before it;
 4. the plan with the smallest live peak is the last one tried.
 
 At most :data:`MAX_REPLAYS` candidate plans are replayed per answer. Plain functions of
@@ -117,23 +119,33 @@ def walk(choose, accept, budget_bytes: int, smallest=None, need=None) -> Walked:
         if c is not None and c.plan not in seen:
             jumped = jumped or bool(ran_out) and c.peak_bytes < ran_out[-1][0].peak_bytes - 1
             found, at = attempt(c), c.peak_bytes
-    if found is not None and jumped:
+    if jumped and found is not None:
         found = _back(choose, attempt, found, at, ran_out, seen)
+    elif jumped and ran_out:  # the jump went past every plan that runs: back above the lowest
+        low = min((c for c, _ in ran_out), key=lambda c: c.peak_bytes)
+        found = _back(choose, attempt, None, low.peak_bytes, ran_out, seen, low.plan)
     exact = found is not None and not jumped and bool(getattr(found, "exact", False))
     return Walked(found, exact, len(seen), tuple(ran_out))
 
 
-def _back(choose, attempt, found, lo: int, ran_out: list, seen: dict):
+def _back(choose, attempt, found, lo: int, ran_out: list, seen: dict, floor=None):
     """After a jump: bisect the live budgets between ``lo`` (where ``found`` was chosen) and
-    the lowest live peak that ran out above it for a cheaper plan that runs."""
-    above = [c.peak_bytes for c, _ in ran_out if c.peak_bytes > found.peak_bytes]
+    the lowest live peak that ran out above it for a cheaper plan that runs. With none found
+    (``found`` None), from the live peak ``lo`` of ``floor``, the lowest plan that ran out:
+    a plan between it and the jump's start may run where both ran out (Llama's blocks
+    saving an op output each, replayed on 3 GPUs: the jump by the first plan's need went
+    below every plan, the smallest ran out, and the one between them that runs was never
+    tried)."""
+    floor = found.plan if found is not None else floor
+    above = [c.peak_bytes for c, _ in ran_out
+             if c.peak_bytes > (found.peak_bytes if found is not None else lo)]
     hi = min(above, default=lo + 1)
     for _ in range(MAX_BISECT):
         if hi - lo <= 1 or len(seen) >= MAX_REPLAYS:
             break
         mid = (lo + hi) // 2
         c = _choose(choose, mid)
-        if c is None or c.plan == found.plan:
+        if c is None or c.plan == floor:
             lo = mid  # nothing cheaper has a live peak at most mid
             continue
         if c.plan in seen and seen[c.plan] is None:
@@ -141,7 +153,7 @@ def _back(choose, attempt, found, lo: int, ran_out: list, seen: dict):
             continue
         ok = attempt(c)
         if ok is not None:
-            found, lo = ok, mid
+            found, lo, floor = ok, mid, ok.plan
         else:
             hi = c.peak_bytes
     return found
