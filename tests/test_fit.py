@@ -240,6 +240,32 @@ def test_fewest_ranks_search_guesses_by_the_floor_once_one_fits():
     assert got == 5 and tried == [2, 4, 8, 5]
 
 
+def test_fewest_ranks_search_starts_from_the_world_size_asked():
+    """Given the world size asked as a point that does not fit and twice it as the guess,
+    the search goes on from the line through them: where it meets the budget (16 GPUs here,
+    then 15, which does not fit), or, when its limit is over the budget, nowhere (one world
+    size analysed: Llama-3.1-70B over 64 GPUs had been analysed at 65 and 130)."""
+    from fxmem.report.world_size import fewest
+
+    def need(w):
+        return 80 + 160 / w
+
+    tried = []
+
+    def fits(w):
+        tried.append(w)
+        return need(w) <= 90
+
+    got = fewest(fits, 5, need=need, budget=90, seen=[(4, need(4), need(4))], guess=8)
+    assert got == 16 and tried == [8, 16, 15]
+    tried.clear()
+    got = fewest(fits, 5, need=need, budget=79, seen=[(4, need(4), need(4))], guess=8)
+    assert got is None and tried == [8]
+    tried.clear()  # a guess past the search's end is tried at its end
+    assert fewest(fits, 5, 6, need=need, budget=79, seen=[(4, 120, 120)], guess=8) is None
+    assert tried == [6]
+
+
 def test_fewest_ranks_counts_the_optimizer_temporaries_that_shard():
     """Twelve Linear blocks at B=1: at 2 GPUs AdamW's foreach temporaries (half the model)
     make the peak, so what is left beside the shards (1.58 MB) is over a 1.5 MB budget, yet

@@ -60,16 +60,19 @@ def fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None, budget: int | Non
     ``floor(w)`` (default: ``need``): bytes no step on w GPUs runs under (the live peak;
     ``fxmem.report.ways.Check.floor`` on CUDA: the allocator's ``max_memory_allocated()``,
     where ``need`` is its ``max_memory_reserved()`` with no limit, which a step within a
-    budget may undercut): when the line through the first and the last floor has its limit ``a`` at or
-    over the budget, or the floor does not fall, no w is tried more.
+    budget may undercut): when the line through the first and the last floor has its limit
+    ``a`` at or over the budget, or the floor does not fall, no w is tried more.
 
     Padded shards make a rank's need rise a little from some w to the next (``ceil(rows /
     w)`` rows, gathered as ``w`` times that), so near the budget ``fits`` may hold at w and
     fail at w + 1: the w returned fits and w - 1 does not, both checked. ``seen``: a list
-    the (w, need, floor) points that did not fit are added to. ``guess``: tried first; when
-    it fits and one fewer does not, the answer in two analyses."""
+    the (w, need, floor) points that did not fit are added to (given with one, e.g. the
+    world size asked, the lines start from it). ``guess``: tried first (at most ``hi``);
+    when it fits and one fewer does not, the answer in two analyses; when it does not, the
+    lines through ``seen`` say where to go on, or that no w will fit."""
     seen = [] if seen is None else seen
-    if guess is not None and lo < guess <= hi:
+    guess = None if guess is None else min(guess, hi)
+    if guess is not None and lo < guess:
         if fits(guess):
             if not fits(guess - 1):
                 return guess
@@ -78,9 +81,13 @@ def fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None, budget: int | Non
             if need is not None:
                 seen.append((guess, need(guess), (floor or need)(guess)))
             lo = guess + 1
+            if _beyond(seen, budget):
+                return None
     if lo > hi:
         return None
     bad, w = lo - 1, lo  # nothing up to ``bad`` fits
+    if need is not None and len(seen) >= 2:  # a line already (a guess that did not fit)
+        w = min(max(_aim(seen, budget, bad), lo), hi)
     while not fits(w):
         if w >= hi:
             return None
@@ -88,14 +95,9 @@ def fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None, budget: int | Non
         if need is not None:
             n = need(w)
             seen.append((w, n, n if floor is None else floor(w)))
-        if budget is not None and len(seen) >= 2:
-            low = through([seen[0][::2], seen[-1][::2]])
-            if low is None or low[0] >= budget:
-                return None  # more GPUs cannot bring it under the budget
-        aim = secant(through([p[:2] for p in seen[-2:]]), budget) or \
-            secant(through([seen[0][:2], seen[-1][:2]]) if len(seen) >= 2 else None, budget) \
-            or 2 * w
-        w = min(max(aim, w + 1), hi)
+        if _beyond(seen, budget):
+            return None
+        w = min(max(_aim(seen, budget, w), w + 1), hi)
     if w - 1 > bad:  # one guess: where the floor on the line through the last w that did
         g = None  # not fit and this one meets the budget (no w below fits; at w: w's
         # neighbour, which confirms a guess that met the line), else halfway
@@ -113,6 +115,24 @@ def fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None, budget: int | Non
         mid = (lo + w) // 2
         lo, w = (lo, mid) if fits(mid) else (mid + 1, w)
     return w
+
+
+def _aim(seen: list, budget: int | None, w: int) -> int:
+    """The next world size to try after ``w`` did not fit: where the line through the needs
+    of the last two ``seen`` meets the budget, or of the first and the last, else ``2 * w``."""
+    return secant(through([p[:2] for p in seen[-2:]]), budget) or \
+        secant(through([seen[0][:2], seen[-1][:2]]) if len(seen) >= 2 else None, budget) \
+        or 2 * w
+
+
+def _beyond(seen: list, budget: int | None) -> bool:
+    """More GPUs cannot bring the need under ``budget``: the line through the floors of the
+    first and the last world size ``seen`` (that did not fit) has its limit ``a`` at or over
+    it, or the floor does not fall."""
+    if budget is None or len(seen) < 2:
+        return False
+    low = through([seen[0][::2], seen[-1][::2]])
+    return low is None or low[0] >= budget
 
 
 def through(seen) -> tuple | None:
@@ -137,7 +157,11 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_):
     """FSDP2's fewest GPUs at ``b``, without a plan then with the cheapest one (``found``:
     the ways found before, the plan on one GPU among them). A world size's groups of ranks
     after the first are traced only where rank 0's step fits: where it does not, the step
-    on those GPUs does not."""
+    on those GPUs does not. Under FSDP2 the world size asked (``report``'s, which does not
+    fit) is the searches' first point, and twice it their first guess when the estimate
+    from ``report``'s shards (:func:`_guess`) finds none: Llama-3.1-70B over 64 GPUs, whose
+    need falls towards a limit over the budget, is told so from 64 and 128 GPUs, one trace
+    (65 and 130 had been traced)."""
     from ..trace.parallel import FSDP
 
     strategy = getattr(report, "strategy", None)
@@ -156,7 +180,9 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_):
     changes = as_asked(report, b)  # (a B below the formulas' traced as an int there too)
 
     def at(w):  # the other groups of ranks traced where the first fits (where it does not,
-        if w not in memo:  # the step on w GPUs does not: ``lead``)
+        if strategy is not None and w == base.world_size:  # the step on w GPUs does not:
+            return report  # ``lead``); the world size asked: the report itself
+        if w not in memo:
             r = reanalyze(parallel=replace(base, world_size=w), defer=True, **changes)
             memo[w] = r.at(**dims) if dims else r
         return memo[w]
@@ -165,16 +191,19 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_):
         return at(w).first_group()
 
     start = base.world_size + 1 if strategy is not None else 2
-    seen = []
-    least = batch_floor(report, b)
     # the needs and floors of world sizes that do not fit: rank 0's, which guide the search
-    # (its shards have the most rows, and no other rank holds more at once)
+    # (its shards have the most rows, and no other rank holds more at once); the world size
+    # asked is the first when its rank 0 does not fit (FSDP2's: one GPU's step has no shards)
+    w0 = base.world_size if strategy is not None else None
+    seen = [] if w0 is None or check.fits(lead(w0), b) else \
+        [(w0, check.need(lead(w0), b), check.floor(lead(w0), b))]
+    least = batch_floor(report, b)
     try:
         w = None if least >= check.budget else fewest(
             lambda w: check.fits(lead(w), b) and check.fits(at(w), b), start,
             need=lambda w: check.need(lead(w), b), budget=check.budget, seen=seen,
             floor=lambda w: check.floor(lead(w), b),
-            guess=_guess(report, b, check.budget, start))
+            guess=_guess(report, b, check.budget, start) or (2 * w0 if seen else None))
     except InputError as e:
         if not compiled:
             raise
@@ -241,12 +270,15 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_):
         yield (f"FSDP2 with a checkpoint plan: on {_n_gpus(start - 1)} a plan re-running no "
                "more fits (the checkpoint way)")
         return
-    seen, top = [], MAX_WORLD_SIZE if w is None else w - 1
+    top = MAX_WORLD_SIZE if w is None else w - 1
+    seen = [] if w0 is None or one is not None else \
+        [(w0, need(w0), live_peak(under(w0, lead), b))]  # no plan runs as asked
     least = _plan_floor(report, b)
     w2 = None if least >= check.budget else fewest(
         fits, start, top, need=need, budget=check.budget, seen=seen,
         floor=lambda w: live_peak(under(w, lead), b),  # no plan's peak is under it
-        guess=_guess(report.with_plan(smallest), b, check.budget, start))
+        guess=_guess(report.with_plan(smallest), b, check.budget, start)
+        or (2 * w0 if seen else None))
     if w2 is None:
         yield ("FSDP2 with a checkpoint plan needs as many GPUs as without one" if w else
                f"no number of GPUs under FSDP2 fits B={b} with a checkpoint plan either "
