@@ -15,7 +15,7 @@ from .report.ranks import ParallelReport, RankGroup
 from .report.result import Report
 from .trace.compiled import check_parts, compiled_parts
 from .trace.engine import UNSET, Step, TraceRequest, trace
-from .trace.ledger import frozen_gc
+from .trace.ledger import freeze_more, frozen_gc
 from .trace.parallel import as_wrapped, check_parallel, refuse_wrapped
 from .trace.plans import drops_a_cache, normalize_plan
 
@@ -162,8 +162,11 @@ def analyze_request(request: TraceRequest, retrace: bool = False, defer: bool = 
 
 def _trace(request: TraceRequest):
     """``request`` traced (by this module's :func:`trace`, which tests and the benchmarks'
-    logging count)."""
-    return trace(request.model, request.inputs, request.targets, **request.options())
+    logging count), its objects then exempt from the collector's passes while fxmem's
+    outermost block lasts (:func:`fxmem.trace.ledger.freeze_more`)."""
+    t = trace(request.model, request.inputs, request.targets, **request.options())
+    freeze_more()
+    return t
 
 
 def _below(as_here, request: TraceRequest, guards=()):

@@ -12,7 +12,7 @@ import fxmem
 from fxmem.trace.plans.regions import Region
 from fxmem.trace.blocks.reuse import find_runs
 from fxmem.trace import trace
-from fxmem.trace.ledger.tracking import frozen_gc
+from fxmem.trace.ledger.tracking import freeze_more, frozen_gc
 from witness import witness_step
 from zoo import gpt2 as zoo_gpt2
 
@@ -229,6 +229,23 @@ def test_frozen_gc_freezes_once_when_nested_and_still_collects_new_garbage():
         assert gc.get_freeze_count() <= inner
     assert gc.get_freeze_count() == freeze
     fxmem.measure(torch.nn.Linear(4, 2), torch.randn(3, 4), loss=lambda o: o.sum(), B=2)
+    assert gc.get_freeze_count() == freeze
+
+
+def test_freeze_more_exempts_what_was_made_until_the_block_ends():
+    """Inside fxmem's outermost frozen_gc block (one that froze), freeze_more adds the
+    objects made since (a finished trace) to the frozen ones; the block's end unfreezes
+    them all, and outside one it does nothing."""
+    freeze = gc.get_freeze_count()
+    assert freeze == 0  # no test leaves objects frozen
+    with frozen_gc():
+        inner = gc.get_freeze_count()
+        made = [[] for _ in range(1000)]
+        with frozen_gc():
+            freeze_more()  # nested: the outer block froze, so this one may freeze more
+        assert gc.get_freeze_count() >= inner + len(made) - 10  # (a few freed by others)
+    assert gc.get_freeze_count() == freeze
+    freeze_more()
     assert gc.get_freeze_count() == freeze
 
 

@@ -14,7 +14,7 @@ exactly as PyTorch allocates and frees them.
 
 from .records import ModuleCall, OpInfo, StorageInfo, TensorDesc, Trace
 from .saved import latest
-from .tracking import StorageTracker, frozen_gc, storage_resizes
+from .tracking import StorageTracker, freeze_more, frozen_gc, storage_resizes
 
 __all__ = ["ModuleCall", "OpInfo", "StorageInfo", "StorageTracker", "TensorDesc", "Trace",
-           "frozen_gc", "latest", "storage_resizes"]
+           "freeze_more", "frozen_gc", "latest", "storage_resizes"]

@@ -383,6 +383,7 @@ def storage_resizes(tracker: StorageTracker):
 _BASE_RESIZE = torch._C.StorageBase.resize_
 
 _gc_frozen_here = 0  # depth of fxmem's own frozen_gc blocks on this process
+_gc_ours = False  # the outermost of them froze (its exit unfreezes every object)
 
 
 @contextlib.contextmanager
@@ -392,10 +393,11 @@ def frozen_gc():
     (``gc.freeze``; garbage it makes is still collected), undone on exit. Not when the
     caller froze objects already, and only once when such blocks nest (``analyze`` runs
     ``trace``): ``gc.get_freeze_count`` walks every frozen object."""
-    global _gc_frozen_here
+    global _gc_frozen_here, _gc_ours
     frozen = not _gc_frozen_here and not gc.get_freeze_count()
     if frozen:
         gc.freeze()
+        _gc_ours = True
     _gc_frozen_here += 1
     try:
         yield
@@ -403,3 +405,20 @@ def frozen_gc():
         _gc_frozen_here -= 1
         if frozen:
             gc.unfreeze()
+            _gc_ours = False
+
+
+def freeze_more() -> None:
+    """In a :func:`frozen_gc` block that froze: exempt the objects made since too (a
+    finished trace, read from then on and dropped whole if at all), undone when the block
+    ends; else nothing. A command's full passes had each walked every trace made before it
+    (Llama-3.1-70B ``--fsdp 64 --checkpoint auto``: 15 passes, 17.4 s under load).
+
+    >>> import gc
+    >>> was = gc.get_freeze_count()
+    >>> freeze_more()  # outside such a block: nothing
+    >>> gc.get_freeze_count() == was
+    True
+    """
+    if _gc_ours:
+        gc.freeze()
