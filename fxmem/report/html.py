@@ -23,7 +23,7 @@ from sympy.printing.mathml import mathml
 
 from . import plots
 from .headline import largest_b, not_fitting, way_rows
-from .text import at_dims, exact_when, fmt_bytes, frontier_plan
+from .text import at_dims, exact_when, fmt_bytes, frontier_plan, readable_in
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ def _context(s) -> dict:
     if s.leads_readable:  # lead with the readable formula; the exact one behind a click
         exact_text, exact_math = _formula(s.peak_exact)
         readable = dict(text=s.peak_readable, math=_formula(s.peak_readable)[1],
-                        when=exact_when(s), at=at_dims(s), dims=", ".join(s.readable_point),
+                        when=exact_when(s), at=at_dims(s), dims=readable_in(s),
                         exact_text=exact_text, exact_math=exact_math)
     from .text import rank_columns
 

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from .headline import largest_b, not_fitting, way_rows
-from .text import at_dims, exact_when, fmt_bytes, frontier_plan
+from .text import at_dims, exact_when, fmt_bytes, frontier_plan, readable_in
 from .whatif import table as whatif_table
 
 
@@ -62,14 +62,14 @@ def render_markdown(s) -> str:
                 "B is each rank's micro-batch; one row per group of ranks with alike shards. "
                 "The sections below are the report of the ranks with the least room.", "",
                 *rank_table(s)]
-    out += ["", f"## Peak memory as a formula of {' and '.join(s.readable_point) or 'B'}", ""]
+    out += ["", f"## Peak memory as a formula of {readable_in(s, ' and ') or 'B'}", ""]
     valid = f"valid when {', '.join(s.valid_when) or 'B >= 1'}"
     if s.leads_readable:  # the readable formula first, the exact one a click away
         named = at_dims(s)
         out += [f"`{s.peak_readable}` bytes, {exact_when(s)}.", ""]
         if named:
             out += [f"At {named}: `{s.peak_formula}` bytes, {valid}.", ""]
-        what = f"in {', '.join(s.readable_point)}" if named else valid
+        what = f"in {readable_in(s)}" if named else valid
         out += [f"<details><summary>Exact expression ({what})</summary>", "",
                 f"`{s.peak_exact}`", "", "</details>", ""]
     else:

@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .headline import largest_b, not_fitting, way_rows
-from .text import at_dims, exact_when, fmt_bytes, frontier_plan
+from .text import at_dims, exact_when, fmt_bytes, frontier_plan, readable_in
 
 FRONTIER_ROWS = 16  # the most frontier points a terminal table shows
 
@@ -199,7 +199,7 @@ def _formula(s, exact: bool) -> list:
         return [Text.assemble(("Peak memory (bytes): ", "bold"), (s.peak_formula, "cyan"),
                               valid)]
     named = at_dims(s)
-    out = [Text.assemble((f"Peak memory (bytes, in {', '.join(s.readable_point)}): ", "bold"),
+    out = [Text.assemble((f"Peak memory (bytes, in {readable_in(s)}): ", "bold"),
                          (s.peak_readable, "cyan"), f"   {exact_when(s)}")]
     if named:
         out.append(Text.assemble((f"At {named}: ", "bold"), (s.peak_formula, "cyan"), valid))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 def fmt_bytes(n: int) -> str:
     """``1536`` -> ``'1.50 KiB'``."""
@@ -29,6 +31,22 @@ def exact_when(s) -> str:
         span = f"{lo:,} to {hi:,} bytes above it" if lo >= 0 else f"{lo:+,} to {hi:+,} bytes off"
         text += f" (where only the multiple fails, the exact peak is {span})"
     return text
+
+
+def readable_in(s, sep: str = ", ") -> str:
+    """What summary ``s``'s readable peak is a formula of: ``"B, L"``; ``"L at B = 1"``
+    where B is below where the formulas hold (its peak traced at that B: no B in it).
+
+    >>> from types import SimpleNamespace as S
+    >>> readable_in(S(peak_readable="8*B*L + 3", readable_point={"B": 16, "L": 1024}))
+    'B, L'
+    >>> readable_in(S(peak_readable="40*L + 3", readable_point={"B": 1, "L": 4096}), " and ")
+    'L at B = 1'
+    """
+    point = s.readable_point
+    if "B" in point and len(point) > 1 and not re.search(r"\bB\b", s.peak_readable):
+        return sep.join(k for k in point if k != "B") + f" at B = {point['B']}"
+    return sep.join(point)
 
 
 def at_dims(s) -> str:
