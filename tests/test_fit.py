@@ -364,6 +364,23 @@ def test_more_gpus_with_a_plan_are_not_traced_when_the_checkpoint_way_re_runs_le
     assert sorted(traced) == [(2, 0, True), (3, 0, False)], traced
 
 
+def test_the_plan_on_one_gpu_more_traces_no_other_rank_without_it(monkeypatch):
+    """FSDP2 over 2 GPUs: at a budget where a plan fits (the checkpoint way) and one GPU
+    more fits with a plan re-running less (the stack on 3 GPUs: ranks 0-1 and rank 2),
+    rank 2 is traced with that plan alone: the way's comparison with the checkpoint way had
+    derived the cheapest plan over every rank there, tracing rank 2 without a plan
+    (Llama-3.1-8B --fsdp 8: rank 8 of 9)."""
+    m, b = _stack(), 512
+    r = _analyze(m, parallel=fxmem.FSDP(2))
+    traced = _counting(monkeypatch)
+    f = r.fits(b, 5_069_736, by="live")  # a peak of the frontier on 3 GPUs (the stack's)
+    way, one = f.way("fsdp+checkpoint"), f.way("checkpoint")
+    assert way is not None and way.value == 3 and one is not None, (f.line, f.none)
+    assert way.recompute_share < one.recompute_share
+    assert [(t["rank"], bool(t["checkpoint"])) for t in traced
+            if t["parallel"].world_size == 3] == [(0, False), (0, True), (2, True)], traced
+
+
 def test_a_world_size_whose_rank_0_does_not_fit_traces_no_other_rank(monkeypatch):
     """On 3 GPUs the stack's rows (256, 64) shard unevenly: ranks 0-1 and rank 2 are two
     groups, two traces. Where rank 0 does not fit, the step on 3 GPUs does not, whatever

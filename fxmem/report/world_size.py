@@ -288,11 +288,9 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_):
     # one GPU fewer than the search's start is the step as asked: its plan is the checkpoint way
     one = one if w2 == start else None
     n = _n_gpus(w2 - 1)
-    if one is not None and not isinstance(derived := choice(w2), str) and \
-            one.recompute_share <= derived.recompute_fraction:  # that plan derived, not traced
-        yield (f"FSDP2 with a checkpoint plan: on {n} a plan re-running no more fits "
-               "(the checkpoint way)")
-        return
+    # (at ``start``, rank 0's cheapest plan, derived, re-runs less than the checkpoint way:
+    # ``first`` above; the plan over every rank is compared once traced, below: no other
+    # rank is traced without a plan for it)
     picked = choice(w2, True)  # the cheapest plan there, traced (the search derived it)
     while check.by == "device" and w2 < top and (isinstance(picked, str)
                                                  or not checked(check, picked, b)):
