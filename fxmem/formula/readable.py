@@ -75,6 +75,21 @@ class _Unreadable(Exception):
     """A term with a function the readable form does not know (``Mod``, ...)."""
 
 
+def readable_around(peak, valid_when, B: int, **dims) -> Readable | None:  # noqa: N803
+    """:func:`readable` of a report's ``peak`` at batch size ``B`` and the named dims'
+    values, on the domain its guards ``valid_when`` bound from below.
+
+    >>> from fxmem.formula.symbols import B
+    >>> str(readable_around(512 * sympy.ceiling(3 * B / 64) + 4096, (B >= 2,), 64))
+    '24*B + 4096'
+    """
+    from .guards import lower_bounds
+    from .symbols import dim_symbol
+
+    point = {dim_symbol(n): v for n, v in {"B": B, **dims}.items()}  # dim_symbol("B") is B
+    return readable(peak, point, lower_bounds(valid_when, list(point)))
+
+
 def readable(expr, point: dict, lows: dict) -> Readable | None:
     """The readable form of the exact peak ``expr`` around ``point`` (symbol -> int) on the
     domain where each symbol is an integer at or above its ``lows`` bound; None when

@@ -208,17 +208,14 @@ class ParallelReport:
         >>> p.holds(B=64), p.formula.subs(fxmem.B, 64) == r.peak_bytes(64)
         (True, True)
         """
-        from ..formula.guards import lower_bounds
-        from ..formula.readable import readable
-        from ..formula.symbols import dim_symbol
+        from ..formula.readable import readable_around
 
         reports = [g.report for g in self.groups]
         if len({r.peak for r in reports}) == 1 or any(r._small(B) for r in reports):
             # one formula, or B below where the formulas hold: the tightest rank's own
             return max(reports, key=lambda r: r.peak_bytes(B, **dims)).readable_peak(B, **dims)
-        point = {dim_symbol(n): v for n, v in {"B": B, **dims}.items()}
         guards = tuple(dict.fromkeys(g for r in reports for g in r.valid_when))
-        return readable(self.peak, point, lower_bounds(guards, list(point)))
+        return readable_around(self.peak, guards, B, **dims)
 
     def max_batch_size(self, budget_bytes: int | None = None,
                        max_recompute: float | None = None, candidates=None, *,

@@ -13,9 +13,8 @@ import sympy
 
 from ..checkpoint.flops import FlopCount, count_flops, op_flops
 from ..errors import FxmemError, InfeasibleBudgetError, InputError
-from ..formula.guards import lower_bounds
-from ..formula.readable import readable
-from ..formula.symbols import B, dim_symbol
+from ..formula.readable import readable_around
+from ..formula.symbols import B
 from ..memory.dims import DimsFormula
 from ..memory.liveness import PARTS, Liveness, parts_of
 from .points import Breakdown, TimelinePoint, breakdown_of, regimes_of
@@ -286,8 +285,7 @@ class Report:
         """
         if (small := self._small(B)) or self.peak_bytes(B, **dims) is None:  # a valid point
             return small.readable_peak(B, **dims)
-        point = {dim_symbol(n): v for n, v in {"B": B, **dims}.items()}  # dim_symbol("B") is B
-        return readable(self.peak, point, lower_bounds(self.valid_when, list(point)))
+        return readable_around(self.peak, self.valid_when, B, **dims)
 
     def peak_bytes(self, B: int, **dims) -> int:  # noqa: N803 - the batch size is B everywhere
         """Peak bytes at batch size ``B`` (and the named dims' values), exact."""

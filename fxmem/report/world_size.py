@@ -67,10 +67,13 @@ def fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None, budget: int | Non
     w)`` rows, gathered as ``w`` times that), so near the budget ``fits`` may hold at w and
     fail at w + 1: the w returned fits and w - 1 does not, both checked. ``seen``: a list
     the (w, need, floor) points that did not fit are added to (given with one, e.g. the
-    world size asked, the lines start from it). ``guess``: tried first (at most ``hi``);
-    when it fits and one fewer does not, the answer in two analyses; when it does not, the
-    lines through ``seen`` say where to go on, or that no w will fit."""
+    world size asked, the lines start from it). ``guess``: tried first (at most ``hi``;
+    given none, twice the last w ``seen`` when there is one); when it fits and one fewer
+    does not, the answer in two analyses; when it does not, the lines through ``seen`` say
+    where to go on, or that no w will fit."""
     seen = [] if seen is None else seen
+    if guess is None and seen:
+        guess = 2 * seen[-1][0]
     guess = None if guess is None else min(guess, hi)
     if guess is not None and lo < guess:
         if fits(guess):
@@ -158,8 +161,8 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_):
     the ways found before, the plan on one GPU among them). A world size's groups of ranks
     after the first are traced only where rank 0's step fits: where it does not, the step
     on those GPUs does not. Under FSDP2 the world size asked (``report``'s, which does not
-    fit) is the searches' first point, and twice it their first guess when the estimate
-    from ``report``'s shards (:func:`_guess`) finds none: Llama-3.1-70B over 64 GPUs, whose
+    fit) is the searches' first point, and so twice it their first guess when the estimate
+    from ``report``'s shards (:func:`_guess`) finds none (:func:`fewest`): Llama-3.1-70B over 64 GPUs, whose
     need falls towards a limit over the budget, is told so from 64 and 128 GPUs, one trace
     (65 and 130 had been traced)."""
     from ..trace.parallel import FSDP
@@ -203,7 +206,7 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_):
             lambda w: check.fits(lead(w), b) and check.fits(at(w), b), start,
             need=lambda w: check.need(lead(w), b), budget=check.budget, seen=seen,
             floor=lambda w: check.floor(lead(w), b),
-            guess=_guess(report, b, check.budget, start) or (2 * w0 if seen else None))
+            guess=_guess(report, b, check.budget, start))
     except InputError as e:
         if not compiled:
             raise
@@ -277,8 +280,7 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_):
     w2 = None if least >= check.budget else fewest(
         fits, start, top, need=need, budget=check.budget, seen=seen,
         floor=lambda w: live_peak(under(w, lead), b),  # no plan's peak is under it
-        guess=_guess(report.with_plan(smallest), b, check.budget, start)
-        or (2 * w0 if seen else None))
+        guess=_guess(report.with_plan(smallest), b, check.budget, start))
     if w2 is None:
         yield ("FSDP2 with a checkpoint plan needs as many GPUs as without one" if w else
                f"no number of GPUs under FSDP2 fits B={b} with a checkpoint plan either "
