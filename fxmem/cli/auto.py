@@ -3,7 +3,7 @@
 With ``--compile`` too, the step is analysed eager and ``torch.compile``'s partitioner
 budgets join its checkpoint plans as candidates (:mod:`fxmem.checkpoint.compiled`), judged
 by the same two numbers (peak, recompute FLOPs): the answer is either a budget the step is
-compiled under or an eager plan, whichever re-runs less.
+compiled under or an eager plan, whichever re-runs less. And ``--compile``'s options.
 """
 
 from __future__ import annotations
@@ -80,3 +80,32 @@ def choose(report, batch: int, budget_bytes: int | None, cudnn_workspace: int = 
     traced = getattr(report, "retrace", None)  # a parallel step: traced with its plan
     plan = last.plan
     return Auto(traced(plan) if traced and plan else report.with_plan(plan), frontier)
+
+
+def unplanned_peak(named, batch: int, sizes: dict) -> str:
+    """The setup's "peak in B, L" where the report leads with a chosen plan's peak: the
+    step without it (``named``, in B and the dims of ``sizes``) as its readable peak at the
+    point and where that is exact; its exact expression, at LLM scale a Max of many
+    branches, where none reads (and behind ``--exact-formula``)."""
+    from ..report.text import exact_when_of
+
+    r = named.readable_peak(batch, **sizes)
+    if r is None:
+        return str(named.peak)
+    return f"{r.formula} without the plan ({exact_when_of(r.exact_when, r.error)})"
+
+
+def compile_option(compiled: bool, budget: float | None):
+    """``Step.compile`` from ``--compile`` and ``--compile-budget``."""
+    if budget is not None and not compiled:
+        raise InputError("--compile-budget is the partitioner's budget of a compiled step: "
+                         "give --compile too")
+    if not compiled:
+        return None
+    return {"activation_memory_budget": budget} if budget is not None else True
+
+
+def compiled_line(c) -> str:
+    """The setup's "compiled" row of ``Step.compile`` ``c``."""
+    budget = c.activation_memory_budget
+    return "torch.compile" + (f", activation_memory_budget {budget:g}" if budget else "")

@@ -23,6 +23,7 @@ import torch.nn.functional as F  # noqa: N812
 
 from ..errors import FxmemError, InfeasibleBudgetError, InputError, TraceError, one_line
 from ..trace.kernels import AMP, accepted, dtype_of
+from .auto import compile_option, compiled_line
 from .collector import paced
 from .files import check_out, plain_text, write_file
 from .strategies import data_parallel, tensor_parallel
@@ -189,7 +190,8 @@ def cli():
 @click.option("--exact-formula", is_flag=True,
               help="The table shows the exact peak (a Max of the allocator's roundings and "
                    "kernel thresholds) beside the readable polynomial it leads with; md, html "
-                   "and json always hold it.")
+                   "and json always hold it. Where --checkpoint auto chose a plan, the "
+                   "setup's peak in B and L without it is exact too.")
 @click.option("--debug", is_flag=True, help="Show the traceback of an error.")
 def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, inference,
             grad_accum, compiled, compile_budget, batch, budget, gpu, cuda_context, checkpoint, save_plan, config,
@@ -224,7 +226,7 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
                             capability=capability, gpu=gpu, cuda_context=cuda_context,
                             parallel=parallel, save_plan=save_plan,
                             exact_formula=exact_formula,
-                            compile=_compile_option(compiled, compile_budget))
+                            compile=compile_option(compiled, compile_budget))
         if out:
             write_file(out, text if isinstance(text, str) else plain_text(text))
     if save_plan:
@@ -398,6 +400,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
     xs = tuple(parse_tensor(s, hint, sizes) for s in specs)
     ys = tuple(parse_tensor(s, hint, sizes) for s in tgt_specs)
     dims = named_dims([*specs, *tgt_specs])
+    at_dims = {n: sizes[n] for n in dims}  # the named dims at their --dim (--seq) sizes
     unused = set(given) - set(dims)
     if unused:
         raise InputError(f"--dim {sorted(unused)[0]} is not used by any --input/--target spec")
@@ -458,18 +461,20 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                     extra[key] = "none fits"
                 if limit is not None:
                     extra[f"{name} limit (the model's positions)"] = limit
-            report = at = report.at(**{n: sizes[n] for n in dims})
+            report = at = report.at(**at_dims)
         # a data-parallel report stays whole: the summary shows the per-rank table and the
         # report of the ranks with the least room (fxmem.report.summary.summarize)
-        frontier, compiled_as = (), _compiled_line(step.compile) if step.compile else None
+        frontier, compiled_as = (), compiled_line(step.compile) if step.compile else None
         if checkpoint == "auto" and not inference:  # under --fsdp/--ddp: one plan, all ranks
-            from .auto import choose
+            from .auto import choose, unplanned_peak
 
             status.update("choosing a checkpoint plan ..." if not auto_compiled else
                           "choosing a checkpoint plan or torch.compile budget (compiling) ...")
             chosen = choose(report, batch, budget_bytes, conv_ws, auto_compiled)
             report, frontier = chosen.report, chosen.frontier
             compiled_as = chosen.setup_line(auto_compiled) or compiled_as
+            if dims and report is not at and not exact_formula:  # the step without the plan
+                extra[f"peak in B, {', '.join(dims)}"] = unplanned_peak(named, batch, at_dims)
         if save_plan:
             from ..trace.plans import Plan
 
@@ -481,7 +486,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
             status.update(f"checking B={batch} within the budget ...")
             whole = named if dims else report
             fit = fit_of(report, batch, budget_bytes, cudnn_workspace=conv_ws,
-                         named=whole if dims else None, dims={n: sizes[n] for n in dims},
+                         named=whole if dims else None, dims=at_dims,
                          limit=position_limit(t.model) if dims else None,
                          reanalyze=_reanalyze_of(whole), progress=lambda what:
                          status.update(f"B={batch} does not fit; finding {what} ..."))
@@ -500,12 +505,12 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
              **({"compiled": compiled_as} if compiled_as else {}),
              **({"GPU compute capability": f"{cc[0]}.{cc[1]}"} if device == "cuda" else {}),
              **({"checkpoint": checkpoint} if checkpoint != "none" else {}),
-             **{f"dim {n}": sizes[n] for n in dims}, **extra}
+             **{f"dim {n}": v for n, v in at_dims.items()}, **extra}
     s = summarize(report, B=batch, budget_bytes=None if card else budget_bytes, top=top,
                   setup=setup, title=f"fxmem report: {t.name}", frontier=frontier,
                   whatifs=rows, cudnn_workspace=conv_ws, gpu=card, context_bytes=context,
-                  fit=fit, **(dict(named=named, dims={n: sizes[n] for n in dims})
-                              if dims and report is at else {}))  # B, L's readable peak: no plan
+                  fit=fit, **(dict(named=named, dims=at_dims) if dims and report is at
+                              else {}))  # B, L's readable peak (no plan)
     return _render(s, fmt, exact_formula), fit
 
 
@@ -513,21 +518,6 @@ def _reanalyze_of(report):
     """``Report.reanalyze`` of ``report`` (a parallel one's through its first rank)."""
     groups = getattr(report, "groups", None)
     return (groups[0].report if groups else report).reanalyze
-
-
-def _compile_option(compiled: bool, budget: float | None):
-    """``Step.compile`` from ``--compile`` and ``--compile-budget``."""
-    if budget is not None and not compiled:
-        raise InputError("--compile-budget is the partitioner's budget of a compiled step: "
-                         "give --compile too")
-    if not compiled:
-        return None
-    return {"activation_memory_budget": budget} if budget is not None else True
-
-
-def _compiled_line(c) -> str:
-    budget = c.activation_memory_budget
-    return "torch.compile" + (f", activation_memory_budget {budget:g}" if budget else "")
 
 
 def _check_inference(optimizer, checkpoint, targets, loss, grad_accum, whatif) -> None:

@@ -41,7 +41,9 @@ class Readable:
     every condition of ``where`` (sympy, e.g. ``B*L >= 512``) holds, on the domain where the
     trace holds (its ``valid_when``): :meth:`holds` says whether a point meets them,
     ``exact_when`` says them in words. ``error``: ``(lo, hi)``, where only the multiples fail
-    the exact peak is between ``formula + lo`` and ``formula + hi``. ``point``: where it was
+    the exact peak is between ``formula + lo`` and ``formula + hi`` (ints, or polynomials
+    with whole coefficients where a rounding is scaled by a symbol, as in
+    ``B*ceiling(L/32)``; :meth:`error_at` reads them at a point). ``point``: where it was
     read (the asked B and dims); ``proved``: False when no range beyond the point could be
     proved (``where`` is then the point itself)."""
 
@@ -69,6 +71,19 @@ class Readable:
               for k, v in values.items()}
         return all(c.xreplace(at) is sympy.true for c in self.where) and not (
             multiples and any(values[x] % k for x, k in self.multiples))
+
+
+    def error_at(self, **values) -> tuple:
+        """``error`` at ``values`` (``B=16, L=1000``): two ints.
+
+        >>> from fxmem.formula.symbols import B, L
+        >>> r = readable(512 * B * sympy.ceiling(L / 32), {B: 2, L: 64}, {B: 1, L: 1})
+        >>> r.formula, r.exact_when, r.error, r.error_at(B=2, L=40)
+        (16*B*L, ('L a multiple of 32',), (0, 496*B), (0, 992))
+        """
+        at = {sympy.Symbol(k, integer=True, positive=True): sympy.Integer(v)
+              for k, v in values.items()}
+        return tuple(int(sympy.sympify(e).xreplace(at)) for e in self.error)
 
 
 class _Unreadable(Exception):
@@ -103,7 +118,7 @@ def readable(expr, point: dict, lows: dict) -> Readable | None:
         conds: list = []
         chosen = _choose(best, at, conds)
         divs: dict = {}
-        formula, lo_err, hi_err = _unround(chosen, divs)
+        formula, lo_err, hi_err = _unround(chosen, divs, at)
         formula = sympy.expand(formula)
         low_bound = sympy.expand(formula + lo_err)  # the branch, each rounding at its least
         rest = [t for t in terms if t is not best]
@@ -124,7 +139,7 @@ def readable(expr, point: dict, lows: dict) -> Readable | None:
     for c in _folded([*conds, *region], lows):
         if c not in where and not _holds(c, lows):
             where.append(c)
-    err = (int(sympy.floor(lo_err)), int(sympy.ceiling(hi_err)))
+    err = (_whole(lo_err, up=False), _whole(hi_err, up=True))
     return Readable(formula, multiples, tuple(where), err, dict(point), proved)
 
 
@@ -180,7 +195,7 @@ def _choose(e, at: dict, conds: list):
     return e.func(*(_choose(a, at, conds) for a in e.args))
 
 
-def _unround(e, divs: dict):
+def _unround(e, divs: dict, at: dict | None = None):
     """``(p, lo, hi)``: ``e`` with ``ceiling`` and ``floor`` removed, exact where the symbols
     in ``divs`` are multiples of their values (added to ``divs``), and ``lo <= e - p <= hi``
     (numbers) anywhere."""
@@ -189,17 +204,19 @@ def _unround(e, divs: dict):
             raise _Unreadable(str(e))
         return e, sympy.Integer(0), sympy.Integer(0)
     if e.is_Add:
-        parts = [_unround(a, divs) for a in e.args]
+        parts = [_unround(a, divs, at) for a in e.args]
         return (sympy.Add(*(p[0] for p in parts)), sympy.Add(*(p[1] for p in parts)),
                 sympy.Add(*(p[2] for p in parts)))
     if e.is_Mul:
         c, rest = e.as_coeff_Mul()
-        if not c.is_Rational or rest == e:
+        if not c.is_Rational:
             raise _Unreadable(str(e))
-        p, lo, hi = _unround(rest, divs)
+        if rest == e:  # B*ceiling(L/32): a monomial times one rounding, its error times it
+            return _scaled(e, divs, at)
+        p, lo, hi = _unround(rest, divs, at)
         return (c * p, c * lo, c * hi) if c >= 0 else (c * p, c * hi, c * lo)
     if isinstance(e, (sympy.ceiling, sympy.floor)):
-        inner, ilo, ihi = _unround(e.args[0], divs)  # a rounding inside: its error carried
+        inner, ilo, ihi = _unround(e.args[0], divs, at)  # a rounding inside: its error carried
         num, q = sympy.fraction(sympy.together(sympy.expand(inner)))
         num = sympy.expand(num)
         if not q.is_Integer or not num.is_polynomial():
@@ -208,7 +225,7 @@ def _unround(e, divs: dict):
         const, _ = num.as_coeff_Add()
         const = const if const.is_Integer else sympy.Integer(0)
         p0 = sympy.expand(num - const)
-        _divisible(p0, q, divs)
+        _divisible(p0, q, divs, at or {})
         k, r = divmod(int(const), q)
         ceil = isinstance(e, sympy.ceiling)
         value = p0 / q + k + (1 if ceil and r else 0)
@@ -216,14 +233,51 @@ def _unround(e, divs: dict):
         # value moves by at most (q - 1)/q from (p0 + r)/q, to one side
         span = sympy.Rational(q - 1, q)
         lo = sympy.Rational(r, q) - (1 if ceil and r else 0) - (0 if ceil else span)
-        return value, lo + sympy.floor(ilo), lo + span + sympy.ceiling(ihi)
+        return value, lo + _floor(ilo), lo + span + _ceiling(ihi)
     raise _Unreadable(str(e))
 
 
-def _divisible(p0, q: int, divs: dict) -> None:
+def _scaled(e, divs: dict, at: dict | None):
+    """:func:`_unround` of a product of positive symbols' powers and one rounding (memory
+    efficient attention's ``B*ceiling(L/32)``): the rounding's error times the monomial, a
+    polynomial (zero where the multiples hold)."""
+    rounded = [f for f in e.args if f.has(sympy.ceiling, sympy.floor)]
+    m = sympy.Mul(*(f for f in e.args if f not in rounded))
+    if len(rounded) != 1 or m.has(sympy.Function) or not all(
+            isinstance(f, sympy.Symbol) or (f.is_Pow and isinstance(f.base, sympy.Symbol)
+                                            and f.exp.is_Integer and f.exp > 0)
+            for f in sympy.Mul.make_args(m)):
+        raise _Unreadable(str(e))
+    p, lo, hi = _unround(rounded[0], divs, at)
+    return m * p, sympy.expand(m * lo), sympy.expand(m * hi)  # m > 0: the same sides
+
+
+def _floor(x):
+    """A lower bound of ``floor(x)``: itself for a number, ``x - 1`` for a polynomial."""
+    return sympy.floor(x) if x.is_number else x - 1
+
+
+def _ceiling(x):
+    """An upper bound of ``ceiling(x)``: itself for a number, ``x + 1`` for a polynomial."""
+    return sympy.ceiling(x) if x.is_number else x + 1
+
+
+def _whole(x, up: bool):
+    """Error bound ``x`` with whole coefficients, rounded to the side that keeps it a bound
+    for positive symbols (each coefficient up for an upper bound, down for a lower one)."""
+    if x.is_number:
+        return int(sympy.ceiling(x) if up else sympy.floor(x))
+    r = sympy.ceiling if up else sympy.floor
+    return sympy.Add(*(r(c) * m for c, m in (t.as_coeff_Mul()
+                                            for t in sympy.Add.make_args(sympy.expand(x)))))
+
+
+def _divisible(p0, q: int, divs: dict, at: dict) -> None:
     """Require, in ``divs`` (symbol -> modulus), what makes each term of the integer
     polynomial ``p0`` a multiple of ``q``: a named dim's multiple when the term has one
-    (users choose lengths as multiples of 64), else B's."""
+    (users choose lengths as multiples of 64), else B's; of a term in B and a dim, as much
+    as the dim's value at the point ``at`` is a multiple of, the rest on B (``B*L/128`` at
+    L = 64: L a multiple of 64 and B of 2), so the formula holds at the point it was read."""
     if p0 == 0:
         return
     for term in sympy.Add.make_args(p0):
@@ -234,7 +288,14 @@ def _divisible(p0, q: int, divs: dict) -> None:
         syms = sorted(m.free_symbols, key=lambda s: (s.name == "B", s.name))
         if not syms:
             raise _Unreadable(str(term))
-        divs[syms[0]] = lcm(divs.get(syms[0], 1), need)
+        for x in syms[:-1]:
+            k = need if x not in at else gcd(need, int(at[x]))
+            divs[x] = lcm(divs.get(x, 1), k)
+            need //= k
+            if need == 1:
+                break
+        else:
+            divs[syms[-1]] = lcm(divs.get(syms[-1], 1), need)
 
 
 def _upper(t, at: dict):

@@ -75,7 +75,8 @@ class Summary:
     ``readable_point``, the point it was read at), equal to ``peak_exact`` (the exact
     expression it reads: ``peak_formula``, or the formula in B and the dims) wherever every
     ``readable_when`` holds; where only its "a multiple of" conditions fail, the exact peak
-    is ``peak_readable`` plus ``readable_error[0]`` to ``readable_error[1]`` bytes
+    is ``peak_readable`` plus ``readable_error[0]`` to ``readable_error[1]`` bytes (ints,
+    or formulas as text where a rounding is scaled by B or L: ``"496*B"``)
     (:meth:`fxmem.Report.readable_peak`); ``""`` when the peak is past reading.
     """
 
@@ -260,7 +261,8 @@ def _readable(report, b: int, dims: dict) -> dict:
     if r is None:
         return dict(peak_exact=exact)
     return dict(peak_readable=str(r.formula), readable_when=r.exact_when,
-                readable_error=r.error, readable_point={"B": b, **dims}, peak_exact=exact)
+                readable_error=tuple(e if isinstance(e, int) else str(e) for e in r.error),
+                readable_point={"B": b, **dims}, peak_exact=exact)
 
 
 def _by(device: str) -> str:

@@ -22,13 +22,29 @@ def exact_when(s) -> str:
     ...              readable_error=(0, 22548)))
     'exact when L is a multiple of 128 and B*L >= 467 (where only the multiple fails, the exact peak is 0 to 22,548 bytes above it)'
     """
-    conds = [c.replace(" a multiple of ", " is a multiple of ") for c in s.readable_when]
+    return exact_when_of(s.readable_when, s.readable_error)
+
+
+def exact_when_of(when, error) -> str:
+    """:func:`exact_when` of a :class:`fxmem.formula.readable.Readable`'s ``exact_when`` and
+    ``error``.
+
+    >>> exact_when_of((), (0, 0))
+    'exact wherever the trace holds'
+    >>> exact_when_of(("L a multiple of 32",), (0, "496*B")).endswith("0 to 496*B bytes above it)")
+    True
+    """
+    conds = [c.replace(" a multiple of ", " is a multiple of ") for c in when]
     if not conds:
         return "exact wherever the trace holds"
     text = "exact when " + (", ".join(conds[:-1]) + " and " if len(conds) > 1 else "") + conds[-1]
-    lo, hi = s.readable_error or (0, 0)
-    if any(" a multiple of " in c for c in s.readable_when) and (lo, hi) != (0, 0):
-        span = f"{lo:,} to {hi:,} bytes above it" if lo >= 0 else f"{lo:+,} to {hi:+,} bytes off"
+    lo, hi = error or (0, 0)
+    if any(" a multiple of " in c for c in when) and (lo, hi) != (0, 0):
+        if not isinstance(lo, int) or not isinstance(hi, int):  # polynomials in B, L
+            span = f"{lo} to {hi} bytes above it" if str(lo) == "0" else f"{lo} to {hi} bytes off"
+        else:
+            span = (f"{lo:,} to {hi:,} bytes above it" if lo >= 0 else
+                    f"{lo:+,} to {hi:+,} bytes off")
         text += f" (where only the multiple fails, the exact peak is {span})"
     return text
 
