@@ -197,3 +197,32 @@ def test_a_jump_past_every_plan_that_runs_comes_back_to_them():
     assert walked.choice is plans[5] and not walked.exact
     assert accepted[:3] == ["p1", "p2", "p3"] and "p6" in accepted
     assert [c.plan for c, _ in walked.ran_out] == [p for p in accepted if p != "p5"]
+
+
+def test_the_bisection_back_ends_when_nothing_cheaper_is_left():
+    """After a jump finds a plan that runs, the live budgets up to the lowest plan that ran
+    out are bisected; where nothing cheaper lies between, the solver's cheapest plan below
+    the top says so at once: two solves, not one per halving (the 70B's walks had spent up
+    to 16, converging on byte-wide intervals). Cheapest first (live peak, need, MB): p0-p2
+    run out, the jump by p0's need over the budget lands on p3, which runs."""
+    from types import SimpleNamespace
+
+    from fxmem.checkpoint.on_device import walk
+
+    frontier = [(240, 300), (235, 295), (230, 290), (150, 200), (140, 190), (130, 180)]
+    plans = [SimpleNamespace(plan=f"p{k}", peak_bytes=int(live * 1e6), need=int(need * 1e6),
+                             exact=True) for k, (live, need) in enumerate(frontier)]
+    budget, solves, accepted = int(250e6), [], []
+
+    def choose(live):
+        solves.append(live)
+        return next((p for p in plans if p.peak_bytes <= live), None)
+
+    def accept(c):
+        accepted.append(c.plan)
+        return (c if c.need <= budget else None), None
+
+    walked = walk(choose, accept, budget, lambda: plans[-1], lambda c: c.need)
+    assert walked.choice is plans[3] and accepted == ["p0", "p1", "p2", "p3"]
+    back = solves[4:]  # after the four that chose p0-p3
+    assert len(back) == 2 and back[-1] == plans[2].peak_bytes - 1, back

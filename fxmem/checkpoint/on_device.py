@@ -22,7 +22,10 @@ alone can run out there, so plans are chosen against the replay too, by the form
    ran out are bisected: a plan the solver finds there is replayed, so the answer is the
    cheapest plan that runs among those the search saw, with ``exact=False``; when none ran
    (the jump went below every plan that runs), those between the lowest plan that ran out
-   and the one before it;
+   and the one before it. Where a bisection step finds nothing cheaper, the cheapest plan
+   below the interval's top (``choose(hi - 1)``) says whether any is left to find: none,
+   and the bisection ends rather than halving to a byte; one, and it is replayed (when it
+   runs, it is the answer);
 4. the plan with the smallest live peak is the last one tried.
 
 At most :data:`MAX_REPLAYS` candidate plans are replayed per answer. Plain functions of
@@ -139,7 +142,7 @@ def _back(choose, attempt, found, lo: int, ran_out: list, seen: dict, floor=None
     floor = found.plan if found is not None else floor
     above = [c.peak_bytes for c, _ in ran_out
              if c.peak_bytes > (found.peak_bytes if found is not None else lo)]
-    hi = min(above, default=lo + 1)
+    hi, checked = min(above, default=lo + 1), None
     for _ in range(MAX_BISECT):
         if hi - lo <= 1 or len(seen) >= MAX_REPLAYS:
             break
@@ -147,6 +150,12 @@ def _back(choose, attempt, found, lo: int, ran_out: list, seen: dict, floor=None
         c = _choose(choose, mid)
         if c is None or c.plan == floor:
             lo = mid  # nothing cheaper has a live peak at most mid
+            if checked != hi:  # is any plan cheaper below hi? (else bisect to a byte)
+                checked, top = hi, _choose(choose, hi - 1)
+                if top is None or top.plan == floor:
+                    break
+                if (ok := attempt(top)) is not None:
+                    return ok  # the cheapest plan below hi: none between is cheaper
             continue
         if c.plan in seen and seen[c.plan] is None:
             hi = c.peak_bytes
