@@ -61,6 +61,15 @@ def llama(attn="sdpa"):
                   use_cache=False))
 
 
+def llama_cache(attn="sdpa"):
+    """Llama with ``use_cache`` left as its config's default (on): each layer writes its
+    keys and values into the step's cache, except where checkpointed (it runs without it,
+    fxmem.checkpoint.uncached)."""
+    return LM(_hf("LlamaConfig", "LlamaForCausalLM", attn, hidden_size=128,
+                  intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=SEQ))
+
+
 def mistral(attn="sdpa"):
     return LM(_hf("MistralConfig", "MistralForCausalLM", attn, hidden_size=128,
                   intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
@@ -81,7 +90,8 @@ def vit(attn="sdpa"):
                   attention_probs_dropout_prob=0.1), key="pixel_values")
 
 
-MODELS = {"gpt2": gpt2, "llama": llama, "mistral": mistral, "bert": bert, "vit": vit}
+MODELS = {"gpt2": gpt2, "llama": llama, "llama_cache": llama_cache, "mistral": mistral,
+          "bert": bert, "vit": vit}
 
 
 def batch(model_name, n=2):
@@ -157,6 +167,14 @@ CASES = {
     "llama checkpoint selective": dict(model="llama", optimizer="adamw",
                                        plan=("save", LLAMA_LAYERS[:1],
                                              [("aten.mm.default", 0), ("aten.mm.default", 1)])),
+    "llama cache checkpoint whole layers": dict(model="llama_cache", optimizer="adamw",
+                                                plan=LLAMA_LAYERS),
+    "llama cache checkpoint group": dict(model="llama_cache", optimizer="adamw",
+                                         plan=("group", LLAMA_LAYERS)),
+    "llama cache checkpoint selective": dict(model="llama_cache", optimizer="adamw",
+                                             plan=("save", LLAMA_LAYERS[:1],
+                                                   [("aten.mm.default", 0),
+                                                    ("aten.mm.default", 1)])),
     "mistral fp32 sdpa adamw": dict(model="mistral", optimizer="adamw"),
     "mistral fp16 scaler set_to_none False": dict(model="mistral", optimizer="adamw",
                                                   options={"amp": "fp16",
@@ -173,6 +191,11 @@ CASES = {
                                                         "set_to_none": False}),
 }
 BATCHES = (2, 5)
+# Llama with its key/value cache (use_cache on, as the model's default) under plans over its
+# layers, which run without the cache checkpointed: analyze(..., checkpoint=) traces them;
+# tests/test_fake_gpu_zoo.py also checks the plan derived from the step without it
+# (Report.with_plan, fxmem.checkpoint.uncached), phase by phase and allocation by allocation
+CACHE_CASES = tuple(n for n, c in CASES.items() if c["model"] == "llama_cache")
 
 
 def plan_of(case: dict):
@@ -246,7 +269,8 @@ def fresh():
 def run(cases, batches=BATCHES, record_history=False):
     """``fxmem.measure`` of each case at each B on the fake GPU: a list of dicts (case, B,
     max_allocated, max_reserved, baselines, optimizer steps seen, GradScaler's reads) or
-    ``{"case", "error"}``."""
+    ``{"case", "error"}``. ``record_history``: True, or the names of the cases whose rows
+    also hold ``allocations`` (each allocation's bytes and frame, in order)."""
     from fxmem.validate.fakegpu.reads import gpu_answers
 
     with gpu_answers():
@@ -264,13 +288,14 @@ def _run(cases, batches, record_history):
         try:
             model, inputs, targets, step, plan = build(name)
             real = apply_checkpoints(model, plan) if plan else model
+            record = record_history is True or name in (record_history or ())
             for b in batches:
                 fresh()
                 seen = _Seen()
                 undo = _instrument(seen)
                 try:
                     m = fxmem.measure(real, inputs, targets, B=b, step=step,
-                                      record_history=record_history)
+                                      record_history=record)
                 finally:
                     undo()
                 row = {"case": name, "B": b, "max_allocated": m.peak_bytes,
@@ -281,7 +306,7 @@ def _run(cases, batches, record_history):
                        "phase_reserved": m.phase_peak_reserved_bytes,
                        "optimizer_steps": seen.steps, "found_inf": seen.found_inf,
                        "scale": seen.scale}
-                if record_history:
+                if record:
                     row["allocations"] = [list(a) for a in m.allocations]
                 out.append(row)
             del model, real
