@@ -16,7 +16,7 @@ from .report.result import Report
 from .trace.compiled import check_parts, compiled_parts
 from .trace.engine import UNSET, Step, TraceRequest, trace
 from .trace.ledger import freeze_more, frozen_gc
-from .trace.parallel import as_wrapped, check_parallel, refuse_wrapped
+from .trace.parallel import as_wrapped, check_parallel, other_rank, refuse_wrapped
 from .trace.plans import drops_a_cache, normalize_plan
 
 
@@ -236,17 +236,20 @@ def _per_rank(request: TraceRequest, again_as=None, defer: bool = False) -> Para
     plan = normalize_plan(model, request.checkpoint)
     as_here = _modes(model)
 
-    def group(ranks):
+    def group(ranks, like=None):  # like: the first group's trace, to derive this one from
         rank = request.but(checkpoint=plan, rank=ranks[0])
-        with as_here():
-            t = _trace(rank)
+        t = like and other_rank(like, parallel, model, ranks[0], first[0])
+        if not t:
+            with as_here():
+                t = _trace(rank)
         below = _below(as_here, rank, t.guards)
         return replace(_report(t, rank.dims, rank.step.device), below=below,
                        **(again_as or {}))
     first, *rest = parallel.rank_groups(model)
     groups = [RankGroup(first, group(first))]
-    groups += [RankGroup(ranks, make=lambda r=ranks: group(r)) if defer else
-               RankGroup(ranks, group(ranks)) for ranks in rest]
+    like = groups[0].report.trace
+    groups += [RankGroup(ranks, make=lambda r=ranks: group(r, like)) if defer else
+               RankGroup(ranks, group(ranks, like)) for ranks in rest]
 
     def retrace(plan, defer: bool = False):  # the planner's confirmation: this step traced
         return _per_rank(request.but(checkpoint=plan), again_as, defer)  # with ``plan``

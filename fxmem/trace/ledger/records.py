@@ -174,6 +174,9 @@ class Trace:
     # the paths of the Hugging Face layers that write their key/value cache when given one
     # (run without it when checkpointed: fxmem.checkpoint.uncached)
     cache_layers: tuple = ()
+    # the rank whose trace this rank's step was derived from (the same world size under
+    # FSDP2: fxmem.trace.parallel.other_ranks); None: traced
+    derived_from: int | None = None
 
 
 def _graph(self) -> torch.fx.Graph:

@@ -6,7 +6,9 @@
   :mod:`~fxmem.trace.parallel.tp`: :class:`TP` and :class:`Parallel` (FSDP2 x TP);
 - :mod:`~fxmem.trace.parallel.local_step`: a rank's optimizer step over its local shards;
 - :mod:`~fxmem.trace.parallel.offload`: FSDP2's CPU offload; :mod:`~fxmem.trace.parallel.wrapped`:
-  a model the user wrapped already, analysed as it is.
+  a model the user wrapped already, analysed as it is;
+- :mod:`~fxmem.trace.parallel.other_ranks`: another rank's step under FSDP2 derived from one
+  rank's trace of the same world size.
 
 No formula of fxmem's stands in for a wrapping: a change must keep each rank's trace exact
 against the same rank run for real over gloo (``tests/test_fsdp.py``, ``test_ddp.py``,
@@ -17,9 +19,10 @@ from .ddp import Kept, local_optimizer
 from .fsdp import DDP, FSDP, check_parallel
 from .local_step import on_local_shards
 from .offload import host_storages, offloaded
+from .other_ranks import other_rank
 from .tp import TP, Parallel
 from .wrapped import AsWrapped, as_wrapped, refuse_wrapped
 
 __all__ = ["AsWrapped", "DDP", "FSDP", "Kept", "Parallel", "TP", "as_wrapped", "check_parallel",
            "host_storages", "local_optimizer", "offloaded",
-           "on_local_shards", "refuse_wrapped"]
+           "on_local_shards", "other_rank", "refuse_wrapped"]
