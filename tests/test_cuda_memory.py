@@ -74,6 +74,23 @@ def test_a_replay_runs_once_per_question(monkeypatch):
     assert r.cuda_memory(8) != first and len(made) == 6
 
 
+def test_a_step_s_call_orders_are_read_once_for_all_its_replays(monkeypatch):
+    """Each op's call order (its allocations, temporaries and workspaces in the order its
+    kernel makes them) is the same at every B and budget: read once per step, not once per
+    op of each replay's two steps (a search replays one step dozens of times)."""
+    from fxmem.device import allocator
+
+    r, calls = _report(), []
+    real = allocator.call_order.steps
+    monkeypatch.setattr(allocator.call_order, "steps",
+                        lambda *a: calls.append(1) or real(*a))
+    first = r.cuda_memory(8)
+    n = len(calls)
+    assert n == len(r.trace.ops)
+    r.cuda_memory(9), r.runs_on_device(8, 2**29), r.runs_on_device(13, 2**30)
+    assert len(calls) == n and r.cuda_memory(8) is first
+
+
 def test_inference_and_matmul_free_models():
     model, x, _, _ = ZOO["mlp"]()
     inf = fxmem.analyze(model, x, train=False).cuda_memory(8)

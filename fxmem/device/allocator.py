@@ -237,18 +237,38 @@ def _replayed(replay, liveness, B, config, cc, ws, cudnn):  # noqa: N803
     return kept[key]
 
 
+def _per_graph(graph, key: str, make):
+    """``make()`` once per step graph, kept in its ``__dict__`` as ``cached_property`` keeps
+    its values: a step is replayed at many B and budgets (a search's walks and bisections),
+    and its ops' allocation events and call orders are the same each time."""
+    d = graph.__dict__
+    if key not in d:
+        d[key] = make()
+    return d[key]
+
+
+def _call_events(graph) -> tuple:
+    """The step's allocations and frees by op (:func:`fxmem.memory.liveness._events`) and
+    each op's call order (:func:`fxmem.trace.kernels.cuda.call_order.steps`)."""
+    from ..memory.liveness import _events
+
+    allocs, frees = _events(graph)
+    return allocs, frees, [call_order.steps(op, graph.storages, made)
+                           for op, made in zip(graph.ops, allocs)]
+
+
 class _Replay:
     """The step's allocations and frees, in trace order, through one
     :class:`fxmem.device.caching_allocator.CachingAllocator`."""
 
     def __init__(self, liveness, B, config, compute_capability, cublas_workspace,  # noqa: N803
                  cudnn_workspace):
-        from ..memory.liveness import _events
         from .caching_allocator import CachingAllocator
 
         graph = liveness.graph
         self.storages, self.ops = graph.storages, graph.ops
-        self.allocs, self.frees = _events(graph)
+        self.allocs, self.frees, self.calls = _per_graph(graph, "_replay_events",
+                                                         lambda: _call_events(graph))
         on_device = [not _host_resident(s) for s in self.storages]
         self.size = [s.size(B) if on_device[s.sid] else 0 for s in self.storages]
         self.stream = [s.stream for s in self.storages]  # each stream's blocks kept apart
@@ -347,7 +367,7 @@ class _Replay:
         while the call runs: a convolution's, after its output; ``convolution_backward``'s
         two calls, after the input's gradient and after the weight's)."""
         a = self.allocator
-        for kind, sid in call_order.steps(op, self.storages, self.allocs[i]):
+        for kind, sid in self.calls[i]:
             if kind == "alloc":
                 self.alloc(sid, self.size[sid], self.stream[sid])
             elif kind == "free":
