@@ -462,6 +462,25 @@ def test_a_plan_chosen_on_rank_0_is_the_one_chosen_over_every_rank(device, monke
     assert str(first.value) == str(every.value)
 
 
+def test_rank_0_s_walk_is_made_once_derived_then_traced(monkeypatch):
+    """A search asks rank 0's cheapest plan derived (confirm=False), then the plan over
+    every rank, which chooses on rank 0 first with the plan traced: the walk by the
+    allocator's replay over the derived steps is the same, made once (the 8B --fsdp 8
+    command walked it twice at 9 GPUs: 12 replays more), and the trace confirms its plan."""
+    from fxmem.checkpoint import confirm
+
+    m, b = _stack(width=256, hidden=1024), 4096
+    three = _analyze(m, "cuda", parallel=fxmem.FSDP(3))
+    needs = sorted({max(g.report.cuda_memory(b).max_reserved
+                        for g in three.with_plan(p.plan).groups) for p in three.frontier(b)})
+    budget, walks, real = needs[len(needs) // 2], [], confirm.walk
+    monkeypatch.setattr(confirm, "walk", lambda *a, **k: walks.append(1) or real(*a, **k))
+    derived = three.first_group().plan_for(budget, b, confirm=False)
+    assert len(walks) == 1 and derived.plan
+    traced = three.plan_for(budget, b)
+    assert len(walks) == 1 and traced.plan == derived.plan and traced.run.fits
+
+
 def _counting(monkeypatch) -> list:
     """The keyword options of every trace fxmem.analyze's module makes from now on."""
     import importlib

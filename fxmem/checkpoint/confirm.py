@@ -150,7 +150,8 @@ def accepting(b: int, budget_bytes: int, derived_of, retrace=None, traced=None,
 
 
 def on_device(choose, smallest, b: int, budget_bytes: int, derived_of, *, retrace=None,
-              traced=None, cudnn_workspace: int = 0, where: str = "", raises: bool = True):
+              traced=None, cudnn_workspace: int = 0, where: str = "", raises: bool = True,
+              walks: dict | None = None):
     """The cheapest plan at ``b`` whose steps run within ``budget_bytes`` in the caching
     allocator's replay (:func:`fxmem.checkpoint.on_device.walk` over ``choose(live)`` ->
     a derived :class:`PlanChoice` or None, ``smallest()`` likewise; :func:`accepting`), as
@@ -161,13 +162,20 @@ def on_device(choose, smallest, b: int, budget_bytes: int, derived_of, *, retrac
     With ``retrace``, the walk is first made on the derived steps alone and only the plan
     it finds is traced: when that runs with the derived peak, the walk over traced plans
     would have found it too (each plan it accepts is the derived one, traced); else that
-    walk is made (the plans a derivation cannot see, e.g. a forward that changes state)."""
+    walk is made (the plans a derivation cannot see, e.g. a forward that changes state).
+    ``walks``: the walks on derived steps made already over the same planners, by ``(b,
+    budget_bytes, cudnn_workspace)`` (a search asks rank 0's plan derived, then traced)."""
     traced = {} if traced is None else traced
 
     def need(c):
         return _need(derived_of(c), b, cudnn_workspace)
-    walked = walk(choose, accepting(b, budget_bytes, derived_of, None, None, cudnn_workspace),
-                  budget_bytes, smallest, need)
+    key = (b, budget_bytes, cudnn_workspace)
+    walked = None if walks is None else walks.get(key)
+    if walked is None:
+        walked = walk(choose, accepting(b, budget_bytes, derived_of, None, None,
+                                        cudnn_workspace), budget_bytes, smallest, need)
+        if walks is not None:
+            walks[key] = walked
     c = walked.choice
     if retrace is not None and c is not None and c.plan:
         got, _ = accepting(b, budget_bytes, derived_of, retrace, traced, cudnn_workspace)(c)

@@ -392,12 +392,14 @@ class ParallelReport:
         from ..checkpoint.confirm import on_device
         from ..checkpoint.ranks import choice_at, smallest_choice
 
+        walks = choosers[0].__dict__.setdefault("walks", {}).setdefault(
+            (tuple(choosers[1:]), max_recompute), {})  # the same walk, derived then traced
         return on_device(
             lambda live: choice_at(reports, choosers, live, b, max_recompute),
             lambda: smallest_choice(reports, choosers, b, max_recompute), b, budget_bytes,
             lambda c: self.with_plan(c.plan) if c.plan else self, retrace=self.retrace,
             traced=traced, cudnn_workspace=cudnn_workspace, where=" on every rank",
-            raises=raises)
+            raises=raises, walks=walks)
 
     def _confirmed(self, got, b: int, budget_bytes: int, again, traced_plans: dict):
         """The :class:`fxmem.PlanChoice` of ``got`` (plan, peak, cost, step FLOPs, exact),
