@@ -174,8 +174,8 @@ def on_device(choose, smallest, b: int, budget_bytes: int, derived_of, *, retrac
     if walked is None:
         walked = walk(choose, accepting(b, budget_bytes, derived_of, None, None,
                                         cudnn_workspace), budget_bytes, smallest, need)
-        if walks is not None:
-            walks[key] = walked
+        if walks is not None:  # what ran out kept only where nothing ran (the error's)
+            walks[key] = walked if walked.choice is None else replace(walked, ran_out=())
     c = walked.choice
     if retrace is not None and c is not None and c.plan:
         got, _ = accepting(b, budget_bytes, derived_of, retrace, traced, cudnn_workspace)(c)

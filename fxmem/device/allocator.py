@@ -240,21 +240,24 @@ def _replayed(replay, liveness, B, config, cc, ws, cudnn):  # noqa: N803
 def _per_graph(graph, key: str, make):
     """``make()`` once per step graph, kept in its ``__dict__`` as ``cached_property`` keeps
     its values: a step is replayed at many B and budgets (a search's walks and bisections),
-    and its ops' allocation events and call orders are the same each time."""
+    and its ops' call orders are the same each time."""
     d = graph.__dict__
     if key not in d:
         d[key] = make()
     return d[key]
 
 
-def _call_events(graph) -> tuple:
-    """The step's allocations and frees by op (:func:`fxmem.memory.liveness._events`) and
-    each op's call order (:func:`fxmem.trace.kernels.cuda.call_order.steps`)."""
-    from ..memory.liveness import _events
-
-    allocs, frees = _events(graph)
-    return allocs, frees, [call_order.steps(op, graph.storages, made)
-                           for op, made in zip(graph.ops, allocs)]
+def _call_orders(graph, allocs) -> dict:
+    """Op index -> its call order (:func:`fxmem.trace.kernels.cuda.call_order.steps`) where
+    that is more than its storages made in order (``allocs[i]``, by
+    :func:`fxmem.memory.liveness._events`): a few ops of a step, kept small."""
+    out = {}
+    for i, (op, made) in enumerate(zip(graph.ops, allocs)):
+        steps = call_order.steps(op, graph.storages, made)
+        if len(steps) != len(made) or any(k != "alloc" or s != m
+                                          for (k, s), m in zip(steps, made)):
+            out[i] = steps
+    return out
 
 
 class _Replay:
@@ -263,12 +266,13 @@ class _Replay:
 
     def __init__(self, liveness, B, config, compute_capability, cublas_workspace,  # noqa: N803
                  cudnn_workspace):
+        from ..memory.liveness import _events
         from .caching_allocator import CachingAllocator
 
         graph = liveness.graph
         self.storages, self.ops = graph.storages, graph.ops
-        self.allocs, self.frees, self.calls = _per_graph(graph, "_replay_events",
-                                                         lambda: _call_events(graph))
+        self.allocs, self.frees = _events(graph)
+        self.calls = _per_graph(graph, "_call_orders", lambda: _call_orders(graph, self.allocs))
         on_device = [not _host_resident(s) for s in self.storages]
         self.size = [s.size(B) if on_device[s.sid] else 0 for s in self.storages]
         self.stream = [s.stream for s in self.storages]  # each stream's blocks kept apart
@@ -367,7 +371,12 @@ class _Replay:
         while the call runs: a convolution's, after its output; ``convolution_backward``'s
         two calls, after the input's gradient and after the weight's)."""
         a = self.allocator
-        for kind, sid in self.calls[i]:
+        steps = self.calls.get(i)
+        if steps is None:  # its storages, in order
+            for sid in self.allocs[i]:
+                self.alloc(sid, self.size[sid], self.stream[sid])
+            return
+        for kind, sid in steps:
             if kind == "alloc":
                 self.alloc(sid, self.size[sid], self.stream[sid])
             elif kind == "free":
