@@ -106,6 +106,7 @@ def compile_option(compiled: bool, budget: float | None):
 
 
 def compiled_line(c) -> str:
-    """The setup's "compiled" row of ``Step.compile`` ``c``."""
+    """The setup's "compiled" row of ``Step.compile`` ``c``: its budget as a frontier point
+    names one (:func:`fxmem.report.text.frontier_plan`), or ``torch.compile`` alone."""
     budget = c.activation_memory_budget
-    return "torch.compile" + (f", activation_memory_budget {budget:g}" if budget else "")
+    return frontier_plan((), budget) if budget else "torch.compile"
