@@ -16,7 +16,14 @@ from .report.result import Report
 from .trace.compiled import check_parts, compiled_parts
 from .trace.engine import UNSET, Step, TraceRequest, trace
 from .trace.ledger import freeze_more, frozen_gc
-from .trace.parallel import as_wrapped, check_parallel, other_rank, refuse_wrapped
+from .trace.parallel import (
+    FSDP,
+    as_wrapped,
+    at_world_size,
+    check_parallel,
+    other_rank,
+    refuse_wrapped,
+)
 from .trace.plans import drops_a_cache, normalize_plan
 
 
@@ -99,10 +106,13 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     return analyze_request(request, retrace)
 
 
-def analyze_request(request: TraceRequest, retrace: bool = False, defer: bool = False):
+def analyze_request(request: TraceRequest, retrace: bool = False, defer: bool = False,
+                    like: ParallelReport | None = None):
     """:func:`analyze` of one :class:`~fxmem.trace.engine.request.TraceRequest` (its
     ``parallel`` as the user gave it; ``retrace``: its checkpoint plan traced for real;
-    ``defer``: a parallel step's groups of ranks after the first traced when first read):
+    ``defer``: a parallel step's groups of ranks after the first traced when first read;
+    ``like``: the report of this request over another world size of FSDP2, whose rank 0
+    this one's is derived from where it can be, :func:`_per_rank`):
     what :func:`analyze`, :func:`min_world_size`, :func:`fxmem.whatif` and every trace a
     report makes again (a plan confirmed, the ways out) call, each with the request it
     was given, some fields changed.
@@ -125,13 +135,18 @@ def analyze_request(request: TraceRequest, retrace: bool = False, defer: bool = 
     request = request.but(model=model)
     as_here = _modes(model)
 
+    made: dict = {}  # the last parallel step made here of each kind: (request, report)
+
     def reanalyze(*, defer: bool = False, **changes):  # the ways out (fxmem.report.fit):
-        with as_here():  # FSDP2 over more ranks, ... (defer: as _per_rank's)
-            return analyze_request(request.but(**changes), defer=defer)
+        again = request.but(**changes)  # FSDP2 over more ranks, ... (defer: as _per_rank's)
+        with as_here():
+            return _made(made, again, analyze_request(again, defer=defer,
+                                                      like=_like(made, again)))
     again_as = {} if given is None and parallel is not None else {"reanalyze": reanalyze}
     if parallel is not None:  # (what is not modelled of compiled parts: before any rank)
         check_parts(model, request.checkpoint, parallel, request.step)
-        return _per_rank(request.but(parallel=parallel), again_as, defer)
+        return _made(made, request, _per_rank(request.but(parallel=parallel), again_as,
+                                              defer, like))
     check_parts(model, request.checkpoint, None, None)
     plan = normalize_plan(model, request.checkpoint)
     # the plan is derived from the step traced without it, but over parts compiled on their
@@ -158,6 +173,35 @@ def analyze_request(request: TraceRequest, retrace: bool = False, defer: bool = 
         with as_here():
             return analyze_request(request.but(checkpoint=plan), retrace=True)
     return Report(lv, parts_of(lv), t.guards, retrace=again, below=below, **again_as)
+
+
+def _kind(parallel):
+    """FSDP2's ``parallel`` but for its world size (a key), or None (not FSDP2's, or
+    with an option that is no key: ``blocks=[...]``)."""
+    if type(parallel) is not FSDP:
+        return None
+    kind = tuple((f, getattr(parallel, f)) for f in parallel.__dataclass_fields__
+                 if f != "world_size")
+    try:
+        hash(kind)
+    except TypeError:
+        return None
+    return kind
+
+
+def _made(made: dict, request: TraceRequest, report):
+    """``report`` (of ``request``), kept in ``made`` as the last of its parallel kind, and
+    returned: another world size's rank 0 may be derived from its (:func:`_like`)."""
+    kind = _kind(request.parallel)
+    if kind is not None and isinstance(report, ParallelReport):
+        made[kind] = request, report
+    return report
+
+
+def _like(made: dict, request: TraceRequest):
+    """The report in ``made`` of ``request`` over another world size, or None."""
+    got = made.get(_kind(request.parallel))
+    return got[1] if got and got[0].differs_in_parallel(request) else None
 
 
 def _trace(request: TraceRequest):
@@ -227,10 +271,14 @@ def _modes(model):
     return as_here
 
 
-def _per_rank(request: TraceRequest, again_as=None, defer: bool = False) -> ParallelReport:
+def _per_rank(request: TraceRequest, again_as=None, defer: bool = False,
+              like: ParallelReport | None = None) -> ParallelReport:
     """One trace per group of alike ranks (the strategy's ``rank_groups``) of ``request``'s
     parallel step; ``defer``: the groups after the first traced when first read (in the
-    modules' modes of now), for a search that reads them only where the first fits."""
+    modules' modes of now), for a search that reads them only where the first fits. The
+    groups after the first are derived from its trace where they can be, and the first
+    from ``like``'s (the same step over another world size of FSDP2) where it can be
+    (:mod:`fxmem.trace.parallel.other_ranks`); else traced."""
     parallel, model = request.parallel, request.model
     check_parallel(parallel)
     plan = normalize_plan(model, request.checkpoint)
@@ -239,12 +287,15 @@ def _per_rank(request: TraceRequest, again_as=None, defer: bool = False) -> Para
     def group(ranks, like=None):  # like: the first group's trace, to derive this one from
         rank = request.but(checkpoint=plan, rank=ranks[0])
         t = like and other_rank(like, parallel, model, ranks[0], first[0])
+        if not t and ranks == first and source is not None:
+            t = at_world_size(source.groups[0].report.trace, source.strategy, parallel, model)
         if not t:
             with as_here():
                 t = _trace(rank)
         below = _below(as_here, rank, t.guards)
         return replace(_report(t, rank.dims, rank.step.device), below=below,
                        **(again_as or {}))
+    source = like
     first, *rest = parallel.rank_groups(model)
     groups = [RankGroup(first, group(first))]
     like = groups[0].report.trace
@@ -289,9 +340,10 @@ def min_world_size(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train
     request = TraceRequest(model, inputs, targets, step=step, batch_dim=batch_dim)
     memo: dict = {}
 
-    def fits(w: int) -> bool:
+    def fits(w: int) -> bool:  # (rank 0 derived from the last world size's where it can be)
         if w not in memo:
-            r = analyze_request(request.but(parallel=replace(parallel, world_size=w)))
+            r = analyze_request(request.but(parallel=replace(parallel, world_size=w)),
+                                like=next(reversed(memo.values()))[1] if memo else None)
             try:
                 memo[w] = r.max_batch_size(budget_bytes, by=by) >= B, r
             except InfeasibleBudgetError:

@@ -105,3 +105,114 @@ def test_hsdp_and_offload_are_traced():
                           parallel=parallel)
         assert all(g.report.trace.derived_from is None for g in r.groups)
         assert other_rank(r.groups[0].report.trace, parallel, model, 2, 0) is None
+
+
+# --- another world size (fxmem.trace.parallel.other_ranks.at_world_size) -----------------------
+
+def _over(parallel, model, inputs, **options):
+    options.setdefault("optimizer", torch.optim.AdamW)
+    return fxmem.analyze(model, inputs, parallel=parallel, **options).groups[0].report
+
+
+def _derived_as_traced(parallel, sizes, device="cpu", model=None, **options):
+    """Rank 0 over each of ``sizes`` derived from its trace over ``parallel``'s world size ==
+    rank 0 traced there: storage by storage, the peak formula, the peak at two B and, on
+    CUDA, the caching allocator's replay."""
+    from dataclasses import replace
+
+    from fxmem.analyze import _report
+    from fxmem.trace.parallel import at_world_size
+
+    model, inputs = model or _llama()
+    source = _over(parallel, model, inputs, device=device, **options).trace
+    assert any(s.fsdp_buffer is not None for s in source.storages)
+    for w in sizes:
+        now = replace(parallel, world_size=w)
+        d = at_world_size(source, parallel, now, model)
+        t = _over(now, model, inputs, device=device, **options).trace
+        assert d is not None and d.derived_world_size == parallel.world_size, w
+        assert t.derived_world_size is None
+        assert [o.op for o in d.ops] == [o.op for o in t.ops]
+        assert _storages(d) == _storages(t), w
+        assert sum(x.size.expr != y.size.expr for x, y in zip(d.storages, source.storages))
+        a, b = _report(d, (), device), _report(t, (), device)
+        assert a.peak == b.peak
+        for n in (2, 5):
+            assert a.peak_bytes(n) == b.peak_bytes(n)
+            if device == "cuda":
+                x, y = a.cuda_memory(n), b.cuda_memory(n)
+                assert (x.max_allocated, x.max_reserved, x.phase_max_reserved) == \
+                    (y.max_allocated, y.max_reserved, y.phase_max_reserved)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_rank_0_over_another_world_size_derived_as_traced(device):
+    # 4 GPUs -> 2, 3 (shards of 50 -> 34 rows of the 100-row embedding), 8 and 128 (one
+    # row of the norms on rank 0, none on the last ranks); CUDA: FSDP2's copy kernels'
+    # packed vectors too
+    _derived_as_traced(fxmem.FSDP(4), (2, 3, 8, 128) if device == "cpu" else (3, 8), device)
+
+
+@pytest.mark.parametrize("parallel,options", [
+    (fxmem.FSDP(3, param_dtype=torch.bfloat16, reduce_dtype=torch.float32), {}),
+    (fxmem.FSDP(4, reshard_after_forward=2), {}),
+    (fxmem.FSDP(4, reshard_after_forward=False), {}),
+    (fxmem.FSDP(3), dict(amp=torch.bfloat16, grad_accum=2)),
+    (fxmem.FSDP(3), dict(checkpoint=["model.model.layers.0", "model.model.layers.1"])),
+    (fxmem.FSDP(3), dict(optimizer=functools.partial(torch.optim.SGD, momentum=0.9)))],
+    ids=["mixed", "reshard-int", "no-reshard", "amp-accum", "checkpoint", "sgd"])
+def test_other_steps_over_another_world_size_derived_as_traced(parallel, options):
+    device = "cuda" if parallel.param_dtype is not None else "cpu"
+    sizes = (6, 8) if parallel.reshard_after_forward == 2 else (2, 7)
+    _derived_as_traced(parallel, sizes, device, **options)
+
+
+def test_copied_blocks_over_another_world_size_derived_as_traced():
+    # four layers: the last two copied from the second's ops (fxmem.trace.blocks), FSDP2's
+    # buffers of the copies told apart as the second's
+    transformers = pytest.importorskip("transformers")
+    from fxmem.validate.zoo import CausalLM
+
+    cfg = transformers.GPT2Config(n_embd=64, n_layer=4, n_head=4, vocab_size=100,
+                                  n_positions=64)  # (the head tied to the embedding)
+    torch.manual_seed(0)
+    ids = torch.randint(0, 100, (4, 16))
+    model = (CausalLM(transformers.GPT2LMHeadModel(cfg)), (ids, ids))
+    assert _over(fxmem.FSDP(4), *model, device="cpu").trace.reused
+    _derived_as_traced(fxmem.FSDP(4), (3,), "cuda", model)
+
+
+def test_where_another_world_size_is_traced():
+    # FSDP2 over one rank (no collectives), reshard_after_forward=k at k ranks (FSDP2's
+    # True), CPU offload, HSDP, another option: not derived
+    from fxmem.trace.parallel import at_world_size
+
+    model, inputs = _llama()
+    for was, now in [(fxmem.FSDP(2), fxmem.FSDP(1)),
+                     (fxmem.FSDP(4, reshard_after_forward=2),
+                      fxmem.FSDP(2, reshard_after_forward=2)),
+                     (fxmem.FSDP(2, offload=True), fxmem.FSDP(3, offload=True)),
+                     (fxmem.FSDP(4, replicate=2), fxmem.FSDP(6, replicate=2)),
+                     (fxmem.FSDP(2), fxmem.FSDP(3, reshard_after_forward=False))]:
+        t = _over(was, model, inputs, device="cpu").trace
+        assert at_world_size(t, was, now, model) is None, (was, now)
+
+
+def test_the_fewest_ranks_traces_one_world_size(monkeypatch):
+    # min_world_size's doubling and bisection: each world size's rank 0 derived from the
+    # last one's where it can be, the answer as when each is traced
+    model, inputs = _llama()
+    calls = []
+    traced = ANALYZE._trace
+    monkeypatch.setattr(ANALYZE, "_trace",
+                        lambda r: calls.append(r.parallel.world_size) or traced(r))
+    kw = dict(optimizer=torch.optim.AdamW, device="cpu", B=4, parallel=fxmem.FSDP(2),
+              budget_bytes=1_350_000)  # (rank 0's peak: 1,413,100 B on 3 GPUs, 1,311,836 on 4)
+    assert fxmem.min_world_size(model, inputs, **kw) == 4
+    # 1 and 2 GPUs traced (FSDP2 over one rank has no collectives: not derived from or to),
+    # 4 and 3 derived (each rank's group: ranks 0-2 and 3 on 4 GPUs, 0-1 and 2 on 3)
+    assert sorted(set(calls)) == [1, 2], calls
+    calls.clear()
+    monkeypatch.setattr(ANALYZE, "at_world_size", lambda *a: None)
+    assert fxmem.min_world_size(model, inputs, **kw) == 4
+    assert sorted(set(calls)) == [1, 2, 3, 4], calls

@@ -219,6 +219,7 @@ class _Splice:
         rec.ops, rec.storages, rec.calls = new_ops, num.storages, calls_new
         rec.saved_tensors._packs = packs
         rec.saved, rec.names, rec.unmodelled, rec.graph = saved, names, unmodelled, built
+        rec.fsdp_buffers = self._buffers(num)
         rec.events = []
         rec.op_count = num.n_new
         rec.reused = tuple(c.path for calls in self.runs for c in calls[2:])
@@ -342,6 +343,14 @@ class _Splice:
                 for (f, mod), why in rec.unmodelled.items():
                     unmodelled.setdefault((f, num.rename(c, mod)), why)
         return saved, names, unmodelled
+
+    def _buffers(self, num: Numbering) -> dict:
+        """FSDP2's own buffers (:mod:`fxmem.trace.parallel.fsdp_buffers`) in the new
+        numbering (a copy's as its pattern's)."""
+        had = self.rec.fsdp_buffers
+        out = {num.final[s]: b for s, b in had.items() if s not in num.dropped}
+        out.update((sid, had[ps]) for (_, ps), sid in num.copies.items() if ps in had)
+        return out
 
     def _sums(self, num: Numbering) -> list:
         """Autograd's gradient sums that may run in place (:mod:`fxmem.trace.kernels.grad_sums`,

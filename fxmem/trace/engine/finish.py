@@ -76,7 +76,8 @@ def finish(rec: Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
             s.sid, size, cat, name, creator_module.get(s.sid, ""), s.created_by,
             freed, s.sid in rec.saved, None, (),
             saved_by.get(s.sid, ()), s.freed_after, bool(counts),
-            s.created_by >= 0 and s.sid in rec.resized_away, s.stream))
+            s.created_by >= 0 and s.sid in rec.resized_away, s.stream,
+            rec.fsdp_buffers.get(s.sid)))
     # dtype/shape of the first tensor seen on each storage, from the graph
     first = getattr(rec, "first_desc", None)
     if first is None:

@@ -61,6 +61,8 @@ class Recorder(EagerOps, StorageTracker):
         self._node_of = WeakTensorKeyDictionary()
         self._placeholders: dict[int, torch.fx.Node] = {}
         self.names: dict[int, tuple[str, str]] = {}  # sid -> (category, name)
+        # sid -> FSDP2's own buffer it is (fxmem.trace.parallel.fsdp_buffers.Buffer)
+        self.fsdp_buffers: dict = {}
         self.ops: list[OpInfo] = []
         self.failed: tuple | None = None
         self.kernels = None  # fxmem.trace.kernels.cuda.kernels.CudaKernels for device="cuda"

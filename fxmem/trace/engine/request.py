@@ -23,6 +23,14 @@ from typing import Any
 from .step import Step
 
 
+def _equal(a, b) -> bool:
+    """``a == b`` where that is a bool (a plan's tuples, a step's options); else False."""
+    try:
+        return bool(a == b) is True
+    except Exception:  # noqa: BLE001 (a tensor's ==: not one value)
+        return False
+
+
 @dataclass(frozen=True)
 class TraceRequest:
     """A step of ``model`` on ``inputs`` (and ``targets``), traced as :func:`fxmem.trace.trace`
@@ -58,6 +66,22 @@ class TraceRequest:
         if options:
             changes["step"] = Step.of(changes.get("step", self.step), **options)
         return replace(self, **changes)
+
+    def differs_in_parallel(self, other: TraceRequest) -> bool:
+        """Is ``other`` this request but for its ``parallel`` (the model, inputs and
+        targets the same objects, every other field equal)?
+
+        >>> import torch
+        >>> r = TraceRequest(torch.nn.Linear(8, 2), torch.randn(4, 8))
+        >>> r.differs_in_parallel(r.but(parallel=2)), r.differs_in_parallel(r.but(rank=1))
+        (True, False)
+        """
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if f.name != "parallel" and a is not b and (
+                    f.name in ("model", "inputs", "targets") or not _equal(a, b)):
+                return False
+        return True
 
     def options(self) -> dict:
         """The keywords :func:`fxmem.trace.trace` takes besides the model, inputs and

@@ -45,7 +45,8 @@ from ..kernels.values import eager_branches
 from ..ledger.records import B_RANGE_MAX, Trace
 from ..ledger.tracking import frozen_gc, storage_resizes
 from ..parallel.ddp import local_optimizer, wrapper_name
-from ..parallel.fsdp import check_parallel, fully_sharded, initialise, sharded, unwrapped
+from ..parallel.fsdp import FSDP, check_parallel, fully_sharded, initialise, sharded, unwrapped
+from ..parallel.fsdp_buffers import labelled
 from ..parallel.local_step import on_local_shards
 from ..parallel.offload import offloaded
 from ..parallel.tp import metadata_unrecorded
@@ -300,7 +301,8 @@ def _as_rank(model, parallel, rank: int, mode, rec):
     rec.offload = parallel.offload
     on = "cuda" if compiled_parts(model) else "cpu"  # inductor lowers for its inputs' device
     with sharded(model, parallel, rank, mode, on) as (copied, kept), metadata_unrecorded(rec), \
-            offloaded(rec) if parallel.offload else contextlib.nullcontext():
+            offloaded(rec) if parallel.offload else contextlib.nullcontext(), \
+            labelled(rec) if type(parallel) is FSDP else contextlib.nullcontext():
         yield copied, kept
 
 

@@ -108,6 +108,9 @@ class StorageInfo:
     # order of their first allocation (FSDP2's all-gather and reduce-scatter streams;
     # fxmem.trace.ledger.tracking.StorageTracker.stream_index)
     stream: int = 0
+    # which of FSDP2's own buffers it is (fxmem.trace.parallel.fsdp_buffers.Buffer), sized
+    # by the world size; None: not one
+    fsdp_buffer: object = None
 
 
 @dataclass(frozen=True)
@@ -177,6 +180,9 @@ class Trace:
     # the rank whose trace this rank's step was derived from (the same world size under
     # FSDP2: fxmem.trace.parallel.other_ranks); None: traced
     derived_from: int | None = None
+    # the world size of the trace it was derived from, when another (fxmem.trace.parallel.
+    # other_ranks.at_world_size); None: this one
+    derived_world_size: int | None = None
 
 
 def _graph(self) -> torch.fx.Graph:
