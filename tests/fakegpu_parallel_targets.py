@@ -47,6 +47,10 @@ CASES = {  # name: (model, strategy, input width, step options)
     "fsdp-wide": (Wide, lambda: FSDP(2), 1024, {}),
     "fsdp-wide-kept": (Wide, lambda: FSDP(2), 1024, {"set_to_none": False}),
     "ddp": (Stack, lambda: DDP(2), 64, {}),
+    # a 12 MiB bucket (3 blocks of 4 MiB and the head: the large pool), made when DDP is
+    # constructed and again where it was when the buckets are rebuilt, before any cuBLAS
+    # workspace's 32 MiB segment is cached
+    "ddp-wide": (Wide, lambda: DDP(2), 1024, {}),
     "tp": (MLP, lambda: TP(2, MLP_PLAN), 64, {}),
     # autocast around FSDP2's step, every block checkpointed: autocast's weight cache holds a
     # bf16 copy of each gathered weight until the forward ends (fxmem.report.precision; the

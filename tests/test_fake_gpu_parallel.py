@@ -53,7 +53,7 @@ def _figures(name, B):  # noqa: N803
 
 
 CASES = ("fsdp", "fsdp-keep", "fsdp-wide", "fsdp-wide-kept", "fsdp-offload", "hsdp", "ddp",
-         "tp", "fsdp-amp", "fsdp-amp-param-dtype")
+         "ddp-wide", "tp", "fsdp-amp", "fsdp-amp-param-dtype")
 KNOWN_ALLOCATED: dict = {}
 KNOWN_RESERVED: dict = {}
 UNSTABLE_ALLOCATED: dict = {}
