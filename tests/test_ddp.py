@@ -64,6 +64,19 @@ def test_zero1_per_rank(world):
     assert r.peak_bytes(64) < full.peak_bytes(64)
 
 
+def test_zero1_runs_the_foreach_optimizer_on_cuda():
+    """For a CUDA step, each rank's local Adam under ZeRO-1 is the foreach one, as on a
+    GPU: ZeroRedundancyOptimizer copies its own groups' settings (``foreach=None``) into
+    the local optimizer's before each step, and on fake tensors None had meant the loop
+    over the parameters (on the fake GPU, tests/test_fake_gpu_parallel.py ddp-compiled-
+    zero1: 73,400,320 B reserved predicted at B=512 with the loop, 71,303,168 measured)."""
+    kw = {**STEP, "device": "cuda"}
+    r = fxmem.analyze(Stack(), *_batch(), parallel=DDP(2, zero1=True), **kw)
+    for rank in (0, 1):
+        ops = {o.op for o in r.rank(rank).trace.ops if o.phase == "optimizer"}
+        assert "aten._foreach_sqrt.default" in ops and "aten.sqrt.default" not in ops, ops
+
+
 def test_zero1_partition_is_zeros():
     """DDP.partition is ZeroRedundancyOptimizer's own (traced over a fake group)."""
     from torch.distributed.optim import ZeroRedundancyOptimizer

@@ -352,8 +352,9 @@ def make_optimizer(factory: Callable, params: list, device: str,
         raise InputError(f"optimizer(params) returned {type(opt).__name__}, not an Optimizer")
     if spec is not None:
         check_optimizer(spec, opt)
-    if device == "cuda":  # (ZeRO-1: its local optimizer's groups)
-        for group in getattr(opt, "optim", opt).param_groups:
+    if device == "cuda":  # ZeRO-1: its local optimizer's groups, and its own, which it
+        # copies into the local ones before each step (``_sync_param_groups``)
+        for group in [*opt.param_groups, *getattr(opt, "optim", opt).param_groups]:
             if "foreach" in group and group["foreach"] is None and not group.get("fused"):
                 group["foreach"] = True
     return opt
