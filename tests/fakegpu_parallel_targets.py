@@ -75,6 +75,15 @@ CASES = {  # name: (model, strategy, input width, step options)
     "tp-compiled": (lambda: _tp_block("each"), lambda: TP(2, TP_BLOCK), 256, {}),
     "tp-compiled-in-place": (lambda: _tp_block("in_place"), lambda: TP(2, TP_BLOCK_OWN), 256,
                              {}),
+    # each block torch.compile(block) put back (or compiled in place), then the model wrapped
+    # by DDP: DDP's forward makes dynamo split each block's graph at its buckets' bounds
+    # (DDPOptimizer), in the trace as in the run; with ZeRO-1, and with the gradients views
+    # of the buckets
+    "ddp-compiled": (lambda: _blocks("each"), lambda: DDP(2), 256, {}),
+    "ddp-compiled-in-place": (lambda: _blocks("in_place"), lambda: DDP(2), 256, {}),
+    "ddp-compiled-zero1": (lambda: _blocks("each"), lambda: DDP(2, zero1=True), 256, {}),
+    "ddp-compiled-views": (lambda: _blocks("each"),
+                           lambda: DDP(2, gradient_as_bucket_view=True), 256, {}),
 }
 # the block's linears split: through torch.compile(block)'s _orig_mod, or the block's own
 # paths (compiled in place, or eager)
@@ -96,7 +105,8 @@ def _tp_block(how):
 # size, as fxmem's trace lowers them, and that code runs at the measured B (measure_rank's
 # compile_at_example)
 COMPILED = {"fsdp-compiled", "fsdp-compiled-in-place", "hsdp-compiled",
-            "fsdp-compiled-offload", "tp-compiled", "tp-compiled-in-place"}
+            "fsdp-compiled-offload", "tp-compiled", "tp-compiled-in-place", "ddp-compiled",
+            "ddp-compiled-in-place", "ddp-compiled-zero1", "ddp-compiled-views"}
 
 
 def _checkpointed(model):

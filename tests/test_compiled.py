@@ -78,9 +78,10 @@ def test_a_model_compiled_whole_refuses_an_eager_plan_as_such(plan):
                                                       r"on their own under DDP over 2 ranks "
                                                       r"are not modelled yet \(on one GPU "
                                                       r"they are\)"),
-    ({"parallel": fxmem.DDP(2)}, r"parts compiled on their own under DDP over 2 ranks are "
-                                 r"not modelled yet \(under FSDP2, HSDP and TP, CPU offload "
-                                 r"included, they are\)"),
+    ({"parallel": fxmem.DDP(2, static_graph=True)},
+     r"parts compiled on their own under DDP over 2 ranks \(static_graph=True\) are not "
+     r"modelled yet \(under FSDP2, HSDP, TP and DDP without static_graph, CPU offload and "
+     r"ZeRO-1 included, they are\)"),
     ({"parallel": fxmem.Parallel(fsdp=fxmem.FSDP(2), tp=fxmem.TP(2, {"2": ColwiseParallel()}))},
      r"parts compiled on their own under FSDP2 over 2 ranks x TP over 2 ranks \(4 ranks\) "
      r"are not modelled yet"),
@@ -93,6 +94,19 @@ def test_parts_compiled_on_their_own_refuse_what_is_not_modelled(option, message
                                                r"own: " + message):
         fxmem.analyze(_parts(), torch.zeros(4, 8), loss=lambda o: o.sum(), device="cuda",
                       **option)
+
+
+@pytest.mark.parametrize("parallel", [fxmem.DDP(2), fxmem.DDP(2, zero1=True),
+                                      fxmem.DDP(2, gradient_as_bucket_view=True)],
+                         ids=lambda p: p.name)
+def test_parts_compiled_on_their_own_are_modelled_under_ddp(parallel):
+    """Under DDP (ZeRO-1 and the gradients views of the buckets too) the parts are traced
+    on each rank (checked on the fake GPU's ranks: tests/test_fake_gpu_parallel.py); they
+    had been refused in one line."""
+    from fxmem.trace.compiled.parts import check_parts
+
+    assert parallel.runs_compiled_parts()
+    check_parts(_parts(), None, parallel, None)
 
 
 def _nested():

@@ -126,11 +126,16 @@ def _compiled_figures(name, cache):
 
 
 COMPILED_CASES = [(name, B) for name in ("fsdp-compiled", "fsdp-compiled-in-place",
-                                         "hsdp-compiled", "fsdp-compiled-offload", "tp-compiled")
+                                         "hsdp-compiled", "fsdp-compiled-offload", "tp-compiled",
+                                         "ddp-compiled", "ddp-compiled-zero1")
                   for B in COMPILED_BATCHES]
 # the same block compiled in place under TP: the figures of tp-compiled (checked on 2.14.1
-# and 2.15 when added), its compile in place lowered by the same code as fsdp-compiled-in-place's
-COMPILED_CASES += [pytest.param("tp-compiled-in-place", B, marks=pytest.mark.slow)
+# and 2.15 when added), its compile in place lowered by the same code as fsdp-compiled-in-place's;
+# under DDP, the blocks compiled in place (ddp-compiled's figures on 2.15 when added) and the
+# gradients views of DDP's buckets
+COMPILED_CASES += [pytest.param(name, B, marks=pytest.mark.slow)
+                   for name in ("tp-compiled-in-place", "ddp-compiled-in-place",
+                                "ddp-compiled-views")
                    for B in COMPILED_BATCHES]
 
 
@@ -142,7 +147,11 @@ def test_blocks_compiled_on_their_own_allocate_as_predicted(name, B, inductor_ca
     column- and row-wise: dynamo traces the block on its DTensors); or each
     block compiled in place (``block.compile()``), then sharded: its compiled call runs
     FSDP2's hooks (eagerly: graph breaks), which the trace records around the block's
-    forward compiled by the same context (fxmem.trace.compiled.parts.parts_lowered)."""
+    forward compiled by the same context (fxmem.trace.compiled.parts.parts_lowered). Or the
+    model wrapped by DDP over 2 ranks (ZeRO-1 too, and the gradients views of its
+    buckets): each rank's whole replica CUDA fakes, its blocks' graphs split at DDP's
+    buckets by dynamo (DDPOptimizer) as in the run, its Reducer's hooks fired by the
+    compiled backward's gradients."""
     seen, want = _compiled_figures(name, inductor_cache)[B]
     assert [s[0] for s in seen] == [w[0] for w in want], (B, seen, want)
 

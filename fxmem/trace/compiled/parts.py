@@ -56,7 +56,7 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
     eagerly under its fake tensors), on the CPU (inductor's CPU code), under a checkpoint
     plan but over whole ``torch.compile(block)`` parts on one GPU
     (:func:`fxmem.trace.plans.checkpointing.check_parts_plan`),
-    data or tensor parallelism other than FSDP2's over ``torch.compile(block)`` parts,
+    a strategy whose ``runs_compiled_parts`` is False (FSDP2 x TP, DDP's ``static_graph``),
     or ``compile=`` (which compiles the model whole); and a model compiled whole under an
     eager checkpoint plan or a strategy (``spec``: the step's, for ``compile=``).
 
@@ -75,8 +75,8 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
     if parallel is not None and (isinstance(model, OptimizedModule) or (
             spec is not None and spec.compile is not None)):
         raise InputError(f"the model is compiled whole under {_name(parallel)}: not "
-                         "modelled yet; under FSDP2 its blocks compiled on their own "
-                         "(torch.compile(block) put back in the model) are")
+                         "modelled yet; under FSDP2, DDP and TP its blocks compiled on their "
+                         "own (torch.compile(block) put back in the model) are")
     if isinstance(model, OptimizedModule):
         inner = compiled_parts(model._orig_mod)
         if inner:
@@ -109,10 +109,11 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
 
 
 def _check_sharded(parts: list, parallel, what: str) -> None:
-    """Parts under ``parallel``: modelled under FSDP2 and HSDP (CPU offload included) and
-    TP, each part a ``torch.compile(block)`` put in the model (as torchtitan did, then
-    ``fully_shard``: FSDP2's hooks run eagerly around the compiled block) or a block
-    compiled in place; else an :class:`fxmem.InputError` in one line."""
+    """Parts under ``parallel``: modelled under FSDP2 and HSDP (CPU offload included), TP
+    and DDP (ZeRO-1 included, not with ``static_graph``), each part a
+    ``torch.compile(block)`` put in the model (as torchtitan did, then ``fully_shard``:
+    FSDP2's hooks run eagerly around the compiled block) or a block compiled in place; else
+    an :class:`fxmem.InputError` in one line."""
     from torch._dynamo.eval_frame import OptimizedModule
 
     from ...errors import InputError
@@ -120,8 +121,8 @@ def _check_sharded(parts: list, parallel, what: str) -> None:
     name = _name(parallel)
     if not getattr(parallel, "runs_compiled_parts", lambda: False)():  # (a Strategy's)
         raise InputError(f"{what}: parts compiled on their own under {name} are not "
-                         "modelled yet (under FSDP2, HSDP and TP, CPU offload included, "
-                         "they are)")
+                         "modelled yet (under FSDP2, HSDP, TP and DDP without static_graph, "
+                         "CPU offload and ZeRO-1 included, they are)")
     if parts[0][0] == "":
         raise InputError(f"the model is compiled in place (model.compile()) under {name}: "
                          "not modelled yet; its blocks compiled on their own "

@@ -116,6 +116,18 @@ class DDP(Strategy):
             gradient_as_bucket_view=self.gradient_as_bucket_view,
             static_graph=self.static_graph, **sync)
 
+    def runs_compiled_parts(self) -> bool:
+        """Blocks compiled on their own (``torch.compile(block)`` put back, or
+        ``block.compile()``): each rank's whole replica CUDA fakes (on a CUDA mesh), its
+        blocks lowered as on one GPU; DDP's forward makes dynamo split each block's graph at
+        its buckets' bounds (``DDPOptimizer``), in the trace as in a real run, and the
+        Reducer's hooks fire as the compiled backward's gradients reach the parameters.
+        Checked on the fake GPU's ranks, ZeRO-1 and ``gradient_as_bucket_view`` too. Not
+        with ``static_graph``: its Reducer copies its map of used parameters to the device
+        through pinned host memory, which the trace's fakes do not give it (an internal
+        assert in ``reducer.cpp``)."""
+        return type(self) is DDP and not self.static_graph
+
     def optimizer(self, factory):
         """The optimizer factory each rank runs: ``factory`` itself, or with ``zero1``,
         ``ZeroRedundancyOptimizer`` over it (``factory``: an optimizer class or

@@ -289,8 +289,8 @@ def initialise(root: torch.nn.Module) -> None:
             m.reshard()
 
 
-def empty_tied(model: torch.nn.Module) -> None:
-    """``model.to_empty(device="cpu")`` that keeps tied parameters tied: ``to_empty`` makes
+def empty_tied(model: torch.nn.Module, device: str = "cpu") -> None:
+    """``model.to_empty(device=device)`` that keeps tied parameters tied: ``to_empty`` makes
     a new ``Parameter`` for each module that holds one when the device type changes
     (``Module._apply``), so a meta GPT-2's head and embedding would become two parameters,
     two gradients in DDP's buckets and two optimizer states (65,540 bytes too many on the
@@ -311,7 +311,7 @@ def empty_tied(model: torch.nn.Module) -> None:
                     continue
                 new = made.get(id(t))
                 if new is None:
-                    new = torch.empty_like(t, device="cpu")
+                    new = torch.empty_like(t, device=device)
                     if isinstance(t, torch.nn.Parameter):
                         new = torch.nn.Parameter(new, requires_grad=t.requires_grad)
                     made[id(t)] = new
@@ -394,7 +394,7 @@ def sharded(model: torch.nn.Module, parallel: Strategy, rank: int, mode,
             yield copied, None
             return
         with mode:  # DDP's constructor broadcasts the parameters and builds its buckets
-            empty_tied(copied)
+            empty_tied(copied, device)
         kept = Kept()
         kept.know([*copied.parameters(), *copied.buffers()])
         kept.real = RealInts()  # (the Reducer's integer bookkeeping)

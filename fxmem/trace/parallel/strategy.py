@@ -31,8 +31,9 @@ class Strategy:
 
     def runs_compiled_parts(self) -> bool:
         """Are parts of a model compiled on their own (``torch.compile(block)``) modelled
-        under this strategy (:func:`fxmem.trace.compiled.parts.check_parts`)? Under FSDP2
-        alone (:class:`fxmem.FSDP`), checked on the fake GPU's ranks."""
+        under this strategy (:func:`fxmem.trace.compiled.parts.check_parts`)? Under
+        :class:`fxmem.FSDP`, :class:`fxmem.TP` and :class:`fxmem.DDP` (not with
+        ``static_graph``), each checked on the fake GPU's ranks; not under FSDP2 x TP."""
         return False
 
     def optimizer(self, factory):
