@@ -284,23 +284,22 @@ def _per_rank(request: TraceRequest, again_as=None, defer: bool = False,
     plan = normalize_plan(model, request.checkpoint)
     as_here = _modes(model)
 
-    def group(ranks, like=None):  # like: the first group's trace, to derive this one from
+    def group(ranks, lead=None):  # lead: the first group's trace, to derive this one from
         rank = request.but(checkpoint=plan, rank=ranks[0])
-        t = like and other_rank(like, parallel, model, ranks[0], first[0])
-        if not t and ranks == first and source is not None:
-            t = at_world_size(source.groups[0].report.trace, source.strategy, parallel, model)
+        t = lead and other_rank(lead, parallel, model, ranks[0], first[0])
+        if not t and ranks == first and like is not None:
+            t = at_world_size(like.groups[0].report.trace, like.strategy, parallel, model)
         if not t:
             with as_here():
                 t = _trace(rank)
         below = _below(as_here, rank, t.guards)
         return replace(_report(t, rank.dims, rank.step.device), below=below,
                        **(again_as or {}))
-    source = like
     first, *rest = parallel.rank_groups(model)
     groups = [RankGroup(first, group(first))]
-    like = groups[0].report.trace
-    groups += [RankGroup(ranks, make=lambda r=ranks: group(r, like)) if defer else
-               RankGroup(ranks, group(ranks, like)) for ranks in rest]
+    lead = groups[0].report.trace
+    groups += [RankGroup(ranks, make=lambda r=ranks: group(r, lead)) if defer else
+               RankGroup(ranks, group(ranks, lead)) for ranks in rest]
 
     def retrace(plan, defer: bool = False):  # the planner's confirmation: this step traced
         return _per_rank(request.but(checkpoint=plan), again_as, defer)  # with ``plan``
