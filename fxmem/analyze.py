@@ -107,12 +107,12 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
 
 
 def analyze_request(request: TraceRequest, retrace: bool = False, defer: bool = False,
-                    like: ParallelReport | None = None):
+                    like: tuple | None = None):
     """:func:`analyze` of one :class:`~fxmem.trace.engine.request.TraceRequest` (its
     ``parallel`` as the user gave it; ``retrace``: its checkpoint plan traced for real;
     ``defer``: a parallel step's groups of ranks after the first traced when first read;
-    ``like``: the report of this request over another world size of FSDP2, whose rank 0
-    this one's is derived from where it can be, :func:`_per_rank`):
+    ``like``: ``(strategy, rank 0's trace)`` of this request over another world size of
+    FSDP2, which this one's rank 0 is derived from where it can be, :func:`_per_rank`):
     what :func:`analyze`, :func:`min_world_size`, :func:`fxmem.whatif` and every trace a
     report makes again (a plan confirmed, the ways out) call, each with the request it
     was given, some fields changed.
@@ -198,10 +198,25 @@ def _made(made: dict, request: TraceRequest, report):
     return report
 
 
-def _like(made: dict, request: TraceRequest):
-    """The report in ``made`` of ``request`` over another world size, or None."""
+def _like(made: dict, request: TraceRequest) -> tuple | None:
+    """``(strategy, rank 0's trace)`` of ``request``'s step over another world size, from
+    the last report of its kind in ``made`` (at ``request``'s B when that is an int: the
+    report's rank 0 traced there already), or None."""
     got = made.get(_kind(request.parallel))
-    return got[1] if got and got[0].differs_in_parallel(request) else None
+    if not got:
+        return None
+    was, report = got
+    lead, b = report.groups[0].report, request.concrete_batch
+    if was.differs_in_parallel(request):
+        return _lead(report)
+    small = b is not None and was.but(concrete_batch=b).differs_in_parallel(request) and \
+        lead._traced_at(b, make=False)
+    return (report.strategy, small.trace) if small else None
+
+
+def _lead(report: ParallelReport) -> tuple:
+    """``(strategy, rank 0's trace)`` of ``report``."""
+    return report.strategy, report.groups[0].report.trace
 
 
 def _trace(request: TraceRequest):
@@ -272,12 +287,13 @@ def _modes(model):
 
 
 def _per_rank(request: TraceRequest, again_as=None, defer: bool = False,
-              like: ParallelReport | None = None) -> ParallelReport:
+              like: tuple | None = None) -> ParallelReport:
     """One trace per group of alike ranks (the strategy's ``rank_groups``) of ``request``'s
     parallel step; ``defer``: the groups after the first traced when first read (in the
     modules' modes of now), for a search that reads them only where the first fits. The
     groups after the first are derived from its trace where they can be, and the first
-    from ``like``'s (the same step over another world size of FSDP2) where it can be
+    from ``like`` (``(strategy, trace)``: rank 0 of the same step over another world size
+    of FSDP2) where it can be
     (:mod:`fxmem.trace.parallel.other_ranks`); else traced."""
     parallel, model = request.parallel, request.model
     check_parallel(parallel)
@@ -288,7 +304,7 @@ def _per_rank(request: TraceRequest, again_as=None, defer: bool = False,
         rank = request.but(checkpoint=plan, rank=ranks[0])
         t = lead and other_rank(lead, parallel, model, ranks[0], first[0])
         if not t and ranks == first and like is not None:
-            t = at_world_size(like.groups[0].report.trace, like.strategy, parallel, model)
+            t = at_world_size(like[1], like[0], parallel, model)
         if not t:
             with as_here():
                 t = _trace(rank)
@@ -341,8 +357,9 @@ def min_world_size(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train
 
     def fits(w: int) -> bool:  # (rank 0 derived from the last world size's where it can be)
         if w not in memo:
+            last = next(reversed(memo.values()))[1] if memo else None
             r = analyze_request(request.but(parallel=replace(parallel, world_size=w)),
-                                like=next(reversed(memo.values()))[1] if memo else None)
+                                like=last and _lead(last))
             try:
                 memo[w] = r.max_batch_size(budget_bytes, by=by) >= B, r
             except InfeasibleBudgetError:

@@ -80,6 +80,33 @@ def test_reserved_per_rank(name):
         assert [s[1] for s in seen] == [w[1] for w in want], (B, seen, want)
 
 
+# FSDP2's cases (over 2 and 4 GPUs) whose ranks can be derived from rank 0's step over 3
+DERIVED = ("fsdp", "fsdp-wide-kept", "fsdp-amp-param-dtype")
+
+
+@pytest.mark.parametrize("name", DERIVED)
+def test_ranks_derived_from_another_world_size_run_as_predicted(name):
+    """Each rank's step derived, not traced: rank 0's from its step over 3 GPUs
+    (fxmem.trace.parallel.other_ranks.at_world_size: FSDP2's buffers, the padded shards and
+    the optimizer's state resized, as a search over world sizes does), the others' from
+    that; both figures of each rank at both B against the ranks run on the fake GPU."""
+    from dataclasses import replace
+
+    import fakegpu_parallel_targets as t
+
+    model, x, y, parallel, step = t.case(name)
+    three = fxmem.analyze(model, (x,), (y,), parallel=replace(parallel, world_size=3),
+                          device="cuda", **step)
+    two = three.groups[0].report.reanalyze(parallel=parallel)
+    assert two.groups[0].report.trace.derived_world_size == 3
+    for B in BATCHES:
+        seen = [(r[str(B)]["peak_bytes"], r[str(B)]["peak_reserved_bytes"])
+                for r in _measured(name)]
+        want = [(d.max_allocated, d.max_reserved)
+                for d in (two.rank(k).cuda_memory(B) for k in range(parallel.world_size))]
+        assert seen == want, (B, seen, want)
+
+
 # blocks compiled on their own (torch.compile(block) put back, then fully_shard: torchtitan's
 # way) under FSDP2, compiled first at the example's B=4 with B dynamic
 # (fakegpu_parallel_targets.COMPILED), as fxmem lowers them, and measured at two other batch

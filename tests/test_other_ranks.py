@@ -216,3 +216,32 @@ def test_the_fewest_ranks_traces_one_world_size(monkeypatch):
     monkeypatch.setattr(ANALYZE, "at_world_size", lambda *a: None)
     assert fxmem.min_world_size(model, inputs, **kw) == 4
     assert sorted(set(calls)) == [1, 2, 3, 4], calls
+
+
+def test_another_world_size_at_an_int_b_derived_from_rank_0_there(monkeypatch):
+    # a way out asks FSDP2 over more GPUs at a B below where the formulas hold (the 70B at
+    # B=1): rank 0 there is derived from rank 0 traced at that B, made already; and is what
+    # tracing it gives
+    model, inputs = _llama()
+    r = fxmem.analyze(model, inputs, optimizer=torch.optim.AdamW, device="cpu",
+                      parallel=fxmem.FSDP(2))
+    lead = r.groups[0].report
+    assert lead._traced_at(1, make=False) is None  # (nothing traced to ask it)
+    lead._traced_at(1)
+    calls = []
+    traced = ANALYZE._trace
+    monkeypatch.setattr(ANALYZE, "_trace", lambda q: calls.append(q) or traced(q))
+    derived = lead.reanalyze(parallel=fxmem.FSDP(3), concrete_batch=1).groups[0].report.trace
+    assert calls == [] and derived.derived_world_size == 2
+    monkeypatch.setattr(ANALYZE, "at_world_size", lambda *a: None)
+    again = r.groups[0].report.reanalyze(parallel=fxmem.FSDP(3), concrete_batch=1)
+    assert [(q.parallel.world_size, q.concrete_batch) for q in calls] == [(3, 1)]
+    assert _storages(derived) == _storages(again.groups[0].report.trace)
+
+
+def test_a_model_wrapped_by_checkpoint_wrapper_derived_as_traced():
+    # the blocks wrapped (fxmem.apply_checkpoints: checkpoint_wrapper's inserted component in
+    # the parameters' names, not in the names fxmem gives their storages)
+    model, inputs = _llama()
+    fxmem.apply_checkpoints(model, ["model.model.layers.0", "model.model.layers.1"])
+    _derived_as_traced(fxmem.FSDP(3), (2,), "cpu", (model, inputs))

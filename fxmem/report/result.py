@@ -88,11 +88,12 @@ class Report:
         b = _check_b(B)
         return None if self.below is None or b >= self.min_batch_size else self._traced_at(b)
 
-    def _traced_at(self, b: int) -> "Report":
-        """This step traced with B the int ``b``, once (reports derived from it ask it)."""
-        if b not in (cache := self.__dict__.setdefault("_below_at", {})):
+    def _traced_at(self, b: int, make: bool = True) -> "Report | None":
+        """This step traced with B the int ``b``, once (reports derived from it ask it);
+        ``make=False``: only where that was made already (else None: nothing traced)."""
+        if b not in (cache := self.__dict__.setdefault("_below_at", {})) and make:
             cache[b] = self.below(b)
-        return cache[b]
+        return cache.get(b)
 
     def _no_dims(self, values: dict) -> None:
         if values:

@@ -43,6 +43,7 @@ import sympy
 import torch
 
 from ...formula.symbols import Size
+from ..plans.checkpointing import user_path
 from .fsdp import FSDP, _unique
 from .fsdp_buffers import padded_rows
 
@@ -77,7 +78,7 @@ def _derived(trace, model, was: tuple, now: tuple):
     if shapes is None or trace.compiled or trace.compiled_parts:
         return None
     (a, _), (b, _) = was, now
-    whole = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    whole = {user_path(n): tuple(p.shape) for n, p in model.named_parameters()}  # (as named)
     ops, out, resized = trace.ops, [], set()
     for s in trace.storages:
         if a.world_size != b.world_size and (s.fsdp_buffer is not None or s.category == "param"):
