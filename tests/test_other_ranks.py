@@ -245,3 +245,22 @@ def test_a_model_wrapped_by_checkpoint_wrapper_derived_as_traced():
     model, inputs = _llama()
     fxmem.apply_checkpoints(model, ["model.model.layers.0", "model.model.layers.1"])
     _derived_as_traced(fxmem.FSDP(3), (2,), "cpu", (model, inputs))
+
+
+def test_fsdp2_s_sites_are_put_back():
+    # fxmem.trace.parallel.fsdp_buffers wraps FSDP2's allocation sites while a rank is
+    # traced: after the trace, and after one that fails, they are FSDP2's own again
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives as co
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg
+    from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
+
+    def sites():
+        return (pg.foreach_all_gather, pg.foreach_reduce, co._get_param_all_gather_inputs,
+                FSDPParam.alloc_all_gather_outputs, FSDPParam.to_sharded_post_forward)
+    before = sites()
+    model, inputs = _llama()
+    _over(fxmem.FSDP(2), model, inputs, device="cpu")
+    assert sites() == before
+    with pytest.raises(fxmem.FxmemError):
+        _over(fxmem.FSDP(2), model, inputs, device="cpu", loss=lambda out: out.no_such)
+    assert sites() == before

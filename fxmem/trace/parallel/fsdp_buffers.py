@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from typing import Iterator
+from unittest import mock
 
 # the kinds, and how many of the parameters' padded shards each holds: world_size of them
 # (None), one, or world_size / post_forward of them
@@ -154,13 +155,11 @@ def labelled(rec) -> Iterator:
         for t in self.all_gather_outputs:
             note(t, Buffer("unsharded", (tuple(self._orig_size),), t.element_size()))
 
-    pg.foreach_all_gather, pg.foreach_reduce = foreach_all_gather, foreach_reduce
-    co._get_param_all_gather_inputs = get_inputs
-    FSDPParam.alloc_all_gather_outputs = alloc_all_gather_outputs
-    FSDPParam.to_sharded_post_forward = to_sharded_post_forward
-    try:
+    with contextlib.ExitStack() as sites:
+        for owner, name, site in ((pg, "foreach_all_gather", foreach_all_gather),
+                                  (pg, "foreach_reduce", foreach_reduce),
+                                  (co, "_get_param_all_gather_inputs", get_inputs),
+                                  (FSDPParam, "alloc_all_gather_outputs", alloc_all_gather_outputs),
+                                  (FSDPParam, "to_sharded_post_forward", to_sharded_post_forward)):
+            sites.enter_context(mock.patch.object(owner, name, site))
         yield
-    finally:
-        pg.foreach_all_gather, pg.foreach_reduce = gather, reduce
-        co._get_param_all_gather_inputs = inputs
-        FSDPParam.alloc_all_gather_outputs, FSDPParam.to_sharded_post_forward = alloc, post
