@@ -9,9 +9,10 @@ import functools
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-from fxmem import DDP, FSDP, TP
+from fxmem import DDP, FSDP, TP, Parallel
 from test_fsdp import Stack as _Stack
 
 # test_fsdp's blocks of Linear + ReLU and a head, at width 64 (FSDP2 shards each block, then
@@ -84,11 +85,29 @@ CASES = {  # name: (model, strategy, input width, step options)
     "ddp-compiled-zero1": (lambda: _blocks("each"), lambda: DDP(2, zero1=True), 256, {}),
     "ddp-compiled-views": (lambda: _blocks("each"),
                            lambda: DDP(2, gradient_as_bucket_view=True), 256, {}),
+    # FSDP2 over TP on a (2, 2) mesh of 4 ranks: each block torch.compile(block) put back,
+    # its linears split column- and row-wise on mesh["tp"], then every block and the root
+    # sharded on mesh["dp"]; eagerly, the same model's blocks uncompiled; each block compiled
+    # in place (block.compile())
+    "fsdp-tp": (lambda: _blocks("eager"), lambda: Parallel(
+        fsdp=FSDP(2), tp=TP(2, BLOCKS_PLAN_OWN)), 256, {}),
+    "fsdp-tp-compiled": (lambda: _blocks("each"), lambda: Parallel(
+        fsdp=FSDP(2), tp=TP(2, BLOCKS_PLAN)), 256, {}),
+    "fsdp-tp-compiled-in-place": (lambda: _blocks("in_place"), lambda: Parallel(
+        fsdp=FSDP(2), tp=TP(2, BLOCKS_PLAN_OWN)), 256, {}),
 }
 # the block's linears split: through torch.compile(block)'s _orig_mod, or the block's own
 # paths (compiled in place, or eager)
 TP_BLOCK = {"0._orig_mod.a": ColwiseParallel(), "0._orig_mod.b": RowwiseParallel()}
 TP_BLOCK_OWN = {"0.a": ColwiseParallel(), "0.b": RowwiseParallel()}
+# fakegpu_compile_targets.Blocks' linears split (the head's output gathered: every parameter
+# a DTensor on the 2-D mesh, as CUDA's foreach Adam needs), through each torch.compile(block)'s
+# _orig_mod, or the blocks' own paths
+_HEAD = {"head": ColwiseParallel(output_layouts=Replicate())}
+BLOCKS_PLAN = {"layers.*._orig_mod.inner.a": ColwiseParallel(),
+               "layers.*._orig_mod.inner.b": RowwiseParallel(), **_HEAD}
+BLOCKS_PLAN_OWN = {"layers.*.inner.a": ColwiseParallel(), "layers.*.inner.b": RowwiseParallel(),
+                   **_HEAD}
 
 
 def _tp_block(how):
@@ -106,7 +125,8 @@ def _tp_block(how):
 # compile_at_example)
 COMPILED = {"fsdp-compiled", "fsdp-compiled-in-place", "hsdp-compiled",
             "fsdp-compiled-offload", "tp-compiled", "tp-compiled-in-place", "ddp-compiled",
-            "ddp-compiled-in-place", "ddp-compiled-zero1", "ddp-compiled-views"}
+            "ddp-compiled-in-place", "ddp-compiled-zero1", "ddp-compiled-views",
+            "fsdp-tp-compiled", "fsdp-tp-compiled-in-place"}
 
 
 def _checkpointed(model):

@@ -53,7 +53,7 @@ def _figures(name, B):  # noqa: N803
 
 
 CASES = ("fsdp", "fsdp-keep", "fsdp-wide", "fsdp-wide-kept", "fsdp-offload", "hsdp", "ddp",
-         "ddp-wide", "tp", "fsdp-amp", "fsdp-amp-param-dtype")
+         "ddp-wide", "tp", "fsdp-tp", "fsdp-amp", "fsdp-amp-param-dtype")
 KNOWN_ALLOCATED: dict = {}
 KNOWN_RESERVED: dict = {}
 UNSTABLE_ALLOCATED: dict = {}
@@ -154,15 +154,17 @@ def _compiled_figures(name, cache):
 
 COMPILED_CASES = [(name, B) for name in ("fsdp-compiled", "fsdp-compiled-in-place",
                                          "hsdp-compiled", "fsdp-compiled-offload", "tp-compiled",
-                                         "ddp-compiled", "ddp-compiled-zero1")
+                                         "ddp-compiled", "ddp-compiled-zero1",
+                                         "fsdp-tp-compiled")
                   for B in COMPILED_BATCHES]
 # the same block compiled in place under TP: the figures of tp-compiled (checked on 2.14.1
 # and 2.15 when added), its compile in place lowered by the same code as fsdp-compiled-in-place's;
 # under DDP, the blocks compiled in place (ddp-compiled's figures on 2.15 when added) and the
-# gradients views of DDP's buckets
+# gradients views of DDP's buckets; under FSDP2 x TP, the blocks compiled in place (on 4
+# ranks)
 COMPILED_CASES += [pytest.param(name, B, marks=pytest.mark.slow)
                    for name in ("tp-compiled-in-place", "ddp-compiled-in-place",
-                                "ddp-compiled-views")
+                                "ddp-compiled-views", "fsdp-tp-compiled-in-place")
                    for B in COMPILED_BATCHES]
 
 
@@ -178,7 +180,9 @@ def test_blocks_compiled_on_their_own_allocate_as_predicted(name, B, inductor_ca
     model wrapped by DDP over 2 ranks (ZeRO-1 too, and the gradients views of its
     buckets): each rank's whole replica CUDA fakes, its blocks' graphs split at DDP's
     buckets by dynamo (DDPOptimizer) as in the run, its Reducer's hooks fired by the
-    compiled backward's gradients."""
+    compiled backward's gradients. Or FSDP2 over TP on a 2 x 2 mesh of 4 ranks: each
+    block's linears split on mesh["tp"], then the blocks and the root sharded on
+    mesh["dp"]."""
     seen, want = _compiled_figures(name, inductor_cache)[B]
     assert [s[0] for s in seen] == [w[0] for w in want], (B, seen, want)
 
@@ -198,6 +202,15 @@ def test_a_block_compiled_under_tp_is_not_the_eager_one(inductor_cache):
     eager = fxmem.analyze(t._tp_block("eager"), (x,), (y,), device="cuda", **step,
                           parallel=fxmem.TP(2, t.TP_BLOCK_OWN))
     compiled = _compiled_figures("tp-compiled", inductor_cache)[512][1]
+    assert all(w[0] < eager.rank(k).cuda_memory(512).max_allocated
+               for k, w in enumerate(compiled)), compiled
+
+
+def test_blocks_compiled_under_fsdp2_x_tp_are_not_the_eager_ones(inductor_cache):
+    """fsdp-tp-compiled's prediction at B=512 (checked against the fake GPU above) is under
+    the same blocks' eager one (fsdp-tp, checked too at its batch sizes) on every rank."""
+    eager, _ = _report("fsdp-tp")
+    compiled = _compiled_figures("fsdp-tp-compiled", inductor_cache)[512][1]
     assert all(w[0] < eager.rank(k).cuda_memory(512).max_allocated
                for k, w in enumerate(compiled)), compiled
 

@@ -32,8 +32,9 @@ class Strategy:
     def runs_compiled_parts(self) -> bool:
         """Are parts of a model compiled on their own (``torch.compile(block)``) modelled
         under this strategy (:func:`fxmem.trace.compiled.parts.check_parts`)? Under
-        :class:`fxmem.FSDP`, :class:`fxmem.TP` and :class:`fxmem.DDP` (not with
-        ``static_graph``), each checked on the fake GPU's ranks; not under FSDP2 x TP."""
+        :class:`fxmem.FSDP`, :class:`fxmem.TP`, :class:`fxmem.DDP` (not with
+        ``static_graph``) and FSDP2 x TP (:class:`fxmem.Parallel`, not with HSDP or CPU
+        offload), each checked on the fake GPU's ranks."""
         return False
 
     def optimizer(self, factory):

@@ -110,7 +110,7 @@ class TP(Strategy):
         """Blocks compiled on their own (``torch.compile(block)`` put back, or
         ``block.compile()``) whose linears the plan splits: dynamo traces the block on its
         DTensors, and the rank's trace lowers it as on one GPU (over a CUDA mesh), checked on
-        the fake GPU's ranks. Not under FSDP2 x TP (:class:`Parallel`)."""
+        the fake GPU's ranks; under FSDP2 x TP, :meth:`Parallel.runs_compiled_parts`."""
         return type(self) is TP
 
     def materialize(self, model: torch.nn.Module, mode, device: str = "cpu") -> None:
@@ -178,6 +178,17 @@ class Parallel(Strategy):
         a meta copy), first rank first."""
         self.tp.check_plan(model)
         return _groups(self, model)
+
+    def runs_compiled_parts(self) -> bool:
+        """Blocks compiled on their own (``torch.compile(block)`` put back, or
+        ``block.compile()``) whose linears the plan splits on ``mesh["tp"]``, then sharded by
+        FSDP2 on ``mesh["dp"]``: the rank's shards CUDA fakes on a CUDA mesh, dynamo traces
+        each block on its DTensors and the trace lowers it as on one GPU, FSDP2's hooks
+        running eagerly around it (as under :class:`TP` and :class:`fxmem.FSDP` alone).
+        Checked on the fake GPU's 4 ranks (a 2 x 2 mesh). Not with HSDP or CPU offload
+        (not checked: HSDP x TP takes 8 ranks)."""
+        f = self.fsdp
+        return type(self) is Parallel and type(f) is FSDP and f.replicate == 1 and not f.offload
 
 
 def materialize_shards(model: torch.nn.Module, mode, device: str = "cpu") -> None:
