@@ -95,6 +95,16 @@ CASES = {  # name: (model, strategy, input width, step options)
         fsdp=FSDP(2), tp=TP(2, BLOCKS_PLAN)), 256, {}),
     "fsdp-tp-compiled-in-place": (lambda: _blocks("in_place"), lambda: Parallel(
         fsdp=FSDP(2), tp=TP(2, BLOCKS_PLAN_OWN)), 256, {}),
+    # HSDP x TP: 2 replicas of 1 shard over TP 2, a (replicate, shard, tp) mesh of 4 ranks;
+    # FSDP2's CPU offload over TP (the shards on the host, made there: Parallel.materialize)
+    "hsdp-tp": (lambda: _blocks("eager"), lambda: Parallel(
+        fsdp=FSDP(2, replicate=2), tp=TP(2, BLOCKS_PLAN_OWN)), 256, {}),
+    "hsdp-tp-compiled": (lambda: _blocks("each"), lambda: Parallel(
+        fsdp=FSDP(2, replicate=2), tp=TP(2, BLOCKS_PLAN)), 256, {}),
+    "fsdp-tp-offload": (lambda: _blocks("eager"), lambda: Parallel(
+        fsdp=FSDP(2, offload=True), tp=TP(2, BLOCKS_PLAN_OWN)), 256, {}),
+    "fsdp-tp-compiled-offload": (lambda: _blocks("each"), lambda: Parallel(
+        fsdp=FSDP(2, offload=True), tp=TP(2, BLOCKS_PLAN)), 256, {}),
 }
 # the block's linears split: through torch.compile(block)'s _orig_mod, or the block's own
 # paths (compiled in place, or eager)
@@ -126,7 +136,8 @@ def _tp_block(how):
 COMPILED = {"fsdp-compiled", "fsdp-compiled-in-place", "hsdp-compiled",
             "fsdp-compiled-offload", "tp-compiled", "tp-compiled-in-place", "ddp-compiled",
             "ddp-compiled-in-place", "ddp-compiled-zero1", "ddp-compiled-views",
-            "fsdp-tp-compiled", "fsdp-tp-compiled-in-place"}
+            "fsdp-tp-compiled", "fsdp-tp-compiled-in-place", "hsdp-tp-compiled",
+            "fsdp-tp-compiled-offload"}
 
 
 def _checkpointed(model):

@@ -80,16 +80,8 @@ def test_a_model_compiled_whole_refuses_an_eager_plan_as_such(plan):
                                                       r"they are\)"),
     ({"parallel": fxmem.DDP(2, static_graph=True)},
      r"parts compiled on their own under DDP over 2 ranks \(static_graph=True\) are not "
-     r"modelled yet \(under FSDP2 and HSDP, CPU offload included; TP; FSDP2 x TP without HSDP "
-     r"or CPU offload; DDP without static_graph, ZeRO-1 included, they are\)"),
-    ({"parallel": fxmem.Parallel(fsdp=fxmem.FSDP(4, replicate=2),
-                                 tp=fxmem.TP(2, {"2": ColwiseParallel()}))},
-     r"parts compiled on their own under FSDP2 over 4 ranks \(HSDP: 2 replicas of 2 shards\) "
-     r"x TP over 2 ranks \(8 ranks\) are not modelled yet"),
-    ({"parallel": fxmem.Parallel(fsdp=fxmem.FSDP(2, offload=True),
-                                 tp=fxmem.TP(2, {"2": ColwiseParallel()}))},
-     r"parts compiled on their own under FSDP2 over 2 ranks \(CPU offload\) x TP over 2 "
-     r"ranks \(4 ranks\) are not modelled yet"),
+     r"modelled yet \(under FSDP2 and HSDP, CPU offload included; TP; FSDP2 x TP; DDP "
+     r"without static_graph, ZeRO-1 included, they are\)"),
     ({"compile": True}, "compile= compiles the model whole"),
 ])
 def test_parts_compiled_on_their_own_refuse_what_is_not_modelled(option, message):
@@ -114,12 +106,15 @@ def test_parts_compiled_on_their_own_are_modelled_under_ddp(parallel):
     check_parts(_parts(), None, parallel, None)
 
 
-def test_parts_compiled_on_their_own_are_modelled_under_fsdp2_x_tp():
-    """Under FSDP2 x TP (a 2-D mesh) the parts are traced on each rank (checked on the fake
-    GPU's 4 ranks: tests/test_fake_gpu_parallel.py); they had been refused in one line."""
+@pytest.mark.parametrize("fsdp", [fxmem.FSDP(2), fxmem.FSDP(4, replicate=2),
+                                  fxmem.FSDP(2, offload=True)], ids=lambda f: f.name)
+def test_parts_compiled_on_their_own_are_modelled_under_fsdp2_x_tp(fsdp):
+    """Under FSDP2 x TP (a 2-D mesh; HSDP x TP, CPU offload over TP) the parts are traced on
+    each rank (checked on the fake GPU's 4 ranks: tests/test_fake_gpu_parallel.py); they had
+    been refused in one line."""
     from fxmem.trace.compiled.parts import check_parts
 
-    parallel = fxmem.Parallel(fsdp=fxmem.FSDP(2), tp=fxmem.TP(2, {"2": ColwiseParallel()}))
+    parallel = fxmem.Parallel(fsdp=fsdp, tp=fxmem.TP(2, {"2": ColwiseParallel()}))
     assert parallel.runs_compiled_parts()
     check_parts(_parts(), None, parallel, None)
 

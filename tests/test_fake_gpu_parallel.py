@@ -53,7 +53,8 @@ def _figures(name, B):  # noqa: N803
 
 
 CASES = ("fsdp", "fsdp-keep", "fsdp-wide", "fsdp-wide-kept", "fsdp-offload", "hsdp", "ddp",
-         "ddp-wide", "tp", "fsdp-tp", "fsdp-amp", "fsdp-amp-param-dtype")
+         "ddp-wide", "tp", "fsdp-tp", "hsdp-tp", "fsdp-tp-offload", "fsdp-amp",
+         "fsdp-amp-param-dtype")
 KNOWN_ALLOCATED: dict = {}
 KNOWN_RESERVED: dict = {}
 UNSTABLE_ALLOCATED: dict = {}
@@ -160,11 +161,12 @@ COMPILED_CASES = [(name, B) for name in ("fsdp-compiled", "fsdp-compiled-in-plac
 # the same block compiled in place under TP: the figures of tp-compiled (checked on 2.14.1
 # and 2.15 when added), its compile in place lowered by the same code as fsdp-compiled-in-place's;
 # under DDP, the blocks compiled in place (ddp-compiled's figures on 2.15 when added) and the
-# gradients views of DDP's buckets; under FSDP2 x TP, the blocks compiled in place (on 4
-# ranks)
+# gradients views of DDP's buckets; under FSDP2 x TP (4 ranks each), the blocks compiled in
+# place, HSDP x TP and CPU offload over TP
 COMPILED_CASES += [pytest.param(name, B, marks=pytest.mark.slow)
                    for name in ("tp-compiled-in-place", "ddp-compiled-in-place",
-                                "ddp-compiled-views", "fsdp-tp-compiled-in-place")
+                                "ddp-compiled-views", "fsdp-tp-compiled-in-place",
+                                "hsdp-tp-compiled", "fsdp-tp-compiled-offload")
                    for B in COMPILED_BATCHES]
 
 
@@ -182,7 +184,7 @@ def test_blocks_compiled_on_their_own_allocate_as_predicted(name, B, inductor_ca
     buckets by dynamo (DDPOptimizer) as in the run, its Reducer's hooks fired by the
     compiled backward's gradients. Or FSDP2 over TP on a 2 x 2 mesh of 4 ranks: each
     block's linears split on mesh["tp"], then the blocks and the root sharded on
-    mesh["dp"]."""
+    mesh["dp"] (HSDP x TP: 2 replicas of 1 shard; with FSDP2's CPU offload too)."""
     seen, want = _compiled_figures(name, inductor_cache)[B]
     assert [s[0] for s in seen] == [w[0] for w in want], (B, seen, want)
 

@@ -56,8 +56,7 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
     eagerly under its fake tensors), on the CPU (inductor's CPU code), under a checkpoint
     plan but over whole ``torch.compile(block)`` parts on one GPU
     (:func:`fxmem.trace.plans.checkpointing.check_parts_plan`),
-    a strategy whose ``runs_compiled_parts`` is False (DDP's ``static_graph``, HSDP or CPU
-    offload over TP),
+    a strategy whose ``runs_compiled_parts`` is False (DDP's ``static_graph``),
     or ``compile=`` (which compiles the model whole); and a model compiled whole under an
     eager checkpoint plan or a strategy (``spec``: the step's, for ``compile=``).
 
@@ -111,7 +110,7 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
 
 def _check_sharded(parts: list, parallel, what: str) -> None:
     """Parts under ``parallel``: modelled under FSDP2 and HSDP (CPU offload included), TP,
-    FSDP2 x TP (not with HSDP or CPU offload) and DDP (ZeRO-1 included, not with
+    FSDP2 x TP (HSDP and CPU offload too) and DDP (ZeRO-1 included, not with
     ``static_graph``), each part a ``torch.compile(block)`` put in the model (as torchtitan
     did, then ``fully_shard``: FSDP2's hooks run eagerly around the compiled block) or a
     block compiled in place; else an :class:`fxmem.InputError` in one line."""
@@ -123,8 +122,7 @@ def _check_sharded(parts: list, parallel, what: str) -> None:
     if not getattr(parallel, "runs_compiled_parts", lambda: False)():  # (a Strategy's)
         raise InputError(f"{what}: parts compiled on their own under {name} are not "
                          "modelled yet (under FSDP2 and HSDP, CPU offload included; TP; "
-                         "FSDP2 x TP without HSDP or CPU offload; DDP without static_graph, "
-                         "ZeRO-1 included, they are)")
+                         "FSDP2 x TP; DDP without static_graph, ZeRO-1 included, they are)")
     if parts[0][0] == "":
         raise InputError(f"the model is compiled in place (model.compile()) under {name}: "
                          "not modelled yet; its blocks compiled on their own "

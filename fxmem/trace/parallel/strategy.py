@@ -33,8 +33,8 @@ class Strategy:
         """Are parts of a model compiled on their own (``torch.compile(block)``) modelled
         under this strategy (:func:`fxmem.trace.compiled.parts.check_parts`)? Under
         :class:`fxmem.FSDP`, :class:`fxmem.TP`, :class:`fxmem.DDP` (not with
-        ``static_graph``) and FSDP2 x TP (:class:`fxmem.Parallel`, not with HSDP or CPU
-        offload), each checked on the fake GPU's ranks."""
+        ``static_graph``) and FSDP2 x TP (:class:`fxmem.Parallel`), each checked on the fake
+        GPU's ranks."""
         return False
 
     def optimizer(self, factory):

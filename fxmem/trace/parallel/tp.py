@@ -179,16 +179,21 @@ class Parallel(Strategy):
         self.tp.check_plan(model)
         return _groups(self, model)
 
+    def materialize(self, model: torch.nn.Module, mode, device: str = "cpu") -> None:
+        """As :meth:`fxmem.FSDP.materialize`: under CPU offload the shards on the host
+        whatever the mesh's device (FSDP2 refuses them elsewhere: a compiled step's mesh is
+        CUDA)."""
+        self.fsdp.materialize(model, mode, device)
+
     def runs_compiled_parts(self) -> bool:
         """Blocks compiled on their own (``torch.compile(block)`` put back, or
         ``block.compile()``) whose linears the plan splits on ``mesh["tp"]``, then sharded by
-        FSDP2 on ``mesh["dp"]``: the rank's shards CUDA fakes on a CUDA mesh, dynamo traces
-        each block on its DTensors and the trace lowers it as on one GPU, FSDP2's hooks
-        running eagerly around it (as under :class:`TP` and :class:`fxmem.FSDP` alone).
-        Checked on the fake GPU's 4 ranks (a 2 x 2 mesh). Not with HSDP or CPU offload
-        (not checked: HSDP x TP takes 8 ranks)."""
-        f = self.fsdp
-        return type(self) is Parallel and type(f) is FSDP and f.replicate == 1 and not f.offload
+        FSDP2 on ``mesh["dp"]``: the rank's shards CUDA fakes on a CUDA mesh (host fakes
+        under CPU offload), dynamo traces each block on its DTensors and the trace lowers it
+        as on one GPU, FSDP2's hooks running eagerly around it (as under :class:`TP` and
+        :class:`fxmem.FSDP` alone). Checked on the fake GPU's 4 ranks: a 2 x 2 mesh, with
+        CPU offload too, and HSDP x TP of 2 replicas of 1 shard."""
+        return type(self) is Parallel and type(self.fsdp) is FSDP
 
 
 def materialize_shards(model: torch.nn.Module, mode, device: str = "cpu") -> None:
