@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from math import prod
 from typing import Iterator
 from unittest import mock
 
@@ -48,9 +49,13 @@ class Buffer:
     itemsize: int
     post_forward: int = 1
 
+    def shards(self, world_size: int) -> list:
+        """Each parameter's padded shard over ``world_size`` ranks, in elements."""
+        return [padded_rows(s[0] if s else 1, world_size) * prod(s[1:]) for s in self.shapes]
+
     def numel(self, world_size: int) -> int:
         """Its elements over ``world_size`` ranks."""
-        shards = sum(padded_rows(s[0] if s else 1, world_size) * _cols(s) for s in self.shapes)
+        shards = sum(self.shards(world_size))
         if self.kind in ONE_SHARD:
             return shards
         if self.kind in GATHERED:
@@ -66,13 +71,6 @@ class Buffer:
         mesh divides it)?"""
         return self.kind in GATHERED + ONE_SHARD or (
             self.kind == "post_forward" and world_size % self.post_forward == 0)
-
-
-def _cols(shape) -> int:
-    n = 1
-    for d in shape[1:]:
-        n *= d
-    return n
 
 
 def _local(t):

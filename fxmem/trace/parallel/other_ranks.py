@@ -79,13 +79,12 @@ def _derived(trace, model, was: tuple, now: tuple):
         return None
     (a, _), (b, _) = was, now
     whole = {user_path(n): tuple(p.shape) for n, p in model.named_parameters()}  # (as named)
-    ops, out, resized = trace.ops, [], set()
+    ops, out = trace.ops, []
     for s in trace.storages:
         if a.world_size != b.world_size and (s.fsdp_buffer is not None or s.category == "param"):
             s = _rescaled(s, whole, a.world_size, b.world_size)
             if s is None:
                 return None
-            resized.add(s.sid)
             out.append(s)
             continue
         mine = s.category == "optimizer_state" or (
@@ -97,7 +96,7 @@ def _derived(trace, model, was: tuple, now: tuple):
         if not _whole(s, prod(s.shape)):
             return None  # not a whole tensor of that shape: not what the module docstring says
         out.append(replace(s, shape=to, size=Size.of(prod(to) * s.dtype.itemsize)))
-    if resized:
+    if a.world_size != b.world_size:
         out = _packed(trace, out, b.world_size)
         if out is None:
             return None
@@ -172,7 +171,7 @@ def _copy_call(name: str, buf, world_size: int) -> tuple:
     ``foreach_reduce`` call them)."""
     dtype = {1: torch.uint8, 2: torch.bfloat16, 4: torch.float32, 8: torch.float64}[
         buf.itemsize]
-    shards = [padded_rows(s[0] if s else 1, world_size) * prod(s[1:]) for s in buf.shapes]
+    shards = buf.shards(world_size)
 
     def meta(*shape):
         return torch.empty(shape, dtype=dtype, device="meta")
