@@ -244,3 +244,30 @@ def test_no_process_group_state_is_left():
     hook = sys.excepthook
     fxmem.analyze(Blocks(), *_batch(), parallel=FSDP(2), **STEP)
     assert sys.excepthook is hook
+
+
+def test_the_first_group_s_plan_is_traced_only_when_every_group_runs_it():
+    """``plan_for`` lets rank 0's group choose first, alone; when that plan, derived, does
+    not fit another group, it is not traced: the plan chosen over every group is, once.
+    Here the other group is a rank of FSDP2 over 2 GPUs (more rows than rank 0's over 4),
+    so rank 0's cheapest plan leaves it over the budget."""
+    from fxmem.report.ranks import ParallelReport, RankGroup
+
+    x, y = _batch()
+    four = fxmem.analyze(Blocks(), x, y, parallel=FSDP(4), **STEP)
+    two = fxmem.analyze(Blocks(), x, y, parallel=FSDP(2), **STEP)
+    traced = []
+
+    def retrace(plan, defer=False):
+        traced.append(plan)
+        return ParallelReport(four.strategy, (
+            RankGroup((0,), four.retrace(plan).groups[0].report),
+            RankGroup((1, 2, 3), two.groups[0].report.with_plan(plan))))
+    both = ParallelReport(four.strategy, (RankGroup((0,), four.groups[0].report),
+                                          RankGroup((1, 2, 3), two.groups[0].report)), retrace)
+    budget = _budget(both, B)
+    first = both.first_group().plan_for(budget, B, confirm=False)
+    assert both.with_plan(first.plan).peak_bytes(B) > budget  # rank 0's plan: not for both
+    choice = both.plan_for(budget, B)
+    assert traced == [choice.plan] and choice.plan != first.plan
+    assert choice.peak_bytes == both.with_plan(choice.plan).peak_bytes(B) <= budget

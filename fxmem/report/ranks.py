@@ -17,6 +17,10 @@ from ..errors import InputError
 from .result import Report, _check_b
 
 
+class _NotEveryGroup(Exception):
+    """The first group's plan, derived, does not run on another group."""
+
+
 class RankGroup:
     """Ranks whose shards have the same shapes, so the same memory: ``report`` is each
     one's step, B its micro-batch. ``make`` (instead of ``report``): how that report is
@@ -307,7 +311,9 @@ class ParallelReport:
         report's first group (rank 0's: under FSDP2 its shards have the most rows) chooses
         first, alone: when its plan, traced on every group, runs on each, no plan fitting
         every group costs less (each fits the first), and the other groups are not traced
-        without the plan (a search's deferred groups: :meth:`first_group`). Should the
+        without the plan (a search's deferred groups: :meth:`first_group`); a plan that,
+        derived, does not run on every group is not traced (the choice is then made over
+        every group, and only its plan traced). Should the
         traced peak not fit (a forward that changes state when it re-runs, e.g. a key/value
         cache), the budget is tightened by the excess and the plan chosen again; a plan
         checkpoint cannot run on fake tensors (``nn.MultiheadAttention`` alone) is returned
@@ -363,13 +369,15 @@ class ParallelReport:
 
         def retrace(plan):  # every group traced with ``plan``; the first read here
             if plan not in whole:
+                if not self._derived_runs(plan, b, budget_bytes, by, cudnn_workspace):
+                    raise _NotEveryGroup(plan)  # not traced: the choice over every group
                 whole[plan] = self.retrace(plan, defer=True)
             return whole[plan].first_group()
         try:
             got = replace(self.first_group(), retrace=retrace).plan_for(
                 budget_bytes, b, candidates, kinds=kinds, by=by,
                 cudnn_workspace=cudnn_workspace)
-        except FxmemError:
+        except (FxmemError, _NotEveryGroup):
             return None
         if got.plan and got.plan not in whole:
             return None  # derived: a plan checkpoint cannot run on fake tensors
@@ -382,6 +390,18 @@ class ParallelReport:
         if report.peak_bytes(b) > budget_bytes:
             return None
         return replace(got, report=report, peak_bytes=report.peak_bytes(b))
+
+    def _derived_runs(self, plan, b: int, budget_bytes: int, by: str,
+                      cudnn_workspace: int) -> bool:
+        """Whether ``plan`` derived on every group runs within the budget as ``by`` checks
+        it: where it does not on some group, the first group's choice is not traced (the
+        plan chosen over every group would be another)."""
+        from ..checkpoint.on_device import device_run
+
+        derived = self.with_plan(plan)
+        if by == "device":
+            return device_run(derived, b, budget_bytes, cudnn_workspace).fits
+        return derived.peak_bytes(b) <= budget_bytes
 
     def _on_device(self, reports, choosers, b: int, budget_bytes: int, max_recompute,
                    traced: dict, cudnn_workspace: int, raises: bool = True):
