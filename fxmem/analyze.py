@@ -41,7 +41,8 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     ``(L, B, F)`` input and ``(L, B)`` target), or a tuple with one entry per input then
     target, each a dim or None for a tensor with no batch dim (an LSTM's ``(x, (h0, c0))``
     flattened as inputs ``x, h0, c0`` shaped ``(L, B, F)``, ``(layers, B, H)``: ``1``; a
-    lookup table the model takes: ``(1, None)``). The step is ``step`` (a :class:`fxmem.Step`, default ``Step()``) with the
+    lookup table the model takes: ``(1, None)``). The step is ``step`` (a
+    :class:`fxmem.Step`, default ``Step()``) with the
     options given here: ``loss(output, *targets)`` (``None``: the output is the loss or has
     ``.loss``); ``optimizer``: an optimizer class or ``callable(params)`` (``None``: no
     step); ``train=False``: inference under ``torch.no_grad()``; ``device``: ``"cuda"``
@@ -300,11 +301,13 @@ def _per_rank(request: TraceRequest, again_as=None, defer: bool = False,
     plan = normalize_plan(model, request.checkpoint)
     as_here = _modes(model)
 
-    def group(ranks, lead=None):  # lead: the first group's trace, to derive this one from
-        rank = request.but(checkpoint=plan, rank=ranks[0])
+    def group(ranks, lead=None, derived_only=False):  # lead: the first group's trace, to
+        rank = request.but(checkpoint=plan, rank=ranks[0])  # derive this one from
         t = lead and other_rank(lead, parallel, model, ranks[0], first[0])
         if not t and ranks == first and like is not None:
             t = at_world_size(like[1], like[0], parallel, model)
+        if not t and derived_only:
+            return None
         if not t:
             with as_here():
                 t = _trace(rank)
@@ -314,7 +317,8 @@ def _per_rank(request: TraceRequest, again_as=None, defer: bool = False,
     first, *rest = parallel.rank_groups(model)
     groups = [RankGroup(first, group(first))]
     lead = groups[0].report.trace
-    groups += [RankGroup(ranks, make=lambda r=ranks: group(r, lead)) if defer else
+    groups += [RankGroup(ranks, make=lambda r=ranks: group(r, lead),
+                         derive=lambda r=ranks: group(r, lead, True)) if defer else
                RankGroup(ranks, group(ranks, lead)) for ranks in rest]
 
     def retrace(plan, defer: bool = False):  # the planner's confirmation: this step traced
@@ -385,16 +389,17 @@ def min_world_size(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train
 
 def plan_checkpoints(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
                      device=UNSET, *, budget_bytes: int, B: int, candidates=None,  # noqa: N803
-                     kinds=None, step: Step | None = None, batch_hint: int | None = None, batch_dim=0,
+                     kinds=None, step: Step | None = None, batch_hint: int | None = None,
+                     batch_dim=0,
                      **options):
     """The checkpoint plan with the least recompute FLOPs whose peak at batch size ``B``
     fits ``budget_bytes``, with its report: a :class:`fxmem.PlanChoice`. The step and the
-    other arguments (``batch_dim`` too) as for :func:`analyze`; ``candidates``: module paths to choose from
-    (default: the blocks of the model's stacks,
+    other arguments (``batch_dim`` too) as for :func:`analyze`; ``candidates``: module paths
+    to choose from (default: the blocks of the model's stacks,
     :func:`fxmem.checkpoint.choose.default_candidates`); ``kinds``: whole modules, groups of
-    blocks, selective checkpointing (default: all, :meth:`fxmem.Report.plan_for`). Apply the plan with
-    :func:`fxmem.apply_checkpoints`. Raises :class:`fxmem.InfeasibleBudgetError` stating the
-    smallest reachable peak when no plan fits.
+    blocks, selective checkpointing (default: all, :meth:`fxmem.Report.plan_for`). Apply the
+    plan with :func:`fxmem.apply_checkpoints`. Raises :class:`fxmem.InfeasibleBudgetError`
+    stating the smallest reachable peak when no plan fits.
 
     >>> import torch, fxmem
     >>> m = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(),

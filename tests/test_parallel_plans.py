@@ -271,3 +271,24 @@ def test_the_first_group_s_plan_is_traced_only_when_every_group_runs_it():
     choice = both.plan_for(budget, B)
     assert traced == [choice.plan] and choice.plan != first.plan
     assert choice.peak_bytes == both.with_plan(choice.plan).peak_bytes(B) <= budget
+
+
+def test_a_group_only_a_trace_makes_is_not_made_to_check_rank_0_s_plan():
+    """The check of rank 0's plan on the other groups (above) reads a group not made yet
+    only when it can be derived without a trace: a deferred group that must be traced
+    (``make`` alone) is left to the plan's own trace on every group."""
+    from fxmem.report.ranks import ParallelReport, RankGroup
+
+    x, y = _batch()
+    four = fxmem.analyze(Blocks(), x, y, parallel=FSDP(4), **STEP)
+    made = []
+
+    def retrace(plan, defer=False):
+        traced = four.retrace(plan).groups[0].report
+        return ParallelReport(four.strategy, (RankGroup((0,), traced),
+                                              RankGroup((1, 2, 3), traced)))
+    lazy = ParallelReport(four.strategy, (
+        RankGroup((0,), four.groups[0].report),
+        RankGroup((1, 2, 3), make=lambda: made.append(1) or four.groups[0].report)), retrace)
+    choice = lazy.plan_for(_budget(four, B), B)
+    assert choice.plan and made == []

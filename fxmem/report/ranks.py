@@ -26,24 +26,26 @@ class RankGroup:
     one's step, B its micro-batch. ``make`` (instead of ``report``): how that report is
     made, called when it is first read (a search over world sizes reads a world size's
     other groups only when its first group fits: :func:`fxmem.report.world_size.
-    fewest_ranks`).
+    fewest_ranks`); ``derive``: how it is made without tracing, or None where it cannot be
+    (:meth:`untraced`).
 
     >>> g = RankGroup((1, 2), make=lambda: "a report")
-    >>> g.made, g.report, g.made
-    (False, 'a report', True)
+    >>> g.made, g.untraced(), g.report, g.made
+    (False, None, 'a report', True)
     """
 
-    __slots__ = ("ranks", "_report", "_make")
+    __slots__ = ("ranks", "_report", "_make", "_derive")
 
-    def __init__(self, ranks: tuple, report: Report | None = None, *, make=None):
+    def __init__(self, ranks: tuple, report: Report | None = None, *, make=None, derive=None):
         if (report is None) == (make is None):
             raise TypeError("RankGroup takes a report or how to make it, one of them")
         self.ranks, self._report, self._make = tuple(ranks), report, make
+        self._derive = derive
 
     @property
     def report(self) -> Report:
         if self._make is not None:
-            self._report, self._make = self._make(), None
+            self._report, self._make, self._derive = self._make(), None, None
         return self._report
 
     @property
@@ -51,12 +53,22 @@ class RankGroup:
         """Whether :attr:`report` is made (read, or given)."""
         return self._make is None
 
+    def untraced(self) -> Report | None:
+        """:attr:`report` when it is made or can be without a trace (derived from another
+        group's: :mod:`fxmem.trace.parallel.other_ranks`), else None."""
+        if not self.made and self._derive is not None:
+            got, self._derive = self._derive(), None
+            if got is not None:
+                self._report, self._make = got, None
+        return self._report if self.made else None
+
     def then(self, change) -> "RankGroup":
         """These ranks with ``change(report)`` as their report, made when this one's is
-        (now if it is made, else when first read)."""
+        (now if it is made, else when first read; without a trace when this one's can be)."""
         if self.made:
             return RankGroup(self.ranks, change(self._report))
-        return RankGroup(self.ranks, make=lambda: change(self.report))
+        return RankGroup(self.ranks, make=lambda: change(self.report),
+                         derive=lambda: None if (r := self.untraced()) is None else change(r))
 
     def __repr__(self) -> str:
         return f"RankGroup(ranks={self.ranks!r}, report={self._report if self.made else '...'})"
@@ -393,15 +405,19 @@ class ParallelReport:
 
     def _derived_runs(self, plan, b: int, budget_bytes: int, by: str,
                       cudnn_workspace: int) -> bool:
-        """Whether ``plan`` derived on every group runs within the budget as ``by`` checks
-        it: where it does not on some group, the first group's choice is not traced (the
-        plan chosen over every group would be another)."""
-        from ..checkpoint.on_device import device_run
-
-        derived = self.with_plan(plan)
-        if by == "device":
-            return device_run(derived, b, budget_bytes, cudnn_workspace).fits
-        return derived.peak_bytes(b) <= budget_bytes
+        """Whether ``plan`` derived on every group made or derived without a trace
+        (:meth:`RankGroup.untraced`) runs within the budget as ``by`` checks it: where it does
+        not on some group, the first group's choice is not traced (the plan chosen over
+        every group would be another)."""
+        for g in self.groups:
+            report = g.untraced()  # a group only a trace makes is not checked here
+            if report is None:
+                continue
+            report = report.with_plan(plan)
+            if not (report.runs_on_device(b, budget_bytes, cudnn_workspace=cudnn_workspace)
+                    .fits if by == "device" else report.peak_bytes(b) <= budget_bytes):
+                return False
+        return True
 
     def _on_device(self, reports, choosers, b: int, budget_bytes: int, max_recompute,
                    traced: dict, cudnn_workspace: int, raises: bool = True):
