@@ -45,7 +45,8 @@ def test_json_report_is_golden_and_matches_the_library(golden):
     assert doc["peak_formula"] == str(rep.peak)
     assert doc["peak_bytes"] == rep.peak_bytes(64)
     assert doc["max_batch_size"] == rep.max_batch_size(8 * 2**30)
-    assert doc["max_batch_size_by"] == "device" and doc["answers"]["live"] == rep.max_batch_size(8 * 2**30, by="live")
+    assert doc["max_batch_size_by"] == "device"
+    assert doc["answers"]["live"] == rep.max_batch_size(8 * 2**30, by="live")
 
 
 def test_table_html_and_out_file(tmp_path):
@@ -197,3 +198,14 @@ def test_the_collector_is_paced_while_a_command_runs(monkeypatch, capsys):
         command.main(["analyze", *SEED, "--format", "json"])
     assert done.value.code in (0, None), capsys.readouterr().err
     assert seen and seen[0][2] >= FULL_EVERY > before[2] and gc.get_threshold() == before
+
+
+def test_a_table_does_not_import_the_html_report_s_plotting():
+    """The terminal's table needs no matplotlib (the HTML report's plots import it: about
+    a third of a second of every command's start)."""
+    code = ("import sys\nfrom fxmem.cli.command import main\n"
+            f"try:\n    main(['analyze', *{SEED!r}, '--device', 'cpu'])\n"
+            "except SystemExit:\n    pass\nprint('matplotlib' in sys.modules, file=sys.stderr)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert "Peak memory" in r.stdout and r.stderr.strip().splitlines()[-1] == "False", r.stderr

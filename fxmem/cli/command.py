@@ -194,9 +194,10 @@ def cli():
                    "setup's peak in B and L without it is exact too.")
 @click.option("--debug", is_flag=True, help="Show the traceback of an error.")
 def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, inference,
-            grad_accum, compiled, compile_budget, batch, budget, gpu, cuda_context, checkpoint, save_plan, config,
-            dim_sizes, seq, cudnn_workspace, fsdp, ddp, tp, tp_plan, zero1, reshard, replicate, offload,
-            param_dtype, reduce_dtype, fmt, out, whatif, top, exact_formula, debug):
+            grad_accum, compiled, compile_budget, batch, budget, gpu, cuda_context, checkpoint,
+            save_plan, config, dim_sizes, seq, cudnn_workspace, fsdp, ddp, tp, tp_plan, zero1,
+            reshard, replicate, offload, param_dtype, reduce_dtype, fmt, out, whatif, top,
+            exact_formula, debug):
     """Analyse one step of the model TARGET: path/to/file.py:ClassOrFactory,
     package.module:ClassOrFactory, timm:NAME, torchvision:NAME (a classifier), or Hugging
     Face's hf:PRESET, hf:ConfigClass (hf:T5Config), hf:path/to/config.json or hf:ORG/NAME
@@ -418,8 +419,8 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
         raise InputError("--checkpoint takes auto, none or module paths (e.g. layer1,layer2)")
     where = tuple(batch_dim_of(s) for s in (*specs, *tgt_specs))[:len(xs) + len(ys)]
     if all(d is None for d in where):
-        raise InputError("no --input/--target spec has B: write B at the batch's dim (B,3,32,32, or "
-                         "L,B,64 for a sequence-first model)")
+        raise InputError("no --input/--target spec has B: write B at the batch's dim "
+                         "(B,3,32,32, or L,B,64 for a sequence-first model)")
     opt_name = OPTIMIZERS[optimizer]
     opt = getattr(torch.optim, opt_name) if opt_name else None
     if whatif and (inference or budget_bytes is None):
@@ -551,12 +552,15 @@ def _card(gpu, cuda_context, budget_bytes, device):
 
 
 def _render(s, fmt: str, exact_formula: bool = False):
-    from ..report import html, jsonout, markdown, terminal
+    """The summary in ``fmt``; each renderer imported when asked for (the HTML one imports
+    matplotlib, which a table does not need)."""
+    from importlib import import_module
 
     if fmt == "table":
-        return terminal.render_terminal(s, exact=exact_formula)
-    return {"json": jsonout.render_json, "md": markdown.render_markdown,
-            "html": html.render_html}[fmt](s)
+        return import_module("fxmem.report.terminal").render_terminal(s, exact=exact_formula)
+    module, name = {"json": ("jsonout", "render_json"), "md": ("markdown", "render_markdown"),
+                    "html": ("html", "render_html")}[fmt]
+    return getattr(import_module(f"fxmem.report.{module}"), name)(s)
 
 
 def argv_first_is_target(argv) -> bool:
