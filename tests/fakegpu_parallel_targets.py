@@ -77,6 +77,8 @@ CASES = {  # name: (model, strategy, input width, step options)
     # host memory, the optimizer step on the host
     "fsdp-offload": (Stack, lambda: FSDP(2, offload=True), 64, {}),
     "fsdp-compiled-offload": (lambda: _blocks("each"), lambda: FSDP(2, offload=True), 256, {}),
+    "fsdp-compiled-checkpointed-offload": (lambda: _blocks("checkpointed"),
+                                           lambda: FSDP(2, offload=True), 256, {}),
     # a block compiled on its own, then its linears split column- and row-wise (the
     # compiled graph runs on the local shards: DTensor's ops traced by dynamo)
     "tp-compiled": (lambda: _tp_block("each"), lambda: TP(2, TP_BLOCK), 256, {}),
@@ -91,6 +93,10 @@ CASES = {  # name: (model, strategy, input width, step options)
     # torchtitan's recipe under DDP (and under HSDP above): checkpoint, compile, then wrap
     "ddp-compiled-checkpointed": (lambda: _blocks("checkpointed"), lambda: DDP(2), 256, {}),
     "ddp-compiled-zero1": (lambda: _blocks("each"), lambda: DDP(2, zero1=True), 256, {}),
+    "ddp-compiled-checkpointed-zero1": (lambda: _blocks("checkpointed"),
+                                        lambda: DDP(2, zero1=True), 256, {}),
+    "ddp-compiled-checkpointed-views": (lambda: _blocks("checkpointed"),
+                                        lambda: DDP(2, gradient_as_bucket_view=True), 256, {}),
     "ddp-compiled-views": (lambda: _blocks("each"),
                            lambda: DDP(2, gradient_as_bucket_view=True), 256, {}),
     # FSDP2 over TP on a (2, 2) mesh of 4 ranks: each block torch.compile(block) put back,
@@ -145,7 +151,7 @@ COMPILED = {"fsdp-compiled", "fsdp-compiled-in-place", "hsdp-compiled",
             "fsdp-compiled-offload", "tp-compiled", "tp-compiled-in-place", "ddp-compiled",
             "ddp-compiled-in-place", "ddp-compiled-zero1", "ddp-compiled-views",
             "fsdp-tp-compiled", "fsdp-tp-compiled-in-place", "hsdp-tp-compiled",
-            "fsdp-tp-compiled-offload", *(n for n in CASES if n.endswith("-checkpointed"))}
+            "fsdp-tp-compiled-offload", *(n for n in CASES if "-checkpointed" in n)}
 
 
 def _checkpointed(model):

@@ -73,16 +73,15 @@ def test_a_model_compiled_whole_refuses_an_eager_plan_as_such(plan):
                       device="cuda", checkpoint=plan)
 
 
-_PLANS_ARE = (r"are not modelled yet \(on one GPU, under FSDP2 and HSDP without CPU "
-              r"offload, and DDP without ZeRO-1 or gradient_as_bucket_view, they are\)")
+_PLANS_ARE = (r"are not modelled yet \(on one GPU, under FSDP2 and HSDP, CPU offload "
+              r"included, and DDP without static_graph, they are\)")
 
 
 @pytest.mark.parametrize("option, message", [
     *[({"parallel": p, "checkpoint": ["0"]}, r"checkpoint plans over parts compiled on their "
                                              r"own under " + p.name.replace("(", r"\(")
        .replace(")", r"\)") + " " + _PLANS_ARE)
-      for p in (fxmem.DDP(2, zero1=True), fxmem.FSDP(2, offload=True),
-                fxmem.TP(2, {"2": ColwiseParallel()}),
+      for p in (fxmem.DDP(2, static_graph=True), fxmem.TP(2, {"2": ColwiseParallel()}),
                 fxmem.Parallel(fsdp=fxmem.FSDP(2), tp=fxmem.TP(2, {"2": ColwiseParallel()})))],
     ({"parallel": fxmem.DDP(2, static_graph=True)},
      r"parts compiled on their own under DDP over 2 ranks \(static_graph=True\) are not "
@@ -126,9 +125,12 @@ def test_parts_compiled_on_their_own_are_modelled_under_fsdp2_x_tp(fsdp):
 
 
 @pytest.mark.parametrize("parallel", [fxmem.FSDP(2), fxmem.FSDP(4, replicate=2),
-                                      fxmem.DDP(2)], ids=lambda p: p.name)
+                                      fxmem.FSDP(2, offload=True), fxmem.DDP(2),
+                                      fxmem.DDP(2, zero1=True),
+                                      fxmem.DDP(2, gradient_as_bucket_view=True)],
+                         ids=lambda p: p.name)
 def test_a_plan_over_parts_compiled_on_their_own_is_modelled_under_fsdp2_and_ddp(parallel):
-    """Under FSDP2, HSDP and DDP a plan over whole parts ``torch.compile(block)`` is traced
+    """Under FSDP2, HSDP (CPU offload too) and DDP (ZeRO-1, the buckets' views) a plan over whole parts ``torch.compile(block)`` is traced
     on each rank, each part lowered as ``torch.compile(checkpoint_wrapper(block))`` (checked
     on the fake GPU's ranks against torchtitan's recipe: tests/test_fake_gpu_parallel.py);
     it had been refused in one line ("not modelled yet (on one GPU they are)")."""

@@ -106,8 +106,8 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
             parallel, "runs_planned_parts", lambda: False)():  # (a Strategy's)
         raise InputError(f"{what}: checkpoint plans over parts compiled on their own under "
                          f"{_name(parallel)} are not modelled yet (on one GPU, under FSDP2 "
-                         "and HSDP without CPU offload, and DDP without ZeRO-1 or "
-                         "gradient_as_bucket_view, they are)")
+                         "and HSDP, CPU offload included, and DDP without static_graph, "
+                         "they are)")
     if parallel is not None:
         _check_sharded(parts, parallel, what)
 

@@ -131,10 +131,9 @@ class DDP(Strategy):
     def runs_planned_parts(self) -> bool:
         """A checkpoint plan over blocks ``torch.compile(block)`` put back, each lowered as
         ``torch.compile(checkpoint_wrapper(block))`` in each rank's replica, as torchtitan's
-        recipe (checkpoint, compile, then wrap) runs it; checked on the fake GPU's ranks.
-        Not with ZeRO-1 or the buckets' gradient views (not checked)."""
-        return self.runs_compiled_parts() and not self.zero1 and \
-            not self.gradient_as_bucket_view
+        recipe (checkpoint, compile, then wrap) runs it; checked on the fake GPU's ranks,
+        ZeRO-1 and ``gradient_as_bucket_view`` too."""
+        return self.runs_compiled_parts()
 
     def optimizer(self, factory):
         """The optimizer factory each rank runs: ``factory`` itself, or with ``zero1``,

@@ -193,8 +193,8 @@ class FSDP(Strategy):
         """A checkpoint plan over blocks ``torch.compile(block)`` put back, each lowered as
         ``torch.compile(checkpoint_wrapper(block))`` (torchtitan's recipe: checkpoint, compile,
         then shard), FSDP2's hooks eager around it; checked on the fake GPU's ranks, FSDP2
-        and HSDP. Not with CPU offload (not checked)."""
-        return type(self) is FSDP and not self.offload
+        and HSDP, CPU offload included."""
+        return type(self) is FSDP
 
     def materialize(self, model: torch.nn.Module, mode, device: str = "cpu") -> None:
         """Fakes of ``mode`` for ``model``'s meta parameters and buffers, on ``device``; under
