@@ -64,13 +64,21 @@ CASES = {  # name: (model, strategy, input width, step options)
     "fsdp-compiled": (lambda: _blocks("each"), lambda: FSDP(2), 256, {}),
     # as torchtitan does now: each block compiled in place (block.compile()), then sharded
     "fsdp-compiled-in-place": (lambda: _blocks("in_place"), lambda: FSDP(2), 256, {}),
+    # torchtitan's recipe: each block checkpoint_wrapper(block), then torch.compile of that
+    # put back, then sharded (PyTorch alone: fxmem's plan over fsdp-compiled's blocks is
+    # checked against it)
+    "fsdp-compiled-checkpointed": (lambda: _blocks("checkpointed"), lambda: FSDP(2), 256, {}),
     # HSDP: 2 replicas of 2 shards (fully_shard on a 2-D mesh over 4 ranks)
     "hsdp": (Stack, lambda: FSDP(4, replicate=2), 64, {}),
     "hsdp-compiled": (lambda: _blocks("each"), lambda: FSDP(4, replicate=2), 256, {}),
+    "hsdp-compiled-checkpointed": (lambda: _blocks("checkpointed"), lambda: FSDP(4, replicate=2),
+                                   256, {}),
     # FSDP2's CPU offload: the shards, their gradients and the optimizer state in pinned
     # host memory, the optimizer step on the host
     "fsdp-offload": (Stack, lambda: FSDP(2, offload=True), 64, {}),
     "fsdp-compiled-offload": (lambda: _blocks("each"), lambda: FSDP(2, offload=True), 256, {}),
+    "fsdp-compiled-checkpointed-offload": (lambda: _blocks("checkpointed"),
+                                           lambda: FSDP(2, offload=True), 256, {}),
     # a block compiled on its own, then its linears split column- and row-wise (the
     # compiled graph runs on the local shards: DTensor's ops traced by dynamo)
     "tp-compiled": (lambda: _tp_block("each"), lambda: TP(2, TP_BLOCK), 256, {}),
@@ -82,7 +90,13 @@ CASES = {  # name: (model, strategy, input width, step options)
     # of the buckets
     "ddp-compiled": (lambda: _blocks("each"), lambda: DDP(2), 256, {}),
     "ddp-compiled-in-place": (lambda: _blocks("in_place"), lambda: DDP(2), 256, {}),
+    # torchtitan's recipe under DDP (and under HSDP above): checkpoint, compile, then wrap
+    "ddp-compiled-checkpointed": (lambda: _blocks("checkpointed"), lambda: DDP(2), 256, {}),
     "ddp-compiled-zero1": (lambda: _blocks("each"), lambda: DDP(2, zero1=True), 256, {}),
+    "ddp-compiled-checkpointed-zero1": (lambda: _blocks("checkpointed"),
+                                        lambda: DDP(2, zero1=True), 256, {}),
+    "ddp-compiled-checkpointed-views": (lambda: _blocks("checkpointed"),
+                                        lambda: DDP(2, gradient_as_bucket_view=True), 256, {}),
     "ddp-compiled-views": (lambda: _blocks("each"),
                            lambda: DDP(2, gradient_as_bucket_view=True), 256, {}),
     # FSDP2 over TP on a (2, 2) mesh of 4 ranks: each block torch.compile(block) put back,
@@ -137,7 +151,7 @@ COMPILED = {"fsdp-compiled", "fsdp-compiled-in-place", "hsdp-compiled",
             "fsdp-compiled-offload", "tp-compiled", "tp-compiled-in-place", "ddp-compiled",
             "ddp-compiled-in-place", "ddp-compiled-zero1", "ddp-compiled-views",
             "fsdp-tp-compiled", "fsdp-tp-compiled-in-place", "hsdp-tp-compiled",
-            "fsdp-tp-compiled-offload"}
+            "fsdp-tp-compiled-offload", *(n for n in CASES if "-checkpointed" in n)}
 
 
 def _checkpointed(model):
@@ -189,14 +203,15 @@ def measure(name, B, record_history=False):  # noqa: N803
                         record_history=record_history, compile_at_example=name in COMPILED, **step)
 
 
-def predict(name, batches):
+def predict(name, batches, checkpoint=None):
     """On the fake GPU (a compiled case lowers there): fxmem's per-rank prediction of the case
-    at each of ``batches``, traced at the example batch with B a symbol: {str(B): [(max_allocated,
-    max_reserved) per rank]}."""
+    at each of ``batches``, traced at the example batch with B a symbol, under the
+    ``checkpoint`` plan: {str(B): [(max_allocated, max_reserved) per rank]}."""
     import fxmem
 
     model, x, y, parallel, step = case(name)
-    report = fxmem.analyze(model, (x,), (y,), parallel=parallel, device="cuda", **step)
+    report = fxmem.analyze(model, (x,), (y,), parallel=parallel, device="cuda", **step,
+                           checkpoint=checkpoint)
     out = {str(b): [(d.max_allocated, d.max_reserved) for d in
                     (report.rank(k).cuda_memory(b) for k in range(parallel.world_size))]
            for b in batches}

@@ -73,11 +73,16 @@ def test_a_model_compiled_whole_refuses_an_eager_plan_as_such(plan):
                       device="cuda", checkpoint=plan)
 
 
+_PLANS_ARE = (r"are not modelled yet \(on one GPU, under FSDP2 and HSDP, CPU offload "
+              r"included, and DDP without static_graph, they are\)")
+
+
 @pytest.mark.parametrize("option, message", [
-    ({"parallel": fxmem.DDP(2), "checkpoint": ["0"]}, r"checkpoint plans over parts compiled "
-                                                      r"on their own under DDP over 2 ranks "
-                                                      r"are not modelled yet \(on one GPU "
-                                                      r"they are\)"),
+    *[({"parallel": p, "checkpoint": ["0"]}, r"checkpoint plans over parts compiled on their "
+                                             r"own under " + p.name.replace("(", r"\(")
+       .replace(")", r"\)") + " " + _PLANS_ARE)
+      for p in (fxmem.DDP(2, static_graph=True), fxmem.TP(2, {"2": ColwiseParallel()}),
+                fxmem.Parallel(fsdp=fxmem.FSDP(2), tp=fxmem.TP(2, {"2": ColwiseParallel()})))],
     ({"parallel": fxmem.DDP(2, static_graph=True)},
      r"parts compiled on their own under DDP over 2 ranks \(static_graph=True\) are not "
      r"modelled yet \(under FSDP2 and HSDP, CPU offload included; TP; FSDP2 x TP; DDP "
@@ -119,6 +124,22 @@ def test_parts_compiled_on_their_own_are_modelled_under_fsdp2_x_tp(fsdp):
     check_parts(_parts(), None, parallel, None)
 
 
+@pytest.mark.parametrize("parallel", [fxmem.FSDP(2), fxmem.FSDP(4, replicate=2),
+                                      fxmem.FSDP(2, offload=True), fxmem.DDP(2),
+                                      fxmem.DDP(2, zero1=True),
+                                      fxmem.DDP(2, gradient_as_bucket_view=True)],
+                         ids=lambda p: p.name)
+def test_a_plan_over_parts_compiled_on_their_own_is_modelled_under_fsdp2_and_ddp(parallel):
+    """Under FSDP2, HSDP (CPU offload too) and DDP (ZeRO-1, the buckets' views) a plan over whole parts ``torch.compile(block)`` is traced
+    on each rank, each part lowered as ``torch.compile(checkpoint_wrapper(block))`` (checked
+    on the fake GPU's ranks against torchtitan's recipe: tests/test_fake_gpu_parallel.py);
+    it had been refused in one line ("not modelled yet (on one GPU they are)")."""
+    from fxmem.trace.compiled.parts import check_parts
+
+    assert parallel.runs_planned_parts()
+    check_parts(_parts(), ["0"], parallel, None)
+
+
 def _nested():
     """A block of a linear compiled on its own and a ReLU, then a linear compiled on its own
     in a block of its own, then a linear compiled in place."""
@@ -142,13 +163,17 @@ def _nested():
                                                        r"compiled on its own: a plan "
                                                        r"checkpoints such a part whole"),
 ])
-def test_a_plan_over_parts_compiled_on_their_own_checkpoints_them_whole(plan, message):
-    """On one GPU a plan may checkpoint a part ``torch.compile(block)`` whole (lowered as
-    ``torch.compile(checkpoint_wrapper(block))``: the fake GPU's tests), or modules outside
-    every part; else one line, before anything is traced."""
+@pytest.mark.parametrize("parallel", [None, fxmem.FSDP(2), fxmem.DDP(2)],
+                         ids=lambda p: "one GPU" if p is None else p.name)
+def test_a_plan_over_parts_compiled_on_their_own_checkpoints_them_whole(plan, message,
+                                                                         parallel):
+    """On one GPU, and under FSDP2 or DDP, a plan may checkpoint a part
+    ``torch.compile(block)`` whole (lowered as ``torch.compile(checkpoint_wrapper(block))``:
+    the fake GPU's tests), or modules outside every part; else one line, before anything is
+    traced."""
     with pytest.raises(fxmem.InputError, match=r"^checkpoint plan: " + message) as e:
         fxmem.analyze(_nested(), torch.zeros(4, 8), loss=lambda o: o.sum(), device="cuda",
-                      checkpoint=plan)
+                      checkpoint=plan, parallel=parallel)
     assert "\n" not in str(e.value)
 
 

@@ -135,10 +135,11 @@ def inductor_cache():
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled_figures(name, cache):
+def _compiled_figures(name, cache, predicted=None):
     """``{B: (seen, predicted)}`` per rank ``(max_allocated, max_reserved)`` of case ``name``,
     fxmem's on the fake GPU too (inductor lowers there), traced at the example batch (4)
-    with B a symbol; ``cache``: the inductor cache folder."""
+    with B a symbol; ``cache``: the inductor cache folder. ``predicted``: ``(case, plan)``,
+    fxmem's prediction is that case's under that checkpoint plan (default: ``name``'s)."""
     import fakegpu_parallel_targets as t
 
     from fxmem.validate.fakegpu.ranks import call_ranks
@@ -151,8 +152,10 @@ def _compiled_figures(name, cache):
     run("fakegpu_parallel_targets:measure", kwargs={"name": name, "B": 8})  # fills it
     got = run("fakegpu_parallel_targets:measure_each",
               kwargs={"name": name, "batches": list(COMPILED_BATCHES)})
+    other, plan = predicted or (name, None)
     want = call(sys.executable, "fakegpu_parallel_targets:predict", sys_path=[HERE], env=env,
-                kwargs={"name": name, "batches": list(COMPILED_BATCHES)})
+                kwargs={"name": other, "batches": list(COMPILED_BATCHES),
+                        "checkpoint": list(plan) if plan else None})
     return {**{B: ([(r[str(B)]["peak_bytes"], r[str(B)]["peak_reserved_bytes"]) for r in got],
                    [tuple(w) for w in want[str(B)]]) for B in COMPILED_BATCHES},
             "ops": want["ops"]}
@@ -213,6 +216,59 @@ def test_blocks_compiled_on_their_own_allocate_as_predicted(name, B, inductor_ca
 def test_blocks_compiled_on_their_own_reserve_as_predicted(name, B, inductor_cache):  # noqa: N803
     seen, want = _compiled_figures(name, inductor_cache)[B]
     assert [s[1] for s in seen] == [w[1] for w in want], (B, seen, want)
+
+
+# torchtitan's recipe, by PyTorch alone (each block checkpoint_wrapper(block), then
+# torch.compile of that put back, then sharded, or the model wrapped by DDP): fxmem's
+# prediction for the blocks compiled on their own (the case named second) under the plan
+# checkpointing every block
+BLOCKS = ("layers.0", "layers.1")
+PLANNED = {"fsdp-compiled-checkpointed": ("fsdp-compiled", BLOCKS),
+           "hsdp-compiled-checkpointed": ("hsdp-compiled", BLOCKS),
+           "fsdp-compiled-checkpointed-offload": ("fsdp-compiled-offload", BLOCKS),
+           "ddp-compiled-checkpointed": ("ddp-compiled", BLOCKS),
+           "ddp-compiled-checkpointed-zero1": ("ddp-compiled-zero1", BLOCKS),
+           "ddp-compiled-checkpointed-views": ("ddp-compiled-views", BLOCKS)}
+# 2.14.1's binary only (2.15's: exact): DDP's gap of the compiled cases above
+PLANNED_KNOWN_ALLOCATED = {name: (
+    "2.14.1: each rank's run allocates 20,992 B more than predicted at B=512 (DDP's "
+    "93,453,312 against 93,432,320; B=8 exact: 92,409,856), the gap of ddp-compiled")
+    for name in PLANNED if name.startswith("ddp")} if ON_2_14 else {}
+
+
+def _planned_cases(known=None):
+    """:data:`PLANNED`'s cases, FSDP2's first in the fast tier, ``known`` ones strict
+    xfails."""
+    known = known or {}
+    return [pytest.param(n, marks=[*([] if i == 0 else [pytest.mark.slow]),
+                                   *([pytest.mark.xfail(strict=True, reason=known[n])]
+                                     if n in known else [])]) for i, n in enumerate(PLANNED)]
+
+
+@pytest.mark.parametrize("name", _planned_cases(PLANNED_KNOWN_ALLOCATED))
+def test_a_plan_over_blocks_compiled_on_their_own_is_torchtitan_s_recipe(name, inductor_cache):
+    """``fxmem.analyze(model, ..., checkpoint=["layers.0", "layers.1"], parallel=...)`` over
+    blocks ``torch.compile(block)`` put back lowers each as
+    ``torch.compile(checkpoint_wrapper(block))`` on each rank (FSDP2's hooks eager around
+    it; under DDP, dynamo splitting its graphs at the buckets): each rank's max_allocated at
+    two batch sizes is what the fake GPU measures for the model PyTorch alone wrapped,
+    compiled and sharded (it had been refused, "not modelled yet (on one GPU they are)"),
+    and under the plain blocks' at B=512 (the blocks' forward re-runs in their backward
+    graphs)."""
+    got = _compiled_figures(name, inductor_cache, PLANNED[name])
+    for B in COMPILED_BATCHES:
+        seen, want = got[B]
+        assert [s[0] for s in seen] == [w[0] for w in want], (B, seen, want)
+    plain = _compiled_figures(PLANNED[name][0], inductor_cache)
+    assert all(s[0] < p[0] for s, p in zip(got[512][0], plain[512][0])), (got, plain)
+
+
+@pytest.mark.parametrize("name", _planned_cases())
+def test_a_plan_over_blocks_compiled_on_their_own_reserves_as_measured(name, inductor_cache):
+    got = _compiled_figures(name, inductor_cache, PLANNED[name])
+    for B in COMPILED_BATCHES:
+        seen, want = got[B]
+        assert [s[1] for s in seen] == [w[1] for w in want], (B, seen, want)
 
 
 def test_a_block_compiled_under_tp_is_not_the_eager_one(inductor_cache):

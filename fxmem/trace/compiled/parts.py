@@ -54,8 +54,9 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
     """Raise :class:`fxmem.InputError`, in one line, for what is not modelled of a model
     with parts compiled on their own: parts inside a model compiled whole (they would run
     eagerly under its fake tensors), on the CPU (inductor's CPU code), under a checkpoint
-    plan but over whole ``torch.compile(block)`` parts on one GPU
-    (:func:`fxmem.trace.plans.checkpointing.check_parts_plan`),
+    plan but over whole ``torch.compile(block)`` parts
+    (:func:`fxmem.trace.plans.checkpointing.check_parts_plan`) on one GPU or a strategy whose
+    ``runs_planned_parts`` is True (FSDP2, HSDP, DDP),
     a strategy whose ``runs_compiled_parts`` is False (DDP's ``static_graph``),
     or ``compile=`` (which compiles the model whole); and a model compiled whole under an
     eager checkpoint plan or a strategy (``spec``: the step's, for ``compile=``).
@@ -101,9 +102,12 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
         raise InputError(f"{what}: compile= compiles the model whole; pass the model "
                          "without compile= (its parts' partitioner budget is "
                          "torch._functorch.config.activation_memory_budget)")
-    if checkpoint and parallel is not None:  # on one GPU: fxmem.trace.plans.check_parts_plan
+    if checkpoint and parallel is not None and not getattr(
+            parallel, "runs_planned_parts", lambda: False)():  # (a Strategy's)
         raise InputError(f"{what}: checkpoint plans over parts compiled on their own under "
-                         f"{_name(parallel)} are not modelled yet (on one GPU they are)")
+                         f"{_name(parallel)} are not modelled yet (on one GPU, under FSDP2 "
+                         "and HSDP, CPU offload included, and DDP without static_graph, "
+                         "they are)")
     if parallel is not None:
         _check_sharded(parts, parallel, what)
 

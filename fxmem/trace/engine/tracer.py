@@ -368,9 +368,10 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     # (a rank's warm-up runs later blocks cheaply too: ShardedReuse)
     runs = runs_of(model, prepared) if reusable else []
     inside = _step_contexts(model, spec, mode, rec, fakes, prepared)
-    # the plan's parts compiled on their own, lowered with the checkpoint (compiled.parts)
-    in_plan = {q for e in plan for q in modules_of(e)}
-    planned = {p: checkpointed_part(m) for p, m in parts if user_path(p) in in_plan}
+    # the plan's parts compiled on their own (the user's paths: not DDP's "module.layers.0"),
+    in_plan = {q for e in plan for q in modules_of(e)}  # lowered with the checkpoint (parts)
+    ids = {id(m) for p, m in compiled_parts(model) if user_path(p) in in_plan}
+    planned = {p: checkpointed_part(m) for p, m in parts if id(m) in ids}
     with checkpointing(model, plan, region(rec), held(rec), compiled and not parts) \
             as rec.plan, \
             copied(rec, runs, rec.plan, prepared, fakes.params, fakes.buffers) as reuse, \
@@ -414,8 +415,7 @@ class _Fakes:
         on = "cuda" if compiled else "cpu"
         named_p = list(model.named_parameters())
         named_b = [(n, b) for n, b in model.named_buffers() if b is not None]
-        # on CUDA an RNN's weights are views of cuDNN's flat buffer
-        # (fxmem.trace.kernels.flat_weights)
+        # on CUDA an RNN's weights are views of cuDNN's flat buffer (trace.kernels.flat_weights)
         flat = flat_rnn_params(mode, model) \
             if spec.device == "cuda" and not prepared and not compiled else {}
         params = dict(named_p) if prepared else \

@@ -128,6 +128,13 @@ class DDP(Strategy):
         assert in ``reducer.cpp``)."""
         return type(self) is DDP and not self.static_graph
 
+    def runs_planned_parts(self) -> bool:
+        """A checkpoint plan over blocks ``torch.compile(block)`` put back, each lowered as
+        ``torch.compile(checkpoint_wrapper(block))`` in each rank's replica, as torchtitan's
+        recipe (checkpoint, compile, then wrap) runs it; checked on the fake GPU's ranks,
+        ZeRO-1 and ``gradient_as_bucket_view`` too."""
+        return self.runs_compiled_parts()
+
     def optimizer(self, factory):
         """The optimizer factory each rank runs: ``factory`` itself, or with ``zero1``,
         ``ZeroRedundancyOptimizer`` over it (``factory``: an optimizer class or

@@ -189,6 +189,13 @@ class FSDP(Strategy):
         fake GPU's ranks."""
         return type(self) is FSDP
 
+    def runs_planned_parts(self) -> bool:
+        """A checkpoint plan over blocks ``torch.compile(block)`` put back, each lowered as
+        ``torch.compile(checkpoint_wrapper(block))`` (torchtitan's recipe: checkpoint, compile,
+        then shard), FSDP2's hooks eager around it; checked on the fake GPU's ranks, FSDP2
+        and HSDP, CPU offload included."""
+        return type(self) is FSDP
+
     def materialize(self, model: torch.nn.Module, mode, device: str = "cpu") -> None:
         """Fakes of ``mode`` for ``model``'s meta parameters and buffers, on ``device``; under
         CPU offload on the host whatever the mesh's device (FSDP2 refuses shards elsewhere)."""

@@ -37,6 +37,13 @@ class Strategy:
         GPU's ranks."""
         return False
 
+    def runs_planned_parts(self) -> bool:
+        """Is a checkpoint plan over parts compiled on their own (``torch.compile(block)``
+        put back, each lowered as ``torch.compile(checkpoint_wrapper(block))``) modelled
+        under this strategy (:func:`fxmem.trace.compiled.parts.check_parts`)? Where checked
+        on the fake GPU's ranks against torchtitan's recipe built by PyTorch alone."""
+        return False
+
     def optimizer(self, factory):
         """The optimizer factory each rank runs: ``factory`` itself (on its shards); ZeRO-1
         wraps it (:class:`fxmem.DDP`)."""
