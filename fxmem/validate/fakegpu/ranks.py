@@ -52,7 +52,7 @@ def settle_watchdog() -> None:
     then rebuilds its buckets (in the forward after the first backward, after its
     broadcast of the buckets' order) with the constructor's freed only if the watchdog
     came first; else the new buckets go after the old (2.14.1, each compiled DDP case
-    before this wait after the compiled first step: the bucket a 4,215,296 B hole after it,
+    before this wait after the compiled first step: a 4,215,296 B hole before the bucket,
     a 2 MiB activation at B=512 put into the 2,118,144 B rest, 20,992 B more allocated)."""
     import torch
 
@@ -64,9 +64,9 @@ def let_go_of_collectives() -> None:
     """After a rank's measured step, the process group holding nothing of it, as in a
     fresh process: the watchdog's wait (:func:`settle_watchdog`), then an all-reduce of a
     tensor of one element, whose enqueue lets go of the tensors the watchdog handed back (up
-    to 2.14 the last bucket of a DDP step outlived the model until the next collective: the
-    next case's ``ddp-wide`` at B=16 found its 12 MiB bucket in the 14 MiB segment and
-    reserved another), then the wait again for that all-reduce's own work. (Not a barrier:
+    to 2.14 the last bucket of a DDP step outlived the model until the next collective:
+    ``ddp-wide``'s next batch size, B=16, found the old 12 MiB bucket in its 14 MiB segment
+    and reserved another), then the wait again for that all-reduce's own work. (Not a barrier:
     2.15's process group keeps the barrier's tensor, 512 B left allocated.)"""
     import torch
     import torch.distributed as dist
