@@ -178,18 +178,16 @@ def case(name):
 
 def measure_each(name, batches):
     """In a rank's process: :func:`measure` at each of ``batches`` in turn, the process set
-    back between them as a fresh one starts (what the collectives' works kept released by
-    the watchdog, every tensor of the step collected, the cuBLAS workspaces let go, every
-    cached segment returned): {str(B): the measurement}."""
-    import time
-
+    back between them as a fresh one starts (what the collectives kept let go of: the
+    watchdog's wait, then a barrier; every tensor of the step collected, the cuBLAS
+    workspaces let go, every cached segment returned): {str(B): the measurement}."""
     from fakegpu_batch import set_back
-    from fxmem.validate.fakegpu.ranks import WATCHDOG_SETTLE_SECONDS
+    from fxmem.validate.fakegpu.ranks import let_go_of_collectives
 
     out = {}
     for b in batches:
         out[str(b)] = measure(name, b)
-        time.sleep(WATCHDOG_SETTLE_SECONDS)
+        let_go_of_collectives()
         set_back()
     return out
 

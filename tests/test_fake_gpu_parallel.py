@@ -12,7 +12,6 @@ import os
 import sys
 
 import pytest
-import torch
 
 import fxmem
 from fakegpu_marks import FAKE_GPU
@@ -57,11 +56,7 @@ CASES = ("fsdp", "fsdp-keep", "fsdp-wide", "fsdp-wide-kept", "fsdp-offload", "hs
          "ddp-wide", "tp", "fsdp-tp", "hsdp-tp", "fsdp-tp-offload", "fsdp-amp",
          "fsdp-amp-param-dtype")
 KNOWN_ALLOCATED: dict = {}
-# seen on 2.14.1's binary only (2.15's: exact), the cause not found yet
-ON_2_14 = torch.__version__.startswith("2.14.")
-KNOWN_RESERVED: dict = {"ddp-wide": (
-    "2.14.1: at B=16 the run reserves 161,480,704 B, 14,680,064 more than the replay "
-    "(146,800,640; B=4 exact); exact on 2.15 at both")} if ON_2_14 else {}
+KNOWN_RESERVED: dict = {}
 UNSTABLE_ALLOCATED: dict = {}
 
 
@@ -178,22 +173,7 @@ COMPILED_CASES += [pytest.param(name, B, marks=pytest.mark.slow)
                    for B in COMPILED_BATCHES]
 
 
-# 2.14.1's binary only (2.15's: exact), the cause not found yet
-COMPILED_KNOWN_ALLOCATED = {(name, 512): (
-    "2.14.1: each rank's run allocates 20,992 B more than predicted at B=512 (ddp-compiled "
-    "97,119,232 against 97,098,240; ddp-compiled-zero1 rank 0 92,904,448 against "
-    "92,883,456; ddp-compiled-views 97,104,384 against 97,083,392); exact at B=8, and on "
-    "2.15 at both") for name in ("ddp-compiled", "ddp-compiled-zero1", "ddp-compiled-in-place",
-                                 "ddp-compiled-views")} if ON_2_14 else {}
-
-
-def _known(cases, known):
-    return [pytest.param(*c.values if hasattr(c, "values") else c, marks=[
-        *getattr(c, "marks", ()), pytest.mark.xfail(strict=True, reason=known[key])])
-        if (key := tuple(getattr(c, "values", c))) in known else c for c in cases]
-
-
-@pytest.mark.parametrize("name, B", _known(COMPILED_CASES, COMPILED_KNOWN_ALLOCATED))
+@pytest.mark.parametrize("name, B", COMPILED_CASES)
 def test_blocks_compiled_on_their_own_allocate_as_predicted(name, B, inductor_cache):  # noqa: N803
     """Each block ``torch.compile(block)`` put back in the model, then sharded (over 2
     ranks; under HSDP, 2 replicas of 2 shards on 4 ranks; with FSDP2's CPU offload, the
