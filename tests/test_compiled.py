@@ -130,9 +130,10 @@ def test_parts_compiled_on_their_own_are_modelled_under_fsdp2_x_tp(fsdp):
                                       fxmem.DDP(2, gradient_as_bucket_view=True)],
                          ids=lambda p: p.name)
 def test_a_plan_over_parts_compiled_on_their_own_is_modelled_under_fsdp2_and_ddp(parallel):
-    """Under FSDP2, HSDP (CPU offload too) and DDP (ZeRO-1, the buckets' views) a plan over whole parts ``torch.compile(block)`` is traced
-    on each rank, each part lowered as ``torch.compile(checkpoint_wrapper(block))`` (checked
-    on the fake GPU's ranks against torchtitan's recipe: tests/test_fake_gpu_parallel.py);
+    """Under FSDP2, HSDP (CPU offload too) and DDP (ZeRO-1, the buckets' views) a plan over
+    whole parts ``torch.compile(block)`` is traced on each rank, each part lowered as
+    ``torch.compile(checkpoint_wrapper(block))`` (checked on the fake GPU's ranks against
+    torchtitan's recipe: tests/test_fake_gpu_parallel.py);
     it had been refused in one line ("not modelled yet (on one GPU they are)")."""
     from fxmem.trace.compiled.parts import check_parts
 

@@ -209,23 +209,13 @@ PLANNED = {"fsdp-compiled-checkpointed": ("fsdp-compiled", BLOCKS),
            "ddp-compiled-checkpointed": ("ddp-compiled", BLOCKS),
            "ddp-compiled-checkpointed-zero1": ("ddp-compiled-zero1", BLOCKS),
            "ddp-compiled-checkpointed-views": ("ddp-compiled-views", BLOCKS)}
-# 2.14.1's binary only (2.15's: exact): DDP's gap of the compiled cases above
-PLANNED_KNOWN_ALLOCATED = {name: (
-    "2.14.1: each rank's run allocates 20,992 B more than predicted at B=512 (DDP's "
-    "93,453,312 against 93,432,320; B=8 exact: 92,409,856), the gap of ddp-compiled")
-    for name in PLANNED if name.startswith("ddp")} if ON_2_14 else {}
+def _planned_cases():
+    """:data:`PLANNED`'s cases, FSDP2's first in the fast tier."""
+    return [pytest.param(n, marks=[] if i == 0 else [pytest.mark.slow])
+            for i, n in enumerate(PLANNED)]
 
 
-def _planned_cases(known=None):
-    """:data:`PLANNED`'s cases, FSDP2's first in the fast tier, ``known`` ones strict
-    xfails."""
-    known = known or {}
-    return [pytest.param(n, marks=[*([] if i == 0 else [pytest.mark.slow]),
-                                   *([pytest.mark.xfail(strict=True, reason=known[n])]
-                                     if n in known else [])]) for i, n in enumerate(PLANNED)]
-
-
-@pytest.mark.parametrize("name", _planned_cases(PLANNED_KNOWN_ALLOCATED))
+@pytest.mark.parametrize("name", _planned_cases())
 def test_a_plan_over_blocks_compiled_on_their_own_is_torchtitan_s_recipe(name, inductor_cache):
     """``fxmem.analyze(model, ..., checkpoint=["layers.0", "layers.1"], parallel=...)`` over
     blocks ``torch.compile(block)`` put back lowers each as
