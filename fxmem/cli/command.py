@@ -552,15 +552,17 @@ def _card(gpu, cuda_context, budget_bytes, device):
 
 
 def _render(s, fmt: str, exact_formula: bool = False):
-    """The summary in ``fmt``; each renderer imported when asked for (the HTML one imports
-    matplotlib, which a table does not need)."""
-    from importlib import import_module
+    """The summary in ``fmt``; the HTML renderer imported only when asked for (it imports
+    matplotlib, which the other formats do not need)."""
+    from ..report import jsonout, markdown, terminal
 
     if fmt == "table":
-        return import_module("fxmem.report.terminal").render_terminal(s, exact=exact_formula)
-    module, name = {"json": ("jsonout", "render_json"), "md": ("markdown", "render_markdown"),
-                    "html": ("html", "render_html")}[fmt]
-    return getattr(import_module(f"fxmem.report.{module}"), name)(s)
+        return terminal.render_terminal(s, exact=exact_formula)
+    if fmt == "html":
+        from ..report.html import render_html
+
+        return render_html(s)
+    return {"json": jsonout.render_json, "md": markdown.render_markdown}[fmt](s)
 
 
 def argv_first_is_target(argv) -> bool:

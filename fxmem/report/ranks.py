@@ -409,15 +409,14 @@ class ParallelReport:
         (:meth:`RankGroup.untraced`) runs within the budget as ``by`` checks it: where it does
         not on some group, the first group's choice is not traced (the plan chosen over
         every group would be another)."""
-        for g in self.groups:
-            report = g.untraced()  # a group only a trace makes is not checked here
-            if report is None:
-                continue
-            report = report.with_plan(plan)
-            if not (report.runs_on_device(b, budget_bytes, cudnn_workspace=cudnn_workspace)
-                    .fits if by == "device" else report.peak_bytes(b) <= budget_bytes):
-                return False
-        return True
+        from ..checkpoint.on_device import device_run
+
+        derived = ParallelReport(self.strategy, tuple(  # a group only a trace makes: unchecked
+            RankGroup(g.ranks, r.with_plan(plan)) for g in self.groups
+            if (r := g.untraced()) is not None))
+        if by == "device":
+            return device_run(derived, b, budget_bytes, cudnn_workspace).fits
+        return derived.peak_bytes(b) <= budget_bytes
 
     def _on_device(self, reports, choosers, b: int, budget_bytes: int, max_recompute,
                    traced: dict, cudnn_workspace: int, raises: bool = True):
