@@ -226,3 +226,44 @@ def test_the_bisection_back_ends_when_nothing_cheaper_is_left():
     assert walked.choice is plans[3] and accepted == ["p0", "p1", "p2", "p3"]
     back = solves[4:]  # after the four that chose p0-p3
     assert len(back) == 2 and back[-1] == plans[2].peak_bytes - 1, back
+
+
+def test_a_walk_over_every_group_replays_no_plan_twice(monkeypatch):
+    """``ParallelReport.plan_for`` walks rank 0's group first; when its plan does not run on
+    another group, the walk over every group tries rank 0's plans again, first on rank 0's
+    group: each (group, plan) is replayed once (the derived steps of a walk are kept, and
+    their replays as long as the group's step), and the groups after one a plan runs out on
+    are not derived for it. Rank 0 of FSDP2 over 4 GPUs beside a rank over 2 (more rows):
+    rank 0's cheapest plan does not run on the second (the Llama-3.1-8B one-GPU command's
+    search over 5 GPUs had replayed 46 times, 32 now)."""
+    from fxmem.device import allocator
+    from fxmem.report.ranks import ParallelReport, RankGroup
+    from fxmem.report.result import Report
+
+    four, two = _analyze(parallel=fxmem.FSDP(4)), _analyze(parallel=fxmem.FSDP(2))
+    both = ParallelReport(four.strategy, (RankGroup((0,), four.groups[0].report),
+                                          RankGroup((1, 2, 3), two.groups[0].report)))
+    of, replays = {}, []  # derived step -> (its group's step, plan); each replay made
+    with_plan, run = Report.with_plan, allocator._run
+
+    def tagged(self, plan):
+        got = with_plan(self, plan)
+        of[id(got.liveness)] = (id(self), got.plan)
+        return got
+
+    def counted(liveness, B, config, *rest):  # noqa: N803
+        got = run(liveness, B, config, *rest)
+        replays.append((of.get(id(liveness)), B, config.capacity_bytes, got.fits))
+        return got
+    monkeypatch.setattr(Report, "with_plan", tagged)
+    monkeypatch.setattr(allocator, "_run", counted)
+    budget = (_need(four, B // 4) + _need(two, B)) // 2  # rank 0's cheapest: not two's
+    first = both.first_group().plan_for(budget, B, confirm=False)
+    assert first.plan and not _runs(both.with_plan(first.plan), B, budget)
+    got = both.plan_for(budget, B, confirm=False)
+    assert got.plan != first.plan and _runs(got.report, B, budget)
+    planned = [r for r in replays if r[0] is not None]
+    assert len(planned) > 2 and len(set(planned)) == len(planned), planned
+    ran = {plan for (step, plan), *_, fits in planned if step == id(four.groups[0].report)
+           and fits}  # on rank 0's group; the other's derived for those alone
+    assert {p for step, p in of.values() if step == id(two.groups[0].report)} <= ran

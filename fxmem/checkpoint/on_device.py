@@ -49,10 +49,9 @@ def device_run(report, b: int, budget_bytes: int, cudnn_workspace: int = 0):
     :class:`fxmem.ParallelReport`): the first group's that runs out, else the one that
     reserved the most (a :class:`fxmem.device.allocator.DeviceRun`)."""
     groups = getattr(report, "groups", None)
-    reports = [g.report for g in groups] if groups is not None else [report]
     worst = None
-    for r in reports:
-        run = r.runs_on_device(b, budget_bytes, cudnn_workspace=cudnn_workspace)
+    for r in (g.report for g in groups) if groups is not None else [report]:  # each made
+        run = r.runs_on_device(b, budget_bytes, cudnn_workspace=cudnn_workspace)  # as read
         if not run.fits:
             return run
         if worst is None or run.max_reserved > worst.max_reserved:

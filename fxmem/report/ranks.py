@@ -63,10 +63,9 @@ class RankGroup:
         return self._report if self.made else None
 
     def then(self, change) -> "RankGroup":
-        """These ranks with ``change(report)`` as their report, made when this one's is
-        (now if it is made, else when first read; without a trace when this one's can be)."""
-        if self.made:
-            return RankGroup(self.ranks, change(self._report))
+        """These ranks with ``change(report)`` as their report, made when first read
+        (without a trace when this one's can be): a replay that runs out on one group does
+        not derive the others (:func:`fxmem.checkpoint.on_device.device_run`)."""
         return RankGroup(self.ranks, make=lambda: change(self.report),
                          derive=lambda: None if (r := self.untraced()) is None else change(r))
 

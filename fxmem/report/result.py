@@ -16,7 +16,7 @@ from ..errors import FxmemError, InfeasibleBudgetError, InputError
 from ..formula.readable import readable_around
 from ..formula.symbols import B
 from ..memory.dims import DimsFormula
-from ..memory.liveness import PARTS, Liveness, parts_of
+from ..memory.liveness import PARTS, Liveness, liveness, parts_of
 from .points import Breakdown, TimelinePoint, breakdown_of, regimes_of
 from .recent import Recent
 from .text import render_text
@@ -74,7 +74,6 @@ class Report:
         if key not in self._at:
             from ..memory.dims import specialize
             from ..memory.graph import build_graph
-            from ..memory.liveness import liveness
 
             t = specialize(self.named.trace, **values)
             lv = liveness(build_graph(t), self.device)
@@ -159,16 +158,18 @@ class Report:
         >>> r.with_plan(["0"]).peak_bytes(256) < r.peak_bytes(256)
         True
         """
+        from ..checkpoint.on_device import MAX_REPLAYS
         from ..checkpoint.plans import derive
         from ..memory.graph import build_graph
-        from ..memory.liveness import liveness
         from ..trace.plans import check_plan
 
         self._b_only("with_plan(plan)")
         plan = check_plan({c.path for c in self.trace.calls}, plan)
-        kept = self.__dict__.setdefault("_with_plans", Recent())  # a planner's choice, then
-        if plan not in kept:  # its replay, ask for the same plan
-            lv = liveness(build_graph(derive(self.trace, plan)), self.device)
+        kept = self.__dict__.setdefault("_with_plans", Recent(MAX_REPLAYS))  # a walk's plans
+        if plan not in kept:  # (a walk over every rank group asks one group's again), and
+            lv = liveness(build_graph(derive(self.trace, plan)), self.device)  # their replays
+            replays = self.__dict__.setdefault("_plan_replays", {})  # for as long as this step
+            lv.__dict__["_replays"] = replays.setdefault(plan, {})
             below = self.below and (lambda b: self._traced_at(b).with_plan(plan))
             kept[plan] = Report(lv, parts_of(lv), self.valid_when, below=below)
         return kept[plan]
