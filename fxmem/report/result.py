@@ -158,18 +158,18 @@ class Report:
         >>> r.with_plan(["0"]).peak_bytes(256) < r.peak_bytes(256)
         True
         """
-        from ..checkpoint.on_device import MAX_REPLAYS
         from ..checkpoint.plans import derive
         from ..memory.graph import build_graph
         from ..trace.plans import check_plan
 
         self._b_only("with_plan(plan)")
         plan = check_plan({c.path for c in self.trace.calls}, plan)
-        kept = self.__dict__.setdefault("_with_plans", Recent(MAX_REPLAYS))  # a walk's plans
-        if plan not in kept:  # (a walk over every rank group asks one group's again), and
-            lv = liveness(build_graph(derive(self.trace, plan)), self.device)  # their replays
-            replays = self.__dict__.setdefault("_plan_replays", {})  # for as long as this step
-            lv.__dict__["_replays"] = replays.setdefault(plan, {})
+        kept = self.__dict__.setdefault("_with_plans", Recent())  # a planner's choice, then
+        if plan not in kept:  # its replay, ask for the same plan
+            lv = liveness(build_graph(derive(self.trace, plan)), self.device)
+            # its replays kept as long as this step (a walk over every rank group asks again)
+            lv.__dict__["_replays"] = self.__dict__.setdefault("_plan_replays", {}).setdefault(
+                plan, {})
             below = self.below and (lambda b: self._traced_at(b).with_plan(plan))
             kept[plan] = Report(lv, parts_of(lv), self.valid_when, below=below)
         return kept[plan]
