@@ -84,6 +84,10 @@ CASES = {  # name: (model, strategy, input width, step options)
     "tp-compiled": (lambda: _tp_block("each"), lambda: TP(2, TP_BLOCK), 256, {}),
     "tp-compiled-in-place": (lambda: _tp_block("in_place"), lambda: TP(2, TP_BLOCK_OWN), 256,
                              {}),
+    # torchtitan's recipe under TP: the block checkpoint_wrapper(block), then torch.compile
+    # of that put back, then its linears split (the plan seen through the wrapper)
+    "tp-compiled-checkpointed": (lambda: _tp_block("checkpointed"), lambda: TP(2, TP_BLOCK),
+                                 256, {}),
     # each block torch.compile(block) put back (or compiled in place), then the model wrapped
     # by DDP: DDP's forward makes dynamo split each block's graph at its buckets' bounds
     # (DDPOptimizer), in the trace as in the run; with ZeRO-1, and with the gradients views
@@ -109,6 +113,10 @@ CASES = {  # name: (model, strategy, input width, step options)
         fsdp=FSDP(2), tp=TP(2, BLOCKS_PLAN)), 256, {}),
     "fsdp-tp-compiled-in-place": (lambda: _blocks("in_place"), lambda: Parallel(
         fsdp=FSDP(2), tp=TP(2, BLOCKS_PLAN_OWN)), 256, {}),
+    # torchtitan's recipe over FSDP2 x TP: each block checkpoint_wrapper(block), compiled,
+    # put back, its linears split (the plan seen through the wrappers), then sharded
+    "fsdp-tp-compiled-checkpointed": (lambda: _blocks("checkpointed"), lambda: Parallel(
+        fsdp=FSDP(2), tp=TP(2, BLOCKS_PLAN)), 256, {}),
     # HSDP x TP: 2 replicas of 1 shard over TP 2, a (replicate, shard, tp) mesh of 4 ranks;
     # FSDP2's CPU offload over TP (the shards on the host, made there: Parallel.materialize)
     "hsdp-tp": (lambda: _blocks("eager"), lambda: Parallel(
@@ -118,6 +126,11 @@ CASES = {  # name: (model, strategy, input width, step options)
     "fsdp-tp-offload": (lambda: _blocks("eager"), lambda: Parallel(
         fsdp=FSDP(2, offload=True), tp=TP(2, BLOCKS_PLAN_OWN)), 256, {}),
     "fsdp-tp-compiled-offload": (lambda: _blocks("each"), lambda: Parallel(
+        fsdp=FSDP(2, offload=True), tp=TP(2, BLOCKS_PLAN)), 256, {}),
+    # torchtitan's recipe over HSDP x TP and over FSDP2's CPU offload x TP
+    "hsdp-tp-compiled-checkpointed": (lambda: _blocks("checkpointed"), lambda: Parallel(
+        fsdp=FSDP(2, replicate=2), tp=TP(2, BLOCKS_PLAN)), 256, {}),
+    "fsdp-tp-compiled-checkpointed-offload": (lambda: _blocks("checkpointed"), lambda: Parallel(
         fsdp=FSDP(2, offload=True), tp=TP(2, BLOCKS_PLAN)), 256, {}),
 }
 # the block's linears split: through torch.compile(block)'s _orig_mod, or the block's own
@@ -140,10 +153,14 @@ def _tp_block(how):
     in a ``Sequential`` (``"each"``), compiled in place (``"in_place"``), or not."""
     from fakegpu_compile_targets import Pointwise
 
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
     block = Pointwise()
     if how == "in_place":
         block.compile()
-    return nn.Sequential(torch.compile(block) if how == "each" else block)
+    if how == "checkpointed":
+        block = checkpoint_wrapper(block)
+    return nn.Sequential(torch.compile(block) if how in ("each", "checkpointed") else block)
 # a compiled case's first step, B marked dynamic: its blocks compile at the example's batch
 # size, as fxmem's trace lowers them, and that code runs at the measured B (measure_rank's
 # compile_at_example)

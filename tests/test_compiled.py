@@ -73,16 +73,15 @@ def test_a_model_compiled_whole_refuses_an_eager_plan_as_such(plan):
                       device="cuda", checkpoint=plan)
 
 
+_TP = fxmem.TP(2, {"2": ColwiseParallel()})
 _PLANS_ARE = (r"are not modelled yet \(on one GPU, under FSDP2 and HSDP, CPU offload "
-              r"included, and DDP without static_graph, they are\)")
+              r"included, TP, FSDP2 x TP and DDP without static_graph, they are\)")
 
 
 @pytest.mark.parametrize("option, message", [
-    *[({"parallel": p, "checkpoint": ["0"]}, r"checkpoint plans over parts compiled on their "
-                                             r"own under " + p.name.replace("(", r"\(")
-       .replace(")", r"\)") + " " + _PLANS_ARE)
-      for p in (fxmem.DDP(2, static_graph=True), fxmem.TP(2, {"2": ColwiseParallel()}),
-                fxmem.Parallel(fsdp=fxmem.FSDP(2), tp=fxmem.TP(2, {"2": ColwiseParallel()})))],
+    ({"parallel": fxmem.DDP(2, static_graph=True), "checkpoint": ["0"]},
+     r"checkpoint plans over parts compiled on their own under DDP over 2 ranks "
+     r"\(static_graph=True\) " + _PLANS_ARE),
     ({"parallel": fxmem.DDP(2, static_graph=True)},
      r"parts compiled on their own under DDP over 2 ranks \(static_graph=True\) are not "
      r"modelled yet \(under FSDP2 and HSDP, CPU offload included; TP; FSDP2 x TP; DDP "
@@ -127,14 +126,19 @@ def test_parts_compiled_on_their_own_are_modelled_under_fsdp2_x_tp(fsdp):
 @pytest.mark.parametrize("parallel", [fxmem.FSDP(2), fxmem.FSDP(4, replicate=2),
                                       fxmem.FSDP(2, offload=True), fxmem.DDP(2),
                                       fxmem.DDP(2, zero1=True),
-                                      fxmem.DDP(2, gradient_as_bucket_view=True)],
+                                      fxmem.DDP(2, gradient_as_bucket_view=True),
+                                      _TP, *(fxmem.Parallel(fsdp=f, tp=_TP)
+                                             for f in (fxmem.FSDP(2), fxmem.FSDP(4, replicate=2),
+                                                       fxmem.FSDP(2, offload=True)))],
                          ids=lambda p: p.name)
-def test_a_plan_over_parts_compiled_on_their_own_is_modelled_under_fsdp2_and_ddp(parallel):
-    """Under FSDP2, HSDP (CPU offload too) and DDP (ZeRO-1, the buckets' views) a plan over
-    whole parts ``torch.compile(block)`` is traced on each rank, each part lowered as
-    ``torch.compile(checkpoint_wrapper(block))`` (checked on the fake GPU's ranks against
-    torchtitan's recipe: tests/test_fake_gpu_parallel.py);
-    it had been refused in one line ("not modelled yet (on one GPU they are)")."""
+def test_a_plan_over_parts_compiled_on_their_own_is_modelled_under_a_strategy(parallel):
+    """Under FSDP2, HSDP (CPU offload too), DDP (ZeRO-1, the buckets' views), TP and FSDP2 x
+    TP (HSDP x TP, CPU offload over TP) a plan over whole parts ``torch.compile(block)`` is
+    traced on each rank, each part lowered as ``torch.compile(checkpoint_wrapper(block))``
+    (checked on the fake GPU's ranks against torchtitan's recipe:
+    tests/test_fake_gpu_parallel.py); it had been refused in one line ("not modelled yet (on
+    one GPU they are)"; under TP and FSDP2 x TP, "(on one GPU, under FSDP2 and HSDP, ... they
+    are)")."""
     from fxmem.trace.compiled.parts import check_parts
 
     assert parallel.runs_planned_parts()
@@ -164,11 +168,12 @@ def _nested():
                                                        r"compiled on its own: a plan "
                                                        r"checkpoints such a part whole"),
 ])
-@pytest.mark.parametrize("parallel", [None, fxmem.FSDP(2), fxmem.DDP(2)],
+@pytest.mark.parametrize("parallel", [None, fxmem.FSDP(2), fxmem.DDP(2), _TP,
+                                      fxmem.Parallel(fsdp=fxmem.FSDP(2), tp=_TP)],
                          ids=lambda p: "one GPU" if p is None else p.name)
 def test_a_plan_over_parts_compiled_on_their_own_checkpoints_them_whole(plan, message,
                                                                          parallel):
-    """On one GPU, and under FSDP2 or DDP, a plan may checkpoint a part
+    """On one GPU, and under FSDP2, DDP, TP or FSDP2 x TP, a plan may checkpoint a part
     ``torch.compile(block)`` whole (lowered as ``torch.compile(checkpoint_wrapper(block))``:
     the fake GPU's tests), or modules outside every part; else one line, before anything is
     traced."""

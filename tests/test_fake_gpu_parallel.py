@@ -199,8 +199,8 @@ def test_blocks_compiled_on_their_own_reserve_as_predicted(name, B, inductor_cac
 
 
 # torchtitan's recipe, by PyTorch alone (each block checkpoint_wrapper(block), then
-# torch.compile of that put back, then sharded, or the model wrapped by DDP): fxmem's
-# prediction for the blocks compiled on their own (the case named second) under the plan
+# torch.compile of that put back, then sharded, split by TP, or the model wrapped by DDP):
+# fxmem's prediction for the blocks compiled on their own (the case named second) under the plan
 # checkpointing every block
 BLOCKS = ("layers.0", "layers.1")
 PLANNED = {"fsdp-compiled-checkpointed": ("fsdp-compiled", BLOCKS),
@@ -208,11 +208,18 @@ PLANNED = {"fsdp-compiled-checkpointed": ("fsdp-compiled", BLOCKS),
            "fsdp-compiled-checkpointed-offload": ("fsdp-compiled-offload", BLOCKS),
            "ddp-compiled-checkpointed": ("ddp-compiled", BLOCKS),
            "ddp-compiled-checkpointed-zero1": ("ddp-compiled-zero1", BLOCKS),
-           "ddp-compiled-checkpointed-views": ("ddp-compiled-views", BLOCKS)}
+           "ddp-compiled-checkpointed-views": ("ddp-compiled-views", BLOCKS),
+           "tp-compiled-checkpointed": ("tp-compiled", ("0",)),
+           "fsdp-tp-compiled-checkpointed": ("fsdp-tp-compiled", BLOCKS),
+           "hsdp-tp-compiled-checkpointed": ("hsdp-tp-compiled", BLOCKS),
+           "fsdp-tp-compiled-checkpointed-offload": ("fsdp-tp-compiled-offload", BLOCKS)}
+_PLANNED_FAST = ("fsdp-compiled-checkpointed", "tp-compiled-checkpointed")
+
+
 def _planned_cases():
-    """:data:`PLANNED`'s cases, FSDP2's first in the fast tier."""
-    return [pytest.param(n, marks=[] if i == 0 else [pytest.mark.slow])
-            for i, n in enumerate(PLANNED)]
+    """:data:`PLANNED`'s cases, FSDP2's and TP's in the fast tier."""
+    return [pytest.param(n, marks=[] if n in _PLANNED_FAST else [pytest.mark.slow])
+            for n in PLANNED]
 
 
 @pytest.mark.parametrize("name", _planned_cases())
@@ -220,11 +227,13 @@ def test_a_plan_over_blocks_compiled_on_their_own_is_torchtitan_s_recipe(name, i
     """``fxmem.analyze(model, ..., checkpoint=["layers.0", "layers.1"], parallel=...)`` over
     blocks ``torch.compile(block)`` put back lowers each as
     ``torch.compile(checkpoint_wrapper(block))`` on each rank (FSDP2's hooks eager around
-    it; under DDP, dynamo splitting its graphs at the buckets): each rank's max_allocated at
+    it; under DDP, dynamo splitting its graphs at the buckets; under TP and FSDP2 x TP,
+    dynamo tracing the checkpoint on the block's DTensors): each rank's max_allocated at
     two batch sizes is what the fake GPU measures for the model PyTorch alone wrapped,
-    compiled and sharded (it had been refused, "not modelled yet (on one GPU they are)"),
-    and under the plain blocks' at B=512 (the blocks' forward re-runs in their backward
-    graphs)."""
+    compiled and sharded (it had been refused, "not modelled yet (on one GPU they are)";
+    under TP, where the trace's hooks on the split linears had made dynamo break at the
+    checkpoint), and under the plain blocks' at B=512 (the blocks' forward re-runs in their
+    backward graphs)."""
     got = _compiled_figures(name, inductor_cache, PLANNED[name])
     for B in COMPILED_BATCHES:
         seen, want = got[B]

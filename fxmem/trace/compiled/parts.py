@@ -56,7 +56,7 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
     eagerly under its fake tensors), on the CPU (inductor's CPU code), under a checkpoint
     plan but over whole ``torch.compile(block)`` parts
     (:func:`fxmem.trace.plans.checkpointing.check_parts_plan`) on one GPU or a strategy whose
-    ``runs_planned_parts`` is True (FSDP2, HSDP, DDP),
+    ``runs_planned_parts`` is True (FSDP2, HSDP, DDP, TP, FSDP2 x TP),
     a strategy whose ``runs_compiled_parts`` is False (DDP's ``static_graph``),
     or ``compile=`` (which compiles the model whole); and a model compiled whole under an
     eager checkpoint plan or a strategy (``spec``: the step's, for ``compile=``).
@@ -106,8 +106,8 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
             parallel, "runs_planned_parts", lambda: False)():  # (a Strategy's)
         raise InputError(f"{what}: checkpoint plans over parts compiled on their own under "
                          f"{_name(parallel)} are not modelled yet (on one GPU, under FSDP2 "
-                         "and HSDP, CPU offload included, and DDP without static_graph, "
-                         "they are)")
+                         "and HSDP, CPU offload included, TP, FSDP2 x TP and DDP without "
+                         "static_graph, they are)")
     if parallel is not None:
         _check_sharded(parts, parallel, what)
 

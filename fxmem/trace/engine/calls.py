@@ -19,6 +19,7 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.utils._pytree import tree_leaves
 
 from ...errors import FxmemError
+from ..compiled import compiled_parts
 from ..kernels.datadep import TORCH_AND_FXMEM
 from ..ledger.records import ModuleCall
 from ..plans.checkpointing import user_path, wrapped_modules
@@ -47,14 +48,21 @@ class CallHooks:
         (``prepared``: FSDP2's pre-forward all-gather, TP's input redistribution), a
         pre-hook of the module's own, added last, marks where its forward begins, as
         checkpoint (which replaces the forward, the hooks outside it) re-runs it; only on
-        modules with pre-hooks already, so no module sees a hook it would not have had.
+        modules with pre-hooks already, so no module sees a hook it would not have had, and
+        not within a part compiled on its own (TP's linears in a ``torch.compile(block)``):
+        dynamo would capture the hook into the part's graph as a side effect on the
+        recorder, and within a checkpoint (a plan over the part) refuse it, a graph break
+        that ran the block eagerly on its DTensors. The global hooks are off there too
+        (:func:`fxmem.trace.compiled.inductor.modes_suspended`).
         ``watch``: a buffer the forward assigns raises
         :class:`~fxmem.trace.engine.modstate.BufferAssigned` (the step is traced again
         after a warm-up step)."""
         from torch.nn.modules.module import register_module_forward_pre_hook
 
-        hooked = {id(m): m for m in wrapper.modules() if m._forward_pre_hooks} \
-            if prepared else {}
+        inside = {id(m) for _, part in compiled_parts(wrapper) for m in part.modules()
+                  if m is not part}
+        hooked = {id(m): m for m in wrapper.modules()
+                  if m._forward_pre_hooks and id(m) not in inside} if prepared else {}
         for m in hooked.values():
             handles.append(m.register_forward_pre_hook(self.began))
         handles.append(register_module_forward_pre_hook(self.enter))

@@ -113,6 +113,13 @@ class TP(Strategy):
         the fake GPU's ranks; under FSDP2 x TP, :meth:`Parallel.runs_compiled_parts`."""
         return type(self) is TP
 
+    def runs_planned_parts(self) -> bool:
+        """A checkpoint plan over blocks ``torch.compile(block)`` put back, each lowered as
+        ``torch.compile(checkpoint_wrapper(block))``, dynamo capturing the checkpoint on the
+        rank's DTensors (torchtitan's recipe: checkpoint, compile, then split); checked on
+        the fake GPU's ranks."""
+        return type(self) is TP
+
     def materialize(self, model: torch.nn.Module, mode, device: str = "cpu") -> None:
         """Fakes of ``mode`` for ``model``'s meta parameters and buffers, each local shard
         keeping its storage's size: ``distribute_tensor`` scatters a dim-0 shard into a
@@ -194,6 +201,13 @@ class Parallel(Strategy):
         :class:`fxmem.FSDP` alone). Checked on the fake GPU's 4 ranks: a 2 x 2 mesh, with
         CPU offload too, and HSDP x TP of 2 replicas of 1 shard."""
         return type(self) is Parallel and type(self.fsdp) is FSDP
+
+    def runs_planned_parts(self) -> bool:
+        """A checkpoint plan over blocks ``torch.compile(block)`` put back, each lowered as
+        ``torch.compile(checkpoint_wrapper(block))`` on the rank's DTensors, FSDP2's hooks
+        eager around it (torchtitan's recipe: checkpoint, compile, split, then shard);
+        checked on the fake GPU's 4 ranks, HSDP x TP and CPU offload over TP too."""
+        return self.runs_compiled_parts()
 
 
 def materialize_shards(model: torch.nn.Module, mode, device: str = "cpu") -> None:
