@@ -157,8 +157,6 @@ def _nested():
 
 
 @pytest.mark.parametrize("plan, message", [
-    (["2"], r"module 2 is compiled in place \(block.compile\(\)\): plans over it are not "
-            r"modelled yet; over torch.compile\(block\) put in the model they are"),
     (["1._orig_mod.0"], r"module 1._orig_mod.0 is inside module 1, compiled on its own: a plan "
                         r"checkpoints such a part whole, not modules inside it"),
     (["0"], r"module 0 holds module 0.0, compiled on its own: an eager checkpoint around "
@@ -196,9 +194,44 @@ def test_a_plan_applied_to_a_part_compiled_on_its_own_wraps_it_inside_the_compil
     assert isinstance(m[1], OptimizedModule) and m[1].dynamo_ctx is ctx
     assert isinstance(m[1]._orig_mod, CheckpointWrapper)
     assert m[1]._orig_mod._checkpoint_wrapped_module is part
-    with pytest.raises(fxmem.InputError, match=r"^checkpoint plan: module 2 is compiled in "
-                                               r"place"):
-        fxmem.apply_checkpoints(_nested(), ["2"])
+
+
+
+def test_a_plan_applied_to_a_block_compiled_in_place_wraps_it_then_compiles_in_place():
+    """``fxmem.apply_checkpoints`` over a block compiled in place (``block.compile()``) puts
+    ``checkpoint_wrapper(block)`` in the model compiled in place by the block's own dynamo
+    context, the block's compile moved to it: torchtitan's recipe, the step
+    ``fxmem.analyze`` traces for the plan (tests/test_fake_gpu_compile.py). It had been
+    refused ("module 2 is compiled in place (block.compile()): plans over it are not
+    modelled yet")."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    from fxmem.trace.compiled import in_place_context
+
+    m = _nested()
+    block, ctx = m[2], in_place_context(m[2])
+    fxmem.apply_checkpoints(m, ["2"])
+    assert isinstance(m[2], CheckpointWrapper) and m[2]._checkpoint_wrapped_module is block
+    assert in_place_context(m[2]) is ctx and block._compiled_call_impl is None
+
+
+def test_a_plan_over_a_block_compiled_in_place_is_one_line_under_a_strategy():
+    """On one GPU a plan over a block compiled in place is traced as torchtitan's recipe
+    runs it (``checkpoint_wrapper(block)``, then ``.compile()`` on the wrapper: the fake
+    GPU's tests); under a strategy it is one line, before anything is traced. It had been
+    refused on one GPU too ("plans over it are not modelled yet; over torch.compile(block)
+    put in the model they are")."""
+    fxmem.trace.plans.checkpointing.normalize_plan(_nested(), ["2"])
+    for parallel in (fxmem.FSDP(2), fxmem.DDP(2), _TP,
+                     fxmem.Parallel(fsdp=fxmem.FSDP(2), tp=_TP)):
+        with pytest.raises(fxmem.InputError, match=r"^checkpoint plan: module 2 is compiled "
+                                                   r"in place \(block.compile\(\)\) under "
+                                                   r".*: plans over it are not modelled yet; "
+                                                   r"on one GPU, and over torch.compile\(block"
+                                                   r"\) put in the model, they are$") as e:
+            fxmem.analyze(_nested(), torch.zeros(4, 8), loss=lambda o: o.sum(),
+                          device="cuda", checkpoint=["2"], parallel=parallel)
+        assert "\n" not in str(e.value)
 
 
 def test_a_compiled_step_s_plan_is_traced_not_derived():
