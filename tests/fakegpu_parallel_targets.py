@@ -68,6 +68,11 @@ CASES = {  # name: (model, strategy, input width, step options)
     # put back, then sharded (PyTorch alone: fxmem's plan over fsdp-compiled's blocks is
     # checked against it)
     "fsdp-compiled-checkpointed": (lambda: _blocks("checkpointed"), lambda: FSDP(2), 256, {}),
+    # torchtitan's recipe now: each block checkpoint_wrapper(block) put back, then compiled
+    # in place (.compile() on the wrapper), then sharded (fxmem's plan over
+    # fsdp-compiled-in-place's blocks is checked against it)
+    "fsdp-compiled-checkpointed-in-place": (lambda: _blocks("checkpointed_in_place"),
+                                            lambda: FSDP(2), 256, {}),
     # HSDP: 2 replicas of 2 shards (fully_shard on a 2-D mesh over 4 ranks)
     "hsdp": (Stack, lambda: FSDP(4, replicate=2), 64, {}),
     "hsdp-compiled": (lambda: _blocks("each"), lambda: FSDP(4, replicate=2), 256, {}),

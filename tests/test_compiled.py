@@ -216,18 +216,23 @@ def test_a_plan_applied_to_a_block_compiled_in_place_wraps_it_then_compiles_in_p
 
 
 def test_a_plan_over_a_block_compiled_in_place_is_one_line_under_a_strategy():
-    """On one GPU a plan over a block compiled in place is traced as torchtitan's recipe
-    runs it (``checkpoint_wrapper(block)``, then ``.compile()`` on the wrapper: the fake
-    GPU's tests); under a strategy it is one line, before anything is traced. It had been
-    refused on one GPU too ("plans over it are not modelled yet; over torch.compile(block)
-    put in the model they are")."""
-    fxmem.trace.plans.checkpointing.normalize_plan(_nested(), ["2"])
-    for parallel in (fxmem.FSDP(2), fxmem.DDP(2), _TP,
-                     fxmem.Parallel(fsdp=fxmem.FSDP(2), tp=_TP)):
+    """On one GPU and under FSDP2 a plan over a block compiled in place is traced as
+    torchtitan's recipe runs it (``checkpoint_wrapper(block)``, then ``.compile()`` on the
+    wrapper, then ``fully_shard``: the fake GPU's tests); under another strategy it is one
+    line, before anything is traced. It had been refused on one GPU and under FSDP2 too
+    ("plans over it are not modelled yet; over torch.compile(block) put in the model they
+    are")."""
+    from fxmem.trace.plans.checkpointing import normalize_plan
+
+    normalize_plan(_nested(), ["2"])
+    normalize_plan(_nested(), ["2"], fxmem.FSDP(2))
+    for parallel in (fxmem.FSDP(4, replicate=2), fxmem.FSDP(2, offload=True), fxmem.DDP(2),
+                     _TP, fxmem.Parallel(fsdp=fxmem.FSDP(2), tp=_TP)):
         with pytest.raises(fxmem.InputError, match=r"^checkpoint plan: module 2 is compiled "
                                                    r"in place \(block.compile\(\)\) under "
                                                    r".*: plans over it are not modelled yet; "
-                                                   r"on one GPU, and over torch.compile\(block"
+                                                   r"on one GPU and under FSDP2, and over "
+                                                   r"torch.compile\(block"
                                                    r"\) put in the model, they are$") as e:
             fxmem.analyze(_nested(), torch.zeros(4, 8), loss=lambda o: o.sum(),
                           device="cuda", checkpoint=["2"], parallel=parallel)

@@ -204,6 +204,7 @@ def test_blocks_compiled_on_their_own_reserve_as_predicted(name, B, inductor_cac
 # checkpointing every block
 BLOCKS = ("layers.0", "layers.1")
 PLANNED = {"fsdp-compiled-checkpointed": ("fsdp-compiled", BLOCKS),
+           "fsdp-compiled-checkpointed-in-place": ("fsdp-compiled-in-place", BLOCKS),
            "hsdp-compiled-checkpointed": ("hsdp-compiled", BLOCKS),
            "fsdp-compiled-checkpointed-offload": ("fsdp-compiled-offload", BLOCKS),
            "ddp-compiled-checkpointed": ("ddp-compiled", BLOCKS),
@@ -213,7 +214,8 @@ PLANNED = {"fsdp-compiled-checkpointed": ("fsdp-compiled", BLOCKS),
            "fsdp-tp-compiled-checkpointed": ("fsdp-tp-compiled", BLOCKS),
            "hsdp-tp-compiled-checkpointed": ("hsdp-tp-compiled", BLOCKS),
            "fsdp-tp-compiled-checkpointed-offload": ("fsdp-tp-compiled-offload", BLOCKS)}
-_PLANNED_FAST = ("fsdp-compiled-checkpointed", "tp-compiled-checkpointed")
+_PLANNED_FAST = ("fsdp-compiled-checkpointed", "fsdp-compiled-checkpointed-in-place",
+                 "tp-compiled-checkpointed")
 
 
 def _planned_cases():

@@ -209,7 +209,7 @@ def parts_lowered(parts: list, taken: list, rec, hooked: bool = False,
                 attr, inner = "forward", f"{path}._orig_mod".lstrip(".")
                 call = (planned or {}).get(path, m.forward)
             elif hooked:  # its call uncompiled, its forward compiled as the call was
-                call = in_place_context(m)(m.forward)
+                call = (planned or {}).get(path) or in_place_context(m)(m.forward)
                 undo.append((m, "_compiled_call_impl", True, m._compiled_call_impl))
                 object.__setattr__(m, "_compiled_call_impl", None)
                 attr, inner = "forward", path

@@ -371,7 +371,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     # the plan's parts compiled on their own (the user's paths: not DDP's "module.layers.0"),
     in_plan = {q for e in plan for q in modules_of(e)}  # lowered with the checkpoint (parts)
     ids = {id(m) for p, m in compiled_parts(model) if user_path(p) in in_plan}
-    planned = {p: checkpointed_call(m) for p, m in parts if id(m) in ids}
+    planned = {p: checkpointed_call(m, prepared) for p, m in parts if id(m) in ids}
     with checkpointing(model, plan, region(rec), held(rec), compiled and not parts) \
             as rec.plan, \
             copied(rec, runs, rec.plan, prepared, fakes.params, fakes.buffers) as reuse, \

@@ -76,11 +76,12 @@ def check_parts_plan(model: torch.nn.Module, plan: Plan, parallel=None) -> None:
     for e in plan if by_path else ():
         for p in modules_of(e):
             if p in by_path and parallel is not None and \
-                    not isinstance(by_path[p], OptimizedModule):
+                    not isinstance(by_path[p], OptimizedModule) and \
+                    not getattr(parallel, "runs_planned_in_place", lambda: False)():
                 raise InputError(f"checkpoint plan: module {p} is compiled in place "
                                  f"(block.compile()) under {parallel.name}: plans over it "
-                                 "are not modelled yet; on one GPU, and over "
-                                 "torch.compile(block) put in the model, they are")
+                                 "are not modelled yet; on one GPU and under FSDP2, and "
+                                 "over torch.compile(block) put in the model, they are")
             if p in by_path and not isinstance(e, str):
                 raise InputError(f"checkpoint plan: {e} is selective or a group over module "
                                  f"{p}, compiled on its own: a plan checkpoints such a part "
@@ -209,7 +210,7 @@ def checkpointed_part(part) -> torch.nn.Module:
     return wrapper
 
 
-def checkpointed_call(part):
+def checkpointed_call(part, hooked: bool = False):
     """What the trace lowers for a plan's entry that is a part compiled on its own
     (:func:`fxmem.trace.compiled.parts.parts_lowered`): ``torch.compile(block)``, as
     :func:`checkpointed_part`; a block compiled in place, its compiled call as the recipe
@@ -217,7 +218,7 @@ def checkpointed_call(part):
     from torch._dynamo.eval_frame import OptimizedModule
 
     return checkpointed_part(part) if isinstance(part, OptimizedModule) else \
-        _CheckpointedInPlace(part)
+        _CheckpointedInPlace(part, hooked)
 
 
 class _CheckpointedInPlace:
@@ -228,11 +229,19 @@ class _CheckpointedInPlace:
     ``_compiled_call_impl`` None), set back after (the checkpoint's re-run is in the
     compiled backward graph)."""
 
-    def __init__(self, block):
+    def __init__(self, block, hooked: bool = False):
         from ..compiled import in_place_context
 
         self.block, self.wrapper = block, _wrapped(block, ())
-        self.call = in_place_context(block)(self.wrapper._call_impl)
+        context = in_place_context(block)
+        if not hooked:
+            self.call = context(self.wrapper._call_impl)
+            return
+        forward = block.forward  # (its class's: FSDP2's hooks run eagerly around it)
+
+        def checkpointed(*args, **kwargs):
+            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        self.call = context(checkpointed)
 
     def __call__(self, *args, **kwargs):
         own = self.block.__dict__.get("_compiled_call_impl")
