@@ -84,6 +84,14 @@ CASES = {  # name: (model, strategy, input width, step options)
     "fsdp-compiled-offload": (lambda: _blocks("each"), lambda: FSDP(2, offload=True), 256, {}),
     "fsdp-compiled-checkpointed-offload": (lambda: _blocks("checkpointed"),
                                            lambda: FSDP(2, offload=True), 256, {}),
+    "fsdp-compiled-in-place-offload": (lambda: _blocks("in_place"),
+                                       lambda: FSDP(2, offload=True), 256, {}),
+    "fsdp-compiled-checkpointed-in-place-offload": (
+        lambda: _blocks("checkpointed_in_place"), lambda: FSDP(2, offload=True), 256, {}),
+    "hsdp-compiled-in-place": (lambda: _blocks("in_place"), lambda: FSDP(4, replicate=2),
+                               256, {}),
+    "hsdp-compiled-checkpointed-in-place": (lambda: _blocks("checkpointed_in_place"),
+                                            lambda: FSDP(4, replicate=2), 256, {}),
     # a block compiled on its own, then its linears split column- and row-wise (the
     # compiled graph runs on the local shards: DTensor's ops traced by dynamo)
     "tp-compiled": (lambda: _tp_block("each"), lambda: TP(2, TP_BLOCK), 256, {}),
@@ -170,6 +178,7 @@ def _tp_block(how):
 # size, as fxmem's trace lowers them, and that code runs at the measured B (measure_rank's
 # compile_at_example)
 COMPILED = {"fsdp-compiled", "fsdp-compiled-in-place", "hsdp-compiled",
+            "fsdp-compiled-in-place-offload", "hsdp-compiled-in-place",
             "fsdp-compiled-offload", "tp-compiled", "tp-compiled-in-place", "ddp-compiled",
             "ddp-compiled-in-place", "ddp-compiled-zero1", "ddp-compiled-views",
             "fsdp-tp-compiled", "fsdp-tp-compiled-in-place", "hsdp-tp-compiled",

@@ -196,7 +196,6 @@ def test_a_plan_applied_to_a_part_compiled_on_its_own_wraps_it_inside_the_compil
     assert m[1]._orig_mod._checkpoint_wrapped_module is part
 
 
-
 def test_a_plan_applied_to_a_block_compiled_in_place_wraps_it_then_compiles_in_place():
     """``fxmem.apply_checkpoints`` over a block compiled in place (``block.compile()``) puts
     ``checkpoint_wrapper(block)`` in the model compiled in place by the block's own dynamo
@@ -216,24 +215,25 @@ def test_a_plan_applied_to_a_block_compiled_in_place_wraps_it_then_compiles_in_p
 
 
 def test_a_plan_over_a_block_compiled_in_place_is_one_line_under_a_strategy():
-    """On one GPU and under FSDP2 a plan over a block compiled in place is traced as
-    torchtitan's recipe runs it (``checkpoint_wrapper(block)``, then ``.compile()`` on the
-    wrapper, then ``fully_shard``: the fake GPU's tests); under another strategy it is one
-    line, before anything is traced. It had been refused on one GPU and under FSDP2 too
-    ("plans over it are not modelled yet; over torch.compile(block) put in the model they
-    are")."""
+    """On one GPU and under FSDP2 (HSDP, CPU offload) a plan over a block compiled in place
+    is traced as torchtitan's recipe runs it (``checkpoint_wrapper(block)``, then
+    ``.compile()`` on the wrapper, then ``fully_shard``: the fake GPU's tests); under DDP,
+    TP or FSDP2 x TP it is one line, before anything is traced. It had been refused on one
+    GPU and under FSDP2 too ("plans over it are not modelled yet; over
+    torch.compile(block) put in the model they are")."""
     from fxmem.trace.plans.checkpointing import normalize_plan
 
     normalize_plan(_nested(), ["2"])
-    normalize_plan(_nested(), ["2"], fxmem.FSDP(2))
-    for parallel in (fxmem.FSDP(4, replicate=2), fxmem.FSDP(2, offload=True), fxmem.DDP(2),
-                     _TP, fxmem.Parallel(fsdp=fxmem.FSDP(2), tp=_TP)):
+    for fsdp in (fxmem.FSDP(2), fxmem.FSDP(4, replicate=2), fxmem.FSDP(2, offload=True)):
+        normalize_plan(_nested(), ["2"], fsdp)
+    for parallel in (fxmem.DDP(2), _TP, fxmem.Parallel(fsdp=fxmem.FSDP(2), tp=_TP)):
         with pytest.raises(fxmem.InputError, match=r"^checkpoint plan: module 2 is compiled "
                                                    r"in place \(block.compile\(\)\) under "
                                                    r".*: plans over it are not modelled yet; "
-                                                   r"on one GPU and under FSDP2, and over "
-                                                   r"torch.compile\(block"
-                                                   r"\) put in the model, they are$") as e:
+                                                   r"on one GPU and under FSDP2 \(HSDP, "
+                                                   r"CPU offload\), and over torch.compile"
+                                                   r"\(block\) put in the model, they "
+                                                   r"are$") as e:
             fxmem.analyze(_nested(), torch.zeros(4, 8), loss=lambda o: o.sum(),
                           device="cuda", checkpoint=["2"], parallel=parallel)
         assert "\n" not in str(e.value)

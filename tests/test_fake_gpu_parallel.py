@@ -205,6 +205,9 @@ def test_blocks_compiled_on_their_own_reserve_as_predicted(name, B, inductor_cac
 BLOCKS = ("layers.0", "layers.1")
 PLANNED = {"fsdp-compiled-checkpointed": ("fsdp-compiled", BLOCKS),
            "fsdp-compiled-checkpointed-in-place": ("fsdp-compiled-in-place", BLOCKS),
+           "hsdp-compiled-checkpointed-in-place": ("hsdp-compiled-in-place", BLOCKS),
+           "fsdp-compiled-checkpointed-in-place-offload": ("fsdp-compiled-in-place-offload",
+                                                           BLOCKS),
            "hsdp-compiled-checkpointed": ("hsdp-compiled", BLOCKS),
            "fsdp-compiled-checkpointed-offload": ("fsdp-compiled-offload", BLOCKS),
            "ddp-compiled-checkpointed": ("ddp-compiled", BLOCKS),

@@ -200,8 +200,8 @@ class FSDP(Strategy):
         """A checkpoint plan over blocks compiled in place (``block.compile()``): each
         block's call uncompiled (FSDP2's hooks eager), its forward checkpointed inside the
         block's own compile (torchtitan's recipe: checkpoint, compile in place, then
-        shard); checked on the fake GPU's ranks, FSDP2 (not yet HSDP or CPU offload)."""
-        return type(self) is FSDP and self.replicate == 1 and not self.offload
+        shard); checked on the fake GPU's ranks, FSDP2 and HSDP, CPU offload included."""
+        return type(self) is FSDP
 
     def materialize(self, model: torch.nn.Module, mode, device: str = "cpu") -> None:
         """Fakes of ``mode`` for ``model``'s meta parameters and buffers, on ``device``; under

@@ -80,8 +80,9 @@ def check_parts_plan(model: torch.nn.Module, plan: Plan, parallel=None) -> None:
                     not getattr(parallel, "runs_planned_in_place", lambda: False)():
                 raise InputError(f"checkpoint plan: module {p} is compiled in place "
                                  f"(block.compile()) under {parallel.name}: plans over it "
-                                 "are not modelled yet; on one GPU and under FSDP2, and "
-                                 "over torch.compile(block) put in the model, they are")
+                                 "are not modelled yet; on one GPU and under FSDP2 (HSDP, "
+                                 "CPU offload), and over torch.compile(block) put in the "
+                                 "model, they are")
             if p in by_path and not isinstance(e, str):
                 raise InputError(f"checkpoint plan: {e} is selective or a group over module "
                                  f"{p}, compiled on its own: a plan checkpoints such a part "
