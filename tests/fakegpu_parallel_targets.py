@@ -99,6 +99,8 @@ CASES = {  # name: (model, strategy, input width, step options)
                              {}),
     # torchtitan's recipe under TP: the block checkpoint_wrapper(block), then torch.compile
     # of that put back, then its linears split (the plan seen through the wrapper)
+    "tp-compiled-checkpointed-in-place": (lambda: _tp_block("checkpointed_in_place"),
+                                          lambda: TP(2, TP_BLOCK_OWN), 256, {}),
     "tp-compiled-checkpointed": (lambda: _tp_block("checkpointed"), lambda: TP(2, TP_BLOCK),
                                  256, {}),
     # each block torch.compile(block) put back (or compiled in place), then the model wrapped
@@ -109,6 +111,8 @@ CASES = {  # name: (model, strategy, input width, step options)
     "ddp-compiled-in-place": (lambda: _blocks("in_place"), lambda: DDP(2), 256, {}),
     # torchtitan's recipe under DDP (and under HSDP above): checkpoint, compile, then wrap
     "ddp-compiled-checkpointed": (lambda: _blocks("checkpointed"), lambda: DDP(2), 256, {}),
+    "ddp-compiled-checkpointed-in-place": (lambda: _blocks("checkpointed_in_place"),
+                                           lambda: DDP(2), 256, {}),
     "ddp-compiled-zero1": (lambda: _blocks("each"), lambda: DDP(2, zero1=True), 256, {}),
     "ddp-compiled-checkpointed-zero1": (lambda: _blocks("checkpointed"),
                                         lambda: DDP(2, zero1=True), 256, {}),
@@ -130,6 +134,9 @@ CASES = {  # name: (model, strategy, input width, step options)
     # put back, its linears split (the plan seen through the wrappers), then sharded
     "fsdp-tp-compiled-checkpointed": (lambda: _blocks("checkpointed"), lambda: Parallel(
         fsdp=FSDP(2), tp=TP(2, BLOCKS_PLAN)), 256, {}),
+    "fsdp-tp-compiled-checkpointed-in-place": (lambda: _blocks("checkpointed_in_place"),
+                                               lambda: Parallel(fsdp=FSDP(2), tp=TP(
+                                                   2, BLOCKS_PLAN_OWN)), 256, {}),
     # HSDP x TP: 2 replicas of 1 shard over TP 2, a (replicate, shard, tp) mesh of 4 ranks;
     # FSDP2's CPU offload over TP (the shards on the host, made there: Parallel.materialize)
     "hsdp-tp": (lambda: _blocks("eager"), lambda: Parallel(
@@ -163,7 +170,9 @@ BLOCKS_PLAN_OWN = {"layers.*.inner.a": ColwiseParallel(), "layers.*.inner.b": Ro
 def _tp_block(how):
     """:class:`fakegpu_compile_targets.Pointwise` alone (every parameter split: CUDA's
     foreach Adam takes no mix of DTensors and plain tensors), ``torch.compile``d and put
-    in a ``Sequential`` (``"each"``), compiled in place (``"in_place"``), or not."""
+    in a ``Sequential`` (``"each"``), compiled in place (``"in_place"``), or not;
+    ``"checkpointed"``, ``torch.compile(checkpoint_wrapper(block))``;
+    ``"checkpointed_in_place"``, ``checkpoint_wrapper(block)`` compiled in place."""
     from fakegpu_compile_targets import Pointwise
 
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
@@ -171,8 +180,10 @@ def _tp_block(how):
     block = Pointwise()
     if how == "in_place":
         block.compile()
-    if how == "checkpointed":
+    if how in ("checkpointed", "checkpointed_in_place"):
         block = checkpoint_wrapper(block)
+    if how == "checkpointed_in_place":  # then compiled in place (torchtitan's recipe now)
+        block.compile()
     return nn.Sequential(torch.compile(block) if how in ("each", "checkpointed") else block)
 # a compiled case's first step, B marked dynamic: its blocks compile at the example's batch
 # size, as fxmem's trace lowers them, and that code runs at the measured B (measure_rank's

@@ -214,26 +214,29 @@ def test_a_plan_applied_to_a_block_compiled_in_place_wraps_it_then_compiles_in_p
     assert in_place_context(m[2]) is ctx and block._compiled_call_impl is None
 
 
-def test_a_plan_over_a_block_compiled_in_place_is_one_line_under_a_strategy():
-    """On one GPU and under FSDP2 (HSDP, CPU offload) a plan over a block compiled in place
-    is traced as torchtitan's recipe runs it (``checkpoint_wrapper(block)``, then
-    ``.compile()`` on the wrapper, then ``fully_shard``: the fake GPU's tests); under DDP,
-    TP or FSDP2 x TP it is one line, before anything is traced. It had been refused on one
-    GPU and under FSDP2 too ("plans over it are not modelled yet; over
-    torch.compile(block) put in the model they are")."""
+def test_a_plan_over_a_block_compiled_in_place_is_modelled_under_a_strategy():
+    """On one GPU and under FSDP2 (HSDP, CPU offload), DDP, TP and FSDP2 x TP a plan over a
+    block compiled in place is traced as torchtitan's recipe runs it
+    (``checkpoint_wrapper(block)``, then ``.compile()`` on the wrapper, then the strategy:
+    the fake GPU's tests); under DDP with ZeRO-1 or the buckets' views, HSDP x TP and CPU
+    offload over TP (not checked) it is one line, before anything is traced. It had been
+    refused everywhere ("plans over it are not modelled yet; over torch.compile(block) put
+    in the model they are")."""
     from fxmem.trace.plans.checkpointing import normalize_plan
 
     normalize_plan(_nested(), ["2"])
-    for fsdp in (fxmem.FSDP(2), fxmem.FSDP(4, replicate=2), fxmem.FSDP(2, offload=True)):
-        normalize_plan(_nested(), ["2"], fsdp)
-    for parallel in (fxmem.DDP(2), _TP, fxmem.Parallel(fsdp=fxmem.FSDP(2), tp=_TP)):
+    for ok in (fxmem.FSDP(2), fxmem.FSDP(4, replicate=2), fxmem.FSDP(2, offload=True),
+               fxmem.DDP(2), _TP, fxmem.Parallel(fsdp=fxmem.FSDP(2), tp=_TP)):
+        normalize_plan(_nested(), ["2"], ok)
+    for parallel in (fxmem.DDP(2, zero1=True), fxmem.DDP(2, gradient_as_bucket_view=True),
+                     fxmem.Parallel(fsdp=fxmem.FSDP(2, replicate=2), tp=_TP),
+                     fxmem.Parallel(fsdp=fxmem.FSDP(2, offload=True), tp=_TP)):
         with pytest.raises(fxmem.InputError, match=r"^checkpoint plan: module 2 is compiled "
                                                    r"in place \(block.compile\(\)\) under "
-                                                   r".*: plans over it are not modelled yet; "
-                                                   r"on one GPU and under FSDP2 \(HSDP, "
-                                                   r"CPU offload\), and over torch.compile"
-                                                   r"\(block\) put in the model, they "
-                                                   r"are$") as e:
+                                                   r".*: plans over it are not modelled yet "
+                                                   r"\(on one GPU, under FSDP2, HSDP, "
+                                                   r"CPU offload, DDP, TP and FSDP2 x TP "
+                                                   r"they are\)$") as e:
             fxmem.analyze(_nested(), torch.zeros(4, 8), loss=lambda o: o.sum(),
                           device="cuda", checkpoint=["2"], parallel=parallel)
         assert "\n" not in str(e.value)

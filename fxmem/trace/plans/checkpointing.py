@@ -69,7 +69,8 @@ def check_parts_plan(model: torch.nn.Module, plan: Plan, parallel=None) -> None:
     compiled in place (traced lowered as ``torch.compile(checkpoint_wrapper(block))``, or
     ``checkpoint_wrapper(block)`` compiled in place: :func:`checkpointed_call`), the others
     outside every part; else an :class:`fxmem.InputError` in one line. A block compiled in
-    place is planned on one GPU only, not under a strategy ``parallel``."""
+    place is planned on one GPU and under a strategy ``parallel`` whose
+    ``runs_planned_in_place`` is True."""
     from torch._dynamo.eval_frame import OptimizedModule
 
     by_path = {user_path(p): m for p, m in compiled_parts(model)} if plan else {}
@@ -80,9 +81,8 @@ def check_parts_plan(model: torch.nn.Module, plan: Plan, parallel=None) -> None:
                     not getattr(parallel, "runs_planned_in_place", lambda: False)():
                 raise InputError(f"checkpoint plan: module {p} is compiled in place "
                                  f"(block.compile()) under {parallel.name}: plans over it "
-                                 "are not modelled yet; on one GPU and under FSDP2 (HSDP, "
-                                 "CPU offload), and over torch.compile(block) put in the "
-                                 "model, they are")
+                                 "are not modelled yet (on one GPU, under FSDP2, HSDP, "
+                                 "CPU offload, DDP, TP and FSDP2 x TP they are)")
             if p in by_path and not isinstance(e, str):
                 raise InputError(f"checkpoint plan: {e} is selective or a group over module "
                                  f"{p}, compiled on its own: a plan checkpoints such a part "
