@@ -113,6 +113,15 @@ CASES = {  # name: (model, strategy, input width, step options)
     "ddp-compiled-checkpointed": (lambda: _blocks("checkpointed"), lambda: DDP(2), 256, {}),
     "ddp-compiled-checkpointed-in-place": (lambda: _blocks("checkpointed_in_place"),
                                            lambda: DDP(2), 256, {}),
+    "ddp-compiled-in-place-zero1": (lambda: _blocks("in_place"), lambda: DDP(2, zero1=True),
+                                    256, {}),
+    "ddp-compiled-checkpointed-in-place-zero1": (lambda: _blocks("checkpointed_in_place"),
+                                                 lambda: DDP(2, zero1=True), 256, {}),
+    "ddp-compiled-in-place-views": (lambda: _blocks("in_place"),
+                                    lambda: DDP(2, gradient_as_bucket_view=True), 256, {}),
+    "ddp-compiled-checkpointed-in-place-views": (
+        lambda: _blocks("checkpointed_in_place"),
+        lambda: DDP(2, gradient_as_bucket_view=True), 256, {}),
     "ddp-compiled-zero1": (lambda: _blocks("each"), lambda: DDP(2, zero1=True), 256, {}),
     "ddp-compiled-checkpointed-zero1": (lambda: _blocks("checkpointed"),
                                         lambda: DDP(2, zero1=True), 256, {}),
@@ -152,6 +161,18 @@ CASES = {  # name: (model, strategy, input width, step options)
         fsdp=FSDP(2, replicate=2), tp=TP(2, BLOCKS_PLAN)), 256, {}),
     "fsdp-tp-compiled-checkpointed-offload": (lambda: _blocks("checkpointed"), lambda: Parallel(
         fsdp=FSDP(2, offload=True), tp=TP(2, BLOCKS_PLAN)), 256, {}),
+    # the same two over blocks compiled in place, and the recipe compiling in place
+    "hsdp-tp-compiled-in-place": (lambda: _blocks("in_place"), lambda: Parallel(
+        fsdp=FSDP(2, replicate=2), tp=TP(2, BLOCKS_PLAN_OWN)), 256, {}),
+    "hsdp-tp-compiled-checkpointed-in-place": (lambda: _blocks("checkpointed_in_place"),
+                                               lambda: Parallel(fsdp=FSDP(2, replicate=2),
+                                                                tp=TP(2, BLOCKS_PLAN_OWN)),
+                                               256, {}),
+    "fsdp-tp-compiled-in-place-offload": (lambda: _blocks("in_place"), lambda: Parallel(
+        fsdp=FSDP(2, offload=True), tp=TP(2, BLOCKS_PLAN_OWN)), 256, {}),
+    "fsdp-tp-compiled-checkpointed-in-place-offload": (
+        lambda: _blocks("checkpointed_in_place"), lambda: Parallel(
+            fsdp=FSDP(2, offload=True), tp=TP(2, BLOCKS_PLAN_OWN)), 256, {}),
 }
 # the block's linears split: through torch.compile(block)'s _orig_mod, or the block's own
 # paths (compiled in place, or eager)
@@ -190,6 +211,8 @@ def _tp_block(how):
 # compile_at_example)
 COMPILED = {"fsdp-compiled", "fsdp-compiled-in-place", "hsdp-compiled",
             "fsdp-compiled-in-place-offload", "hsdp-compiled-in-place",
+            "hsdp-tp-compiled-in-place", "fsdp-tp-compiled-in-place-offload",
+            "ddp-compiled-in-place-zero1", "ddp-compiled-in-place-views",
             "fsdp-compiled-offload", "tp-compiled", "tp-compiled-in-place", "ddp-compiled",
             "ddp-compiled-in-place", "ddp-compiled-zero1", "ddp-compiled-views",
             "fsdp-tp-compiled", "fsdp-tp-compiled-in-place", "hsdp-tp-compiled",

@@ -215,31 +215,30 @@ def test_a_plan_applied_to_a_block_compiled_in_place_wraps_it_then_compiles_in_p
 
 
 def test_a_plan_over_a_block_compiled_in_place_is_modelled_under_a_strategy():
-    """On one GPU and under FSDP2 (HSDP, CPU offload), DDP, TP and FSDP2 x TP a plan over a
-    block compiled in place is traced as torchtitan's recipe runs it
-    (``checkpoint_wrapper(block)``, then ``.compile()`` on the wrapper, then the strategy:
-    the fake GPU's tests); under DDP with ZeRO-1 or the buckets' views, HSDP x TP and CPU
-    offload over TP (not checked) it is one line, before anything is traced. It had been
+    """On one GPU and under FSDP2, HSDP (CPU offload too), DDP (ZeRO-1, the buckets' views),
+    TP and FSDP2 x TP (HSDP x TP, CPU offload over TP) a plan over a block compiled in place
+    is traced as torchtitan's recipe runs it (``checkpoint_wrapper(block)``, then
+    ``.compile()`` on the wrapper, then the strategy: the fake GPU's tests). It had been
     refused everywhere ("plans over it are not modelled yet; over torch.compile(block) put
-    in the model they are")."""
+    in the model they are"); a strategy that does not say it runs such plans
+    (``runs_planned_in_place``) still refuses them in one line."""
     from fxmem.trace.plans.checkpointing import normalize_plan
 
     normalize_plan(_nested(), ["2"])
     for ok in (fxmem.FSDP(2), fxmem.FSDP(4, replicate=2), fxmem.FSDP(2, offload=True),
-               fxmem.DDP(2), _TP, fxmem.Parallel(fsdp=fxmem.FSDP(2), tp=_TP)):
+               fxmem.DDP(2), fxmem.DDP(2, zero1=True),
+               fxmem.DDP(2, gradient_as_bucket_view=True), _TP,
+               *(fxmem.Parallel(fsdp=f, tp=_TP) for f in (
+                   fxmem.FSDP(2), fxmem.FSDP(2, replicate=2), fxmem.FSDP(2, offload=True)))):
+        assert ok.runs_planned_in_place(), ok.name
         normalize_plan(_nested(), ["2"], ok)
-    for parallel in (fxmem.DDP(2, zero1=True), fxmem.DDP(2, gradient_as_bucket_view=True),
-                     fxmem.Parallel(fsdp=fxmem.FSDP(2, replicate=2), tp=_TP),
-                     fxmem.Parallel(fsdp=fxmem.FSDP(2, offload=True), tp=_TP)):
-        with pytest.raises(fxmem.InputError, match=r"^checkpoint plan: module 2 is compiled "
-                                                   r"in place \(block.compile\(\)\) under "
-                                                   r".*: plans over it are not modelled yet "
-                                                   r"\(on one GPU, under FSDP2, HSDP, "
-                                                   r"CPU offload, DDP, TP and FSDP2 x TP "
-                                                   r"they are\)$") as e:
-            fxmem.analyze(_nested(), torch.zeros(4, 8), loss=lambda o: o.sum(),
-                          device="cuda", checkpoint=["2"], parallel=parallel)
-        assert "\n" not in str(e.value)
+    with pytest.raises(fxmem.InputError, match=r"^checkpoint plan: module 2 is compiled in "
+                                               r"place \(block.compile\(\)\) under DDP .*: "
+                                               r"plans over it are not modelled yet \(on one "
+                                               r"GPU, under FSDP2, HSDP, DDP, TP and FSDP2 x "
+                                               r"TP they are\)$") as e:
+        normalize_plan(_nested(), ["2"], fxmem.DDP(2, static_graph=True))
+    assert "\n" not in str(e.value)
 
 
 def test_a_compiled_step_s_plan_is_traced_not_derived():

@@ -217,6 +217,11 @@ PLANNED = {"fsdp-compiled-checkpointed": ("fsdp-compiled", BLOCKS),
            "ddp-compiled-checkpointed-in-place": ("ddp-compiled-in-place", BLOCKS),
            "tp-compiled-checkpointed-in-place": ("tp-compiled-in-place", ("0",)),
            "fsdp-tp-compiled-checkpointed-in-place": ("fsdp-tp-compiled-in-place", BLOCKS),
+           "ddp-compiled-checkpointed-in-place-zero1": ("ddp-compiled-in-place-zero1", BLOCKS),
+           "ddp-compiled-checkpointed-in-place-views": ("ddp-compiled-in-place-views", BLOCKS),
+           "hsdp-tp-compiled-checkpointed-in-place": ("hsdp-tp-compiled-in-place", BLOCKS),
+           "fsdp-tp-compiled-checkpointed-in-place-offload": (
+               "fsdp-tp-compiled-in-place-offload", BLOCKS),
            "fsdp-tp-compiled-checkpointed": ("fsdp-tp-compiled", BLOCKS),
            "hsdp-tp-compiled-checkpointed": ("hsdp-tp-compiled", BLOCKS),
            "fsdp-tp-compiled-checkpointed-offload": ("fsdp-tp-compiled-offload", BLOCKS)}

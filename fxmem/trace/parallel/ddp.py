@@ -139,9 +139,8 @@ class DDP(Strategy):
         """A checkpoint plan over blocks compiled in place (``block.compile()``): each
         block's call uncompiled, its forward checkpointed inside the block's own compile, in
         each rank's replica (torchtitan's recipe: checkpoint, compile in place, then wrap);
-        checked on the fake GPU's ranks (not yet with ZeRO-1 or the buckets' views)."""
-        return self.runs_compiled_parts() and not self.zero1 and \
-            not self.gradient_as_bucket_view
+        checked on the fake GPU's ranks, ZeRO-1 and ``gradient_as_bucket_view`` too."""
+        return self.runs_compiled_parts()
 
     def optimizer(self, factory):
         """The optimizer factory each rank runs: ``factory`` itself, or with ``zero1``,

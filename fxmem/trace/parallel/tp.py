@@ -220,10 +220,9 @@ class Parallel(Strategy):
         """A checkpoint plan over blocks compiled in place (``block.compile()``): each
         block's call uncompiled (FSDP2's hooks eager), its forward checkpointed inside the
         block's own compile on the rank's DTensors (torchtitan's recipe: checkpoint, compile
-        in place, split, then shard); checked on the fake GPU's 4 ranks (not yet HSDP x TP
-        or CPU offload over TP)."""
-        return self.runs_compiled_parts() and self.fsdp.replicate == 1 and \
-            not self.fsdp.offload
+        in place, split, then shard); checked on the fake GPU's 4 ranks, HSDP x TP and CPU
+        offload over TP too."""
+        return self.runs_compiled_parts()
 
 
 def materialize_shards(model: torch.nn.Module, mode, device: str = "cpu") -> None:

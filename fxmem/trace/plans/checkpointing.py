@@ -82,7 +82,7 @@ def check_parts_plan(model: torch.nn.Module, plan: Plan, parallel=None) -> None:
                 raise InputError(f"checkpoint plan: module {p} is compiled in place "
                                  f"(block.compile()) under {parallel.name}: plans over it "
                                  "are not modelled yet (on one GPU, under FSDP2, HSDP, "
-                                 "CPU offload, DDP, TP and FSDP2 x TP they are)")
+                                 "DDP, TP and FSDP2 x TP they are)")
             if p in by_path and not isinstance(e, str):
                 raise InputError(f"checkpoint plan: {e} is selective or a group over module "
                                  f"{p}, compiled on its own: a plan checkpoints such a part "
