@@ -54,7 +54,7 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
     """Raise :class:`fxmem.InputError`, in one line, for what is not modelled of a model
     with parts compiled on their own: parts inside a model compiled whole (they would run
     eagerly under its fake tensors), on the CPU (inductor's CPU code), under a checkpoint
-    plan but over whole parts (``torch.compile(block)``; ``block.compile()`` on one GPU)
+    plan but over whole parts (``torch.compile(block)`` or ``block.compile()``)
     (:func:`fxmem.trace.plans.checkpointing.check_parts_plan`) on one GPU or a strategy whose
     ``runs_planned_parts`` is True (FSDP2, HSDP, DDP, TP, FSDP2 x TP),
     a strategy whose ``runs_compiled_parts`` is False (DDP's ``static_graph``),

@@ -228,7 +228,12 @@ class _CheckpointedInPlace:
     block's own dynamo context (backend and options). While it runs, the block is called
     by the wrapper's checkpoint as the recipe's block is: its own compile off (its
     ``_compiled_call_impl`` None), set back after (the checkpoint's re-run is in the
-    compiled backward graph)."""
+    compiled backward graph).
+
+    ``hooked``: a rank's block, whose strategy's hooks (FSDP2's) are on the block, which
+    the trace calls uncompiled (:func:`fxmem.trace.compiled.parts.parts_lowered`): the
+    block's forward checkpointed (non-reentrant) inside the block's own compile, as the
+    recipe's compiled wrapper runs its forward between the hooks dynamo runs eagerly."""
 
     def __init__(self, block, hooked: bool = False):
         from ..compiled import in_place_context
