@@ -62,7 +62,9 @@ def blocks(how: str):
     ``torch.compile(checkpoint_wrapper(block))`` (torchtitan's activation checkpointing,
     then compile: the checkpoint inside the compiled graph); ``"wrapped"``, each block
     ``checkpoint_wrapper(block)``, none compiled (the case compiles the model whole);
-    ``"in_place"``, ``block.compile()``; ``"model"``, ``model.compile()``; ``"eager"``,
+    ``"in_place"``, ``block.compile()``; ``"checkpointed_in_place"``, each block
+    ``checkpoint_wrapper(block)`` put back, then compiled in place (``.compile()`` on the
+    wrapper: torchtitan's recipe now); ``"model"``, ``model.compile()``; ``"eager"``,
     none."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
@@ -75,6 +77,10 @@ def blocks(how: str):
     elif how == "in_place":
         for layer in m.layers:
             layer.compile()
+    elif how == "checkpointed_in_place":
+        for i, layer in enumerate(m.layers):
+            m.layers[i] = checkpoint_wrapper(layer)
+            m.layers[i].compile()
     elif how == "model":
         m.compile()
     return m

@@ -68,6 +68,11 @@ CASES = {  # name: (model, strategy, input width, step options)
     # put back, then sharded (PyTorch alone: fxmem's plan over fsdp-compiled's blocks is
     # checked against it)
     "fsdp-compiled-checkpointed": (lambda: _blocks("checkpointed"), lambda: FSDP(2), 256, {}),
+    # torchtitan's recipe now: each block checkpoint_wrapper(block) put back, then compiled
+    # in place (.compile() on the wrapper), then sharded (fxmem's plan over
+    # fsdp-compiled-in-place's blocks is checked against it)
+    "fsdp-compiled-checkpointed-in-place": (lambda: _blocks("checkpointed_in_place"),
+                                            lambda: FSDP(2), 256, {}),
     # HSDP: 2 replicas of 2 shards (fully_shard on a 2-D mesh over 4 ranks)
     "hsdp": (Stack, lambda: FSDP(4, replicate=2), 64, {}),
     "hsdp-compiled": (lambda: _blocks("each"), lambda: FSDP(4, replicate=2), 256, {}),
@@ -79,6 +84,14 @@ CASES = {  # name: (model, strategy, input width, step options)
     "fsdp-compiled-offload": (lambda: _blocks("each"), lambda: FSDP(2, offload=True), 256, {}),
     "fsdp-compiled-checkpointed-offload": (lambda: _blocks("checkpointed"),
                                            lambda: FSDP(2, offload=True), 256, {}),
+    "fsdp-compiled-in-place-offload": (lambda: _blocks("in_place"),
+                                       lambda: FSDP(2, offload=True), 256, {}),
+    "fsdp-compiled-checkpointed-in-place-offload": (
+        lambda: _blocks("checkpointed_in_place"), lambda: FSDP(2, offload=True), 256, {}),
+    "hsdp-compiled-in-place": (lambda: _blocks("in_place"), lambda: FSDP(4, replicate=2),
+                               256, {}),
+    "hsdp-compiled-checkpointed-in-place": (lambda: _blocks("checkpointed_in_place"),
+                                            lambda: FSDP(4, replicate=2), 256, {}),
     # a block compiled on its own, then its linears split column- and row-wise (the
     # compiled graph runs on the local shards: DTensor's ops traced by dynamo)
     "tp-compiled": (lambda: _tp_block("each"), lambda: TP(2, TP_BLOCK), 256, {}),
@@ -86,6 +99,8 @@ CASES = {  # name: (model, strategy, input width, step options)
                              {}),
     # torchtitan's recipe under TP: the block checkpoint_wrapper(block), then torch.compile
     # of that put back, then its linears split (the plan seen through the wrapper)
+    "tp-compiled-checkpointed-in-place": (lambda: _tp_block("checkpointed_in_place"),
+                                          lambda: TP(2, TP_BLOCK_OWN), 256, {}),
     "tp-compiled-checkpointed": (lambda: _tp_block("checkpointed"), lambda: TP(2, TP_BLOCK),
                                  256, {}),
     # each block torch.compile(block) put back (or compiled in place), then the model wrapped
@@ -96,6 +111,17 @@ CASES = {  # name: (model, strategy, input width, step options)
     "ddp-compiled-in-place": (lambda: _blocks("in_place"), lambda: DDP(2), 256, {}),
     # torchtitan's recipe under DDP (and under HSDP above): checkpoint, compile, then wrap
     "ddp-compiled-checkpointed": (lambda: _blocks("checkpointed"), lambda: DDP(2), 256, {}),
+    "ddp-compiled-checkpointed-in-place": (lambda: _blocks("checkpointed_in_place"),
+                                           lambda: DDP(2), 256, {}),
+    "ddp-compiled-in-place-zero1": (lambda: _blocks("in_place"), lambda: DDP(2, zero1=True),
+                                    256, {}),
+    "ddp-compiled-checkpointed-in-place-zero1": (lambda: _blocks("checkpointed_in_place"),
+                                                 lambda: DDP(2, zero1=True), 256, {}),
+    "ddp-compiled-in-place-views": (lambda: _blocks("in_place"),
+                                    lambda: DDP(2, gradient_as_bucket_view=True), 256, {}),
+    "ddp-compiled-checkpointed-in-place-views": (
+        lambda: _blocks("checkpointed_in_place"),
+        lambda: DDP(2, gradient_as_bucket_view=True), 256, {}),
     "ddp-compiled-zero1": (lambda: _blocks("each"), lambda: DDP(2, zero1=True), 256, {}),
     "ddp-compiled-checkpointed-zero1": (lambda: _blocks("checkpointed"),
                                         lambda: DDP(2, zero1=True), 256, {}),
@@ -117,6 +143,9 @@ CASES = {  # name: (model, strategy, input width, step options)
     # put back, its linears split (the plan seen through the wrappers), then sharded
     "fsdp-tp-compiled-checkpointed": (lambda: _blocks("checkpointed"), lambda: Parallel(
         fsdp=FSDP(2), tp=TP(2, BLOCKS_PLAN)), 256, {}),
+    "fsdp-tp-compiled-checkpointed-in-place": (lambda: _blocks("checkpointed_in_place"),
+                                               lambda: Parallel(fsdp=FSDP(2), tp=TP(
+                                                   2, BLOCKS_PLAN_OWN)), 256, {}),
     # HSDP x TP: 2 replicas of 1 shard over TP 2, a (replicate, shard, tp) mesh of 4 ranks;
     # FSDP2's CPU offload over TP (the shards on the host, made there: Parallel.materialize)
     "hsdp-tp": (lambda: _blocks("eager"), lambda: Parallel(
@@ -132,6 +161,18 @@ CASES = {  # name: (model, strategy, input width, step options)
         fsdp=FSDP(2, replicate=2), tp=TP(2, BLOCKS_PLAN)), 256, {}),
     "fsdp-tp-compiled-checkpointed-offload": (lambda: _blocks("checkpointed"), lambda: Parallel(
         fsdp=FSDP(2, offload=True), tp=TP(2, BLOCKS_PLAN)), 256, {}),
+    # the same two over blocks compiled in place, and the recipe compiling in place
+    "hsdp-tp-compiled-in-place": (lambda: _blocks("in_place"), lambda: Parallel(
+        fsdp=FSDP(2, replicate=2), tp=TP(2, BLOCKS_PLAN_OWN)), 256, {}),
+    "hsdp-tp-compiled-checkpointed-in-place": (lambda: _blocks("checkpointed_in_place"),
+                                               lambda: Parallel(fsdp=FSDP(2, replicate=2),
+                                                                tp=TP(2, BLOCKS_PLAN_OWN)),
+                                               256, {}),
+    "fsdp-tp-compiled-in-place-offload": (lambda: _blocks("in_place"), lambda: Parallel(
+        fsdp=FSDP(2, offload=True), tp=TP(2, BLOCKS_PLAN_OWN)), 256, {}),
+    "fsdp-tp-compiled-checkpointed-in-place-offload": (
+        lambda: _blocks("checkpointed_in_place"), lambda: Parallel(
+            fsdp=FSDP(2, offload=True), tp=TP(2, BLOCKS_PLAN_OWN)), 256, {}),
 }
 # the block's linears split: through torch.compile(block)'s _orig_mod, or the block's own
 # paths (compiled in place, or eager)
@@ -150,7 +191,9 @@ BLOCKS_PLAN_OWN = {"layers.*.inner.a": ColwiseParallel(), "layers.*.inner.b": Ro
 def _tp_block(how):
     """:class:`fakegpu_compile_targets.Pointwise` alone (every parameter split: CUDA's
     foreach Adam takes no mix of DTensors and plain tensors), ``torch.compile``d and put
-    in a ``Sequential`` (``"each"``), compiled in place (``"in_place"``), or not."""
+    in a ``Sequential`` (``"each"``), compiled in place (``"in_place"``), or not;
+    ``"checkpointed"``, ``torch.compile(checkpoint_wrapper(block))``;
+    ``"checkpointed_in_place"``, ``checkpoint_wrapper(block)`` compiled in place."""
     from fakegpu_compile_targets import Pointwise
 
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
@@ -158,13 +201,18 @@ def _tp_block(how):
     block = Pointwise()
     if how == "in_place":
         block.compile()
-    if how == "checkpointed":
+    if how in ("checkpointed", "checkpointed_in_place"):
         block = checkpoint_wrapper(block)
+    if how == "checkpointed_in_place":  # then compiled in place (torchtitan's recipe now)
+        block.compile()
     return nn.Sequential(torch.compile(block) if how in ("each", "checkpointed") else block)
 # a compiled case's first step, B marked dynamic: its blocks compile at the example's batch
 # size, as fxmem's trace lowers them, and that code runs at the measured B (measure_rank's
 # compile_at_example)
 COMPILED = {"fsdp-compiled", "fsdp-compiled-in-place", "hsdp-compiled",
+            "fsdp-compiled-in-place-offload", "hsdp-compiled-in-place",
+            "hsdp-tp-compiled-in-place", "fsdp-tp-compiled-in-place-offload",
+            "ddp-compiled-in-place-zero1", "ddp-compiled-in-place-views",
             "fsdp-compiled-offload", "tp-compiled", "tp-compiled-in-place", "ddp-compiled",
             "ddp-compiled-in-place", "ddp-compiled-zero1", "ddp-compiled-views",
             "fsdp-tp-compiled", "fsdp-tp-compiled-in-place", "hsdp-tp-compiled",

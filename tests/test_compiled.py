@@ -157,8 +157,6 @@ def _nested():
 
 
 @pytest.mark.parametrize("plan, message", [
-    (["2"], r"module 2 is compiled in place \(block.compile\(\)\): plans over it are not "
-            r"modelled yet; over torch.compile\(block\) put in the model they are"),
     (["1._orig_mod.0"], r"module 1._orig_mod.0 is inside module 1, compiled on its own: a plan "
                         r"checkpoints such a part whole, not modules inside it"),
     (["0"], r"module 0 holds module 0.0, compiled on its own: an eager checkpoint around "
@@ -196,9 +194,51 @@ def test_a_plan_applied_to_a_part_compiled_on_its_own_wraps_it_inside_the_compil
     assert isinstance(m[1], OptimizedModule) and m[1].dynamo_ctx is ctx
     assert isinstance(m[1]._orig_mod, CheckpointWrapper)
     assert m[1]._orig_mod._checkpoint_wrapped_module is part
+
+
+def test_a_plan_applied_to_a_block_compiled_in_place_wraps_it_then_compiles_in_place():
+    """``fxmem.apply_checkpoints`` over a block compiled in place (``block.compile()``) puts
+    ``checkpoint_wrapper(block)`` in the model compiled in place by the block's own dynamo
+    context, the block's compile moved to it: torchtitan's recipe, the step
+    ``fxmem.analyze`` traces for the plan (tests/test_fake_gpu_compile.py). It had been
+    refused ("module 2 is compiled in place (block.compile()): plans over it are not
+    modelled yet")."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    from fxmem.trace.compiled import in_place_context
+
+    m = _nested()
+    block, ctx = m[2], in_place_context(m[2])
+    fxmem.apply_checkpoints(m, ["2"])
+    assert isinstance(m[2], CheckpointWrapper) and m[2]._checkpoint_wrapped_module is block
+    assert in_place_context(m[2]) is ctx and block._compiled_call_impl is None
+
+
+def test_a_plan_over_a_block_compiled_in_place_is_modelled_under_a_strategy():
+    """On one GPU and under FSDP2, HSDP (CPU offload too), DDP (ZeRO-1, the buckets' views),
+    TP and FSDP2 x TP (HSDP x TP, CPU offload over TP) a plan over a block compiled in place
+    is traced as torchtitan's recipe runs it (``checkpoint_wrapper(block)``, then
+    ``.compile()`` on the wrapper, then the strategy: the fake GPU's tests). It had been
+    refused everywhere ("plans over it are not modelled yet; over torch.compile(block) put
+    in the model they are"); a strategy that does not say it runs such plans
+    (``runs_planned_in_place``) still refuses them in one line."""
+    from fxmem.trace.plans.checkpointing import normalize_plan
+
+    normalize_plan(_nested(), ["2"])
+    for ok in (fxmem.FSDP(2), fxmem.FSDP(4, replicate=2), fxmem.FSDP(2, offload=True),
+               fxmem.DDP(2), fxmem.DDP(2, zero1=True),
+               fxmem.DDP(2, gradient_as_bucket_view=True), _TP,
+               *(fxmem.Parallel(fsdp=f, tp=_TP) for f in (
+                   fxmem.FSDP(2), fxmem.FSDP(2, replicate=2), fxmem.FSDP(2, offload=True)))):
+        assert ok.runs_planned_in_place(), ok.name
+        normalize_plan(_nested(), ["2"], ok)
     with pytest.raises(fxmem.InputError, match=r"^checkpoint plan: module 2 is compiled in "
-                                               r"place"):
-        fxmem.apply_checkpoints(_nested(), ["2"])
+                                               r"place \(block.compile\(\)\) under DDP .*: "
+                                               r"plans over it are not modelled yet \(on one "
+                                               r"GPU, under FSDP2, HSDP, DDP, TP and FSDP2 x "
+                                               r"TP they are\)$") as e:
+        normalize_plan(_nested(), ["2"], fxmem.DDP(2, static_graph=True))
+    assert "\n" not in str(e.value)
 
 
 def test_a_compiled_step_s_plan_is_traced_not_derived():

@@ -23,7 +23,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # compiles for about a minute: in the slow tier, which CI does not run
 CASES = {"pointwise": (1024, (8, 512)), "gpt2": (64, (4, 32)), "gpt2_bf16": (64, (4, 32)),
          **{f"blocks_{how}": (1024, (8, 512))
-            for how in ("each", "checkpointed", "wrapped", "in_place", "model", "eager")}}
+            for how in ("each", "checkpointed", "wrapped", "in_place", "model", "eager",
+                        "checkpointed_in_place")}}
 _seen: dict = {}
 _cache: list = []
 
@@ -110,6 +111,22 @@ def test_a_plan_over_parts_compiled_on_their_own_is_their_checkpoint_in_the_comp
     planned = _call("predict", name="blocks_each", compiled_at=at, compile=False,
                     batches=list(batches), checkpoint=["layers.0", "layers.1"])
     assert planned == _figures("blocks_checkpointed", compile=False)[1]
+
+
+def test_a_plan_over_blocks_compiled_in_place_is_torchtitan_s_recipe():
+    """The same plan over blocks compiled in place (``block.compile()``, as torchtitan does
+    now) is traced as torchtitan's recipe runs: each block ``checkpoint_wrapper(block)``,
+    then ``.compile()`` on the wrapper (``blocks_checkpointed_in_place``, measured on the
+    fake GPU), exactly, at two batch sizes, and not the blocks without the plan. It had been
+    refused ("module layers.0 is compiled in place (block.compile()): plans over it are not
+    modelled yet")."""
+    at, batches = CASES["blocks_checkpointed_in_place"]
+    planned = _call("predict", name="blocks_in_place", compiled_at=at, compile=False,
+                    batches=list(batches), checkpoint=["layers.0", "layers.1"])
+    measured = _figures("blocks_checkpointed_in_place", compile=False)[1]
+    assert planned == measured
+    plain = _figures("blocks_in_place", compile=False)[1]
+    assert measured["512"]["max_allocated"] < plain["512"]["max_allocated"]
 
 
 def test_a_part_s_buffers_count_below_its_path():

@@ -204,16 +204,29 @@ def test_blocks_compiled_on_their_own_reserve_as_predicted(name, B, inductor_cac
 # checkpointing every block
 BLOCKS = ("layers.0", "layers.1")
 PLANNED = {"fsdp-compiled-checkpointed": ("fsdp-compiled", BLOCKS),
+           "fsdp-compiled-checkpointed-in-place": ("fsdp-compiled-in-place", BLOCKS),
+           "hsdp-compiled-checkpointed-in-place": ("hsdp-compiled-in-place", BLOCKS),
+           "fsdp-compiled-checkpointed-in-place-offload": ("fsdp-compiled-in-place-offload",
+                                                           BLOCKS),
            "hsdp-compiled-checkpointed": ("hsdp-compiled", BLOCKS),
            "fsdp-compiled-checkpointed-offload": ("fsdp-compiled-offload", BLOCKS),
            "ddp-compiled-checkpointed": ("ddp-compiled", BLOCKS),
            "ddp-compiled-checkpointed-zero1": ("ddp-compiled-zero1", BLOCKS),
            "ddp-compiled-checkpointed-views": ("ddp-compiled-views", BLOCKS),
            "tp-compiled-checkpointed": ("tp-compiled", ("0",)),
+           "ddp-compiled-checkpointed-in-place": ("ddp-compiled-in-place", BLOCKS),
+           "tp-compiled-checkpointed-in-place": ("tp-compiled-in-place", ("0",)),
+           "fsdp-tp-compiled-checkpointed-in-place": ("fsdp-tp-compiled-in-place", BLOCKS),
+           "ddp-compiled-checkpointed-in-place-zero1": ("ddp-compiled-in-place-zero1", BLOCKS),
+           "ddp-compiled-checkpointed-in-place-views": ("ddp-compiled-in-place-views", BLOCKS),
+           "hsdp-tp-compiled-checkpointed-in-place": ("hsdp-tp-compiled-in-place", BLOCKS),
+           "fsdp-tp-compiled-checkpointed-in-place-offload": (
+               "fsdp-tp-compiled-in-place-offload", BLOCKS),
            "fsdp-tp-compiled-checkpointed": ("fsdp-tp-compiled", BLOCKS),
            "hsdp-tp-compiled-checkpointed": ("hsdp-tp-compiled", BLOCKS),
            "fsdp-tp-compiled-checkpointed-offload": ("fsdp-tp-compiled-offload", BLOCKS)}
-_PLANNED_FAST = ("fsdp-compiled-checkpointed", "tp-compiled-checkpointed")
+_PLANNED_FAST = ("fsdp-compiled-checkpointed", "fsdp-compiled-checkpointed-in-place",
+                 "tp-compiled-checkpointed")
 
 
 def _planned_cases():

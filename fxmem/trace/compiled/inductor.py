@@ -91,6 +91,7 @@ def module_path(node) -> str | None:
         return None
     path = str(list(stack.values())[-1][0])
     path = re.sub(r"^L\['self'\]|^L__self__", "", path)
+    path = path.replace(".__dict__['_modules']", "._modules")  # (a wrapper compiled in place)
     path = re.sub(r"\._modules\['([^']*)'\]|\['([^']*)'\]|\[(\d+)\]",
                   lambda m: "." + next(x for x in m.groups() if x is not None), path)
     return path.strip(".")

@@ -54,7 +54,7 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
     """Raise :class:`fxmem.InputError`, in one line, for what is not modelled of a model
     with parts compiled on their own: parts inside a model compiled whole (they would run
     eagerly under its fake tensors), on the CPU (inductor's CPU code), under a checkpoint
-    plan but over whole ``torch.compile(block)`` parts
+    plan but over whole parts (``torch.compile(block)`` or ``block.compile()``)
     (:func:`fxmem.trace.plans.checkpointing.check_parts_plan`) on one GPU or a strategy whose
     ``runs_planned_parts`` is True (FSDP2, HSDP, DDP, TP, FSDP2 x TP),
     a strategy whose ``runs_compiled_parts`` is False (DDP's ``static_graph``),
@@ -178,9 +178,10 @@ def parts_lowered(parts: list, taken: list, rec, hooked: bool = False,
     runs it. (On the fake GPU, the two ways of compiling measure the same, tests/
     test_fake_gpu_parallel.py.)
 
-    ``planned``: path -> what runs instead, for the parts ``torch.compile(block)`` the
-    checkpoint plan holds: ``torch.compile(checkpoint_wrapper(block))``
-    (:func:`fxmem.trace.plans.checkpointing.checkpointed_part`), whose checkpoint dynamo
+    ``planned``: path -> what runs instead, for the parts the checkpoint plan holds:
+    ``torch.compile(checkpoint_wrapper(block))`` for ``torch.compile(block)``, the compiled
+    call of ``checkpoint_wrapper(block)`` compiled in place for ``block.compile()``
+    (:func:`fxmem.trace.plans.checkpointing.checkpointed_call`), whose checkpoint dynamo
     captures into its graphs (the partitioner re-runs the block's forward in the backward
     graph)."""
     from torch._dynamo.eval_frame import OptimizedModule
@@ -208,12 +209,13 @@ def parts_lowered(parts: list, taken: list, rec, hooked: bool = False,
                 attr, inner = "forward", f"{path}._orig_mod".lstrip(".")
                 call = (planned or {}).get(path, m.forward)
             elif hooked:  # its call uncompiled, its forward compiled as the call was
-                call = in_place_context(m)(m.forward)
+                call = (planned or {}).get(path) or in_place_context(m)(m.forward)
                 undo.append((m, "_compiled_call_impl", True, m._compiled_call_impl))
                 object.__setattr__(m, "_compiled_call_impl", None)
                 attr, inner = "forward", path
             else:
-                attr, inner, call = "_compiled_call_impl", path, m._compiled_call_impl
+                attr, inner = "_compiled_call_impl", path
+                call = (planned or {}).get(path, m._compiled_call_impl)
             undo.append((m, attr, attr in m.__dict__, m.__dict__.get(attr)))
             object.__setattr__(m, attr, lowered(call, inner))
         yield

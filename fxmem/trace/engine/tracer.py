@@ -52,7 +52,7 @@ from ..parallel.offload import offloaded
 from ..parallel.tp import metadata_unrecorded
 from ..parallel.wrapped import AsWrapped
 from ..plans import cache_layers
-from ..plans.checkpointing import checkpointed_part, checkpointing, normalize_plan, user_path
+from ..plans.checkpointing import checkpointed_call, checkpointing, normalize_plan, user_path
 from ..plans.regions import modules_of
 from .calls import CallHooks, held, loss_wrapper, region
 from .finish import finish
@@ -191,7 +191,7 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     if parallel is not None:  # blocks are copied under FSDP2 only (fxmem.trace.blocks.sharded)
         reuse_blocks = reuse_blocks and reuses_under(parallel, spec.train)
         spec = _replace_optimizer(spec, parallel.optimizer(spec.optimizer))  # ZeRO-1
-    plan = normalize_plan(model, checkpoint)
+    plan = normalize_plan(model, checkpoint, parallel)
     if batch_hint is not None and (isinstance(batch_hint, bool) or not isinstance(batch_hint, int)
                                    or batch_hint < 1):
         raise InputError(f"batch_hint must be a positive int, got {batch_hint!r}")
@@ -371,7 +371,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     # the plan's parts compiled on their own (the user's paths: not DDP's "module.layers.0"),
     in_plan = {q for e in plan for q in modules_of(e)}  # lowered with the checkpoint (parts)
     ids = {id(m) for p, m in compiled_parts(model) if user_path(p) in in_plan}
-    planned = {p: checkpointed_part(m) for p, m in parts if id(m) in ids}
+    planned = {p: checkpointed_call(m, prepared) for p, m in parts if id(m) in ids}
     with checkpointing(model, plan, region(rec), held(rec), compiled and not parts) \
             as rec.plan, \
             copied(rec, runs, rec.plan, prepared, fakes.params, fakes.buffers) as reuse, \

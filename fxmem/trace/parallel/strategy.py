@@ -44,6 +44,13 @@ class Strategy:
         on the fake GPU's ranks against torchtitan's recipe built by PyTorch alone."""
         return False
 
+    def runs_planned_in_place(self) -> bool:
+        """Is a checkpoint plan over blocks compiled in place (``block.compile()``, each
+        lowered as ``checkpoint_wrapper(block)`` compiled in place) modelled under this
+        strategy (:func:`fxmem.trace.plans.checkpointing.check_parts_plan`)? Where checked
+        on the fake GPU's ranks against torchtitan's recipe built by PyTorch alone."""
+        return False
+
     def optimizer(self, factory):
         """The optimizer factory each rank runs: ``factory`` itself (on its shards); ZeRO-1
         wraps it (:class:`fxmem.DDP`)."""

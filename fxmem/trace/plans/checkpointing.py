@@ -45,37 +45,44 @@ def user_path(path: str) -> str:
     return path.replace(WRAPPED, "").replace(WRAPPED[1:], "").strip(".")
 
 
-def normalize_plan(model: torch.nn.Module, plan) -> Plan:
-    """The plan as a sorted :class:`fxmem.Plan`, checked against ``model``.
+def normalize_plan(model: torch.nn.Module, plan, parallel=None) -> Plan:
+    """The plan as a sorted :class:`fxmem.Plan`, checked against ``model`` (run under the
+    strategy ``parallel``, if given).
 
     Raises :class:`fxmem.InputError` for a path that names no submodule, the root module, a
     path inside another path of the plan (nested checkpoints are not plans: checkpoint the
-    outer module, or the inner ones), or a group whose modules are not siblings.
+    outer module, or the inner ones), or a group whose modules are not siblings; and for
+    what is not modelled of parts compiled on their own (:func:`check_parts_plan`).
     """
     if plan is None:
         return Plan()
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     plan = check_plan({user_path(m) for m in _named_modules(model)}, plan)
-    check_parts_plan(model, plan)
+    check_parts_plan(model, plan, parallel)
     return plan
 
 
-def check_parts_plan(model: torch.nn.Module, plan: Plan) -> None:
+def check_parts_plan(model: torch.nn.Module, plan: Plan, parallel=None) -> None:
     """A plan with parts compiled on their own (:func:`fxmem.trace.compiled.compiled_parts`):
-    each entry over them a whole part ``torch.compile(block)`` put in the model (traced
-    lowered as ``torch.compile(checkpoint_wrapper(block))``:
-    :func:`fxmem.trace.compiled.parts.parts_lowered`), the others outside every part; else
-    an :class:`fxmem.InputError` in one line."""
+    each entry over them a whole part, ``torch.compile(block)`` put in the model or a block
+    compiled in place (traced lowered as ``torch.compile(checkpoint_wrapper(block))``, or
+    ``checkpoint_wrapper(block)`` compiled in place: :func:`checkpointed_call`), the others
+    outside every part; else an :class:`fxmem.InputError` in one line. A block compiled in
+    place is planned on one GPU and under a strategy ``parallel`` whose
+    ``runs_planned_in_place`` is True."""
     from torch._dynamo.eval_frame import OptimizedModule
 
     by_path = {user_path(p): m for p, m in compiled_parts(model)} if plan else {}
     for e in plan if by_path else ():
         for p in modules_of(e):
-            if p in by_path and not isinstance(by_path[p], OptimizedModule):
+            if p in by_path and parallel is not None and \
+                    not isinstance(by_path[p], OptimizedModule) and \
+                    not getattr(parallel, "runs_planned_in_place", lambda: False)():
                 raise InputError(f"checkpoint plan: module {p} is compiled in place "
-                                 "(block.compile()): plans over it are not modelled yet; "
-                                 "over torch.compile(block) put in the model they are")
+                                 f"(block.compile()) under {parallel.name}: plans over it "
+                                 "are not modelled yet (on one GPU, under FSDP2, HSDP, "
+                                 "DDP, TP and FSDP2 x TP they are)")
             if p in by_path and not isinstance(e, str):
                 raise InputError(f"checkpoint plan: {e} is selective or a group over module "
                                  f"{p}, compiled on its own: a plan checkpoints such a part "
@@ -185,9 +192,70 @@ def checkpointed_part(part) -> torch.nn.Module:
     """A part compiled on its own, ``torch.compile(block)``, as
     ``torch.compile(checkpoint_wrapper(block))``: the block in the wrapper
     :func:`apply_checkpoints` puts, compiled by the part's own dynamo context (backend and
-    options). What :func:`apply_checkpoints` puts in the model for such an entry of a plan,
-    and what the trace lowers for it (:func:`fxmem.trace.compiled.parts.parts_lowered`)."""
-    return part.dynamo_ctx(_wrapped(part._orig_mod, ()))
+    options). A block compiled in place (``block.compile()``) as torchtitan's recipe makes
+    it: ``checkpoint_wrapper(block)``, compiled in place by the block's context, the block's
+    own compile moved to the wrapper. What :func:`apply_checkpoints` puts in the model for
+    such an entry of a plan (the trace lowers the same: :func:`checkpointed_call`)."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    from ..compiled import in_place_context
+
+    if isinstance(part, OptimizedModule):
+        return part.dynamo_ctx(_wrapped(part._orig_mod, ()))
+    context, wrapper = in_place_context(part), _wrapped(part, ())
+    if context is None:  # (a _compiled_call_impl set by other code than Module.compile)
+        raise InputError("checkpoint plan: a module is compiled in place, not by "
+                         "module.compile(): plans over it are not modelled")
+    object.__setattr__(part, "_compiled_call_impl", None)
+    wrapper._compiled_call_impl = context(wrapper._call_impl)
+    return wrapper
+
+
+def checkpointed_call(part, hooked: bool = False):
+    """What the trace lowers for a plan's entry that is a part compiled on its own
+    (:func:`fxmem.trace.compiled.parts.parts_lowered`): ``torch.compile(block)``, as
+    :func:`checkpointed_part`; a block compiled in place, its compiled call as the recipe
+    runs it (:class:`_CheckpointedInPlace`), the model left as it is."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    return checkpointed_part(part) if isinstance(part, OptimizedModule) else \
+        _CheckpointedInPlace(part, hooked)
+
+
+class _CheckpointedInPlace:
+    """The call of a block compiled in place (``block.compile()``) as torchtitan's recipe
+    runs it: ``checkpoint_wrapper(block)``, then ``.compile()`` on the wrapper by the
+    block's own dynamo context (backend and options). While it runs, the block is called
+    by the wrapper's checkpoint as the recipe's block is: its own compile off (its
+    ``_compiled_call_impl`` None), set back after (the checkpoint's re-run is in the
+    compiled backward graph).
+
+    ``hooked``: a rank's block, whose strategy's hooks (FSDP2's) are on the block, which
+    the trace calls uncompiled (:func:`fxmem.trace.compiled.parts.parts_lowered`): the
+    block's forward checkpointed (non-reentrant) inside the block's own compile, as the
+    recipe's compiled wrapper runs its forward between the hooks dynamo runs eagerly."""
+
+    def __init__(self, block, hooked: bool = False):
+        from ..compiled import in_place_context
+
+        self.block, self.wrapper = block, _wrapped(block, ())
+        context = in_place_context(block)
+        if not hooked:
+            self.call = context(self.wrapper._call_impl)
+            return
+        forward = block.forward  # (its class's: FSDP2's hooks run eagerly around it)
+
+        def checkpointed(*args, **kwargs):
+            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        self.call = context(checkpointed)
+
+    def __call__(self, *args, **kwargs):
+        own = self.block.__dict__.get("_compiled_call_impl")
+        object.__setattr__(self.block, "_compiled_call_impl", None)
+        try:
+            return self.call(*args, **kwargs)
+        finally:
+            object.__setattr__(self.block, "_compiled_call_impl", own)
 
 
 def _wrapped(mod: torch.nn.Module, save) -> torch.nn.Module:
