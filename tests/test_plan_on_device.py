@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 import torch
 
 import fxmem
@@ -232,9 +231,10 @@ def test_a_walk_over_every_group_replays_no_plan_twice(monkeypatch):
     """``ParallelReport.plan_for`` walks rank 0's group first; when its plan does not run on
     another group, the walk over every group tries rank 0's plans again, first on rank 0's
     group: each (group, plan) is replayed once (a plan's replays are kept as long as the
-    group's step), and the groups after one a plan runs out on are not derived for it. Rank 0 of FSDP2 over 4 GPUs beside a rank over 2 (more rows):
-    rank 0's cheapest plan does not run on the second (the Llama-3.1-8B one-GPU command's
-    search over 5 GPUs had replayed 46 times, 32 now)."""
+    group's step), and the groups after one a plan runs out on are not derived for it.
+    Rank 0 of FSDP2 over 4 GPUs beside a rank over 2 (more rows): rank 0's cheapest plan
+    does not run on the second (the Llama-3.1-8B one-GPU command's search over 5 GPUs had
+    replayed 46 times, 32 now)."""
     from fxmem.device import allocator
     from fxmem.report.ranks import ParallelReport, RankGroup
     from fxmem.report.result import Report
