@@ -146,7 +146,7 @@ def analyze_request(request: TraceRequest, retrace: bool = False, defer: bool = 
     again_as = {} if given is None and parallel is not None else {"reanalyze": reanalyze}
     if parallel is not None:  # (what is not modelled of compiled parts: before any rank)
         check_parts(model, request.checkpoint, parallel, request.step)
-        normalize_plan(model, request.checkpoint, parallel)  # (in place: one GPU only)
+        normalize_plan(model, request.checkpoint, parallel)  # (over blocks compiled in place)
         return _made(made, request, _per_rank(request.but(parallel=parallel), again_as,
                                               defer, like))
     check_parts(model, request.checkpoint, None, None)

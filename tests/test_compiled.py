@@ -221,7 +221,7 @@ def test_a_plan_over_a_block_compiled_in_place_is_modelled_under_a_strategy():
     ``.compile()`` on the wrapper, then the strategy: the fake GPU's tests). It had been
     refused everywhere ("plans over it are not modelled yet; over torch.compile(block) put
     in the model they are"); a strategy that does not say it runs such plans
-    (``runs_planned_in_place``) still refuses them in one line."""
+    (``runs_planned_parts``) still refuses them in one line."""
     from fxmem.trace.plans.checkpointing import normalize_plan
 
     normalize_plan(_nested(), ["2"])
@@ -230,7 +230,7 @@ def test_a_plan_over_a_block_compiled_in_place_is_modelled_under_a_strategy():
                fxmem.DDP(2, gradient_as_bucket_view=True), _TP,
                *(fxmem.Parallel(fsdp=f, tp=_TP) for f in (
                    fxmem.FSDP(2), fxmem.FSDP(2, replicate=2), fxmem.FSDP(2, offload=True)))):
-        assert ok.runs_planned_in_place(), ok.name
+        assert ok.runs_planned_parts(), ok.name
         normalize_plan(_nested(), ["2"], ok)
     with pytest.raises(fxmem.InputError, match=r"^checkpoint plan: module 2 is compiled in "
                                                r"place \(block.compile\(\)\) under DDP .*: "

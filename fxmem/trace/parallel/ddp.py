@@ -135,13 +135,6 @@ class DDP(Strategy):
         ZeRO-1 and ``gradient_as_bucket_view`` too."""
         return self.runs_compiled_parts()
 
-    def runs_planned_in_place(self) -> bool:
-        """A checkpoint plan over blocks compiled in place (``block.compile()``): each
-        block's call uncompiled, its forward checkpointed inside the block's own compile, in
-        each rank's replica (torchtitan's recipe: checkpoint, compile in place, then wrap);
-        checked on the fake GPU's ranks, ZeRO-1 and ``gradient_as_bucket_view`` too."""
-        return self.runs_compiled_parts()
-
     def optimizer(self, factory):
         """The optimizer factory each rank runs: ``factory`` itself, or with ``zero1``,
         ``ZeroRedundancyOptimizer`` over it (``factory``: an optimizer class or

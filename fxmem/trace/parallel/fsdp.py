@@ -196,13 +196,6 @@ class FSDP(Strategy):
         and HSDP, CPU offload included."""
         return type(self) is FSDP
 
-    def runs_planned_in_place(self) -> bool:
-        """A checkpoint plan over blocks compiled in place (``block.compile()``): each
-        block's call uncompiled (FSDP2's hooks eager), its forward checkpointed inside the
-        block's own compile (torchtitan's recipe: checkpoint, compile in place, then
-        shard); checked on the fake GPU's ranks, FSDP2 and HSDP, CPU offload included."""
-        return type(self) is FSDP
-
     def materialize(self, model: torch.nn.Module, mode, device: str = "cpu") -> None:
         """Fakes of ``mode`` for ``model``'s meta parameters and buffers, on ``device``; under
         CPU offload on the host whatever the mesh's device (FSDP2 refuses shards elsewhere)."""

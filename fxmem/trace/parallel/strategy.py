@@ -39,16 +39,11 @@ class Strategy:
 
     def runs_planned_parts(self) -> bool:
         """Is a checkpoint plan over parts compiled on their own (``torch.compile(block)``
-        put back, each lowered as ``torch.compile(checkpoint_wrapper(block))``) modelled
-        under this strategy (:func:`fxmem.trace.compiled.parts.check_parts`)? Where checked
-        on the fake GPU's ranks against torchtitan's recipe built by PyTorch alone."""
-        return False
-
-    def runs_planned_in_place(self) -> bool:
-        """Is a checkpoint plan over blocks compiled in place (``block.compile()``, each
-        lowered as ``checkpoint_wrapper(block)`` compiled in place) modelled under this
-        strategy (:func:`fxmem.trace.plans.checkpointing.check_parts_plan`)? Where checked
-        on the fake GPU's ranks against torchtitan's recipe built by PyTorch alone."""
+        put back, each lowered as ``torch.compile(checkpoint_wrapper(block))``, or a block
+        compiled in place, as ``checkpoint_wrapper(block)`` compiled in place) modelled
+        under this strategy (:func:`fxmem.trace.compiled.parts.check_parts`,
+        :func:`fxmem.trace.plans.checkpointing.check_parts_plan`)? Where checked on the fake
+        GPU's ranks against torchtitan's recipe built by PyTorch alone, both ways."""
         return False
 
     def optimizer(self, factory):

@@ -120,13 +120,6 @@ class TP(Strategy):
         the fake GPU's ranks."""
         return type(self) is TP
 
-    def runs_planned_in_place(self) -> bool:
-        """A checkpoint plan over blocks compiled in place (``block.compile()``): each
-        block's call uncompiled, its forward checkpointed inside the block's own compile on
-        the rank's DTensors (torchtitan's recipe: checkpoint, compile in place, then split);
-        checked on the fake GPU's ranks."""
-        return type(self) is TP
-
     def materialize(self, model: torch.nn.Module, mode, device: str = "cpu") -> None:
         """Fakes of ``mode`` for ``model``'s meta parameters and buffers, each local shard
         keeping its storage's size: ``distribute_tensor`` scatters a dim-0 shard into a
@@ -214,14 +207,6 @@ class Parallel(Strategy):
         ``torch.compile(checkpoint_wrapper(block))`` on the rank's DTensors, FSDP2's hooks
         eager around it (torchtitan's recipe: checkpoint, compile, split, then shard);
         checked on the fake GPU's 4 ranks, HSDP x TP and CPU offload over TP too."""
-        return self.runs_compiled_parts()
-
-    def runs_planned_in_place(self) -> bool:
-        """A checkpoint plan over blocks compiled in place (``block.compile()``): each
-        block's call uncompiled (FSDP2's hooks eager), its forward checkpointed inside the
-        block's own compile on the rank's DTensors (torchtitan's recipe: checkpoint, compile
-        in place, split, then shard); checked on the fake GPU's 4 ranks, HSDP x TP and CPU
-        offload over TP too."""
         return self.runs_compiled_parts()
 
 

@@ -70,7 +70,7 @@ def check_parts_plan(model: torch.nn.Module, plan: Plan, parallel=None) -> None:
     ``checkpoint_wrapper(block)`` compiled in place: :func:`checkpointed_call`), the others
     outside every part; else an :class:`fxmem.InputError` in one line. A block compiled in
     place is planned on one GPU and under a strategy ``parallel`` whose
-    ``runs_planned_in_place`` is True."""
+    ``runs_planned_parts`` is True, as a part put back is."""
     from torch._dynamo.eval_frame import OptimizedModule
 
     by_path = {user_path(p): m for p, m in compiled_parts(model)} if plan else {}
@@ -78,7 +78,7 @@ def check_parts_plan(model: torch.nn.Module, plan: Plan, parallel=None) -> None:
         for p in modules_of(e):
             if p in by_path and parallel is not None and \
                     not isinstance(by_path[p], OptimizedModule) and \
-                    not getattr(parallel, "runs_planned_in_place", lambda: False)():
+                    not getattr(parallel, "runs_planned_parts", lambda: False)():
                 raise InputError(f"checkpoint plan: module {p} is compiled in place "
                                  f"(block.compile()) under {parallel.name}: plans over it "
                                  "are not modelled yet (on one GPU, under FSDP2, HSDP, "
