@@ -50,8 +50,9 @@ def device_run(report, b: int, budget_bytes: int, cudnn_workspace: int = 0):
     reserved the most (a :class:`fxmem.device.allocator.DeviceRun`)."""
     groups = getattr(report, "groups", None)
     worst = None
-    for r in (g.report for g in groups) if groups is not None else [report]:  # each made
-        run = r.runs_on_device(b, budget_bytes, cudnn_workspace=cudnn_workspace)  # as read
+    # each group's report made as it is read: none after the first that runs out
+    for r in (g.report for g in groups) if groups is not None else [report]:
+        run = r.runs_on_device(b, budget_bytes, cudnn_workspace=cudnn_workspace)
         if not run.fits:
             return run
         if worst is None or run.max_reserved > worst.max_reserved:
