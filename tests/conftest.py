@@ -1,6 +1,7 @@
 import os
 import sys
 import warnings
+import zlib
 
 # inductor compiles in the process that asks, without its pool of compile workers (the
 # children inherit it: the fake GPU's compiled steps): on these 2 cores the pool's processes,
@@ -101,13 +102,45 @@ def _slow_list() -> set[str]:
             if line.strip() and not line.startswith("#")}
 
 
+# The fake GPU's parallel and compiled checks (a quarter of an hour in each CUDA build): CI
+# runs each case on one of its two CUDA builds (marked ``newest_build`` or ``older_build``,
+# ``-m "not older_build"`` on 2.15, ``-m "not newest_build"`` on 2.14.1), so that both builds
+# run each kind of check and no case runs twice; run alone, every case runs.
+SPLIT = frozenset({"tests/test_fake_gpu_parallel.py", "tests/test_fake_gpu_compile.py"})
+
+
+def build_half(nodeid: str, params: dict, name: str) -> str | None:
+    """The marker of the CUDA build CI runs a test of :data:`SPLIT` on (None for the others):
+    by its case, its first string parameter (a case's tests share its measurement, so they
+    stay together; else the test), hashed, which splits the cases' time about in half.
+
+    >>> build_half("tests/test_fake_gpu_parallel.py::t[fsdp-8]", {"name": "fsdp", "B": 8}, "t")
+    'newest_build'
+    >>> build_half("tests/test_cli.py::t", {}, "t") is None
+    True
+    """
+    path = nodeid.split("::")[0]
+    if path not in SPLIT:
+        return None
+    case = next((v for v in params.values() if isinstance(v, str)), name)
+    return ("newest_build", "older_build")[zlib.crc32(f"{path}::{case}".encode()) % 2]
+
+
 def pytest_collection_modifyitems(session, config, items):
     """Mark ``slow`` the tests tests/slow.txt lists (tests/tiers.py writes it from a measured
-    run): the README's test command, run by CI, leaves them out with ``-m "not slow"``."""
+    run): the README's test command, run by CI, leaves them out with ``-m "not slow"``. Mark
+    the fake GPU's parallel and compiled cases with the CUDA build CI runs them on
+    (:func:`build_half`; a test a release skips is left to run where it runs)."""
     listed = _slow_list()
     for item in items:
         if item.nodeid in listed:
             item.add_marker(pytest.mark.slow)
+        callspec = getattr(item, "callspec", None)
+        own_skip = any(m.name == "skipif" for m in item.own_markers)  # one release's test
+        half = None if own_skip else build_half(
+            item.nodeid, callspec.params if callspec else {}, item.name.split("[")[0])
+        if half:
+            item.add_marker(getattr(pytest.mark, half))
     collected = {item.nodeid for item in items}
     files = {n.split("::")[0] for n in collected}
     config._fxmem_unknown_slow = {n for n in listed - collected if n.split("::")[0] in files}
