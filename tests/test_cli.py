@@ -178,26 +178,35 @@ def test_help_and_version():
 
 
 def test_the_collector_is_paced_while_a_command_runs(monkeypatch, capsys):
-    """Full collections are rarer while a command analyses (fxmem.cli.collector), and the
-    process's thresholds are as they were once it is done."""
+    """Full collections are rarer while a command analyses (fxmem.cli.collector) and while
+    it writes its report out (rendering after the objects were unfrozen, the 8B one-GPU
+    command's full passes had walked every trace it made: 1.45 s of them), and the
+    process's thresholds are as they were once it is done, nothing left frozen."""
     import gc
 
     from fxmem.cli import command
     from fxmem.cli.collector import FULL_EVERY
 
-    seen, real = [], command._analyze
+    seen, written, real, echo = [], [], command._analyze, command.click.echo
 
     def recording(*args, **kwargs):
         seen.append(gc.get_threshold())
         return real(*args, **kwargs)
 
+    def writing(*args, **kwargs):
+        written.append((gc.get_threshold(), gc.get_freeze_count()))
+        return echo(*args, **kwargs)
+
     monkeypatch.setattr(command, "_analyze", recording)
+    monkeypatch.setattr(command.click, "echo", writing)
     monkeypatch.chdir(ROOT)
-    before = gc.get_threshold()
+    before, frozen = gc.get_threshold(), gc.get_freeze_count()
     with pytest.raises(SystemExit) as done:
         command.main(["analyze", *SEED, "--format", "json"])
     assert done.value.code in (0, None), capsys.readouterr().err
     assert seen and seen[0][2] >= FULL_EVERY > before[2] and gc.get_threshold() == before
+    assert written and all(t[2] >= FULL_EVERY and n > frozen for t, n in written)
+    assert gc.get_freeze_count() == frozen
 
 
 def test_a_table_does_not_import_the_html_report_s_plotting():

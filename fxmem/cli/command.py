@@ -207,42 +207,45 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
     lists them all (docs/models.md). Families are built with random weights on the meta device
     (nothing is downloaded), with their input size, classes and sequence length taken from
     the model's config; --config keys are checked against its fields."""
-    with _failing(debug):
-        check_out(out)  # before any work: a report with nowhere to go is lost
+    # the collector paced (fxmem.cli.collector) through the report's rendering too: its full
+    # passes once the analysis ends walked every trace the command made
+    with paced():
+        with _failing(debug):
+            check_out(out)  # before any work: a report with nowhere to go is lost
+            if save_plan:
+                check_out(save_plan, "--save-plan")
+            if device == "cpu" and capability is not None:
+                raise InputError("--compute-capability names the GPU whose kernels --device "
+                                 "cuda follows: drop it with --device cpu")
+            parallel = tensor_parallel(tp, tp_plan, ddp, data_parallel(
+                fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, replicate, offload))
+            if compiled and checkpoint == "auto" and not inference:
+                from .auto import check
+
+                check(compile_budget, parallel)
+            with _silenced():
+                text, fit = _analyze(
+                    target, inputs, targets, loss, optimizer, amp, device, inference,
+                    grad_accum, batch, budget, checkpoint, config, seq, fmt, top, whatif,
+                    dim_sizes, cudnn_workspace=cudnn_workspace, capability=capability,
+                    gpu=gpu, cuda_context=cuda_context, parallel=parallel,
+                    save_plan=save_plan, exact_formula=exact_formula,
+                    compile=compile_option(compiled, compile_budget))
+            if out:
+                write_file(out, text if isinstance(text, str) else plain_text(text))
         if save_plan:
-            check_out(save_plan, "--save-plan")
-        if device == "cpu" and capability is not None:
-            raise InputError("--compute-capability names the GPU whose kernels --device cuda "
-                             "follows: drop it with --device cpu")
-        parallel = tensor_parallel(tp, tp_plan, ddp, data_parallel(
-            fsdp, ddp, zero1, reshard, param_dtype, reduce_dtype, replicate, offload))
-        if compiled and checkpoint == "auto" and not inference:
-            from .auto import check
-
-            check(compile_budget, parallel)
-        with _silenced(), paced():  # fxmem.cli.collector
-            text, fit = _analyze(target, inputs, targets, loss, optimizer, amp, device, inference,
-                            grad_accum, batch, budget, checkpoint, config, seq, fmt, top,
-                            whatif, dim_sizes, cudnn_workspace=cudnn_workspace,
-                            capability=capability, gpu=gpu, cuda_context=cuda_context,
-                            parallel=parallel, save_plan=save_plan,
-                            exact_formula=exact_formula,
-                            compile=compile_option(compiled, compile_budget))
+            click.echo(f"wrote the checkpoint plan to {save_plan}", err=True)
         if out:
-            write_file(out, text if isinstance(text, str) else plain_text(text))
-    if save_plan:
-        click.echo(f"wrote the checkpoint plan to {save_plan}", err=True)
-    if out:
-        click.echo(f"wrote {out}", err=True)
-    elif fmt == "table":
-        from rich.console import Console
+            click.echo(f"wrote {out}", err=True)
+        elif fmt == "table":
+            from rich.console import Console
 
-        Console().print(text)
-    else:
-        click.echo(text, nl=False)
-    if fit is not None and not fit:  # the report says it all; scripts get exit 4
-        click.echo(f"fxmem: {one_line(fit.line, 2000)}", err=True)
-        sys.exit(EXIT_BUDGET)
+            Console().print(text)
+        else:
+            click.echo(text, nl=False)
+        if fit is not None and not fit:  # the report says it all; scripts get exit 4
+            click.echo(f"fxmem: {one_line(fit.line, 2000)}", err=True)
+            sys.exit(EXIT_BUDGET)
 
 
 @cli.command()
