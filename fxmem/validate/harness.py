@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import difflib
+import gc
 import json
 import platform
 from dataclasses import asdict, dataclass, replace
@@ -25,6 +26,7 @@ import torch
 
 from ..analyze import analyze
 from ..trace.engine import Step
+from ..trace.ledger import frozen_gc
 from ..trace.plans import apply_checkpoints
 from .divergence import first_divergence, predicted_allocations
 from .fakegpu.reads import gpu_answers
@@ -121,12 +123,32 @@ def _measure(case, model, inputs, targets, step, b, record_history=False):
     # on one (fxmem.validate.fakegpu.reads)
     answers = gpu_answers() if on_fake_gpu() else contextlib.nullcontext()
     with answers:
-        return measure(real, inputs, targets if step.train else (), step=step, B=b,
-                       record_history=record_history)
+        m = measure(real, inputs, targets if step.train else (), step=step, B=b,
+                    record_history=record_history)
+    del real
+    # the step's garbage (device memory in it) collected now, before a trace at a small B
+    # (freeze_more) could exempt it from the next step's collections
+    gc.collect()
+    return m
+
+
+def _case_objects():
+    """A block for one case's prediction and measurements: the objects made before it
+    exempt from the collector (:func:`fxmem.trace.ledger.frozen_gc`), so that the full
+    collections of :func:`fxmem.measure` (two per CUDA step) walk only what the case made: over
+    torch's, sympy's and transformers' objects each took a quarter of a second. Each
+    :func:`_measure` collects its step's garbage before it returns, and :func:`validate`
+    collects everything once before the first case."""
+    return frozen_gc()
 
 
 def run_case(case: Case, scale: str, device: str) -> tuple:
     """The rows of one case: prediction and measurement at each of its batch sizes."""
+    with _case_objects():
+        return _run_case(case, scale, device)
+
+
+def _run_case(case: Case, scale: str, device: str) -> tuple:
     torch.manual_seed(0)
     model, inputs, targets = case.build(scale)
     report, step = _predict(case, model, inputs, targets, device)
@@ -154,6 +176,11 @@ def budget_check(case: Case, scale: str, device: str) -> BudgetCheck:
     """Budget = 1.5 x the measured peak at the case's first B; the predicted largest B for
     it (on CUDA: the formula's, less the cuBLAS workspaces kept) is measured, and so is one
     more."""
+    with _case_objects():
+        return _budget_check(case, scale, device)
+
+
+def _budget_check(case: Case, scale: str, device: str) -> BudgetCheck:
     torch.manual_seed(0)
     model, inputs, targets = case.build(scale)
     report, step = _predict(case, model, inputs, targets, device)
@@ -213,6 +240,7 @@ def validate(device: str = "cuda", scale: str | None = None, only=None,
     fake = device == "cuda" and on_fake_gpu()
     context = context_bytes() if device == "cuda" and not fake else None
     chosen = [c for c in cases(scale) if only is None or c.name in only]
+    gc.collect()  # no earlier garbage (device memory in it) left to the cases' steps
     rows = tuple(r for c in chosen for r in run_case(c, scale, device))
     checks = tuple(budget_check(c, scale, device) for c in chosen if c.name in budget_cases)
     name, driver, cuda = platform.processor() or platform.machine(), None, None

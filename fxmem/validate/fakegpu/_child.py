@@ -211,6 +211,10 @@ def main():
             for job in cfg["jobs"]:
                 result["steps"].append(_measure(_load(job["target"]), job))
                 _release(job)
+                # what the step's own imports made and kept (transformers', imported as a
+                # model is built) out of the next steps' collections too: nothing of the
+                # step is left to freeze, _release collected it
+                gc.freeze()
             raise _Done
         result.update(_measure(fn, cfg))
     except _Done:
