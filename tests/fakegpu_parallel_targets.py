@@ -313,3 +313,16 @@ def fewest_compiled(B):  # noqa: N803
     return {"peaks": [two, three], "budget": budget, "fits": bool(f),
             "ways": [w.as_dict() for w in f.ways], "none": list(f.none),
             "checked": {str(w): v for w, v in fits.items()}}
+
+
+def fail_on_rank_1():
+    """In a rank's process: rank 1 crashes at once (no result line, exit code 3), the
+    others wait (killed when it does)."""
+    import os
+    import sys
+    import time
+
+    if os.environ["RANK"] == "1":
+        print("rank 1 crashes here", file=sys.stderr, flush=True)
+        os._exit(3)
+    time.sleep(120)

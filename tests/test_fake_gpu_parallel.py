@@ -67,6 +67,19 @@ def _params(known, unstable=None):
             for c in CASES]
 
 
+def test_the_rank_that_failed_is_named_not_one_killed_for_it():
+    """A rank that fails ends the others (killed, waiting for it): the error names it and
+    its cause, not rank 0's exit by SIGKILL (CI's "rank 0 ... produced no result (exit code
+    -9)" said nothing of why)."""
+    from fxmem.validate.fakegpu.ranks import call_ranks
+    from fxmem.validate.fakegpu.run import FakeGPUError
+
+    with pytest.raises(FakeGPUError, match=r"^rank 1 of the fake-GPU run produced no "
+                       r"result \(exit code 3\)(.|\n)*rank 1 crashes here"):
+        call_ranks(sys.executable, "fakegpu_parallel_targets:fail_on_rank_1", 2,
+                   sys_path=[HERE], timeout=60)
+
+
 @pytest.mark.parametrize("name", _params(KNOWN_ALLOCATED, UNSTABLE_ALLOCATED))
 def test_allocated_per_rank(name):
     for B in BATCHES:

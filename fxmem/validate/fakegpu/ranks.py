@@ -85,11 +85,13 @@ def call_ranks(python_exe, target: str, world_size: int, *, kwargs: dict | None 
     GPU, each one rank of an NCCL process group (the stub's NCCL; ``RANK``, ``WORLD_SIZE``,
     ``LOCAL_RANK=0`` set); return what each returned (JSON-able), rank 0 first. A rank that
     fails, or ranks still running after ``timeout`` seconds, raise :class:`FakeGPUError`
-    (every process is killed first: nothing outlives the call)."""
+    (every process is killed first: nothing outlives the call), naming a rank that ended of
+    itself before one this call killed (the others, waiting for it, are killed: the cause is
+    the rank that failed)."""
     lib = build(build_dir or DEFAULT_BUILD_DIR, python_exe)
     with tempfile.TemporaryDirectory(prefix="fxmem-fakegpu-ranks-") as tmp:
         init = "file://" + os.path.join(tmp, "store")
-        procs, files = [], []
+        procs, files, killed = [], [], set()
         try:
             for rank in range(world_size):
                 cfg = {"target": target, "kwargs": kwargs or {}, "call": True,
@@ -105,19 +107,21 @@ def call_ranks(python_exe, target: str, world_size: int, *, kwargs: dict | None 
                                               env=e, stdout=out, stderr=err, text=True))
             timed_out = _wait(procs, time.monotonic() + timeout)
         finally:
-            for p in procs:
+            for rank, p in enumerate(procs):
                 if p.poll() is None:
                     p.kill()
+                    killed.add(rank)
                 p.wait()
-        results = []
-        for rank, p in enumerate(procs):
+        results = {}
+        for rank in sorted(range(len(procs)), key=lambda r: r in killed):  # the cause first
             out, err = files[2 * rank], files[2 * rank + 1]
             out.seek(0)
             err.seek(0)
-            results.append(_result(rank, p.returncode, out.read(), err.read(), timed_out))
+            results[rank] = _result(rank, procs[rank].returncode, out.read(), err.read(),
+                                    timed_out, rank in killed)
         for f in files:
             f.close()
-    return results
+    return [results[rank] for rank in range(len(procs))]
 
 
 def _wait(procs, deadline: float) -> bool:
@@ -132,11 +136,12 @@ def _wait(procs, deadline: float) -> bool:
         time.sleep(POLL_SECONDS)
 
 
-def _result(rank, code, stdout, stderr, timed_out):
+def _result(rank, code, stdout, stderr, timed_out, killed=False):
     line = next((ln for ln in reversed(stdout.splitlines())
                  if ln.startswith("FAKEGPU_RESULT ")), None)
     if line is None:
-        why = "timed out (killed)" if timed_out else f"exit code {code}"
+        why = "timed out (killed)" if timed_out else \
+            "killed: another rank failed" if killed else f"exit code {code}"
         raise FakeGPUError(f"rank {rank} of the fake-GPU run produced no result ({why})\n"
                            f"stdout:\n{stdout[-4000:]}\nstderr:\n{stderr[-4000:]}")
     res = json.loads(line[len("FAKEGPU_RESULT "):])
