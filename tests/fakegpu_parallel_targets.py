@@ -244,18 +244,16 @@ def case(name):
 def measure_each(name, batches):
     """In a rank's process: :func:`measure` at each of ``batches`` in turn, the process set
     back between them as a fresh one starts (what the collectives kept let go of: the
-    watchdog's waits and an all-reduce; every tensor of the step collected, the cuBLAS
-    workspaces let go, every cached segment returned), not after the last (nothing is
-    measured after it; the waits took a second): {str(B): the measurement}."""
+    watchdog's wait, then a barrier; every tensor of the step collected, the cuBLAS
+    workspaces let go, every cached segment returned): {str(B): the measurement}."""
     from fakegpu_batch import set_back
     from fxmem.validate.fakegpu.ranks import let_go_of_collectives
 
     out = {}
-    for i, b in enumerate(batches):
-        if i:
-            let_go_of_collectives()
-            set_back()
+    for b in batches:
         out[str(b)] = measure(name, b)
+        let_go_of_collectives()
+        set_back()
     return out
 
 
