@@ -109,12 +109,15 @@ def _slow_list() -> set[str]:
 SPLIT = frozenset({"tests/test_fake_gpu_parallel.py", "tests/test_fake_gpu_compile.py"})
 
 
-def build_half(nodeid: str, params: dict, name: str) -> str | None:
+def build_half(nodeid: str, params: dict, name: str, split_with=None) -> str | None:
     """The marker of the CUDA build CI runs a test of :data:`SPLIT` on (None for the others):
     by its case, its first string parameter (a case's tests share its measurement, so they
-    stay together; else the test), hashed, which splits the cases' time about in half.
+    stay together; else the test), or the case its module's ``SPLIT_WITH`` names for it (a
+    case whose tests read another's figures), hashed, which splits the time about in half.
 
     >>> build_half("tests/test_fake_gpu_parallel.py::t[fsdp-8]", {"name": "fsdp", "B": 8}, "t")
+    'newest_build'
+    >>> build_half("tests/test_fake_gpu_parallel.py::t[x]", {"name": "x"}, "t", {"x": "fsdp"})
     'newest_build'
     >>> build_half("tests/test_cli.py::t", {}, "t") is None
     True
@@ -123,6 +126,7 @@ def build_half(nodeid: str, params: dict, name: str) -> str | None:
     if path not in SPLIT:
         return None
     case = next((v for v in params.values() if isinstance(v, str)), name)
+    case = (split_with or {}).get(case, case)
     return ("newest_build", "older_build")[zlib.crc32(f"{path}::{case}".encode()) % 2]
 
 
@@ -138,7 +142,8 @@ def pytest_collection_modifyitems(session, config, items):
         callspec = getattr(item, "callspec", None)
         own_skip = any(m.name == "skipif" for m in item.own_markers)  # one release's test
         half = None if own_skip else build_half(
-            item.nodeid, callspec.params if callspec else {}, item.name.split("[")[0])
+            item.nodeid, callspec.params if callspec else {}, item.name.split("[")[0],
+            getattr(getattr(item, "module", None), "SPLIT_WITH", None))
         if half:
             item.add_marker(getattr(pytest.mark, half))
     collected = {item.nodeid for item in items}

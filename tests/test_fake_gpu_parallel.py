@@ -238,6 +238,9 @@ PLANNED = {"fsdp-compiled-checkpointed": ("fsdp-compiled", BLOCKS),
            "fsdp-tp-compiled-checkpointed": ("fsdp-tp-compiled", BLOCKS),
            "hsdp-tp-compiled-checkpointed": ("hsdp-tp-compiled", BLOCKS),
            "fsdp-tp-compiled-checkpointed-offload": ("fsdp-tp-compiled-offload", BLOCKS)}
+# a planned case's tests read its plain case's figures (_compiled_figures, cached): CI runs
+# both on the same CUDA build (tests/conftest.py's build_half)
+SPLIT_WITH = {name: plain for name, (plain, _) in PLANNED.items()}
 _PLANNED_FAST = ("fsdp-compiled-checkpointed", "fsdp-compiled-checkpointed-in-place",
                  "tp-compiled-checkpointed")
 
