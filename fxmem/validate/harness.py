@@ -132,23 +132,14 @@ def _measure(case, model, inputs, targets, step, b, record_history=False):
     return m
 
 
-def _case_objects():
-    """A block for one case's prediction and measurements: the objects made before it
-    exempt from the collector (:func:`fxmem.trace.ledger.frozen_gc`), so that the full
-    collections of :func:`fxmem.measure` (two per CUDA step) walk only what the case made: over
-    torch's, sympy's and transformers' objects each took a quarter of a second. Each
-    :func:`_measure` collects its step's garbage before it returns, and :func:`validate`
-    collects everything once before the first case."""
-    return frozen_gc()
-
-
+# A case's prediction and measurements run with the objects made before them exempt from
+# the collector (frozen_gc), so that the full collections of fxmem.measure (two per CUDA
+# step) walk only what the case made: over torch's, sympy's and transformers' objects each
+# took a quarter of a second. Each _measure collects its step's garbage before it returns,
+# and validate collects everything once before the first case.
+@frozen_gc()
 def run_case(case: Case, scale: str, device: str) -> tuple:
     """The rows of one case: prediction and measurement at each of its batch sizes."""
-    with _case_objects():
-        return _run_case(case, scale, device)
-
-
-def _run_case(case: Case, scale: str, device: str) -> tuple:
     torch.manual_seed(0)
     model, inputs, targets = case.build(scale)
     report, step = _predict(case, model, inputs, targets, device)
@@ -172,15 +163,11 @@ def _run_case(case: Case, scale: str, device: str) -> tuple:
     return tuple(rows)
 
 
+@frozen_gc()  # (as run_case)
 def budget_check(case: Case, scale: str, device: str) -> BudgetCheck:
     """Budget = 1.5 x the measured peak at the case's first B; the predicted largest B for
     it (on CUDA: the formula's, less the cuBLAS workspaces kept) is measured, and so is one
     more."""
-    with _case_objects():
-        return _budget_check(case, scale, device)
-
-
-def _budget_check(case: Case, scale: str, device: str) -> BudgetCheck:
     torch.manual_seed(0)
     model, inputs, targets = case.build(scale)
     report, step = _predict(case, model, inputs, targets, device)
