@@ -484,6 +484,34 @@ def test_rank_0_s_walk_is_made_once_derived_then_traced(monkeypatch):
     assert len(walks) == 1 and traced.plan == derived.plan and traced.run.fits
 
 
+def test_rank_0_s_walk_accepts_only_plans_the_other_ranks_run(monkeypatch):
+    """Over 5 GPUs the stack of 6 blocks has two groups of ranks (0-3, 4). At this budget
+    the cheapest plan that runs on rank 0 alone, derived, runs out on rank 4 (the
+    allocator's blocks fall otherwise there), as Llama-3.1-8B's did over 5 GPUs: the walk
+    over rank 0's plans accepts a plan only where it runs on rank 4 too (derived from rank
+    0's trace), so one walk finds the plan, not one on rank 0 then one over both groups'
+    planners; the plan, its peak and its replay are those of the choice over both."""
+    from fxmem.checkpoint import confirm
+    from fxmem.report.first_group import derived_runs
+    from fxmem.report.ranks import ParallelReport
+
+    m, b, budget = _stack(width=256, hidden=1024, depth=6), 2048, 182_871_654
+    five = _analyze(m, "cuda", parallel=fxmem.FSDP(5))
+    assert [g.ranks for g in five.groups] == [(0, 1, 2, 3), (4,)]
+    alone = _analyze(m, "cuda", parallel=fxmem.FSDP(5)).first_group().plan_for(
+        budget, b, confirm=False)
+    assert not derived_runs(five, alone.plan, b, budget, "device", 0)
+    walks, real = [], confirm.walk
+    monkeypatch.setattr(confirm, "walk", lambda *a, **k: walks.append(1) or real(*a, **k))
+    got = five.plan_for(budget, b)
+    assert len(walks) == 1 and got.run.fits, walks
+    with monkeypatch.context() as mp:
+        mp.setattr(ParallelReport, "_first_chooses", lambda *a, **k: None)
+        every = _analyze(m, "cuda", parallel=fxmem.FSDP(5)).plan_for(budget, b)
+    assert (got.plan, got.peak_bytes, got.recompute_flops, got.run.max_reserved) == \
+        (every.plan, every.peak_bytes, every.recompute_flops, every.run.max_reserved)
+
+
 def _counting(monkeypatch) -> list:
     """The keyword options of every trace fxmem.analyze's module makes from now on."""
     import importlib

@@ -17,10 +17,6 @@ from ..errors import InputError
 from .result import Report, _check_b
 
 
-class _NotEveryGroup(Exception):
-    """The first group's plan, derived, does not run on another group."""
-
-
 class RankGroup:
     """Ranks whose shards have the same shapes, so the same memory: ``report`` is each
     one's step, B its micro-batch. ``make`` (instead of ``report``): how that report is
@@ -368,66 +364,25 @@ class ParallelReport:
 
     def _first_chooses(self, budget_bytes: int, b: int, candidates, kinds, by: str,
                        cudnn_workspace: int):
-        """:meth:`plan_for`'s choice on the first group of ranks alone, its plan traced on
-        every group (the others when first read), when its steps run there as ``by``
-        checks them (the choice's ``report``, ``peak_bytes`` and ``run`` then every
-        group's); else None (no plan fits the first group, one that is not traced, or one
-        another group does not run: :meth:`plan_for` chooses over every group)."""
-        from ..checkpoint.on_device import device_run
-        from ..errors import FxmemError
+        """:meth:`plan_for`'s choice on the first group of ranks alone, or None
+        (:func:`fxmem.report.first_group.first_chooses`)."""
+        from .first_group import first_chooses
 
-        whole: dict = {}
-
-        def retrace(plan):  # every group traced with ``plan``; the first read here
-            if plan not in whole:
-                if not self._derived_runs(plan, b, budget_bytes, by, cudnn_workspace):
-                    raise _NotEveryGroup(plan)  # not traced: the choice over every group
-                whole[plan] = self.retrace(plan, defer=True)
-            return whole[plan].first_group()
-        try:
-            got = replace(self.first_group(), retrace=retrace).plan_for(
-                budget_bytes, b, candidates, kinds=kinds, by=by,
-                cudnn_workspace=cudnn_workspace)
-        except (FxmemError, _NotEveryGroup):
-            return None
-        if got.plan and got.plan not in whole:
-            return None  # derived: a plan checkpoint cannot run on fake tensors
-        report = whole[got.plan] if got.plan else self
-        if by == "device":
-            run = device_run(report, b, budget_bytes, cudnn_workspace)
-            if not run.fits:
-                return None
-            return replace(got, report=report, peak_bytes=report.peak_bytes(b), run=run)
-        if report.peak_bytes(b) > budget_bytes:
-            return None
-        return replace(got, report=report, peak_bytes=report.peak_bytes(b))
-
-    def _derived_runs(self, plan, b: int, budget_bytes: int, by: str,
-                      cudnn_workspace: int) -> bool:
-        """Whether ``plan`` derived on every group made or derived without a trace
-        (:meth:`RankGroup.untraced`) runs within the budget as ``by`` checks it: where it does
-        not on some group, the first group's choice is not traced (the plan chosen over
-        every group would be another)."""
-        from ..checkpoint.on_device import device_run
-
-        derived = ParallelReport(self.strategy, tuple(  # a group only a trace makes: unchecked
-            RankGroup(g.ranks, r.with_plan(plan)) for g in self.groups
-            if (r := g.untraced()) is not None))
-        if by == "device":
-            return device_run(derived, b, budget_bytes, cudnn_workspace).fits
-        return derived.peak_bytes(b) <= budget_bytes
+        return first_chooses(self, budget_bytes, b, candidates, kinds, by, cudnn_workspace)
 
     def _on_device(self, reports, choosers, b: int, budget_bytes: int, max_recompute,
-                   traced: dict, cudnn_workspace: int, raises: bool = True):
+                   traced: dict, cudnn_workspace: int, raises: bool = True,
+                   also: tuple = ()):
         """The cheapest plan found at ``b`` whose steps run on every rank group in the
         allocator's replay, traced when it can be
         (:func:`fxmem.checkpoint.confirm.on_device`); None when none does and not
-        ``raises``."""
+        ``raises``. ``reports`` and ``choosers``: the groups chosen over; ``also``: the
+        ranks of this report's other groups, whose steps are replayed too."""
         from ..checkpoint.confirm import on_device
         from ..checkpoint.ranks import choice_at, smallest_choice
 
         walks = choosers[0].__dict__.setdefault("walks", {}).setdefault(
-            (tuple(choosers[1:]), max_recompute), {})  # the same walk, derived then traced
+            (tuple(choosers[1:]), max_recompute, also), {})  # one walk, derived then traced
         return on_device(
             lambda live: choice_at(reports, choosers, live, b, max_recompute),
             lambda: smallest_choice(reports, choosers, b, max_recompute), b, budget_bytes,
