@@ -322,8 +322,11 @@ def _per_rank(request: TraceRequest, again_as=None, defer: bool = False,
                          derive=lambda r=ranks: group(r, lead, True)) if defer else
                RankGroup(ranks, group(ranks, lead)) for ranks in rest]
 
-    def retrace(plan, defer: bool = False):  # the planner's confirmation: this step traced
-        return _per_rank(request.but(checkpoint=plan), again_as, defer)  # with ``plan``
+    def retrace(plan, defer: bool = False, point=None):  # the planner's confirmation: this
+        # step traced with ``plan``; ``point``: (B, {dim: size}), traced there alone
+        at = {} if point is None else {"concrete_batch": point[0],
+                                       "concrete_dims": dict(point[1]) or None}
+        return _per_rank(request.but(checkpoint=plan, **at), again_as, defer)
     return ParallelReport(parallel, tuple(groups), None if plan else retrace)
 
 

@@ -53,6 +53,22 @@ def test_gpt2_attention_has_b_l_squared_terms_and_is_exact(lm):
         assert r.peak_bytes(b, L=n) == real == int(r.peak.subs({fxmem.B: b, L: n}))
 
 
+def test_a_step_traced_at_one_point_is_the_formula_there(lm):
+    """``concrete_batch`` and ``concrete_dims``: B and L plain ints (the inputs made at that
+    length), the trace a way's plan is confirmed by (fxmem.report.ways.cheapest_plan): its
+    storages, op for op, and peak are the formulas' at that point."""
+    from fxmem.analyze import _report
+    from fxmem.trace import trace
+
+    m, r = lm
+    ids = torch.randint(0, 128, (4, 16))
+    for b, n in [(3, 40), (6, 9)]:
+        t = trace(m, (ids, ids), optimizer=torch.optim.AdamW, device="cpu",
+                  dims={"L": [(0, 1), (1, 1)]}, concrete_batch=b, concrete_dims={"L": n})
+        assert not any(s.size.expr.free_symbols for s in t.storages)
+        assert _report(t, None, "cpu").peak_bytes(b) == r.peak_bytes(b, L=n)
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_the_formula_keeps_the_terms_that_can_be_the_peak(lm, device):
     m, r = lm

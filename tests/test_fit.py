@@ -124,6 +124,29 @@ def test_longest_length_at_b():
     assert f.way("length").beyond == f"L={w.value + 1} does not fit"
 
 
+def test_a_parallel_way_s_plan_is_traced_at_its_point_alone(monkeypatch):
+    """A way is read at the asked B and L alone, so the trace that confirms its checkpoint
+    plan under FSDP2 is made there, B and L plain ints (no size a symbol: a cheaper trace);
+    the way's figures are those of the step analysed again with the plan, in B and L."""
+    m = _Embed()
+    ids = torch.randint(0, 100, (4, 16))
+    options = dict(loss=_sum, device="cpu", optimizer=torch.optim.SGD, dims={"L": [(0, 1)]})
+    r = fxmem.analyze(m, ids, parallel=fxmem.FSDP(2), **options)
+    b, length = 256, 64
+    points = r.at(L=length).frontier(b)
+    budget = (points[0].peak_bytes + points[-1].peak_bytes) // 2
+    traced = _counting(monkeypatch)
+    f = r.fits(b, budget, L=length, by="live")
+    way = f.way("checkpoint")
+    assert way is not None and way.plan, (f.line, f.none)
+    confirms = [t for t in traced if t.get("checkpoint")]
+    assert confirms and all((t["concrete_batch"], t["concrete_dims"]) == (b, {"L": length})
+                            for t in confirms), confirms
+    monkeypatch.undo()
+    again = fxmem.analyze(m, ids, parallel=fxmem.FSDP(2), checkpoint=list(way.plan), **options)
+    assert again.peak_bytes(b, L=length) == way.need_bytes <= budget
+
+
 def test_parallel_report_fits_with_more_ranks():
     m = _stack()
     r = _analyze(m, parallel=fxmem.FSDP(2))

@@ -130,8 +130,9 @@ class ParallelReport:
 
     strategy: object
     groups: tuple
-    # plan -> this step traced with the plan applied (fxmem.analyze sets it; None: plans
-    # are derived only)
+    # (plan, defer=False, point=None) -> this step traced with the plan applied (fxmem.
+    # analyze sets it; None: plans are derived only); ``point``: (B, {dim: size}), traced
+    # there alone (no size a symbol: fxmem.report.ways.cheapest_plan's)
     retrace: object = field(default=None, repr=False, compare=False)
 
     @property
@@ -149,8 +150,9 @@ class ParallelReport:
 
     def at(self, **values) -> "ParallelReport":
         """Every rank's report in B alone with the named dims fixed, e.g. ``at(L=512)``."""
-        retrace = None if self.retrace is None else \
-            (lambda plan, defer=False, f=self.retrace: f(plan, defer).at(**values))
+        retrace = None if self.retrace is None else (
+            lambda plan, defer=False, point=None, f=self.retrace:
+            f(plan, defer, point and (point[0], {**point[1], **values})).at(**values))
         return ParallelReport(self.strategy, tuple(g.then(lambda r: r.at(**values))
                                                    for g in self.groups), retrace)
 

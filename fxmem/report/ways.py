@@ -6,7 +6,8 @@ bytes that grow with B).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
+from functools import partial
 
 from ..checkpoint.on_device import oom_phrase
 from ..errors import FxmemError, InfeasibleBudgetError
@@ -130,9 +131,14 @@ class NoPlan(str):
 
 def cheapest_plan(check, report, b: int, confirm: bool = True):
     """The :class:`fxmem.PlanChoice` at ``b``, or the line saying why there is none;
-    ``confirm=False``: the plan's step derived, not traced (a search's cheap answer)."""
+    ``confirm=False``: the plan's step derived, not traced (a search's cheap answer). A
+    parallel step's plan is confirmed by its step traced at ``b`` alone (B and the named
+    dims plain ints, the choice's ``report`` holding there only): a way is read at ``b``,
+    and such a trace costs less than one in symbols."""
     if report.plan:
         return "the step has a checkpoint plan already"
+    if confirm and getattr(report, "groups", None) is not None and report.retrace is not None:
+        report = replace(report, retrace=partial(report.retrace, point=(b, {})))
     try:
         return report.plan_for(check.budget, b, by=check.by, cudnn_workspace=check.cudnn,
                                confirm=confirm)

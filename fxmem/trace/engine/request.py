@@ -38,7 +38,8 @@ class TraceRequest:
     run under ``torch.utils.checkpoint``; ``batch_hint``, the value of B where the trace
     must decide; ``dims``, other input dims as symbols; ``batch_dim``, where B is;
     ``reuse_blocks``, copy repeated blocks; ``parallel`` and ``rank``, one rank of a
-    parallel step; ``concrete_batch``, B as an int; ``warm_up``, one unrecorded step
+    parallel step; ``concrete_batch``, B as an int; ``concrete_dims``, named dims as ints
+    (``{name: size}``); ``warm_up``, one unrecorded step
     first; ``kernel_semantics``, CUDA's kernels for ``device="cuda"``; ``check_parity``,
     the lifted trace checked at another B."""
 
@@ -57,6 +58,7 @@ class TraceRequest:
     warm_up: bool = False
     kernel_semantics: bool = True
     check_parity: bool = True
+    concrete_dims: Any = None
 
     def but(self, **changes) -> TraceRequest:
         """This request with ``changes`` made: to its own fields, or to its step's

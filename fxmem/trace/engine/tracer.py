@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import DimDynamic
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._pytree import tree_leaves
 
@@ -42,7 +41,7 @@ from ..kernels.flat_weights import flat_rnn_params
 from ..kernels.rules import RNNRouter
 from ..kernels.symbolic import symbolic_kernels
 from ..kernels.values import eager_branches
-from ..ledger.records import B_RANGE_MAX, Trace
+from ..ledger.records import Trace
 from ..ledger.tracking import frozen_gc, storage_resizes
 from ..parallel.ddp import local_optimizer, wrapper_name
 from ..parallel.fsdp import FSDP, check_parallel, fully_sharded, initialise, sharded, unwrapped
@@ -57,6 +56,7 @@ from ..plans.regions import modules_of
 from .calls import CallHooks, held, loss_wrapper, region
 from .finish import finish
 from .lift import lift, parity_checked
+from .dims import symbols
 from .messages import caused_by, named_symbols, quiet
 from .modstate import (
     BufferAssigned,
@@ -82,48 +82,6 @@ from .step import (
     scaler_tensors,
     warmup_steps,
 )
-
-
-def check_dims(dims, spec: StepSpec) -> dict:
-    """``dims``: name -> [(tensor, dim), ...], where tensor indexes the inputs followed by
-    the targets and dim is any dim but the tensor's batch dim. Each place of a name must have the same size in
-    the example tensors. Returns the mapping with lists of int pairs."""
-    if not dims:
-        return {}
-    if not isinstance(dims, dict):
-        raise InputError(f"dims must be a dict name -> [(tensor, dim), ...], got {dims!r}")
-    tensors = spec.inputs + spec.targets
-    out = {}
-    for name, places in dims.items():
-        if not isinstance(name, str) or not name.isidentifier() or name == "B":
-            raise InputError(f"a dim name is an identifier other than B, got {name!r}")
-        if not isinstance(places, (tuple, list)):
-            raise InputError(f"dims[{name!r}] is a list of (tensor, dim) places, e.g. "
-                             f"{{{name!r}: [(0, 1)]}} for dim 1 of the first input; got "
-                             f"{places!r}")
-        places = [places] if isinstance(places, tuple) else list(places)
-        if not places:
-            raise InputError(f"dim {name} names no (tensor, dim) place")
-        sizes = set()
-        for place in places:
-            if (not isinstance(place, tuple) or len(place) != 2
-                    or not all(isinstance(v, int) for v in place)):
-                raise InputError(f"dim {name}: a place is (tensor index, dim), got {place!r}")
-            t_i, d = place
-            if not 0 <= t_i < len(tensors):
-                raise InputError(f"dim {name}: tensor {t_i} does not exist (inputs then "
-                                 f"targets: {len(tensors)} tensors)")
-            bd = spec.batch_dims[t_i]
-            if not 0 <= d < tensors[t_i].dim() or d == bd:
-                where = "B" if d == bd else "no such dim"
-                raise InputError(f"dim {name}: tensor {t_i} of shape {tuple(tensors[t_i].shape)} "
-                                 f"has {where} at dim {d}")
-            sizes.add(int(tensors[t_i].shape[d]))
-        if len(sizes) > 1:
-            raise InputError(f"dim {name} has different sizes in the example tensors: "
-                             f"{sorted(sizes)}")
-        out[name] = places
-    return out
 
 
 def _fake_like(mode: FakeTensorMode, t: torch.Tensor, batch=None, param=False, named=None,
@@ -155,16 +113,18 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
           device=UNSET, *, step: Step | None = None, batch_hint: int | None = None,
           checkpoint=None, dims=None, reuse_blocks: bool = True, kernel_semantics: bool = True,
           concrete_batch: int | None = None, warm_up: bool = False, batch_dim=0,
-          parallel=None, rank: int = 0, check_parity: bool = True, **options) -> Trace:
+          parallel=None, rank: int = 0, check_parity: bool = True, concrete_dims=None,
+          **options) -> Trace:
     """Trace one steady-state step of ``model``; see the module docstring. The step is
     ``step`` with the options given here (``loss``, ``optimizer``, ``train``, ``device`` and
     any other :class:`~fxmem.trace.engine.step.Step` field as a keyword). ``checkpoint``:
     a plan (module paths) whose forwards run under ``torch.utils.checkpoint`` for real.
     With ``amp`` and ``device="cuda"``, autocast follows CUDA's op lists
     (:func:`fxmem.trace.kernels.amp.emulate`). ``dims``: other input dims that are symbols too, e.g.
-    ``{"L": [(0, 1)]}`` (:func:`check_dims`). ``reuse_blocks``: trace two blocks of each
-    run of identical blocks and copy them for the rest (:mod:`fxmem.trace.blocks.reuse`); the step
-    is traced again block by block when the blocks turn out not to behave alike.
+    ``{"L": [(0, 1)]}`` (:func:`fxmem.trace.engine.dims.check_dims`). ``reuse_blocks``: trace
+    two blocks of each run of identical blocks and copy them for the rest
+    (:mod:`fxmem.trace.blocks.reuse`); the step is traced again block by block when the
+    blocks turn out not to behave alike.
     ``device="cuda"`` follows CUDA's kernels (:mod:`fxmem.trace.kernels.cuda.kernels`) for a GPU of
     ``compute_capability``; ``kernel_semantics=False`` keeps the CPU's (with CUDA's autocast
     lists still emulated): only to compare with a real CPU step run under
@@ -177,7 +137,9 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     When the step fixes B as a Python int (``len(x)``, ``int(x.shape[0])``), the step is
     traced at several concrete batch sizes and the sizes fitted as polynomials in B
     (:mod:`fxmem.trace.engine.lift`); ``concrete_batch``: trace at that batch size, with B a plain
-    int (every size then a number).
+    int (every size then a number); ``concrete_dims``: ``{name: size}``, named dims of
+    ``dims`` traced at that size as plain ints, the inputs made so (with ``concrete_batch``,
+    one point: no size is a symbol, the fastest trace).
 
     ``parallel``: the step of rank ``rank`` of a data-parallel run (:class:`fxmem.FSDP`,
     :class:`fxmem.DDP`),
@@ -198,7 +160,8 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     hint = concrete_batch or batch_hint or (spec.batch_size if spec.batch_size >= 2 else 8)
     shape_env = CheckingShapeEnv(specialize_zero_one=False, duck_shape=False)
     mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
-    sym, batch, dim_syms, named = _symbols(shape_env, spec, hint, concrete_batch, dims)
+    sym, batch, dim_syms, named = symbols(shape_env, spec, hint, concrete_batch, dims,
+                                           concrete_dims)
     rec = Recorder(shape_env, sym, dim_syms)
     rec.capability = step.compute_capability
     if spec.device == "cuda" and kernel_semantics:  # CUDA's kernels, not the CPU's
@@ -208,7 +171,8 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
         options = dict(step=step, batch_hint=batch_hint, checkpoint=checkpoint, dims=dims,
                        reuse_blocks=reuse_blocks, kernel_semantics=kernel_semantics,
                        concrete_batch=concrete_batch, warm_up=warm_up, batch_dim=batch_dim,
-                       parallel=parallel, rank=rank, check_parity=check_parity)
+                       parallel=parallel, rank=rank, check_parity=check_parity,
+                       concrete_dims=concrete_dims)
         return trace(model, inputs, targets, **{**options, **changes})
 
     with named_symbols(rec):  # B and the named dims in messages, not s44
@@ -254,35 +218,6 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
                         fixed[0], guards, hint=hint, cause=fixed[1])
         if retry:  # the blocks did not behave alike (trace each one), or a buffer is assigned
             return again(reuse_blocks=False)
-
-
-def _symbols(shape_env, spec: StepSpec, hint: int, concrete_batch, dims) -> tuple:
-    """The trace's symbols: B's (and the SymInt the inputs' batch dims take, or
-    ``concrete_batch``), each named dim's, and the inputs' named dims as SymInts
-    (tensor index -> {dim: SymInt}), each ranged 1..:data:`B_RANGE_MAX`."""
-    from torch._dynamo.source import ConstantSource
-
-    def symbol(name: str, hint: int):
-        s = shape_env.create_symbol(hint, source=ConstantSource(name),
-                                    dynamic_dim=DimDynamic.DYNAMIC)
-        # A finite range lets checks such as eager indexing's "skip a full slice"
-        # (B <= stop) be decided statically, as they are for concrete sizes; the bound
-        # itself is never hit.
-        shape_env.constrain_symbol_range(s, compiler_min=1, compiler_max=B_RANGE_MAX)
-        return s
-
-    sym = symbol("B", hint)
-    batch = shape_env.create_symintnode(sym, hint=hint) if concrete_batch is None else \
-        concrete_batch
-    dim_syms, named = {}, {}
-    for name, places in check_dims(dims, spec).items():
-        t_i, d = places[0]
-        size = int((spec.inputs + spec.targets)[t_i].shape[d])
-        dim_syms[name] = symbol(name, size)
-        node = shape_env.create_symintnode(dim_syms[name], hint=size)
-        for t_i, d in places:
-            named.setdefault(t_i, {})[d] = node
-    return sym, batch, dim_syms, named
 
 
 @contextlib.contextmanager
