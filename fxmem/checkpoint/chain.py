@@ -303,7 +303,7 @@ def _staircase(parts: list, cap: float) -> tuple:
     firsts = np.flatnonzero(new)
     most = np.minimum.accumulate(np.minimum.reduceat(capped, firsts))
     below = capped < np.concatenate(([1.0], most[:-1]))[group]
-    rank = np.unique(pk, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    rank = _ranks(pk, int(group[-1]) + 2)
     top = int(rank.max()) + 1  # a rank no kept state has; each group below the one before
     shifted = np.where(below, rank, top) - group * (top + 1)
     low = np.minimum.accumulate(shifted)
@@ -313,6 +313,21 @@ def _staircase(parts: list, cap: float) -> tuple:
     before[firsts] = top - group[firsts] * (top + 1)
     keep = order[below & (shifted < before)]
     return tuple(col[keep] for col in cols)
+
+
+def _ranks(pk, groups: int):
+    """int64 values that order as the peaks ``pk`` do (equal where they are equal), small
+    enough that ``groups`` times their range stays within int64: the peaks less the least
+    (whole bytes, exact in float64), or where that range is too wide their ranks (a sort:
+    a quarter of a solve over Llama-3.1-70B's 80 blocks).
+
+    >>> _ranks(np.array([7.0, 5.0, 7.0]), 3).tolist(), _ranks(np.array([2.0**61, 0.0]), 9).tolist()
+    ([2, 0, 2], [1, 0])
+    """
+    low = float(pk.min())
+    if (float(pk.max()) - low + 2) * (groups + 1) < 2.0 ** 62:
+        return (pk - low).astype(np.int64)
+    return np.unique(pk, return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
 def min_peak(problem: ChainProblem) -> ChainSolution:
