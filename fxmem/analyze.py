@@ -158,9 +158,15 @@ def analyze_request(request: TraceRequest, retrace: bool = False, defer: bool = 
     retrace = retrace or bool(plan and (compiled_parts(model) or drops_a_cache(model, plan)))
     below = _below(as_here, request.but(checkpoint=plan))
     step = request.step
+
+    def again(plan, point=None):  # the planner's confirmation: this step traced with
+        with as_here():  # ``plan`` (``point``: (B, {dim: size}), there alone)
+            return analyze_request(request.but(checkpoint=plan, **_at_point(point)),
+                                   retrace=True)
     if request.dims:
         t = _trace(request)
-        return replace(Report.in_dims(t, step.device), below=below, **again_as)
+        return replace(Report.in_dims(t, step.device), below=below,
+                       **({} if plan else {"retrace": again}), **again_as)
     t = _trace(request.but(checkpoint=None if plan and not retrace else plan))
     if plan and not retrace:
         runs = Counter(c.path for c in t.calls)
@@ -170,11 +176,15 @@ def analyze_request(request: TraceRequest, retrace: bool = False, defer: bool = 
     lv = liveness(build_graph(t))
     if plan:
         return Report(lv, parts_of(lv), t.guards, below=below, **again_as)
-
-    def again(plan):  # the planner's confirmation: this step traced with ``plan``
-        with as_here():
-            return analyze_request(request.but(checkpoint=plan), retrace=True)
     return Report(lv, parts_of(lv), t.guards, retrace=again, below=below, **again_as)
+
+
+def _at_point(point) -> dict:
+    """The :class:`~fxmem.trace.engine.request.TraceRequest` fields of a step traced at
+    ``point`` = (B, {dim: size}) alone (B and those dims plain ints), or none."""
+    if point is None:
+        return {}
+    return {"concrete_batch": point[0], "concrete_dims": dict(point[1]) or None}
 
 
 def _kind(parallel):
@@ -324,9 +334,7 @@ def _per_rank(request: TraceRequest, again_as=None, defer: bool = False,
 
     def retrace(plan, defer: bool = False, point=None):  # the planner's confirmation: this
         # step traced with ``plan``; ``point``: (B, {dim: size}), traced there alone
-        at = {} if point is None else {"concrete_batch": point[0],
-                                       "concrete_dims": dict(point[1]) or None}
-        return _per_rank(request.but(checkpoint=plan, **at), again_as, defer)
+        return _per_rank(request.but(checkpoint=plan, **_at_point(point)), again_as, defer)
     return ParallelReport(parallel, tuple(groups), None if plan else retrace)
 
 

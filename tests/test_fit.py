@@ -147,6 +147,31 @@ def test_a_parallel_way_s_plan_is_traced_at_its_point_alone(monkeypatch):
     assert again.peak_bytes(b, L=length) == way.need_bytes <= budget
 
 
+def test_a_one_gpu_plan_in_named_dims_is_traced(monkeypatch):
+    """A report in B and L read at one L (``r.at(L=...)``) confirms its plans by tracing
+    them, as a report in B alone does: ``plan_for`` traces the plan in B and L, the
+    checkpoint way at the asked B and L alone (both had been derived only); the figures
+    are those of the step analysed again with the plan."""
+    m = _Embed()
+    ids = torch.randint(0, 100, (4, 16))
+    options = dict(loss=_sum, device="cpu", optimizer=torch.optim.SGD, dims={"L": [(0, 1)]})
+    r = fxmem.analyze(m, ids, **options)
+    b, length = 256, 64
+    points = r.at(L=length).frontier(b)
+    budget = (points[0].peak_bytes + points[-1].peak_bytes) // 2
+    traced = _counting(monkeypatch)
+    choice = r.at(L=length).plan_for(budget, b)
+    assert [(t["checkpoint"], t["concrete_batch"]) for t in traced] == [(choice.plan, None)]
+    del traced[:]
+    way = r.fits(b, budget, L=length, by="live").way("checkpoint")
+    assert way is not None and way.plan == choice.plan
+    assert [(t["concrete_batch"], t["concrete_dims"]) for t in traced
+            if t.get("checkpoint")] == [(b, {"L": length})], traced
+    monkeypatch.undo()
+    again = fxmem.analyze(m, ids, checkpoint=list(way.plan), **options)
+    assert again.peak_bytes(b, L=length) == way.need_bytes == choice.peak_bytes <= budget
+
+
 def test_parallel_report_fits_with_more_ranks():
     m = _stack()
     r = _analyze(m, parallel=fxmem.FSDP(2))

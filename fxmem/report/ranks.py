@@ -15,6 +15,7 @@ import sympy
 from ..checkpoint.confirm import without_selective
 from ..errors import InputError
 from .result import Report, _check_b
+from .retrace import retrace_at
 
 
 class RankGroup:
@@ -150,11 +151,9 @@ class ParallelReport:
 
     def at(self, **values) -> "ParallelReport":
         """Every rank's report in B alone with the named dims fixed, e.g. ``at(L=512)``."""
-        retrace = None if self.retrace is None else (
-            lambda plan, defer=False, point=None, f=self.retrace:
-            f(plan, defer, point and (point[0], {**point[1], **values})).at(**values))
         return ParallelReport(self.strategy, tuple(g.then(lambda r: r.at(**values))
-                                                   for g in self.groups), retrace)
+                                                   for g in self.groups),
+                              retrace_at(self.retrace, values))
 
     def first_group(self) -> "ParallelReport":
         """This step with its first group of ranks alone (rank 0's; under FSDP2, the shards

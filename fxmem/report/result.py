@@ -15,10 +15,12 @@ from ..checkpoint.flops import FlopCount, count_flops, op_flops
 from ..errors import FxmemError, InfeasibleBudgetError, InputError
 from ..formula.readable import readable_around
 from ..formula.symbols import B
-from ..memory.dims import DimsFormula
+from ..memory.dims import DimsFormula, specialize
+from ..memory.graph import build_graph
 from ..memory.liveness import PARTS, Liveness, liveness, parts_of
 from .points import Breakdown, TimelinePoint, breakdown_of, regimes_of
 from .recent import Recent
+from .retrace import retrace_at
 from .text import render_text
 
 
@@ -47,6 +49,7 @@ class Report:
     named: DimsFormula | None = field(default=None, repr=False)  # formulas in B and the dims
     _at: dict = field(default_factory=dict, repr=False, compare=False)
     retrace: object = field(default=None, repr=False, compare=False)  # plan -> traced Report
+    # (and ``point=(B, {dim: size})``: traced there alone, fxmem.report.ways.cheapest_plan)
     # b -> this step traced with B the int b (fxmem.analyze sets it), for a B below where
     # the formulas hold (B = 1 takes other paths in some kernels: ``valid_when``'s B >= 2)
     below: object = field(default=None, repr=False, compare=False)
@@ -72,14 +75,12 @@ class Report:
             return self
         key = tuple(sorted(values.items()))
         if key not in self._at:
-            from ..memory.dims import specialize
-            from ..memory.graph import build_graph
-
             t = specialize(self.named.trace, **values)
             lv = liveness(build_graph(t), self.device)
             below = self.below and (lambda b: self._traced_at(b).at(**values))
             again = self.reanalyze and (lambda f=self.reanalyze, **kw: f(**kw).at(**values))
-            self._at[key] = Report(lv, parts_of(lv), t.guards, below=below, reanalyze=again)
+            self._at[key] = Report(lv, parts_of(lv), t.guards, below=below, reanalyze=again,
+                                   retrace=retrace_at(self.retrace, values))
         return self._at[key]
 
     def _small(self, B) -> "Report | None":  # noqa: N803
@@ -159,7 +160,6 @@ class Report:
         True
         """
         from ..checkpoint.plans import derive
-        from ..memory.graph import build_graph
         from ..trace.plans import check_plan
 
         self._b_only("with_plan(plan)")

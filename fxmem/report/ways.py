@@ -131,13 +131,13 @@ class NoPlan(str):
 
 def cheapest_plan(check, report, b: int, confirm: bool = True):
     """The :class:`fxmem.PlanChoice` at ``b``, or the line saying why there is none;
-    ``confirm=False``: the plan's step derived, not traced (a search's cheap answer). A
-    parallel step's plan is confirmed by its step traced at ``b`` alone (B and the named
-    dims plain ints, the choice's ``report`` holding there only): a way is read at ``b``,
-    and such a trace costs less than one in symbols."""
+    ``confirm=False``: the plan's step derived, not traced (a search's cheap answer). The
+    plan is confirmed by its step traced at ``b`` alone (B and the named dims plain ints,
+    the choice's ``report`` holding there only): a way is read at ``b``, and such a trace
+    costs less than one in symbols."""
     if report.plan:
         return "the step has a checkpoint plan already"
-    if confirm and getattr(report, "groups", None) is not None and report.retrace is not None:
+    if confirm and getattr(report, "retrace", None) is not None:
         report = replace(report, retrace=partial(report.retrace, point=(b, {})))
     try:
         return report.plan_for(check.budget, b, by=check.by, cudnn_workspace=check.cudnn,
