@@ -33,9 +33,10 @@ def first_chooses(report, budget_bytes: int, b: int, candidates, kinds, by: str,
     group's); else None (no plan fits the first group, one that is not traced, or one
     another group does not run: :meth:`fxmem.ParallelReport.plan_for` then chooses over
     every group)."""
-    if by == "device" and not first_walked(report, b, budget_bytes, candidates, kinds,
-                                           cudnn_workspace):
-        return first_walk(report, budget_bytes, b, candidates, kinds, cudnn_workspace)
+    others = None if by != "device" or first_walked(
+        report, b, budget_bytes, candidates, kinds, cudnn_workspace) else derived_others(report)
+    if others is not None:
+        return first_walk(report, others, budget_bytes, b, candidates, kinds, cudnn_workspace)
     whole: dict = {}
 
     def retrace(plan):  # every group traced with ``plan``; the first read here
@@ -78,16 +79,25 @@ def first_walked(report, b: int, budget_bytes: int, candidates, kinds,
     return (b, budget_bytes, cudnn_workspace) in walks
 
 
-def first_walk(report, budget_bytes: int, b: int, candidates, kinds, cudnn_workspace: int):
-    """:func:`first_chooses` by the replay where no search walked the first group's plans:
-    the walk over them (its planner alone) accepts a plan where it runs, derived, on the
-    first group and on each other group derived without a trace; the plan found is traced
-    on every group (the others when first read) and replayed. None where no plan runs so.
-    (Walked on rank 0 alone, Llama-3.1-8B's plan over 5 GPUs ran out on rank 4, derived,
-    and the walk over both groups' planners that followed took 6.6 s more.)"""
-    reports, choosers = report.first_group()._planner(candidates, kinds)
+def derived_others(report) -> tuple | None:
+    """``report``'s groups of ranks after the first, each derived without a trace
+    (:meth:`fxmem.report.ranks.RankGroup.untraced`), or None where one cannot be (a
+    compiled step's: the walk over the first group's plans alone, as a search's)."""
     others = tuple(type(g)(g.ranks, r) for g in report.groups[1:]
                    if (r := g.untraced()) is not None)
+    return others if len(others) == len(report.groups) - 1 else None
+
+
+def first_walk(report, others: tuple, budget_bytes: int, b: int, candidates, kinds,
+               cudnn_workspace: int):
+    """:func:`first_chooses` by the replay where no search walked the first group's plans
+    and the ``others`` groups derive without a trace (:func:`derived_others`): the walk
+    over the first group's plans (its planner alone) accepts a plan where it runs, derived,
+    on the first group and on each of the others; the plan found is traced on every group
+    (the others when first read) and replayed. None where no plan runs so. (Walked on rank
+    0 alone, Llama-3.1-8B's plan over 5 GPUs ran out on rank 4, derived, and the walk over
+    both groups' planners that followed took 6.6 s more.)"""
+    reports, choosers = report.first_group()._planner(candidates, kinds)
     whole: dict = {}
 
     def retrace(plan):  # every group traced with ``plan``
