@@ -77,7 +77,9 @@ def test_a_replay_runs_once_per_question(monkeypatch):
 def test_a_step_s_call_orders_are_read_once_for_all_its_replays(monkeypatch):
     """Each op's call order (its allocations, temporaries and workspaces in the order its
     kernel makes them) is the same at every B and budget: read once per step, not once per
-    op of each replay's two steps (a search replays one step dozens of times)."""
+    op of each replay's two steps (a search replays one step dozens of times), and only
+    for an op that makes two storages or more or calls cuDNN (one storage's order is
+    itself)."""
     from fxmem.device import allocator
 
     r, calls = _report(), []
@@ -86,7 +88,11 @@ def test_a_step_s_call_orders_are_read_once_for_all_its_replays(monkeypatch):
                         lambda *a: calls.append(1) or real(*a))
     first = r.cuda_memory(8)
     n = len(calls)
-    assert n == len(r.trace.ops)
+    ops, made = r.trace.ops, {}
+    for s in r.trace.storages:
+        made[s.created_by] = made.get(s.created_by, 0) + 1
+    assert n == sum(1 for o in ops if made.get(o.index, 0) >= 2
+                    or o.op in allocator.CUDNN_CONV_OPS) < len(ops)
     r.cuda_memory(9), r.runs_on_device(8, 2**29), r.runs_on_device(13, 2**30)
     assert len(calls) == n and r.cuda_memory(8) is first
 

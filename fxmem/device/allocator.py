@@ -237,6 +237,24 @@ def _replayed(replay, liveness, B, config, cc, ws, cudnn):  # noqa: N803
     return kept[key]
 
 
+def _flat(replay) -> list:
+    """A step's allocations and frees as ``(op index, event)``: ``sid`` made, ``~sid``
+    freed, None where the op does more than make its storages in order (its call order,
+    a matmul's workspace, a reduction's staging, the optimizer state made at its phase's
+    first op) and :meth:`_Replay._op` runs it. The frees before the first op are not in
+    it (:meth:`_Replay.start` leaves them to the step's end)."""
+    out, ops, prev = [], replay.ops, None
+    for i, op in enumerate(ops):
+        if i in replay.calls or op.op in CUBLAS_OPS or op.reduce is not None or (
+                op.phase == "optimizer" and prev != "optimizer"):
+            out.append((i, None))
+        else:
+            out.extend((i, sid) for sid in replay.allocs[i])
+        out.extend((i, ~sid) for sid in replay.frees[i + 1])
+        prev = op.phase
+    return out
+
+
 def _per_graph(graph, key: str, make):
     """``make()`` once per step graph, kept in its ``__dict__`` as ``cached_property`` keeps
     its values: a step is replayed at many B and budgets (a search's walks and bisections),
@@ -253,6 +271,8 @@ def _call_orders(graph, allocs) -> dict:
     :func:`fxmem.memory.liveness._events`): a few ops of a step, kept small."""
     out = {}
     for i, (op, made) in enumerate(zip(graph.ops, allocs)):
+        if len(made) < 2 and op.op not in CUDNN_CONV_OPS:
+            continue  # its storage, if any, is all it makes (call_order.steps)
         steps = call_order.steps(op, graph.storages, made)
         if len(steps) != len(made) or any(k != "alloc" or s != m
                                           for (k, s), m in zip(steps, made)):
@@ -271,8 +291,9 @@ class _Replay:
 
         graph = liveness.graph
         self.storages, self.ops = graph.storages, graph.ops
-        self.allocs, self.frees = _events(graph)
+        self.allocs, self.frees = _per_graph(graph, "_events", lambda: _events(graph))
         self.calls = _per_graph(graph, "_call_orders", lambda: _call_orders(graph, self.allocs))
+        self.events = _per_graph(graph, "_replay_events", lambda: _flat(self))
         on_device = [not _host_resident(s) for s in self.storages]
         self.size = [s.size(B) if on_device[s.sid] else 0 for s in self.storages]
         self.stream = [s.stream for s in self.storages]  # each stream's blocks kept apart
@@ -330,27 +351,17 @@ class _Replay:
         (allocated, reserved)."""
         a, ops = self.allocator, self.ops
         phase_alloc, phase_res, phase = {}, {}, None
-        for i, op in enumerate(ops):
+        if not by_phase:
+            self._events(warm_up)
+        for i, op in enumerate(ops if by_phase else ()):
             self.at = i
-            if by_phase and op.phase != phase:
+            if op.phase != phase:
                 if phase is not None:
                     phase_alloc[phase] = max(phase_alloc.get(phase, 0), a.max_allocated)
                     phase_res[phase] = max(phase_res.get(phase, 0), a.max_reserved)
                 a.reset_peak()
                 phase = op.phase
-            if warm_up:
-                self._first_use(i, op)
-            self._call(i, op)
-            if warm_up:
-                self._first_workspace(op)
-            if blas.PER_CALL and op.op in CUBLAS_OPS:  # 2.15: taken and freed by each call
-                n = self.lt_ws if op.blas == "cublaslt" else self.ws
-                if n:
-                    a.free(a.malloc(n))
-            if i in self.staging:  # freed when the launch returns, the last first
-                held = [a.malloc(n) for _, n in self.staging[i]]
-                for h in reversed(held):
-                    a.free(h)
+            self._op(i, op, warm_up)
             for sid in self.frees[i + 1]:
                 self.free(sid)
         if warm_up and self.cudnn_workspace and any(op.op in CUDNN_CONV_OPS for op in ops):
@@ -370,6 +381,44 @@ class _Replay:
             phase_alloc[phase] = max(phase_alloc.get(phase, 0), a.max_allocated)
             phase_res[phase] = max(phase_res.get(phase, 0), a.max_reserved)
         return phase_alloc, phase_res
+
+    def _events(self, warm_up: bool) -> None:
+        """The loop of :meth:`step` over :func:`_flat`'s events: what it does per op, the
+        ops with nothing but their storages made and freed in order (most of a step) run
+        as those events alone, the rest as :meth:`_op` runs them."""
+        handles, size, stream = self.handles, self.size, self.stream
+        malloc, release = self.allocator.malloc, self.allocator.free
+        ops, at = self.ops, -1
+        try:
+            for at, ev in self.events:
+                if ev is None:
+                    self._op(at, ops[at], warm_up)
+                elif ev >= 0:
+                    handles[ev] = malloc(size[ev], stream[ev])
+                else:
+                    h = handles.pop(~ev, None)
+                    if h is not None:
+                        release(h)
+        finally:
+            self.at = at
+
+    def _op(self, i, op, warm_up: bool) -> None:
+        """Op ``i``'s own allocations in :meth:`step`, its frees after it left out."""
+        a = self.allocator
+        self.at = i
+        if warm_up:
+            self._first_use(i, op)
+        self._call(i, op)
+        if warm_up:
+            self._first_workspace(op)
+        if blas.PER_CALL and op.op in CUBLAS_OPS:  # 2.15: taken and freed by each call
+            n = self.lt_ws if op.blas == "cublaslt" else self.ws
+            if n:
+                a.free(a.malloc(n))
+        if i in self.staging:  # freed when the launch returns, the last first
+            held = [a.malloc(n) for _, n in self.staging[i]]
+            for h in reversed(held):
+                a.free(h)
 
     def _call(self, i, op):
         """Op ``i``'s own allocations, in the order its kernel makes them
