@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import Counter
 from dataclasses import replace
 
 import numpy as np
@@ -90,8 +91,13 @@ def stack_blocks(report) -> tuple:
     segments: a Llama layer is also given the rotary ``cos``/``sin``, float tensors made once
     before the stack; the planner checks the chain itself (each block's window inside the one
     before it). Without such blocks, the module-only candidates."""
-    paths = [s.path for s in report.segments
-             if s.calls == 1 and s.path.rsplit(".", 1)[-1].isdigit() and s.last_op >= s.first_op]
+    calls = report.trace.calls  # as report.segments lists them, without their crossings
+    runs = Counter(c.path for c in calls)
+    first = {}
+    for c in calls:
+        first.setdefault(c.path, c)
+    paths = [p for p, c in first.items()
+             if runs[p] == 1 and p.rsplit(".", 1)[-1].isdigit() and c.last_op >= c.first_op]
     out = tuple(p for p in paths if not any(p.startswith(q + ".") for q in paths))
     return out or default_candidates(report)
 
