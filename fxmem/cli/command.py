@@ -192,12 +192,14 @@ def cli():
                    "kernel thresholds) beside the readable polynomial it leads with; md, html "
                    "and json always hold it. Where --checkpoint auto chose a plan, the "
                    "setup's peak in B and L without it is exact too.")
+@click.option("--jobs", type=click.IntRange(1, 2), default=2, show_default=True, help="2: a "
+              "forked child finds some ways out of a B that does not fit, beside; 1: none.")
 @click.option("--debug", is_flag=True, help="Show the traceback of an error.")
 def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, inference,
             grad_accum, compiled, compile_budget, batch, budget, gpu, cuda_context, checkpoint,
             save_plan, config, dim_sizes, seq, cudnn_workspace, fsdp, ddp, tp, tp_plan, zero1,
             reshard, replicate, offload, param_dtype, reduce_dtype, fmt, out, whatif, top,
-            exact_formula, debug):
+            exact_formula, jobs, debug):
     """Analyse one step of the model TARGET: path/to/file.py:ClassOrFactory,
     package.module:ClassOrFactory, timm:NAME, torchvision:NAME (a classifier), or Hugging
     Face's hf:PRESET, hf:ConfigClass (hf:T5Config), hf:path/to/config.json or hf:ORG/NAME
@@ -230,7 +232,7 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
                     dim_sizes, cudnn_workspace=cudnn_workspace, capability=capability,
                     gpu=gpu, cuda_context=cuda_context, parallel=parallel,
                     save_plan=save_plan, exact_formula=exact_formula,
-                    compile=compile_option(compiled, compile_budget))
+                    compile=compile_option(compiled, compile_budget), jobs=jobs)
             if out:
                 write_file(out, text if isinstance(text, str) else plain_text(text))
         if save_plan:
@@ -349,7 +351,7 @@ def _fail(e, debug: bool, cause: BaseException | None = None):
 def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, grad_accum,
              batch, budget, checkpoint, config, seq, fmt, top, whatif=False, dim_sizes=(),
              cudnn_workspace=None, capability=None, gpu=None, cuda_context=None,
-             parallel=None, save_plan=None, exact_formula=False, compile=None):
+             parallel=None, save_plan=None, exact_formula=False, compile=None, jobs=1):
     from rich.console import Console
 
     from ..analyze import analyze as run_analysis
@@ -399,8 +401,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
     if not specs:
         raise InputError("give the model's inputs with --input (e.g. --input B,3,32,32)")
     tgt_specs = targets or t.targets
-    hint = 8
-    sizes = {**t.dims, **given}
+    hint, sizes = 8, {**t.dims, **given}
     xs = tuple(parse_tensor(s, hint, sizes) for s in specs)
     ys = tuple(parse_tensor(s, hint, sizes) for s in tgt_specs)
     dims = named_dims([*specs, *tgt_specs])
@@ -492,7 +493,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
             fit = fit_of(report, batch, budget_bytes, cudnn_workspace=conv_ws,
                          named=whole if dims else None, dims=at_dims,
                          limit=position_limit(t.model) if dims else None,
-                         reanalyze=_reanalyze_of(whole), progress=lambda what:
+                         reanalyze=_reanalyze_of(whole), jobs=jobs, progress=lambda what:
                          status.update(f"B={batch} does not fit; finding {what} ..."))
         rows = ()
         if whatif:

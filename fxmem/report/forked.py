@@ -1,0 +1,89 @@
+"""Work done in a forked child while this process does its own: the ways out of a step
+that does not fit (:func:`fxmem.report.fit.fit`, ``jobs=2``) are searched two at a time.
+
+Each way is its own search (its traces, walks and replays), and most are independent of
+the others: on a machine with a second core, a child process forked after the step's
+trace searches some while this one searches the rest, each from the same state (the
+trace, its caches). The child's answer comes back pickled through a pipe, with the
+warnings it raised (raised again here, in order); when the child cannot run or fails,
+:meth:`Child.collect` returns None and the caller does that work itself, so a
+failure costs time, never an answer.
+
+Nothing is forked where a child could not run safely: where ``os.fork`` is missing
+(Windows), and where this process has initialised CUDA (a forked child cannot use it).
+
+>>> forked(lambda: 6 * 7).collect()
+42
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import warnings
+
+
+def can_fork() -> bool:
+    """Whether :func:`forked` would fork: ``os.fork`` exists and CUDA is not initialised."""
+    if not hasattr(os, "fork"):
+        return False
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    return cuda is None or not cuda.is_initialized()
+
+
+def forked(run):
+    """``run()`` started in a forked child, as a :class:`Child`; None when nothing can be
+    forked (:func:`can_fork`)."""
+    if not can_fork():
+        return None
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its answer, then out without running this process's exits
+        os.close(r)
+        code = 0
+        try:
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                value = run()
+            data = pickle.dumps(("ok", value, [(str(m.message), m.category, m.filename,
+                                                m.lineno) for m in seen]))
+        except BaseException:  # noqa: BLE001 - the parent does the work itself
+            data, code = pickle.dumps(("failed", None, [])), 1
+        try:
+            with os.fdopen(w, "wb") as f:
+                f.write(data)
+        finally:
+            os._exit(code)
+    os.close(w)
+    return Child(pid, r)
+
+
+class Child:
+    """A forked child running a function: :meth:`collect` its result, or :meth:`cancel`."""
+
+    def __init__(self, pid: int, fd: int):
+        self.pid, self.fd = pid, fd
+
+    def collect(self):
+        """The child's result, its warnings raised here; None when it failed."""
+        with os.fdopen(self.fd, "rb") as f:
+            data = f.read()
+        os.waitpid(self.pid, 0)
+        try:
+            status, value, seen = pickle.loads(data)
+        except Exception:  # noqa: BLE001 - a child killed before it wrote
+            return None
+        for message, category, filename, lineno in seen:
+            warnings.warn_explicit(message, category, filename, lineno)
+        return value if status == "ok" else None
+
+    def cancel(self) -> None:
+        """Stop the child (this process failed; its answer is not wanted)."""
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except OSError:
+            pass
+        os.close(self.fd)

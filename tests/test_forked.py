@@ -1,0 +1,102 @@
+"""The ways out searched two at a time (fxmem.report.forked, fit's jobs=2): the same Fit
+as one after the other, some of it found in a forked child, and a child that fails costing
+time, not the answer."""
+
+import os
+import time
+import warnings
+
+import pytest
+import torch
+
+import fxmem
+from fxmem.report import fit as fit_module
+from fxmem.report.forked import can_fork, forked
+
+pytestmark = pytest.mark.skipif(not can_fork(), reason="no os.fork here")
+
+
+def test_a_child_s_answer_comes_back_with_its_warnings():
+    assert forked(lambda: 6 * 7).collect() == 42
+    assert forked(os.getpid).collect() != os.getpid()
+
+    def warns():
+        warnings.warn("said in the child")
+        return 3
+    with pytest.warns(UserWarning, match="said in the child"):
+        assert forked(warns).collect() == 3
+
+
+def test_a_child_that_fails_or_cannot_send_gives_none():
+    assert forked(lambda: 1 // 0).collect() is None
+    assert forked(lambda: (lambda: 0)).collect() is None  # a lambda does not pickle
+
+
+def test_a_cancelled_child_is_gone():
+    child = forked(lambda: time.sleep(60))
+    child.cancel()
+    with pytest.raises(ProcessLookupError):
+        os.kill(child.pid, 0)
+
+
+def _stack():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Sequential(
+        torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+        for _ in range(4)])
+
+
+def _where(monkeypatch, tmp_path, fail_in_child=()):
+    """Each way's function wrapped to write the process it ran in (``tmp_path``); those
+    named in ``fail_in_child`` raise when they run in a child."""
+    parent, log = os.getpid(), tmp_path / "pids"
+    for name in ("_largest_batch", "_plan_at", "fewest_ranks", "param_dtype_way", "_longest"):
+        def wrapped(*a, _name=name, _real=getattr(fit_module, name), **k):
+            with open(log, "a") as f:
+                f.write(f"{_name} {os.getpid()}\n")
+            if _name in fail_in_child and os.getpid() != parent:
+                raise RuntimeError("a child that fails")
+            yield from _real(*a, **k)
+        monkeypatch.setattr(fit_module, name, wrapped)
+    return lambda: [(n, int(p) == parent) for n, p in
+                    (line.split() for line in log.read_text().splitlines())]
+
+
+def _fits(jobs):
+    m = _stack()
+    r = fxmem.analyze(m, torch.randn(4, 64), loss=lambda o: o.sum(), device="cpu",
+                      optimizer=torch.optim.Adam, parallel=fxmem.FSDP(2))
+    b = 512
+    budget = (r.peak_bytes(b // 2) + r.peak_bytes(b)) // 2
+    return r.fits(b, budget, jobs=jobs)
+
+
+def test_two_jobs_find_the_ways_one_finds(monkeypatch, tmp_path):
+    """Under FSDP2 the largest B, FSDP2's mixed precision and the longest length are searched
+    in the child, the plan and the fewest GPUs here: the same Fit as one job's."""
+    alone = _fits(1)
+    assert not alone and alone.ways
+    where = _where(monkeypatch, tmp_path)
+    assert _fits(2) == alone
+    assert sorted(where()) == sorted([("_largest_batch", False), ("_plan_at", True),
+                                      ("fewest_ranks", True), ("param_dtype_way", False),
+                                      ("_longest", False)])
+
+
+def test_a_failing_child_s_ways_are_found_here(monkeypatch, tmp_path):
+    alone = _fits(1)
+    where = _where(monkeypatch, tmp_path, fail_in_child=("_longest",))
+    assert _fits(2) == alone
+    ran = where()
+    assert ("_longest", False) in ran and ("_longest", True) in ran
+    assert ("_largest_batch", True) in ran  # the child's ways all found again here
+
+
+def test_one_gpu_forks_no_child(monkeypatch, tmp_path):
+    """On one GPU the other ways are searches of formulas: no child for them."""
+    r = fxmem.analyze(_stack(), torch.randn(4, 64), loss=lambda o: o.sum(), device="cpu",
+                      optimizer=torch.optim.Adam)
+    budget = (r.peak_bytes(256) + r.peak_bytes(512)) // 2
+    where = _where(monkeypatch, tmp_path)
+    assert r.fits(512, budget, jobs=2) == r.fits(512, budget, jobs=1)
+    assert all(here for _, here in where())
