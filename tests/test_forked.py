@@ -100,3 +100,20 @@ def test_one_gpu_forks_no_child(monkeypatch, tmp_path):
     where = _where(monkeypatch, tmp_path)
     assert r.fits(512, budget, jobs=2) == r.fits(512, budget, jobs=1)
     assert all(here for _, here in where())
+
+
+def test_the_command_s_report_is_the_same_with_one_job(capfd, tmp_path):
+    """``fxmem analyze --fsdp 2`` over a budget B does not fit: the child forked beside the
+    CLI's status line (another thread) gives the report one process gives."""
+    from test_fit import SEED
+    from test_mistakes import run_in_process
+
+    texts = []
+    for jobs in ("2", "1"):
+        out = tmp_path / f"r{jobs}.json"
+        code, _, err = run_in_process([*SEED, "--fsdp", "2", "--batch", "256", "--budget",
+                                       "200MiB", "--format", "json", "--out", str(out),
+                                       "--jobs", jobs], capfd)
+        assert code == 4 and "does not fit 200.00 MiB" in err
+        texts.append(out.read_text())
+    assert texts[0] == texts[1] and '"ways": [' in texts[0]

@@ -43,6 +43,9 @@ def forked(run):
     if pid == 0:  # the child: its answer, then out without running this process's exits
         os.close(r)
         code = 0
+        # nothing written but the pipe: a lock of sys.stderr's that another thread of the
+        # parent (the CLI's status line) held at the fork stays held here
+        sys.unraisablehook = lambda unraisable: None
         try:
             with warnings.catch_warnings(record=True) as seen:
                 warnings.simplefilter("always")
