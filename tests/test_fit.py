@@ -566,11 +566,12 @@ def _rank_0_s_plan_runs_out_on_rank_4(m, b: int, five) -> int:
 
     needs = sorted({max(g.report.cuda_memory(b).max_reserved
                         for g in five.with_plan(p.plan).groups) for p in five.frontier(b)})
+    probe = _analyze(m, "cuda", parallel=fxmem.FSDP(5))  # one trace for every budget (a
+    # trace each took the 2.15 tier 156 s to skip); its plans are chosen per budget
     for budget in [182_871_654] + [needs[0] + (needs[-1] - needs[0]) * k // 40
                                    for k in range(40)]:
         try:
-            alone = _analyze(m, "cuda", parallel=fxmem.FSDP(5)).first_group().plan_for(
-                budget, b, confirm=False)
+            alone = probe.first_group().plan_for(budget, b, confirm=False)
         except fxmem.FxmemError:
             continue
         if alone.plan and not derived_runs(five, alone.plan, b, budget, "device", 0):
