@@ -14,6 +14,27 @@ def stale_block():
     return {"copied": copied, "reused": y.tolist()}
 
 
+def zeroed_range():
+    """A host->device copy of sevens over 3 MiB and a few bytes, then the stub's own
+    ``cudaMemset`` of zero from byte 5 to 5 bytes before its end (over more than a MiB, its
+    ends inside pages: the pages wholly inside given back, the rest written), and of a
+    98-byte range the same way (written); what reads back, counted by value. (Whether
+    ``zero_()`` reaches ``cudaMemset`` depends on the build: 2.15's does, 2.14.1's launches
+    a fill kernel, which does nothing here.)"""
+    import ctypes
+
+    memset = ctypes.CDLL(None).cudaMemset  # the stub's: LD_PRELOAD put it first
+    memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+    got = {}
+    for name, n in (("big", 3 * 2**20 + 13), ("small", 108)):
+        x = torch.full((n,), 7, dtype=torch.uint8).to("cuda")
+        torch.cuda.synchronize()
+        assert memset(x.data_ptr() + 5, 0, n - 10) == 0
+        counts = torch.bincount(x.cpu(), minlength=8).tolist()
+        got[name] = {"7": counts[7], "0": counts[0]}
+    return got
+
+
 def host_reads():
     """The value reads a step makes: a boolean ``all`` (transformers'
     ``find_packed_sequence_indices``), ``.item()`` of a sum, a mask's count (``nonzero``)."""

@@ -24,6 +24,14 @@ def test_a_reused_block_reads_zero_not_the_bytes_an_earlier_copy_left():
     assert _call("stale_block") == {"copied": [7] * 4, "reused": [0] * 4}
 
 
+def test_a_memset_of_zero_reads_zero_and_keeps_the_bytes_around_it():
+    """stub.c's ``cudaMemset`` of zero over a MiB or more gives whole pages back
+    (MADV_DONTNEED) rather than writing them; under a MiB it writes: either way every byte
+    it covers reads 0, the 10 around it 7."""
+    assert _call("zeroed_range") == {"big": {"7": 10, "0": 3 * 2**20 + 3},
+                                     "small": {"7": 10, "0": 98}}
+
+
 def test_value_reads_are_zero():
     """``all`` reads False (a real GPU: True here), ``.item()`` 0.0, a count 0."""
     assert _call("host_reads") == {"all": False, "item": 0.0, "nonzero": 0}

@@ -235,16 +235,23 @@ static size_t g_in_use = 0; /* bytes currently handed out by cudaMalloc */
 /* ------------------------------------------------------------------------ */
 static size_t g_zeroed_blocks; /* blocks zeroed, for tests */
 
-EXPORT void fakegpu_block_zero(uintptr_t lo, size_t size) {
+/* [lo, lo + size) made to read as zero: the pages wholly inside given back (MADV_DONTNEED on
+ * the stub's private anonymous mappings: they read as zero, and commit no memory), the rest
+ * written; a range under ``written`` bytes is written whole. */
+static void zero_range(uintptr_t lo, size_t size, size_t written) {
     uintptr_t hi = lo + size;
     uintptr_t a = (lo + 4095) & ~(uintptr_t)4095, b = hi & ~(uintptr_t)4095;
-    if (a >= b) {
+    if (a >= b || size < written) {
         memset((void *)lo, 0, size);
     } else {
         memset((void *)lo, 0, a - lo);
         madvise((void *)a, b - a, MADV_DONTNEED);
         memset((void *)b, 0, hi - b);
     }
+}
+
+EXPORT void fakegpu_block_zero(uintptr_t lo, size_t size) {
+    zero_range(lo, size, 0);
     __atomic_add_fetch(&g_zeroed_blocks, 1, __ATOMIC_RELAXED);
 }
 EXPORT size_t fakegpu_zeroed_blocks(void) { return g_zeroed_blocks; }
@@ -436,8 +443,12 @@ EXPORT cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_
 }
 OK(cudaMemcpyToSymbol) /* would write device constants: nothing reads them */
 OK(cudaMemcpyToSymbolAsync)
+/* a memset of zero over a MiB or more as a block's zeroing (inductor's autotuning zeroes a
+ * 50 MB buffer, the L2's size, 205 times for each kernel it times: written, 1.7 ms each; under
+ * a MiB, a system call costs more than the write) */
 EXPORT cudaError_t cudaMemset(void *p, int v, size_t n) {
-    if (n) memset(p, v, n);
+    if (n && v == 0) zero_range((uintptr_t)p, n, (size_t)1 << 20);
+    else if (n) memset(p, v, n);
     return cudaSuccess;
 }
 EXPORT cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s) {
@@ -843,7 +854,7 @@ EXPORT CUresult cuMemsetD32Async(CUdeviceptr dp, unsigned int v, size_t n, CUstr
 }
 EXPORT CUresult cuMemsetD8Async(CUdeviceptr dp, unsigned char v, size_t n, CUstream s) {
     (void)s;
-    memset((void *)(uintptr_t)dp, v, n);
+    cudaMemset((void *)(uintptr_t)dp, v, n);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {
