@@ -117,3 +117,87 @@ def test_the_command_s_report_is_the_same_with_one_job(capfd, tmp_path):
         assert code == 4 and "does not fit 200.00 MiB" in err
         texts.append(out.read_text())
     assert texts[0] == texts[1] and '"ways": [' in texts[0]
+
+
+def _ahead_case():
+    """test_precision_way's blocks under FSDP2 over 4 ranks with autocast, at B=256 within a
+    budget between the policy's peak and autocast's: FSDP2's mixed precision is a way."""
+    from test_precision_way import Blocks, _reports
+
+    amp, policy = _reports(Blocks())
+    b = 256
+    return amp, policy, b, (policy.peak_bytes(b) + amp.peak_bytes(b)) // 2
+
+
+def test_mixed_precision_searched_ahead_is_the_way_fit_finds(monkeypatch, tmp_path):
+    """FSDP2's mixed precision started in a child before fit (fxmem.report.ahead, as the CLI
+    does after the first trace): fit takes the child's answer, that way searched nowhere
+    else, and the Fit is one job's."""
+    from fxmem.report.ahead import param_dtype_ahead
+
+    amp, _, b, budget = _ahead_case()
+    alone = amp.fits(b, budget, jobs=1)
+    assert not alone and alone.way("param_dtype") is not None
+    ahead = param_dtype_ahead(amp, b, budget)
+    took = []
+    monkeypatch.setattr(ahead, "take", lambda real=ahead.take: took.append(1) or real())
+    where = _where(monkeypatch, tmp_path)
+    assert amp.fits(b, budget, jobs=2, ahead=ahead) == alone
+    assert took == [1] and "param_dtype_way" not in [n for n, _ in where()]
+
+
+def test_a_way_searched_ahead_for_another_budget_is_stopped(monkeypatch, tmp_path):
+    """A child that searched another way than fit's (here another budget) is killed, and fit
+    searches that way itself: the same Fit."""
+    from fxmem.report.ahead import param_dtype_ahead
+
+    amp, _, b, budget = _ahead_case()
+    alone = amp.fits(b, budget, jobs=1)
+    ahead = param_dtype_ahead(amp, b, budget // 2)
+    pid = ahead.child.pid
+    where = _where(monkeypatch, tmp_path)
+    assert amp.fits(b, budget, jobs=1, ahead=ahead) == alone
+    assert ahead.child is None and ("param_dtype_way", True) in where()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, 0)  # reaped when killed
+
+
+def test_nothing_is_searched_ahead_where_the_way_searches_nothing():
+    from fxmem.report.ahead import param_dtype_ahead
+
+    amp, policy, b, budget = _ahead_case()
+    assert param_dtype_ahead(policy, b, budget) is None  # FSDP2's mixed precision already
+    assert param_dtype_ahead(amp, b, None) is None  # no budget
+    assert param_dtype_ahead(amp, b, budget, jobs=1) is None
+
+
+def test_the_command_takes_the_way_searched_ahead(capfd, tmp_path, monkeypatch):
+    """``--fsdp 4 --amp bf16`` over a budget: FSDP2's mixed precision searched from the
+    first trace on (the CLI's --jobs 2) gives the JSON report --jobs 1 gives."""
+    from test_mistakes import run_in_process
+
+    import fxmem.report.ahead as ahead_module
+
+    _, _, b, budget = _ahead_case()
+    made, took, real = [], [], ahead_module.param_dtype_ahead
+
+    def ahead(*a, **k):  # each child made, and whether fit took its answer
+        got = real(*a, **k)
+        if got is not None:
+            got.take = lambda take=got.take: took.append(1) or take()
+        made.append(got)
+        return got
+    monkeypatch.setattr(ahead_module, "param_dtype_ahead", ahead)
+    texts = []
+    for jobs in ("2", "1"):
+        out = tmp_path / f"r{jobs}.json"
+        code, _, err = run_in_process([
+            "analyze", "tests/test_precision_way.py:Blocks", "--input", "B,64", "--target",
+            "B:int64:10", "--optimizer", "sgd", "--amp", "bf16", "--device", "cpu", "--fsdp",
+            "4", "--batch", str(b), "--budget", str(budget), "--format", "json", "--out",
+            str(out), "--jobs", jobs], capfd)
+        assert code == 4, err
+        texts.append(out.read_text())
+    assert texts[0] == texts[1] and '"kind": "param_dtype"' in texts[0]
+    assert len(made) == 2 and made[0] is not None and made[1] is None  # --jobs 1: none
+    assert took == [1] and made[0].child is None

@@ -442,7 +442,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                 amp=amp_dtype, grad_accum=grad_accum, compute_capability=cc,
                 compile=None if auto_compiled else compile)  # then auto compiles the budgets
     status = Console(stderr=True).status(f"tracing {t.name} on fake tensors ...")
-    with status:
+    with status, contextlib.ExitStack() as stack:
         try:
             report = run_analysis(t.model, xs, ys, step=step, checkpoint=plan or None,
                                   dims=dims or None, batch_dim=where, parallel=parallel)
@@ -453,6 +453,11 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
             raise InputError(f"--input {no_b[0]} has no B, so it has no batch dim and the "
                              "step fails: if its dim 0 is the batch, write B there (the "
                              f"error: {one_line(str(e), 300)})") from e
+        from ..report.ahead import param_dtype_ahead, reanalyze_of
+
+        ahead = param_dtype_ahead(report, batch, budget_bytes, conv_ws, at_dims, jobs)
+        if ahead is not None:  # searched beside the rest; stopped where fit does not take it
+            stack.callback(ahead.cancel)
         extra, named = {}, report
         if dims:  # the formula in B and the named dims; numbers at the --dim sizes
             extra[f"peak in B, {', '.join(dims)}"] = str(report.peak)
@@ -493,7 +498,8 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
             fit = fit_of(report, batch, budget_bytes, cudnn_workspace=conv_ws,
                          named=whole if dims else None, dims=at_dims,
                          limit=position_limit(t.model) if dims else None,
-                         reanalyze=_reanalyze_of(whole), jobs=jobs, progress=lambda what:
+                         reanalyze=reanalyze_of(whole), jobs=jobs, ahead=ahead,
+                         progress=lambda what:
                          status.update(f"B={batch} does not fit; finding {what} ..."))
         rows = ()
         if whatif:
@@ -517,12 +523,6 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                   fit=fit, **(dict(named=named, dims=at_dims) if dims and report is at
                               else {}))  # B, L's readable peak (no plan)
     return _render(s, fmt, exact_formula), fit
-
-
-def _reanalyze_of(report):
-    """``Report.reanalyze`` of ``report`` (a parallel one's through its first rank)."""
-    groups = getattr(report, "groups", None)
-    return (groups[0].report if groups else report).reanalyze
 
 
 def _check_inference(optimizer, checkpoint, targets, loss, grad_accum, whatif) -> None:

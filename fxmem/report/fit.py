@@ -85,7 +85,8 @@ class Fit:
 
 def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N803
         cudnn_workspace: int = 0, named=None, dims=None, limit: int | None = None,
-        ways: bool = True, reanalyze=None, progress=None, jobs: int = 1) -> Fit:
+        ways: bool = True, reanalyze=None, progress=None, jobs: int = 1,
+        ahead=None) -> Fit:
     """The :class:`Fit` of ``report`` (a :class:`fxmem.Report` in B alone or a
     :class:`fxmem.ParallelReport`) at batch size ``B`` within ``budget_bytes``.
     ``named``: the report in named dims that ``report`` is at ``dims`` (the longest-length
@@ -97,7 +98,9 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
     with what is being searched as each search starts (the CLI's status line). ``jobs=2``:
     under FSDP2, the largest B, FSDP2's mixed precision and the longest length searched in
     a forked child while this process searches the plan and the fewest GPUs
-    (:mod:`fxmem.report.forked`; the same ways, in the same order)."""
+    (:mod:`fxmem.report.forked`; the same ways, in the same order). ``ahead``: FSDP2's mixed
+    precision searched ahead in a child (:func:`fxmem.report.ahead.param_dtype_ahead`), its
+    answer taken where it searched this way, the child stopped otherwise."""
     if isinstance(B, bool) or not isinstance(B, int) or B < 1:
         raise InputError(f"B must be a positive int, got {B!r}")
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 1:
@@ -108,6 +111,10 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
     check = Check(by, budget_bytes, cudnn_workspace)
     ok, oom = check.runs(report, B)
     out = Fit(B, budget_bytes, by, ok, check.need(report, B), dict(dims or {}), oom)
+    if ahead is not None and (ok or not ways or not ahead.matches(
+            report, B, dims or {}, check, reanalyze)):
+        ahead.cancel()
+        ahead = None
     if ok or not ways:
         return out
     searches = (("the largest B", _largest_batch),
@@ -132,25 +139,33 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
     from ..trace.parallel import FSDP
 
     beside = jobs > 1 and isinstance(getattr(report, "strategy", None), FSDP)
-    child = forked(lambda: run(ALONE)) if beside else None
+    alone = tuple(k for k in ALONE if ahead is None or k != AHEAD)
+    child = forked(lambda: run(alone)) if beside else None
     try:
-        got = run([k for k in range(len(searches)) if child is None or k not in ALONE],
-                  progress)
+        got = run([k for k in range(len(searches)) if (child is None or k not in alone)
+                   and (ahead is None or k != AHEAD)], progress)
     except BaseException:
-        if child is not None:
-            child.cancel()
+        for c in (child, ahead):
+            if c is not None:
+                c.cancel()
         raise
     if child is not None:
         if progress is not None:
             progress("the other ways (searched beside)")
         theirs = child.collect()
-        got.update(theirs if theirs is not None else run(ALONE, progress))
+        got.update(theirs if theirs is not None else run(alone, progress))
+    if ahead is not None:
+        if progress is not None:
+            progress(f"{searches[AHEAD][0]} (searched ahead)")
+        theirs = ahead.take()
+        got.update({AHEAD: theirs} if theirs is not None else run([AHEAD], progress))
     ways = [w for k in sorted(got) for w in got[k]]
     return replace(out, ways=tuple(w for w in ways if isinstance(w, WayOut)),
                    none=tuple(str(w) for w in ways if not isinstance(w, WayOut)))
 
 
 ALONE = (0, 3, 4)  # the ways fit's jobs=2 searches in a child: none reads another's
+AHEAD = 3  # FSDP2's mixed precision: the way fxmem.report.ahead searches
 
 
 def _largest_batch(check, report, b, **_):

@@ -33,9 +33,10 @@ def can_fork() -> bool:
     return cuda is None or not cuda.is_initialized()
 
 
-def forked(run):
+def forked(run, niceness: int = 0):
     """``run()`` started in a forked child, as a :class:`Child`; None when nothing can be
-    forked (:func:`can_fork`)."""
+    forked (:func:`can_fork`). ``niceness``: added to the child's (``os.nice``): a child
+    whose work waits while this process does what is needed first yields the cores to it."""
     if not can_fork():
         return None
     r, w = os.pipe()
@@ -43,6 +44,8 @@ def forked(run):
     if pid == 0:  # the child: its answer, then out without running this process's exits
         os.close(r)
         code = 0
+        if niceness:
+            os.nice(niceness)
         # nothing written but the pipe: a lock of sys.stderr's that another thread of the
         # parent (the CLI's status line) held at the fork stays held here
         sys.unraisablehook = lambda unraisable: None

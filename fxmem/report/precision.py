@@ -24,17 +24,24 @@ import torch
 from .ways import WayOut, as_asked, cheapest_plan, choice_way, rank_reports
 
 
+def searched(report) -> bool:
+    """Whether :func:`param_dtype_way` searches anything for ``report``: an FSDP2 step under
+    autocast without a ``param_dtype``."""
+    from ..trace.parallel import FSDP
+
+    strategy = getattr(report, "strategy", None)
+    return isinstance(strategy, FSDP) and strategy.param_dtype is None and \
+        rank_reports(report)[0].trace.amp is not None
+
+
 def param_dtype_way(check, report, b, *, reanalyze=None, dims=None, **_):
     """FSDP2's ``param_dtype`` (the autocast dtype) with ``reduce_dtype=torch.float32`` on the
     same GPUs at ``b``: with no plan, or (when it does not fit without one) the cheapest
     plan there. Nothing for a step that is not FSDP2 under autocast without a
     ``param_dtype``."""
-    from ..trace.parallel import FSDP
-
-    strategy = getattr(report, "strategy", None)
-    amp = rank_reports(report)[0].trace.amp
-    if not isinstance(strategy, FSDP) or strategy.param_dtype is not None or amp is None:
+    if not searched(report):
         return
+    strategy, amp = report.strategy, rank_reports(report)[0].trace.amp
     if reanalyze is None:
         yield "FSDP2's param_dtype: not searched (the report cannot analyse again)"
         return

@@ -1,0 +1,102 @@
+"""A way out searched ahead: FSDP2's ``param_dtype`` way (:func:`fxmem.report.precision.
+param_dtype_way`), started in a forked child as soon as the step's first trace is made,
+while this process does the rest of a command (the length search, the retrace at a B below
+the formulas, the ``--checkpoint auto`` choice) and then the other ways. The way traces the
+step again under FSDP2's mixed precision, walks its plans and traces the one found: on
+Llama-3.1-70B over 64 GPUs (``--batch 1 --seq 4096 --checkpoint auto``) about 45 s, which
+the command waited for after everything else (docs/concepts.md, "the ways out").
+
+:func:`fxmem.report.fit.fit` takes the child's answer only where the child searched what fit
+would have: the same report analysed again (``reanalyze``), the same options kept from the
+step as asked at B (:func:`fxmem.report.ways.as_asked`: its plan, B as an int), the same
+dims and check. Anything else (a plan ``--checkpoint auto`` chose, another budget) cancels
+the child, and fit searches the way itself, so a guess that does not hold costs time, never
+the answer.
+
+>>> import torch, fxmem
+>>> r = fxmem.analyze(torch.nn.Linear(8, 8), torch.randn(4, 8), loss=lambda o: o.sum(),
+...                   device="cpu")
+>>> param_dtype_ahead(r, 64, 10_000) is None  # one GPU: FSDP2's mixed precision is no way
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .forked import Child, forked
+from .precision import param_dtype_way, searched
+from .ways import Check, as_asked, rank_reports
+
+
+# the child runs at a lower priority (os.nice): where the command's own searches are the
+# longer (Llama-3.1-8B over 8 GPUs), three processes sharing two cores at one priority
+# slowed this process's plan search 13.6 s to 25.8 s while the child's way was done before
+# it was needed; where the way is the longer (70B), the other core is the child's anyway
+NICENESS = 10
+
+
+@dataclass
+class Ahead:
+    """The child searching the way (:meth:`take` its answer, or :meth:`cancel` it) and
+    what it searched: ``reanalyze``, the report's own (:attr:`fxmem.Report.reanalyze`); ``B``;
+    ``asked``, the options kept at ``B``; ``dims``; ``check``, the check's kind, budget and
+    cuDNN workspace."""
+
+    child: Child | None
+    reanalyze: object
+    B: int
+    asked: dict
+    dims: dict
+    check: tuple
+
+    def matches(self, report, B: int, dims: dict, check: Check, reanalyze) -> bool:  # noqa: N803
+        """Whether fit's way at ``B`` is the one searched (the same report analysed again)."""
+        return (reanalyze is self.reanalyze and B == self.B
+                and as_asked(report, B) == self.asked and dict(dims) == self.dims
+                and _key(check) == self.check)
+
+    def take(self) -> list | None:
+        """What the way yielded, or None when the child failed."""
+        self.child, child = None, self.child
+        return child.collect() if child is not None else None
+
+    def cancel(self) -> None:
+        """Stop the child (once; nothing after :meth:`take`)."""
+        self.child, child = None, self.child
+        if child is not None:
+            child.cancel()
+
+
+def param_dtype_ahead(base, B: int, budget_bytes: int | None, cudnn_workspace: int = 0,  # noqa: N803
+                      dims: dict | None = None, jobs: int = 2, by: str | None = None):
+    """FSDP2's ``param_dtype`` way at ``B`` within ``budget_bytes`` for ``base`` (a report in
+    B, and in ``dims``' names when given: the way is searched at those values) started in a
+    forked child, as :func:`fxmem.report.fit.fit` would check it (``by``, its default);
+    None where nothing is to be searched (no budget, one job, a way that searches nothing:
+    :func:`fxmem.report.precision.searched`, or a compiled step's one line) or nothing can
+    be forked."""
+    if budget_bytes is None or jobs < 2 or getattr(base, "strategy", None) is None:
+        return None
+    dims = dict(dims or {})
+    at = base.at(**dims) if dims else base
+    if not searched(at) or rank_reports(at)[0].trace.compiled:
+        return None
+    check = Check(by or ("device" if at.device == "cuda" else "live"), budget_bytes,
+                  cudnn_workspace)
+    again = reanalyze_of(base)
+    child = forked(lambda: list(param_dtype_way(check, at, B, reanalyze=again, dims=dims)),
+                   niceness=NICENESS)
+    if child is None:
+        return None
+    return Ahead(child, again, B, as_asked(at, B), dims, _key(check))
+
+
+def reanalyze_of(report):
+    """``Report.reanalyze`` of ``report`` (a parallel one's through its first rank)."""
+    groups = getattr(report, "groups", None)
+    return (groups[0].report if groups else report).reanalyze
+
+
+def _key(check: Check) -> tuple:
+    return check.by, check.budget, check.cudnn
