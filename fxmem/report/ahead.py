@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from .forked import Child, forked
 from .precision import param_dtype_way, searched
-from .ways import Check, as_asked, rank_reports
+from .ways import Check, as_asked, default_by, rank_reports
 
 
 # the child runs at a lower priority (os.nice): where the command's own searches are the
@@ -40,21 +40,20 @@ NICENESS = 10
 class Ahead:
     """The child searching the way (:meth:`take` its answer, or :meth:`cancel` it) and
     what it searched: ``reanalyze``, the report's own (:attr:`fxmem.Report.reanalyze`); ``B``;
-    ``asked``, the options kept at ``B``; ``dims``; ``check``, the check's kind, budget and
-    cuDNN workspace."""
+    ``asked``, the options kept at ``B``; ``dims``; ``check``."""
 
     child: Child | None
     reanalyze: object
     B: int
     asked: dict
     dims: dict
-    check: tuple
+    check: Check
 
     def matches(self, report, B: int, dims: dict, check: Check, reanalyze) -> bool:  # noqa: N803
         """Whether fit's way at ``B`` is the one searched (the same report analysed again)."""
         return (reanalyze is self.reanalyze and B == self.B
                 and as_asked(report, B) == self.asked and dict(dims) == self.dims
-                and _key(check) == self.check)
+                and check == self.check)
 
     def take(self) -> list | None:
         """What the way yielded, or None when the child failed."""
@@ -76,27 +75,22 @@ def param_dtype_ahead(base, B: int, budget_bytes: int | None, cudnn_workspace: i
     None where nothing is to be searched (no budget, one job, a way that searches nothing:
     :func:`fxmem.report.precision.searched`, or a compiled step's one line) or nothing can
     be forked."""
-    if budget_bytes is None or jobs < 2 or getattr(base, "strategy", None) is None:
+    if budget_bytes is None or jobs < 2:
         return None
     dims = dict(dims or {})
     at = base.at(**dims) if dims else base
     if not searched(at) or rank_reports(at)[0].trace.compiled:
         return None
-    check = Check(by or ("device" if at.device == "cuda" else "live"), budget_bytes,
-                  cudnn_workspace)
+    check = Check(by or default_by(at), budget_bytes, cudnn_workspace)
     again = reanalyze_of(base)
     child = forked(lambda: list(param_dtype_way(check, at, B, reanalyze=again, dims=dims)),
                    niceness=NICENESS)
     if child is None:
         return None
-    return Ahead(child, again, B, as_asked(at, B), dims, _key(check))
+    return Ahead(child, again, B, as_asked(at, B), dims, check)
 
 
 def reanalyze_of(report):
     """``Report.reanalyze`` of ``report`` (a parallel one's through its first rank)."""
     groups = getattr(report, "groups", None)
     return (groups[0].report if groups else report).reanalyze
-
-
-def _key(check: Check) -> tuple:
-    return check.by, check.budget, check.cudnn

@@ -25,7 +25,7 @@ from ..errors import FxmemError, InfeasibleBudgetError, InputError
 from .forked import forked
 from .precision import param_dtype_way
 from .text import fmt_bytes
-from .ways import KINDS, Check, WayOut, cheapest_plan, choice_way, rank_reports
+from .ways import KINDS, Check, WayOut, cheapest_plan, choice_way, default_by, rank_reports
 from .world_size import fewest_ranks
 
 __all__ = ["KINDS", "Fit", "WayOut", "fit"]  # (WayOut, KINDS: fxmem.report.ways')
@@ -105,7 +105,7 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
         raise InputError(f"B must be a positive int, got {B!r}")
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 1:
         raise InputError(f"budget_bytes must be a positive int, got {budget_bytes!r}")
-    by = by or ("device" if report.device == "cuda" else "live")
+    by = by or default_by(report)
     if by not in ("device", "live"):
         raise InputError(f"by is 'device' or 'live' (how the budget is checked), got {by!r}")
     check = Check(by, budget_bytes, cudnn_workspace)

@@ -49,11 +49,20 @@ class WayOut:
         return {**d, "plan": [str(e) for e in self.plan]}
 
 
-class Check:
-    """Runs and needs at one budget, answered ``by`` one kind."""
+def default_by(report) -> str:
+    """How a budget is checked when not said: a CUDA step by the allocator's replay
+    (``"device"``), else by live bytes (``"live"``)."""
+    return "device" if report.device == "cuda" else "live"
 
-    def __init__(self, by: str, budget: int, cudnn_workspace: int):
-        self.by, self.budget, self.cudnn = by, budget, cudnn_workspace
+
+@dataclass(frozen=True)
+class Check:
+    """Runs and needs at one budget, answered ``by`` one kind (``cudnn``: the cuDNN
+    workspace's bytes); equal when all three are."""
+
+    by: str
+    budget: int
+    cudnn: int
 
     def runs(self, report, b: int) -> tuple:
         """(whether the step at ``b`` fits, where it runs out or ``""``)."""
