@@ -16,6 +16,17 @@ sys.path.insert(0, os.path.dirname(__file__))
 warnings.filterwarnings("ignore", category=UserWarning)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _fake_gpu_children_forked():
+    """The fake GPU's children are forked from a process per Python and environment that
+    has imported torch (fxmem.validate.fakegpu.forkserver): each saves seconds of imports.
+    tests/test_fake_gpu_forkserver.py checks they measure what children started afresh do."""
+    from fxmem.validate.fakegpu.forkserver import forkserver
+
+    with forkserver():
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -68,6 +68,10 @@ fxmem itself runs there too (:mod:`fxmem.validate.fakegpu.remote`):
 yours in that Python, and ``fxmem validate --device cuda --fake-gpu PYTHON`` runs the
 validation harness there (prediction and measurement under one release; goal: exact).
 
+Many children: within ``with forkserver():`` each is forked from a process of that Python
+that has already imported torch (:mod:`fxmem.validate.fakegpu.forkserver`), seconds saved
+on each.
+
 From a shell: ``python -m fxmem.validate.fakegpu run PYTHON module:function '{"B": 64}'``
 prints the measured step as JSON; ``python -m fxmem.validate.fakegpu build OUT_DIR PYTHON``
 prints the library's path, for running any script by hand:
@@ -77,7 +81,8 @@ cuDNN backend attributes it answers with none).
 """
 
 from .build import build, find_cudnn_include_dir, find_include_dirs
+from .forkserver import forkserver
 from .run import FakeGPUError, StepResult, call, measure_step, measure_steps, stub_env
 
 __all__ = ["build", "find_include_dirs", "find_cudnn_include_dir", "call", "measure_step",
-           "measure_steps", "stub_env", "StepResult", "FakeGPUError"]
+           "measure_steps", "forkserver", "stub_env", "StepResult", "FakeGPUError"]

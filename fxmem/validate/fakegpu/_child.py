@@ -228,8 +228,14 @@ def main():
     print("FAKEGPU_RESULT " + json.dumps(result), flush=True)
 
 
-if __name__ == "__main__":
-    if sys.argv[1] == "--module":
-        run_module(sys.argv[2], sys.argv[3:])
+def dispatch(args) -> None:
+    """What the command line ``_child.py *args`` does (``sys.argv`` already set to it):
+    ``--module MODULE *ARGS`` runs a module as ``-m`` does, else one JSON object."""
+    if args[0] == "--module":
+        run_module(args[1], args[2:])
     else:
         main()
+
+
+if __name__ == "__main__":
+    dispatch(sys.argv[1:])

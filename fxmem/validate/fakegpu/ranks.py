@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 from .build import build
-from .run import CHILD, DEFAULT_BUILD_DIR, FakeGPUError, _paths, stub_env
+from .forkserver import popen
+from .run import DEFAULT_BUILD_DIR, FakeGPUError, _paths, stub_env
 
 POLL_SECONDS = 0.05
 # ProcessGroupNCCL's watchdog thread looks at its collectives every 100 ms
@@ -91,7 +91,7 @@ def call_ranks(python_exe, target: str, world_size: int, *, kwargs: dict | None 
     lib = build(build_dir or DEFAULT_BUILD_DIR, python_exe)
     with tempfile.TemporaryDirectory(prefix="fxmem-fakegpu-ranks-") as tmp:
         init = "file://" + os.path.join(tmp, "store")
-        procs, files, killed = [], [], set()
+        procs, killed = [], set()
         try:
             for rank in range(world_size):
                 cfg = {"target": target, "kwargs": kwargs or {}, "call": True,
@@ -100,11 +100,7 @@ def call_ranks(python_exe, target: str, world_size: int, *, kwargs: dict | None 
                 e = stub_env(lib, env)
                 e.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0",
                          LOCAL_WORLD_SIZE="1", FAKEGPU_NCCL_DIR=tmp)  # (split communicators)
-                out = open(Path(tmp) / f"rank{rank}.out", "w+")
-                err = open(Path(tmp) / f"rank{rank}.err", "w+")
-                files += [out, err]
-                procs.append(subprocess.Popen([str(python_exe), str(CHILD), json.dumps(cfg)],
-                                              env=e, stdout=out, stderr=err, text=True))
+                procs.append(popen(python_exe, [json.dumps(cfg)], e, *_files(tmp, rank)))
             timed_out = _wait(procs, time.monotonic() + timeout)
         finally:
             for rank, p in enumerate(procs):
@@ -114,14 +110,14 @@ def call_ranks(python_exe, target: str, world_size: int, *, kwargs: dict | None 
                 p.wait()
         results = {}
         for rank in sorted(range(len(procs)), key=lambda r: r in killed):  # the cause first
-            out, err = files[2 * rank], files[2 * rank + 1]
-            out.seek(0)
-            err.seek(0)
-            results[rank] = _result(rank, procs[rank].returncode, out.read(), err.read(),
-                                    timed_out, rank in killed)
-        for f in files:
-            f.close()
+            out, err = (f.read_text(errors="replace") for f in _files(tmp, rank))
+            results[rank] = _result(rank, procs[rank].returncode, out, err, timed_out,
+                                    rank in killed)
     return [results[rank] for rank in range(len(procs))]
+
+
+def _files(folder, rank: int) -> tuple[Path, Path]:
+    return Path(folder) / f"rank{rank}.out", Path(folder) / f"rank{rank}.err"
 
 
 def _wait(procs, deadline: float) -> bool:

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from ...errors import InputError
 from .build import build
-from .run import CHILD, DEFAULT_BUILD_DIR, MARK, FakeGPUError, call, stub_env
+from .forkserver import CHILD
+from .run import DEFAULT_BUILD_DIR, MARK, FakeGPUError, call, stub_env
 
 FXMEM_ROOT = Path(__file__).resolve().parents[3]  # the folder that holds the fxmem package
 

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .build import HOOK_NAME, build
+from .forkserver import popen
 
-CHILD = Path(__file__).with_name("_child.py")
 DEFAULT_BUILD_DIR = Path(tempfile.gettempdir()) / "fxmem_fakegpu"
 TOTAL_BYTES = 85520809984  # the stub's device (stub.c FAKE_TOTAL_MEM: an H100 80GB's)
 #: set in every fake-GPU process (:func:`stub_env`), so that fxmem there knows that no kernel
@@ -71,23 +70,26 @@ def stub_env(lib: Path, base: dict | None = None) -> dict:
 
 def _run_child(python_exe, cfg: dict, build_dir, env, timeout) -> dict:
     lib = build(build_dir or DEFAULT_BUILD_DIR, python_exe)
-    proc = subprocess.run(
-        [str(python_exe), str(CHILD), json.dumps(cfg)],
-        env=stub_env(lib, env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    line = next((ln for ln in reversed(proc.stdout.splitlines())
+    with tempfile.TemporaryDirectory(prefix="fxmem-fakegpu-") as tmp:
+        out, err = Path(tmp) / "out", Path(tmp) / "err"
+        proc = popen(python_exe, [json.dumps(cfg)], stub_env(lib, env), out, err)
+        try:
+            proc.wait(timeout)
+        finally:  # (a timeout: killed, as subprocess.run kills it)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        stdout, stderr = (f.read_text(errors="replace") for f in (out, err))
+    line = next((ln for ln in reversed(stdout.splitlines())
                  if ln.startswith("FAKEGPU_RESULT ")), None)
     if line is None:
         raise FakeGPUError(
             f"the fake-GPU child produced no result (exit code {proc.returncode})\n"
-            f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}")
+            f"stdout:\n{stdout[-4000:]}\nstderr:\n{stderr[-4000:]}")
     res = json.loads(line[len("FAKEGPU_RESULT "):])
     if "error" in res:
         raise FakeGPUError(f"{res['error']}\n{res.get('traceback', '')}\nstderr:\n"
-                           f"{proc.stderr[-4000:]}")
+                           f"{stderr[-4000:]}")
     return res
 
 
