@@ -98,6 +98,10 @@ def pytest_configure(config):
     storages, do not depend on the thread count)."""
     if hasattr(config, "workerinput"):
         torch.set_num_threads(1)
+    # the files in the order pytest_collection_modifyitems puts them (the longest first),
+    # not xdist's (the most tests first)
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
     # the process's first backward a plain one, before any test's own FakeTensorMode
     # backward: on a CUDA build, forked ranks (fxmem.measure(parallel=)) can then run
     # autograd (fxmem.trace.kernels.compat.plain_backward_first)
@@ -145,7 +149,8 @@ def pytest_collection_modifyitems(session, config, items):
     """Mark ``slow`` the tests tests/slow.txt lists (tests/tiers.py writes it from a measured
     run): the README's test command, run by CI, leaves them out with ``-m "not slow"``. Mark
     the fake GPU's parallel and compiled cases with the CUDA build CI runs them on
-    (:func:`build_half`; a test a release skips is left to run where it runs)."""
+    (:func:`build_half`; a test a release skips is left to run where it runs). Put the
+    files in the order tests/longest_first.py gives."""
     listed = _slow_list()
     for item in items:
         if item.nodeid in listed:
@@ -160,6 +165,11 @@ def pytest_collection_modifyitems(session, config, items):
     collected = {item.nodeid for item in items}
     files = {n.split("::")[0] for n in collected}
     config._fxmem_unknown_slow = {n for n in listed - collected if n.split("::")[0] in files}
+    # the longest files first (tests/longest_first.py): xdist's workers end together
+    import longest_first
+
+    items[:] = [items[i] for i in longest_first.order([it.nodeid for it in items],
+                                                      longest_first.read())]
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
