@@ -89,7 +89,10 @@ class _Pool:
         key = (python_exe, frozenset((k, v) for k, v in env.items() if k not in PER_CHILD))
         with self.lock:
             server = self.servers.pop(key, None)  # (put back last: the newest)
-            if server is None or server.ended:
+            if server is not None and server.ended:
+                server.close()  # (its pipes and log; the process is gone)
+                server = None
+            if server is None:
                 for old in [k for k, s in self.servers.items() if not s.busy()]:
                     if len(self.servers) < MAX_SERVERS:
                         break
@@ -115,7 +118,7 @@ class _Server:
         self.buf, self.ended, self.ids = b"", False, 0
         self.pids: dict[int, int] = {}
         self.codes: dict[int, int] = {}
-        first = self._line(time.monotonic() + START_TIMEOUT_SECONDS)
+        first = self._first(time.monotonic() + START_TIMEOUT_SECONDS)
         if first is None or "ready" not in first:
             self.close()
             why = (first or {}).get("traceback") or Path(self.log.name).read_text()[-4000:]
@@ -140,35 +143,39 @@ class _Server:
         self.pump(0)
         return not self.ended and any(i not in self.codes for i in self.pids)
 
-    def _line(self, deadline):
-        """The next reply line (at the start only), None if the server ended or is late."""
-        while b"\n" not in self.buf:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
+    def _first(self, deadline):
+        """The server's first reply (ready, or why not), None if it ended or is late."""
+        while (left := deadline - time.monotonic()) > 0:
+            replies = self._replies(left)
+            if replies is None:
                 return None
+            if replies:
+                return replies[0]
+        return None
+
+    def _replies(self, timeout: float) -> list[dict] | None:
+        """The whole reply lines that arrive within ``timeout`` seconds (None: the server's
+        output has ended)."""
+        if select.select([self.proc.stdout], [], [], timeout)[0]:
             chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
             if not chunk:
                 return None
             self.buf += chunk
-        line, self.buf = self.buf.split(b"\n", 1)
-        return json.loads(line)
+        *lines, self.buf = self.buf.split(b"\n")
+        return [json.loads(line) for line in lines]
 
     def pump(self, timeout: float) -> None:
         """Read the replies that arrive within ``timeout`` seconds."""
         with self.lock:
             if self.ended:
                 return
-            if select.select([self.proc.stdout], [], [], timeout)[0]:
-                chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
-                if not chunk:
-                    self._end()
-                    return
-                self.buf += chunk
-                while b"\n" in self.buf:
-                    line, self.buf = self.buf.split(b"\n", 1)
-                    reply = json.loads(line)
-                    (self.pids if "pid" in reply else self.codes)[reply["id"]] = \
-                        reply.get("pid", reply.get("code"))
+            replies = self._replies(timeout)
+            if replies is None:
+                self._end()
+                return
+            for reply in replies:
+                (self.pids if "pid" in reply else self.codes)[reply["id"]] = \
+                    reply.get("pid", reply.get("code"))
 
     def _end(self):
         """The server ended: its children were killed (or will be: it is gone)."""
