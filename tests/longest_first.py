@@ -18,10 +18,9 @@ from __future__ import annotations
 import argparse
 import collections
 import sys
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from tiers import ROOT, node_id
+from tiers import ROOT, cases
 
 LIST = Path(__file__).resolve().parent / "file_seconds.txt"
 HEADER = """\
@@ -47,12 +46,8 @@ def file_seconds(junits: list[Path]) -> dict[str, float]:
     most: dict[str, float] = {}
     for junit in junits:
         took: dict[str, float] = collections.defaultdict(float)
-        for case in ET.parse(junit).getroot().iter("testcase"):
-            cls, name = case.get("classname"), case.get("name")
-            if not cls:  # a module skipped or failed as it was collected: its name alone
-                cls, name = name, ""
-            path = node_id(cls, name).split("::")[0]
-            took[path] += float(case.get("time") or 0)
+        for nid, seconds, _ in cases(junit):
+            took[nid.split("::")[0]] += seconds
         for path, s in took.items():
             most[path] = max(most.get(path, 0.0), s)
     return dict(sorted(most.items(), key=lambda kv: (-kv[1], kv[0])))

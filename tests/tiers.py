@@ -53,6 +53,26 @@ def node_id(classname: str, name: str, root: Path = ROOT) -> str:
     raise ValueError(f"no file for the test case {classname}::{name}")
 
 
+def cases(junit: Path):
+    """``(node id, seconds, skipped)`` of each test case of the JUnit XML ``junit``; a
+    module skipped or failed as it was collected has its dotted path as its name and no
+    class: its node id is its file's, ``path::``.
+
+    >>> import tempfile
+    >>> x = Path(tempfile.mkdtemp()) / "run.xml"
+    >>> _ = x.write_text('<testsuite><testcase classname="tests.test_cli" name="a" time="2"/>'
+    ...                  '<testcase classname="" name="tests.test_fit" time="0">'
+    ...                  '<skipped/></testcase></testsuite>')
+    >>> list(cases(x))
+    [('tests/test_cli.py::a', 2.0, False), ('tests/test_fit.py::', 0.0, True)]
+    """
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        cls, name = case.get("classname"), case.get("name")
+        if not cls:
+            cls, name = name, ""
+        yield node_id(cls, name), float(case.get("time") or 0), case.find("skipped") is not None
+
+
 def slow_tests(junits: list[Path], threshold: float,
                listed: frozenset = frozenset()) -> tuple[list[str], float, float]:
     """(node ids of the slow tests, seconds of all tests, seconds of the slow ones), a test's
@@ -71,18 +91,17 @@ def slow_tests(junits: list[Path], threshold: float,
     """
     took: dict[str, float] = {}
     for junit in junits:
-        for case in ET.parse(junit).getroot().iter("testcase"):
-            if case.find("skipped") is None:
-                took[node_id(case.get("classname"), case.get("name"))] = \
-                    float(case.get("time") or 0)
+        for nid, seconds, skipped in cases(junit):
+            if not skipped:
+                took[nid] = seconds
     per_file = collections.defaultdict(list)
     for nid, s in took.items():
         per_file[nid.split("::")[0]].append((s, nid))
     slow, total, slow_s = [], 0.0, 0.0
-    for cases in per_file.values():
-        cases.sort()
-        total += sum(s for s, _ in cases)
-        for s, nid in cases[1:]:  # the cheapest of each file stays fast
+    for timed in per_file.values():
+        timed.sort()
+        total += sum(s for s, _ in timed)
+        for s, nid in timed[1:]:  # the cheapest of each file stays fast
             if s >= threshold and nid not in ALWAYS_FAST:
                 slow.append(nid)
                 slow_s += s
