@@ -92,6 +92,16 @@ CASES = {  # name: (model, strategy, input width, step options)
                                256, {}),
     "hsdp-compiled-checkpointed-in-place": (lambda: _blocks("checkpointed_in_place"),
                                             lambda: FSDP(4, replicate=2), 256, {}),
+    # compile= under a strategy: each block compiled in place in each rank's copy, then
+    # sharded (fxmem.trace.compiled.Compile.blocks); measured, fsdp-compiled-in-place's
+    # figures (PyTorch alone) and the step measured with compile= (fxmem.measure's ranks),
+    # and under a partitioner budget, which saves less
+    "fsdp-compile-option": (lambda: _blocks("eager"), lambda: FSDP(2), 256, {"compile": True}),
+    "fsdp-compile-budget": (lambda: _blocks("eager"), lambda: FSDP(2), 256,
+                            {"compile": {"activation_memory_budget": 0.3}}),
+    "ddp-compile-option": (lambda: _blocks("eager"), lambda: DDP(2), 256, {"compile": True}),
+    "fsdp-tp-compile-option": (lambda: _blocks("eager"), lambda: Parallel(
+        fsdp=FSDP(2), tp=TP(2, BLOCKS_PLAN_OWN)), 256, {"compile": True}),
     # a block compiled on its own, then its linears split column- and row-wise (the
     # compiled graph runs on the local shards: DTensor's ops traced by dynamo)
     "tp-compiled": (lambda: _tp_block("each"), lambda: TP(2, TP_BLOCK), 256, {}),
@@ -324,3 +334,31 @@ def fail_on_rank_1():
         print("rank 1 crashes here", file=sys.stderr, flush=True)
         os._exit(3)
     time.sleep(120)
+
+
+def cli_compile_option(B):  # noqa: N803
+    """``fxmem analyze ... --compile --compile-budget 0.3 --fsdp 2 --format json`` on the
+    blocks of ``fsdp-compile-budget`` at ``B``: its exit code, its setup's "compiled" row,
+    its ``max_allocated`` (the ranks with the least room), and the API's for rank 0 of the
+    same step (``compile=`` with ``parallel=FSDP(2)``)."""
+    import json
+
+    from click.testing import CliRunner
+
+    import fakegpu_compile_targets
+    import fxmem
+    from fxmem.cli import cli
+
+    r = CliRunner().invoke(cli, [
+        "analyze", f"{fakegpu_compile_targets.__file__}:Blocks", "--input", "B,256",
+        "--target", "B,10", "--loss", "mse", "--optimizer", "adam", "--compile",
+        "--compile-budget", "0.3", "--fsdp", "2", "--batch", str(B), "--format", "json"])
+    if r.exit_code != 0:
+        return {"exit": r.exit_code, "output": r.output}
+    report = json.loads(r.stdout)
+    api = fxmem.analyze(_blocks("eager"), torch.zeros(8, 256), torch.zeros(8, 10),
+                        loss=F.mse_loss, optimizer=torch.optim.Adam, device="cuda",
+                        parallel=FSDP(2), compile={"activation_memory_budget": 0.3})
+    return {"exit": 0, "compiled": report["setup"]["compiled"],
+            "cli": report["cuda"]["max_allocated"],
+            "api": api.rank(0).cuda_memory(B).max_allocated}

@@ -257,18 +257,61 @@ def test_a_compiled_step_s_plan_is_traced_not_derived():
         Report.with_plan(compiled, ["0"])
 
 
-@pytest.mark.parametrize("how", ["torch.compile(model)", "compile="])
 @pytest.mark.parametrize("parallel", [fxmem.FSDP(2), fxmem.DDP(2)])
-def test_a_model_compiled_whole_under_a_strategy_is_one_line(how, parallel):
+def test_a_model_compiled_whole_under_a_strategy_is_one_line(parallel):
     """It had ended in the trace, on the fake GPU, as "the compiled model does not run on
-    the trace's fake tensors: ... Tensor device mismatch" (the rank's shards on the CPU)."""
-    model, kw = (torch.compile(_stack()), {}) if how != "compile=" else \
-        (_stack(), {"compile": True})
+    the trace's fake tensors: ... Tensor device mismatch" (the rank's shards on the CPU).
+    (``compile=`` under a strategy compiles each block instead: the fake GPU's tests.)"""
     with pytest.raises(fxmem.InputError, match=r"^the model is compiled whole under "
                                                + parallel.name.split(" ")[0] + " over 2 "
                                                r"ranks: not modelled yet") as e:
-        fxmem.analyze(model, torch.zeros(4, 8), loss=lambda o: o.sum(), device="cuda",
-                      parallel=parallel, **kw)
+        fxmem.analyze(torch.compile(_stack()), torch.zeros(4, 8), loss=lambda o: o.sum(),
+                      device="cuda", parallel=parallel)
+    assert "\n" not in str(e.value)
+
+
+def _repeated():
+    """Two blocks of one class in a ``ModuleList`` and a head: what ``compile=`` compiles
+    block by block under a strategy."""
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([torch.nn.Linear(8, 8) for _ in range(2)])
+            self.head = torch.nn.Linear(8, 2)
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return self.head(x)
+    return M()
+
+
+def _compiled_layer():
+    m = _repeated()
+    m.layers[0].compile()
+    return m
+
+
+@pytest.mark.parametrize("model, kw, parallel, message", [
+    (_stack, {}, fxmem.FSDP(2), r"^compile= under FSDP2 over 2 ranks compiles each of the "
+                                r"model's repeated blocks .* and this model has none"),
+    (_compiled_layer, {}, fxmem.FSDP(2), r"^module layers.0 is compiled on its own: compile= "
+                                         r"under FSDP2 over 2 ranks compiles each of the "
+                                         r"model's blocks itself"),
+    (_repeated, {"device": "cpu"}, fxmem.FSDP(2), r"^compile= lowers the step with inductor "
+                                                  r"for CUDA"),
+    (_repeated, {}, fxmem.DDP(2, static_graph=True), r"^compile= under DDP .*: not modelled "
+                                                     r"yet"),
+    (_repeated, {"checkpoint": ["layers.0"]}, fxmem.FSDP(2),
+     r"^compile= under FSDP2 over 2 ranks with a checkpoint plan: not modelled yet"),
+])
+def test_compile_option_under_a_strategy_refuses_in_one_line(model, kw, parallel, message):
+    """``compile=`` under a strategy compiles each repeated block of a rank's copy in place;
+    what it does not model is refused before anything is traced, in one line."""
+    options = {"device": "cuda", **kw}
+    with pytest.raises(fxmem.InputError, match=message) as e:
+        fxmem.analyze(model(), torch.zeros(4, 8), loss=lambda o: o.sum(), parallel=parallel,
+                      compile=True, **options)
     assert "\n" not in str(e.value)
 
 

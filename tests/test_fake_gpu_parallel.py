@@ -142,31 +142,45 @@ def inductor_cache():
         yield cache
 
 
-@functools.lru_cache(maxsize=None)
 def _compiled_figures(name, cache, predicted=None):
     """``{B: (seen, predicted)}`` per rank ``(max_allocated, max_reserved)`` of case ``name``,
     fxmem's on the fake GPU too (inductor lowers there), traced at the example batch (4)
     with B a symbol; ``cache``: the inductor cache folder. ``predicted``: ``(case, plan)``,
     fxmem's prediction is that case's under that checkpoint plan (default: ``name``'s)."""
+    got = _compiled_measured(name, cache)
+    want = _compiled_predicted(*(predicted or (name, None)), cache)
+    return {**{B: ([(r[str(B)]["peak_bytes"], r[str(B)]["peak_reserved_bytes"]) for r in got],
+                   [tuple(w) for w in want[str(B)]]) for B in COMPILED_BATCHES},
+            "ops": want["ops"]}
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_measured(name, cache):
+    """Each rank's measurements of case ``name`` at :data:`COMPILED_BATCHES`, its graphs
+    loaded from ``cache``, which a run at B=8 fills first."""
     import fakegpu_parallel_targets as t
 
     from fxmem.validate.fakegpu.ranks import call_ranks
-    from fxmem.validate.fakegpu.run import call
 
     world = t.CASES[name][1]().world_size
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
     run = functools.partial(call_ranks, sys.executable, world_size=world, sys_path=[HERE],
                             env=env)
     run("fakegpu_parallel_targets:measure", kwargs={"name": name, "B": 8})  # fills it
-    got = run("fakegpu_parallel_targets:measure_each",
-              kwargs={"name": name, "batches": list(COMPILED_BATCHES)})
-    other, plan = predicted or (name, None)
-    want = call(sys.executable, "fakegpu_parallel_targets:predict", sys_path=[HERE], env=env,
-                kwargs={"name": other, "batches": list(COMPILED_BATCHES),
+    return run("fakegpu_parallel_targets:measure_each",
+               kwargs={"name": name, "batches": list(COMPILED_BATCHES)})
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_predicted(name, plan, cache):
+    """fxmem's per-rank prediction of case ``name`` under the checkpoint ``plan`` (a tuple,
+    or None), on the fake GPU (``fakegpu_parallel_targets.predict``)."""
+    from fxmem.validate.fakegpu.run import call
+
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
+    return call(sys.executable, "fakegpu_parallel_targets:predict", sys_path=[HERE], env=env,
+                kwargs={"name": name, "batches": list(COMPILED_BATCHES),
                         "checkpoint": list(plan) if plan else None})
-    return {**{B: ([(r[str(B)]["peak_bytes"], r[str(B)]["peak_reserved_bytes"]) for r in got],
-                   [tuple(w) for w in want[str(B)]]) for B in COMPILED_BATCHES},
-            "ops": want["ops"]}
 
 
 COMPILED_CASES = [(name, B) for name in ("fsdp-compiled", "fsdp-compiled-in-place",
@@ -209,6 +223,56 @@ def test_blocks_compiled_on_their_own_allocate_as_predicted(name, B, inductor_ca
 def test_blocks_compiled_on_their_own_reserve_as_predicted(name, B, inductor_cache):  # noqa: N803
     seen, want = _compiled_figures(name, inductor_cache)[B]
     assert [s[1] for s in seen] == [w[1] for w in want], (B, seen, want)
+
+
+# compile= under a strategy (fxmem.trace.compiled.Compile.blocks: each repeated block of a
+# rank's copy compiled in place, then wrapped): fxmem's prediction against the blocks compiled
+# in place by PyTorch alone (the measured case, named first), under FSDP2, DDP and FSDP2 x TP;
+# and with a partitioner budget, against fxmem.measure's ranks with that compile=
+COMPILE_OPTION = [("fsdp-compiled-in-place", "fsdp-compile-option", B)
+                  for B in COMPILED_BATCHES]
+COMPILE_OPTION += [pytest.param(measured, predicted, B, marks=pytest.mark.slow)
+                   for measured, predicted in (
+                       ("ddp-compiled-in-place", "ddp-compile-option"),
+                       ("fsdp-tp-compiled-in-place", "fsdp-tp-compile-option"),
+                       ("fsdp-compile-budget", "fsdp-compile-budget"))
+                   for B in COMPILED_BATCHES]
+
+
+@pytest.mark.parametrize("measured, predicted, B", COMPILE_OPTION)
+def test_compile_option_under_a_strategy_runs_as_predicted(measured, predicted, B,  # noqa: N803
+                                                           inductor_cache):
+    """``fxmem.analyze(model, parallel=..., compile=...)``: each rank's
+    ``(max_allocated, max_reserved)`` at both B equal the step measured on the fake GPU's
+    ranks with each block compiled in place (``block.compile()``, then wrapped)."""
+    seen, want = _compiled_figures(measured, inductor_cache, (predicted, None))[B]
+    assert seen == want, (B, seen, want)
+
+
+@pytest.mark.slow
+def test_compile_option_s_budget_reaches_the_blocks(inductor_cache):
+    """A partitioner budget in ``compile=`` under FSDP2 is in force while each rank's blocks
+    compile, in the trace and in the measured ranks: at B=512 both save less than the blocks
+    compiled at the default budget (55,123,456 B against 57,216,512 on 2.15 when added)."""
+    budget = _compiled_figures("fsdp-compile-budget", inductor_cache,
+                               ("fsdp-compile-budget", None))[512]
+    plain = _compiled_figures("fsdp-compiled-in-place", inductor_cache,
+                              ("fsdp-compile-option", None))[512]
+    for got, base in ((budget[0], plain[0]), (budget[1], plain[1])):  # seen, predicted
+        assert all(g[0] < b[0] for g, b in zip(got, base)), (budget, plain)
+
+
+@pytest.mark.slow
+def test_the_command_line_compiles_each_block_under_fsdp():
+    """``fxmem analyze --compile --compile-budget 0.3 --fsdp 2``: its setup says each block
+    is compiled, and its ``max_allocated`` is the API's ``compile=`` figure."""
+    from fxmem.validate.fakegpu.run import call
+
+    got = call(sys.executable, "fakegpu_parallel_targets:cli_compile_option", sys_path=[HERE],
+               kwargs={"B": 512})
+    assert got["exit"] == 0, got
+    assert got["compiled"] == "torch.compile of each block, activation_memory_budget 0.3"
+    assert got["cli"] == got["api"] > 0, got
 
 
 # torchtitan's recipe, by PyTorch alone (each block checkpoint_wrapper(block), then

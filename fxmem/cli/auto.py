@@ -42,13 +42,13 @@ class Auto:
 
 def check(compile_budget, parallel) -> None:
     """``--checkpoint auto --compile``'s refusals: a budget given (auto chooses it), and
-    parallel steps (compiled parallel steps are not modelled)."""
+    parallel steps (plans over a parallel step's compiled blocks are not chosen)."""
     if compile_budget is not None:
         raise InputError("--checkpoint auto chooses the torch.compile budget itself: drop "
                          "--compile-budget, or give a plan instead of auto")
     if parallel is not None:
-        raise InputError("--checkpoint auto --compile: compiled steps under --fsdp, --ddp or "
-                         "--tp are not modelled yet")
+        raise InputError("--checkpoint auto --compile under --fsdp, --ddp or --tp: not "
+                         "modelled yet (--compile alone is: each block compiled)")
 
 
 def choose(report, batch: int, budget_bytes: int | None, cudnn_workspace: int = 0,
@@ -105,8 +105,20 @@ def compile_option(compiled: bool, budget: float | None):
     return {"activation_memory_budget": budget} if budget is not None else True
 
 
-def compiled_line(c) -> str:
-    """The setup's "compiled" row of ``Step.compile`` ``c``: its budget as a frontier point
-    names one (:func:`fxmem.report.text.frontier_plan`), or ``torch.compile`` alone."""
+def compiled_line(c, each_block: bool = False) -> str | None:
+    """The setup's "compiled" row of ``Step.compile`` ``c`` (None: not compiled, no row): its
+    budget as a frontier point names one (:func:`fxmem.report.text.frontier_plan`), or
+    ``torch.compile`` alone;
+    ``each_block``: under ``--fsdp``, ``--ddp`` or ``--tp``, where each of the model's
+    repeated blocks is compiled on its own (:meth:`fxmem.trace.compiled.Compile.blocks`).
+
+    >>> from fxmem.trace.compiled import Compile
+    >>> compiled_line(Compile(0.5), each_block=True)
+    'torch.compile of each block, activation_memory_budget 0.5'
+    """
+    if c is None:
+        return None
     budget = c.activation_memory_budget
-    return frontier_plan((), budget) if budget else "torch.compile"
+    line = frontier_plan((), budget) if budget else "torch.compile"
+    return line.replace("torch.compile", "torch.compile of each block", 1) if each_block \
+        else line

@@ -97,8 +97,8 @@ def cli():
 @click.option("--grad-accum", type=click.IntRange(min=1), default=1, show_default=True,
               help="Micro-batches per optimizer step (B is one micro-batch).")
 @click.option("--compile", "compiled", is_flag=True,
-              help="The model compiled with torch.compile: inductor's own code traced (a "
-                   "CUDA build of PyTorch with a device, or the fake GPU; docs/compiled.md).")
+              help="torch.compile the model (under --fsdp, --ddp, --tp: each repeated block): "
+                   "inductor's code traced (a CUDA build with a GPU or the fake GPU).")
 @click.option("--compile-budget", type=click.FloatRange(0, 1, min_open=True), default=None,
               metavar="FRACTION", help="With --compile: AOTAutograd's "
               "activation_memory_budget (below 1: recompute more in backward, save less).")
@@ -474,7 +474,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
             report = at = report.at(**at_dims)
         # a data-parallel report stays whole: the summary shows the per-rank table and the
         # report of the ranks with the least room (fxmem.report.summary.summarize)
-        frontier, compiled_as = (), compiled_line(step.compile) if step.compile else None
+        frontier, compiled_as = (), compiled_line(step.compile, parallel is not None)
         if checkpoint == "auto" and not inference:  # under --fsdp/--ddp: one plan, all ranks
             from .auto import choose, unplanned_peak
 

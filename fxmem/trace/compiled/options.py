@@ -1,6 +1,9 @@
 """``compile=``: the step's model compiled with ``torch.compile``, as a step option.
 
-``fxmem.analyze(model, ..., compile=True)`` is ``fxmem.analyze(torch.compile(model), ...)``;
+``fxmem.analyze(model, ..., compile=True)`` is ``fxmem.analyze(torch.compile(model), ...)``
+on one GPU, and under a parallel strategy (``parallel=``) each of the model's repeated blocks
+compiled in place before the strategy wraps it, as torchtitan compiles a transformer's blocks
+(:meth:`Compile.blocks`);
 ``compile={"activation_memory_budget": 0.5}`` also sets AOTAutograd's partitioner budget
 (``torch._functorch.config.activation_memory_budget``, 1.0 by default: save what the
 min-cut partition saves; lower: recompute more in backward to save less) while the step is
@@ -91,6 +94,23 @@ class Compile:
         # against its recompile limit
         return torch.compile(model, mode=self.mode, options=dict(self.options) or None,
                              isolate_recompiles=True)
+
+    def blocks(self, model, paths) -> None:
+        """Each module of ``model`` at ``paths`` compiled in place with these settings
+        (``block.compile(...)``, as torchtitan compiles each transformer block): how
+        ``compile=`` compiles a rank's model under a parallel strategy, before the strategy
+        wraps it (``paths``: the strategy's ``compile_blocks``, the model's repeated
+        blocks: :class:`fxmem.trace.parallel.strategy.Strategy`).
+
+        >>> m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+        >>> Compile().blocks(m, ["0"])
+        >>> m[0]._compiled_call_impl is not None, m[1]._compiled_call_impl is None
+        (True, True)
+        """
+        named = dict(model.named_modules())
+        for path in paths:
+            named[path].compile(mode=self.mode, options=dict(self.options) or None,
+                                isolate_recompiles=True)
 
     def settings(self):
         """AOTAutograd's partitioner budget while the model compiles (restored on exit)."""

@@ -58,8 +58,10 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
     (:func:`fxmem.trace.plans.checkpointing.check_parts_plan`) on one GPU or a strategy whose
     ``runs_planned_parts`` is True (FSDP2, HSDP, DDP, TP, FSDP2 x TP),
     a strategy whose ``runs_compiled_parts`` is False (DDP's ``static_graph``),
-    or ``compile=`` (which compiles the model whole); and a model compiled whole under an
-    eager checkpoint plan or a strategy (``spec``: the step's, for ``compile=``).
+    or ``compile=`` (which compiles the model whole); a model compiled whole under an
+    eager checkpoint plan or a strategy; and ``compile=`` under a strategy where its blocks
+    compiled in place are not modelled (:func:`_check_compile_option`; ``spec``: the
+    step's, for ``compile=``).
 
     >>> m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
     >>> m[0] = torch.compile(m[0])
@@ -73,11 +75,14 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
 
     from ...errors import InputError
 
-    if parallel is not None and (isinstance(model, OptimizedModule) or (
-            spec is not None and spec.compile is not None)):
+    if parallel is not None and isinstance(model, OptimizedModule):
         raise InputError(f"the model is compiled whole under {_name(parallel)}: not "
                          "modelled yet; under FSDP2, DDP, TP and FSDP2 x TP its blocks compiled "
-                         "on their own (torch.compile(block) put back in the model) are")
+                         "on their own (torch.compile(block) put back in the model, or "
+                         "compile= on the model itself) are")
+    if parallel is not None and spec is not None and spec.compile is not None:
+        _check_compile_option(model, checkpoint, parallel, spec)
+        return
     if isinstance(model, OptimizedModule):
         inner = compiled_parts(model._orig_mod)
         if inner:
@@ -110,6 +115,34 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
                          "static_graph, they are)")
     if parallel is not None:
         _check_sharded(parts, parallel, what)
+
+
+def _check_compile_option(model, checkpoint, parallel, spec) -> None:
+    """``compile=`` under ``parallel``: its ``compile_blocks`` (the model's repeated blocks)
+    each compiled in place (:meth:`fxmem.trace.compiled.options.Compile.blocks`) on a
+    strategy that runs parts compiled on their own; else an :class:`fxmem.InputError` in one
+    line."""
+    from ...errors import InputError
+
+    name = _name(parallel)
+    parts = compiled_parts(model)
+    if parts:
+        raise InputError(f"{named_parts(parts)}: compile= under {name} compiles each of the "
+                         "model's blocks itself; pass the model without compiled parts, or "
+                         "without compile=")
+    if not getattr(parallel, "runs_compiled_parts", lambda: False)():  # (a Strategy's)
+        raise InputError(f"compile= under {name}: not modelled yet (under FSDP2 and HSDP, "
+                         "CPU offload included; TP; FSDP2 x TP; DDP without static_graph, "
+                         "it is)")
+    if not parallel.compile_blocks(model):
+        raise InputError(f"compile= under {name} compiles each of the model's repeated "
+                         "blocks (a ModuleList or Sequential of modules of one class), and "
+                         "this model has none: compile its parts yourself (torch.compile("
+                         "block) put back in the model)")
+    if checkpoint:
+        raise InputError(f"compile= under {name} with a checkpoint plan: not modelled yet; "
+                         "checkpoint_wrapper(block) compiled on its own and put back in the "
+                         "model (torchtitan's recipe) is, without compile=")
 
 
 def _check_sharded(parts: list, parallel, what: str) -> None:

@@ -77,7 +77,8 @@ class Step:
     ``Accelerator.backward``, which divides by its own accumulation steps, 1 under the
     Hugging Face Trainer). ``compile=True`` (or a dict: ``activation_memory_budget``,
     ``mode``, ``options``): the model compiled with ``torch.compile``
-    (:mod:`fxmem.trace.compiled.options`).
+    (:mod:`fxmem.trace.compiled.options`); under a parallel strategy, each of its repeated
+    blocks compiled in place before the strategy wraps it, as torchtitan does.
 
     >>> import torch
     >>> s = Step(optimizer=torch.optim.AdamW, amp=torch.float16)

@@ -179,7 +179,7 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
         handles, retry, fixed = [], False, None
         try:
             with frozen_gc(), tracing_shims(), symbolic_kernels(), attributes_kept(model), \
-                    _as_rank(model, parallel, rank, mode, rec) as (ranked, kept):
+                    _as_rank(model, parallel, rank, mode, rec, spec.compile) as (ranked, kept):
                 traced = _run(ranked, spec, mode, rec, sym, batch, hint, handles, plan, named,
                               reuse_blocks, warm_up, prepared=parallel is not None,
                               kept=kept, warm_steps=getattr(parallel, "warmup_steps", 1))
@@ -221,9 +221,10 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
 
 
 @contextlib.contextmanager
-def _as_rank(model, parallel, rank: int, mode, rec):
+def _as_rank(model, parallel, rank: int, mode, rec, compile=None):
     """``model`` itself, or with ``parallel``, a copy wrapped as rank ``rank`` runs it
-    (:func:`fxmem.trace.parallel.fsdp.sharded`), its parameters fakes of ``mode`` already;
+    (:func:`fxmem.trace.parallel.fsdp.sharded`; ``compile``: ``compile=``, its blocks
+    compiled in place first), its parameters fakes of ``mode`` already;
     and what saw the wrapper's construction (:class:`fxmem.trace.parallel.ddp.Kept`, or None), with
     DTensor's shape propagation unrecorded (:func:`fxmem.trace.parallel.tp.metadata_unrecorded`)."""
     if parallel is None:
@@ -234,8 +235,10 @@ def _as_rank(model, parallel, rank: int, mode, rec):
             yield copied, kept
         return
     rec.offload = parallel.offload
-    on = "cuda" if compiled_parts(model) else "cpu"  # inductor lowers for its inputs' device
-    with sharded(model, parallel, rank, mode, on) as (copied, kept), metadata_unrecorded(rec), \
+    # inductor lowers for its inputs' device
+    on = "cuda" if compiled_parts(model) or compile is not None else "cpu"
+    with sharded(model, parallel, rank, mode, on, compile) as (copied, kept), \
+            metadata_unrecorded(rec), \
             offloaded(rec) if parallel.offload else contextlib.nullcontext(), \
             labelled(rec) if type(parallel) is FSDP else contextlib.nullcontext():
         yield copied, kept
@@ -257,8 +260,8 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     copied blocks spliced in. ``prepared``: ``model`` is a rank's wrapped model whose own
     parameters are fakes of ``mode`` already (:func:`fxmem.trace.parallel.fsdp.sharded`)."""
     wrapper, model = model, unwrapped(model)  # names, plans and buffers are the user's model's
-    if spec.compile is not None:  # compile=: torch.compile(model) (fxmem.trace.compiled.options)
-        wrapper = spec.compile.apply(wrapper)
+    if spec.compile is not None and not prepared:  # compile=: torch.compile(model) (a
+        wrapper = spec.compile.apply(wrapper)  # rank's blocks are compiled already: sharded)
     # a compiled model is lowered for the device its fakes are on (fxmem.trace.compiled.inductor)
     parts, taken = compiled_parts(wrapper), []
     compiled = is_compiled(wrapper) or bool(parts)

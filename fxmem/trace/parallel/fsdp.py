@@ -40,7 +40,7 @@ import torch
 from ...errors import InputError
 from ..kernels.dtypes import NAMES, dtype_of
 from .ddp import DDP, Kept, RealInts
-from .strategy import Strategy
+from .strategy import Strategy, stack_blocks
 
 
 @dataclass(frozen=True)
@@ -211,29 +211,6 @@ class FSDP(Strategy):
         return tuple(tuple(g) for g in groups.values())
 
 
-def stack_blocks(model: torch.nn.Module) -> tuple:
-    """The blocks of the model's stacks: the children of each outermost ``ModuleList`` or
-    ``Sequential`` with two or more children, all of one class (a transformer's layers,
-    a ResNet stage's blocks; a block under ``checkpoint_wrapper`` is of its module's class,
-    so a plan applied to some blocks wraps the same blocks), outermost first.
-
-    >>> m = torch.nn.Sequential(torch.nn.ModuleList([torch.nn.Linear(2, 2) for _ in "ab"]),
-    ...                         torch.nn.ReLU())
-    >>> stack_blocks(m)
-    ('0.0', '0.1')
-    """
-    out: list = []
-    for name, mod in model.named_modules():
-        if any(name.startswith(p + ".") for p in out):
-            continue
-        if isinstance(mod, (torch.nn.ModuleList, torch.nn.Sequential)):
-            kids = list(mod.named_children())
-            if len(kids) >= 2 and len({type(getattr(k, "_checkpoint_wrapped_module", k))
-                                       for _, k in kids}) == 1:
-                out.extend(f"{name}.{n}" if name else n for n, _ in kids)
-    return tuple(out)
-
-
 def _unique(tensors) -> list:
     seen, out = set(), []
     for t in tensors:
@@ -385,16 +362,21 @@ def fake_world(world_size: int, rank: int, mesh_shape: tuple | None = None,
 
 @contextlib.contextmanager
 def sharded(model: torch.nn.Module, parallel: Strategy, rank: int, mode,
-            device: str = "cpu") -> Iterator:
+            device: str = "cpu", compile=None) -> Iterator:
     """A meta copy of ``model`` wrapped by ``parallel`` as rank ``rank`` sees it, its
     storages fake tensors of ``mode`` on ``device`` (``"cuda"``: a model with parts
     compiled on their own, sharded over a CUDA mesh, as inductor lowers them for the device
-    their inputs are on); usable while the block runs. Yields the wrapped
+    their inputs are on); usable while the block runs. ``compile``
+    (:class:`fxmem.trace.compiled.Compile`, ``compile=``): the copy's repeated blocks
+    compiled in place before it is wrapped (:meth:`~fxmem.trace.compiled.Compile.blocks`).
+    Yields the wrapped
     model and, for :class:`DDP`, the :class:`fxmem.trace.parallel.ddp.Kept` that saw its
     construction (to be active in the warm-up steps too; None for the others)."""
     with fake_world(parallel.world_size, rank, parallel.mesh_shape,
                     parallel.mesh_dim_names, device) as mesh:
         copied = meta_copy(model)
+        if compile is not None:
+            compile.blocks(copied, parallel.compile_blocks(copied))
         if not isinstance(parallel, DDP):  # shards on meta, then their storages made fakes
             parallel.apply(copied, mesh)
             parallel.materialize(copied, mode, device)

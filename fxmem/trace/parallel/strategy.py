@@ -37,6 +37,13 @@ class Strategy:
         GPU's ranks."""
         return False
 
+    def compile_blocks(self, model: torch.nn.Module) -> tuple:
+        """The paths ``compile=`` compiles in place in a rank's copy of ``model`` before this
+        strategy wraps it (:meth:`fxmem.trace.compiled.Compile.blocks`): its repeated blocks
+        (:func:`stack_blocks`), as torchtitan compiles each transformer block; the code around
+        them (embeddings, the last norm, the head, the loss) runs eagerly."""
+        return stack_blocks(model)
+
     def runs_planned_parts(self) -> bool:
         """Is a checkpoint plan over parts compiled on their own (``torch.compile(block)``
         put back, each lowered as ``torch.compile(checkpoint_wrapper(block))``, or a block
@@ -56,3 +63,26 @@ class Strategy:
         ``device``."""
         with mode:
             model.to_empty(device=device)
+
+
+def stack_blocks(model: torch.nn.Module) -> tuple:
+    """The blocks of the model's stacks: the children of each outermost ``ModuleList`` or
+    ``Sequential`` with two or more children, all of one class (a transformer's layers,
+    a ResNet stage's blocks; a block under ``checkpoint_wrapper`` is of its module's class,
+    so a plan applied to some blocks wraps the same blocks), outermost first.
+
+    >>> m = torch.nn.Sequential(torch.nn.ModuleList([torch.nn.Linear(2, 2) for _ in "ab"]),
+    ...                         torch.nn.ReLU())
+    >>> stack_blocks(m)
+    ('0.0', '0.1')
+    """
+    out: list = []
+    for name, mod in model.named_modules():
+        if any(name.startswith(p + ".") for p in out):
+            continue
+        if isinstance(mod, (torch.nn.ModuleList, torch.nn.Sequential)):
+            kids = list(mod.named_children())
+            if len(kids) >= 2 and len({type(getattr(k, "_checkpoint_wrapped_module", k))
+                                       for _, k in kids}) == 1:
+                out.extend(f"{name}.{n}" if name else n for n, _ in kids)
+    return tuple(out)

@@ -24,6 +24,7 @@ there, it calls :func:`measure_rank` (the model wrapped by an :class:`fxmem.FSDP
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -174,22 +175,29 @@ def measure_rank(model, inputs, targets=(), *, parallel, B: int, step=None,  # n
     at the example's batch size, its batch dimensions marked dynamic, runs before the
     warm-up steps at ``B`` (as :func:`fxmem.measure` runs ``compile=``): parts of the model
     compiled on their own (``torch.compile(block)``) compile there with B a symbol, as
-    fxmem's trace at that batch size lowers them, and that code runs at ``B``."""
+    fxmem's trace at that batch size lowers them, and that code runs at ``B``. ``compile=``
+    (in ``step`` or ``options``): each of the model's repeated blocks compiled in place before
+    the wrapping, as fxmem's trace compiles a rank's model
+    (:meth:`fxmem.trace.compiled.Compile.blocks`), then compiled at the example's batch size
+    under its partitioner budget."""
     import dataclasses
 
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from ...trace.engine import Step, make_grad_scaler, make_optimizer, make_spec, run_step
+    from ...trace.engine import Step, make_grad_scaler, make_optimizer, make_spec
     from ...trace.parallel import FSDP, Parallel
-    from ..measure import _compile_at_example, _measure_cuda, batch_of
+    from ..measure import batch_of
 
     step = Step.of(step, device="cuda", **options)
     spec = make_spec(model, inputs, targets, step, batch_dim)
     mesh = init_device_mesh("cuda", parallel.mesh_shape, mesh_dim_names=parallel.mesh_dim_names)
     if not isinstance(parallel, (FSDP, Parallel)):  # fully_shard moves every parameter
         model = model.to("cuda")
+    if spec.compile is not None:
+        spec.compile.blocks(model, parallel.compile_blocks(model))
+        compile_at_example = True
     _no_value_checks()
     model = parallel.apply(model, mesh) or model
     n_in = len(spec.inputs)
@@ -199,6 +207,24 @@ def measure_rank(model, inputs, targets=(), *, parallel, B: int, step=None,  # n
     factory = parallel.optimizer(spec.optimizer)
     opt = make_optimizer(factory, params, "cuda", spec) if factory else None
     scaler = make_grad_scaler(spec, "cuda")
+    budget = spec.compile.settings() if spec.compile is not None else contextlib.nullcontext()
+    with budget:  # (compile='s partitioner budget while its blocks compile)
+        m = _steps(model, spec, parallel, ins, tgs, params, opt, B, scaler, record_history,
+                   compile_at_example)
+    got = dataclasses.asdict(m)
+    got["allocations"] = [list(a) for a in m.allocations]
+    got["torch_version"] = torch.__version__
+    got["rank"] = dist.get_rank()
+    return got
+
+
+def _steps(model, spec, parallel, ins, tgs, params, opt, B, scaler,  # noqa: N803
+           record_history, compile_at_example):
+    """:func:`measure_rank`'s steps: the compiling one at the example's batch size, the
+    strategy's warm-up steps, then the measured one (its Measurement)."""
+    from ...trace.engine import run_step
+    from ..measure import _compile_at_example, _measure_cuda
+
     if compile_at_example:  # B marked dynamic: the graphs compiled there serve every B
         _compile_at_example(model, spec, params, opt, scaler)
         settle_watchdog()  # before the next step, which may rebuild DDP's buckets
@@ -206,9 +232,4 @@ def measure_rank(model, inputs, targets=(), *, parallel, B: int, step=None,  # n
         out = run_step(model, spec, ins, tgs, params, opt, lambda phase: None, scaler=scaler)
         del out
     settle_watchdog()
-    m = _measure_cuda(model, spec, ins, tgs, params, opt, B, scaler, record_history)
-    got = dataclasses.asdict(m)
-    got["allocations"] = [list(a) for a in m.allocations]
-    got["torch_version"] = torch.__version__
-    got["rank"] = dist.get_rank()
-    return got
+    return _measure_cuda(model, spec, ins, tgs, params, opt, B, scaler, record_history)
