@@ -146,7 +146,8 @@ def analyze_request(request: TraceRequest, retrace: bool = False, defer: bool = 
     again_as = {} if given is None and parallel is not None else {"reanalyze": reanalyze}
     if parallel is not None:  # (what is not modelled of compiled parts: before any rank)
         check_parts(model, request.checkpoint, parallel, request.step)
-        normalize_plan(model, request.checkpoint, parallel)  # (over blocks compiled in place)
+        normalize_plan(model, request.checkpoint, parallel,  # (over blocks compiled in
+                       request.step.compile)  # place, by the user or by compile=)
         return _made(made, request, _per_rank(request.but(parallel=parallel), again_as,
                                               defer, like))
     check_parts(model, request.checkpoint, None, None)

@@ -302,12 +302,15 @@ def _compiled_layer():
                                                   r"for CUDA"),
     (_repeated, {}, fxmem.DDP(2, static_graph=True), r"^compile= under DDP .*: not modelled "
                                                      r"yet"),
-    (_repeated, {"checkpoint": ["layers.0"]}, fxmem.FSDP(2),
-     r"^compile= under FSDP2 over 2 ranks with a checkpoint plan: not modelled yet"),
+    (_repeated, {"checkpoint": [fxmem.Region(("layers.0",), (("aten.mm.default", 1),))]},
+     fxmem.FSDP(2), r"^checkpoint plan: layers.0 \(saving 1 op output\) is selective or a "
+                    r"group over module layers.0, compiled on its own: a plan checkpoints "
+                    r"such a part whole"),
 ])
 def test_compile_option_under_a_strategy_refuses_in_one_line(model, kw, parallel, message):
     """``compile=`` under a strategy compiles each repeated block of a rank's copy in place;
-    what it does not model is refused before anything is traced, in one line."""
+    what it does not model is refused before anything is traced, in one line (a plan over
+    those blocks checkpoints each whole, as over blocks the user compiled in place)."""
     options = {"device": "cuda", **kw}
     with pytest.raises(fxmem.InputError, match=message) as e:
         fxmem.analyze(model(), torch.zeros(4, 8), loss=lambda o: o.sum(), parallel=parallel,

@@ -228,24 +228,33 @@ def test_blocks_compiled_on_their_own_reserve_as_predicted(name, B, inductor_cac
 # compile= under a strategy (fxmem.trace.compiled.Compile.blocks: each repeated block of a
 # rank's copy compiled in place, then wrapped): fxmem's prediction against the blocks compiled
 # in place by PyTorch alone (the measured case, named first), under FSDP2, DDP and FSDP2 x TP;
-# and with a partitioner budget, against fxmem.measure's ranks with that compile=
-COMPILE_OPTION = [("fsdp-compiled-in-place", "fsdp-compile-option", B)
+# and with a partitioner budget, against fxmem.measure's ranks with that compile=; under a
+# plan checkpointing both blocks, against torchtitan's recipe by PyTorch alone (each block
+# checkpoint_wrapper(block) put back, then compiled in place, then wrapped)
+COMPILE_OPTION = [(measured, predicted, plan, B) for measured, predicted, plan in (
+    ("fsdp-compiled-in-place", "fsdp-compile-option", None),
+    ("fsdp-compiled-checkpointed-in-place", "fsdp-compile-option", ("layers.0", "layers.1")))
                   for B in COMPILED_BATCHES]
-COMPILE_OPTION += [pytest.param(measured, predicted, B, marks=pytest.mark.slow)
-                   for measured, predicted in (
-                       ("ddp-compiled-in-place", "ddp-compile-option"),
-                       ("fsdp-tp-compiled-in-place", "fsdp-tp-compile-option"),
-                       ("fsdp-compile-budget", "fsdp-compile-budget"))
+COMPILE_OPTION += [pytest.param(measured, predicted, plan, B, marks=pytest.mark.slow)
+                   for measured, predicted, plan in (
+                       ("ddp-compiled-in-place", "ddp-compile-option", None),
+                       ("fsdp-tp-compiled-in-place", "fsdp-tp-compile-option", None),
+                       ("fsdp-compile-budget", "fsdp-compile-budget", None),
+                       ("ddp-compiled-checkpointed-in-place", "ddp-compile-option",
+                        ("layers.0", "layers.1")),
+                       ("fsdp-tp-compiled-checkpointed-in-place", "fsdp-tp-compile-option",
+                        ("layers.0", "layers.1")))
                    for B in COMPILED_BATCHES]
 
 
-@pytest.mark.parametrize("measured, predicted, B", COMPILE_OPTION)
-def test_compile_option_under_a_strategy_runs_as_predicted(measured, predicted, B,  # noqa: N803
-                                                           inductor_cache):
-    """``fxmem.analyze(model, parallel=..., compile=...)``: each rank's
+@pytest.mark.parametrize("measured, predicted, plan, B", COMPILE_OPTION)
+def test_compile_option_under_a_strategy_runs_as_predicted(measured, predicted, plan,
+                                                           B, inductor_cache):  # noqa: N803
+    """``fxmem.analyze(model, parallel=..., compile=..., checkpoint=plan)``: each rank's
     ``(max_allocated, max_reserved)`` at both B equal the step measured on the fake GPU's
-    ranks with each block compiled in place (``block.compile()``, then wrapped)."""
-    seen, want = _compiled_figures(measured, inductor_cache, (predicted, None))[B]
+    ranks with each block compiled in place (``block.compile()``, then wrapped; under the
+    plan, ``checkpoint_wrapper(block)`` compiled in place)."""
+    seen, want = _compiled_figures(measured, inductor_cache, (predicted, plan))[B]
     assert seen == want, (B, seen, want)
 
 

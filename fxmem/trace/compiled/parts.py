@@ -139,10 +139,9 @@ def _check_compile_option(model, checkpoint, parallel, spec) -> None:
                          "blocks (a ModuleList or Sequential of modules of one class), and "
                          "this model has none: compile its parts yourself (torch.compile("
                          "block) put back in the model)")
-    if checkpoint:
-        raise InputError(f"compile= under {name} with a checkpoint plan: not modelled yet; "
-                         "checkpoint_wrapper(block) compiled on its own and put back in the "
-                         "model (torchtitan's recipe) is, without compile=")
+    if checkpoint and not parallel.runs_planned_parts():  # (its blocks' plans: normalize_plan)
+        raise InputError(f"compile= under {name} with a checkpoint plan: not modelled yet "
+                         "(under FSDP2, HSDP, DDP, TP and FSDP2 x TP it is)")
 
 
 def _check_sharded(parts: list, parallel, what: str) -> None:

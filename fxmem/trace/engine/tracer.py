@@ -153,7 +153,7 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     if parallel is not None:  # blocks are copied under FSDP2 only (fxmem.trace.blocks.sharded)
         reuse_blocks = reuse_blocks and reuses_under(parallel, spec.train)
         spec = _replace_optimizer(spec, parallel.optimizer(spec.optimizer))  # ZeRO-1
-    plan = normalize_plan(model, checkpoint, parallel)
+    plan = normalize_plan(model, checkpoint, parallel, spec.compile)
     if batch_hint is not None and (isinstance(batch_hint, bool) or not isinstance(batch_hint, int)
                                    or batch_hint < 1):
         raise InputError(f"batch_hint must be a positive int, got {batch_hint!r}")

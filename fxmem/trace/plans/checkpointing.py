@@ -45,9 +45,10 @@ def user_path(path: str) -> str:
     return path.replace(WRAPPED, "").replace(WRAPPED[1:], "").strip(".")
 
 
-def normalize_plan(model: torch.nn.Module, plan, parallel=None) -> Plan:
+def normalize_plan(model: torch.nn.Module, plan, parallel=None, compile=None) -> Plan:
     """The plan as a sorted :class:`fxmem.Plan`, checked against ``model`` (run under the
-    strategy ``parallel``, if given).
+    strategy ``parallel``, if given; ``compile``: ``compile=``, which compiles the
+    strategy's ``compile_blocks`` in place on each rank, checked as such parts).
 
     Raises :class:`fxmem.InputError` for a path that names no submodule, the root module, a
     path inside another path of the plan (nested checkpoints are not plans: checkpoint the
@@ -59,21 +60,25 @@ def normalize_plan(model: torch.nn.Module, plan, parallel=None) -> Plan:
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     plan = check_plan({user_path(m) for m in _named_modules(model)}, plan)
-    check_parts_plan(model, plan, parallel)
+    blocks = parallel.compile_blocks(model) if compile and parallel is not None else ()
+    check_parts_plan(model, plan, parallel, blocks)
     return plan
 
 
-def check_parts_plan(model: torch.nn.Module, plan: Plan, parallel=None) -> None:
+def check_parts_plan(model: torch.nn.Module, plan: Plan, parallel=None,
+                     in_place: tuple = ()) -> None:
     """A plan with parts compiled on their own (:func:`fxmem.trace.compiled.compiled_parts`):
     each entry over them a whole part, ``torch.compile(block)`` put in the model or a block
     compiled in place (traced lowered as ``torch.compile(checkpoint_wrapper(block))``, or
     ``checkpoint_wrapper(block)`` compiled in place: :func:`checkpointed_call`), the others
     outside every part; else an :class:`fxmem.InputError` in one line. A block compiled in
     place is planned on one GPU and under a strategy ``parallel`` whose
-    ``runs_planned_parts`` is True, as a part put back is."""
+    ``runs_planned_parts`` is True, as a part put back is. ``in_place``: paths of blocks
+    a rank compiles in place (``compile=`` under ``parallel``), checked as such parts."""
     from torch._dynamo.eval_frame import OptimizedModule
 
     by_path = {user_path(p): m for p, m in compiled_parts(model)} if plan else {}
+    by_path.update({p: None for p in in_place} if plan else {})  # (None: compiled in place)
     for e in plan if by_path else ():
         for p in modules_of(e):
             if p in by_path and parallel is not None and \
