@@ -53,6 +53,28 @@ def test_gpt2_attention_has_b_l_squared_terms_and_is_exact(lm):
         assert r.peak_bytes(b, L=n) == real == int(r.peak.subs({fxmem.B: b, L: n}))
 
 
+def test_the_longest_length_is_searched_where_the_trace_holds(lm):
+    """A condition over B and L together (a compiled step's ``4096*B*L >= 5242880``, where
+    inductor chose a kernel by size) bounds L from below at a given B: the search for the
+    longest L starts there, not at L's own least value (it had asked B=2, L=2 and ended in
+    "B=2, L=2 is outside where the trace holds"); a budget below the peak there is
+    infeasible, naming that L."""
+    from dataclasses import replace
+
+    from fxmem.memory.dims import DimsFormula
+
+    _, r = lm
+    held = DimsFormula(replace(r.named.trace, guards=(*r.named.trace.guards,
+                                                      sympy.Ge(4096 * fxmem.B * L, 5242880))),
+                       r.named.device)
+    budget = r.peak_bytes(2, L=700)
+    assert held.max_length(budget, B=2) == r.max_length(budget, B=2) >= 700
+    with pytest.raises(fxmem.InfeasibleBudgetError, match=r"at B=2, L=640$"):
+        held.max_length(r.peak_bytes(2, L=639), B=2)  # L >= 640 at B=2
+    with pytest.raises(fxmem.InputError, match="outside where the trace holds"):
+        held.peak_bytes(2, L=639)
+
+
 def test_a_step_traced_at_one_point_is_the_formula_there(lm):
     """``concrete_batch`` and ``concrete_dims``: B and L plain ints (the inputs made at that
     length), the trace a way's plan is confirmed by (fxmem.report.ways.cheapest_plan): its

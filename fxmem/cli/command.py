@@ -361,6 +361,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
         batch_dim_of,
         check_positions,
         load_target,
+        longest_rows,
         named_dims,
         parse_capability,
         parse_config,
@@ -462,15 +463,8 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
         if dims:  # the formula in B and the named dims; numbers at the --dim sizes
             extra[f"peak in B, {', '.join(dims)}"] = str(report.peak)
             if budget_bytes is not None and len(dims) == 1 and not auto_compiled:
-                (name,) = dims
-                limit = position_limit(t.model)
-                key = f"largest {name} within the budget at B={batch}"
-                try:
-                    extra[key] = report.max_length(budget_bytes, batch, limit=limit)
-                except InfeasibleBudgetError:
-                    extra[key] = "none fits"
-                if limit is not None:
-                    extra[f"{name} limit (the model's positions)"] = limit
+                extra.update(longest_rows(report, *dims, budget_bytes, batch,
+                                          position_limit(t.model)))
             report = at = report.at(**at_dims)
         # a data-parallel report stays whole: the summary shows the per-rank table and the
         # report of the ranks with the least room (fxmem.report.summary.summarize)

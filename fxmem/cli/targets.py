@@ -258,6 +258,24 @@ def position_limit(model: torch.nn.Module) -> int | None:
     return found[1] if found else None
 
 
+def longest_rows(report, name: str, budget_bytes: int, batch: int,
+                 limit: int | None) -> dict:
+    """The report's rows for ``--budget`` with one named dim ``name``: the largest value
+    within the budget at ``batch`` ("none fits"; where the trace ends first and it fits
+    there, that value "or more"), and the model's own ``limit`` of positions."""
+    from ..errors import InfeasibleBudgetError
+
+    key = f"largest {name} within the budget at B={batch}"
+    try:
+        n = report.max_length(budget_bytes, batch, limit=limit)
+        rows = {key: f"{n} or more (the trace ends there)" if n.beyond else n}
+    except InfeasibleBudgetError:
+        rows = {key: "none fits"}
+    if limit is not None:
+        rows[f"{name} limit (the model's positions)"] = limit
+    return rows
+
+
 def _position_field(model: torch.nn.Module):
     """``(config key, value)`` of a Hugging Face model's longest sequence, or None."""
     for m in model.modules():

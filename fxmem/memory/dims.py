@@ -138,6 +138,24 @@ def _tree_subs(x, vals):
     return _subs(x, vals)
 
 
+class Length(int):
+    """:meth:`DimsFormula.max_length`'s answer, an ``int``; ``beyond``: it fits and the
+    trace ends there (``valid_when``: e.g. a compiled kernel's 32-bit indices), so a longer
+    one may fit too, unseen by this trace.
+
+    >>> n = Length(4096, beyond=True)
+    >>> n + 1, n.beyond
+    (4097, True)
+    """
+
+    beyond: bool = False
+
+    def __new__(cls, value: int, beyond: bool = False):
+        self = super().__new__(cls, value)
+        self.beyond = beyond
+        return self
+
+
 @dataclass(frozen=True)
 class DimsFormula:
     """The step's memory as formulas in B and the named dims (bytes), from a trace with
@@ -192,17 +210,23 @@ class DimsFormula:
         return {e: compile_size(e, args) for e in self._candidates[0]}
 
     def max_length(self, budget_bytes: int, B: int, name: str | None = None,  # noqa: N803
-                   limit: int | None = None, **values) -> int:
+                   limit: int | None = None, **values) -> Length:
         """The largest value of the named dim ``name`` (the only one by default) whose peak
         at batch size ``B`` fits in ``budget_bytes``; other named dims in ``values``.
         ``limit``: the model's own maximum, which no shape shows (e.g. GPT-2's
-        ``config.n_positions``): the answer is never above it."""
+        ``config.n_positions``): the answer is never above it. Searched where the trace
+        holds at ``B``; where it ends below ``limit`` and the step fits there, that end,
+        marked (:class:`Length`'s ``beyond``)."""
         from ..formula.search import largest
 
         name = name or (self.dims[0] if len(self.dims) == 1 else None)
         if name not in self.dims:
             raise InputError(f"name the dim to solve for, one of {list(self.dims)}")
-        lo = self._lower_bounds[dim_symbol(name)]
+        lo, hi = self._range(name, B, values)
+        if hi is not None and (limit is None or hi < limit):  # the trace ends before it
+            if lo <= hi and self.peak_bytes(B, **values, **{name: hi}) <= budget_bytes:
+                return Length(hi, beyond=True)
+            limit = hi
 
         def fits(n):
             return self.peak_bytes(B, **values, **{name: n}) <= budget_bytes
@@ -213,8 +237,28 @@ class DimsFormula:
                 f"budget {budget_bytes:,} B is below the peak {least:,} B at B={B}, "
                 f"{name}={lo}", minimum_bytes=least)
         if limit is not None and fits(limit):
-            return max(limit, lo)
-        return largest(fits, lo, limit=2**40)
+            return Length(max(limit, lo))
+        return Length(largest(fits, lo, limit=2**40))
+
+    def _range(self, name: str, B: int, values: dict) -> tuple:  # noqa: N803
+        """``(least, most)`` values of the named dim ``name`` where the trace holds at batch
+        size ``B`` and the other named dims' ``values`` (``most``: None, no end): its own
+        bounds, and those of conditions over several symbols with ``B`` and ``values`` put
+        in (a compiled step's ``4096*B*L >= 5242880``, where inductor chose a kernel by
+        size, or ``14336*B*L <= 2147483647``, where its indices fit 32 bits)."""
+        x = dim_symbol(name)
+        for k, v in {"B": B, **values}.items():  # (the rest checked by peak_bytes)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InputError(f"{k} must be a positive int, got {v!r}")
+        subs = {B_SYM: sympy.Integer(B), **{dim_symbol(n): sympy.Integer(v)
+                                             for n, v in values.items()}}
+        left = [h for h in (g.xreplace(subs) for g in self.valid_when)
+                if h is not sympy.true and h.free_symbols == {x}]
+        folded = valid_when(left, symbol=x)
+        most = [int(g.rhs) for g in folded
+                if isinstance(g, sympy.LessThan) and g.lhs == x and g.rhs.is_Integer]
+        return (max(self._lower_bounds[x], lower_bounds(folded, [x])[x]),
+                min(most) if most else None)
 
     @functools.cached_property
     def _sizes(self) -> list:

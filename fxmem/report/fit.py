@@ -215,8 +215,9 @@ def _longest(check, report, b, *, named=None, dims=None, limit=None, **_):
             return
     at = named.at(**{name: most})
     yield WayOut("length", most, check.need(at, b, True), f"{name}={most} at B={b}",
-                 beyond=f"{name}={most + 1} does not fit" if most != limit
-                 else f"{name}={most} is the model's limit")
+                 beyond=f"{name}={most} is the model's limit" if most == limit
+                 else f"the trace ends at {name}={most}" if getattr(most, "beyond", False)
+                 else f"{name}={most + 1} does not fit")
 
 
 def _down(fits, top: int, floor: int) -> int | None:

@@ -112,7 +112,7 @@ class Report:
         """The largest value of the named dim ``name`` (the only one by default) whose peak
         at batch size ``B`` fits in ``budget_bytes``; other named dims in ``values``.
         ``limit``: the model's own maximum, which no shape shows (e.g. GPT-2's
-        ``config.n_positions``): the answer is never above it."""
+        ``config.n_positions``): never above it, nor past the trace's end (``.beyond``)."""
         if self.named is None:
             raise InputError("max_length needs a report in named dims: analyze(..., "
                              "dims={'L': [(tensor, dim), ...]})")
