@@ -318,6 +318,22 @@ def test_compile_option_under_a_strategy_refuses_in_one_line(model, kw, parallel
     assert "\n" not in str(e.value)
 
 
+def test_a_wrapper_line_marked_twice_belongs_to_the_module_it_names():
+    """Inductor can mark one line of its wrapper twice, once with a node of no module (the
+    graph's glue), once with a module's (seen over a Llama 3.1 8B layer's backward under
+    FSDP2): the line counts for the module. The marks had been sorted as pairs, and a
+    module's path compared with None ended the trace in a TypeError."""
+    from types import SimpleNamespace
+
+    from fxmem.trace.compiled.inductor import Lines
+
+    glue = SimpleNamespace(meta={})
+    mlp = SimpleNamespace(meta={"nn_module_stack": {"a": ("L['self'].mlp", object)}})
+    lines = Lines()
+    lines.add(__file__, [(3, mlp), (3, glue), (9, glue)])
+    assert lines.files[__file__] == ([3, 3, 9], [None, "mlp", None])
+
+
 def test_a_model_compiled_in_place_under_fsdp2_is_one_line():
     """Blocks compiled in place (``block.compile()``, as torchtitan does) are lowered on each
     rank as ``torch.compile(block)`` put back is (the fake GPU's tests:

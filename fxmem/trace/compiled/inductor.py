@@ -107,8 +107,9 @@ class Lines:
         self.files = {}
 
     def add(self, file: str, line_map) -> None:
-        marks = sorted((line, module_path(node)) for line, node in line_map
-                       if hasattr(node, "meta"))
+        # (a line may hold two marks, one of them of no module: the unknown first)
+        marks = sorted(((line, module_path(node)) for line, node in line_map
+                        if hasattr(node, "meta")), key=lambda m: (m[0], m[1] or ""))
         self.files[file] = ([m[0] for m in marks], [m[1] for m in marks])
 
     def running(self, file: str):
