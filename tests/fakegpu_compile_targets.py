@@ -394,9 +394,9 @@ def cli_and_api(budget: float, B: int) -> dict:
         "--format", "json"])
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout)
-    api = fxmem.analyze(Pointwise(), torch.zeros(8, 256), torch.zeros(8, 256),
+    api = fxmem.analyze(Pointwise(), torch.zeros(B, 256), torch.zeros(B, 256),
                         loss=torch.nn.functional.mse_loss, optimizer=None, device="cuda",
-                        compile={"activation_memory_budget": budget})
+                        compile={"activation_memory_budget": budget})  # (compiled at B)
     buffers, library = {}, {}
     for o in api.trace.ops:
         if o.op == "aten.empty_strided.default":
@@ -424,7 +424,7 @@ def cli_auto(B: int, slacks: list) -> list:  # noqa: N803
     from fxmem.checkpoint.options import KINDS
     from fxmem.cli import cli
 
-    eager = fxmem.analyze(Pointwise(), torch.zeros(8, 256), torch.zeros(8, 256),
+    eager = fxmem.analyze(Pointwise(), torch.zeros(B, 256), torch.zeros(B, 256),
                           loss=torch.nn.functional.mse_loss, optimizer=None, device="cuda")
     kinds = [*KINDS, "compiled"]
     out = []
@@ -519,3 +519,19 @@ def compiled_plans(name: str, batches: list, compiled_at: int, budgets: list) ->
             "graph_flops": graph_flops(name, compiled_at, p.budget),
             "chosen": [choice.compiled, choice.peak_bytes, choice.recompute_flops]}
     return out
+
+
+def cli_short_llama(B: int, L: int) -> dict:  # noqa: N803
+    """``fxmem analyze hf:llama-3.1-8b --config num_hidden_layers=2 --amp bf16 --compile``
+    at ``--batch B --seq L`` (AdamW, H100-80GB): its exit code and last line. At B=2 and
+    L=512 inductor's kernels for the step compiled at B=8 hold from 1,280 tokens (B*L) on,
+    so the asked point is only within a trace compiled at the asked batch."""
+    from click.testing import CliRunner
+
+    from fxmem.cli import cli
+
+    r = CliRunner().invoke(cli, [
+        "analyze", "hf:llama-3.1-8b", "--config", "num_hidden_layers=2", "--optimizer",
+        "adamw", "--amp", "bf16", "--batch", str(B), "--seq", str(L), "--gpu", "H100-80GB",
+        "--compile", "--format", "json"])
+    return {"exit": r.exit_code, "last": (r.output.strip().splitlines() or [""])[-1]}

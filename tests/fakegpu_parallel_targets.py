@@ -356,7 +356,7 @@ def cli_compile_option(B):  # noqa: N803
     if r.exit_code != 0:
         return {"exit": r.exit_code, "output": r.output}
     report = json.loads(r.stdout)
-    api = fxmem.analyze(_blocks("eager"), torch.zeros(8, 256), torch.zeros(8, 10),
+    api = fxmem.analyze(_blocks("eager"), torch.zeros(B, 256), torch.zeros(B, 10),
                         loss=F.mse_loss, optimizer=torch.optim.Adam, device="cuda",
                         parallel=FSDP(2), compile={"activation_memory_budget": 0.3})
     return {"exit": 0, "compiled": report["setup"]["compiled"],

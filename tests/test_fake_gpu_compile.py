@@ -251,6 +251,16 @@ def test_compiled_budgets_are_plan_kinds():
         assert peak <= c["peak_bytes"] and flops <= c["recompute_flops_at_b"]
 
 
+@pytest.mark.slow
+def test_the_command_line_compiles_at_the_asked_batch():
+    """A compiled step's example batch on the command line is ``--batch``, as a run
+    compiles at its own: a 2-layer Llama 3.1 8B at B=2, L=512 had been traced compiled at
+    B=8, whose kernels hold from 1,280 tokens on, and ended in "B=2, L=512 is outside where
+    the trace holds (4096*B*L >= 5242880)" at exit 2."""
+    got = _call("cli_short_llama", B=2, L=512)
+    assert got["exit"] == 0, got
+
+
 @pytest.mark.skipif(not torch.__version__.startswith("2.14."), reason="the command's "
                     "plumbing, not a release's binary: checked on CI's 2.14.1 alone")
 def test_checkpoint_auto_with_compile_chooses_among_compile_budgets():

@@ -402,7 +402,8 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
     if not specs:
         raise InputError("give the model's inputs with --input (e.g. --input B,3,32,32)")
     tgt_specs = targets or t.targets
-    hint, sizes = 8, {**t.dims, **given}
+    # a compiled step: its example batch the asked one, as a run compiles at its own batch
+    hint, sizes = batch if compile is not None and batch >= 2 else 8, {**t.dims, **given}
     xs = tuple(parse_tensor(s, hint, sizes) for s in specs)
     ys = tuple(parse_tensor(s, hint, sizes) for s in tgt_specs)
     dims = named_dims([*specs, *tgt_specs])
