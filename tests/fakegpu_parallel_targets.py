@@ -359,6 +359,12 @@ def cli_compile_option(B):  # noqa: N803
     api = fxmem.analyze(_blocks("eager"), torch.zeros(B, 256), torch.zeros(B, 10),
                         loss=F.mse_loss, optimizer=torch.optim.Adam, device="cuda",
                         parallel=FSDP(2), compile={"activation_memory_budget": 0.3})
+    short = CliRunner().invoke(cli, [  # within half its need: the ways out
+        "analyze", f"{fakegpu_compile_targets.__file__}:Blocks", "--input", "B,256",
+        "--target", "B,10", "--loss", "mse", "--optimizer", "adam", "--compile",
+        "--compile-budget", "0.3", "--fsdp", "2", "--batch", str(B), "--format", "json",
+        "--budget", str(report["cuda"]["max_reserved"] // 2)])
     return {"exit": 0, "compiled": report["setup"]["compiled"],
             "cli": report["cuda"]["max_allocated"],
-            "api": api.rank(0).cuda_memory(B).max_allocated}
+            "api": api.rank(0).cuda_memory(B).max_allocated,
+            "short": short.exit_code, "none": json.loads(short.stdout)["fit"]["none"]}

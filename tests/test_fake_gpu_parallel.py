@@ -274,7 +274,9 @@ def test_compile_option_s_budget_reaches_the_blocks(inductor_cache):
 @pytest.mark.slow
 def test_the_command_line_compiles_each_block_under_fsdp():
     """``fxmem analyze --compile --compile-budget 0.3 --fsdp 2``: its setup says each block
-    is compiled, and its ``max_allocated`` is the API's ``compile=`` figure."""
+    is compiled, and its ``max_allocated`` is the API's ``compile=`` figure; within half the
+    bytes it needs, its ways out say a plan is not chosen for it (it had said "a checkpoint
+    plan is derived from an eager step's trace; this step ran compiled ...")."""
     from fxmem.validate.fakegpu.run import call
 
     got = call(sys.executable, "fakegpu_parallel_targets:cli_compile_option", sys_path=[HERE],
@@ -282,6 +284,11 @@ def test_the_command_line_compiles_each_block_under_fsdp():
     assert got["exit"] == 0, got
     assert got["compiled"] == "torch.compile of each block, activation_memory_budget 0.3"
     assert got["cli"] == got["api"] > 0, got
+    # within half what it needs: exit 4, and the ways out say plans are not chosen here
+    assert got["short"] == 4, got
+    assert ("no checkpoint plan at B=512: not searched for a compiled step under FSDP2 over "
+            "2 ranks (a plan over its compiled blocks is traced when given, not chosen)"
+            in got["none"]), got["none"]
 
 
 # torchtitan's recipe, by PyTorch alone (each block checkpoint_wrapper(block), then
@@ -399,7 +406,8 @@ def test_fewest_gpus_of_blocks_compiled_on_their_own(inductor_cache):
     assert not got["fits"] and way is not None and way["value"] == 3, got
     assert got["checked"] == {"3": True, "2": False}, got
     assert ("the fewest GPUs under FSDP2 with a checkpoint plan: not searched for a compiled "
-            "step (checkpoint plans over compiled parts are not modelled)") in got["none"]
+            "step (a plan over its compiled blocks is traced when given, not chosen)"
+            ) in got["none"]
     # the plan at B: not a budget of compile= (which would compile the model whole)
     assert ("no checkpoint plan at B=8: module layers.0 (and 1 more) is compiled on its own: "
             "plans over parts compiled on their own (checkpoint plans, the partitioner's "

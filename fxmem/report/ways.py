@@ -146,6 +146,10 @@ def cheapest_plan(check, report, b: int, confirm: bool = True):
     costs less than one in symbols."""
     if report.plan:
         return "the step has a checkpoint plan already"
+    if getattr(report, "groups", None) is not None and rank_reports(report)[0].trace.compiled:
+        return (f"no checkpoint plan at B={b}: not searched for a compiled step under "
+                f"{report.strategy.name} (a plan over its compiled blocks is traced when "
+                "given, not chosen)")
     if confirm and getattr(report, "retrace", None) is not None:
         report = replace(report, retrace=partial(report.retrace, point=(b, {})))
     try:

@@ -222,7 +222,8 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_):
         return
     if compiled:
         yield ("the fewest GPUs under FSDP2 with a checkpoint plan: not searched for a "
-               "compiled step (checkpoint plans over compiled parts are not modelled)")
+               "compiled step (a plan over its compiled blocks is traced when given, not "
+               "chosen)")
         return
     smallest = smallest_plan(report, b)
     if smallest is None:
