@@ -162,6 +162,13 @@ CASES = {  # name: (model, strategy, input width, step options)
         fsdp=FSDP(2, replicate=2), tp=TP(2, BLOCKS_PLAN_OWN)), 256, {}),
     "hsdp-tp-compiled": (lambda: _blocks("each"), lambda: Parallel(
         fsdp=FSDP(2, replicate=2), tp=TP(2, BLOCKS_PLAN)), 256, {}),
+    # HSDP x TP with 2 shards per replica: a (2, 2, 2) mesh of 8 ranks, eager and compile=
+    "hsdp2-tp": (lambda: _blocks("eager"), lambda: Parallel(
+        fsdp=FSDP(4, replicate=2), tp=TP(2, BLOCKS_PLAN_OWN)), 256, {}),
+    "hsdp2-tp-compiled-in-place": (lambda: _blocks("in_place"), lambda: Parallel(
+        fsdp=FSDP(4, replicate=2), tp=TP(2, BLOCKS_PLAN_OWN)), 256, {}),
+    "hsdp2-tp-compile-option": (lambda: _blocks("eager"), lambda: Parallel(
+        fsdp=FSDP(4, replicate=2), tp=TP(2, BLOCKS_PLAN_OWN)), 256, {"compile": True}),
     "fsdp-tp-offload": (lambda: _blocks("eager"), lambda: Parallel(
         fsdp=FSDP(2, offload=True), tp=TP(2, BLOCKS_PLAN_OWN)), 256, {}),
     "fsdp-tp-compiled-offload": (lambda: _blocks("each"), lambda: Parallel(
@@ -220,6 +227,7 @@ def _tp_block(how):
 # size, as fxmem's trace lowers them, and that code runs at the measured B (measure_rank's
 # compile_at_example)
 COMPILED = {"fsdp-compiled", "fsdp-compiled-in-place", "hsdp-compiled",
+            "hsdp2-tp-compiled-in-place",
             "fsdp-compiled-in-place-offload", "hsdp-compiled-in-place",
             "hsdp-tp-compiled-in-place", "fsdp-tp-compiled-in-place-offload",
             "ddp-compiled-in-place-zero1", "ddp-compiled-in-place-views",

@@ -259,6 +259,26 @@ def test_compile_option_under_a_strategy_runs_as_predicted(measured, predicted, 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("B", BATCHES)
+def test_hsdp_x_tp_with_two_shards_per_replica_runs_as_predicted(B):  # noqa: N803
+    """HSDP x TP over a (2, 2, 2) mesh of 8 ranks (2 replicas of 2 shards, TP 2): each rank's
+    figures at both B, eagerly (on 2.15 when added: ranks 0, 1, 4, 5 40,424,960 / 98,566,144
+    at B=4, ranks 2, 3, 6, 7 2,048 B less allocated)."""
+    seen, want = _figures("hsdp2-tp", B)
+    assert seen == want, (B, seen, want)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("B", COMPILED_BATCHES)
+def test_hsdp_x_tp_with_two_shards_per_replica_compiles_as_predicted(B, inductor_cache):  # noqa: N803
+    """The same 8 ranks with ``compile=``: fxmem's prediction against the blocks compiled in
+    place by PyTorch alone, then split and sharded."""
+    seen, want = _compiled_figures("hsdp2-tp-compiled-in-place", inductor_cache,
+                                   ("hsdp2-tp-compile-option", None))[B]
+    assert seen == want, (B, seen, want)
+
+
+@pytest.mark.slow
 def test_compile_option_s_budget_reaches_the_blocks(inductor_cache):
     """A partitioner budget in ``compile=`` under FSDP2 is in force while each rank's blocks
     compile, in the trace and in the measured ranks: at B=512 both save less than the blocks
