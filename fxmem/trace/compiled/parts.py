@@ -81,7 +81,7 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
                          "on their own (torch.compile(block) put back in the model, or "
                          "compile= on the model itself) are")
     if parallel is not None and spec is not None and spec.compile is not None:
-        _check_compile_option(model, checkpoint, parallel, spec)
+        _check_compile_option(model, parallel)
         return
     if isinstance(model, OptimizedModule):
         inner = compiled_parts(model._orig_mod)
@@ -117,11 +117,12 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
         _check_sharded(parts, parallel, what)
 
 
-def _check_compile_option(model, checkpoint, parallel, spec) -> None:
+def _check_compile_option(model, parallel) -> None:
     """``compile=`` under ``parallel``: its ``compile_blocks`` (the model's repeated blocks)
     each compiled in place (:meth:`fxmem.trace.compiled.options.Compile.blocks`) on a
     strategy that runs parts compiled on their own; else an :class:`fxmem.InputError` in one
-    line."""
+    line. (A plan over those blocks is checked as over blocks compiled in place:
+    :func:`fxmem.trace.plans.checkpointing.normalize_plan`.)"""
     from ...errors import InputError
 
     name = _name(parallel)
@@ -139,9 +140,6 @@ def _check_compile_option(model, checkpoint, parallel, spec) -> None:
                          "blocks (a ModuleList or Sequential of modules of one class), and "
                          "this model has none: compile its parts yourself (torch.compile("
                          "block) put back in the model)")
-    if checkpoint and not parallel.runs_planned_parts():  # (its blocks' plans: normalize_plan)
-        raise InputError(f"compile= under {name} with a checkpoint plan: not modelled yet "
-                         "(under FSDP2, HSDP, DDP, TP and FSDP2 x TP it is)")
 
 
 def _check_sharded(parts: list, parallel, what: str) -> None:
