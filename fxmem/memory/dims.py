@@ -39,6 +39,14 @@ def _subs(e, values: dict):
     return e.xreplace(values) if isinstance(e, sympy.Basic) else e
 
 
+def _positive(**ints) -> None:
+    """Each of ``ints`` (B, a named dim's value) a positive int; else an
+    :class:`fxmem.InputError` naming it."""
+    for name, v in ints.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise InputError(f"{name} must be a positive int, got {v!r}")
+
+
 def specialize(trace, **values):
     """``trace`` with its named dims fixed (``L=512``): sizes, shapes and guards in B only.
     Raises :class:`fxmem.InputError` when a value breaks a condition the trace assumed."""
@@ -47,11 +55,8 @@ def specialize(trace, **values):
     if missing or unknown:
         raise InputError(f"give a value for every named dim {list(trace.dims)}"
                          + (f"; unknown: {sorted(unknown)}" if unknown else ""))
-    vals = {}
-    for name, v in values.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise InputError(f"{name} must be a positive int, got {v!r}")
-        vals[dim_symbol(name)] = sympy.Integer(v)
+    _positive(**values)
+    vals = {dim_symbol(name): sympy.Integer(v) for name, v in values.items()}
     guards = []
     for g in trace.guards:
         h = g.xreplace(vals)
@@ -184,13 +189,10 @@ class DimsFormula:
         return int(max(counts.dot(sizes)))
 
     def _point(self, b, values) -> tuple:
-        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-            raise InputError(f"B must be a positive int, got {b!r}")
+        _positive(B=b)
         if set(values) != set(self.dims):
             raise InputError(f"give a value for every named dim {list(self.dims)}")
-        for name, v in values.items():
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise InputError(f"{name} must be a positive int, got {v!r}")
+        _positive(**values)
         subs = {B_SYM: sympy.Integer(b), **{dim_symbol(n): sympy.Integer(v)
                                              for n, v in values.items()}}
         for g in self.valid_when:
@@ -223,10 +225,8 @@ class DimsFormula:
         if name not in self.dims:
             raise InputError(f"name the dim to solve for, one of {list(self.dims)}")
         lo, hi = self._range(name, B, values)
-        if hi is not None and (limit is None or hi < limit):  # the trace ends before it
-            if lo <= hi and self.peak_bytes(B, **values, **{name: hi}) <= budget_bytes:
-                return Length(hi, beyond=True)
-            limit = hi
+        ends = hi is not None and (limit is None or hi < limit)  # the trace, before limit
+        limit = hi if ends else limit
 
         def fits(n):
             return self.peak_bytes(B, **values, **{name: n}) <= budget_bytes
@@ -237,7 +237,7 @@ class DimsFormula:
                 f"budget {budget_bytes:,} B is below the peak {least:,} B at B={B}, "
                 f"{name}={lo}", minimum_bytes=least)
         if limit is not None and fits(limit):
-            return Length(max(limit, lo))
+            return Length(max(limit, lo), beyond=ends)
         return Length(largest(fits, lo, limit=2**40))
 
     def _range(self, name: str, B: int, values: dict) -> tuple:  # noqa: N803
@@ -247,9 +247,7 @@ class DimsFormula:
         in (a compiled step's ``4096*B*L >= 5242880``, where inductor chose a kernel by
         size, or ``14336*B*L <= 2147483647``, where its indices fit 32 bits)."""
         x = dim_symbol(name)
-        for k, v in {"B": B, **values}.items():  # (the rest checked by peak_bytes)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise InputError(f"{k} must be a positive int, got {v!r}")
+        _positive(B=B, **values)  # (the rest checked by peak_bytes)
         subs = {B_SYM: sympy.Integer(B), **{dim_symbol(n): sympy.Integer(v)
                                              for n, v in values.items()}}
         left = [h for h in (g.xreplace(subs) for g in self.valid_when)
