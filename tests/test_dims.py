@@ -73,6 +73,15 @@ def test_the_longest_length_is_searched_where_the_trace_holds(lm):
         held.max_length(r.peak_bytes(2, L=639), B=2)  # L >= 640 at B=2
     with pytest.raises(fxmem.InputError, match="outside where the trace holds"):
         held.peak_bytes(2, L=639)
+    # a condition that ends L (a compiled kernel's 32-bit indices): where the step still
+    # fits there, that end, marked; below it, the search as before
+    ended = DimsFormula(replace(r.named.trace, guards=(*r.named.trace.guards,
+                                                       sympy.Le(fxmem.B * L, 800))),
+                        r.named.device)
+    top = ended.max_length(r.peak_bytes(2, L=400), B=2)
+    assert (top, top.beyond) == (400, True)
+    inner = ended.max_length(r.peak_bytes(2, L=300), B=2)
+    assert (inner, inner.beyond) == (r.max_length(r.peak_bytes(2, L=300), B=2), False)
 
 
 def test_a_step_traced_at_one_point_is_the_formula_there(lm):

@@ -228,8 +228,9 @@ class DimsFormula:
         ends = hi is not None and (limit is None or hi < limit)  # the trace, before limit
         limit = hi if ends else limit
 
-        def fits(n):
-            return self.peak_bytes(B, **values, **{name: n}) <= budget_bytes
+        def fits(n):  # (never past limit: past the trace's end there is no formula)
+            return (limit is None or n <= limit) and \
+                self.peak_bytes(B, **values, **{name: n}) <= budget_bytes
 
         if not fits(lo):
             least = self.peak_bytes(B, **values, **{name: lo})
