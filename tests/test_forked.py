@@ -72,24 +72,25 @@ def _fits(jobs):
 
 
 def test_two_jobs_find_the_ways_one_finds(monkeypatch, tmp_path):
-    """Under FSDP2 the largest B, FSDP2's mixed precision and the longest length are searched
-    in the child, the plan and the fewest GPUs here: the same Fit as one job's."""
+    """Under FSDP2 the plan and the fewest GPUs are searched in the child, the largest B,
+    FSDP2's mixed precision and the longest length here (where the largest B's traces stay
+    for the per-rank table): the same Fit as one job's."""
     alone = _fits(1)
     assert not alone and alone.ways
     where = _where(monkeypatch, tmp_path)
     assert _fits(2) == alone
-    assert sorted(where()) == sorted([("_largest_batch", False), ("_plan_at", True),
-                                      ("fewest_ranks", True), ("param_dtype_way", False),
-                                      ("_longest", False)])
+    assert sorted(where()) == sorted([("_largest_batch", True), ("_plan_at", False),
+                                      ("fewest_ranks", False), ("param_dtype_way", True),
+                                      ("_longest", True)])
 
 
 def test_a_failing_child_s_ways_are_found_here(monkeypatch, tmp_path):
     alone = _fits(1)
-    where = _where(monkeypatch, tmp_path, fail_in_child=("_longest",))
+    where = _where(monkeypatch, tmp_path, fail_in_child=("_plan_at",))
     assert _fits(2) == alone
     ran = where()
-    assert ("_longest", False) in ran and ("_longest", True) in ran
-    assert ("_largest_batch", True) in ran  # the child's ways all found again here
+    assert ("_plan_at", False) in ran and ("_plan_at", True) in ran
+    assert ("fewest_ranks", True) in ran  # the child's ways all found again here
 
 
 def test_one_gpu_forks_no_child(monkeypatch, tmp_path):

@@ -96,8 +96,8 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
     traced at that B alone), for the FSDP2 ways; :func:`fxmem.analyze` gives reports one
     (``Report.reanalyze``). ``ways=False``: only whether it fits. ``progress(what)``: called
     with what is being searched as each search starts (the CLI's status line). ``jobs=2``:
-    under FSDP2, the largest B, FSDP2's mixed precision and the longest length searched in
-    a forked child while this process searches the plan and the fewest GPUs
+    under FSDP2, the plan and the fewest GPUs searched in a forked child while this process
+    searches the largest B, FSDP2's mixed precision and the longest length
     (:mod:`fxmem.report.forked`; the same ways, in the same order). ``ahead``: FSDP2's mixed
     precision searched ahead in a child (:func:`fxmem.report.ahead.param_dtype_ahead`), its
     answer taken where it searched this way, the child stopped otherwise."""
@@ -133,16 +133,17 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
                               reanalyze=reanalyze, found=tuple(found)))
             found += [w for w in got[k] if isinstance(w, WayOut)]
         return got
-    # the fewest GPUs reads the plan's way (found): both here, the others in the child,
-    # where FSDP2's mixed precision gives it a trace and a walk of its own (on one GPU its
-    # ways are searches of formulas: Llama-3.1-8B's took 2.7 s longer beside, 46.4 s alone)
+    # the plan and the fewest GPUs (which reads the plan's way: found) in the child, the
+    # others here, where the largest B's traces and replays (a rank at a B below where the
+    # formulas hold) stay for the report's per-rank table, which reads them again. On one
+    # GPU no child: the other ways are searches of formulas (Llama-3.1-8B's command took
+    # 2.7 s longer with one)
     from ..trace.parallel import FSDP
 
     beside = jobs > 1 and isinstance(getattr(report, "strategy", None), FSDP)
-    alone = tuple(k for k in ALONE if ahead is None or k != AHEAD)
-    child = forked(lambda: run(alone)) if beside else None
+    child = forked(lambda: run(BESIDE)) if beside else None
     try:
-        got = run([k for k in range(len(searches)) if (child is None or k not in alone)
+        got = run([k for k in range(len(searches)) if (child is None or k not in BESIDE)
                    and (ahead is None or k != AHEAD)], progress)
     except BaseException:
         for c in (child, ahead):
@@ -151,9 +152,9 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
         raise
     if child is not None:
         if progress is not None:
-            progress("the other ways (searched beside)")
+            progress(" and ".join(searches[k][0] for k in BESIDE) + " (searched beside)")
         theirs = child.collect()
-        got.update(theirs if theirs is not None else run(alone, progress))
+        got.update(theirs if theirs is not None else run(BESIDE, progress))
     if ahead is not None:
         if progress is not None:
             progress(f"{searches[AHEAD][0]} (searched ahead)")
@@ -164,7 +165,8 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
                    none=tuple(str(w) for w in ways if not isinstance(w, WayOut)))
 
 
-ALONE = (0, 3, 4)  # the ways fit's jobs=2 searches in a child: none reads another's
+BESIDE = (1, 2)  # the ways fit's jobs=2 searches in a child, in order: the plan's, then
+# the fewest GPUs (which reads it); none of the others reads another's
 AHEAD = 3  # FSDP2's mixed precision: the way fxmem.report.ahead searches
 
 
