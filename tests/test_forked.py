@@ -27,6 +27,17 @@ def test_a_child_s_answer_comes_back_with_its_warnings():
         assert forked(warns).collect() == 3
 
 
+def test_a_line_saying_no_plan_fits_comes_back_whole():
+    """The fewest GPUs' search and the plan's way answer with a NoPlan line (the smallest
+    peak a plan reaches beside it): it pickles, so the child's answer is not lost and its
+    ways searched again here (Llama-3.1-70B's --fsdp 64: both ways twice)."""
+    from fxmem.report.ways import NoPlan
+
+    got = forked(lambda: [NoPlan("no plan fits", 123)]).collect()
+    assert got == ["no plan fits"] and isinstance(got[0], NoPlan)
+    assert got[0].minimum_bytes == 123
+
+
 def test_a_child_that_fails_or_cannot_send_gives_none():
     assert forked(lambda: 1 // 0).collect() is None
     assert forked(lambda: (lambda: 0)).collect() is None  # a lambda does not pickle

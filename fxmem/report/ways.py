@@ -137,6 +137,9 @@ class NoPlan(str):
         self.minimum_bytes = minimum_bytes
         return self
 
+    def __reduce__(self):  # a way's line sent back from a forked child (fxmem.report.forked)
+        return NoPlan, (str(self), self.minimum_bytes)
+
 
 def cheapest_plan(check, report, b: int, confirm: bool = True):
     """The :class:`fxmem.PlanChoice` at ``b``, or the line saying why there is none;
