@@ -13,7 +13,7 @@ from .memory.graph import build_graph
 from .memory.liveness import liveness, parts_of
 from .report.ranks import ParallelReport, RankGroup
 from .report.result import Report
-from .trace.compiled import check_parts, compiled_parts
+from .trace.compiled import check_lowerable, check_parts, compiled_parts
 from .trace.engine import UNSET, Step, TraceRequest, trace
 from .trace.ledger import freeze_more, frozen_gc
 from .trace.parallel import (
@@ -148,6 +148,7 @@ def analyze_request(request: TraceRequest, retrace: bool = False, defer: bool = 
         check_parts(model, request.checkpoint, parallel, request.step)
         normalize_plan(model, request.checkpoint, parallel,  # (over blocks compiled in
                        request.step.compile)  # place, by the user or by compile=)
+        check_lowerable(model, request.step)
         return _made(made, request, _per_rank(request.but(parallel=parallel), again_as,
                                               defer, like))
     check_parts(model, request.checkpoint, None, None)

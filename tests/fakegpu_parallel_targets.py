@@ -376,3 +376,52 @@ def cli_compile_option(B):  # noqa: N803
             "cli": report["cuda"]["max_allocated"],
             "api": api.rank(0).cuda_memory(B).max_allocated,
             "short": short.exit_code, "none": json.loads(short.stdout)["fit"]["none"]}
+
+
+def cli_auto_compile(B, share):  # noqa: N803
+    """``fxmem analyze ... --checkpoint auto --compile --fsdp 2 --format json`` on the blocks
+    of :func:`cli_compile_option` at ``B`` within ``share`` of the bytes the step compiled
+    under budget 1.0 reserves: the setup's "compiled" row, the frontier's compiled budgets,
+    the report's ``max_allocated``/``max_reserved``, and the API's for the same choice
+    (``compile=`` at the budget chosen, or the eager plan chosen, under ``FSDP(2)``)."""
+    import json
+    import os
+    import tempfile
+
+    from click.testing import CliRunner
+
+    import fakegpu_compile_targets
+    import fxmem
+    from fxmem.cli import cli
+    from fxmem.trace.plans import load_plan
+
+    def api(**options):
+        return fxmem.analyze(_blocks("eager"), torch.zeros(B, 256), torch.zeros(B, 10),
+                             loss=F.mse_loss, optimizer=torch.optim.Adam, device="cuda",
+                             parallel=FSDP(2), **options)
+
+    reference = api(compile=True)
+    need = max(reference.rank(k).cuda_memory(B).max_reserved for k in (0, 1))
+    budget = int(need * share)
+    with tempfile.TemporaryDirectory() as where:
+        saved = os.path.join(where, "plan.json")
+        r = CliRunner().invoke(cli, [
+            "analyze", f"{fakegpu_compile_targets.__file__}:Blocks", "--input", "B,256",
+            "--target", "B,10", "--loss", "mse", "--optimizer", "adam", "--compile",
+            "--checkpoint", "auto", "--fsdp", "2", "--batch", str(B), "--format", "json",
+            "--budget", str(budget), "--save-plan", saved])
+        plan = load_plan(saved) if os.path.exists(saved) else None
+    out = {"exit": r.exit_code, "budget": budget, "need": need}
+    if r.exit_code not in (0, 4):
+        return {**out, "output": r.output}
+    report = json.loads(r.stdout)
+    row = report["setup"]["compiled"]
+    chosen = float(row.split("activation_memory_budget ")[1].split()[0]) \
+        if "activation_memory_budget" in row else None
+    same = api(compile={"activation_memory_budget": chosen}) if chosen is not None else \
+        api(checkpoint=plan)
+    return {**out, "compiled": row, "chosen": chosen, "plan": str(plan),
+            "frontier": [p.get("compiled") for p in report["frontier"]],
+            "cli": [report["cuda"]["max_allocated"], report["cuda"]["max_reserved"]],
+            "api": [[same.rank(k).cuda_memory(B).max_allocated,
+                     same.rank(k).cuda_memory(B).max_reserved] for k in (0, 1)]}

@@ -434,10 +434,29 @@ def test_the_command_line_says_what_compile_needs():
         assert r.exit_code == 2 and "needs a CUDA build of PyTorch with a device" in r.output
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA build with a device")
+@pytest.mark.parametrize("how", ["compile=", "parts"])
+def test_a_compiled_parallel_step_without_a_cuda_build_is_one_line(how):
+    """Under FSDP2, blocks compiled by ``compile=`` or by the user (``torch.compile(block)``
+    put back) need a CUDA build too, said before any rank is wrapped: it had been "cannot
+    trace the step on fake tensors: AssertionError: Torch not compiled with CUDA enabled
+    (module (root), during setup)"."""
+    from fakegpu_compile_targets import blocks
+
+    model = blocks("eager" if how == "compile=" else "each")
+    options = {"compile": True} if how == "compile=" else {}
+    with pytest.raises(fxmem.InputError, match="needs a CUDA build of PyTorch with a device"):
+        fxmem.analyze(model, torch.zeros(4, 256), torch.zeros(4, 10),
+                      loss=torch.nn.functional.mse_loss,
+                      optimizer=torch.optim.Adam, device="cuda", parallel=fxmem.FSDP(2),
+                      **options)
+
+
 def test_checkpoint_auto_with_compile_refuses_what_it_cannot_choose():
     """``--checkpoint auto --compile`` chooses the compile budget itself (a given one is
-    refused), and not under data or tensor parallelism (not modelled): one line each,
-    before anything is traced."""
+    refused, in one line, before anything is traced); under FSDP2 it compares the budgets
+    of each block compiled too: a model with no repeated blocks, and on a machine without
+    a CUDA build any model, is told so in one line."""
     import os
 
     from click.testing import CliRunner
@@ -449,8 +468,13 @@ def test_checkpoint_auto_with_compile_refuses_what_it_cannot_choose():
             "--compile", "--checkpoint", "auto"]
     r = CliRunner().invoke(cli, [*base, "--compile-budget", "0.5"])
     assert r.exit_code == 2 and "chooses the torch.compile budget itself" in r.output
-    r = CliRunner().invoke(cli, [*base, "--fsdp", "2"])
-    assert r.exit_code == 2 and "not modelled yet" in r.output
+    r = CliRunner().invoke(cli, [*base, "--fsdp", "2", "--budget", "1MiB"])
+    assert r.exit_code == 2 and "this model has none" in r.output  # no blocks to compile
+    if not torch.cuda.is_available():
+        blocks = target.replace(":Pointwise", ":Blocks")
+        r = CliRunner().invoke(cli, ["analyze", blocks, "--input", "B,256", "--target",
+                                     "B,10", *base[6:], "--fsdp", "2", "--budget", "1MiB"])
+        assert r.exit_code == 2 and "needs a CUDA build of PyTorch with a device" in r.output
 
 
 def test_a_graph_s_own_peak_counts_what_it_makes_and_frees():

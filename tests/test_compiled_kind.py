@@ -119,3 +119,90 @@ def test_unknown_kind_is_one_line():
         r.frontier(8, kinds=["compile"])
     with pytest.raises(fxmem.InputError, match="device='cuda'"):
         r.frontier(8, kinds=["compiled"])
+
+
+@pytest.fixture(scope="module")
+def sharded():
+    """The stack under FSDP2 over 3 ranks (two groups: ranks 0-1 and 2, whose shards have
+    fewer rows), each budget's step stood in for as above, under FSDP2 too."""
+    from fxmem.report.ranks import RankGroup
+
+    model, x = _model(), torch.randn(8, 32)
+
+    def analyzed(plan=None):
+        return fxmem.analyze(model, x, loss=_loss, device="cuda", checkpoint=plan,
+                             parallel=fxmem.FSDP(3))
+
+    base, seen = analyzed(), {}
+
+    def reanalyze(compile):
+        b = compile["activation_memory_budget"]
+        seen[b] = seen.get(b, 0) + 1
+        return analyzed(STANDS_IN[b])
+
+    first = base.groups[0]
+    r = replace(base, groups=(RankGroup(first.ranks, replace(first.report, reanalyze=reanalyze)),
+                              *base.groups[1:]))
+    r.__dict__["_seen"] = seen
+    return r
+
+
+def test_a_parallel_step_s_candidates_are_its_largest_rank_s(sharded):
+    """Under a strategy each budget's step is the strategy's (every rank), its numbers the
+    largest rank's: the peak, and FLOPs as the plans' (each rank runs the same blocks)."""
+    assert len(sharded.groups) == 2
+    plans = compiled_plans(sharded)
+    assert [p.budget for p in plans] == list(STANDS_IN)
+    for p in plans:
+        assert isinstance(p.report, fxmem.ParallelReport)
+        for b in (8, 300):
+            assert p.peak_bytes(b) == max(p.report.peak_bytes(b, rank=k) for k in range(3))
+            assert p.recompute_flops_at(b) == int(p.report.recompute_flops.subs(fxmem.B, b))
+    assert plans[-1].recompute_flops_at(8) > 0
+    compiled_plans(sharded)
+    assert all(n == 1 for n in sharded._seen.values())  # analysed once per budget
+
+
+def test_a_parallel_frontier_and_plan_take_compiled_candidates(sharded):
+    b = 300
+    eager = sharded.frontier(b, kinds=KINDS)
+    both = sharded.frontier(b, kinds=[*KINDS, "compiled"])
+    alone = sharded.frontier(b, kinds=["compiled"])
+    assert eager == sharded.frontier(b)  # the strategy's own planner's points
+    assert alone and all(p.compiled for p in alone) and all(p in [*eager, *alone] for p in both)
+    for q in (*eager, *alone):
+        assert any(p.peak_bytes <= q.peak_bytes and p.recompute_flops <= q.recompute_flops
+                   for p in both)
+    def needs(p, by):  # a candidate's: its peak, or its replay's reserved bytes, no limit
+        return p.peak_bytes(b) if by == "live" else max(
+            g.report.cuda_memory(b).max_reserved for g in p.report.groups)
+
+    for by in ("live", "device"):
+        for budget in sorted({needs(p, by) for p in compiled_plans(sharded)}):
+            choice = sharded.plan_for(budget, b, kinds=[*KINDS, "compiled"], by=by,
+                                      confirm=False)
+            fits = [p for p in compiled_plans(sharded) if (
+                p.peak_bytes(b) <= budget if by == "live" else
+                all(g.report.runs_on_device(b, budget).fits for g in p.report.groups))]
+            assert choice.recompute_flops <= min((p.recompute_flops_at(b) for p in fits),
+                                                 default=choice.recompute_flops)
+            if choice.compiled is not None:
+                assert not choice.plan and isinstance(choice.report, fxmem.ParallelReport)
+                assert choice.peak_bytes == choice.report.peak_bytes(b) <= budget
+                if by == "device":
+                    assert choice.run.fits
+            else:  # the eager choice, as the strategy's planner alone makes it
+                eager = sharded.plan_for(budget, b, kinds=KINDS, by=by, confirm=False)
+                assert (choice.plan, choice.peak_bytes) == (eager.plan, eager.peak_bytes)
+            assert choice.recompute_flops <= sharded.plan_for(
+                budget, b, kinds=KINDS, by=by, confirm=False).recompute_flops
+
+
+def test_a_parallel_max_batch_size_takes_compiled_candidates(sharded):
+    top = compiled_plans(sharded)[-1]
+    budget = compiled_plans(sharded)[0].peak_bytes(300)
+    most = sharded.max_batch_size(budget, max_recompute=1.0, kinds=["compiled"], by="live")
+    assert most.choice.compiled == 0.3 and int(most) > 300
+    assert top.report.peak_bytes(int(most)) <= budget < top.report.peak_bytes(int(most) + 1)
+    assert sharded.max_batch_size(budget, max_recompute=0.0, kinds=["compiled"],
+                                  by="live") == 300

@@ -311,6 +311,24 @@ def test_the_command_line_compiles_each_block_under_fsdp():
             in got["none"]), got["none"]
 
 
+@pytest.mark.slow
+def test_the_command_line_chooses_a_compile_budget_under_fsdp():
+    """``fxmem analyze --checkpoint auto --compile --fsdp 2`` within 0.9 of what the step
+    compiled under budget 1.0 reserves: the eager plans and each block compiled under every
+    budget compared (it had been refused, "not modelled yet"); the setup names the budget
+    chosen, a compiled point of the frontier, and the report's figures are the API's for
+    ``compile=`` at that budget, on the ranks with the least room."""
+    from fxmem.validate.fakegpu.run import call
+
+    got = call(sys.executable, "fakegpu_parallel_targets:cli_auto_compile", sys_path=[HERE],
+               kwargs={"B": 512, "share": 0.9})
+    assert got["exit"] == 0, got
+    assert got["chosen"] in got["frontier"], got
+    assert got["compiled"] == ("torch.compile of each block, activation_memory_budget "
+                               f"{got['chosen']:g} (--checkpoint auto)"), got
+    assert got["cli"] == max(got["api"], key=lambda a: a[1]) and got["cli"][1] > 0, got
+
+
 # torchtitan's recipe, by PyTorch alone (each block checkpoint_wrapper(block), then
 # torch.compile of that put back, then sharded, split by TP, or the model wrapped by DDP):
 # fxmem's prediction for the blocks compiled on their own (the case named second) under the plan

@@ -18,6 +18,11 @@ the same two numbers:
 Compiled candidates need a CUDA build of PyTorch with a device (a GPU or the fake GPU), and
 one analysis per budget: they are considered only when asked for (``"compiled"`` in
 ``kinds``), so an eager analysis and its planner cost nothing more.
+
+Under FSDP2, HSDP, DDP or TP (a :class:`fxmem.ParallelReport`) a budget's step is the one
+``compile=`` makes there: each of the model's repeated blocks compiled in place under the
+budget (:meth:`fxmem.trace.compiled.Compile.blocks`), the eager plans' the strategy's own
+planner's; each number is the largest rank's, and a step runs where every rank's does.
 """
 
 from __future__ import annotations
@@ -78,14 +83,14 @@ def check_budgets(budgets) -> tuple:
 def compiled_plans(report, budgets=BUDGETS) -> tuple:
     """A :class:`CompiledPlan` per budget (1.0 first), the step analysed again compiled
     (``report.reanalyze``, which :func:`fxmem.analyze` sets); memoized on ``report``."""
-    again = getattr(report, "reanalyze", None)
+    again = getattr(_first(report), "reanalyze", None)
     if again is None:
         raise InputError("compiled plans analyse the step again compiled: use a report made "
                          "by fxmem.analyze")
     if report.device != "cuda":
         raise InputError("compiled plans are for device='cuda' (inductor's CPU code is not "
                          "modelled)")
-    parts = getattr(report.trace, "compiled_parts", ())
+    parts = getattr(_first(report).trace, "compiled_parts", ())
     if parts:  # analysed again with compile=, the model would be compiled whole
         from ..trace.compiled import named_parts
 
@@ -96,13 +101,38 @@ def compiled_plans(report, budgets=BUDGETS) -> tuple:
     for b in check_budgets(budgets):
         if b not in memo:
             memo[b] = again(compile={"activation_memory_budget": b})
-    reference = memo[1.0].flop_count.total
+    reference = _flops(memo[1.0])
     out = []
     for b in check_budgets(budgets):
         r = memo[b]
-        total = r.flop_count.total
+        total = _flops(r)
         out.append(CompiledPlan(b, r.peak, total, sympy.expand(total - reference), r))
     return tuple(out)
+
+
+def _first(report):
+    """``report``, or a :class:`fxmem.ParallelReport`'s first group's (rank 0's) report."""
+    groups = getattr(report, "groups", None)
+    return groups[0].report if groups is not None else report
+
+
+def _flops(report) -> sympy.Expr:
+    """The step's FLOPs, a parallel step's the largest rank's (each rank runs its own
+    micro-batch of B)."""
+    groups = getattr(report, "groups", None)
+    if groups is None:
+        return report.flop_count.total
+    totals = list(dict.fromkeys(g.report.flop_count.total for g in groups))
+    return totals[0] if len(totals) == 1 else sympy.Max(*totals)
+
+
+def _reserved(report, b: int, cudnn_workspace: int) -> int:
+    """``max_memory_reserved()`` of ``report``'s step at ``b`` replayed with no limit, a
+    parallel step's largest rank's."""
+    groups = getattr(report, "groups", None)
+    reports = [g.report for g in groups] if groups is not None else [report]
+    return max(r.cuda_memory(b, cudnn_workspace=cudnn_workspace).max_reserved
+               for r in reports)
 
 
 def split_kinds(kinds, report=None) -> tuple:
@@ -112,7 +142,7 @@ def split_kinds(kinds, report=None) -> tuple:
     are refused: its ops are inductor's kernels, not the modules' forwards)."""
     from .options import KINDS
 
-    step_compiled = report is not None and getattr(report.trace, "compiled", False)
+    step_compiled = report is not None and getattr(_first(report).trace, "compiled", False)
     if kinds is None:
         kinds = ("compiled",) if step_compiled else KINDS
     kinds = tuple(dict.fromkeys(kinds))
@@ -138,7 +168,14 @@ def frontier(report, b: int, candidates=None, kinds=None, budgets=BUDGETS) -> tu
     from .choose import FrontierPoint
 
     eager, compiled = split_kinds(kinds, report)
-    pts = tuple(report._chooser(candidates, eager).frontier(b)) if eager else ()
+    if not eager:
+        pts = ()
+    elif getattr(report, "groups", None) is not None:  # one plan for every rank
+        from .ranks import frontier as every_rank
+
+        pts = every_rank(*report._planner(candidates, eager), b)
+    else:
+        pts = tuple(report._chooser(candidates, eager).frontier(b))
     if not compiled:
         return pts
     ours = []
@@ -172,7 +209,12 @@ def plan_for(report, budget_bytes: int, b: int, candidates=None, kinds=None, *,
     from .choose import PlanChoice
     from .confirm import plan_for as eager_plan_for
 
+    from .on_device import device_run
+
     eager, compiled = split_kinds(kinds, report)
+    if getattr(report, "groups", None) is not None:  # a parallel step: its own planner
+        def eager_plan_for(report, budget_bytes, b, candidates, kinds, **kw):
+            return report.plan_for(budget_bytes, b, candidates, kinds=kinds, **kw)
     if not compiled:
         return eager_plan_for(report, budget_bytes, b, candidates, eager, by=by, **options)
     choices, least = [], None
@@ -187,14 +229,12 @@ def plan_for(report, budget_bytes: int, b: int, candidates=None, kinds=None, *,
     step = plans[0].step_flops_at(b)  # the step without recomputation: budget 1.0's
     for p in plans:
         peak = p.peak_bytes(b)
-        run = p.report.runs_on_device(b, budget_bytes, cudnn_workspace=ws) \
-            if by == "device" else None
+        run = device_run(p.report, b, budget_bytes, ws) if by == "device" else None
         if (run.fits if run is not None else peak <= budget_bytes):
             choices.append(PlanChoice(b, (), peak, p.recompute_flops_at(b), step, p.report,
                                       by=by, run=run, compiled=p.budget))
             continue  # else what it needs: its peak, or its replay's with no limit
-        need = peak if by == "live" else \
-            p.report.cuda_memory(b, cudnn_workspace=ws).max_reserved
+        need = peak if by == "live" else _reserved(p.report, b, ws)
         least = need if least is None else min(least, need)
     if not choices:
         how = " in the caching allocator's replay" if by == "device" else ""
@@ -217,6 +257,13 @@ def max_batch_size(report, budget_bytes: int, max_recompute: float, candidates=N
     from .confirm import max_batch_size as eager_most
 
     eager, compiled = split_kinds(kinds, report)
+    if getattr(report, "groups", None) is not None:  # a parallel step: its own planner
+        from .confirm import without_selective
+
+        def eager_most(report, budget_bytes, max_recompute, candidates, kinds, **kw):
+            return without_selective(lambda k: report._most_with_plan(
+                budget_bytes, max_recompute, candidates, k, kw["by"],
+                kw.get("cudnn_workspace", 0)), kinds)
     if not compiled:
         return eager_most(report, budget_bytes, max_recompute, candidates, eager, by=by,
                           **options)

@@ -25,10 +25,11 @@ class Auto:
     frontier: tuple
     compiled: float | None = None
 
-    def setup_line(self, asked_compile: bool) -> str | None:
+    def setup_line(self, asked_compile: bool, each_block: bool = False) -> str | None:
         """The report's "compiled" setup row with ``--compile`` (None without it): the budget
         chosen, or that an eager plan was (it re-runs less within the budget, or, with no
-        budget, it has the smallest peak).
+        budget, it has the smallest peak); ``each_block``: under ``--fsdp``, ``--ddp`` or
+        ``--tp``, where a budget's step compiles each repeated block (:func:`compiled_line`).
 
         >>> Auto(None, (), 0.5).setup_line(True)
         'torch.compile, activation_memory_budget 0.5 (--checkpoint auto)'
@@ -37,18 +38,16 @@ class Auto:
             return None
         if self.compiled is None:
             return "no: eager, under the checkpoint plan chosen (--checkpoint auto)"
-        return frontier_plan((), self.compiled) + " (--checkpoint auto)"
+        from ..trace.compiled import Compile
+
+        return compiled_line(Compile(self.compiled), each_block) + " (--checkpoint auto)"
 
 
-def check(compile_budget, parallel) -> None:
-    """``--checkpoint auto --compile``'s refusals: a budget given (auto chooses it), and
-    parallel steps (plans over a parallel step's compiled blocks are not chosen)."""
+def check(compile_budget) -> None:
+    """``--checkpoint auto --compile``'s refusal: a budget given (auto chooses it)."""
     if compile_budget is not None:
         raise InputError("--checkpoint auto chooses the torch.compile budget itself: drop "
                          "--compile-budget, or give a plan instead of auto")
-    if parallel is not None:
-        raise InputError("--checkpoint auto --compile under --fsdp, --ddp or --tp: not "
-                         "modelled yet (--compile alone is: each block compiled)")
 
 
 def choose(report, batch: int, budget_bytes: int | None, cudnn_workspace: int = 0,

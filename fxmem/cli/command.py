@@ -224,7 +224,7 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
             if compiled and checkpoint == "auto" and not inference:
                 from .auto import check
 
-                check(compile_budget, parallel)
+                check(compile_budget)
             with _silenced():
                 text, fit = _analyze(
                     target, inputs, targets, loss, optimizer, amp, device, inference,
@@ -477,7 +477,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                           "choosing a checkpoint plan or torch.compile budget (compiling) ...")
             chosen = choose(report, batch, budget_bytes, conv_ws, auto_compiled)
             report, frontier = chosen.report, chosen.frontier
-            compiled_as = chosen.setup_line(auto_compiled) or compiled_as
+            compiled_as = chosen.setup_line(auto_compiled, parallel is not None) or compiled_as
             if dims and report is not at and not exact_formula:  # the step without the plan
                 extra[f"peak in B, {', '.join(dims)}"] = unplanned_peak(named, batch, at_dims)
         if save_plan:

@@ -262,6 +262,12 @@ class ParallelReport:
         if options:
             raise InputError(f"max_batch_size(max_recompute=...) of a parallel step takes no "
                              f"{sorted(options)[0]}")
+        if kinds is not None and "compiled" in kinds:  # and torch.compile's budgets
+            from ..checkpoint.compiled import max_batch_size as most
+
+            return MaxBatchSize.with_plan(most(self, budget_bytes, max_recompute, candidates,
+                                               kinds, by=by, cudnn_workspace=cudnn),
+                                          budget_bytes, by=by, gpu=card)
         return MaxBatchSize.with_plan(without_selective(
             lambda k: self._most_with_plan(budget_bytes, max_recompute, candidates, k, by,
                                            cudnn), kinds), budget_bytes, by=by, gpu=card)
@@ -298,9 +304,9 @@ class ParallelReport:
         :class:`fxmem.FrontierPoint` (the largest rank's peak, recompute FLOPs, plan), from
         no plan to the smallest peak, over the plans of each group's own frontier
         (:meth:`fxmem.Report.frontier`); derived, not traced."""
-        from ..checkpoint.ranks import frontier
+        from ..checkpoint.compiled import frontier
 
-        return frontier(*self._planner(candidates, kinds), _check_b(B))
+        return frontier(self, _check_b(B), candidates, kinds)  # (torch.compile's budgets too)
 
     def plan_for(self, budget_bytes: int, B: int, candidates=None, *,  # noqa: N803
                  kinds=None, confirm: bool = True, by: str | None = None,
@@ -344,6 +350,11 @@ class ParallelReport:
         from .capacity import plan_by
 
         b, by, traced = _check_b(B), plan_by(by, self.device), {}
+        if kinds is not None and "compiled" in kinds:  # and torch.compile's budgets
+            from ..checkpoint.compiled import plan_for
+
+            return plan_for(self, budget_bytes, b, candidates, kinds, by=by, confirm=confirm,
+                            cudnn_workspace=cudnn_workspace)
         derived = self if confirm else replace(self, retrace=None)
 
         def pick(kinds):

@@ -12,7 +12,7 @@ A change here must keep the compiled steps exact against the same step run on th
 
 from .inductor import check_compilable, is_compiled
 from .options import Compile
-from .parts import check_parts, compiled_parts, in_place_context, named_parts
+from .parts import check_lowerable, check_parts, compiled_parts, in_place_context, named_parts
 
-__all__ = ["Compile", "check_compilable", "check_parts", "compiled_parts", "in_place_context",
-           "is_compiled", "named_parts"]
+__all__ = ["Compile", "check_compilable", "check_lowerable", "check_parts", "compiled_parts",
+           "in_place_context", "is_compiled", "named_parts"]

@@ -14,6 +14,8 @@ import contextlib
 import torch
 from torch.utils._pytree import tree_leaves
 
+from .inductor import check_compilable
+
 
 def compiled_parts(model) -> list:
     """``(path, module)`` of each module of ``model`` compiled on its own, outermost first
@@ -115,6 +117,14 @@ def check_parts(model, checkpoint, parallel, spec) -> None:
                          "static_graph, they are)")
     if parallel is not None:
         _check_sharded(parts, parallel, what)
+
+
+def check_lowerable(model, spec) -> None:
+    """A parallel step with blocks compiled (``compile=``, or parts the user compiled):
+    :func:`fxmem.trace.compiled.inductor.check_compilable` for ``spec``'s device, before any
+    rank is wrapped, after the checks of what is modelled (:func:`check_parts`, the plan's)."""
+    if spec.compile is not None or compiled_parts(model):
+        check_compilable(spec.device)
 
 
 def _check_compile_option(model, parallel) -> None:
