@@ -99,6 +99,8 @@ CASES = {  # name: (model, strategy, input width, step options)
     "fsdp-compile-option": (lambda: _blocks("eager"), lambda: FSDP(2), 256, {"compile": True}),
     "fsdp-compile-budget": (lambda: _blocks("eager"), lambda: FSDP(2), 256,
                             {"compile": {"activation_memory_budget": 0.3}}),
+    "fsdp-compile-budget-0.7": (lambda: _blocks("eager"), lambda: FSDP(2), 256,
+                                {"compile": {"activation_memory_budget": 0.7}}),
     "ddp-compile-option": (lambda: _blocks("eager"), lambda: DDP(2), 256, {"compile": True}),
     "fsdp-tp-compile-option": (lambda: _blocks("eager"), lambda: Parallel(
         fsdp=FSDP(2), tp=TP(2, BLOCKS_PLAN_OWN)), 256, {"compile": True}),
@@ -379,10 +381,11 @@ def cli_compile_option(B):  # noqa: N803
 
 
 def cli_auto_compile(B, share):  # noqa: N803
-    """``fxmem analyze ... --checkpoint auto --compile --fsdp 2 --format json`` on the blocks
-    of :func:`cli_compile_option` at ``B`` within ``share`` of the bytes the step compiled
-    under budget 1.0 reserves: the setup's "compiled" row, the frontier's compiled budgets,
-    the report's ``max_allocated``/``max_reserved``, and the API's for the same choice
+    """``fxmem analyze ... --checkpoint auto --compile --fsdp 2 --format json`` on the step of
+    the ``fsdp-compile-budget`` cases (the blocks uncompiled, cross-entropy, Adam) at ``B``
+    within ``share`` of the bytes it reserves compiled under budget 1.0: the setup's
+    "compiled" row, the frontier's compiled budgets, the report's
+    ``max_allocated``/``max_reserved``, and each rank's by the API for the same choice
     (``compile=`` at the budget chosen, or the eager plan chosen, under ``FSDP(2)``)."""
     import json
     import os
@@ -396,9 +399,10 @@ def cli_auto_compile(B, share):  # noqa: N803
     from fxmem.trace.plans import load_plan
 
     def api(**options):
-        return fxmem.analyze(_blocks("eager"), torch.zeros(B, 256), torch.zeros(B, 10),
-                             loss=F.mse_loss, optimizer=torch.optim.Adam, device="cuda",
-                             parallel=FSDP(2), **options)
+        return fxmem.analyze(_blocks("eager"), torch.zeros(B, 256),
+                             torch.zeros(B, dtype=torch.int64), loss=F.cross_entropy,
+                             optimizer=torch.optim.Adam, device="cuda", parallel=FSDP(2),
+                             **options)
 
     reference = api(compile=True)
     need = max(reference.rank(k).cuda_memory(B).max_reserved for k in (0, 1))
@@ -407,8 +411,9 @@ def cli_auto_compile(B, share):  # noqa: N803
         saved = os.path.join(where, "plan.json")
         r = CliRunner().invoke(cli, [
             "analyze", f"{fakegpu_compile_targets.__file__}:Blocks", "--input", "B,256",
-            "--target", "B,10", "--loss", "mse", "--optimizer", "adam", "--compile",
-            "--checkpoint", "auto", "--fsdp", "2", "--batch", str(B), "--format", "json",
+            "--target", "B:int64:10", "--loss", "cross_entropy", "--optimizer", "adam",
+            "--compile", "--checkpoint", "auto", "--fsdp", "2", "--batch", str(B),
+            "--format", "json",
             "--budget", str(budget), "--save-plan", saved])
         plan = load_plan(saved) if os.path.exists(saved) else None
     out = {"exit": r.exit_code, "budget": budget, "need": need}

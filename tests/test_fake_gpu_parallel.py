@@ -240,6 +240,7 @@ COMPILE_OPTION += [pytest.param(measured, predicted, plan, B, marks=pytest.mark.
                        ("ddp-compiled-in-place", "ddp-compile-option", None),
                        ("fsdp-tp-compiled-in-place", "fsdp-tp-compile-option", None),
                        ("fsdp-compile-budget", "fsdp-compile-budget", None),
+                       ("fsdp-compile-budget-0.7", "fsdp-compile-budget-0.7", None),
                        ("ddp-compiled-checkpointed-in-place", "ddp-compile-option",
                         ("layers.0", "layers.1")),
                        ("fsdp-tp-compiled-checkpointed-in-place", "fsdp-tp-compile-option",
@@ -317,7 +318,9 @@ def test_the_command_line_chooses_a_compile_budget_under_fsdp():
     compiled under budget 1.0 reserves: the eager plans and each block compiled under every
     budget compared (it had been refused, "not modelled yet"); the setup names the budget
     chosen, a compiled point of the frontier, and the report's figures are the API's for
-    ``compile=`` at that budget, on the ranks with the least room."""
+    ``compile=`` at that budget, on the ranks with the least room (both compiled at B=512;
+    the ``fsdp-compile-budget*`` cases, compiled at B=8, measure each budget on the
+    ranks)."""
     from fxmem.validate.fakegpu.run import call
 
     got = call(sys.executable, "fakegpu_parallel_targets:cli_auto_compile", sys_path=[HERE],
