@@ -47,16 +47,24 @@ def report():
     return r
 
 
-def test_candidates_recompute_what_their_steps_recompute(report):
-    plans = compiled_plans(report)
+@pytest.mark.parametrize("which", ["report", "sharded"])
+def test_candidates_recompute_what_their_steps_recompute(which, request):
+    """Each candidate's numbers are its step's; under a strategy (``sharded``) the step is
+    the strategy's (every rank), its numbers the largest rank's: the peak, and FLOPs as the
+    plans' (each rank runs the same blocks)."""
+    r = request.getfixturevalue(which)
+    plans = compiled_plans(r)
     assert [p.budget for p in plans] == list(STANDS_IN)
     for p in plans:
         for b in (8, 300):
             assert p.recompute_flops_at(b) == int(p.report.recompute_flops.subs(fxmem.B, b))
             assert p.peak_bytes(b) == p.report.peak_bytes(b)
+            if which == "sharded":
+                assert isinstance(p.report, fxmem.ParallelReport) and len(r.groups) == 2
+                assert p.peak_bytes(b) == max(p.report.peak_bytes(b, rank=k) for k in range(3))
     assert plans[-1].recompute_flops_at(8) > 0
-    compiled_plans(report)
-    assert all(n == 1 for n in report._seen.values())  # analysed once per budget
+    compiled_plans(r)
+    assert all(n == 1 for n in r._seen.values())  # analysed once per budget
 
 
 def test_frontier_with_compiled_candidates_is_pareto(report):
@@ -145,22 +153,6 @@ def sharded():
                               *base.groups[1:]))
     r.__dict__["_seen"] = seen
     return r
-
-
-def test_a_parallel_step_s_candidates_are_its_largest_rank_s(sharded):
-    """Under a strategy each budget's step is the strategy's (every rank), its numbers the
-    largest rank's: the peak, and FLOPs as the plans' (each rank runs the same blocks)."""
-    assert len(sharded.groups) == 2
-    plans = compiled_plans(sharded)
-    assert [p.budget for p in plans] == list(STANDS_IN)
-    for p in plans:
-        assert isinstance(p.report, fxmem.ParallelReport)
-        for b in (8, 300):
-            assert p.peak_bytes(b) == max(p.report.peak_bytes(b, rank=k) for k in range(3))
-            assert p.recompute_flops_at(b) == int(p.report.recompute_flops.subs(fxmem.B, b))
-    assert plans[-1].recompute_flops_at(8) > 0
-    compiled_plans(sharded)
-    assert all(n == 1 for n in sharded._seen.values())  # analysed once per budget
 
 
 def test_a_parallel_frontier_and_plan_take_compiled_candidates(sharded):

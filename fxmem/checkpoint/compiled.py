@@ -126,15 +126,6 @@ def _flops(report) -> sympy.Expr:
     return totals[0] if len(totals) == 1 else sympy.Max(*totals)
 
 
-def _reserved(report, b: int, cudnn_workspace: int) -> int:
-    """``max_memory_reserved()`` of ``report``'s step at ``b`` replayed with no limit, a
-    parallel step's largest rank's."""
-    groups = getattr(report, "groups", None)
-    reports = [g.report for g in groups] if groups is not None else [report]
-    return max(r.cuda_memory(b, cudnn_workspace=cudnn_workspace).max_reserved
-               for r in reports)
-
-
 def split_kinds(kinds, report=None) -> tuple:
     """``(eager kinds or None for none, whether "compiled" is asked)``; ``kinds`` None: the
     eager kinds (:data:`fxmem.checkpoint.options.KINDS`), no compiled ones, or for a
@@ -208,7 +199,7 @@ def plan_for(report, budget_bytes: int, b: int, candidates=None, kinds=None, *,
     from ..errors import InfeasibleBudgetError
     from .choose import PlanChoice
     from .confirm import plan_for as eager_plan_for
-
+    from .confirm import reserved_need
     from .on_device import device_run
 
     eager, compiled = split_kinds(kinds, report)
@@ -234,7 +225,7 @@ def plan_for(report, budget_bytes: int, b: int, candidates=None, kinds=None, *,
             choices.append(PlanChoice(b, (), peak, p.recompute_flops_at(b), step, p.report,
                                       by=by, run=run, compiled=p.budget))
             continue  # else what it needs: its peak, or its replay's with no limit
-        need = peak if by == "live" else _reserved(p.report, b, ws)
+        need = peak if by == "live" else reserved_need(p.report, b, ws)
         least = need if least is None else min(least, need)
     if not choices:
         how = " in the caching allocator's replay" if by == "device" else ""

@@ -168,7 +168,7 @@ def on_device(choose, smallest, b: int, budget_bytes: int, derived_of, *, retrac
     traced = {} if traced is None else traced
 
     def need(c):
-        return _need(derived_of(c), b, cudnn_workspace)
+        return reserved_need(derived_of(c), b, cudnn_workspace)
     key = (b, budget_bytes, cudnn_workspace)
     walked = None if walks is None else walks.get(key)
     if walked is None:
@@ -189,13 +189,13 @@ def on_device(choose, smallest, b: int, budget_bytes: int, derived_of, *, retrac
         return None
     need = None
     if walked.ran_out:
-        need = _need(derived_of(walked.ran_out[-1][0]), b, cudnn_workspace)
+        need = reserved_need(derived_of(walked.ran_out[-1][0]), b, cudnn_workspace)
     raise no_plan_runs(b, budget_bytes, walked, where, need)
 
 
-def _need(report, b: int, cudnn_workspace: int) -> int:
-    """``max_memory_reserved()`` of ``report`` at ``b`` replayed with no limit, the largest
-    rank group's."""
+def reserved_need(report, b: int, cudnn_workspace: int = 0) -> int:
+    """``max_memory_reserved()`` of ``report`` at ``b`` replayed with no limit, a
+    :class:`fxmem.ParallelReport`'s largest rank group's."""
     groups = getattr(report, "groups", None)
     reports = [g.report for g in groups] if groups is not None else [report]
     return max(r.cuda_memory(b, cudnn_workspace=cudnn_workspace).max_reserved
@@ -211,7 +211,7 @@ def most_on_device(top, lo: int, runs_at, budget_bytes: int, cudnn_workspace: in
     formula (:func:`fxmem.checkpoint.on_device.largest_running`); None when none runs."""
     if runs_at(top.B) is not None:
         return runs_at(top.B)
-    overhead = _need(top.report, top.B, cudnn_workspace) - top.peak_bytes
+    overhead = reserved_need(top.report, top.B, cudnn_workspace) - top.peak_bytes
     guess = below(top.report.peak_bytes, lo, top.B - 1, budget_bytes - overhead)
     b = largest_running(lambda x: runs_at(x) is not None, lo, top.B - 1, guess)
     return None if b is None else runs_at(b)
@@ -285,7 +285,7 @@ def _most_on_device(report, budget_bytes, max_recompute, candidates, kinds, conf
     got = most_on_device(top, lo, runs_at, budget_bytes, cudnn_workspace)
     if got is None:
         low = ch.smallest(lo)
-        need = max(_need(low.report, lo, cudnn_workspace), budget_bytes + 1)
+        need = max(reserved_need(low.report, lo, cudnn_workspace), budget_bytes + 1)
         raise InfeasibleBudgetError(
             f"no checkpoint plan within {max_recompute:.0%} recompute runs within "
             f"{budget_bytes:,} bytes at B={lo} in the caching allocator's replay; the plan of "
