@@ -198,3 +198,8 @@ def test_a_parallel_max_batch_size_takes_compiled_candidates(sharded):
     assert top.report.peak_bytes(int(most)) <= budget < top.report.peak_bytes(int(most) + 1)
     assert sharded.max_batch_size(budget, max_recompute=0.0, kinds=["compiled"],
                                   by="live") == 300
+    # with the eager plans too (the strategy's own planner): the larger of the two answers
+    eager = sharded.max_batch_size(budget, max_recompute=1.0, kinds=KINDS, by="live")
+    both = sharded.max_batch_size(budget, max_recompute=1.0, kinds=[*KINDS, "compiled"],
+                                  by="live")
+    assert int(both) == max(int(eager), int(most)) and both.choice.B == int(both)

@@ -126,6 +126,29 @@ def _flops(report) -> sympy.Expr:
     return totals[0] if len(totals) == 1 else sympy.Max(*totals)
 
 
+def _eager_plan_for(report, budget_bytes: int, b: int, candidates, kinds, **options):
+    """The eager plans' choice (:func:`fxmem.checkpoint.confirm.plan_for`); a parallel
+    step's by its own planner, one plan for every rank (``ParallelReport.plan_for``)."""
+    if getattr(report, "groups", None) is not None:
+        return report.plan_for(budget_bytes, b, candidates, kinds=kinds, **options)
+    from .confirm import plan_for
+
+    return plan_for(report, budget_bytes, b, candidates, kinds, **options)
+
+
+def _eager_most(report, budget_bytes: int, max_recompute: float, candidates, kinds,
+                **options):
+    """The eager plans' largest B (:func:`fxmem.checkpoint.confirm.max_batch_size`), a
+    :class:`fxmem.PlanChoice`; a parallel step's by its own planner
+    (``ParallelReport.max_batch_size``)."""
+    if getattr(report, "groups", None) is not None:
+        return report.max_batch_size(budget_bytes, max_recompute, candidates, kinds=kinds,
+                                     **options).choice
+    from .confirm import max_batch_size
+
+    return max_batch_size(report, budget_bytes, max_recompute, candidates, kinds, **options)
+
+
 def split_kinds(kinds, report=None) -> tuple:
     """``(eager kinds or None for none, whether "compiled" is asked)``; ``kinds`` None: the
     eager kinds (:data:`fxmem.checkpoint.options.KINDS`), no compiled ones, or for a
@@ -198,21 +221,17 @@ def plan_for(report, budget_bytes: int, b: int, candidates=None, kinds=None, *,
     its budget. Raises :class:`fxmem.InfeasibleBudgetError` when nothing fits."""
     from ..errors import InfeasibleBudgetError
     from .choose import PlanChoice
-    from .confirm import plan_for as eager_plan_for
     from .confirm import reserved_need
     from .on_device import device_run
 
     eager, compiled = split_kinds(kinds, report)
-    if getattr(report, "groups", None) is not None:  # a parallel step: its own planner
-        def eager_plan_for(report, budget_bytes, b, candidates, kinds, **kw):
-            return report.plan_for(budget_bytes, b, candidates, kinds=kinds, **kw)
     if not compiled:
-        return eager_plan_for(report, budget_bytes, b, candidates, eager, by=by, **options)
+        return _eager_plan_for(report, budget_bytes, b, candidates, eager, by=by, **options)
     choices, least = [], None
     if eager:
         try:
-            choices.append(eager_plan_for(report, budget_bytes, b, candidates, eager, by=by,
-                                          **options))
+            choices.append(_eager_plan_for(report, budget_bytes, b, candidates, eager, by=by,
+                                           **options))
         except InfeasibleBudgetError as e:
             least = e.minimum_bytes
     ws = options.get("cudnn_workspace", 0)
@@ -245,23 +264,15 @@ def max_batch_size(report, budget_bytes: int, max_recompute: float, candidates=N
     :class:`fxmem.PlanChoice`; the cheaper at equal B."""
     from ..errors import InfeasibleBudgetError
     from .choose import PlanChoice
-    from .confirm import max_batch_size as eager_most
 
     eager, compiled = split_kinds(kinds, report)
-    if getattr(report, "groups", None) is not None:  # a parallel step: its own planner
-        from .confirm import without_selective
-
-        def eager_most(report, budget_bytes, max_recompute, candidates, kinds, **kw):
-            return without_selective(lambda k: report._most_with_plan(
-                budget_bytes, max_recompute, candidates, k, kw["by"],
-                kw.get("cudnn_workspace", 0)), kinds)
     if not compiled:
-        return eager_most(report, budget_bytes, max_recompute, candidates, eager, by=by,
-                          **options)
+        return _eager_most(report, budget_bytes, max_recompute, candidates, eager, by=by,
+                           **options)
     choices, least = [], []
     if eager:
         try:
-            choices.append(eager_most(report, budget_bytes, max_recompute, candidates, eager,
+            choices.append(_eager_most(report, budget_bytes, max_recompute, candidates, eager,
                                       by=by, **options))
         except InfeasibleBudgetError as e:
             least.append(e.minimum_bytes)
