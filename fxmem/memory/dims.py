@@ -47,6 +47,12 @@ def _positive(**ints) -> None:
             raise InputError(f"{name} must be a positive int, got {v!r}")
 
 
+def _at(b: int, values: dict) -> dict:
+    """B and the named dims' symbols -> ``b`` and ``values`` as sympy Integers."""
+    return {B_SYM: sympy.Integer(b), **{dim_symbol(n): sympy.Integer(v)
+                                        for n, v in values.items()}}
+
+
 def specialize(trace, **values):
     """``trace`` with its named dims fixed (``L=512``): sizes, shapes and guards in B only.
     Raises :class:`fxmem.InputError` when a value breaks a condition the trace assumed."""
@@ -193,8 +199,7 @@ class DimsFormula:
         if set(values) != set(self.dims):
             raise InputError(f"give a value for every named dim {list(self.dims)}")
         _positive(**values)
-        subs = {B_SYM: sympy.Integer(b), **{dim_symbol(n): sympy.Integer(v)
-                                             for n, v in values.items()}}
+        subs = _at(b, values)
         for g in self.valid_when:
             if g.xreplace(subs) is sympy.false:
                 where = ", ".join(f"{k}={v}" for k, v in {"B": b, **values}.items())
@@ -249,8 +254,7 @@ class DimsFormula:
         size, or ``14336*B*L <= 2147483647``, where its indices fit 32 bits)."""
         x = dim_symbol(name)
         _positive(B=B, **values)  # (the rest checked by peak_bytes)
-        subs = {B_SYM: sympy.Integer(B), **{dim_symbol(n): sympy.Integer(v)
-                                             for n, v in values.items()}}
+        subs = _at(B, values)
         left = [h for h in (g.xreplace(subs) for g in self.valid_when)
                 if h is not sympy.true and h.free_symbols == {x}]
         folded = valid_when(left, symbol=x)
