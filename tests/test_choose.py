@@ -116,3 +116,46 @@ def test_choosing_needs_a_report_without_a_plan():
     r = fxmem.analyze(model, x, y, loss=loss, device="cpu", checkpoint=["0"])
     with pytest.raises(fxmem.InputError, match="without one"):
         r.plan_for(10**6, 4)
+
+
+# plans as (model peak, model cost, exact peak); the solver's: the cheapest whose model
+# peak is within the budget
+_PLANS = {"A": (50, 1, 110), "B": (30, 2, 95), "C": (20, 3, 60)}
+
+
+def _solver(asked: list):
+    def solve(budget):
+        asked.append(budget)
+        name = min((p for p, (m, _, _) in _PLANS.items() if m <= budget),
+                   key=lambda p: _PLANS[p][1], default=None)
+        if name is None:
+            raise fxmem.InfeasibleBudgetError("none", minimum_bytes=20)
+        model, cost, _ = _PLANS[name]
+        return name, True, model, cost
+    return solve
+
+
+def _exact(name):
+    return _PLANS[name][2], _PLANS[name][1]
+
+
+def test_a_model_short_by_more_than_the_excess_is_not_asked_the_same_plan_again():
+    from fxmem.checkpoint.choose import tightened
+
+    asked: list = []
+    # A's model peak (50) is 60 bytes short of its exact one, 10 over the budget: the
+    # next budget is below A's model peak, where B (exact 95) fits; lowered by the excess
+    # alone (90, 80, ...) A came back until the tightenings ran out
+    assert tightened(_solver(asked), _exact, 100, None) == ("B", False)
+    assert asked == [100, 40]
+
+
+def test_a_plan_dearer_than_one_found_ends_the_tightening():
+    from fxmem.checkpoint.choose import tightened
+
+    asked: list = []
+    # a plan costing 1 fits already: after A (cost 1, over), B costs more, and no smaller
+    # budget costs less
+    assert tightened(_solver(asked), _exact, 100, None, dearer=1) is None
+    assert asked == [100, 40]
+    assert tightened(_solver([]), _exact, 100, None, dearer=2) == ("B", False)

@@ -17,7 +17,7 @@ the base step's, op by op:
 That is the :class:`fxmem.checkpoint.solve.Problem`: plain numbers, solved exactly on chains by
 dynamic programming. Segments interact a little (a storage made in one and read by the next), so
 the solver's peak is a model; the plan it returns is derived exactly, and if it does not fit the
-budget is tightened by the excess and the solver asked again.
+budget is tightened (below its model peak, by the excess) and the solver asked again.
 
 >>> import torch, fxmem
 >>> blocks = [torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.GELU(),
@@ -202,7 +202,7 @@ class Chooser:
 
         def solve(budget):
             sol = S.solve(problem, budget)
-            return sol.plan, sol.exact
+            return sol.plan, sol.exact, sol.peak_bytes, sol.cost_flops
 
         got = tightened(solve, lambda idx: (self.peak(idx, b), self.costs(idx, b)),
                         budget_bytes, max_recompute_flops)
@@ -277,25 +277,35 @@ class Chooser:
                           rep, exact)
 
 
-def tightened(solve, numbers, budget_bytes: int, max_recompute_flops: int | None):
+def tightened(solve, numbers, budget_bytes: int, max_recompute_flops: int | None,
+              dearer: int | None = None):
     """The solver's answer checked exactly, the budget tightened while the model was short.
 
-    ``solve(budget)`` -> ``(plan, exact)`` (raises :class:`fxmem.InfeasibleBudgetError`);
-    ``numbers(plan)`` -> its exact ``(peak, recompute FLOPs)``. Returns ``(plan, exact)`` for
-    a plan that fits, ``(None, False)`` when it costs more than ``max_recompute_flops``, and
-    ``None`` when nothing was found within ``MAX_TIGHTENINGS`` solves."""
+    ``solve(budget)`` -> ``(plan, exact, model peak, model cost)`` (raises
+    :class:`fxmem.InfeasibleBudgetError`); ``numbers(plan)`` -> its exact ``(peak,
+    recompute FLOPs)``. A plan over the budget by ``over`` bytes was ``over`` plus what its
+    model peak left of the budget short, so the next budget is its model peak less
+    ``over``: where the model is short by more than the excess, a budget lowered by the
+    excess alone gave the same plan again (Llama-3.1-70B's walk: 37 of 67 solves; 0.3 s
+    each). ``dearer``: a model cost some plan that fits has already (a solver exact for its
+    model): a plan past it ends the search, since a smaller budget costs no less.
+    Returns ``(plan, exact)`` for a plan that fits, ``(None, False)`` when it costs more
+    than ``max_recompute_flops``, and ``None`` when nothing was found within
+    ``MAX_TIGHTENINGS`` solves or past ``dearer``."""
     budget, exact = budget_bytes, True
     for _ in range(MAX_TIGHTENINGS):
         try:
-            plan, solved_exactly = solve(budget)
+            plan, solved_exactly, model_peak, model_cost = solve(budget)
         except InfeasibleBudgetError:
+            return None
+        if dearer is not None and model_cost > dearer:
             return None
         peak, cost = numbers(plan)
         if peak <= budget_bytes:
             if max_recompute_flops is not None and cost > max_recompute_flops:
                 return None, False
             return plan, exact and solved_exactly
-        budget -= peak - budget_bytes  # the model was short by this much
+        budget = min(budget, model_peak) - (peak - budget_bytes)  # the model was short
         exact = False
     return None
 

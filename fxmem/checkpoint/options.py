@@ -365,12 +365,18 @@ class Planner:
         return replace(got, report=self.report.with_plan(got.plan) if got.plan else self.report)
 
     def _choose(self, budget_bytes: int, b: int, max_recompute_flops: int | None):
-        found = []
-        for optimistic in (False, True):  # the model above the exact peaks, and below
-            problem = self.problem(b, optimistic)
-            got = tightened(lambda budget: (self._plan(_solve(problem, budget)), True),
+        found, costs = [], {}  # costs: plan -> its model cost, as solved
+
+        def solve(problem, budget):
+            sol = _solve(problem, budget)
+            plan = self._plan(sol)
+            costs[plan] = sol.cost
+            return plan, True, sol.peak_bytes, sol.cost
+        for optimistic in (False, True):  # the model above the exact peaks, and below (a
+            problem = self.problem(b, optimistic)  # plan dearer than the first's: no answer)
+            got = tightened(lambda budget: solve(problem, budget),
                             lambda plan: self.exact_numbers(plan, b)[:2], budget_bytes,
-                            max_recompute_flops)
+                            max_recompute_flops, dearer=costs[found[0][0]] if found else None)
             if got is not None and got[0] is not None:
                 found.append(got)
         if found:  # proven cheapest when the model below the exact peaks found it untightened
