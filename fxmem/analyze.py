@@ -11,6 +11,7 @@ import torch
 from .checkpoint.plans import derive
 from .memory.graph import build_graph
 from .memory.liveness import liveness, parts_of
+from .report.forked import foreground
 from .report.ranks import ParallelReport, RankGroup
 from .report.result import Report
 from .trace.compiled import check_lowerable, check_parts, compiled_parts
@@ -236,8 +237,11 @@ def _lead(report: ParallelReport) -> tuple:
 def _trace(request: TraceRequest):
     """``request`` traced (by this module's :func:`trace`, which tests and the benchmarks'
     logging count), its objects then exempt from the collector's passes while fxmem's
-    outermost block lasts (:func:`fxmem.trace.ledger.freeze_more`)."""
-    t = trace(request.model, request.inputs, request.targets, **request.options())
+    outermost block lasts (:func:`fxmem.trace.ledger.freeze_more`). Under a checkpoint
+    plan (a plan chosen, confirmed: the answer waits on it) in the foreground, a way
+    searched ahead in a child stopped meanwhile (:func:`fxmem.report.forked.foreground`)."""
+    with foreground() if request.checkpoint else contextlib.nullcontext():
+        t = trace(request.model, request.inputs, request.targets, **request.options())
     freeze_more()
     return t
 

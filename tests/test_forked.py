@@ -11,7 +11,7 @@ import torch
 
 import fxmem
 from fxmem.report import fit as fit_module
-from fxmem.report.forked import can_fork, forked
+from fxmem.report.forked import can_fork, foreground, forked
 
 pytestmark = pytest.mark.skipif(not can_fork(), reason="no os.fork here")
 
@@ -48,6 +48,69 @@ def test_a_cancelled_child_is_gone():
     child.cancel()
     with pytest.raises(ProcessLookupError):
         os.kill(child.pid, 0)
+
+
+def _longest_pause(seconds: float) -> float:
+    """The longest gap between ticks 10 ms apart over ``seconds``."""
+    start = last = time.monotonic()
+    gap = 0.0
+    while last - start < seconds:
+        time.sleep(0.01)
+        now = time.monotonic()
+        gap, last = max(gap, now - last), now
+    return gap
+
+
+def test_a_background_child_waits_while_this_process_works_in_the_foreground():
+    child = forked(lambda: _longest_pause(1.5)).background()
+    time.sleep(0.2)
+    with foreground(), foreground():  # nested: continued after the outer block alone
+        time.sleep(0.3)
+        assert _state(child.pid) == "T"
+    assert _state(child.pid) != "T"
+    assert child.collect() >= 0.3
+    other = forked(lambda: _longest_pause(0.8))  # not marked: it runs on
+    with foreground():
+        time.sleep(0.3)
+    assert other.collect() < 0.2
+
+
+def test_a_child_stopped_in_the_foreground_is_still_collected_or_cancelled():
+    child = forked(lambda: 6 * 7).background()
+    with foreground():
+        assert child.collect() == 42  # continued to answer
+    child = forked(lambda: time.sleep(60)).background()
+    with foreground():
+        child.cancel()
+    with pytest.raises(ProcessLookupError):
+        os.kill(child.pid, 0)
+
+
+def test_a_plan_is_traced_in_the_foreground(monkeypatch):
+    """The step traced under a plan (the one --checkpoint auto chose, confirmed) runs with
+    the way searched ahead stopped; the step without one does not."""
+    import contextlib
+    import sys
+
+    A = sys.modules["fxmem.analyze"]  # (the package's fxmem.analyze is the function)
+    seen = []
+
+    @contextlib.contextmanager
+    def recording():
+        seen.append(True)
+        yield
+    monkeypatch.setattr(A, "foreground", recording)
+    m, x = _stack(), torch.randn(4, 64)
+    r = fxmem.analyze(m, x, loss=lambda o: o.sum(), device="cpu", parallel=fxmem.FSDP(2))
+    assert seen == []
+    r.retrace(("0",))
+    assert seen
+
+
+def _state(pid: int) -> str:
+    """The process state letter of ``pid`` (/proc; "T": stopped)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 def _stack():

@@ -87,7 +87,9 @@ def param_dtype_ahead(base, B: int, budget_bytes: int | None, cudnn_workspace: i
                    niceness=NICENESS)
     if child is None:
         return None
-    return Ahead(child, again, B, as_asked(at, B), dims, check)
+    # stopped while this process traces a plan (the one --checkpoint auto chose, which,
+    # where it fits, leaves the way unwanted): fxmem.report.forked.foreground
+    return Ahead(child.background(), again, B, as_asked(at, B), dims, check)
 
 
 def reanalyze_of(report):

@@ -12,17 +12,27 @@ failure costs time, never an answer.
 Nothing is forked where a child could not run safely: where ``os.fork`` is missing
 (Windows), and where this process has initialised CUDA (a forked child cannot use it).
 
+A child searching a way that may not be wanted (:mod:`fxmem.report.ahead`) is marked
+:meth:`Child.background`: while this process does work its own answer waits on
+(:func:`foreground`: a step traced under a checkpoint plan, the plan ``--checkpoint auto``
+chose confirmed), the child is stopped, not sharing the machine's two cores' memory
+bandwidth with it. Where that plan fits, the child's way is not wanted at all.
+
 >>> forked(lambda: 6 * 7).collect()
 42
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
 import sys
 import warnings
+
+_background: dict = {}  # pid of a child marked Child.background -> the pid that forked it
+_depth = [0]  # foreground blocks this process is in
 
 
 def can_fork() -> bool:
@@ -72,8 +82,16 @@ class Child:
     def __init__(self, pid: int, fd: int):
         self.pid, self.fd = pid, fd
 
+    def background(self) -> Child:
+        """This child, stopped while the process that forked it is in a :func:`foreground`
+        block; returned."""
+        _background[self.pid] = os.getpid()
+        return self
+
     def collect(self):
         """The child's result, its warnings raised here; None when it failed."""
+        if _background.pop(self.pid, None) is not None:
+            _signal(self.pid, signal.SIGCONT)  # (never waited on while stopped)
         with os.fdopen(self.fd, "rb") as f:
             data = f.read()
         os.waitpid(self.pid, 0)
@@ -87,9 +105,37 @@ class Child:
 
     def cancel(self) -> None:
         """Stop the child (this process failed; its answer is not wanted)."""
+        _background.pop(self.pid, None)
         try:
             os.kill(self.pid, signal.SIGKILL)
             os.waitpid(self.pid, 0)
         except OSError:
             pass
         os.close(self.fd)
+
+
+@contextlib.contextmanager
+def foreground():
+    """The children this process marked :meth:`Child.background` stopped (``SIGSTOP``)
+    while the block runs, continued after it (the outermost block of nested ones): work
+    this process's answer waits on runs with the cores' memory to itself. A child
+    another process forked (a sibling, in a child of this one) is left alone."""
+    mine = [pid for pid, owner in _background.items() if owner == os.getpid()] \
+        if _depth[0] == 0 else []
+    _depth[0] += 1
+    stopped = [pid for pid in mine if _signal(pid, signal.SIGSTOP)]
+    try:
+        yield
+    finally:
+        _depth[0] -= 1
+        for pid in stopped:
+            _signal(pid, signal.SIGCONT)
+
+
+def _signal(pid: int, sig) -> bool:
+    """``sig`` sent to ``pid``; False when it is gone."""
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        return False
+    return True
