@@ -136,13 +136,13 @@ def _where(monkeypatch, tmp_path, fail_in_child=()):
                     (line.split() for line in log.read_text().splitlines())]
 
 
-def _fits(jobs):
+def _fits(jobs, **options):
     m = _stack()
     r = fxmem.analyze(m, torch.randn(4, 64), loss=lambda o: o.sum(), device="cpu",
                       optimizer=torch.optim.Adam, parallel=fxmem.FSDP(2))
     b = 512
     budget = (r.peak_bytes(b // 2) + r.peak_bytes(b)) // 2
-    return r.fits(b, budget, jobs=jobs)
+    return r.fits(b, budget, jobs=jobs, **options)
 
 
 def test_two_jobs_find_the_ways_one_finds(monkeypatch, tmp_path):
@@ -192,6 +192,55 @@ def test_the_command_s_report_is_the_same_with_one_job(capfd, tmp_path):
         assert code == 4 and "does not fit 200.00 MiB" in err
         texts.append(out.read_text())
     assert texts[0] == texts[1] and '"ways": [' in texts[0]
+
+
+def _slow_in_child(monkeypatch, seconds=1.0):
+    """The fewest GPUs' way (searched in the child) made ``seconds`` slower there."""
+    parent, real = os.getpid(), fit_module.fewest_ranks
+
+    def slow(*a, **k):
+        if os.getpid() != parent:
+            time.sleep(seconds)
+        yield from real(*a, **k)
+    monkeypatch.setattr(fit_module, "fewest_ranks", slow)
+
+
+def test_work_meanwhile_is_done_while_the_child_searches(monkeypatch):
+    """fit's ``meanwhile``: called once, in this process, after its own ways, while the
+    child's are not found yet; not called where nothing is waited for."""
+    alone = _fits(1)
+    _slow_in_child(monkeypatch)
+    calls = []
+    assert _fits(2, meanwhile=lambda: calls.append(os.getpid())) == alone
+    assert calls == [os.getpid()]
+    calls.clear()
+    assert _fits(1, meanwhile=lambda: calls.append(1)) == alone
+    assert calls == []  # one job: no child to wait for
+
+
+def test_the_command_s_summary_made_while_waiting_is_the_one_made_after(capfd, tmp_path,
+                                                                         monkeypatch):
+    """The CLI makes its summary while the child searches (fit's ``meanwhile``), once: the
+    report is the one --jobs 1 gives."""
+    from test_fit import SEED
+    from test_mistakes import run_in_process
+
+    import fxmem.report.summary as summary_module
+
+    _slow_in_child(monkeypatch)
+    made, real = [], summary_module.summarize
+    monkeypatch.setattr(summary_module, "summarize",
+                        lambda *a, **k: made.append(k.get("fit")) or real(*a, **k))
+    texts = []
+    for jobs in ("2", "1"):
+        out = tmp_path / f"r{jobs}.json"
+        code, _, _ = run_in_process([*SEED, "--fsdp", "2", "--batch", "256", "--budget",
+                                     "200MiB", "--format", "json", "--out", str(out),
+                                     "--jobs", jobs], capfd)
+        assert code == 4
+        texts.append(out.read_text())
+    assert texts[0] == texts[1] and '"ways": [' in texts[0]
+    assert made[0] is None and made[1] is not None  # early (no fit yet), then after fit
 
 
 def _ahead_case():

@@ -12,10 +12,12 @@ or not at all.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sys
 import traceback
 import warnings
+from dataclasses import replace
 
 import click
 import torch
@@ -484,7 +486,20 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
             from ..trace.plans import Plan
 
             write_file(save_plan, Plan.of(report.plan).to_json(indent=1) + "\n")
-        fit = None
+        setup = {"model": target, "inputs": " ".join(specs),
+                 **({"targets": " ".join(tgt_specs)} if ys else {}),
+                 "loss": loss_name if not inference else "(inference)",
+                 "optimizer": optimizer, "amp": amp,
+                 **({"compiled": compiled_as} if compiled_as else {}),
+                 **({"GPU compute capability": f"{cc[0]}.{cc[1]}"} if device == "cuda"
+                    else {}), **({"checkpoint": checkpoint} if checkpoint != "none" else {}),
+                 **{f"dim {n}": v for n, v in at_dims.items()}, **extra}
+        summary = functools.partial(
+            summarize, report, B=batch, budget_bytes=None if card else budget_bytes, top=top,
+            setup=setup, title=f"fxmem report: {t.name}", frontier=frontier,
+            cudnn_workspace=conv_ws, gpu=card, context_bytes=context,
+            **(dict(named=named, dims=at_dims) if dims and report is at else {}))
+        fit, early = None, {}  # early: the summary made while a child searched ways
         if budget_bytes is not None:  # when B does not fit: the report, its ways out, exit 4
             from ..report.fit import fit as fit_of
 
@@ -495,7 +510,8 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                          limit=position_limit(t.model) if dims else None,
                          reanalyze=reanalyze_of(whole), jobs=jobs, ahead=ahead,
                          progress=lambda what:
-                         status.update(f"B={batch} does not fit; finding {what} ..."))
+                         status.update(f"B={batch} does not fit; finding {what} ..."),
+                         meanwhile=None if whatif else lambda: early.update(s=summary()))
         rows = ()
         if whatif:
             from ..whatif import whatif as whatifs
@@ -504,19 +520,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
             rows = whatifs(t.model, xs, ys, step=step, B=batch, budget_bytes=budget_bytes,
                            batch_dim=where, parallel=parallel,
                            amp=torch.float16 if device == "cuda" else torch.bfloat16)
-    setup = {"model": target, "inputs": " ".join(specs),
-             **({"targets": " ".join(tgt_specs)} if ys else {}),
-             "loss": loss_name if not inference else "(inference)",
-             "optimizer": optimizer, "amp": amp,
-             **({"compiled": compiled_as} if compiled_as else {}),
-             **({"GPU compute capability": f"{cc[0]}.{cc[1]}"} if device == "cuda" else {}),
-             **({"checkpoint": checkpoint} if checkpoint != "none" else {}),
-             **{f"dim {n}": v for n, v in at_dims.items()}, **extra}
-    s = summarize(report, B=batch, budget_bytes=None if card else budget_bytes, top=top,
-                  setup=setup, title=f"fxmem report: {t.name}", frontier=frontier,
-                  whatifs=rows, cudnn_workspace=conv_ws, gpu=card, context_bytes=context,
-                  fit=fit, **(dict(named=named, dims=at_dims) if dims and report is at
-                              else {}))  # B, L's readable peak (no plan)
+    s = replace(early["s"], fit=fit.as_dict()) if early else summary(whatifs=rows, fit=fit)
     return _render(s, fmt, exact_formula), fit
 
 

@@ -55,6 +55,10 @@ class Ahead:
                 and as_asked(report, B) == self.asked and dict(dims) == self.dims
                 and check == self.check)
 
+    def ready(self) -> bool:
+        """Whether :meth:`take` would not wait (the child answered, or there is none)."""
+        return self.child is None or self.child.ready()
+
     def take(self) -> list | None:
         """What the way yielded, or None when the child failed."""
         self.child, child = None, self.child

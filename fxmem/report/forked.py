@@ -88,6 +88,12 @@ class Child:
         _background[self.pid] = os.getpid()
         return self
 
+    def ready(self) -> bool:
+        """Whether the child has answered (or ended): :meth:`collect` would not wait."""
+        import select
+
+        return bool(select.select([self.fd], [], [], 0)[0])
+
     def collect(self):
         """The child's result, its warnings raised here; None when it failed."""
         if _background.pop(self.pid, None) is not None:
