@@ -117,3 +117,22 @@ def test_command_line():
     ways = json.loads(r.stdout)["fit"]["ways"]
     assert {"kind": "param_dtype", "need_bytes": policy.peak_bytes(256)} in [
         {k: w[k] for k in ("kind", "need_bytes")} for w in ways]
+
+
+def test_the_policy_s_step_is_traced_at_b_alone():
+    """The way reads the policy's step at B alone: traced there, B a number (the other
+    sizes too where the step has named dims), not as a formula in B."""
+    from fxmem.report.fit import Check
+    from fxmem.report.precision import param_dtype_way
+
+    amp, policy = _reports(Blocks())
+    b = 256
+    asked = []
+
+    def reanalyze(**options):
+        asked.append(options)
+        return amp.groups[0].report.reanalyze(**options)
+    budget = (policy.peak_bytes(b) + amp.peak_bytes(b)) // 2
+    (way,) = param_dtype_way(Check("live", budget, 0), amp, b, reanalyze=reanalyze)
+    assert asked[0]["concrete_batch"] == b and "concrete_dims" not in asked[0]
+    assert way.need_bytes == policy.peak_bytes(b)
