@@ -180,6 +180,13 @@ def test_one_gpu_forks_no_child(monkeypatch, tmp_path):
 def test_the_command_s_report_is_the_same_with_one_job(capfd, tmp_path):
     """``fxmem analyze --fsdp 2`` over a budget B does not fit: the child forked beside the
     CLI's status line (another thread) gives the report one process gives."""
+    texts = _json_reports(capfd, tmp_path)
+    assert texts[0] == texts[1] and '"ways": [' in texts[0]
+
+
+def _json_reports(capfd, tmp_path) -> list:
+    """The JSON reports of ``fxmem analyze --fsdp 2`` over a budget B does not fit, with
+    ``--jobs 2`` then ``--jobs 1``."""
     from test_fit import SEED
     from test_mistakes import run_in_process
 
@@ -191,7 +198,7 @@ def test_the_command_s_report_is_the_same_with_one_job(capfd, tmp_path):
                                        "--jobs", jobs], capfd)
         assert code == 4 and "does not fit 200.00 MiB" in err
         texts.append(out.read_text())
-    assert texts[0] == texts[1] and '"ways": [' in texts[0]
+    return texts
 
 
 def _slow_in_child(monkeypatch, seconds=1.0):
@@ -222,23 +229,13 @@ def test_the_command_s_summary_made_while_waiting_is_the_one_made_after(capfd, t
                                                                          monkeypatch):
     """The CLI makes its summary while the child searches (fit's ``meanwhile``), once: the
     report is the one --jobs 1 gives."""
-    from test_fit import SEED
-    from test_mistakes import run_in_process
-
     import fxmem.report.summary as summary_module
 
     _slow_in_child(monkeypatch)
     made, real = [], summary_module.summarize
     monkeypatch.setattr(summary_module, "summarize",
                         lambda *a, **k: made.append(k.get("fit")) or real(*a, **k))
-    texts = []
-    for jobs in ("2", "1"):
-        out = tmp_path / f"r{jobs}.json"
-        code, _, _ = run_in_process([*SEED, "--fsdp", "2", "--batch", "256", "--budget",
-                                     "200MiB", "--format", "json", "--out", str(out),
-                                     "--jobs", jobs], capfd)
-        assert code == 4
-        texts.append(out.read_text())
+    texts = _json_reports(capfd, tmp_path)
     assert texts[0] == texts[1] and '"ways": [' in texts[0]
     assert made[0] is None and made[1] is not None  # early (no fit yet), then after fit
 
