@@ -51,3 +51,17 @@ def test_a_short_frontier_is_shown_whole():
     out = _table(s)
     assert "points, evenly spaced" not in out
     assert all(f"layer{k} " in out for k in range(FRONTIER_ROWS))
+
+
+def test_the_plan_in_use_reads_as_runs_of_alike_blocks():
+    """The plan a report is under, in the terminal and in md: blocks of one stack
+    checkpointed alike as one range, as the frontier's plans (Llama-3.1-8B's 24 blocks
+    saving one op output each had been listed one by one); json keeps every entry."""
+    s = dataclasses.replace(_summary(2), plan=tuple(
+        [f"layers.{i} (saving 1 op output)" for i in range(24)] + ["layers.24", "lm_head"]))
+    line = " ".join(_table(s).split())
+    assert "Checkpoint plan: layers.0-23 (saving 1 op output each), layers.24, lm_head (" \
+        in line
+    assert "Plan applied: layers.0-23 (saving 1 op output each), layers.24, lm_head;" \
+        in render_markdown(s)
+    assert len(json.loads(render_json(s))["plan"]) == 26

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from .headline import largest_b, not_fitting, way_rows
-from .text import at_dims, exact_when, fmt_bytes, frontier_plan, readable_in
+from .text import at_dims, compact_plan, exact_when, fmt_bytes, frontier_plan, readable_in
 from .whatif import table as whatif_table
 
 
@@ -115,7 +115,7 @@ def render_markdown(s) -> str:
     if s.plan or s.frontier:
         out += ["", "## Activation checkpointing", ""]
         if s.plan:
-            out += [f"Plan applied: {', '.join(s.plan)}; it recomputes "
+            out += [f"Plan applied: {compact_plan(s.plan)}; it recomputes "
                     f"{s.recompute_flops:,} FLOPs at B = {s.B}.", ""]
         if s.frontier:
             out += [f"Pareto plans at B = {s.B} (no plan has a lower peak for fewer FLOPs):",

@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .headline import largest_b, not_fitting, way_rows
-from .text import at_dims, exact_when, fmt_bytes, frontier_plan, readable_in
+from .text import at_dims, compact_plan, exact_when, fmt_bytes, frontier_plan, readable_in
 
 FRONTIER_ROWS = 16  # the most frontier points a terminal table shows
 
@@ -152,7 +152,7 @@ def render_terminal(s, exact: bool = False) -> Group:
                      m[0], fmt_bytes(m[1]) if m[1] is not None else "")
     items.append(live)
     if s.plan:
-        items.append(Text(f"Checkpoint plan: {', '.join(s.plan)} "
+        items.append(Text(f"Checkpoint plan: {compact_plan(s.plan)} "
                           f"({s.recompute_flops:,} recompute FLOPs at B = {s.B})"))
     if s.frontier:
         shown = shown_points(len(s.frontier))
