@@ -70,6 +70,38 @@ def test_solve_is_the_cheapest_plan_of_every_plan(seed):
         assert sum(c.cost for c in got.choices) == got.cost
 
 
+@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("times", [1, (1 << 64) + (1 << 62) - 1])
+def test_a_cost_bound_keeps_the_same_plan_and_searches_fewer_states(seed, times, monkeypatch):
+    """``solve(..., max_cost=)``: at the answer's own cost or above, the same plan (costs past
+    2**62 too); one less, no plan; and the states the search makes are fewer where the
+    bound is below the dearest plan's cost (the walks over budgets pass the cost of a plan
+    they found within a smaller one)."""
+    problem = random_problem(random.Random(500 + seed), 8 + seed % 5)
+    problem = C.ChainProblem(problem.n, tuple(replace(c, cost=c.cost * times)
+                                              for c in problem.choices),
+                             problem.boundary, problem.start)
+    made = []
+    staircase = C._staircase
+    monkeypatch.setattr(C, "_staircase", lambda parts, cap: made.append(
+        sum(len(p[0]) for p in parts)) or staircase(parts, cap))
+    lowest, top = C.lowest_peak(problem), C.solve(problem, 10**9).peak_bytes
+    fewer = 0
+    for budget in range(lowest, top + 1, max(1, (top - lowest) // 6)):
+        made.clear()
+        got = C.solve(problem, budget)
+        free = sum(made)
+        for bound in (got.cost, got.cost + times, 2 * got.cost + 1):
+            made.clear()
+            assert C.solve(problem, budget, bound) == got
+            fewer += sum(made) < free
+            assert sum(made) <= free
+        if got.cost:
+            with pytest.raises(InfeasibleBudgetError):
+                C.solve(problem, budget, got.cost - 1)
+    assert fewer
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_frontier_is_every_plans_pareto_front(seed):
     problem = random_problem(random.Random(100 + seed), 3 + seed % 4)

@@ -340,3 +340,28 @@ def test_solve_skips_what_cannot_fit(case):
             except fxmem.InfeasibleBudgetError:
                 got = None
             assert got == want and (got is None) == (budget < low)
+
+
+def test_choices_over_a_walks_budgets_are_a_fresh_planners(case, monkeypatch):
+    """One planner asked the budgets a walk over plans asks (down, then bisecting back up)
+    bounds each solve by the cheapest plan it solved within that budget before, and by the
+    model above the exact peaks' answer in the model below them: every choice is the one a
+    new planner makes at that budget alone, and the later solves are bounded."""
+    from fxmem.checkpoint import options
+    from fxmem.checkpoint.options import Planner
+
+    name, build, batch, loss, b, r = case
+    low, top = Planner(r).smallest(b).peak_bytes, r.peak_bytes(b)
+    budgets = [top - (top - low) * k // 8 for k in (1, 2, 4, 8)]
+    budgets += [(budgets[2] + budgets[1]) // 2, (budgets[3] + budgets[2]) // 2, budgets[0] - 1]
+    bounds = []
+    solve = options.C.solve
+    monkeypatch.setattr(options.C, "solve", lambda p, budget, max_cost=None: bounds.append(
+        max_cost) or solve(p, budget, max_cost))
+    walked = Planner(r)
+    for budget in budgets:
+        got, want = walked.choose(budget, b, report=False), Planner(r).choose(budget, b,
+                                                                               report=False)
+        assert (got.plan, got.peak_bytes, got.recompute_flops, got.exact) == \
+            (want.plan, want.peak_bytes, want.recompute_flops, want.exact)
+    assert sum(m is not None for m in bounds) > len(budgets)

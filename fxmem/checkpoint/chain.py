@@ -123,12 +123,13 @@ def _run(problem: ChainProblem, budget, max_states: int = MAX_STATES):
             _layers(problem, limit, lambda parts, k: _pareto(parts, max_states))]
 
 
-def _layers(problem: ChainProblem, budget, prune) -> list:
+def _layers(problem: ChainProblem, budget, prune, max_cost: int | None = None) -> list:
     """The dynamic program over the block boundaries that :func:`_run` and
     :func:`_cheapest` share: the states at the last boundary whose peak fits ``budget``,
     as ``(cost, -R, peak, choices)``, the choices in block order. ``prune(parts, k)``: the
     states boundary ``k`` keeps, from its arrays (cost, -R, peak, parent, choice) in the
-    order they were made, as such arrays.
+    order they were made, as such arrays. ``max_cost``: states costing more are not made
+    (costs only grow along a plan, so no plan within it is lost).
 
     A boundary's states are numpy arrays (bytes as float64, exact below 2**53; costs int64,
     or where a plan's could pass 2**62 two int64 columns, its low 62 bits and the rest:
@@ -159,6 +160,8 @@ def _layers(problem: ChainProblem, budget, prune) -> list:
             v = np.maximum(pk, np.maximum(c.own + nR, problem.boundary[c.last + 1] + nR
                                           - c.released))
             ok = v <= budget
+            if max_cost is not None:
+                ok &= _within(cost, max_cost - c.cost)
             if ok.any():
                 layers[c.last + 1].append((_plus(cost[ok], c.cost), nR[ok] - c.released, v[ok],
                                            ids[ok], np.full(int(ok.sum()), index[id(c)])))
@@ -237,15 +240,33 @@ def _plus(cost: np.ndarray, add: int) -> np.ndarray:
     return np.stack((low & _LOW, cost[:, 1] + (add >> 62) + (low >> 62)), axis=1)
 
 
+def _within(cost: np.ndarray, most: int) -> np.ndarray:
+    """Whether each of ``cost`` (int64, or :func:`_wide` rows) is at most the int ``most``.
+
+    >>> _within(_wide([5, 3 << 62]), 3 << 62).tolist(), _within(np.array([1, 2]), 1).tolist()
+    ([True, True], [True, False])
+    """
+    if most < 0:
+        return np.zeros(len(cost), bool)
+    if cost.ndim == 1:
+        return cost <= min(most, _LOW)
+    hi, lo = most >> 62, most & _LOW
+    return (cost[:, 1] < hi) | ((cost[:, 1] == hi) & (cost[:, 0] <= lo))
+
+
 def _value(cost) -> int:
     """One state's cost as the Python int it stands for (an int64, or a wide row)."""
     return int(cost) if np.ndim(cost) == 0 else int(cost[1]) << 62 | int(cost[0])
 
 
-def solve(problem: ChainProblem, budget_bytes: int) -> ChainSolution:
+def solve(problem: ChainProblem, budget_bytes: int,
+          max_cost: int | None = None) -> ChainSolution:
     """The least-cost plan whose model peak fits ``budget_bytes``, exactly (:func:`_least`:
-    ties, the lowest peak of those it kept)."""
-    got = _least(problem, budget_bytes)
+    ties, the lowest peak of those it kept). ``max_cost``: a cost the answer is known not
+    to pass (a plan within the budget costing that much, or a bound the caller stops at):
+    the states costing more are not searched, and where no plan costs at most that much
+    the error is raised as for no plan within the budget."""
+    got = _least(problem, budget_bytes, max_cost)
     if got is None:
         low = lowest_peak(problem)
         raise InfeasibleBudgetError(
@@ -254,16 +275,17 @@ def solve(problem: ChainProblem, budget_bytes: int) -> ChainSolution:
     return got
 
 
-def _least(problem: ChainProblem, budget: int) -> ChainSolution | None:
-    """The cheapest plan within ``budget`` (ties: the lowest peak), or None."""
-    final = _cheapest(problem, budget)
+def _least(problem: ChainProblem, budget: int, max_cost: int | None = None):
+    """The cheapest plan within ``budget`` (ties: the lowest peak) costing at most
+    ``max_cost``, a :class:`ChainSolution`, or None."""
+    final = _cheapest(problem, budget, max_cost)
     if not final:
         return None
     cost, _, pk, choices = min(final, key=lambda s: (s[0], s[2]))
     return ChainSolution(choices, int(pk), cost)
 
 
-def _cheapest(problem: ChainProblem, budget: int):
+def _cheapest(problem: ChainProblem, budget: int, max_cost: int | None = None):
     """The states at the last boundary of the plans whose peak fits ``budget``, as ``(cost,
     -R, peak, choices)``. Within a budget the rest of a plan can go on from a state
     when its ``R`` is enough, whatever its peak so far: a state is beaten by a cheaper one
@@ -272,13 +294,14 @@ def _cheapest(problem: ChainProblem, budget: int):
     breaks ties). Each state's peak and ``R`` are its own, and no cut: the cheapest plan is
     exact, where :func:`_run`'s three numbers (for :func:`frontier`) are cut to
     ``MAX_STATES``, the cheapest kept: over 80 blocks that cut lost the smallest peaks.
-    Searched by :func:`_layers`, each boundary's states pruned by :func:`_staircase`."""
+    Searched by :func:`_layers` (none costing past ``max_cost``), each boundary's states
+    pruned by :func:`_staircase`."""
     starts = _by_first(problem)
     need = [0] * (problem.n + 1)  # the most R a plan from boundary k on needs
     for k in range(problem.n - 1, -1, -1):
         need[k] = max([need[k + 1]] + [max(c.own, problem.boundary[c.last + 1] - c.released)
                                        - budget for c in starts[k]])
-    return _layers(problem, budget, lambda parts, k: _staircase(parts, -need[k]))
+    return _layers(problem, budget, lambda parts, k: _staircase(parts, -need[k]), max_cost)
 
 
 def _staircase(parts: list, cap: float) -> tuple:

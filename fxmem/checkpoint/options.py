@@ -158,14 +158,14 @@ def policies(report, path: str, b: int, flops: dict | None = None) -> dict:
     return uniq
 
 
-def _solve(problem: C.ChainProblem, budget_bytes: int):
+def _solve(problem: C.ChainProblem, budget_bytes: int, max_cost: int | None = None):
     """:func:`fxmem.checkpoint.chain.solve`, or at once its error when the model's smallest
     peak (:func:`~fxmem.checkpoint.chain.lowest_peak`, a thousandth of a solve) is over the
     budget: then no plan fits the model, and the solve would find none."""
     if C.lowest_peak(problem) > budget_bytes:
         raise InfeasibleBudgetError(f"no checkpoint plan keeps the peak within {budget_bytes} "
                                     "bytes", minimum_bytes=C.lowest_peak(problem))
-    return C.solve(problem, budget_bytes)
+    return C.solve(problem, budget_bytes, max_cost)
 
 
 DERIVED_KEPT = 8  # plans whose derivation (arrays as large as the trace) a planner keeps
@@ -233,6 +233,9 @@ class Planner:
         self._derived = functools.lru_cache(maxsize=DERIVED_KEPT)(self._derive)
         self._problems: dict = {}
         self._chosen: dict = {}  # (budget, b, recompute limit) -> (choice, error)
+        # (b, optimistic) -> (model peak, model cost) of each plan solved: no plan cheaper
+        # than the cheapest whose peak is within a later budget needs searching past it
+        self._solved: dict = {}
 
     # numbers -----------------------------------------------------------------------------
     def step_flops(self, b: int) -> int:
@@ -367,16 +370,20 @@ class Planner:
     def _choose(self, budget_bytes: int, b: int, max_recompute_flops: int | None):
         found, costs = [], {}  # costs: plan -> its model cost, as solved
 
-        def solve(problem, budget):
-            sol = _solve(problem, budget)
+        def solve(optimistic, budget, dearer):
+            solved = self._solved.setdefault((b, optimistic), [])  # (model peak, cost)
+            bound = min((c for p, c in solved if p <= budget), default=dearer)
+            sol = _solve(self.problem(b, optimistic), budget,
+                         bound if dearer is None else min(bound, dearer))
+            solved.append((sol.peak_bytes, sol.cost))
             plan = self._plan(sol)
             costs[plan] = sol.cost
             return plan, True, sol.peak_bytes, sol.cost
         for optimistic in (False, True):  # the model above the exact peaks, and below (a
-            problem = self.problem(b, optimistic)  # plan dearer than the first's: no answer)
-            got = tightened(lambda budget: solve(problem, budget),
+            dearer = costs[found[0][0]] if found else None  # plan dearer: no answer)
+            got = tightened(lambda budget: solve(optimistic, budget, dearer),
                             lambda plan: self.exact_numbers(plan, b)[:2], budget_bytes,
-                            max_recompute_flops, dearer=costs[found[0][0]] if found else None)
+                            max_recompute_flops, dearer=dearer)
             if got is not None and got[0] is not None:
                 found.append(got)
         if found:  # proven cheapest when the model below the exact peaks found it untightened
