@@ -283,6 +283,26 @@ def test_a_way_searched_ahead_for_another_budget_is_stopped(monkeypatch, tmp_pat
         os.waitpid(pid, 0)  # reaped when killed
 
 
+@pytest.mark.parametrize("first", [False, True])
+def test_the_longer_search_runs_at_this_process_s_priority(monkeypatch, first):
+    """The way searched ahead runs niced, fit's own child not; ``first`` (the CLI's
+    --checkpoint auto, where that way is the longer search) the other way round. The same
+    Fit either way."""
+    import fxmem.report.ahead as ahead_module
+    from fxmem.report.ahead import NICENESS, param_dtype_ahead
+
+    amp, _, b, budget = _ahead_case()
+    alone = amp.fits(b, budget, jobs=1)
+    nice = []
+    for module in (ahead_module, fit_module):
+        monkeypatch.setattr(module, "forked", lambda run, niceness=0, real=module.forked:
+                            nice.append(niceness) or real(run, niceness))
+    ahead = param_dtype_ahead(amp, b, budget, first=first)
+    assert ahead.first is first
+    assert amp.fits(b, budget, jobs=2, ahead=ahead) == alone
+    assert nice == ([0, NICENESS] if first else [NICENESS, 0])
+
+
 def test_nothing_is_searched_ahead_where_the_way_searches_nothing():
     from fxmem.report.ahead import param_dtype_ahead
 
@@ -321,4 +341,24 @@ def test_the_command_takes_the_way_searched_ahead(capfd, tmp_path, monkeypatch):
         texts.append(out.read_text())
     assert texts[0] == texts[1] and '"kind": "param_dtype"' in texts[0]
     assert len(made) == 2 and made[0] is not None and made[1] is None  # --jobs 1: none
-    assert took == [1] and made[0].child is None
+    assert took == [1] and made[0].child is None and not made[0].first
+
+
+@pytest.mark.parametrize("checkpoint", ["none", "auto"])
+def test_the_command_searches_ahead_first_under_checkpoint_auto(capfd, monkeypatch, checkpoint):
+    """The CLI starts the way ahead as the longer search (``first``) under --checkpoint auto
+    alone: fit's plan way reads the walk the choice made."""
+    from test_mistakes import run_in_process
+
+    import fxmem.report.ahead as ahead_module
+
+    _, _, b, budget = _ahead_case()
+    firsts = []
+    monkeypatch.setattr(ahead_module, "param_dtype_ahead",
+                        lambda *a, **k: firsts.append(k.get("first")))  # no child
+    code, _, err = run_in_process([
+        "analyze", "tests/test_precision_way.py:Blocks", "--input", "B,64", "--target",
+        "B:int64:10", "--optimizer", "sgd", "--amp", "bf16", "--device", "cpu", "--fsdp", "4",
+        "--batch", str(b), "--budget", str(budget), "--checkpoint", checkpoint], capfd)
+    assert code in (0, 4), err
+    assert firsts == [checkpoint == "auto"]

@@ -459,7 +459,8 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                              f"error: {one_line(str(e), 300)})") from e
         from ..report.ahead import param_dtype_ahead, reanalyze_of
 
-        ahead = param_dtype_ahead(report, batch, budget_bytes, conv_ws, at_dims, jobs)
+        ahead = param_dtype_ahead(report, batch, budget_bytes, conv_ws, at_dims, jobs,
+                                  first=checkpoint == "auto")
         if ahead is not None:  # searched beside the rest; stopped where fit does not take it
             stack.callback(ahead.cancel)
         extra, named = {}, report

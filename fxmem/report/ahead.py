@@ -29,10 +29,12 @@ from .precision import param_dtype_way, searched
 from .ways import Check, as_asked, default_by, rank_reports
 
 
-# the child runs at a lower priority (os.nice): where the command's own searches are the
-# longer (Llama-3.1-8B over 8 GPUs), three processes sharing two cores at one priority
-# slowed this process's plan search 13.6 s to 25.8 s while the child's way was done before
-# it was needed; where the way is the longer (70B), the other core is the child's anyway
+# the child runs at a lower priority (os.nice) unless ``first``: where the command's own
+# searches are the longer (Llama-3.1-8B over 8 GPUs), three processes sharing two cores at
+# one priority slowed this process's plan search 13.6 s to 25.8 s while the child's way was
+# done before it was needed. Under --checkpoint auto the way is the longer (fit's plan way
+# reads the walk the choice made; Llama-3.1-70B over 64 GPUs: 59.5 s with the child niced,
+# 54.1 and 54.8 s with fit's child niced instead, one run each: docs/benchmarks.md)
 NICENESS = 10
 
 
@@ -40,7 +42,8 @@ NICENESS = 10
 class Ahead:
     """The child searching the way (:meth:`take` its answer, or :meth:`cancel` it) and
     what it searched: ``reanalyze``, the report's own (:attr:`fxmem.Report.reanalyze`); ``B``;
-    ``asked``, the options kept at ``B``; ``dims``; ``check``."""
+    ``asked``, the options kept at ``B``; ``dims``; ``check``. ``first``: the child runs at
+    this process's priority, its search expected the longest (fit's own child is niced)."""
 
     child: Child | None
     reanalyze: object
@@ -48,6 +51,7 @@ class Ahead:
     asked: dict
     dims: dict
     check: Check
+    first: bool = False
 
     def matches(self, report, B: int, dims: dict, check: Check, reanalyze) -> bool:  # noqa: N803
         """Whether fit's way at ``B`` is the one searched (the same report analysed again)."""
@@ -72,10 +76,12 @@ class Ahead:
 
 
 def param_dtype_ahead(base, B: int, budget_bytes: int | None, cudnn_workspace: int = 0,  # noqa: N803
-                      dims: dict | None = None, jobs: int = 2, by: str | None = None):
+                      dims: dict | None = None, jobs: int = 2, by: str | None = None,
+                      first: bool = False):
     """FSDP2's ``param_dtype`` way at ``B`` within ``budget_bytes`` for ``base`` (a report in
     B, and in ``dims``' names when given: the way is searched at those values) started in a
     forked child, as :func:`fxmem.report.fit.fit` would check it (``by``, its default);
+    ``first``: at this process's priority (see :class:`Ahead`), else niced;
     None where nothing is to be searched (no budget, one job, a way that searches nothing:
     :func:`fxmem.report.precision.searched`, or a compiled step's one line) or nothing can
     be forked."""
@@ -88,12 +94,12 @@ def param_dtype_ahead(base, B: int, budget_bytes: int | None, cudnn_workspace: i
     check = Check(by or default_by(at), budget_bytes, cudnn_workspace)
     again = reanalyze_of(base)
     child = forked(lambda: list(param_dtype_way(check, at, B, reanalyze=again, dims=dims)),
-                   niceness=NICENESS)
+                   niceness=0 if first else NICENESS)
     if child is None:
         return None
     # stopped while this process traces a plan (the one --checkpoint auto chose, which,
     # where it fits, leaves the way unwanted): fxmem.report.forked.foreground
-    return Ahead(child.background(), again, B, as_asked(at, B), dims, check)
+    return Ahead(child.background(), again, B, as_asked(at, B), dims, check, first)
 
 
 def reanalyze_of(report):

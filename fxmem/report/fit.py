@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..errors import FxmemError, InfeasibleBudgetError, InputError
+from .ahead import NICENESS
 from .forked import forked
 from .precision import param_dtype_way
 from .text import fmt_bytes
@@ -144,7 +145,8 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
     from ..trace.parallel import FSDP
 
     beside = jobs > 1 and isinstance(getattr(report, "strategy", None), FSDP)
-    child = forked(lambda: run(BESIDE)) if beside else None
+    nice = NICENESS if ahead is not None and ahead.first else 0  # the way ahead the longer
+    child = forked(lambda: run(BESIDE), nice) if beside else None
     try:
         got = run([k for k in range(len(searches)) if (child is None or k not in BESIDE)
                    and (ahead is None or k != AHEAD)], progress)
