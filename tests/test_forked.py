@@ -303,6 +303,56 @@ def test_the_longer_search_runs_at_this_process_s_priority(monkeypatch, first):
     assert nice == ([0, NICENESS] if first else [NICENESS, 0])
 
 
+def _early(budget, b, model=None):
+    """The way of _ahead_case's step started before any trace of it (as the CLI does)."""
+    from test_precision_way import STEP, Blocks, _batch
+
+    from fxmem.report.ahead import param_dtype_early
+    from fxmem.trace.engine import Step
+
+    x, y = _batch()
+    step = Step(loss=STEP["loss"], optimizer=STEP["optimizer"], device="cpu", amp=torch.bfloat16)
+    return param_dtype_early(model or Blocks(), (x,), (y,), step=step, parallel=fxmem.FSDP(4),
+                             B=b, budget_bytes=budget)
+
+
+def test_the_way_started_before_the_trace_is_the_way_fit_finds(monkeypatch, tmp_path):
+    """FSDP2's mixed precision started before the step's first trace (the CLI's), taken
+    after it with no second child forked: the Fit one job finds, that way searched nowhere
+    else."""
+    import fxmem.report.ahead as ahead_module
+
+    amp, _, b, budget = _ahead_case()
+    alone = amp.fits(b, budget, jobs=1)
+    early = _early(budget, b)
+    pid = early.child.pid
+    monkeypatch.setattr(ahead_module, "forked", lambda *a, **k: pytest.fail("forked again"))
+    ahead = ahead_module.param_dtype_ahead(amp, b, budget, early=early)
+    assert ahead.child.pid == pid and early.child is None
+    where = _where(monkeypatch, tmp_path)
+    assert amp.fits(b, budget, jobs=2, ahead=ahead) == alone
+    assert "param_dtype_way" not in [n for n, _ in where()]
+
+
+@pytest.mark.parametrize("guess", ["budget", "B", "traced"])
+def test_a_way_started_on_a_guess_that_does_not_hold_is_stopped(guess):
+    """A way started before the trace for another budget or B than the step's, or where no
+    way is searched after all (the step traced under FSDP2's policy already), is killed;
+    a new child searches the step's way where there is one."""
+    from fxmem.report.ahead import param_dtype_ahead
+
+    amp, policy, b, budget = _ahead_case()
+    early = _early(budget // 2 if guess == "budget" else budget, b + (guess == "B"))
+    pid = early.child.pid
+    ahead = param_dtype_ahead(policy if guess == "traced" else amp, b, budget, early=early)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, 0)  # reaped when killed
+    assert (ahead is None) == (guess == "traced")
+    if ahead is not None:
+        assert ahead.child.pid != pid
+        ahead.cancel()
+
+
 def test_nothing_is_searched_ahead_where_the_way_searches_nothing():
     from fxmem.report.ahead import param_dtype_ahead
 
@@ -321,8 +371,10 @@ def test_the_command_takes_the_way_searched_ahead(capfd, tmp_path, monkeypatch):
 
     _, _, b, budget = _ahead_case()
     made, took, real = [], [], ahead_module.param_dtype_ahead
+    early = []
 
     def ahead(*a, **k):  # each child made, and whether fit took its answer
+        early.append(k.get("early"))
         got = real(*a, **k)
         if got is not None:
             got.take = lambda take=got.take: took.append(1) or take()
@@ -342,6 +394,7 @@ def test_the_command_takes_the_way_searched_ahead(capfd, tmp_path, monkeypatch):
     assert texts[0] == texts[1] and '"kind": "param_dtype"' in texts[0]
     assert len(made) == 2 and made[0] is not None and made[1] is None  # --jobs 1: none
     assert took == [1] and made[0].child is None and not made[0].first
+    assert [e is not None for e in early] == [True, False]  # started before the trace
 
 
 @pytest.mark.parametrize("checkpoint", ["none", "auto"])

@@ -359,18 +359,10 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
     from ..analyze import analyze as run_analysis
     from ..report.summary import summarize
     from ..trace.engine import Step
-    from .targets import (
-        batch_dim_of,
-        check_positions,
-        load_target,
-        longest_rows,
-        named_dims,
-        parse_capability,
-        parse_config,
-        parse_size,
-        parse_tensor,
-        position_limit,
-    )
+    from ..report.ahead import param_dtype_ahead, param_dtype_early, reanalyze_of
+    from .targets import (batch_dim_of, check_positions, load_target, longest_rows, named_dims,
+                          parse_capability, parse_config, parse_size, parse_tensor,
+                          position_limit)
 
     budget_bytes = parse_size(budget) if budget is not None else None
     if budget_bytes is not None and budget_bytes < 1:
@@ -447,6 +439,11 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                 compile=None if auto_compiled else compile)  # then auto compiles the budgets
     status = Console(stderr=True).status(f"tracing {t.name} on fake tensors ...")
     with status, contextlib.ExitStack() as stack:
+        sooner, ahead = None if plan else param_dtype_early(  # FSDP2's mixed precision way,
+            t.model, xs, ys, step=step, parallel=parallel, B=batch, budget_bytes=budget_bytes,
+            cudnn_workspace=conv_ws, dims=dims or None, batch_dim=where, at_dims=at_dims,
+            jobs=jobs, first=checkpoint == "auto"), None  # started before the first trace
+        stack.callback(lambda: [w.cancel() for w in (sooner, ahead) if w is not None])
         try:
             report = run_analysis(t.model, xs, ys, step=step, checkpoint=plan or None,
                                   dims=dims or None, batch_dim=where, parallel=parallel)
@@ -457,12 +454,8 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
             raise InputError(f"--input {no_b[0]} has no B, so it has no batch dim and the "
                              "step fails: if its dim 0 is the batch, write B there (the "
                              f"error: {one_line(str(e), 300)})") from e
-        from ..report.ahead import param_dtype_ahead, reanalyze_of
-
         ahead = param_dtype_ahead(report, batch, budget_bytes, conv_ws, at_dims, jobs,
-                                  first=checkpoint == "auto")
-        if ahead is not None:  # searched beside the rest; stopped where fit does not take it
-            stack.callback(ahead.cancel)
+                                  first=checkpoint == "auto", early=sooner)  # or stops it
         extra, named = {}, report
         if dims:  # the formula in B and the named dims; numbers at the --dim sizes
             extra[f"peak in B, {', '.join(dims)}"] = str(report.peak)

@@ -4,7 +4,10 @@ while this process does the rest of a command (the length search, the retrace at
 the formulas, the ``--checkpoint auto`` choice) and then the other ways. The way traces the
 step again under FSDP2's mixed precision, walks its plans and traces the one found: on
 Llama-3.1-70B over 64 GPUs (``--batch 1 --seq 4096 --checkpoint auto``) about 45 s, which
-the command waited for after everything else (docs/concepts.md, "the ways out").
+the command waited for after everything else (docs/concepts.md, "the ways out"). The
+command line starts it sooner still, before the step's first trace
+(:func:`param_dtype_early`: the way needs the step as asked, not its trace), and
+:func:`param_dtype_ahead` takes that child where its guesses hold.
 
 :func:`fxmem.report.fit.fit` takes the child's answer only where the child searched what fit
 would have: the same report analysed again (``reanalyze``), the same options kept from the
@@ -25,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .forked import Child, forked
-from .precision import param_dtype_way, searched
+from .precision import param_dtype_at, param_dtype_way, policy_of, searched
 from .ways import Check, as_asked, default_by, rank_reports
 
 
@@ -75,16 +78,87 @@ class Ahead:
             child.cancel()
 
 
+@dataclass
+class Early:
+    """The way started before the step's first trace (:func:`param_dtype_early`): the child
+    and what it assumed of the step (FSDP2's ``parallel`` as asked, ``B``, ``dims``,
+    ``check``), which :func:`param_dtype_ahead` holds against the step traced."""
+
+    child: Child | None
+    parallel: object
+    B: int
+    dims: dict
+    check: Check
+    first: bool
+
+    def cancel(self) -> None:
+        """Stop the child (once; nothing after :func:`param_dtype_ahead` took it)."""
+        self.child, child = None, self.child
+        if child is not None:
+            child.cancel()
+
+
+def param_dtype_early(model, inputs, targets=(), *, step, parallel, B: int,  # noqa: N803
+                      budget_bytes: int | None, cudnn_workspace: int = 0, dims=None,
+                      batch_dim=0, at_dims: dict | None = None, jobs: int = 2,
+                      first: bool = False) -> Early | None:
+    """FSDP2's ``param_dtype`` way started in a forked child before the step's first trace
+    (:func:`fxmem.analyze`'s arguments, no checkpoint plan): the way needs the step as
+    asked, not its trace, and on Llama-3.1-70B over 64 GPUs it is the longest search, which
+    began 11 s later after that trace. Its guesses (an FSDP2 step under autocast without a
+    ``param_dtype``, not compiled, checked as the step's device has it) are held against
+    the trace by :func:`param_dtype_ahead` (``early=``), which stops a child whose guess
+    does not hold. None where the way is not guessed to search anything."""
+    from ..analyze import analyze_request
+    from ..trace.engine.request import TraceRequest
+    from ..trace.parallel import FSDP
+
+    if budget_bytes is None or jobs < 2 or type(parallel) is not FSDP or \
+            parallel.param_dtype is not None or step.amp is None or step.compile is not None:
+        return None
+    at_dims = dict(at_dims or {})
+    check = Check("device" if step.device == "cuda" else "live", budget_bytes, cudnn_workspace)
+    request = TraceRequest(model, inputs, targets, step=step, dims=dims, batch_dim=batch_dim,
+                           parallel=policy_of(parallel, step.amp), concrete_batch=B,
+                           concrete_dims=at_dims or None)
+
+    def way():  # as param_dtype_way, with the step's reanalyze at the same options
+        again = analyze_request(request)
+        return list(param_dtype_at(check, again.at(**at_dims) if at_dims else again, B,
+                                   again.plan))  # no plan: the trace's own empty one
+    child = forked(way, niceness=0 if first else NICENESS)
+    return None if child is None else \
+        Early(child.background(), parallel, B, at_dims, check, first)
+
+
 def param_dtype_ahead(base, B: int, budget_bytes: int | None, cudnn_workspace: int = 0,  # noqa: N803
                       dims: dict | None = None, jobs: int = 2, by: str | None = None,
-                      first: bool = False):
+                      first: bool = False, early: Early | None = None):
     """FSDP2's ``param_dtype`` way at ``B`` within ``budget_bytes`` for ``base`` (a report in
     B, and in ``dims``' names when given: the way is searched at those values) started in a
     forked child, as :func:`fxmem.report.fit.fit` would check it (``by``, its default);
     ``first``: at this process's priority (see :class:`Ahead`), else niced;
     None where nothing is to be searched (no budget, one job, a way that searches nothing:
     :func:`fxmem.report.precision.searched`, or a compiled step's one line) or nothing can
-    be forked."""
+    be forked. ``early``: the way started before the trace (:func:`param_dtype_early`),
+    taken where its guesses hold (the same way, B, dims and check; no plan), else stopped."""
+    child = None
+    if early is not None:  # its child taken from it (cancelled below unless it is the way's)
+        early.child, child = None, early.child
+    try:
+        got = _ahead(base, B, budget_bytes, cudnn_workspace, dims, jobs, by, first,
+                     (early, child))
+    except BaseException:
+        if child is not None:
+            child.cancel()
+        raise
+    if child is not None and (got is None or got.child is not child):
+        child.cancel()
+    return got
+
+
+def _ahead(base, B, budget_bytes, cudnn_workspace, dims, jobs, by, first, early_child):  # noqa: N803
+    early, child = early_child
     if budget_bytes is None or jobs < 2:
         return None
     dims = dict(dims or {})
@@ -93,6 +167,9 @@ def param_dtype_ahead(base, B: int, budget_bytes: int | None, cudnn_workspace: i
         return None
     check = Check(by or default_by(at), budget_bytes, cudnn_workspace)
     again = reanalyze_of(base)
+    if child is not None and not at.plan and (early.parallel, early.B, early.dims,
+                                              early.check) == (at.strategy, B, dims, check):
+        return Ahead(child, again, B, as_asked(at, B), dims, check, early.first)
     child = forked(lambda: list(param_dtype_way(check, at, B, reanalyze=again, dims=dims)),
                    niceness=0 if first else NICENESS)
     if child is None:

@@ -48,18 +48,30 @@ def param_dtype_way(check, report, b, *, reanalyze=None, dims=None, **_):
     if rank_reports(report)[0].trace.compiled:
         yield "FSDP2's param_dtype: not searched for a compiled step"
         return
-    policy = replace(strategy, param_dtype=amp, reduce_dtype=torch.float32)
     # read at b and the dims' values alone: traced there, every size a number (Llama-3.1-
     # 70B's rank at B=1: 10.9 s, against 12.1 s in L)
-    again = reanalyze(parallel=policy, **{**as_asked(report, b), "concrete_batch": b},
+    again = reanalyze(parallel=policy_of(strategy, amp),
+                      **{**as_asked(report, b), "concrete_batch": b},
                       **({"concrete_dims": dict(dims)} if dims else {}))
-    again = again.at(**dims) if dims else again
-    what = f"FSDP2's param_dtype={amp}, reduce_dtype=torch.float32 (autocast kept)"
+    yield from param_dtype_at(check, again.at(**dims) if dims else again, b, report.plan)
+
+
+def policy_of(strategy, amp):
+    """FSDP2's ``strategy`` with ``param_dtype=amp``, ``reduce_dtype=torch.float32``."""
+    return replace(strategy, param_dtype=amp, reduce_dtype=torch.float32)
+
+
+def param_dtype_at(check, again, b, plan):
+    """:func:`param_dtype_way` from ``again``, the step under FSDP2's mixed precision
+    (``plan``: the step's own, as asked)."""
+    strategy = again.strategy
+    what = (f"FSDP2's param_dtype={strategy.param_dtype}, reduce_dtype=torch.float32 "
+            "(autocast kept)")
     if check.fits(again, b):
         yield WayOut("param_dtype", strategy.world_size, check.need(again, b, True), what,
-                     plan=report.plan, beyond="the same GPUs and plan")
+                     plan=plan, beyond="the same GPUs and plan")
         return
-    if report.plan:
+    if plan:
         yield f"{what}: does not fit B={b} under the step's plan either"
         return
     choice = cheapest_plan(check, again, b)
