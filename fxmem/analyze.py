@@ -108,6 +108,25 @@ def analyze(model, inputs, targets=(), loss=UNSET, optimizer=UNSET, train=UNSET,
     return analyze_request(request, retrace)
 
 
+def analyzer(model, inputs, targets=(), *, step: Step, dims=None, batch_dim=0, parallel=None):
+    """The step :func:`analyze` would take from these arguments, not traced: a function of
+    :class:`~fxmem.trace.engine.request.TraceRequest` field changes (``parallel=``,
+    ``concrete_batch=``, ...) to the report of the step so changed (:func:`analyze_request`),
+    as a report's own ``reanalyze`` gives it (the CLI's way started before the first trace,
+    :func:`fxmem.report.ahead.param_dtype_early`).
+
+    >>> import torch
+    >>> from fxmem.trace.engine import Step
+    >>> again = analyzer(torch.nn.Linear(8, 2), torch.randn(4, 8),
+    ...                  step=Step(loss=lambda o: o.sum(), device="cpu"))
+    >>> again(concrete_batch=3).parts["grads"]
+    72
+    """
+    request = TraceRequest(model, inputs, targets, step=step, dims=dims, batch_dim=batch_dim,
+                           parallel=parallel)
+    return lambda **changes: analyze_request(request.but(**changes))
+
+
 def analyze_request(request: TraceRequest, retrace: bool = False, defer: bool = False,
                     like: tuple | None = None):
     """:func:`analyze` of one :class:`~fxmem.trace.engine.request.TraceRequest` (its

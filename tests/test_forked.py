@@ -307,13 +307,15 @@ def _early(budget, b, model=None):
     """The way of _ahead_case's step started before any trace of it (as the CLI does)."""
     from test_precision_way import STEP, Blocks, _batch
 
+    from fxmem.analyze import analyzer
     from fxmem.report.ahead import param_dtype_early
     from fxmem.trace.engine import Step
 
     x, y = _batch()
     step = Step(loss=STEP["loss"], optimizer=STEP["optimizer"], device="cpu", amp=torch.bfloat16)
-    return param_dtype_early(model or Blocks(), (x,), (y,), step=step, parallel=fxmem.FSDP(4),
-                             B=b, budget_bytes=budget)
+    return param_dtype_early(analyzer(model or Blocks(), x, y, step=step,
+                                      parallel=fxmem.FSDP(4)),
+                             step=step, parallel=fxmem.FSDP(4), B=b, budget_bytes=budget)
 
 
 def test_the_way_started_before_the_trace_is_the_way_fit_finds(monkeypatch, tmp_path):

@@ -357,6 +357,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
     from rich.console import Console
 
     from ..analyze import analyze as run_analysis
+    from ..analyze import analyzer
     from ..report.summary import summarize
     from ..trace.engine import Step
     from ..report.ahead import param_dtype_ahead, param_dtype_early, reanalyze_of
@@ -440,9 +441,10 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
     status = Console(stderr=True).status(f"tracing {t.name} on fake tensors ...")
     with status, contextlib.ExitStack() as stack:
         sooner, ahead = None if plan else param_dtype_early(  # FSDP2's mixed precision way,
-            t.model, xs, ys, step=step, parallel=parallel, B=batch, budget_bytes=budget_bytes,
-            cudnn_workspace=conv_ws, dims=dims or None, batch_dim=where, at_dims=at_dims,
-            jobs=jobs, first=checkpoint == "auto"), None  # started before the first trace
+            analyzer(t.model, xs, ys, step=step, dims=dims or None, batch_dim=where,
+                     parallel=parallel), step=step, parallel=parallel, B=batch,
+            budget_bytes=budget_bytes, cudnn_workspace=conv_ws, at_dims=at_dims, jobs=jobs,
+            first=checkpoint == "auto"), None  # started before the first trace
         stack.callback(lambda: [w.cancel() for w in (sooner, ahead) if w is not None])
         try:
             report = run_analysis(t.model, xs, ys, step=step, checkpoint=plan or None,

@@ -37,7 +37,7 @@ from .ways import Check, as_asked, default_by, rank_reports
 # one priority slowed this process's plan search 13.6 s to 25.8 s while the child's way was
 # done before it was needed. Under --checkpoint auto the way is the longer (fit's plan way
 # reads the walk the choice made; Llama-3.1-70B over 64 GPUs: 59.5 s with the child niced,
-# 54.1 and 54.8 s with fit's child niced instead, one run each: docs/benchmarks.md)
+# 54.1 and 54.8 s with fit's child niced instead, one run each: docs/concepts.md)
 NICENESS = 10
 
 
@@ -98,19 +98,19 @@ class Early:
             child.cancel()
 
 
-def param_dtype_early(model, inputs, targets=(), *, step, parallel, B: int,  # noqa: N803
-                      budget_bytes: int | None, cudnn_workspace: int = 0, dims=None,
-                      batch_dim=0, at_dims: dict | None = None, jobs: int = 2,
+def param_dtype_early(analyze_with, *, step, parallel, B: int,  # noqa: N803
+                      budget_bytes: int | None, cudnn_workspace: int = 0,
+                      at_dims: dict | None = None, jobs: int = 2,
                       first: bool = False) -> Early | None:
     """FSDP2's ``param_dtype`` way started in a forked child before the step's first trace
-    (:func:`fxmem.analyze`'s arguments, no checkpoint plan): the way needs the step as
-    asked, not its trace, and on Llama-3.1-70B over 64 GPUs it is the longest search, which
-    began 11 s later after that trace. Its guesses (an FSDP2 step under autocast without a
+    (``analyze_with(**changes)``: the step as asked, ``step`` under ``parallel`` with no
+    checkpoint plan, analysed with those request fields changed, as
+    :func:`fxmem.analyze.analyzer` gives it): the way needs the step as asked, not its
+    trace, and on Llama-3.1-70B over 64 GPUs it is the longest search, which began 11 s
+    later when it waited for that trace. Its guesses (an FSDP2 step under autocast without a
     ``param_dtype``, not compiled, checked as the step's device has it) are held against
     the trace by :func:`param_dtype_ahead` (``early=``), which stops a child whose guess
     does not hold. None where the way is not guessed to search anything."""
-    from ..analyze import analyze_request
-    from ..trace.engine.request import TraceRequest
     from ..trace.parallel import FSDP
 
     if budget_bytes is None or jobs < 2 or type(parallel) is not FSDP or \
@@ -118,12 +118,10 @@ def param_dtype_early(model, inputs, targets=(), *, step, parallel, B: int,  # n
         return None
     at_dims = dict(at_dims or {})
     check = Check("device" if step.device == "cuda" else "live", budget_bytes, cudnn_workspace)
-    request = TraceRequest(model, inputs, targets, step=step, dims=dims, batch_dim=batch_dim,
-                           parallel=policy_of(parallel, step.amp), concrete_batch=B,
-                           concrete_dims=at_dims or None)
 
     def way():  # as param_dtype_way, with the step's reanalyze at the same options
-        again = analyze_request(request)
+        again = analyze_with(parallel=policy_of(parallel, step.amp), concrete_batch=B,
+                             concrete_dims=at_dims or None)
         return list(param_dtype_at(check, again.at(**at_dims) if at_dims else again, B,
                                    again.plan))  # no plan: the trace's own empty one
     child = forked(way, niceness=0 if first else NICENESS)
