@@ -117,7 +117,7 @@ def param_dtype_early(analyze_with, *, step, parallel, B: int,  # noqa: N803
             parallel.param_dtype is not None or step.amp is None or step.compile is not None:
         return None
     at_dims = dict(at_dims or {})
-    check = Check("device" if step.device == "cuda" else "live", budget_bytes, cudnn_workspace)
+    check = Check(default_by(step), budget_bytes, cudnn_workspace)  # (its device, as a report's)
 
     def way():  # as param_dtype_way, with the step's reanalyze at the same options
         again = analyze_with(parallel=policy_of(parallel, step.amp), concrete_batch=B,
@@ -140,23 +140,14 @@ def param_dtype_ahead(base, B: int, budget_bytes: int | None, cudnn_workspace: i
     :func:`fxmem.report.precision.searched`, or a compiled step's one line) or nothing can
     be forked. ``early``: the way started before the trace (:func:`param_dtype_early`),
     taken where its guesses hold (the same way, B, dims and check; no plan), else stopped."""
-    child = None
-    if early is not None:  # its child taken from it (cancelled below unless it is the way's)
-        early.child, child = None, early.child
     try:
-        got = _ahead(base, B, budget_bytes, cudnn_workspace, dims, jobs, by, first,
-                     (early, child))
-    except BaseException:
-        if child is not None:
-            child.cancel()
-        raise
-    if child is not None and (got is None or got.child is not child):
-        child.cancel()
-    return got
+        return _ahead(base, B, budget_bytes, cudnn_workspace, dims, jobs, by, first, early)
+    finally:
+        if early is not None:  # not taken: stopped (its cancel does nothing once taken)
+            early.cancel()
 
 
-def _ahead(base, B, budget_bytes, cudnn_workspace, dims, jobs, by, first, early_child):  # noqa: N803
-    early, child = early_child
+def _ahead(base, B, budget_bytes, cudnn_workspace, dims, jobs, by, first, early):  # noqa: N803
     if budget_bytes is None or jobs < 2:
         return None
     dims = dict(dims or {})
@@ -165,8 +156,9 @@ def _ahead(base, B, budget_bytes, cudnn_workspace, dims, jobs, by, first, early_
         return None
     check = Check(by or default_by(at), budget_bytes, cudnn_workspace)
     again = reanalyze_of(base)
-    if child is not None and not at.plan and (early.parallel, early.B, early.dims,
-                                              early.check) == (at.strategy, B, dims, check):
+    if early is not None and early.child is not None and not at.plan and \
+            (early.parallel, early.B, early.dims, early.check) == (at.strategy, B, dims, check):
+        early.child, child = None, early.child  # taken
         return Ahead(child, again, B, as_asked(at, B), dims, check, early.first)
     child = forked(lambda: list(param_dtype_way(check, at, B, reanalyze=again, dims=dims)),
                    niceness=0 if first else NICENESS)
