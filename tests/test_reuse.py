@@ -341,3 +341,29 @@ def test_copied_blocks_that_return_none_beside_a_tensor():
     r = fxmem.analyze(m, (x,), **kw)
     for b in (3, 7):
         assert r.peak_bytes(b) == fxmem.measure(m, (x,), **kw, B=b).peak_bytes
+
+
+@pytest.mark.parametrize("plan, real, cached", [((), 2, False), ((3,), 5, True)])
+def test_the_fake_cache_is_on_where_enough_blocks_are_traced_for_real(monkeypatch, plan,
+                                                                     real, cached):
+    # FakeTensorMode's dispatch cache costs more than it saves where a forward op repeats
+    # about twice (two blocks traced, the others copied) and pays where a plan cuts the
+    # runs into pieces whose blocks are traced for real (tracer.CACHED_FROM)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fxmem.trace.blocks.reuse import by_plan, traced_for_real
+
+    seen = []
+    orig = FakeTensorMode._cached_dispatch_impl
+
+    def spy(self, func, *args):
+        seen.append(func)
+        return orig(self, func, *args)
+    monkeypatch.setattr(FakeTensorMode, "_cached_dispatch_impl", spy)
+    model, plan = _Stack(7), [f"blocks.{i}" for i in plan]
+    runs = find_runs(model)
+    assert traced_for_real(runs, by_plan(runs, plan)) == real
+    t = trace(model, torch.randn(4, 16), loss=None, optimizer=torch.optim.SGD, device="cpu",
+              checkpoint=plan)
+    assert t.reused == tuple(f"blocks.{i}" for i in ((2, 6) if plan else range(2, 7)))
+    assert (torch.ops.aten.addmm.default in seen) == cached

@@ -10,9 +10,10 @@ The result must be the trace a block-by-block run gives, op for op and byte for 
 tracing faster.
 """
 
-from .reuse import NoReuse
+from .reuse import NoReuse, traced_for_real
 from .sharded import copied, reuses_under, runs_of
 from .splice import splice
 from .splice_graph import Spliced
 
-__all__ = ["NoReuse", "Spliced", "copied", "reuses_under", "runs_of", "splice"]
+__all__ = ["NoReuse", "Spliced", "copied", "reuses_under", "runs_of", "splice",
+           "traced_for_real"]

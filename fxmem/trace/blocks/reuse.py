@@ -157,6 +157,19 @@ def by_plan(runs: list, plan) -> list:
     return out
 
 
+def traced_for_real(runs: list, kept: list) -> int:
+    """How many blocks of ``runs`` (:func:`find_runs`) a step traces for real when ``kept``
+    (:func:`by_plan`'s pieces of them) are reused: each piece's first two, and every block
+    in no piece.
+
+    >>> m = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(7)])
+    >>> runs = find_runs(m)
+    >>> traced_for_real(runs, by_plan(runs, [])), traced_for_real(runs, by_plan(runs, ["3"]))
+    (2, 5)
+    """
+    return sum(len(r.paths) for r in runs) - sum(len(r.paths) - 2 for r in kept)
+
+
 def _regions_inside(block: str, plan):
     """The plan's regions inside ``block`` (a user path), by their paths from it and their
     saved op calls; None when a region holds the block or reaches out of it."""

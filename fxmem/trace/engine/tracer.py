@@ -28,7 +28,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._pytree import tree_leaves
 
 from ...errors import FxmemError, InputError, SpecializationError
-from ..blocks.reuse import NoReuse
+from ..blocks.reuse import NoReuse, traced_for_real
 from ..blocks.sharded import copied, reuses_under, runs_of
 from ..blocks.splice import splice
 from ..compiled.inductor import check_compilable, inductor_on_fakes, is_compiled, modes_suspended
@@ -82,6 +82,8 @@ from .step import (
     scaler_tensors,
     warmup_steps,
 )
+
+CACHED_FROM = 4  # blocks traced for real from which FakeTensorMode's cache is on (_Phases)
 
 
 def _fake_like(mode: FakeTensorMode, t: torch.Tensor, batch=None, param=False, named=None,
@@ -319,6 +321,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
             contextlib.nullcontext(), \
             parts_lowered(parts, taken, rec, hooked=prepared, planned=planned):
         phases.reuse = reuse
+        phases.real = 0 if reuse is None else traced_for_real(runs, reuse.runs)
         run = functools.partial(run_step, forward, spec_run, fakes.inputs, fakes.targets,
                                 fakes.param_list)
         if warm:  # one unrecorded forward and backward, as fxmem.measure's warm-up step
@@ -389,21 +392,27 @@ class _Phases:
     """What :func:`run_step` calls as each phase of the recorded step begins: the recorder
     told where it is, and before the optimizer's phase, the gradients named and the
     optimizer's state made by one unrecorded step (the step then runs in steady state).
-    ``reuse``: the blocks' reuse, set once it is entered (or None)."""
+    ``reuse``: the blocks' reuse, set once it is entered (or None), and ``real``: how many
+    of the runs' blocks it traces for real."""
 
     def __init__(self, rec: Recorder, mode, fakes: _Fakes, opt):
         self.rec, self.mode, self.fakes, self.opt = rec, mode, fakes, opt
         self.cache = mode.cache_enabled
         self.reuse = None
+        self.real = 0  # with reuse: the runs' blocks traced for real (traced_for_real)
 
     def __call__(self, name: str) -> None:
         rec = self.rec
         # FakeTensorMode's dispatch cache pays when an op repeats with the same sizes many
-        # times: Adam's foreach ops, and a stack whose every block is traced. With blocks
-        # reused, a forward or backward op repeats about twice, and with symbolic sizes
-        # making and checking an entry costs more than it saves (GPT-2 small, B and L
-        # symbolic: 1.19 s with it off there, 1.67 s on; benchmarks/speed.py).
-        self.mode.cache_enabled = self.cache and (self.reuse is None or name == "optimizer")
+        # times: Adam's foreach ops, and a stack whose every block is traced. With two
+        # blocks traced and the rest reused, a forward or backward op repeats about twice,
+        # and with symbolic sizes making and checking an entry costs more than it saves
+        # (GPT-2 small, B and L symbolic: 1.19 s with it off there, 1.67 s on;
+        # benchmarks/speed.py). A plan that cuts the runs has more blocks traced for real
+        # (Llama-3.1-8B's chosen plan over 8 ranks, 9: its trace took 10.4 and 10.8 s with
+        # the cache, 12.7 and 15.2 s without; at 4, about even)
+        self.mode.cache_enabled = self.cache and (
+            self.reuse is None or name == "optimizer" or self.real >= CACHED_FROM)
         if name == "forward":
             rec.module_stack[:] = [""]
             rec.call_starts.clear()
