@@ -1,6 +1,6 @@
 """``python -m fxmem``: the same command as ``fxmem`` (see :mod:`fxmem.cli`)."""
 
-from .cli import main
+from .cli.entry import run
 
 if __name__ == "__main__":
-    main()
+    run()
