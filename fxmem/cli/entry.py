@@ -15,6 +15,8 @@ import atexit
 import os
 import sys
 
+import click
+
 from .command import main
 
 
@@ -28,7 +30,7 @@ def run() -> None:
     if code is None:
         code = 0
     elif not isinstance(code, int):  # sys.exit("message"), as Python's own exit prints it
-        print(code, file=sys.stderr)
+        click.echo(code, err=True)
         code = 1
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):

@@ -320,8 +320,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
             inductor_on_fakes(taken, spec.compile, rec) if compiled else \
             contextlib.nullcontext(), \
             parts_lowered(parts, taken, rec, hooked=prepared, planned=planned):
-        phases.reuse = reuse
-        phases.real = 0 if reuse is None else traced_for_real(runs, reuse.runs)
+        phases.cached = reuse is None or traced_for_real(runs, reuse.runs) >= CACHED_FROM
         run = functools.partial(run_step, forward, spec_run, fakes.inputs, fakes.targets,
                                 fakes.param_list)
         if warm:  # one unrecorded forward and backward, as fxmem.measure's warm-up step
@@ -392,14 +391,13 @@ class _Phases:
     """What :func:`run_step` calls as each phase of the recorded step begins: the recorder
     told where it is, and before the optimizer's phase, the gradients named and the
     optimizer's state made by one unrecorded step (the step then runs in steady state).
-    ``reuse``: the blocks' reuse, set once it is entered (or None), and ``real``: how many
-    of the runs' blocks it traces for real."""
+    ``cached``: whether FakeTensorMode's cache is on in forward and backward, set once the
+    blocks' reuse is entered (no reuse, or :data:`CACHED_FROM` blocks traced for real)."""
 
     def __init__(self, rec: Recorder, mode, fakes: _Fakes, opt):
         self.rec, self.mode, self.fakes, self.opt = rec, mode, fakes, opt
         self.cache = mode.cache_enabled
-        self.reuse = None
-        self.real = 0  # with reuse: the runs' blocks traced for real (traced_for_real)
+        self.cached = True
 
     def __call__(self, name: str) -> None:
         rec = self.rec
@@ -411,8 +409,7 @@ class _Phases:
         # benchmarks/speed.py). A plan that cuts the runs has more blocks traced for real
         # (Llama-3.1-8B's chosen plan over 8 ranks, 9: its trace took 10.4 and 10.8 s with
         # the cache, 12.7 and 15.2 s without; at 4, about even)
-        self.mode.cache_enabled = self.cache and (
-            self.reuse is None or name == "optimizer" or self.real >= CACHED_FROM)
+        self.mode.cache_enabled = self.cache and (self.cached or name == "optimizer")
         if name == "forward":
             rec.module_stack[:] = [""]
             rec.call_starts.clear()
