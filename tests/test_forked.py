@@ -2,6 +2,7 @@
 as one after the other, some of it found in a forked child, and a child that fails costing
 time, not the answer."""
 
+import json
 import os
 import time
 import warnings
@@ -417,3 +418,79 @@ def test_the_command_searches_ahead_first_under_checkpoint_auto(capfd, monkeypat
         "--batch", str(b), "--budget", str(budget), "--checkpoint", checkpoint], capfd)
     assert code in (0, 4), err
     assert firsts == [checkpoint == "auto"]
+
+
+def test_work_given_meanwhile_is_forked_as_a_foreground_block_begins():
+    """``meanwhile(run)``: forked as this process's first foreground block inside it begins
+    (the children searching ways ahead are stopped then), its answer collected by
+    ``result()``; with no such block, or ``fork=False``, made here; a child whose answer is
+    not asked for is killed when the block ends."""
+    from fxmem.report.forked import meanwhile
+
+    with meanwhile(os.getpid) as work:
+        assert work.child is None  # (nothing forked before a foreground block)
+        with foreground():
+            child = work.child
+            assert child and child.pid != os.getpid()
+            with foreground():  # (an inner block forks nothing more)
+                assert work.child is child
+        assert work.result() == child.pid
+    with meanwhile(os.getpid) as work:
+        assert work.result() == os.getpid()
+    with meanwhile(os.getpid, fork=False) as work:
+        with foreground():
+            assert work.child is False
+        assert work.result() == os.getpid()
+    with meanwhile(lambda: time.sleep(60)) as work:
+        with foreground():
+            child = work.child
+    with pytest.raises(ProcessLookupError):
+        os.kill(child.pid, 0)
+
+
+def test_checkpoint_auto_s_frontier_is_made_while_the_plan_is_traced(capfd, tmp_path,
+                                                                     monkeypatch):
+    """``--checkpoint auto`` with a budget a plan fits: the frontier table is made in a child
+    forked as the plan chosen is traced (``fxmem.cli.auto.choose``), and the report is the
+    one ``--jobs 1`` gives, which makes it here."""
+    from test_mistakes import run_in_process
+
+    from fxmem.report.result import Report
+
+    src = tmp_path / "stack.py"
+    src.write_text("import torch\n\n\ndef stack():\n    torch.manual_seed(0)\n"
+                   "    return torch.nn.Sequential(*[torch.nn.Sequential(\n"
+                   "        torch.nn.Linear(64, 256), torch.nn.GELU(), "
+                   "torch.nn.Linear(256, 64))\n        for _ in range(4)])\n")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(
+        torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+        for _ in range(4)])
+    r = fxmem.analyze(model, torch.randn(4, 64), torch.randn(4, 64),
+                      loss=torch.nn.functional.mse_loss, optimizer=torch.optim.Adam,
+                      device="cpu")
+    points = r.frontier(512)
+    assert len(points) > 2
+    budget = points[len(points) // 2].peak_bytes
+    made, real = tmp_path / "pids", Report.frontier
+
+    def frontier(self, *a, **k):  # where each frontier is made
+        with open(made, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return real(self, *a, **k)
+    monkeypatch.setattr(Report, "frontier", frontier)
+    texts, pids = [], []
+    for jobs in ("2", "1"):
+        made.write_text("")
+        out = tmp_path / f"r{jobs}.json"
+        code, _, err = run_in_process([
+            "analyze", f"{src}:stack", "--input", "B,64", "--target", "B,64", "--loss", "mse",
+            "--optimizer", "adam", "--device", "cpu", "--batch", "512", "--budget",
+            str(budget), "--checkpoint", "auto", "--format", "json", "--out", str(out),
+            "--jobs", jobs], capfd)
+        assert code == 0, err
+        texts.append(out.read_text())
+        pids.append(made.read_text().split())
+    assert json.loads(texts[0])["plan"] and texts[0] == texts[1]
+    assert pids[1] == [str(os.getpid())]
+    assert len(pids[0]) == 1 and pids[0][0] != str(os.getpid())

@@ -8,7 +8,6 @@ compiled under or an eager plan, whichever re-runs less. And ``--compile``'s opt
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 from ..errors import InfeasibleBudgetError, InputError
@@ -51,25 +50,35 @@ def check(compile_budget) -> None:
 
 
 def choose(report, batch: int, budget_bytes: int | None, cudnn_workspace: int = 0,
-           compiled: bool = False) -> Auto:
+           compiled: bool = False, jobs: int = 1) -> Auto:
     """The cheapest plan whose step at ``batch`` fits ``budget_bytes`` (on CUDA: runs in the
     caching allocator's replay); no budget: the plan of the smallest peak. When no plan
     fits, the step as asked (the ways out say why). ``compiled``: ``report`` is the eager
     step of a ``--compile`` command, and the compile budgets are candidates too (the step as
-    asked is then the one compiled under budget 1.0)."""
+    asked is then the one compiled under budget 1.0). ``jobs``: 2, the frontier of an eager
+    step is computed in a forked child while the plan chosen is traced, where one is."""
     from ..checkpoint.compiled import compiled_plans
     from ..checkpoint.options import KINDS
+    from ..report.forked import meanwhile
 
     kinds = (*KINDS, "compiled") if compiled else None
-    frontier = report.frontier(batch, kinds=kinds)
     if budget_bytes is not None:
-        with contextlib.suppress(InfeasibleBudgetError):
-            c = report.plan_for(budget_bytes, batch, kinds=kinds,
-                                cudnn_workspace=cudnn_workspace)
+        # the frontier, for the report: where a plan is traced, in a child meanwhile (a
+        # child searching a way ahead is stopped then: fxmem.report.forked), else here
+        with meanwhile(lambda: report.frontier(batch, kinds=kinds),
+                       fork=jobs > 1 and not compiled) as work:  # (compile's candidates: here)
+            try:
+                c = report.plan_for(budget_bytes, batch, kinds=kinds,
+                                    cudnn_workspace=cudnn_workspace)
+            except InfeasibleBudgetError:
+                c = None
+            frontier = work.result()
+        if c is not None:
             return Auto(c.report, frontier, c.compiled)
         if compiled:
             return Auto(compiled_plans(report, (1.0,))[0].report, frontier, 1.0)
         return Auto(report, frontier)
+    frontier = report.frontier(batch, kinds=kinds)
     if not frontier:
         return Auto(report, frontier)
     last = frontier[-1]

@@ -473,7 +473,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
 
             status.update("choosing a checkpoint plan ..." if not auto_compiled else
                           "choosing a checkpoint plan or torch.compile budget (compiling) ...")
-            chosen = choose(report, batch, budget_bytes, conv_ws, auto_compiled)
+            chosen = choose(report, batch, budget_bytes, conv_ws, auto_compiled, jobs)
             report, frontier = chosen.report, chosen.frontier
             compiled_as = chosen.setup_line(auto_compiled, parallel is not None) or compiled_as
             if dims and report is not at and not exact_formula:  # the step without the plan

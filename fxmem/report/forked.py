@@ -16,7 +16,10 @@ A child searching a way that may not be wanted (:mod:`fxmem.report.ahead`) is ma
 :meth:`Child.background`: while this process does work its own answer waits on
 (:func:`foreground`: a step traced under a checkpoint plan, the plan ``--checkpoint auto``
 chose confirmed), the child is stopped, not sharing the machine's two cores' memory
-bandwidth with it. Where that plan fits, the child's way is not wanted at all.
+bandwidth with it. Where that plan fits, the child's way is not wanted at all. Work that
+can use the core those stopped children leave is given to :func:`meanwhile`: it is forked
+as such a block begins (``--checkpoint auto``'s frontier table, computed while the plan
+chosen is traced), and made by the caller itself where no block began.
 
 >>> forked(lambda: 6 * 7).collect()
 42
@@ -33,6 +36,7 @@ import warnings
 
 _background: dict = {}  # pid of a child marked Child.background -> the pid that forked it
 _depth = [0]  # foreground blocks this process is in
+_meanwhile: list = []  # (pid, Meanwhile): work forked as that process's next block begins
 
 
 def can_fork() -> bool:
@@ -128,6 +132,10 @@ def foreground():
     another process forked (a sibling, in a child of this one) is left alone."""
     mine = [pid for pid, owner in _background.items() if owner == os.getpid()] \
         if _depth[0] == 0 else []
+    if _depth[0] == 0:
+        for owner, work in _meanwhile:
+            if owner == os.getpid() and work.child is None:
+                work.child = forked(work.run) or False
     _depth[0] += 1
     stopped = [pid for pid in mine if _signal(pid, signal.SIGSTOP)]
     try:
@@ -136,6 +144,47 @@ def foreground():
         _depth[0] -= 1
         for pid in stopped:
             _signal(pid, signal.SIGCONT)
+
+
+class Meanwhile:
+    """:func:`meanwhile`'s work: ``run``; ``child``, the :class:`Child` running it (None:
+    not forked yet; False: none will be)."""
+
+    def __init__(self, run, fork: bool = True):
+        self.run, self.child = run, None if fork else False
+
+    def result(self):
+        """``run()``'s answer: the child's, waited for, where one was forked and answered,
+        else ``run()`` here."""
+        child, self.child = self.child, None
+        got = child.collect() if child else None
+        return self.run() if got is None else got
+
+
+@contextlib.contextmanager
+def meanwhile(run, fork: bool = True):
+    """A :class:`Meanwhile` of ``run``, forked (where ``fork``) as the first
+    :func:`foreground` block of this process inside this one begins (the children searching
+    ways ahead are stopped then, so it has a core of its own), else made by
+    :meth:`Meanwhile.result` where the caller asks. A child whose answer was not asked for
+    in this block is killed at its end.
+
+    >>> with meanwhile(lambda: 6 * 7) as work:
+    ...     with foreground():
+    ...         pass
+    ...     forked_it = bool(work.child) or not can_fork()
+    ...     answer = work.result()
+    >>> forked_it, answer
+    (True, 42)
+    """
+    work = Meanwhile(run, fork)
+    _meanwhile.append((os.getpid(), work))
+    try:
+        yield work
+    finally:
+        _meanwhile.remove((os.getpid(), work))
+        if work.child:
+            work.child.cancel()  # (collected: a no-op)
 
 
 def _signal(pid: int, sig) -> bool:
