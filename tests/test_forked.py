@@ -437,6 +437,8 @@ def test_work_given_meanwhile_is_forked_as_a_foreground_block_begins():
         assert work.result() == child.pid
     with meanwhile(os.getpid) as work:
         assert work.result() == os.getpid()
+        with foreground():  # (its answer made: nothing forked for it after)
+            assert work.child is False
     with meanwhile(os.getpid, fork=False) as work:
         with foreground():
             assert work.child is False

@@ -156,7 +156,7 @@ class Meanwhile:
     def result(self):
         """``run()``'s answer: the child's, waited for, where one was forked and answered,
         else ``run()`` here."""
-        child, self.child = self.child, None
+        child, self.child = self.child, False  # (asked: nothing is forked for it after)
         got = child.collect() if child else None
         return self.run() if got is None else got
 
@@ -183,8 +183,8 @@ def meanwhile(run, fork: bool = True):
         yield work
     finally:
         _meanwhile.remove((os.getpid(), work))
-        if work.child:
-            work.child.cancel()  # (collected: a no-op)
+        if work.child:  # forked, its answer not asked for
+            work.child.cancel()
 
 
 def _signal(pid: int, sig) -> bool:
