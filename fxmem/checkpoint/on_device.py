@@ -14,12 +14,11 @@ alone can run out there, so plans are chosen against the replay too, by the form
    changes little between plans close on the frontier, so a plan whose live peak is lower
    by less than that rarely runs. Then the distance below the first plan that ran out
    doubles at each step (a plan with a lower live peak rarely needs more of the
-   allocator). Without the need (``need`` not given), the next cheapest plans are replayed
-   first (``choose(peak - 1)``), for :data:`SINGLE_STEPS` points. (On Llama-3.1-8B over 8
-   GPUs, two such steps each went 33 MB down while the first plan needed 20 GB more than
-   the budget: a replay each for nothing. Where the next plans do run, the bisection below
-   finds them, with ``exact=False``: tests/test_plan_on_device.py's stack, its first plan
-   15 % over, finds the cheapest so);
+   allocator). (The walk had first replayed the next two plans of the frontier: on
+   Llama-3.1-8B over 8 GPUs each went 33 MB down while the first plan needed 20 GB more
+   than the budget, a replay each for nothing. Where the next plans do run, the bisection
+   below finds them, with ``exact=False``: tests/test_plan_on_device.py's stack, its first
+   plan 15 % over, finds the cheapest so);
 3. once a plan runs after such a jump, the live budgets between it and the lowest plan
    that ran out above it are bisected: a plan the solver finds there is replayed, so the
    answer is the cheapest plan that runs among those the search saw, with ``exact=False``;
@@ -42,7 +41,6 @@ from dataclasses import dataclass
 from ..errors import InfeasibleBudgetError
 
 MAX_REPLAYS = 12  # candidate plans replayed per answer (the smallest peak's among them)
-SINGLE_STEPS = 2  # plans that ran out before the steps below the first one double
 MAX_BISECT = 16  # solver calls bisecting back after a jump
 
 
@@ -84,7 +82,7 @@ class Walked:
     ran_out: tuple
 
 
-def walk(choose, accept, budget_bytes: int, smallest=None, need=None) -> Walked:
+def walk(choose, accept, budget_bytes: int, smallest, need) -> Walked:
     """The cheapest plan that runs, searched as the module docstring says.
 
     ``choose(live)``: the cheapest plan whose live peak is at most ``live`` bytes, an object
@@ -92,8 +90,9 @@ def walk(choose, accept, budget_bytes: int, smallest=None, need=None) -> Walked:
     none; raised from the first call, at the budget: no plan's live peak fits);
     ``accept(c)``: ``(choice, run)``, ``c`` checked as the headline answers (the
     replay, the plan traced), ``choice`` None when it runs out; ``smallest()``: the plan of
-    the smallest live peak (or None), tried when the walk ends without one; ``need(c)``:
-    what ``c``'s step needs replayed with no limit (asked of the first that runs out)."""
+    the smallest live peak (or None), tried when the walk ends without one (``smallest``
+    itself may be None: none is); ``need(c)``: what ``c``'s step needs replayed with no
+    limit (asked of the first that runs out)."""
     ran_out: list = []
     seen: dict = {}  # plan -> its choice, accepted or None
 
@@ -106,7 +105,6 @@ def walk(choose, accept, budget_bytes: int, smallest=None, need=None) -> Walked:
         return seen[c.plan]
 
     live, found, jumped, at = budget_bytes, None, False, budget_bytes
-    singles = SINGLE_STEPS if need is None else 0  # (given the first plan's need: none)
     while len(seen) < MAX_REPLAYS - (smallest is not None):
         c = choose(live) if not seen else _choose(choose, live)  # the first raises
         if c is None or c.plan in seen:
@@ -114,10 +112,8 @@ def walk(choose, accept, budget_bytes: int, smallest=None, need=None) -> Walked:
         found, at = attempt(c), live
         if found is not None:
             break
-        gap = 1 if len(ran_out) <= singles else \
-            max(1, ran_out[0][0].peak_bytes - c.peak_bytes,
-                need(ran_out[0][0]) - budget_bytes
-                if need is not None and len(ran_out) == 1 else 0)
+        gap = max(1, ran_out[0][0].peak_bytes - c.peak_bytes,
+                  need(ran_out[0][0]) - budget_bytes if len(ran_out) == 1 else 0)
         jumped |= gap > 1
         live = c.peak_bytes - gap
     if found is None and smallest is not None:
@@ -239,5 +235,5 @@ def no_plan_runs(b: int, budget_bytes: int, walked: Walked, where: str = "",
         minimum_bytes=max(need or 0, peak, budget_bytes + 1))
 
 
-__all__ = ["MAX_REPLAYS", "SINGLE_STEPS", "device_run", "oom_phrase", "Walked", "walk",
+__all__ = ["MAX_REPLAYS", "device_run", "oom_phrase", "Walked", "walk",
            "largest_running", "below", "no_plan_runs"]
