@@ -455,6 +455,8 @@ def test_checkpoint_auto_s_frontier_is_made_while_the_plan_is_traced(capfd, tmp_
     """``--checkpoint auto`` with a budget a plan fits: the frontier table is made in a child
     forked as the plan chosen is traced (``fxmem.cli.auto.choose``), and the report is the
     one ``--jobs 1`` gives, which makes it here."""
+    import runpy
+
     from test_mistakes import run_in_process
 
     from fxmem.report.result import Report
@@ -464,10 +466,7 @@ def test_checkpoint_auto_s_frontier_is_made_while_the_plan_is_traced(capfd, tmp_
                    "    return torch.nn.Sequential(*[torch.nn.Sequential(\n"
                    "        torch.nn.Linear(64, 256), torch.nn.GELU(), "
                    "torch.nn.Linear(256, 64))\n        for _ in range(4)])\n")
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Sequential(
-        torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
-        for _ in range(4)])
+    model = runpy.run_path(str(src))["stack"]()  # the model the command analyses
     r = fxmem.analyze(model, torch.randn(4, 64), torch.randn(4, 64),
                       loss=torch.nn.functional.mse_loss, optimizer=torch.optim.Adam,
                       device="cpu")
