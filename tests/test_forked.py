@@ -495,3 +495,33 @@ def test_checkpoint_auto_s_frontier_is_made_while_the_plan_is_traced(capfd, tmp_
     assert json.loads(texts[0])["plan"] and texts[0] == texts[1]
     assert pids[1] == [str(os.getpid())]
     assert len(pids[0]) == 1 and pids[0][0] != str(os.getpid())
+
+
+@pytest.mark.parametrize("fork", [True, False])
+def test_the_fewest_gpus_search_asks_a_guess_s_neighbour_while_the_guess_s_plan_is_traced(
+        tmp_path, fork):
+    """``fewest(..., fork=True)`` (FSDP2's fewest GPUs, ``jobs=2``): the guess's neighbour
+    below, which confirms it, is searched in a child forked as the guess's plan is traced
+    (its foreground block), not after it; ``fork=False``: here, after it. The answer is the
+    same, and a world size the child answered is not searched again here."""
+    from fxmem.report.world_size import fewest
+
+    log = tmp_path / "asked"
+
+    def fits(w):
+        with foreground():  # (the world size's plan traced)
+            with open(log, "a") as f:
+                f.write(f"{os.getpid()} {w}\n")
+        return w >= 5
+
+    assert fewest(fits, 2, guess=5, fork=fork) == 5
+    asked = [tuple(map(int, line.split())) for line in log.read_text().splitlines()]
+    me = os.getpid()
+    if fork and can_fork():
+        assert sorted(asked) == sorted([(me, 5), (asked[-1][0], 4)]) and asked[-1][0] != me
+    else:
+        assert asked == [(me, 5), (me, 4)]
+    log.unlink()  # the neighbour fits: the search goes on below it, 4 asked once
+    assert fewest(lambda w: fits(w) or w == 4, 2, guess=5, fork=fork) == 4
+    assert sorted(int(line.split()[1]) for line in log.read_text().splitlines()) == \
+        [2, 3, 4, 5]

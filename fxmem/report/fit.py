@@ -134,7 +134,7 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
             if tell is not None:
                 tell(what)
             got[k] = list(way(check, report, B, named=named, dims=dims or {}, limit=limit,
-                              reanalyze=reanalyze, found=tuple(found)))
+                              reanalyze=reanalyze, found=tuple(found), jobs=jobs))
             found += [w for w in got[k] if isinstance(w, WayOut)]
         return got
     # the plan and the fewest GPUs (which reads the plan's way: found) in the child, the

@@ -47,7 +47,8 @@ def towards(seen: list, by: str) -> str:
 
 
 def fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None, budget: int | None = None,
-           seen: list | None = None, floor=None, guess: int | None = None) -> int | None:
+           seen: list | None = None, floor=None, guess: int | None = None,
+           fork: bool = False) -> int | None:
     """The smallest w in [lo, hi] with ``fits(w)``, or None, for a ``fits`` that holds from
     some w on. ``need(w)`` (bytes; with ``budget``): a rank's need, which FSDP2 makes about
     ``a + s / w`` (the shards, their gradients and optimizer state, and the optimizer's
@@ -70,14 +71,24 @@ def fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None, budget: int | Non
     world size asked, the lines start from it). ``guess``: tried first (at most ``hi``;
     given none, twice the last w ``seen`` when there is one); when it fits and one fewer
     does not, the answer in two analyses; when it does not, the lines through ``seen`` say
-    where to go on, or that no w will fit."""
+    where to go on, or that no w will fit. ``fork``: where a w and its neighbour below are
+    both asked (a guess, and the w confirming it), the neighbour is searched in a forked
+    child while w's plan is traced (:func:`_and_below`)."""
     seen = [] if seen is None else seen
+    known: dict = {}  # w -> fits(w): an answer the child gave is not searched again here
+
+    def fits_at(w, asked=fits):
+        if w not in known:
+            known[w] = bool(asked(w))
+        return known[w]
+    fits = fits_at
     if guess is None and seen:
         guess = 2 * seen[-1][0]
     guess = None if guess is None else min(guess, hi)
     if guess is not None and lo < guess:
-        if fits(guess):
-            if not fits(guess - 1):
+        ok, below = _and_below(fits, guess, True, known, fork)
+        if ok:
+            if not below:
                 return guess
             hi = guess - 1
         else:
@@ -107,9 +118,10 @@ def fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None, budget: int | Non
         if budget is not None and seen and seen[-1][0] == bad:
             g = secant(through([seen[-1][::2], (w, (floor or need)(w))]), budget)
         g = (bad + w) // 2 if g is None else min(max(g, bad + 1), w - 1)
-        if not fits(g):
+        ok, below = _and_below(fits, g, g - 1 != bad, known, fork)
+        if not ok:
             bad = g
-        elif g - 1 == bad or not fits(g - 1):
+        elif g - 1 == bad or not below:
             return g
         else:
             w = g - 1
@@ -148,6 +160,28 @@ def through(seen) -> tuple | None:
     return None if s <= 0 else (n2 - s / w2, s)
 
 
+def _and_below(fits, w: int, below: bool, known: dict, fork: bool) -> tuple:
+    """``(fits(w), fits(w - 1))``, the second asked where the first holds and ``below``
+    (else None), and kept in ``known``. ``fork``: ``fits(w - 1)`` made in a child forked
+    as ``fits(w)``'s first foreground block begins (its plan traced:
+    :func:`fxmem.report.forked.meanwhile`), so the two searches share the machine's cores;
+    where no such block begins, after ``fits(w)`` here.
+
+    >>> _and_below(lambda w: w >= 4, 4, True, {}, False)
+    (True, False)
+    """
+    from .forked import meanwhile
+
+    if not below or w - 1 in known:
+        ok = fits(w)
+        return ok, (fits(w - 1) if ok and below else None)
+    with meanwhile(lambda: fits(w - 1), fork) as under:
+        if not fits(w):
+            return False, None
+        known[w - 1] = bool(under.result())
+        return True, known[w - 1]
+
+
 def secant(line, budget) -> int | None:
     """Where ``line`` (:func:`through`) meets ``budget``, or None."""
     if line is None or budget is None or line[0] >= budget:
@@ -156,15 +190,17 @@ def secant(line, budget) -> int | None:
     return int(-(-s // (budget - a)))
 
 
-def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_):
+def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), jobs=1, **_):
     """FSDP2's fewest GPUs at ``b``, without a plan then with the cheapest one (``found``:
     the ways found before, the plan on one GPU among them). A world size's groups of ranks
     after the first are traced only where rank 0's step fits: where it does not, the step
     on those GPUs does not. Under FSDP2 the world size asked (``report``'s, which does not
     fit) is the searches' first point, and so twice it their first guess when the estimate
-    from ``report``'s shards (:func:`_guess`) finds none (:func:`fewest`): Llama-3.1-70B over 64 GPUs, whose
-    need falls towards a limit over the budget, is told so from 64 and 128 GPUs, one trace
-    (65 and 130 had been traced)."""
+    from ``report``'s shards (:func:`_guess`) finds none (:func:`fewest`): Llama-3.1-70B over
+    64 GPUs, whose need falls towards a limit over the budget, is told so from 64 and 128
+    GPUs, one trace (65 and 130 had been traced). ``jobs=2``: a world size's neighbour
+    below, where both are asked, searched in a child while the world size's plan is traced
+    (:func:`fewest`'s ``fork``)."""
     from ..trace.parallel import FSDP
 
     strategy = getattr(report, "strategy", None)
@@ -206,7 +242,7 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_):
             lambda w: check.fits(lead(w), b) and check.fits(at(w), b), start,
             need=lambda w: check.need(lead(w), b), budget=check.budget, seen=seen,
             floor=lambda w: check.floor(lead(w), b),
-            guess=_guess(report, b, check.budget, start))
+            guess=_guess(report, b, check.budget, start), fork=jobs > 1)
     except InputError as e:
         if not compiled:
             raise
@@ -281,7 +317,7 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), **_):
     w2 = None if least >= check.budget else fewest(
         fits, start, top, need=need, budget=check.budget, seen=seen,
         floor=lambda w: live_peak(under(w, lead), b),  # no plan's peak is under it
-        guess=_guess(report.with_plan(smallest), b, check.budget, start))
+        guess=_guess(report.with_plan(smallest), b, check.budget, start), fork=jobs > 1)
     if w2 is None:
         yield ("FSDP2 with a checkpoint plan needs as many GPUs as without one" if w else
                f"no number of GPUs under FSDP2 fits B={b} with a checkpoint plan either "
