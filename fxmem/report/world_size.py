@@ -76,12 +76,12 @@ def fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None, budget: int | Non
     child while w's plan is traced (:func:`_and_below`)."""
     seen = [] if seen is None else seen
     known: dict = {}  # w -> fits(w): an answer the child gave is not searched again here
+    asked = fits
 
-    def fits_at(w, asked=fits):
+    def fits(w):
         if w not in known:
             known[w] = bool(asked(w))
         return known[w]
-    fits = fits_at
     if guess is None and seen:
         guess = 2 * seen[-1][0]
     guess = None if guess is None else min(guess, hi)
