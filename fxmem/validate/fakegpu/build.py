@@ -214,15 +214,23 @@ def build(
         raise RuntimeError(f"building the fake-GPU stub failed:\n{' '.join(cmd)}\n{res.stderr}")
     if torch_dir is not None:
         _build_hook(dest_dir, torch_dir, incs)
+    _link_unversioned(dest_dir, tmp)  # first: a build found by its library has its link
     os.replace(tmp, lib)
-    link = dest_dir / "libcuda.so"
-    if not link.exists():
-        try:
-            link.symlink_to(LIB_NAME)
-        except OSError:
-            shutil.copyfile(lib, link)
     return lib
 
+
+def _link_unversioned(dest_dir: Path, built: Path) -> None:
+    """``libcuda.so`` beside ``libcuda.so.1`` (triton opens the unversioned name): a link, or a
+    copy of ``built`` where links are refused, made under a name of this process's own and
+    renamed into place, so processes building the same stub at once each succeed (pytest-xdist's
+    workers do)."""
+    tmp = dest_dir / f".libcuda.so.{os.getpid()}.tmp"
+    tmp.unlink(missing_ok=True)
+    try:
+        tmp.symlink_to(LIB_NAME)
+    except OSError:
+        shutil.copyfile(built, tmp)
+    os.replace(tmp, dest_dir / "libcuda.so")
 
 
 def _build_hook(dest_dir: Path, torch_dir: Path, incs, cxx: str = "g++") -> None:
