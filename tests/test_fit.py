@@ -74,6 +74,26 @@ def test_cpu_ways_are_checked(B, budget):  # noqa: N803
     assert all(line.startswith(("no ", "FSDP2 with")) for line in f.none)
 
 
+def test_the_ways_on_one_gpu_build_one_planner_of_its_step(monkeypatch):
+    """The checkpoint way (its plan traced at B alone: the report with another retrace) and
+    FSDP2's fewest GPUs with a plan (the smallest plan on one GPU, its guess) ask the same
+    planner of the one-GPU step: it is built once (Llama-3.1-8B's: 0.4 s)."""
+    from fxmem.checkpoint.options import Planner
+
+    m = _stack()
+    r = _analyze(m)
+    built, init = [], Planner.__init__
+
+    def counted(self, report, *args, **kwargs):
+        built.append(report.trace)
+        init(self, report, *args, **kwargs)
+
+    monkeypatch.setattr(Planner, "__init__", counted)
+    f = r.fits(512, 4_000_000)
+    assert f.way("checkpoint") and f.way("fsdp+checkpoint")
+    assert sum(t is r.trace for t in built) == 1, len(built)
+
+
 def test_fits_has_no_ways():
     r = _analyze(_stack())
     f = r.fits(8, r.peak_bytes(8))

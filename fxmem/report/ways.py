@@ -154,7 +154,9 @@ def cheapest_plan(check, report, b: int, confirm: bool = True):
                 f"{report.strategy.name} (a plan over its compiled blocks is traced when "
                 "given, not chosen)")
     if confirm and getattr(report, "retrace", None) is not None:
-        report = replace(report, retrace=partial(report.retrace, point=(b, {})))
+        point = partial(report.retrace, point=(b, {}))  # (a Report's planners kept)
+        report = report.retracing(point) if hasattr(report, "retracing") else \
+            replace(report, retrace=point)
     try:
         return report.plan_for(check.budget, b, by=check.by, cudnn_workspace=check.cudnn,
                                confirm=confirm)
