@@ -222,6 +222,25 @@ def test_lowest_peak_bounds_every_plan(case):
         assert low <= ch.smallest(at).peak_bytes
 
 
+def test_a_budget_under_every_plan_is_refused_without_the_frontier(case, monkeypatch):
+    """Below the model's smallest peak under every exact peak, no plan fits: ``choose``
+    says so with the smallest plan's peak, and solves no frontier (Llama-3.1-8B's one
+    GPU: 0.4 s)."""
+    from fxmem.checkpoint import chain as C
+
+    name, build, batch, loss, b, r = case
+    ch = r._chooser()
+    budget = C.lowest_peak(ch.problem(b, True)) - 1
+
+    def solved(*args):
+        raise AssertionError("the frontier was solved")
+
+    monkeypatch.setattr(ch, "_solutions", solved)
+    with pytest.raises(fxmem.InfeasibleBudgetError) as e:
+        ch.choose(budget, b)
+    assert e.value.minimum_bytes == ch.smallest(b).peak_bytes > budget
+
+
 def test_least_growing_bounds_every_plan(case):
     """``least_growing``: no plan's step holds fewer bytes at once of the storages that grow
     with B (:func:`fxmem.report.ways.batch_floor`, exact, of each plan's derived step): the

@@ -449,6 +449,9 @@ class Planner:
         """The plans of the chain model's frontier at ``b``; with ``budget_bytes``, only
         those whose peak fits it in the model below the exact peaks (``optimistic``: a plan
         over the budget there is over it exactly), which need no derivation."""
+        if budget_bytes is not None and \
+                C.lowest_peak(self.problem(b, optimistic=True)) > budget_bytes:
+            return []  # none fits that model: the frontier is not solved (Llama-3.1-8B: 0.4 s)
         sols = self._solutions(b)
         if budget_bytes is not None:
             low = self.problem(b, optimistic=True)
