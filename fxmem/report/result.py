@@ -7,7 +7,7 @@ Every number is in bytes; formulas are sympy expressions in :data:`fxmem.B`.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import sympy
 
@@ -94,25 +94,6 @@ class Report:
         if b not in (cache := self.__dict__.setdefault("_below_at", {})) and make:
             cache[b] = self.below(b)
         return cache.get(b)
-
-    def retracing(self, retrace) -> "Report":
-        """This report with ``retrace`` as its own (how a plan's step is traced, e.g. at one
-        point: :func:`fxmem.report.ways.cheapest_plan`), sharing what is derived from its
-        trace alone: its planners, its plans' derived steps and their replays, its traces
-        below where the formulas hold (a way's search asks both reports for them).
-
-        >>> import torch, fxmem
-        >>> r = fxmem.analyze(torch.nn.Linear(8, 2), torch.randn(4, 8),
-        ...                   loss=lambda o: o.sum(), device="cpu")
-        >>> other = r.retracing(None)
-        >>> other.retrace is None, other.with_plan(()) is r.with_plan(())
-        (True, True)
-        """
-        out = replace(self, retrace=retrace)
-        for name, empty in (("_choosers", dict), ("_with_plans", Recent),
-                            ("_plan_replays", dict), ("_below_at", dict)):
-            out.__dict__[name] = self.__dict__.setdefault(name, empty())
-        return out
 
     def _no_dims(self, values: dict) -> None:
         if values:

@@ -6,12 +6,13 @@ bytes that grow with B).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from functools import partial
 
 from ..checkpoint.on_device import oom_phrase
 from ..errors import FxmemError, InfeasibleBudgetError
 from ..formula.symbols import B as SYM_B
+from .retrace import retracing
 from .text import fmt_bytes, plan_text
 
 KINDS = ("batch", "checkpoint", "fsdp", "fsdp+checkpoint", "param_dtype",
@@ -154,9 +155,7 @@ def cheapest_plan(check, report, b: int, confirm: bool = True):
                 f"{report.strategy.name} (a plan over its compiled blocks is traced when "
                 "given, not chosen)")
     if confirm and getattr(report, "retrace", None) is not None:
-        point = partial(report.retrace, point=(b, {}))  # (a Report's planners kept)
-        report = report.retracing(point) if hasattr(report, "retracing") else \
-            replace(report, retrace=point)
+        report = retracing(report, partial(report.retrace, point=(b, {})))
     try:
         return report.plan_for(check.budget, b, by=check.by, cudnn_workspace=check.cudnn,
                                confirm=confirm)
