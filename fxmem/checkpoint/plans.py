@@ -183,9 +183,9 @@ def derive(trace: Trace, plan) -> Trace:
                             else _with(st, created_by=c, freed_after=f, unref_after=u))
     for k, s in enumerate(d.copied.tolist(), len(storages)):
         st = storages[s]
-        new_storages.append(replace(st, sid=k, created_by=created[k], freed_after=freed[k],
-                                    unref_after=freed[k], saved=False, category=_unsaved(st),
-                                    saved_by=()))
+        new_storages.append(_with(st, sid=k, created_by=created[k], freed_after=freed[k],
+                                  unref_after=freed[k], saved=False, category=_unsaved(st),
+                                  saved_by=()))
     for k in d.dropped.tolist():  # not made: a layer's cache (fxmem.checkpoint.uncached)
         new_storages[k] = _with(new_storages[k], size=ZERO)
     # the ops, renumbered; re-run ops point at the op they repeat
@@ -200,10 +200,10 @@ def derive(trace: Trace, plan) -> Trace:
         def m(sids, path=sc.path):
             return tuple(d.copies.get((path, s), s) for s in sids)
 
-        new_ops.append(replace(op, index=k, phase="backward", out_sids=m(op.out_sids),
-                               new_sids=m(op.new_sids), in_sids=m(op.in_sids),
-                               written_sids=m(op.written_sids), autograd_node=None,
-                               recompute=True, source=i))
+        new_ops.append(_with(op, index=k, phase="backward", out_sids=m(op.out_sids),
+                             new_sids=m(op.new_sids), in_sids=m(op.in_sids),
+                             written_sids=m(op.written_sids), autograd_node=None,
+                             recompute=True, source=i))
     return replace(trace, ops=tuple(new_ops), storages=tuple(new_storages),
                    plan=plan, packs=())
 
@@ -564,7 +564,7 @@ def _held_storages(trace: Trace, changes: dict) -> list:
     """The base storages as the plan's forward leaves them (:func:`_held_changes`)."""
     out = list(trace.storages)  # the others stay as they are
     for sid, (free, saved, category) in changes.items():
-        out[sid] = replace(out[sid], freed_after=free, saved=saved, category=category)
+        out[sid] = _with(out[sid], freed_after=free, saved=saved, category=category)
     return out
 
 
