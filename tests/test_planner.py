@@ -224,8 +224,8 @@ def test_lowest_peak_bounds_every_plan(case):
 
 def test_a_budget_under_every_plan_is_refused_without_the_frontier(case, monkeypatch):
     """Below the model's smallest peak under every exact peak, no plan fits: ``choose``
-    says so with the smallest plan's peak, and solves no frontier (Llama-3.1-8B's one
-    GPU: 0.4 s)."""
+    says so with the smallest plan's peak, and solves no frontier (Llama-3.1-8B's one-GPU
+    checkpoint way: 0.37 s, from 0.51 s)."""
     from fxmem.checkpoint import chain as C
 
     name, build, batch, loss, b, r = case

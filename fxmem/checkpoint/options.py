@@ -451,7 +451,7 @@ class Planner:
         over the budget there is over it exactly), which need no derivation."""
         if budget_bytes is not None and \
                 C.lowest_peak(self.problem(b, optimistic=True)) > budget_bytes:
-            return []  # none fits that model: the frontier is not solved (Llama-3.1-8B: 0.4 s)
+            return []  # none fits that model: its frontier not solved (Llama-3.1-8B: 0.14 s)
         sols = self._solutions(b)
         if budget_bytes is not None:
             low = self.problem(b, optimistic=True)
