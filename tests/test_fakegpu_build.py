@@ -24,17 +24,24 @@ def compiled_as_a_file(monkeypatch):
     monkeypatch.setattr(fakegpu_build.subprocess, "run", run)
 
 
+@pytest.fixture
+def headers(tmp_path):
+    """An empty include folder: no CUDA header is read (the compiler is stood in for)."""
+    folder = tmp_path / "include"
+    folder.mkdir()
+    return folder
+
+
 def _build(out_dir, headers):
     return fakegpu_build.build(out_dir, include_dirs=[headers])
 
 
-def test_a_build_meeting_the_link_another_process_made_succeeds(tmp_path, compiled_as_a_file,
+def test_a_build_meeting_the_link_another_process_made_succeeds(tmp_path, headers,
+                                                                compiled_as_a_file,
                                                                 monkeypatch):
     """Another process building the same stub puts ``libcuda.so`` in place (a link to
     ``libcuda.so.1``) just before this one makes its own: the folder's link is that one, or
     this one's put over it, and the build returns its library."""
-    headers = tmp_path / "include"
-    headers.mkdir()
     real_symlink = os.symlink
 
     def symlink(src, dst, *args, **kwargs):
@@ -48,12 +55,10 @@ def test_a_build_meeting_the_link_another_process_made_succeeds(tmp_path, compil
     assert lib.is_file() and (lib.parent / "libcuda.so").resolve() == lib.resolve()
 
 
-def test_a_library_found_in_the_cache_has_its_link_beside_it(tmp_path, compiled_as_a_file,
-                                                             monkeypatch):
+def test_a_library_found_in_the_cache_has_its_link_beside_it(tmp_path, headers,
+                                                             compiled_as_a_file, monkeypatch):
     """The link is in place before the library is: a process that finds the library (and so
     does not build) finds the link too."""
-    headers = tmp_path / "include"
-    headers.mkdir()
     seen = []
     real_replace = os.replace
 
@@ -67,13 +72,12 @@ def test_a_library_found_in_the_cache_has_its_link_beside_it(tmp_path, compiled_
     assert seen == [True]
 
 
-def test_processes_building_at_once_each_return_the_library(tmp_path, compiled_as_a_file):
+def test_processes_building_at_once_each_return_the_library(tmp_path, headers,
+                                                            compiled_as_a_file):
     """Eight processes forked together build the same stub: each returns it, and nothing of
     theirs is left in the folder but the library, its link and (where torch has its headers)
     the hook."""
-    headers = tmp_path / "include"
-    headers.mkdir()
-    lib = fakegpu_build.build(tmp_path / "probe", include_dirs=[headers])
+    lib = _build(tmp_path / "probe", headers)
     pids = []
     for _ in range(8):
         pid = os.fork()
