@@ -51,6 +51,7 @@ def _same(derived, traced, batches=(2, 5)):
         assert [o.op for o in dt.ops] == [o.op for o in tt.ops]
         assert _storages(dt) == _storages(tt), d.ranks
         assert d.report.peak == t.report.peak
+        assert d.report.flop_count == t.report.flop_count  # the optimizer's on its own rows
         for b in batches:
             assert d.report.peak_bytes(b) == t.report.peak_bytes(b)
     return derived
@@ -137,6 +138,7 @@ def _derived_as_traced(parallel, sizes, device="cpu", model=None, **options):
         assert sum(x.size.expr != y.size.expr for x, y in zip(d.storages, source.storages))
         a, b = _report(d, (), device), _report(t, (), device)
         assert a.peak == b.peak
+        assert a.flop_count == b.flop_count  # the optimizer's on its own shards
         for n in (2, 5):
             assert a.peak_bytes(n) == b.peak_bytes(n)
             if device == "cuda":
@@ -165,6 +167,20 @@ def test_other_steps_over_another_world_size_derived_as_traced(parallel, options
     device = "cuda" if parallel.param_dtype is not None else "cpu"
     sizes = (6, 8) if parallel.reshard_after_forward == 2 else (2, 7)
     _derived_as_traced(parallel, sizes, device, **options)
+
+
+def test_a_rank_derived_from_a_derived_trace_counts_its_own_flops():
+    """4 GPUs -> 3 -> 8: the optimizer's FLOPs are rank 0's over 8 GPUs, as traced."""
+    from fxmem.analyze import _report
+    from fxmem.trace.parallel import at_world_size
+
+    model, inputs = _llama()
+    four, three, eight = fxmem.FSDP(4), fxmem.FSDP(3), fxmem.FSDP(8)
+    d = at_world_size(at_world_size(_over(four, model, inputs, device="cpu").trace, four,
+                                    three, model), three, eight, model)
+    got = _report(d, (), "cpu").flop_count
+    assert got == _over(eight, model, inputs, device="cpu").flop_count
+    assert got != _over(four, model, inputs, device="cpu").flop_count
 
 
 def test_copied_blocks_over_another_world_size_derived_as_traced():

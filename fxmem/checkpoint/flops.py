@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from math import prod
 
 import sympy
 import torch
@@ -60,27 +61,30 @@ class FlopCount:
     from_pytorch: sympy.Expr = sympy.Integer(0)
 
 
-def _shape(v):
+def _shape(v, reshaped: dict):
     if isinstance(v, TensorDesc):
-        return tuple(v.shape)
+        return reshaped.get(tuple(v.shape), tuple(v.shape))
     if isinstance(v, tuple):
-        return tuple(_shape(x) for x in v)
+        return tuple(_shape(x, reshaped) for x in v)
     return v
 
 
-def _node_flops(node, values: dict) -> tuple[sympy.Expr | None, bool]:
+def _node_flops(node, values: dict, reshaped: dict | None = None) -> tuple[sympy.Expr | None,
+                                                                          bool]:
     """FLOPs of one graph node with ``values`` put in its shapes and arguments (None: no
-    formula), and whether PyTorch's formula gave them."""
+    formula), and whether PyTorch's formula gave them; ``reshaped``: graph shapes ->
+    the shapes they have instead (see :func:`_reshaped`)."""
     func = node.target
     own = getattr(func, "overloadpacket", None)
     packet = own if own in flop_registry else ALIASES.get(own, own)  # torch 2.15 has its own
     formula = flop_registry.get(packet)
+    reshaped = reshaped or {}
 
     def arg(a):
-        return _shape(value_in(a.meta.get("val"), values)) if isinstance(a, torch.fx.Node) \
-            else a
+        return _shape(value_in(a.meta.get("val"), values), reshaped) \
+            if isinstance(a, torch.fx.Node) else a
 
-    out = _shape(value_in(node.meta.get("val"), values))
+    out = _shape(value_in(node.meta.get("val"), values), reshaped)
     if formula is not None:
         args = tuple(torch.fx.node.map_arg(a, arg) for a in args_in(node.args, values))
         kwargs = {k: torch.fx.node.map_arg(v, arg)
@@ -104,9 +108,44 @@ def op_flops(trace: Trace) -> dict:
         source, values = source.original.graph_source, source.values
     if isinstance(source, Spliced):  # copied blocks: each op costs what its pattern's does,
         # read from the recorded graph (the whole step's is not built for it)
-        recorded = _graph_flops(source.old, values)
-        return {j: recorded[i] for j, i in enumerate(source.source_of) if i in recorded}
-    return _graph_flops(*nodes_and_values(trace))
+        graph, at = source.old, source.source_of
+        recorded = _graph_flops(graph, values)
+        out = {j: recorded[i] for j, i in enumerate(at) if i in recorded}
+    else:
+        graph, values = nodes_and_values(trace)
+        at, out = None, _graph_flops(graph, values)
+    return _reshaped(trace, out, graph, values, at)
+
+
+def _reshaped(trace: Trace, out: dict, graph, values: dict, at) -> dict:
+    """``out`` with the FLOPs counted on this rank's shapes where a derivation changed them
+    (a rank's trace derived from another's, whose graph it shares:
+    :mod:`fxmem.trace.parallel.other_ranks`): of each op writing a storage given another
+    shape (``trace.shaped_as``: FSDP2's buffers over another world size, the optimizer's
+    state), and of the optimizer's ops and the gradients' sums on the rank's own rows
+    (``trace.reshaped``, flat too: gradient accumulation adds flat views). ``at``: op
+    index -> the index of the graph node it costs as (a spliced trace's), else its own."""
+    was, rows = dict(trace.shaped_as), dict(trace.reshaped)
+    if not was and not rows:
+        return out
+    rows.update({(prod(g),): (prod(t),) for g, t in trace.reshaped if len(g) > 1})
+    nodes = {n.meta["index"]: n for n in graph.nodes
+             if n.op == "call_function" and "index" in n.meta}
+    storages = trace.storages
+    for op in trace.ops:
+        sids = {*op.out_sids, *op.new_sids, *op.written_sids}
+        own = op.phase == "optimizer" or any(storages[s].category == "grad"
+                                             for s in op.written_sids)
+        shapes = {**(rows if own else {}),
+                  **{was[s]: tuple(storages[s].shape) for s in sids if s in was}}
+        node = nodes.get(op.index if at is None else at[op.index]) if shapes else None
+        if node is not None and op.source is None:
+            f, registered = _node_flops(node, values, shapes)
+            if f is None:
+                out.pop(op.index, None)
+            else:
+                out[op.index] = (f, registered)
+    return out
 
 
 def _graph_flops(graph, values: dict) -> dict:

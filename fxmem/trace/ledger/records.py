@@ -183,6 +183,12 @@ class Trace:
     # the world size of the trace it was derived from, when another (fxmem.trace.parallel.
     # other_ranks.at_world_size); None: this one
     derived_world_size: int | None = None
+    # a trace derived from another rank's (fxmem.trace.parallel.other_ranks), whose graph it
+    # shares: (sid, its shape in the graph) of each storage the derivation gave another
+    # shape, and (the graph's shape, this rank's) of each parameter's rows on the rank, for
+    # the FLOPs of the ops writing them and of the optimizer's (fxmem.checkpoint.flops)
+    shaped_as: tuple = ()
+    reshaped: tuple = ()
 
 
 def _graph(self) -> torch.fx.Graph:

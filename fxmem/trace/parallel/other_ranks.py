@@ -13,7 +13,10 @@ traced: :mod:`fxmem.trace.parallel.fsdp_buffers`) change too, and so does what C
 kernels pack for them (``fsdp.split_with_sizes_copy``, ``fsdp.chunk_cat``: sized by
 fxmem's own rule). So :func:`other_rank` and :func:`at_world_size` take one trace and
 give those storages the other rank's sizes: the same ops, the same storages, the others'
-sizes.
+sizes. The derived trace keeps the traced one's graph, with the shapes it changed
+(``Trace.shaped_as``, ``Trace.reshaped``), so that the ops writing those storages and the
+optimizer's on the rank's own rows count their FLOPs on the rank's shapes
+(:mod:`fxmem.checkpoint.flops`): a plan's recompute share is the traced rank's.
 
 Only where that holds for certain (``None`` otherwise, and the rank is traced): a plain
 :class:`fxmem.FSDP` (no CPU offload, no HSDP; over another world size, the same options
@@ -21,7 +24,7 @@ over two ranks or more), no compiled code, every parameter sharded on dim 0 with
 both ranks, every one of FSDP2's buffers and shards of the size its rule gives, and no two
 parameters of one shape on the first rank with unlike shapes on the other (a storage is
 matched to its parameter by its shape). Checked against the traced rank, storage by
-storage, on CPU and CUDA kernels (``tests/test_other_ranks.py``).
+storage and FLOPs by phase, on CPU and CUDA kernels (``tests/test_other_ranks.py``).
 
 >>> import torch, fxmem
 >>> m = torch.nn.Sequential(torch.nn.Linear(8, 5), torch.nn.Linear(5, 3))
@@ -101,7 +104,13 @@ def _derived(trace, model, was: tuple, now: tuple):
         if out is None:
             return None
     moved = {"derived_world_size": a.world_size} if a.world_size != b.world_size else {}
-    return replace(trace, storages=tuple(out), derived_from=was[1], **moved)
+    graph = dict(trace.shaped_as)  # (a trace derived already: the graph is its source's)
+    shaped = tuple((s.sid, graph.get(s.sid, tuple(o.shape))) for o, s in zip(trace.storages, out)
+                   if graph.get(s.sid, tuple(o.shape)) != tuple(s.shape))
+    rows = {g: shapes.get(t, t) for g, t in trace.reshaped}  # the graph's -> this rank's
+    rows.update((k, v) for k, v in shapes.items() if k not in rows)
+    return replace(trace, storages=tuple(out), derived_from=was[1], shaped_as=shaped,
+                   reshaped=tuple((g, t) for g, t in rows.items() if g != t), **moved)
 
 
 def _whole(s, numel: int) -> bool:
