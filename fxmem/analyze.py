@@ -112,8 +112,9 @@ def analyzer(model, inputs, targets=(), *, step: Step, dims=None, batch_dim=0, p
     """The step :func:`analyze` would take from these arguments, not traced: a function of
     :class:`~fxmem.trace.engine.request.TraceRequest` field changes (``parallel=``,
     ``concrete_batch=``, ...) to the report of the step so changed (:func:`analyze_request`),
-    as a report's own ``reanalyze`` gives it (the CLI's way started before the first trace,
-    :func:`fxmem.report.ahead.param_dtype_early`).
+    as a report's own ``reanalyze`` gives it (``defer=True`` too: the CLI's ways started
+    before the first trace, :func:`fxmem.report.ahead.param_dtype_early` and
+    :func:`fxmem.report.ranks_ahead.fewest_early`).
 
     >>> import torch
     >>> from fxmem.trace.engine import Step
@@ -124,7 +125,7 @@ def analyzer(model, inputs, targets=(), *, step: Step, dims=None, batch_dim=0, p
     """
     request = TraceRequest(model, inputs, targets, step=step, dims=dims, batch_dim=batch_dim,
                            parallel=parallel)
-    return lambda **changes: analyze_request(request.but(**changes))
+    return lambda defer=False, **changes: analyze_request(request.but(**changes), defer=defer)
 
 
 def analyze_request(request: TraceRequest, retrace: bool = False, defer: bool = False,

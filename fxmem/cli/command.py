@@ -361,6 +361,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
     from ..report.summary import summarize
     from ..trace.engine import Step
     from ..report.ahead import param_dtype_ahead, param_dtype_early, reanalyze_of
+    from ..report.ranks_ahead import fewest_early
     from .targets import (batch_dim_of, check_positions, load_target, longest_rows, named_dims,
                           parse_capability, parse_config, parse_size, parse_tensor,
                           position_limit)
@@ -440,12 +441,14 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                 compile=None if auto_compiled else compile)  # then auto compiles the budgets
     status = Console(stderr=True).status(f"tracing {t.name} on fake tensors ...")
     with status, contextlib.ExitStack() as stack:
-        sooner, ahead = None if plan else param_dtype_early(  # FSDP2's mixed precision way,
-            analyzer(t.model, xs, ys, step=step, dims=dims or None, batch_dim=where,
-                     parallel=parallel), step=step, parallel=parallel, B=batch,
-            budget_bytes=budget_bytes, cudnn_workspace=conv_ws, at_dims=at_dims, jobs=jobs,
-            first=checkpoint == "auto"), None  # started before the first trace
-        stack.callback(lambda: [w.cancel() for w in (sooner, ahead) if w is not None])
+        again = analyzer(t.model, xs, ys, step=step, dims=dims or None, batch_dim=where,
+                         parallel=parallel)  # the ways started before the first trace:
+        asked = dict(step=step, parallel=parallel, B=batch, budget_bytes=budget_bytes,
+                     cudnn_workspace=conv_ws, at_dims=at_dims, jobs=jobs)  # FSDP2's mixed
+        sooner, ahead = None if plan else param_dtype_early(  # precision, the fewest GPUs
+            again, **asked, first=checkpoint == "auto"), None  # for a step on one GPU
+        ranks = None if plan else fewest_early(again, **asked)
+        stack.callback(lambda: [w.cancel() for w in (sooner, ahead, ranks) if w is not None])
         try:
             report = run_analysis(t.model, xs, ys, step=step, checkpoint=plan or None,
                                   dims=dims or None, batch_dim=where, parallel=parallel)
@@ -502,7 +505,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
             status.update(f"checking B={batch} within the budget ...")
             whole = named if dims else report
             fit = fit_of(report, batch, budget_bytes, cudnn_workspace=conv_ws,
-                         named=whole if dims else None, dims=at_dims,
+                         named=whole if dims else None, dims=at_dims, ranks_ahead=ranks,
                          limit=position_limit(t.model) if dims else None,
                          reanalyze=reanalyze_of(whole), jobs=jobs, ahead=ahead,
                          progress=lambda what:

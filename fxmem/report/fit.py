@@ -87,7 +87,7 @@ class Fit:
 def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N803
         cudnn_workspace: int = 0, named=None, dims=None, limit: int | None = None,
         ways: bool = True, reanalyze=None, progress=None, jobs: int = 1,
-        ahead=None, meanwhile=None) -> Fit:
+        ahead=None, meanwhile=None, ranks_ahead=None) -> Fit:
     """The :class:`Fit` of ``report`` (a :class:`fxmem.Report` in B alone or a
     :class:`fxmem.ParallelReport`) at batch size ``B`` within ``budget_bytes``.
     ``named``: the report in named dims that ``report`` is at ``dims`` (the longest-length
@@ -101,7 +101,10 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
     searches the largest B, FSDP2's mixed precision and the longest length
     (:mod:`fxmem.report.forked`; the same ways, in the same order). ``ahead``: FSDP2's mixed
     precision searched ahead in a child (:func:`fxmem.report.ahead.param_dtype_ahead`), its
-    answer taken where it searched this way, the child stopped otherwise. ``meanwhile()``:
+    answer taken where it searched this way, the child stopped otherwise; ``ranks_ahead``:
+    likewise, FSDP2's fewest GPUs for a step on one GPU
+    (:func:`fxmem.report.ranks_ahead.fewest_early`), given what it reads of the step once
+    the checkpoint way is found, while this process searches the others. ``meanwhile()``:
     work the caller needs next (the CLI: the report's summary), done once this process has
     searched its own ways, where a child's are not found yet (Llama-3.1-70B's command
     waited 9 s for the way searched ahead, then made its summary, 3.4 s)."""
@@ -119,6 +122,10 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
             report, B, dims or {}, check, reanalyze)):
         ahead.cancel()
         ahead = None
+    if ranks_ahead is not None and (ok or not ways or reanalyze is None or not ranks_ahead
+                                    .matches(report, B, dims or {}, check)):
+        ranks_ahead.cancel()
+        ranks_ahead = None
     if ok or not ways:
         return out
     searches = (("the largest B", _largest_batch),
@@ -127,8 +134,8 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
                 ("FSDP2's own mixed precision", param_dtype_way),
                 (f"the longest sequence at B={B}", _longest))
 
-    def run(indices, tell=None) -> dict:  # way index -> what it yielded
-        got, found = {}, []
+    def run(indices, tell=None, found=()) -> dict:  # way index -> what it yielded
+        got, found = {}, list(found)
         for k in indices:
             what, way = searches[k]
             if tell is not None:
@@ -147,14 +154,18 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
     beside = jobs > 1 and isinstance(getattr(report, "strategy", None), FSDP)
     nice = NICENESS if ahead is not None and ahead.first else 0  # the way ahead the longer
     child = forked(lambda: run(BESIDE), nice) if beside else None
+    mine = [k for k in range(len(searches)) if (child is None or k not in BESIDE)
+            and (ahead is None or k != AHEAD) and (ranks_ahead is None or k != RANKS)]
     try:
-        got = run([k for k in range(len(searches)) if (child is None or k not in BESIDE)
-                   and (ahead is None or k != AHEAD)], progress)
+        got = run([k for k in mine if ranks_ahead is None or k < RANKS], progress)
+        if ranks_ahead is not None:  # the child searches from the ways found so far
+            _give(ranks_ahead, check, report, B, _found(got), jobs)
+            got.update(run([k for k in mine if k > RANKS], progress, _found(got)))
         if meanwhile is not None and any(c is not None and not c.ready()
-                                         for c in (child, ahead)):
+                                         for c in (child, ahead, ranks_ahead)):
             meanwhile()
     except BaseException:
-        for c in (child, ahead):
+        for c in (child, ahead, ranks_ahead):
             if c is not None:
                 c.cancel()
         raise
@@ -168,6 +179,12 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
             progress(f"{searches[AHEAD][0]} (searched ahead)")
         theirs = ahead.take()
         got.update({AHEAD: theirs} if theirs is not None else run([AHEAD], progress))
+    if ranks_ahead is not None:
+        if progress is not None:
+            progress(f"{searches[RANKS][0]} (searched ahead)")
+        theirs = ranks_ahead.take()
+        got[RANKS] = theirs if theirs is not None else \
+            run([RANKS], progress, _found({k: v for k, v in got.items() if k < RANKS}))[RANKS]
     ways = [w for k in sorted(got) for w in got[k]]
     return replace(out, ways=tuple(w for w in ways if isinstance(w, WayOut)),
                    none=tuple(str(w) for w in ways if not isinstance(w, WayOut)))
@@ -176,6 +193,26 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
 BESIDE = (1, 2)  # the ways fit's jobs=2 searches in a child, in order: the plan's, then
 # the fewest GPUs (which reads it); none of the others reads another's
 AHEAD = 3  # FSDP2's mixed precision: the way fxmem.report.ahead searches
+RANKS = 2  # the fewest GPUs: the way fxmem.report.ranks_ahead searches, on one GPU
+
+
+def _found(got: dict) -> list:
+    """The ways found in ``got`` (way index -> what it yielded), in the ways' order."""
+    return [w for k in sorted(got) for w in got[k] if isinstance(w, WayOut)]
+
+
+def _give(ranks_ahead, check, report, b: int, found: list, jobs: int) -> None:
+    """What the fewest GPUs' search reads of the step as asked given to the child searching
+    it (:mod:`fxmem.report.ranks_ahead`); where that fails, the child stopped (fit then
+    searches the way itself)."""
+    from .world_size import Asked
+
+    try:
+        asked = Asked(check, report, b, found).resolved()
+    except FxmemError:
+        asked = None
+    if asked is None or not ranks_ahead.give(asked, jobs):
+        ranks_ahead.cancel()
 
 
 def _largest_batch(check, report, b, **_):

@@ -190,6 +190,75 @@ def secant(line, budget) -> int | None:
     return int(-(-s // (budget - a)))
 
 
+class Asked:
+    """What :func:`fewest_ranks`' search (:func:`search_ranks`) reads of the step as asked
+    (``report``, a one-GPU or FSDP2 report, at ``b``): its strategy, plan, options kept at
+    ``b`` (:func:`fxmem.report.ways.as_asked`), the bytes that grow with B, the world-size
+    guesses, the checkpoint way (of ``found``) and the plan of smallest peak, each made
+    when the search first asks. :meth:`resolved` makes them all and drops the report: what
+    a process that has not the report searches with (:mod:`fxmem.report.ranks_ahead`)."""
+
+    def __init__(self, check, report, b: int, found=()):
+        self.strategy = getattr(report, "strategy", None)
+        self.compiled = rank_reports(report)[0].trace.compiled
+        self.plan = report.plan
+        self.changes = as_asked(report, b)  # (a B below the formulas' traced as an int there too)
+        self.one = next((f for f in found if f.kind == "checkpoint"), None)
+        self.start = self.strategy.world_size + 1 if self.strategy is not None else 2
+        self.report, self._b, self._budget, self._got = report, b, check.budget, {}
+
+    def _made(self, name: str, make):
+        if name not in self._got:
+            self._got[name] = make()
+        return self._got[name]
+
+    def least(self) -> int:
+        """:func:`fxmem.report.ways.batch_floor` at B."""
+        return self._made("least", lambda: batch_floor(self.report, self._b))
+
+    def guess(self) -> int | None:
+        """:func:`_guess` without a plan."""
+        return self._made("guess", lambda: _guess(self.report, self._b, self._budget,
+                                                  self.start))
+
+    def smallest(self):
+        """:func:`smallest_plan` of the step as asked, or None."""
+        return self._made("smallest", lambda: smallest_plan(self.report, self._b))
+
+    def plan_least(self) -> int:
+        """:func:`_plan_floor` at B."""
+        return self._made("plan_least", lambda: _plan_floor(self.report, self._b))
+
+    def plan_guess(self) -> int | None:
+        """:func:`_guess` under :meth:`smallest`."""
+        return self._made("plan_guess", lambda: _guess(
+            self.report.with_plan(self.smallest()), self._b, self._budget, self.start))
+
+    def resolved(self) -> Asked:
+        """This (a one-GPU step's), with every figure made that the search may ask and no
+        report: it pickles.
+
+        >>> import torch, fxmem
+        >>> from fxmem.report.ways import Check
+        >>> r = fxmem.analyze(torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(3)]),
+        ...                   torch.randn(4, 8), loss=lambda o: o.sum(), device="cpu")
+        >>> a = Asked(Check("live", 1000, 0), r, 64).resolved()
+        >>> a.report is None, a.least() == batch_floor(r, 64), a.smallest() is not None
+        (True, True, True)
+        """
+        out = object.__new__(Asked)
+        out.__dict__.update(self.__dict__)
+        out._got = dict(self._got)
+        made = [out.least, out.guess]
+        if not self.plan and not self.compiled:
+            made.append(out.smallest)
+            made += [out.plan_least, out.plan_guess] if out.smallest() is not None else []
+        for f in made:
+            f()
+        out.report = None
+        return out
+
+
 def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), jobs=1, **_):
     """FSDP2's fewest GPUs at ``b``, without a plan then with the cheapest one (``found``:
     the ways found before, the plan on one GPU among them). A world size's groups of ranks
@@ -201,26 +270,43 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), jobs=
     GPUs, one trace (65 and 130 had been traced). ``jobs=2``: a world size's neighbour
     below, where both are asked, searched in a child while the world size's plan is traced
     (:func:`fewest`'s ``fork``)."""
+    line = not_searched(report, reanalyze)
+    if line:
+        yield line
+        return
+    yield from search_ranks(check, Asked(check, report, b, found), b, reanalyze=reanalyze,
+                            dims=dims, jobs=jobs)
+
+
+def not_searched(report, reanalyze) -> str:
+    """Why :func:`fewest_ranks` searches nothing for ``report``, or ``""``."""
     from ..trace.parallel import FSDP
 
     strategy = getattr(report, "strategy", None)
     if reanalyze is None:
-        yield "the fewest GPUs under FSDP2: not searched (the report cannot analyse again)"
-        return
+        return "the fewest GPUs under FSDP2: not searched (the report cannot analyse again)"
     if strategy is not None and not (isinstance(strategy, FSDP) and strategy.replicate == 1):
-        yield f"the fewest GPUs under FSDP2: not searched for {strategy.name}"
-        return
+        return f"the fewest GPUs under FSDP2: not searched for {strategy.name}"
+    return ""
+
+
+def search_ranks(check, asked: Asked, b, *, reanalyze, dims=None, jobs=1):
+    """:func:`fewest_ranks`' search from what it reads of the step as asked (``asked``;
+    under FSDP2, its report too: the world size asked is the report)."""
+    from ..trace.parallel import FSDP
+
+    strategy, dims = asked.strategy, dims or {}
     # a compiled step: its parts compiled on their own are traced on each rank as on one
     # GPU; what is not modelled under FSDP2 (a model compiled whole) says so when analysed
-    compiled = rank_reports(report)[0].trace.compiled
+    compiled = asked.compiled
     base = strategy or FSDP(1)
-    plan = report.plan
+    plan = asked.plan
     memo = Recent()
-    changes = as_asked(report, b)  # (a B below the formulas' traced as an int there too)
+    changes = asked.changes
 
     def at(w):  # the other groups of ranks traced where the first fits (where it does not,
         if strategy is not None and w == base.world_size:  # the step on w GPUs does not:
-            return report  # ``lead``); the world size asked: the report itself
+            return asked.report  # ``lead``); the world size asked: the report itself
         if w not in memo:
             r = reanalyze(parallel=replace(base, world_size=w), defer=True, **changes)
             memo[w] = r.at(**dims) if dims else r
@@ -229,20 +315,19 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), jobs=
     def lead(w):
         return at(w).first_group()
 
-    start = base.world_size + 1 if strategy is not None else 2
+    start = asked.start
     # the needs and floors of world sizes that do not fit: rank 0's, which guide the search
     # (its shards have the most rows, and no other rank holds more at once); the world size
     # asked is the first when its rank 0 does not fit (FSDP2's: one GPU's step has no shards)
     w0 = base.world_size if strategy is not None else None
     seen = [] if w0 is None or check.fits(lead(w0), b) else \
         [(w0, check.need(lead(w0), b), check.floor(lead(w0), b))]
-    least = batch_floor(report, b)
+    least = asked.least()
     try:
         w = None if least >= check.budget else fewest(
             lambda w: check.fits(lead(w), b) and check.fits(at(w), b), start,
             need=lambda w: check.need(lead(w), b), budget=check.budget, seen=seen,
-            floor=lambda w: check.floor(lead(w), b),
-            guess=_guess(report, b, check.budget, start), fork=jobs > 1)
+            floor=lambda w: check.floor(lead(w), b), guess=asked.guess(), fork=jobs > 1)
     except InputError as e:
         if not compiled:
             raise
@@ -261,7 +346,7 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), jobs=
                "compiled step (a plan over its compiled blocks is traced when given, not "
                "chosen)")
         return
-    smallest = smallest_plan(report, b)
+    smallest = asked.smallest()
     if smallest is None:
         yield "the fewest GPUs under FSDP2 with a checkpoint plan: the model has none to choose"
         return
@@ -303,7 +388,7 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), jobs=
     # runs there re-running less. None that runs on every rank re-runs less than the
     # cheapest that runs on rank 0 (derived): when that one does not, the other ranks there
     # are not traced
-    one = next((f for f in found if f.kind == "checkpoint"), None)
+    one = asked.one
     first = None if one is None else choice(start, part=lead)
     if first is not None and not isinstance(first, str) and \
             one.recompute_share <= first.recompute_fraction:
@@ -313,11 +398,11 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), jobs=
     top = MAX_WORLD_SIZE if w is None else w - 1
     seen = [] if w0 is None or one is not None else \
         [(w0, need(w0), live_peak(under(w0, lead), b))]  # no plan runs as asked
-    least = _plan_floor(report, b)
+    least = asked.plan_least()
     w2 = None if least >= check.budget else fewest(
         fits, start, top, need=need, budget=check.budget, seen=seen,
         floor=lambda w: live_peak(under(w, lead), b),  # no plan's peak is under it
-        guess=_guess(report.with_plan(smallest), b, check.budget, start), fork=jobs > 1)
+        guess=asked.plan_guess(), fork=jobs > 1)
     if w2 is None:
         yield ("FSDP2 with a checkpoint plan needs as many GPUs as without one" if w else
                f"no number of GPUs under FSDP2 fits B={b} with a checkpoint plan either "
@@ -353,6 +438,8 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), jobs=
     else:
         yield replace(way, beyond=f"on {n} the cheapest plan re-runs "
                                   f"{one.recompute_share:.1%} (the checkpoint way)")
+
+
 
 
 def _guess(report, b: int, budget: int, start: int) -> int | None:

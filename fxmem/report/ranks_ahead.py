@@ -1,0 +1,133 @@
+"""FSDP2's fewest GPUs for a step asked on one GPU, searched by a child forked before the
+step's first trace.
+
+The way (:func:`fxmem.report.world_size.fewest_ranks`) traces the step under FSDP2 over each
+world size it tries, and that trace costs more than the step's own on one GPU (Llama-3.1-8B:
+about 4 s against 2.6 s); it began only once the step's trace, its formulas and the
+checkpoint way were made, while the machine's second core sat idle. Rank 0's step over one
+world size is derived from its trace over another
+(:func:`fxmem.trace.parallel.other_ranks.at_world_size`), so which world size the child
+traces does not matter: it traces the step over :data:`WORLD_SIZE` GPUs while this process
+traces it on one, then waits for what the search reads of the step as asked
+(:class:`fxmem.report.world_size.Asked`, resolved here once the checkpoint way is found:
+:meth:`RanksAhead.give`), and searches from it with the analyses its own trace makes
+cheaper. Where its trace cannot be derived from (a world size's rule not holding), the
+search traces each world size itself, as this process would have.
+
+:func:`fxmem.report.fit.fit` takes the child's answer only where it asked what the child
+assumed (the same B, dims and check, and the step on one GPU); anything else stops the
+child, and fit searches the way itself: a guess that does not hold costs time, never the
+answer. So does a child that fails.
+
+>>> import torch, fxmem
+>>> from fxmem.analyze import analyzer
+>>> from fxmem.trace.engine import Step
+>>> step = Step(loss=lambda o: o.sum(), device="cpu")
+>>> again = analyzer(torch.nn.Linear(8, 8), torch.randn(4, 8), step=step)
+>>> fewest_early(again, step=step, parallel=fxmem.FSDP(2), B=4,
+...              budget_bytes=1000) is None  # asked under FSDP2 already: no such way
+True
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from dataclasses import dataclass
+
+from .forked import Child, forked
+from .ways import Check, default_by
+
+WORLD_SIZE = 8  # the world size the child traces first (any other is derived from it)
+
+
+@dataclass
+class RanksAhead:
+    """The child searching the way and what it assumed: ``B``, ``dims`` and ``check``;
+    ``fd``: the pipe :meth:`give` writes what the search reads to (None once written)."""
+
+    child: Child | None
+    fd: int | None
+    B: int
+    dims: dict
+    check: Check
+
+    def matches(self, report, B: int, dims: dict, check: Check) -> bool:  # noqa: N803
+        """Whether fit's way at ``B`` is the one the child searches (``report`` on one GPU)."""
+        return (getattr(report, "strategy", None) is None and B == self.B
+                and dict(dims) == self.dims and check == self.check)
+
+    def give(self, asked, jobs: int) -> bool:
+        """``asked`` (a resolved :class:`fxmem.report.world_size.Asked`) sent to the child,
+        which searches from it (``jobs``: fit's); False where it could not be (the child
+        gone: :meth:`take` then gives None)."""
+        fd, self.fd = self.fd, None
+        if fd is None or self.child is None:
+            return False
+        data = pickle.dumps((asked, jobs))
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(len(data).to_bytes(8, "little") + data)
+        except OSError:  # the child ended (its trace failed)
+            return False
+        return True
+
+    def ready(self) -> bool:
+        """Whether :meth:`take` would not wait (the child answered, or there is none)."""
+        return self.child is None or self.child.ready()
+
+    def take(self) -> list | None:
+        """What the way yielded, or None (the child failed)."""
+        self._close()
+        self.child, child = None, self.child
+        return child.collect() if child is not None else None
+
+    def cancel(self) -> None:
+        """Stop the child (once; nothing after :meth:`take`)."""
+        self._close()
+        self.child, child = None, self.child
+        if child is not None:
+            child.cancel()
+
+    def _close(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+def fewest_early(analyze_with, *, step, parallel, B: int, budget_bytes: int | None,  # noqa: N803
+                 cudnn_workspace: int = 0, at_dims: dict | None = None,
+                 jobs: int = 2) -> RanksAhead | None:
+    """FSDP2's fewest GPUs started in a forked child before the step's first trace
+    (``analyze_with(defer=..., **changes)``: the step as asked, as
+    :func:`fxmem.analyze.analyzer` gives it), for a step asked on one GPU (``parallel``
+    None), trained, not compiled, within ``budget_bytes`` at ``B`` (and ``at_dims``).
+    None where the way is not searched so, or nothing can be forked."""
+    if budget_bytes is None or jobs < 2 or parallel is not None or not step.train \
+            or step.compile is not None:
+        return None
+    from ..trace.parallel import FSDP
+    from .world_size import search_ranks
+
+    at_dims = dict(at_dims or {})
+    check = Check(default_by(step), budget_bytes, cudnn_workspace)  # (its device, as a report's)
+    r, w = os.pipe()
+
+    def way():
+        os.close(w)
+        first = analyze_with(parallel=FSDP(WORLD_SIZE), defer=True)
+        with os.fdopen(r, "rb") as f:  # its length first: a process forked here later
+            n = int.from_bytes(f.read(8) or bytes(8), "little")  # holds the pipe too
+            data = f.read(n) if n else b""
+        if len(data) < n or not n:  # not wanted
+            return None
+        asked, fit_jobs = pickle.loads(data)
+        again = first.groups[0].report.reanalyze  # its step kept: ranks derived from it
+        return list(search_ranks(check, asked, B, reanalyze=again, dims=at_dims,
+                                 jobs=fit_jobs))
+    child = forked(way)
+    os.close(r)
+    if child is None:
+        os.close(w)
+        return None
+    return RanksAhead(child, w, B, at_dims, check)
