@@ -120,6 +120,17 @@ def test_nothing_is_started_where_the_way_is_not_searched_so():
         assert fewest_early(again, **kw) is None, changed
 
 
+def test_nothing_is_started_on_one_cpu(monkeypatch):
+    """A child would share the one CPU with the step's trace, for a way not wanted where the
+    step fits."""
+    import fxmem.report.ranks_ahead as ranks_ahead
+
+    m, x, step = _case()[:3]
+    monkeypatch.setattr(ranks_ahead, "_cpus", lambda: 1)
+    assert fewest_early(ANALYZE.analyzer(m, x, step=step), step=step, parallel=None, B=64,
+                        budget_bytes=10**6) is None
+
+
 def test_what_the_search_reads_of_the_step_pickles_and_searches_alike():
     """Asked, resolved, gives the search the figures the report gives it."""
     from fxmem.report.ways import Check

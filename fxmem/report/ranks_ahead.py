@@ -102,9 +102,10 @@ def fewest_early(analyze_with, *, step, parallel, B: int, budget_bytes: int | No
     (``analyze_with(defer=..., **changes)``: the step as asked, as
     :func:`fxmem.analyze.analyzer` gives it), for a step asked on one GPU (``parallel``
     None), trained, not compiled, within ``budget_bytes`` at ``B`` (and ``at_dims``).
-    None where the way is not searched so, or nothing can be forked."""
+    None where the way is not searched so, where this process has one CPU (the child would
+    slow its trace, for a way not wanted where the step fits), or nothing can be forked."""
     if budget_bytes is None or jobs < 2 or parallel is not None or not step.train \
-            or step.compile is not None:
+            or step.compile is not None or _cpus() < 2:
         return None
     from ..trace.parallel import FSDP
     from .world_size import search_ranks
@@ -131,3 +132,11 @@ def fewest_early(analyze_with, *, step, parallel, B: int, budget_bytes: int | No
         os.close(w)
         return None
     return RanksAhead(child, w, B, at_dims, check)
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # (not on every platform)
+        return os.cpu_count() or 1
