@@ -52,6 +52,9 @@ def _same(derived, traced, batches=(2, 5)):
         assert _storages(dt) == _storages(tt), d.ranks
         assert d.report.peak == t.report.peak
         assert d.report.flop_count == t.report.flop_count  # the optimizer's on its own rows
+        if not t.report.plan and t.report.grad_accum == 1:  # and under a plan derived on each
+            plan = ["model.model.layers.0"]
+            assert d.report.with_plan(plan).flop_count == t.report.with_plan(plan).flop_count
         for b in batches:
             assert d.report.peak_bytes(b) == t.report.peak_bytes(b)
     return derived
@@ -117,13 +120,15 @@ def _over(parallel, model, inputs, **options):
 
 def _derived_as_traced(parallel, sizes, device="cpu", model=None, **options):
     """Rank 0 over each of ``sizes`` derived from its trace over ``parallel``'s world size ==
-    rank 0 traced there: storage by storage, the peak formula, the peak at two B and, on
-    CUDA, the caching allocator's replay."""
+    rank 0 traced there: storage by storage, the peak formula, the peak at two B, the FLOPs
+    (under a plan derived on each too) and, on CUDA, the caching allocator's replay."""
     from dataclasses import replace
 
     from fxmem.analyze import _report
     from fxmem.trace.parallel import at_world_size
 
+    plan = ["model.model.layers.0"] if model is None and "checkpoint" not in options \
+        and options.get("grad_accum", 1) == 1 else None  # (a plan derived from one trace)
     model, inputs = model or _llama()
     source = _over(parallel, model, inputs, device=device, **options).trace
     assert any(s.fsdp_buffer is not None for s in source.storages)
@@ -139,6 +144,8 @@ def _derived_as_traced(parallel, sizes, device="cpu", model=None, **options):
         a, b = _report(d, (), device), _report(t, (), device)
         assert a.peak == b.peak
         assert a.flop_count == b.flop_count  # the optimizer's on its own shards
+        if plan:  # and under a plan derived on each
+            assert a.with_plan(plan).flop_count == b.with_plan(plan).flop_count
         for n in (2, 5):
             assert a.peak_bytes(n) == b.peak_bytes(n)
             if device == "cuda":

@@ -124,7 +124,9 @@ def _reshaped(trace: Trace, out: dict, graph, values: dict, at) -> dict:
     shape (``trace.shaped_as``: FSDP2's buffers over another world size, the optimizer's
     state), and of the optimizer's ops and the gradients' sums on the rank's own rows
     (``trace.reshaped``, flat too: gradient accumulation adds flat views). ``at``: op
-    index -> the index of the graph node it costs as (a spliced trace's), else its own."""
+    index -> the index of the graph node it costs as (a spliced trace's), else its own; an
+    op derived from another (a plan's step: ``op.source``) is that op, a re-run costs what
+    the op it repeats costs."""
     was, rows = dict(trace.shaped_as), dict(trace.reshaped)
     if not was and not rows:
         return out
@@ -133,18 +135,21 @@ def _reshaped(trace: Trace, out: dict, graph, values: dict, at) -> dict:
              if n.op == "call_function" and "index" in n.meta}
     storages = trace.storages
     for op in trace.ops:
+        if op.recompute:
+            continue
+        key = op.index if op.source is None else op.source
         sids = {*op.out_sids, *op.new_sids, *op.written_sids}
         own = op.phase == "optimizer" or any(storages[s].category == "grad"
                                              for s in op.written_sids)
         shapes = {**(rows if own else {}),
                   **{was[s]: tuple(storages[s].shape) for s in sids if s in was}}
-        node = nodes.get(op.index if at is None else at[op.index]) if shapes else None
-        if node is not None and op.source is None:
+        node = nodes.get(key if at is None else at[key]) if shapes else None
+        if node is not None:
             f, registered = _node_flops(node, values, shapes)
             if f is None:
-                out.pop(op.index, None)
+                out.pop(key, None)
             else:
-                out[op.index] = (f, registered)
+                out[key] = (f, registered)
     return out
 
 
