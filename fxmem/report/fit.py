@@ -147,8 +147,9 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
     # the plan and the fewest GPUs (which reads the plan's way: found) in the child, the
     # others here, where the largest B's traces and replays (a rank at a B below where the
     # formulas hold) stay for the report's per-rank table, which reads them again. On one
-    # GPU no child: the other ways are searches of formulas (Llama-3.1-8B's command took
-    # 2.7 s longer with one)
+    # GPU no such child: the other ways are searches of formulas (Llama-3.1-8B's command
+    # took 2.7 s longer with one); its fewest GPUs are searched by the child ranks_ahead
+    # started before the first trace, where the CLI started one
     from ..trace.parallel import FSDP
 
     beside = jobs > 1 and isinstance(getattr(report, "strategy", None), FSDP)
