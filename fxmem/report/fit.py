@@ -159,9 +159,10 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
             and (ahead is None or k != AHEAD) and (ranks_ahead is None or k != RANKS)]
     try:
         got = run([k for k in mine if ranks_ahead is None or k < RANKS], progress)
+        before = [w for k in sorted(got) for w in got[k] if isinstance(w, WayOut)]
         if ranks_ahead is not None:  # the child searches from the ways found so far
-            _give(ranks_ahead, check, report, B, _found(got), jobs)
-            got.update(run([k for k in mine if k > RANKS], progress, _found(got)))
+            _give(ranks_ahead, check, report, B, before, jobs)
+            got.update(run([k for k in mine if k > RANKS], progress, before))
         if meanwhile is not None and any(c is not None and not c.ready()
                                          for c in (child, ahead, ranks_ahead)):
             meanwhile()
@@ -184,8 +185,7 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
         if progress is not None:
             progress(f"{searches[RANKS][0]} (searched ahead)")
         theirs = ranks_ahead.take()
-        got[RANKS] = theirs if theirs is not None else \
-            run([RANKS], progress, _found({k: v for k, v in got.items() if k < RANKS}))[RANKS]
+        got[RANKS] = theirs if theirs is not None else run([RANKS], progress, before)[RANKS]
     ways = [w for k in sorted(got) for w in got[k]]
     return replace(out, ways=tuple(w for w in ways if isinstance(w, WayOut)),
                    none=tuple(str(w) for w in ways if not isinstance(w, WayOut)))
@@ -195,11 +195,6 @@ BESIDE = (1, 2)  # the ways fit's jobs=2 searches in a child, in order: the plan
 # the fewest GPUs (which reads it); none of the others reads another's
 AHEAD = 3  # FSDP2's mixed precision: the way fxmem.report.ahead searches
 RANKS = 2  # the fewest GPUs: the way fxmem.report.ranks_ahead searches, on one GPU
-
-
-def _found(got: dict) -> list:
-    """The ways found in ``got`` (way index -> what it yielded), in the ways' order."""
-    return [w for k in sorted(got) for w in got[k] if isinstance(w, WayOut)]
 
 
 def _give(ranks_ahead, check, report, b: int, found: list, jobs: int) -> None:

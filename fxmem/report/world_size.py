@@ -9,7 +9,9 @@ with the line ``a + s / w`` through the needs it saw.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
+from functools import cached_property
 
 from ..errors import FxmemError, InputError
 from ..formula.symbols import B as SYM_B
@@ -195,8 +197,8 @@ class Asked:
     (``report``, a one-GPU or FSDP2 report, at ``b``): its strategy, plan, options kept at
     ``b`` (:func:`fxmem.report.ways.as_asked`), the bytes that grow with B, the world-size
     guesses, the checkpoint way (of ``found``) and the plan of smallest peak, each made
-    when the search first asks. :meth:`resolved` makes them all and drops the report: what
-    a process that has not the report searches with (:mod:`fxmem.report.ranks_ahead`)."""
+    when the search first reads it. :meth:`resolved` makes them all and drops the report:
+    what a process that has not the report searches with (:mod:`fxmem.report.ranks_ahead`)."""
 
     def __init__(self, check, report, b: int, found=()):
         self.strategy = getattr(report, "strategy", None)
@@ -205,37 +207,35 @@ class Asked:
         self.changes = as_asked(report, b)  # (a B below the formulas' traced as an int there too)
         self.one = next((f for f in found if f.kind == "checkpoint"), None)
         self.start = self.strategy.world_size + 1 if self.strategy is not None else 2
-        self.report, self._b, self._budget, self._got = report, b, check.budget, {}
+        self.report, self._b, self._budget = report, b, check.budget
 
-    def _made(self, name: str, make):
-        if name not in self._got:
-            self._got[name] = make()
-        return self._got[name]
-
+    @cached_property
     def least(self) -> int:
         """:func:`fxmem.report.ways.batch_floor` at B."""
-        return self._made("least", lambda: batch_floor(self.report, self._b))
+        return batch_floor(self.report, self._b)
 
+    @cached_property
     def guess(self) -> int | None:
         """:func:`_guess` without a plan."""
-        return self._made("guess", lambda: _guess(self.report, self._b, self._budget,
-                                                  self.start))
+        return _guess(self.report, self._b, self._budget, self.start)
 
+    @cached_property
     def smallest(self):
         """:func:`smallest_plan` of the step as asked, or None."""
-        return self._made("smallest", lambda: smallest_plan(self.report, self._b))
+        return smallest_plan(self.report, self._b)
 
+    @cached_property
     def plan_least(self) -> int:
         """:func:`_plan_floor` at B."""
-        return self._made("plan_least", lambda: _plan_floor(self.report, self._b))
+        return _plan_floor(self.report, self._b)
 
+    @cached_property
     def plan_guess(self) -> int | None:
-        """:func:`_guess` under :meth:`smallest`."""
-        return self._made("plan_guess", lambda: _guess(
-            self.report.with_plan(self.smallest()), self._b, self._budget, self.start))
+        """:func:`_guess` under :attr:`smallest`."""
+        return _guess(self.report.with_plan(self.smallest), self._b, self._budget, self.start)
 
     def resolved(self) -> Asked:
-        """This (a one-GPU step's), with every figure made that the search may ask and no
+        """This (a one-GPU step's), with every figure made that the search may read and no
         report: it pickles.
 
         >>> import torch, fxmem
@@ -243,18 +243,15 @@ class Asked:
         >>> r = fxmem.analyze(torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(3)]),
         ...                   torch.randn(4, 8), loss=lambda o: o.sum(), device="cpu")
         >>> a = Asked(Check("live", 1000, 0), r, 64).resolved()
-        >>> a.report is None, a.least() == batch_floor(r, 64), a.smallest() is not None
+        >>> a.report is None, a.least == batch_floor(r, 64), a.smallest is not None
         (True, True, True)
         """
-        out = object.__new__(Asked)
-        out.__dict__.update(self.__dict__)
-        out._got = dict(self._got)
-        made = [out.least, out.guess]
-        if not self.plan and not self.compiled:
-            made.append(out.smallest)
-            made += [out.plan_least, out.plan_guess] if out.smallest() is not None else []
-        for f in made:
-            f()
+        out = copy.copy(self)  # (with the figures made so far)
+        names = ["least", "guess"]
+        if not self.plan and not self.compiled and out.smallest is not None:
+            names += ["plan_least", "plan_guess"]
+        for name in names:  # each made, and kept in ``out`` (cached_property)
+            getattr(out, name)
         out.report = None
         return out
 
@@ -322,12 +319,12 @@ def search_ranks(check, asked: Asked, b, *, reanalyze, dims=None, jobs=1):
     w0 = base.world_size if strategy is not None else None
     seen = [] if w0 is None or check.fits(lead(w0), b) else \
         [(w0, check.need(lead(w0), b), check.floor(lead(w0), b))]
-    least = asked.least()
+    least = asked.least
     try:
         w = None if least >= check.budget else fewest(
             lambda w: check.fits(lead(w), b) and check.fits(at(w), b), start,
             need=lambda w: check.need(lead(w), b), budget=check.budget, seen=seen,
-            floor=lambda w: check.floor(lead(w), b), guess=asked.guess(), fork=jobs > 1)
+            floor=lambda w: check.floor(lead(w), b), guess=asked.guess, fork=jobs > 1)
     except InputError as e:
         if not compiled:
             raise
@@ -346,7 +343,7 @@ def search_ranks(check, asked: Asked, b, *, reanalyze, dims=None, jobs=1):
                "compiled step (a plan over its compiled blocks is traced when given, not "
                "chosen)")
         return
-    smallest = asked.smallest()
+    smallest = asked.smallest
     if smallest is None:
         yield "the fewest GPUs under FSDP2 with a checkpoint plan: the model has none to choose"
         return
@@ -398,11 +395,11 @@ def search_ranks(check, asked: Asked, b, *, reanalyze, dims=None, jobs=1):
     top = MAX_WORLD_SIZE if w is None else w - 1
     seen = [] if w0 is None or one is not None else \
         [(w0, need(w0), live_peak(under(w0, lead), b))]  # no plan runs as asked
-    least = asked.plan_least()
+    least = asked.plan_least
     w2 = None if least >= check.budget else fewest(
         fits, start, top, need=need, budget=check.budget, seen=seen,
         floor=lambda w: live_peak(under(w, lead), b),  # no plan's peak is under it
-        guess=asked.plan_guess(), fork=jobs > 1)
+        guess=asked.plan_guess, fork=jobs > 1)
     if w2 is None:
         yield ("FSDP2 with a checkpoint plan needs as many GPUs as without one" if w else
                f"no number of GPUs under FSDP2 fits B={b} with a checkpoint plan either "
