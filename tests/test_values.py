@@ -117,6 +117,21 @@ def test_known_values_follow_symbolic_sums_and_forget_writes():
         assert known.value(t) is None
 
 
+def test_a_sum_of_an_unknown_value_is_not_counted(monkeypatch):
+    # a sum over B elements of a tensor whose value is not known (an activation) learns
+    # nothing: the number of elements each output sums (sympy in B) is not worked out
+    env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=env)
+    known = KnownValues()
+    t = _symbolic_ones(env, mode)
+    monkeypatch.setattr(KnownValues, "_count", staticmethod(
+        lambda *a: pytest.fail("counted the elements of a sum of no known value")))
+    with mode:
+        s = aten.sum.dim_IntList(t, [0])
+        known.update(aten.sum.dim_IntList, (t, [0]), {}, s)
+        assert known.value(s) is None
+
+
 def test_transformers_is_fake_tensor_answered_only_for_known_values():
     iu = pytest.importorskip("transformers.utils.import_utils")
     orig = iu.is_fake_tensor

@@ -243,8 +243,9 @@ class KnownValues:
             return (a if c else b) if c is not None else (a if a is not None and a == b
                                                          else None)
         if func in _SUM or func in _SAME_REDUCTIONS or func in _ALL_ANY:
-            v, count = self.value(args[0]), self._count(args[0], out)
-            if v is None or count is None:
+            v = self.value(args[0])  # the count (sympy, in B) only for a known value
+            count = None if v is None else self._count(args[0], out)
+            if count is None:
                 return None
             if func in _SUM:
                 return _apply(operator.mul, v, count)
