@@ -40,6 +40,7 @@ from ..kernels.rules import (
     window_storage_nbytes,
 )
 from ..kernels.values import passed, written_args
+from ..kernels.views import concrete_view
 from .messages import fails_in_eager, user_frame
 
 
@@ -194,6 +195,9 @@ class EagerOps:
         here only, below autograd and this mode: the model's own ops (composites included)
         still run their C++ kernels, in eager order.
 
+        Views of plain-int metadata are made by their C++ kernel instead, which gives the
+        same view sooner (:mod:`fxmem.trace.kernels.views`).
+
         The exception: ops whose Meta kernel fxmem replaces while tracing
         (:data:`fxmem.trace.kernels.rules.OWN_META_OPS`; for CUDA,
         :data:`fxmem.trace.kernels.cuda.rnn.META`). The Python dispatcher would prefer PyTorch's
@@ -201,6 +205,9 @@ class EagerOps:
         kernel registered with ``torch.library``."""
         if func in OWN_META_OPS or self.kernels is not None and func in self.kernels.meta_ops:
             return func(*args, **kwargs)
+        out = concrete_view(func, args, kwargs)  # a view of plain-int metadata: its C++ kernel
+        if out is not None:
+            return out
         with enable_python_dispatcher():
             return func(*args, **kwargs)
 
