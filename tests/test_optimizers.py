@@ -236,11 +236,11 @@ def _trace_records(t) -> list:
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("opt", ["adamw", "adam_amsgrad", "sgd_momentum", "radam", "asgd",
                                  "rmsprop_centered_momentum", "adadelta"])
-def test_the_state_step_runs_no_update_in_place(opt, device, parallel, monkeypatch):
-    """The unrecorded step that makes the optimizer's state skips the kernels of updates in
-    place (``fxmem.trace.engine.eager_ops.writes_only``): the trace is the one the step
-    run whole gives, record for record, one rank of FSDP2 too, and no such kernel ran on
-    more than a step count."""
+def test_the_optimizer_runs_no_update_in_place(opt, device, parallel, monkeypatch):
+    """The optimizer's steps, the unrecorded one that makes its state and the recorded one,
+    skip the kernels of updates in place (``fxmem.trace.engine.eager_ops.writes_only``):
+    the trace is the one the steps run whole give, record for record, one rank of FSDP2
+    too, and no such kernel ran on more than a step count."""
     import importlib
 
     from torch.utils._pytree import tree_leaves
@@ -253,7 +253,7 @@ def test_the_state_step_runs_no_update_in_place(opt, device, parallel, monkeypat
     fake_kernel = eager_ops.EagerOps.fake_kernel
 
     def counting(self, func, args, kwargs):
-        if not self.recording and self.phase == "optimizer" and eager_ops.writes_only(func) \
+        if self.phase == "optimizer" and eager_ops.writes_only(func) \
                 and any(isinstance(t, torch.Tensor) and t.numel() > 1
                         for t in tree_leaves(args[0])):
             ran.append(func)  # (a step count's update runs: its value is read later)
