@@ -40,7 +40,7 @@ from ..kernels.rules import (
     window_storage_nbytes,
 )
 from ..kernels.values import passed, written_args
-from ..kernels.views import concrete_view
+from ..kernels.meta_kernels import NOT_RUN, meta_kernel
 from .messages import fails_in_eager, user_frame
 
 
@@ -212,7 +212,7 @@ class EagerOps:
         still run their C++ kernels, in eager order.
 
         Views of plain-int metadata are made by their C++ kernel instead, which gives the
-        same view sooner (:mod:`fxmem.trace.kernels.views`).
+        same view sooner, and so are FSDP2's copies (:mod:`fxmem.trace.kernels.meta_kernels`).
 
         The exception: ops whose Meta kernel fxmem replaces while tracing
         (:data:`fxmem.trace.kernels.rules.OWN_META_OPS`; for CUDA,
@@ -221,8 +221,8 @@ class EagerOps:
         kernel registered with ``torch.library``."""
         if func in OWN_META_OPS or self.kernels is not None and func in self.kernels.meta_ops:
             return func(*args, **kwargs)
-        out = concrete_view(func, args, kwargs)  # a view of plain-int metadata: its C++ kernel
-        if out is not None:
+        out = meta_kernel(func, args, kwargs)  # plain-int metadata: the op's own kernel
+        if out is not NOT_RUN:
             return out
         with enable_python_dispatcher():
             return func(*args, **kwargs)

@@ -1,0 +1,100 @@
+"""Ops of plain-int fake tensors run by their own kernel (fxmem.trace.kernels.meta_kernels) give
+what FakeTensorMode gives: the same sizes, strides, offset, dtype, device and storage."""
+
+import pytest
+import torch
+from torch._dynamo.source import ConstantSource
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+import torch.distributed.fsdp._fully_shard._fsdp_collectives  # noqa: F401, E402 (FSDP2's ops)
+from fxmem.trace.kernels.meta_kernels import FSDP_COPIES, NOT_RUN, VIEW_OPS, meta_kernel
+
+aten = torch.ops.aten
+
+CASES = [  # (op, input shape, input strides or None, arguments after the input)
+    (aten.view.default, (4, 6), None, ([24],)),
+    (aten.view.default, (24,), None, ([2, 3, 4],)),
+    (aten._unsafe_view.default, (4, 6), None, ([6, 4],)),
+    (aten.as_strided.default, (24,), None, ([3, 4], [1, 3], 2)),
+    (aten.t.default, (4, 6), None, ()),
+    (aten.transpose.int, (2, 3, 4), None, (0, 2)),
+    (aten.permute.default, (2, 3, 4), None, ([2, 0, 1],)),
+    (aten.expand.default, (1, 6), None, ([5, 6],)),
+    (aten.unsqueeze.default, (4, 6), (1, 4), (1,)),
+    (aten.squeeze.dim, (4, 1, 6), None, (1,)),
+    (aten.slice.Tensor, (8, 6), None, (0, 2, 7, 2)),
+    (aten.select.int, (8, 6), None, (1, -1)),
+    (aten.alias.default, (4, 6), None, ()),
+    (aten.detach.default, (4, 6), (1, 4), ()),
+]
+
+
+def _meta(t):
+    return (t.shape, t.stride(), t.storage_offset(), t.dtype, t.device,
+            t.untyped_storage()._cdata, type(t))
+
+
+@pytest.mark.parametrize("op,shape,strides,rest", CASES, ids=[str(c[0]) for c in CASES])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_plain_view_is_fake_tensor_mode_s(op, shape, strides, rest, device):
+    mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+    with mode:
+        x = torch.empty_strided(shape, strides or torch.empty(shape).stride(),
+                                dtype=torch.bfloat16, device=device)
+        got = meta_kernel(op, (x, *rest), {})
+        want = op(x, *rest)
+    assert isinstance(got, FakeTensor) and got.fake_mode is mode
+    assert _meta(got) == _meta(want)
+    assert got.untyped_storage()._cdata == x.untyped_storage()._cdata
+
+
+def test_every_view_op_has_a_case():
+    assert {c[0] for c in CASES} == VIEW_OPS
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_fsdp2_s_copies_are_fake_tensor_mode_s(device):
+    # FSDP2's all-gather copy-in and copy-out and its gradients' copy into the
+    # reduce-scatter's input, each run both ways on tensors of the same shapes
+    fsdp = torch.ops.fsdp
+    sizes, world, rank = [6, 10, 4], 4, 1
+    got = []
+    for run in (lambda op, *a, **k: meta_kernel(op, a, k), lambda op, *a, **k: op(*a, **k)):
+        mode = FakeTensorMode(shape_env=ShapeEnv())
+        with mode:
+            shards = [torch.empty(n, device=device) for n in sizes]
+            out = torch.empty(sum(sizes) * world, device=device)
+            gin, gout = run(fsdp.all_gather_copy_in.default, shards, out, sizes, sum(sizes), rank)
+            params = [torch.empty(n * world, device=device) for n in sizes]
+            done = run(fsdp.split_with_sizes_copy.default, out.view(world, -1),
+                       sizes, dim=1, out=[p.view(world, -1) for p in params])
+            grads = [torch.empty(n * world, device=device) for n in sizes]
+            rs_in = torch.empty(sum(sizes) * world, device=device)
+            cat = run(fsdp.chunk_cat.default, grads, 0, world, out=rs_in.view(world, -1))
+        got.append((_meta(gin)[:5], gin.untyped_storage()._cdata == out.untyped_storage()._cdata,
+                    gout is out, done, cat))
+    assert got[0] == got[1]
+    assert {"all_gather_copy_in", "split_with_sizes_copy", "chunk_cat"} == FSDP_COPIES
+
+
+def test_fake_tensor_mode_runs_the_others():
+    env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=env)
+    with mode:
+        x = torch.empty(4, 6)
+        sym = env.create_symbol(4, source=ConstantSource("b"), dynamic_dim=DimDynamic.DYNAMIC)
+        n = env.create_symintnode(sym, hint=4)
+        s = torch.empty(n, 6)
+        assert meta_kernel(aten.view.default, (s, [24]), {}) is NOT_RUN  # symbolic sizes
+        assert meta_kernel(aten.view.default, (x, [n * 6]), {}) is NOT_RUN  # argument
+        assert meta_kernel(aten.view.default, (x, [24]), {"extra": 1}) is NOT_RUN
+        assert meta_kernel(aten.add.Tensor, (x, x), {}) is NOT_RUN  # another op
+        c = torch.empty(2)
+        c.constant = torch.tensor([1.0, 2.0])  # a value the mode keeps (as for torch.tensor)
+        assert meta_kernel(aten.view.default, (c, [2, 1]), {}) is NOT_RUN
+        assert meta_kernel(aten.as_strided.default, (x, [6], [1], 0), {}) is not NOT_RUN
+        with FakeTensorMode():
+            other = torch.empty(24)  # a tensor of another fake mode
+        assert meta_kernel(torch.ops.fsdp.chunk_cat.default, ([x], 0, 1), {"out": other}) \
+            is NOT_RUN
