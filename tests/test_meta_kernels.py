@@ -98,3 +98,20 @@ def test_fake_tensor_mode_runs_the_others():
             other = torch.empty(24)  # a tensor of another fake mode
         assert meta_kernel(torch.ops.fsdp.chunk_cat.default, ([x], 0, 1), {"out": other}) \
             is NOT_RUN
+
+
+def test_a_plain_view_into_a_storage_of_b_elements_adds_no_guard():
+    # x[0] of a (B, 8) tensor has plain sizes and strides and a storage of 32 * B bytes: its
+    # views made by their kernel check their bounds against it without a guard on B
+    env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=env)
+    sym = env.create_symbol(4, source=ConstantSource("b"), dynamic_dim=DimDynamic.DYNAMIC)
+    with mode:
+        row = aten.select.int(torch.empty(env.create_symintnode(sym, hint=4), 8), 0, 0)
+        assert not row._has_symbolic_sizes_strides
+        for op, rest in [(aten.view.default, ([2, 4],)), (aten.slice.Tensor, (0, 2, 4)),
+                         (aten.as_strided.default, ([2], [1], 3)), (aten.select.int, (0, 1))]:
+            want = op(row, *rest)
+            got = meta_kernel(op, (row, *rest), {})
+            assert _meta(got) == _meta(want)
+    assert not env.guards and not env.replacements
