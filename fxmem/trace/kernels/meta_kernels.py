@@ -73,4 +73,3 @@ def meta_kernel(func, args: tuple, kwargs: dict):
     wrap = mode.fake_tensor_converter.from_meta_and_device
     return tree_map(lambda t: wrap(mode, t, device)
                     if isinstance(t, torch.Tensor) and type(t) is not FakeTensor else t, out)
-
