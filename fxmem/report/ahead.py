@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .forked import Child, forked
+from .forked import ChildWay, forked
 from .precision import param_dtype_at, param_dtype_way, policy_of, searched
 from .ways import Check, as_asked, default_by, rank_reports
 
@@ -42,13 +42,12 @@ NICENESS = 10
 
 
 @dataclass
-class Ahead:
+class Ahead(ChildWay):
     """The child searching the way (:meth:`take` its answer, or :meth:`cancel` it) and
     what it searched: ``reanalyze``, the report's own (:attr:`fxmem.Report.reanalyze`); ``B``;
     ``asked``, the options kept at ``B``; ``dims``; ``check``. ``first``: the child runs at
     this process's priority, its search expected the longest (fit's own child is niced)."""
 
-    child: Child | None
     reanalyze: object
     B: int
     asked: dict
@@ -62,40 +61,19 @@ class Ahead:
                 and as_asked(report, B) == self.asked and dict(dims) == self.dims
                 and check == self.check)
 
-    def ready(self) -> bool:
-        """Whether :meth:`take` would not wait (the child answered, or there is none)."""
-        return self.child is None or self.child.ready()
-
-    def take(self) -> list | None:
-        """What the way yielded, or None when the child failed."""
-        self.child, child = None, self.child
-        return child.collect() if child is not None else None
-
-    def cancel(self) -> None:
-        """Stop the child (once; nothing after :meth:`take`)."""
-        self.child, child = None, self.child
-        if child is not None:
-            child.cancel()
-
 
 @dataclass
-class Early:
+class Early(ChildWay):
     """The way started before the step's first trace (:func:`param_dtype_early`): the child
     and what it assumed of the step (FSDP2's ``parallel`` as asked, ``B``, ``dims``,
-    ``check``), which :func:`param_dtype_ahead` holds against the step traced."""
+    ``check``), which :func:`param_dtype_ahead` holds against the step traced (and
+    :meth:`cancel` stops the child, once: nothing after that took it)."""
 
-    child: Child | None
     parallel: object
     B: int
     dims: dict
     check: Check
     first: bool
-
-    def cancel(self) -> None:
-        """Stop the child (once; nothing after :func:`param_dtype_ahead` took it)."""
-        self.child, child = None, self.child
-        if child is not None:
-            child.cancel()
 
 
 def param_dtype_early(analyze_with, *, step, parallel, B: int,  # noqa: N803

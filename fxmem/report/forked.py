@@ -33,6 +33,7 @@ import pickle
 import signal
 import sys
 import warnings
+from dataclasses import dataclass
 
 _background: dict = {}  # pid of a child marked Child.background -> the pid that forked it
 _depth = [0]  # foreground blocks this process is in
@@ -122,6 +123,35 @@ class Child:
         except OSError:
             pass
         os.close(self.fd)
+
+
+@dataclass
+class ChildWay:
+    """A way out searched in a forked ``child`` (None once taken or stopped):
+    :meth:`ready`, :meth:`take` its answer, or :meth:`cancel` it. A way holding more than
+    its child (a pipe) lets it go in :meth:`_release`."""
+
+    child: Child | None
+
+    def ready(self) -> bool:
+        """Whether :meth:`take` would not wait (the child answered, or there is none)."""
+        return self.child is None or self.child.ready()
+
+    def take(self):
+        """What the way yielded, or None (the child failed, or there is none)."""
+        self._release()
+        self.child, child = None, self.child
+        return child.collect() if child is not None else None
+
+    def cancel(self) -> None:
+        """Stop the child (once; nothing after :meth:`take`)."""
+        self._release()
+        self.child, child = None, self.child
+        if child is not None:
+            child.cancel()
+
+    def _release(self) -> None:
+        """What the way holds besides its child, let go before it is taken or stopped."""
 
 
 @contextlib.contextmanager

@@ -35,18 +35,18 @@ import os
 import pickle
 from dataclasses import dataclass
 
-from .forked import Child, forked
+from .forked import ChildWay, forked
 from .ways import Check, default_by
 
 WORLD_SIZE = 8  # the world size the child traces first (any other is derived from it)
 
 
 @dataclass
-class RanksAhead:
+class RanksAhead(ChildWay):
     """The child searching the way and what it assumed: ``B``, ``dims`` and ``check``;
-    ``fd``: the pipe :meth:`give` writes what the search reads to (None once written)."""
+    ``fd``: the pipe :meth:`give` writes what the search reads to (None once written, or
+    closed when the child is taken or stopped)."""
 
-    child: Child | None
     fd: int | None
     B: int
     dims: dict
@@ -72,24 +72,7 @@ class RanksAhead:
             return False
         return True
 
-    def ready(self) -> bool:
-        """Whether :meth:`take` would not wait (the child answered, or there is none)."""
-        return self.child is None or self.child.ready()
-
-    def take(self) -> list | None:
-        """What the way yielded, or None (the child failed)."""
-        self._close()
-        self.child, child = None, self.child
-        return child.collect() if child is not None else None
-
-    def cancel(self) -> None:
-        """Stop the child (once; nothing after :meth:`take`)."""
-        self._close()
-        self.child, child = None, self.child
-        if child is not None:
-            child.cancel()
-
-    def _close(self) -> None:
+    def _release(self) -> None:
         fd, self.fd = self.fd, None
         if fd is not None:
             os.close(fd)
