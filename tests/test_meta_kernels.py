@@ -115,3 +115,57 @@ def test_a_plain_view_into_a_storage_of_b_elements_adds_no_guard():
             got = meta_kernel(op, (row, *rest), {})
             assert _meta(got) == _meta(want)
     assert not env.guards and not env.replacements
+
+
+def _made(t):
+    local = getattr(t, "_local_tensor", t)
+    return (type(t), t.shape, t.stride(), t.dtype, t.device, t.requires_grad,
+            getattr(t, "placements", None), type(local), local.shape, local.stride(),
+            local.storage_offset(), local.untyped_storage().nbytes(), local.device)
+
+
+@pytest.mark.parametrize("parallel", ["FSDP(2)", "FSDP(3, offload=True)", "FSDP(4, blocks=[])"])
+def test_a_rank_s_fakes_are_to_empty_s(parallel):
+    # Strategy.materialize makes each fake by the meta kernel (empty_fake), FSDP2's shards
+    # DTensors around theirs: what model.to_empty(device=...) makes under the mode
+    import copy
+
+    import fxmem
+    from fxmem.trace.parallel.fsdp import fake_world, meta_copy
+
+    with torch.device("meta"):
+        model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(5, 7),
+                                                          torch.nn.LayerNorm(7))
+                                      for _ in range(3)])
+        model.register_buffer("scale", torch.ones(3, 2).t())
+    strategy = eval(parallel, {"FSDP": fxmem.FSDP})
+    got = []
+    for way in ("materialize", "to_empty"):
+        with fake_world(strategy.world_size, strategy.world_size - 1) as mesh:
+            rank = meta_copy(copy.deepcopy(model))
+            strategy.apply(rank, mesh)
+            mode = FakeTensorMode(allow_non_fake_inputs=True)
+            if way == "materialize":
+                strategy.materialize(rank, mode)
+            else:
+                with mode:
+                    rank.to_empty(device="cpu")
+            made = [(n, _made(t)) for n, t in [*rank.named_parameters(),
+                                               *rank.named_buffers()]]
+            assert all(type(getattr(t, "_local_tensor", t)) is FakeTensor
+                       for t in [*rank.parameters(), *rank.buffers()])
+        got.append(made)
+    assert got[0] == got[1] and len(got[0]) == 13
+
+
+def test_empty_fake_is_empty_like_s():
+    from fxmem.trace.kernels.meta_kernels import empty_fake
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    for t in (torch.empty(4, 6, device="meta").t(), torch.empty(2, 3, 4, device="meta")[:, 1],
+              torch.nn.Parameter(torch.empty(3, device="meta", dtype=torch.float16))):
+        with mode:
+            want = torch.empty_like(t, device="cpu")
+        got = empty_fake(t, mode, "cpu")
+        assert type(got) is FakeTensor and got.fake_mode is mode
+        assert _made(got) == _made(want)

@@ -3,6 +3,8 @@ of :class:`fxmem.FSDP`, :class:`fxmem.DDP`, :class:`fxmem.TP` and :class:`fxmem.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ...errors import InputError
@@ -60,9 +62,31 @@ class Strategy:
 
     def materialize(self, model: torch.nn.Module, mode, device: str = "cpu") -> None:
         """Give ``model``'s meta parameters and buffers storages: fakes of ``mode`` on
-        ``device``."""
+        ``device``, those ``model.to_empty(device=device)`` makes under ``mode``, each made
+        by the meta kernel (:func:`_empty`)."""
         with mode:
-            model.to_empty(device=device)
+            model._apply(functools.partial(_empty, mode=mode, device=device))
+
+
+def _empty(t: torch.Tensor, mode, device: str) -> torch.Tensor:
+    """``torch.empty_like(t, device=device)`` under ``mode`` (:meth:`Strategy.materialize`):
+    of a meta tensor, or of a ``DTensor`` around one (FSDP2's shards: its local tensor's,
+    wrapped as the ``DTensor`` was), by :func:`fxmem.trace.kernels.meta_kernels.empty_fake`,
+    else dispatched."""
+    from torch.distributed.tensor import DTensor
+
+    from ..kernels.meta_kernels import empty_fake
+    from ..ledger.tracking import plain
+
+    if type(t) is DTensor:
+        local = plain(t)
+        if type(local) in (torch.Tensor, torch.nn.Parameter) and local.is_meta:
+            return DTensor.from_local(empty_fake(local, mode, device), t.device_mesh,
+                                      t.placements, run_check=False, shape=t.shape,
+                                      stride=t.stride())
+    elif type(t) in (torch.Tensor, torch.nn.Parameter) and t.is_meta:
+        return empty_fake(t, mode, device)
+    return torch.empty_like(t, device=device)
 
 
 def stack_blocks(model: torch.nn.Module) -> tuple:
