@@ -28,6 +28,17 @@ import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 
+_STAND_IN = [0]  # > 0 while SavedTensors.unpack makes a saved tensor's stand-in
+
+
+def making_stand_in() -> bool:
+    """Whether :meth:`SavedTensors.unpack` is making a saved tensor's stand-in: a fake
+    tensor by design though made from no other tensor, an integer one too (the targets a
+    causal LM's loss shifts and saves), which a mode that runs an integer tensor made from
+    none for real (DDP's :class:`fxmem.trace.parallel.ddp.RealInts`) leaves alone."""
+    return _STAND_IN[0] > 0
+
+
 @dataclass(frozen=True)
 class Pack:
     """One tensor saved for backward during the forward.
@@ -145,6 +156,7 @@ class SavedTensors:
             return held.tensor
         shape, stride, offset, dtype, device, numel = held.meta
         was, tr.recording = tr.recording, False
+        _STAND_IN[0] += 1
         try:
             if isinstance(offset, int) and offset == 0:  # as_strided on symbolic sizes costs more
                 t = base = torch.empty_strided(shape, stride, dtype=dtype, device=device)
@@ -153,6 +165,7 @@ class SavedTensors:
                 t = base.as_strided(shape, stride, offset)
         finally:
             tr.recording = was
+            _STAND_IN[0] -= 1
         tr.alias(t, held.sid)
         rec.dropped_after = None  # alive until this stand-in dies
         self._finalizers.append(weakref.finalize(base.untyped_storage(), self._on_drop,

@@ -304,10 +304,15 @@ class RealInts(TorchDispatchMode):
 
 
 def _bookkeeping(args, kwargs) -> bool:
-    """Does an op run on real tensors only, or make an integer tensor from none?"""
+    """Does an op run on real tensors only, or make an integer tensor from none (not a saved
+    tensor's stand-in: :func:`fxmem.trace.ledger.saved.making_stand_in`)?"""
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.utils._pytree import tree_leaves
 
+    from ..ledger.saved import making_stand_in
+
+    if making_stand_in():
+        return False
     tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
     if tensors:
         return not any(isinstance(t, FakeTensor) for t in tensors)
