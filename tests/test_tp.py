@@ -343,3 +343,19 @@ def test_composes_with_checkpointing_and_autocast(make):
     plain = fxmem.analyze(Blocks(), *_blocks_batch(), parallel=make(),
                           **{**STEP, "loss": _seq_loss})
     assert r.parts(0)["params"] == plain.parts(0)["params"]
+
+
+def test_a_foreach_step_over_shards_and_whole_parameters_fails_as_eager():
+    """On CUDA torch.optim steps foreach by default, and the Llama's own plan leaves its norms
+    plain tensors beside the DTensor shards: PyTorch's foreach ops refuse the mix (eager too:
+    "got mixed torch.Tensor and DTensor"), said as the model's error with the ways out, not
+    as a limit of tracing; stepped per parameter the same step is traced."""
+    m = _llama()
+    ids = torch.randint(0, 128, (2, 16))
+    with pytest.raises(fxmem.ModelError, match="foreach step fails as eager") as e:
+        fxmem.analyze(m, ids, ids, parallel=TP(2), loss=_lm_loss, optimizer=torch.optim.AdamW)
+    assert e.value.op == "aten._foreach_mul_.Scalar" and "foreach=False" in str(e.value)
+    assert "\n" not in str(e.value)
+    r = fxmem.analyze(m, ids, ids, parallel=TP(2), loss=_lm_loss,
+                      optimizer=lambda p: torch.optim.AdamW(p, foreach=False))
+    assert r.peak_bytes(4) > 0
