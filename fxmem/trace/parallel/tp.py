@@ -335,6 +335,10 @@ def _hf_styles() -> dict:
         "embedding_colwise": lambda: ColwiseParallel(output_layouts=Replicate()),
         "sequence_parallel": lambda: SequenceParallel(),
         "replicate": None,  # every rank keeps the whole parameter: nothing to apply
+        # the same, its gradient summed over the ranks in place once accumulated (a per-head
+        # norm between a colwise and a rowwise layer: Qwen3's q_norm and k_norm): the sum
+        # allocates nothing
+        "replicated_with_grad_allreduce": None,
     }
 
 
