@@ -89,4 +89,3 @@ def empty_fake(t: torch.Tensor, mode, device) -> FakeTensor:
     with in_kernel_invocation_manager(mode):
         out = torch.empty_like(t)
     return mode.fake_tensor_converter.from_meta_and_device(mode, out, torch.device(device))
-
