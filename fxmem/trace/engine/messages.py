@@ -229,6 +229,23 @@ _ANY_OP_HINTS = (
 )
 
 
+def mixed_foreach(reason: str) -> str:
+    """The error of an optimizer's foreach step over DTensor shards and whole parameters
+    (``reason``: what its groups mix), which DTensor refuses ("got mixed torch.Tensor and
+    DTensor") at the step's first foreach op.
+
+    >>> mixed_foreach("2 of a group's parameters are DTensors, 1 is not")[:58]
+    "the optimizer's foreach step fails as eager PyTorch's does"
+    """
+    return (f"the optimizer's foreach step fails as eager PyTorch's does on a GPU: {reason} "
+            "(its lists hold DTensor parameters, a plan's shards, beside plain ones the plan "
+            "leaves whole, e.g. the norms: PyTorch's foreach ops refuse the mix, and on CUDA "
+            "torch.optim steps foreach by default); step each parameter alone "
+            "(optimizer=lambda p: torch.optim.AdamW(p, foreach=False)), or give every "
+            "parameter a placement (SequenceParallel() for the norms, or FSDP2 over the TP "
+            "plan: --fsdp with --tp)")
+
+
 def op_hint(op: str | None, reason: str) -> str | None:
     """What to do about a failing op, when it is a common mistake in the inputs.
 

@@ -326,9 +326,6 @@ def _guard_source(guard) -> str | None:
     return None
 
 
-_MIXED_DTENSOR = "got mixed torch.Tensor and DTensor"  # DTensor's refusal of a mixed op
-
-
 def _as_trace_error(e: Exception, rec: Recorder) -> TraceError:
     reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
     source = user_frame(traceback.extract_tb(e.__traceback__))
@@ -362,17 +359,6 @@ def _as_trace_error(e: Exception, rec: Recorder) -> TraceError:
         return TraceError(f"cannot trace this op on fake tensors: {reason}"
                           + (f"; {hint}" if hint else ""), op=op,
                           module=module, source=src or source, phase=phase)
-    if rec.phase == "optimizer" and _MIXED_DTENSOR in reason:
-        return ModelError(
-            f"the optimizer's foreach step fails as eager PyTorch's does on a GPU: {reason} "
-            "(its lists hold DTensor parameters, a plan's shards, beside plain ones the plan "
-            "leaves whole, e.g. the norms: PyTorch's foreach ops refuse the mix, and on CUDA "
-            "torch.optim steps foreach by default); step each parameter alone "
-            "(optimizer=lambda p: torch.optim.AdamW(p, foreach=False)), or give every "
-            "parameter a placement (SequenceParallel() for the norms, or FSDP2 over the TP "
-            "plan: --fsdp with --tp)", op=next((w for w in reason.split()
-                                                if w.startswith("aten.")), None),
-            module="(optimizer)", source=source, phase=rec.phase)
     hint = op_hint(None, reason)
     return TraceError(f"cannot trace the step on fake tensors: {reason}"
                       + (f"; {hint}" if hint else ""), op=None,

@@ -35,7 +35,7 @@ from torch.fx.experimental.symbolic_shapes import guard_or_true
 from ...errors import InputError
 from ..compiled.options import Compile
 from ..kernels.dtypes import AMP, accepted, dtype_of
-from .messages import check_call
+from .messages import check_call, mixed_foreach
 
 PHASES = ("zero_grad", "forward", "backward", "optimizer")
 
@@ -358,7 +358,27 @@ def make_optimizer(factory: Callable, params: list, device: str,
         for group in [*opt.param_groups, *getattr(opt, "optim", opt).param_groups]:
             if "foreach" in group and group["foreach"] is None and not group.get("fused"):
                 group["foreach"] = True
+    _check_foreach(opt)
     return opt
+
+
+def _check_foreach(opt) -> None:
+    """A foreach step over a group mixing DTensors (a plan's shards) with plain tensors fails
+    in eager PyTorch (DTensor refuses the mix at the step's first foreach op): said before
+    the step is traced, as the trace would say it at its end (:func:`mixed_foreach`)."""
+    from torch.distributed.tensor import DTensor
+
+    from ...errors import ModelError
+
+    for group in opt.param_groups:
+        params = [p for p in group["params"] if p is not None]
+        kinds = {isinstance(p, DTensor) for p in params}
+        if group.get("foreach") and len(kinds) == 2:
+            whole = sum(not isinstance(p, DTensor) for p in params)
+            raise ModelError(mixed_foreach(
+                f"{len(params) - whole} of a group's parameters are DTensors, {whole} "
+                f"{'is' if whole == 1 else 'are'} not"), module="(optimizer)",
+                phase="optimizer")
 
 
 class _FiniteStepScaler(torch.amp.GradScaler):
