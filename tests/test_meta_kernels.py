@@ -169,3 +169,23 @@ def test_empty_fake_is_empty_like_s():
         got = empty_fake(t, mode, "cpu")
         assert type(got) is FakeTensor and got.fake_mode is mode
         assert _made(got) == _made(want)
+
+
+def test_a_shard_off_its_mesh_s_device_is_to_empty_s():
+    """A DTensor's fake on a device other than its mesh's (CPU offload over a CUDA mesh: the
+    shards on the host) is what ``empty_like`` makes there, not moved to the mesh's device
+    (as ``DTensor.from_local`` would move it: the fake GPU's offload runs failed so)."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from fxmem.trace.parallel.fsdp import fake_world
+    from fxmem.trace.parallel.strategy import _empty
+
+    with fake_world(2, 0) as mesh:
+        t = distribute_tensor(torch.empty(6, 4, device="meta"), mesh, [Shard(0)])
+        for device in ("cpu", "cuda"):
+            mode = FakeTensorMode(allow_non_fake_inputs=True)
+            with mode:  # (as Strategy.materialize runs it)
+                got = _empty(t, mode, device)
+                want = torch.empty_like(t, device=device)
+            assert _made(got) == _made(want) and got._local_tensor.device.type == device
+

@@ -80,7 +80,10 @@ def _empty(t: torch.Tensor, mode, device: str) -> torch.Tensor:
 
     if type(t) is DTensor:
         local = plain(t)
-        if type(local) in (torch.Tensor, torch.nn.Parameter) and local.is_meta:
+        # (from_local moves a local tensor to its mesh's device: not under CPU offload over a
+        # CUDA mesh, whose shards stay on the host)
+        if type(local) in (torch.Tensor, torch.nn.Parameter) and local.is_meta and \
+                t.device_mesh.device_type == torch.device(device).type:
             return DTensor.from_local(empty_fake(local, mode, device), t.device_mesh,
                                       t.placements, run_check=False, shape=t.shape,
                                       stride=t.stride())
