@@ -23,6 +23,8 @@ import functools
 
 import torch
 
+from .strategy import dtensor_like
+
 # torch.optim's optimizers whose step is elementwise over each parameter and its state
 ELEMENTWISE = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad,
                torch.optim.RMSprop, torch.optim.NAdam, torch.optim.RAdam)
@@ -101,12 +103,5 @@ def _wrapped(v, before, p):
     if isinstance(before, DTensor) and before._local_tensor is v:
         return before
     if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape == p._local_tensor.shape:
-        # made as DTensor.from_local makes it, less its autograd function and the alias of
-        # ``v`` it wraps (both dispatched through the trace: 0.15 s of an 8B's FSDP2 trace);
-        # nor does it move FSDP2's CPU-offloaded state, host shards of a CUDA mesh, to the device
-        from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-
-        spec = DTensorSpec(p.device_mesh, p.placements,
-                           tensor_meta=TensorMeta(p.shape, p.stride(), v.dtype))
-        return DTensor(v, spec, requires_grad=False)
+        return dtensor_like(v, p)  # (not moved: CPU-offloaded state stays on the host)
     return v
