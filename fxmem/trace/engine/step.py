@@ -372,11 +372,11 @@ def _check_foreach(opt) -> None:
 
     for group in opt.param_groups:
         params = [p for p in group["params"] if p is not None]
-        kinds = {isinstance(p, DTensor) for p in params}
-        if group.get("foreach") and len(kinds) == 2:
-            whole = sum(not isinstance(p, DTensor) for p in params)
+        shards = sum(isinstance(p, DTensor) for p in params)
+        whole = len(params) - shards
+        if group.get("foreach") and shards and whole:
             raise ModelError(mixed_foreach(
-                f"{len(params) - whole} of a group's parameters are DTensors, {whole} "
+                f"{shards} of a group's parameters are DTensors, {whole} "
                 f"{'is' if whole == 1 else 'are'} not"), module="(optimizer)",
                 phase="optimizer")
 
