@@ -125,6 +125,33 @@ def test_targets_made_in_the_step(kind):
     assert r.peak_bytes(5) == max(r.peak_bytes(5, rank=k) for k in range(2))
 
 
+class _Scaled(nn.Module):
+    """A forward that makes a constant of its own (``torch.tensor``) each step."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return (self.fc(x) * torch.tensor([0.5] * 16)).square().mean()
+
+
+def test_a_constant_made_in_the_step_is_the_step_s():
+    """The model's own constants are lifted into the trace as on one GPU (made in the step,
+    freed after their use), not run as the Reducer's real bookkeeping and first seen as a
+    storage the step started with."""
+    from fxmem.trace import trace
+
+    x = torch.randn(4, 16)
+    for parallel in (None, DDP(2)):
+        t = trace(_Scaled(), x, loss=None, optimizer=torch.optim.SGD, device="cpu",
+                  parallel=parallel)
+        made = [t.ops[s.created_by].op for s in t.storages if s.created_by >= 0]
+        assert "aten.lift_fresh.default" in made, parallel
+        assert not [s for s in t.storages
+                    if s.created_by < 0 and s.category in ("activation", "temporary")]
+
+
 def test_nothing_changes_outside():
     """The user's model keeps its parameters and class; no process group is left."""
     m = Stack()

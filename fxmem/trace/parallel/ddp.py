@@ -295,7 +295,7 @@ class RealInts(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if _bookkeeping(args, kwargs):
+        if _bookkeeping(func, args, kwargs):
             from torch.utils._python_dispatch import _disable_current_modes
 
             with _disable_current_modes():
@@ -303,7 +303,10 @@ class RealInts(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def _bookkeeping(args, kwargs) -> bool:
+_LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
+
+
+def _bookkeeping(func, args, kwargs) -> bool:
     """Does an op run on real tensors only, or make an integer tensor from none (not a saved
     tensor's stand-in: :func:`fxmem.trace.ledger.saved.making_stand_in`)?"""
     from torch._subclasses.fake_tensor import FakeTensor
@@ -311,7 +314,7 @@ def _bookkeeping(args, kwargs) -> bool:
 
     from ..ledger.saved import making_stand_in
 
-    if making_stand_in():
+    if making_stand_in() or func in _LIFTS:  # a constant of the model's, lifted as on one GPU
         return False
     tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
     if tensors:
