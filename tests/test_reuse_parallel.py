@@ -1,13 +1,16 @@
-"""Repeated blocks copied under FSDP2 (fxmem.trace.blocks.sharded): a rank's trace with
-blocks copied reads exactly as the same rank's trace block by block, FSDP2's all-gathers,
-reduce-scatters, side streams, reshards and checkpoint plans' re-runs included; blocks that
-do not behave alike, and the strategies whose blocks are not copied, are traced block by
-block."""
+"""Repeated blocks copied under FSDP2 (fxmem.trace.blocks.sharded) and DDP
+(fxmem.trace.blocks.replicated): a rank's trace with blocks copied reads exactly as the same
+rank's trace block by block, FSDP2's all-gathers, reduce-scatters, side streams, reshards,
+DDP's buckets and checkpoint plans' re-runs included; blocks that do not behave alike, and
+the strategies whose blocks are not copied, are traced block by block."""
 
 import pytest
 import torch
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel
 
 from fxmem.trace import trace
+from fxmem.trace.parallel import TP
 from fxmem.trace.parallel.fsdp import DDP, FSDP
 from fxmem.trace.plans.regions import Region
 from test_fsdp import _lm_loss
@@ -113,12 +116,67 @@ def test_checkpointed_blocks_under_fsdp_are_copied_exactly(kind, parallel, rank,
     assert _flops(a) == _flops(b)
 
 
+REPLICATED = [
+    ("llama", DDP(2), {}),
+    ("gpt2", DDP(2), {}),
+    # buckets of 10 KB: they hold parameters of two blocks, other ones in each block
+    ("llama", DDP(4, bucket_cap_mb=0.01), {}),
+    ("gpt2", DDP(4, bucket_cap_mb=0.01), {}),
+    ("llama", DDP(2, static_graph=True), {}),
+    ("gpt2", DDP(2, zero1=True), {}),
+    ("llama", DDP(3), dict(device="cuda", amp=torch.bfloat16)),
+]
+
+
+@pytest.mark.parametrize("kind,parallel,step", REPLICATED,
+                         ids=[f"{k}-{p.name}-{s}" for k, p, s in REPLICATED])
+def test_copied_blocks_under_ddp_equal_a_block_by_block_trace(kind, parallel, step):
+    # the Reducer's copies into its buckets copied with each block, into the stand-in's
+    # own buckets; the buckets rebuilt in the order a real block's gradients come in
+    model, stack = _lm(kind, layers=5)
+    ids = torch.randint(0, 128, (2, 16))
+    step = {**dict(loss=_lm_loss, optimizer=torch.optim.AdamW, device="cpu"), **step}
+    a, b = _both(model, ids, ids, parallel, 0, **step)
+    assert a.reused == tuple(f"{stack}.{i}" for i in (2, 3, 4))
+    assert _full(a) == _full(b)
+    assert _flops(a) == _flops(b)
+
+
+def test_checkpointed_blocks_under_ddp_are_copied_exactly():
+    model, stack = _lm("llama", layers=5)
+    ids = torch.randint(0, 128, (2, 16))
+    plan = [Region((f"{stack}.{i}",), save=(("aten.mm.default", 1),)) for i in range(5)]
+    a, b = _both(model, ids, ids, DDP(2, bucket_cap_mb=0.01), 1, loss=_lm_loss,
+                 optimizer=torch.optim.AdamW, device="cpu", checkpoint=plan)
+    assert a.reused == tuple(f"{stack}.{i}" for i in (2, 3, 4))
+    assert _full(a) == _full(b)
+
+
+def test_gradients_in_another_order_than_the_warm_up_s_trace_every_block(monkeypatch):
+    # the stand-ins hand the Reducer their gradients in the order autograd gave for the
+    # warm-up's third block; the pattern block's own order is checked after the step
+    from fxmem.trace.blocks import replicated
+
+    monkeypatch.setattr(replicated, "_ready_order",
+                        lambda block, args, kwargs, params: [n for n, _ in params])
+    model, stack = _lm("llama", layers=5)
+    ids = torch.randint(0, 128, (2, 16))
+    a, b = _both(model, ids, ids, DDP(2), 0, loss=_lm_loss, optimizer=torch.optim.AdamW,
+                 device="cpu")
+    assert a.reused == ()
+    assert _full(a) == _full(b)
+
+
 def test_other_strategies_trace_every_block():
     model = _Stack()
     x = torch.randn(4, 16)
     step = dict(loss=None, optimizer=torch.optim.SGD, device="cpu")
     assert trace(model, x, parallel=FSDP(2), **step).reused  # the same model is copied
-    assert trace(model, x, parallel=DDP(2), **step).reused == ()
+    assert trace(model, x, parallel=DDP(2), **step).reused
+    # gradients that are views of the buckets share a storage: block by block
+    assert trace(model, x, parallel=DDP(2, gradient_as_bucket_view=True), **step).reused == ()
+    tp = TP(2, {f"blocks.{i}.fc": ColwiseParallel(output_layouts=Replicate()) for i in range(5)})
+    assert trace(model, x, parallel=tp, **step).reused == ()
 
 
 def test_tracing_under_fsdp_leaves_the_model_as_it_was():

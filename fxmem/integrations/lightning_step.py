@@ -48,6 +48,7 @@ from ..analyze import analyze
 from ..checkpoint.choose import PlanChoice
 from ..errors import InfeasibleBudgetError, InputError
 from ..trace.engine import Step
+from ..trace.kernels import autocast_cache_off
 from ..trace.plans import apply_checkpoints
 from ..validate.measure import measure
 from .common import clipping, confirmed_plan, largest, least_peak_message, live_budget
@@ -77,7 +78,8 @@ class LightningBatch(torch.nn.Module):
             leaves[i] = t
         batch = tree_unflatten(leaves, self.spec)
         args = (batch, 0) if self.batch_idx else (batch,)
-        with _quiet(self.module), _no_autocast_cache(not self.autocast_cache), \
+        cache = contextlib.nullcontext() if self.autocast_cache else autocast_cache_off()
+        with _quiet(self.module), cache, \
                 (self.context() if self.context is not None else contextlib.nullcontext()):
             out = self.module.training_step(*args)
         loss = out.get("loss") if isinstance(out, Mapping) else out
@@ -116,19 +118,6 @@ def _quiet(module):
         for k in ("log", "log_dict"):
             module.__dict__.pop(k, None)
         module.__dict__.update(saved)
-
-
-@contextlib.contextmanager
-def _no_autocast_cache(off: bool):
-    if not off:
-        yield
-        return
-    before = torch.is_autocast_cache_enabled()
-    torch.set_autocast_cache_enabled(False)
-    try:
-        yield
-    finally:
-        torch.set_autocast_cache_enabled(before)
 
 
 def lightning_package(trainer, sub: str = ""):

@@ -3,7 +3,9 @@
 - :mod:`~fxmem.trace.blocks.reuse`: the runs of identical blocks, and the stand-in that
   replaces a block's forward after the first two;
 - :mod:`~fxmem.trace.blocks.splice`: the traced blocks' ops copied for the others;
-- :mod:`~fxmem.trace.blocks.sharded`: the same for a rank's blocks under FSDP2.
+- :mod:`~fxmem.trace.blocks.sharded`: the same for a rank's blocks under FSDP2;
+- :mod:`~fxmem.trace.blocks.replicated`: and under DDP;
+- :mod:`~fxmem.trace.blocks.installed`: which of them a step gets, by its strategy.
 
 The result must be the trace a block-by-block run gives, op for op and byte for byte
 (``tests/test_reuse.py`` and ``test_reuse_parallel.py`` compare both): reuse only makes
@@ -11,7 +13,7 @@ tracing faster.
 """
 
 from .reuse import NoReuse, traced_for_real
-from .sharded import copied, reuses_under, runs_of
+from .installed import copied, reuses_under, runs_of
 from .splice import splice
 from .splice_graph import Spliced
 

@@ -23,58 +23,18 @@ real in every block, and only the block's own ops, between them, are copied
   the later ones as stand-ins of their outputs' and gradients' shapes only (FSDP2's hooks
   around them run, as in the recorded step), so that it too costs three blocks, not all.
 
-Anything else (DDP's and TP's wrappings) is not reused: :func:`reuses_under` says which
-strategies are.
+DDP's blocks are copied by :mod:`fxmem.trace.blocks.replicated`, which extends this; TP's
+are not: :func:`reuses_under` says which strategies are.
 """
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
-from .reuse import NoReuse, Reuse, _StandIn, by_plan, find_runs
+from .reuse import NoReuse, Reuse, _StandIn, find_runs
 
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-
-
-def reuses_under(parallel, train: bool = True) -> bool:
-    """Can the blocks of a step run under ``parallel`` be copied? Under FSDP2
-    (:class:`fxmem.FSDP`, HSDP and offload included), but not for inference with
-    ``reshard_after_forward=False`` (the warm-up step leaves every block gathered, its
-    parameters first seen by the block's own ops); not under DDP (its Reducer copies each
-    gradient into its bucket inside the block's backward), TP, their combinations, nor the
-    user's own wrapping."""
-    from ..parallel.fsdp import FSDP
-
-    return type(parallel) is FSDP and (train or parallel.reshard_after_forward is not False)
-
-
-def runs_of(model, sharded: bool) -> list:
-    """``model``'s runs of identical blocks (``sharded``: a rank's model under
-    ``fully_shard``, :func:`find_sharded_runs`), found before a checkpoint plan is installed
-    on them."""
-    return find_sharded_runs(model) if sharded else find_runs(model)
-
-
-@contextlib.contextmanager
-def copied(rec, runs: list, plan, sharded: bool, fparams: dict, fbufs: dict):
-    """The block reuse of ``runs`` as checkpoint ``plan`` leaves them
-    (:func:`fxmem.trace.blocks.reuse.by_plan`), installed over the plan's forwards until the block
-    exits; None when no run is left. ``sharded``: :class:`ShardedReuse`, else the
-    parameters and buffers are ``fparams`` and ``fbufs``
-    (:class:`fxmem.trace.blocks.reuse.Reuse`)."""
-    runs = by_plan(runs, plan)
-    if not runs:
-        yield None
-        return
-    got = ShardedReuse(rec, runs) if sharded else Reuse(rec, runs, fparams, fbufs)
-    got.install()
-    try:
-        yield got
-    finally:
-        got.remove()
 
 
 def _key(hook):

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from ..ledger.saved import _Record
 from ..ledger.tracking import TrackedStorage
-from .reuse import NoReuse, Reuse
+from .reuse import _ACC, NoReuse, Reuse
 from .splice_checks import check_run, windows
 from .splice_graph import Spliced, first_desc
 
@@ -151,6 +151,48 @@ class Numbering:
                     self.storages.append(TrackedStorage(
                         len(self.storages), p.nbytes, self.copy_index(c, inside[p.created_by]),
                         fa, p.stream))
+        self._outer()
+
+    def _outer(self) -> None:
+        """Storages outside the blocks that the pattern's ``AccumulateGrad`` steps read or
+        write (DDP's gradient buckets, which need not hold the same parameters in every
+        block): in a copy, those the stand-in's own steps used, gradient by gradient
+        (``outer``: (call id, pattern op) -> {pattern sid: stand-in sid})."""
+        self.outer = {}
+        for calls in self.runs:
+            pat = calls[1]
+            _, role_of, internal = self.pat_info[id(pat)]
+            theirs = self._steps(windows(pat), role_of, {*role_of, *internal})
+            if not any(outside for _, outside in theirs.values()):
+                continue
+            for c in calls[2:]:
+                c_role = {s: key for key, s in c.roles.items()}
+                made = {s for w in windows(c) for i in w for s in self.rec.ops[i].new_sids}
+                mine = self._steps(windows(c), c_role, {*c_role, *made})
+                if mine.keys() != theirs.keys() or any(
+                        len(mine[k][1]) != len(v[1]) for k, v in theirs.items()):
+                    raise NoReuse(f"{c.path}: its gradients' steps differ from "
+                                  f"{pat.path}'s")
+                for k, (q, outside) in theirs.items():
+                    self.outer[(id(c), q)] = dict(zip(outside, mine[k][1]))
+
+    def _steps(self, wins, role_of: dict, own: set) -> dict:
+        """(a gradient's role, n-th step on it) -> (op, the storages it uses outside
+        ``own``) of each ``AccumulateGrad`` step in ``wins``."""
+        got, seen = {}, {}
+        for w in wins:
+            for i in w:
+                op = self.rec.ops[i]
+                if op.autograd_node != _ACC:
+                    continue
+                keys = {role_of[s] for s in op.in_sids if role_of.get(s, ("",))[0] == "g"}
+                if len(keys) != 1:
+                    continue
+                key = keys.pop()
+                n = seen[key] = seen.get(key, -1) + 1
+                got[(key, n)] = (i, tuple(s for s in (*op.in_sids, *op.out_sids,
+                                                      *op.written_sids) if s not in own))
+        return got
 
     def _role_targets(self) -> tuple:
         """The stand-ins' storages that take a pattern storage's role (its outputs, its
@@ -179,8 +221,11 @@ class Numbering:
                         freed[ts] = self.copy_index(c, inside[f])
         return created, freed, keep
 
-    def sid_in(self, c, ps: int) -> int:
-        """A pattern storage, in stand-in ``c``'s copy."""
+    def sid_in(self, c, ps: int, q: int | None = None) -> int:
+        """A pattern storage, in stand-in ``c``'s copy (of pattern op ``q``)."""
+        got = self.outer.get((id(c), q), {}).get(ps)
+        if got is not None:
+            return self.final[got]
         got = self.copies.get((id(c), ps))
         if got is not None:
             return got
@@ -211,7 +256,7 @@ class _Splice:
         packs = self._packs(num)
         calls_new = self._calls(num)
         saved, names, unmodelled = self._rest(num)
-        rec.first_desc = first_desc(old_graph, num.order, num.final, num.sid_in)
+        rec.first_desc = first_desc(old_graph, num.order, num.final, num.sid_in, num.outer)
         rec.sums.candidates = self._sums(num)
 
         # the graph is built when first asked for (named dims): a sixth of a splice
@@ -239,8 +284,8 @@ class _Splice:
                 _, c, pat, q, _ = item
                 op = ops[q]
 
-                def m(t, c=c):
-                    return tuple(num.sid_in(c, s) for s in t)
+                def m(t, c=c, q=q):
+                    return tuple(num.sid_in(c, s, q) for s in t)
                 new_ops.append(replace(op, index=j, module=num.rename(c, op.module),
                                        out_sids=m(op.out_sids), new_sids=m(op.new_sids),
                                        in_sids=m(op.in_sids), written_sids=m(op.written_sids)))

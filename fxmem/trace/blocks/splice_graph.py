@@ -13,17 +13,23 @@ from ..ledger.records import TensorDesc
 from .reuse import NoReuse
 
 
-def first_desc(old, order, final, sid_in) -> dict:
+def first_desc(old, order, final, sid_in, outer=None) -> dict:
     """sid -> the first TensorDesc seen on it, in the new order (what the graph holds):
-    ``old``, the recorded graph; ``order``, the spliced ops' sources; ``final`` and
-    ``sid_in``, the storages' new numbers (:class:`fxmem.trace.blocks.splice.Numbering`)."""
+    ``old``, the recorded graph; ``order``, the spliced ops' sources; ``final``,
+    ``sid_in`` and ``outer``, the storages' new numbers
+    (:class:`fxmem.trace.blocks.splice.Numbering`)."""
+    outer = outer or {}
     from ..ledger.records import TensorDesc
 
     by_index, first, later = {}, {}, []
+    # ops the spliced step has (a stand-in's own are gone, and so are the tensors that
+    # only they read: the Reducer's views of DDP's buckets, made as it went)
+    kept = {item[1] if item[0] == "r" else item[3] for item in order}
     for node in old.nodes:
         vals = node.meta.get("val")
         if node.op == "placeholder":  # one made before a later op: in the op's turn
-            if isinstance(vals, TensorDesc) and vals.sid in final:
+            if isinstance(vals, TensorDesc) and vals.sid in final and (not node.users or any(
+                    u.meta.get("index") in kept for u in node.users)):
                 (later.append(vals) if by_index else
                  first.setdefault(final[vals.sid], replace(vals, sid=final[vals.sid])))
             continue
@@ -32,26 +38,30 @@ def first_desc(old, order, final, sid_in) -> dict:
         if idx is not None:
             if src is node:  # the storages it reads first (a copy's parameters)
                 by_index.setdefault(idx, []).extend(
-                    a.meta.get("val") for a in node.all_input_nodes
+                    (a.meta.get("val"), True) for a in node.all_input_nodes
                     if a.op == "placeholder")
-            by_index.setdefault(idx, []).append(vals)
+            by_index.setdefault(idx, []).append((vals, False))
     for item in order:
         if item[0] == "r":
             def fs(s):
                 return final.get(s)
             vals_list = by_index.get(item[1], ())
         else:
-            c = item[1]
+            c, q = item[1], item[3]
+            mapped = outer.get((id(c), q), {})
 
-            def fs(s, c=c):
+            def fs(s, c=c, q=q):
                 try:
-                    return sid_in(c, s)
+                    return sid_in(c, s, q)
                 except NoReuse:
                     return None
             vals_list = by_index.get(item[3], ())
-        for vals in vals_list:
+        for vals, read in vals_list:
             for v in (vals if isinstance(vals, tuple) else (vals,)):
-                if isinstance(v, TensorDesc):
+                # (a storage the copy maps to another outside the blocks, as it is read:
+                # the pattern's view of it is not the stand-in's)
+                if isinstance(v, TensorDesc) and not (read and item[0] == "c"
+                                                      and v.sid in mapped):
                     s = fs(v.sid)
                     if s is not None and s not in first:
                         first[s] = replace(v, sid=s)
@@ -145,9 +155,9 @@ def graph(old, order, final, sid_in, rename) -> torch.fx.Graph:
             # last seen on that storage: a view's shape is not its storage's)
             nodes, local = groups.get(q, []), copies.setdefault(id(c), {})
 
-            def fs(s, c=c):
+            def fs(s, c=c, q=q):
                 try:
-                    return sid_in(c, s)
+                    return sid_in(c, s, q)
                 except NoReuse:
                     return -1
             mod_of = c

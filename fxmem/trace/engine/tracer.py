@@ -29,7 +29,7 @@ from torch.utils._pytree import tree_leaves
 
 from ...errors import FxmemError, InputError, SpecializationError
 from ..blocks.reuse import NoReuse, traced_for_real
-from ..blocks.sharded import copied, reuses_under, runs_of
+from ..blocks.installed import copied, reuses_under, runs_of
 from ..blocks.splice import splice
 from ..compiled.inductor import check_compilable, inductor_on_fakes, is_compiled, modes_suspended
 from ..compiled.parts import check_parts, compiled_parts, parts_lowered
@@ -314,7 +314,8 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     planned = {p: checkpointed_call(m, prepared) for p, m in parts if id(m) in ids}
     with checkpointing(model, plan, region(rec), held(rec), compiled and not parts) \
             as rec.plan, \
-            copied(rec, runs, rec.plan, prepared, fakes.params, fakes.buffers) as reuse, \
+            copied(rec, runs, rec.plan, prepared, fakes.params, fakes.buffers,
+                   replicated=kept is not None) as reuse, \
             _entered(inside), \
             kept.real if kept is not None else contextlib.nullcontext(), \
             inductor_on_fakes(taken, spec.compile, rec) if compiled else \

@@ -17,10 +17,11 @@ PyTorch's CUDA build on the fake GPU): a change must keep each rule's test again
 kernel it describes, and name the source it follows.
 """
 
+from .amp import autocast_cache_off
 from .compat import TORCH, untested_release
 from .cuda.kernels import check_capability
 from .datadep import internal_file
 from .dtypes import AMP, DTYPES, INTEGER, accepted, dtype_of
 
-__all__ = ["AMP", "DTYPES", "INTEGER", "TORCH", "accepted", "check_capability", "dtype_of",
-           "internal_file", "untested_release"]
+__all__ = ["AMP", "DTYPES", "INTEGER", "TORCH", "accepted", "autocast_cache_off",
+           "check_capability", "dtype_of", "internal_file", "untested_release"]

@@ -172,6 +172,18 @@ _cache: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
 _EXCLUDE_CPU = DispatchKeySet(DispatchKey.AutocastCPU)
 
 
+@contextlib.contextmanager
+def autocast_cache_off():
+    """Autocast's cast cache off until the block exits (each cast of a parameter made
+    again, PyTorch's and the emulated one's), then as it was."""
+    before = torch.is_autocast_cache_enabled()
+    torch.set_autocast_cache_enabled(False)
+    try:
+        yield
+    finally:
+        torch.set_autocast_cache_enabled(before)
+
+
 def _eligible(t) -> bool:
     return isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
 
