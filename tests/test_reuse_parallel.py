@@ -1,8 +1,11 @@
 """Repeated blocks copied under FSDP2 (fxmem.trace.blocks.sharded) and DDP
-(fxmem.trace.blocks.replicated): a rank's trace with blocks copied reads exactly as the same
-rank's trace block by block, FSDP2's all-gathers, reduce-scatters, side streams, reshards,
-DDP's buckets and checkpoint plans' re-runs included; blocks that do not behave alike, and
+(fxmem.trace.blocks.replicated), TP and FSDP2 over TP: a rank's trace with blocks copied
+reads exactly as the same rank's trace block by block, FSDP2's all-gathers,
+reduce-scatters, side streams, reshards, DDP's buckets, TP's sharded gradients and
+checkpoint plans' re-runs included; blocks that do not behave alike, and
 the strategies whose blocks are not copied, are traced block by block."""
+
+import functools
 
 import pytest
 import torch
@@ -11,6 +14,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel
 
 from fxmem.trace import trace
 from fxmem.trace.parallel import TP
+from fxmem.trace.parallel.tp import Parallel
 from fxmem.trace.parallel.fsdp import DDP, FSDP
 from fxmem.trace.plans.regions import Region
 from test_fsdp import _lm_loss
@@ -167,6 +171,29 @@ def test_gradients_in_another_order_than_the_warm_up_s_trace_every_block(monkeyp
     assert _full(a) == _full(b)
 
 
+SPLIT = [
+    (TP(2), 1, {}),
+    (TP(2), 0, dict(device="cuda", amp=torch.bfloat16,
+                    optimizer=functools.partial(torch.optim.AdamW, foreach=False))),
+    (Parallel(fsdp=FSDP(2), tp=TP(2)), 1, {}),
+    (Parallel(fsdp=FSDP(2), tp=TP(2)), 0, dict(device="cuda", amp=torch.bfloat16)),
+]
+
+
+@pytest.mark.parametrize("parallel,rank,step", SPLIT,
+                         ids=[f"{p.name}-{r}-{s.get('device', 'cpu')}" for p, r, s in SPLIT])
+def test_copied_blocks_under_tp_equal_a_block_by_block_trace(parallel, rank, step):
+    # the model's own plan: each block's projections sharded (DTensor parameters, their
+    # gradients DTensors of the same placements), TP's input and output hooks on each
+    model, stack = _lm("llama", layers=5)
+    ids = torch.randint(0, 128, (2, 16))
+    step = {**dict(loss=_lm_loss, optimizer=torch.optim.AdamW, device="cpu"), **step}
+    a, b = _both(model, ids, ids, parallel, rank, **step)
+    assert a.reused == tuple(f"{stack}.{i}" for i in (2, 3, 4))
+    assert _full(a) == _full(b)
+    assert _flops(a) == _flops(b)
+
+
 def test_other_strategies_trace_every_block():
     model = _Stack()
     x = torch.randn(4, 16)
@@ -175,8 +202,24 @@ def test_other_strategies_trace_every_block():
     assert trace(model, x, parallel=DDP(2), **step).reused
     # gradients that are views of the buckets share a storage: block by block
     assert trace(model, x, parallel=DDP(2, gradient_as_bucket_view=True), **step).reused == ()
-    tp = TP(2, {f"blocks.{i}.fc": ColwiseParallel(output_layouts=Replicate()) for i in range(5)})
-    assert trace(model, x, parallel=tp, **step).reused == ()
+    tp = TP(2, {f"blocks.{i}.fc": ColwiseParallel(output_layouts=Replicate())
+                for i in range(5)})
+    assert trace(model, x, parallel=tp, **step).reused
+    # blocks whose outputs are DTensors (a stand-in makes plain tensors)
+    tp = TP(2, {f"layers.{i}": ColwiseParallel(output_layouts=Replicate(),
+                                               use_local_output=False) for i in range(5)})
+    assert trace(_DTensorsOut(), x, parallel=tp, **step).reused == ()
+
+
+class _DTensorsOut(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(5))
+
+    def forward(self, x):
+        for m in self.layers:
+            x = m(x).tanh()
+        return x.to_local().square().mean()
 
 
 def test_tracing_under_fsdp_leaves_the_model_as_it_was():

@@ -3,7 +3,7 @@
 - :mod:`~fxmem.trace.blocks.reuse`: the runs of identical blocks, and the stand-in that
   replaces a block's forward after the first two;
 - :mod:`~fxmem.trace.blocks.splice`: the traced blocks' ops copied for the others;
-- :mod:`~fxmem.trace.blocks.sharded`: the same for a rank's blocks under FSDP2;
+- :mod:`~fxmem.trace.blocks.sharded`: the same for a rank's blocks under FSDP2 and TP;
 - :mod:`~fxmem.trace.blocks.replicated`: and under DDP;
 - :mod:`~fxmem.trace.blocks.installed`: which of them a step gets, by its strategy.
 

@@ -20,14 +20,16 @@ def reuses_under(parallel, train: bool = True) -> bool:
     """Can the blocks of a step run under ``parallel`` be copied? Under FSDP2
     (:class:`fxmem.FSDP`, HSDP and offload included), but not for inference with
     ``reshard_after_forward=False`` (the warm-up step leaves every block gathered, its
-    parameters first seen by the block's own ops); under DDP and ZeRO-1
-    (:mod:`fxmem.trace.blocks.replicated`); not under TP, its combinations, nor the user's
-    own wrapping."""
+    parameters first seen by the block's own ops), and so over TP; under DDP and ZeRO-1
+    (:mod:`fxmem.trace.blocks.replicated`) and TP; not under the user's own wrapping."""
     from ..parallel.ddp import DDP
     from ..parallel.fsdp import FSDP
+    from ..parallel.tp import TP, Parallel
 
-    if type(parallel) is DDP:
+    if type(parallel) in (DDP, TP):
         return True
+    if type(parallel) is Parallel:  # FSDP2 over TP: as FSDP2's
+        parallel = parallel.fsdp
     return type(parallel) is FSDP and (train or parallel.reshard_after_forward is not False)
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from itertools import groupby
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..kernels.grad_sums import may_sum_in_place
@@ -201,6 +202,27 @@ def _meta(t: torch.Tensor) -> tuple:
 _TENSOR = object()  # a tensor's place among a block's output leaves (None is a value)
 
 
+def grad_meta(t: torch.Tensor) -> tuple:
+    """What a stand-in makes ``t``'s gradient from: its local tensor's shape, strides, dtype
+    and device, and for a DTensor (a parameter under TP) its mesh, placements, shape and
+    strides (not the tensor: a stand-in holds no input alive)."""
+    if isinstance(t, DTensor):
+        loc = t._local_tensor
+        return (loc.shape, loc.stride(), loc.dtype, loc.device,
+                (t.device_mesh, t.placements, t.shape, t.stride()))
+    return t.shape, t.stride(), t.dtype, t.device, None
+
+
+def grad_of(meta: tuple) -> torch.Tensor:
+    """A new gradient of :func:`grad_meta`'s ``meta``: a DTensor of the same placements
+    for a DTensor's."""
+    from ..parallel.strategy import dtensor_of
+
+    shape, stride, dtype, device, dist = meta
+    g = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+    return g if dist is None else dtensor_of(g, *dist)
+
+
 @dataclass
 class _Call:
     """One block's forward call and its backward: op windows ``[start, end)`` and the
@@ -239,7 +261,7 @@ class _StandIn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, call, pattern, n_in, *tensors):
         ctx.call, ctx.n_in = call, n_in
-        ctx.metas = [(t.shape, t.stride(), t.dtype, t.device) for t in tensors]
+        ctx.metas = [grad_meta(t) for t in tensors]
         ctx.set_materialize_grads(False)
         outs = tuple(torch.empty_strided(shape, stride, dtype=dtype, device=dev)
                      for shape, stride, dtype, _, dev in pattern.out_meta_raw)
@@ -257,8 +279,7 @@ class _StandIn(torch.autograd.Function):
                 call.roles[("gy", i)] = rec.register(g)[0]
                 call.grad_strides[("gy", i)] = _strides(g)
                 call.grad_summable[("gy", i)] = may_sum_in_place(g)
-        out = [torch.empty_strided(shape, stride, dtype=dtype, device=dev)
-               for shape, stride, dtype, dev in ctx.metas]
+        out = [grad_of(m) for m in ctx.metas]
         for i, g in enumerate(out[:ctx.n_in]):
             call.roles[("gx", call.grad_inputs[i])] = rec.register(g)[0]
         call.bwd[1] = rec.op_count
@@ -370,6 +391,8 @@ class Reuse:
         outs = [v for v in leaves if isinstance(v, torch.Tensor)]
         if not outs:
             raise NoReuse(f"{c.path} returns no tensor")
+        if any(isinstance(t, DTensor) for t in outs):  # (a stand-in makes plain outputs)
+            raise NoReuse(f"{c.path} returns a DTensor")
         c.out_meta = tuple(_meta(t) for t in outs)
         c.out_meta_raw = tuple((t.shape, t.stride(), t.dtype, t.requires_grad, t.device)
                                for t in outs)

@@ -1,4 +1,4 @@
-"""Repeated blocks under FSDP2: trace two of them, copy their ops for the rest.
+"""Repeated blocks under FSDP2 and TP: trace two of them, copy their ops for the rest.
 
 Under ``fully_shard`` each block has FSDP2's hooks: its forward pre-hook all-gathers the
 block's parameters (setting the unsharded ones on the module) and wraps the block's inputs
@@ -23,25 +23,55 @@ real in every block, and only the block's own ops, between them, are copied
   the later ones as stand-ins of their outputs' and gradients' shapes only (FSDP2's hooks
   around them run, as in the recorded step), so that it too costs three blocks, not all.
 
-DDP's blocks are copied by :mod:`fxmem.trace.blocks.replicated`, which extends this; TP's
-are not: :func:`reuses_under` says which strategies are.
+TP's blocks are copied by this too (and FSDP2's over TP): their parameters are DTensors,
+whose gradients a stand-in makes as DTensors of the same placements
+(:func:`fxmem.trace.blocks.reuse.grad_of`), and TP's hooks are closures over each module's
+style and mesh (:func:`_key`). DDP's blocks are copied by
+:mod:`fxmem.trace.blocks.replicated`, which extends this;
+:func:`fxmem.trace.blocks.installed.reuses_under` says which strategies are.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
+from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
-from .reuse import NoReuse, Reuse, _StandIn, find_runs
+from .reuse import NoReuse, Reuse, _StandIn, find_runs, grad_meta, grad_of
 
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
 def _key(hook):
     """What a hook runs: a bound method's function and its object's class (each block's
-    FSDP2 state is an object of its own), or the function itself."""
+    FSDP2 state is an object of its own); a closure's code and what it closes over (TP's
+    hooks, ``distribute_module``'s lambdas over each module's style and mesh); or the
+    function itself."""
     f = getattr(hook, "__func__", None)
-    return (f, type(hook.__self__)) if f is not None else hook
+    if f is not None:
+        return f, type(hook.__self__)
+    code, cells = getattr(hook, "__code__", None), getattr(hook, "__closure__", None)
+    if code is not None and cells is not None:
+        return code, tuple(_value(c.cell_contents) for c in cells)
+    return hook
+
+
+def _value(v):
+    """A hook's closed-over value as its key compares it: a ``functools.partial`` by its
+    function (a bound method's by its function and its object's class and attributes: a
+    TP style) and arguments, anything else by identity."""
+    if isinstance(v, functools.partial):
+        f = v.func
+        owner = getattr(f, "__self__", None)
+        return ("partial", getattr(f, "__func__", f), type(owner),
+                _attrs(owner), v.args, tuple(sorted(v.keywords.items())))
+    return ("is", id(v))
+
+
+def _attrs(owner) -> tuple:
+    return tuple(sorted(vars(owner).items())) if hasattr(owner, "__dict__") else ()
 
 
 def _hooks_alike(a: torch.nn.Module, b: torch.nn.Module) -> bool:
@@ -57,7 +87,7 @@ class _Warm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, metas, n_in, *tensors):
-        ctx.metas = [(t.shape, t.stride(), t.dtype, t.device) for t in tensors]
+        ctx.metas = [grad_meta(t) for t in tensors]
         ctx.set_materialize_grads(False)
         outs = tuple(torch.empty_strided(shape, stride, dtype=dtype, device=device)
                      for shape, stride, dtype, _, device in metas)
@@ -66,8 +96,7 @@ class _Warm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        return (None, None, *(torch.empty_strided(shape, stride, dtype=dtype, device=device)
-                              for shape, stride, dtype, device in ctx.metas))
+        return (None, None, *(grad_of(m) for m in ctx.metas))
 
 
 def find_sharded_runs(model: torch.nn.Module) -> list:
@@ -111,7 +140,8 @@ class ShardedReuse(Reuse):
             out = orig(*args, **kwargs)
             if k == 2:
                 outs, out_spec = tree_flatten(out)
-                if all(isinstance(v, torch.Tensor) for v in outs):
+                # (a DTensor out: every block runs, and the recorded step's raises NoReuse)
+                if all(type(v) is not DTensor and isinstance(v, torch.Tensor) for v in outs):
                     self._warm[run.paths] = (key, out_spec, tuple(
                         (t.shape, t.stride(), t.dtype, t.requires_grad, t.device)
                         for t in outs))

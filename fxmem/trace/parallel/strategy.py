@@ -94,11 +94,16 @@ def dtensor_like(local: torch.Tensor, like) -> torch.Tensor:
     dispatched through a trace: 0.15 s of an 8B's FSDP2 trace for the optimizer's state);
     nor does it move ``local`` to the mesh's device (FSDP2's CPU-offloaded shards of a CUDA
     mesh stay on the host, as ``empty_like`` and the optimizer's step leave them)."""
+    return dtensor_of(local, like.device_mesh, like.placements, like.shape, like.stride())
+
+
+def dtensor_of(local: torch.Tensor, mesh, placements, shape, stride) -> torch.Tensor:
+    """``local`` as a ``DTensor`` over ``mesh`` with ``placements``, of global ``shape`` and
+    ``stride`` (:func:`dtensor_like`, from a DTensor's parts)."""
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 
-    spec = DTensorSpec(like.device_mesh, like.placements,
-                       tensor_meta=TensorMeta(like.shape, like.stride(), local.dtype))
+    spec = DTensorSpec(mesh, placements, tensor_meta=TensorMeta(shape, stride, local.dtype))
     return DTensor(local, spec, requires_grad=False)
 
 
