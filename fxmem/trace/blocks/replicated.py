@@ -33,8 +33,8 @@ import contextlib
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from .reuse import _ACC, NoReuse
-from .sharded import ShardedReuse, _Warm
+from .reuse import _ACC, NoReuse, grad_meta, grad_of
+from .sharded import ShardedReuse, _call_key, _Warm
 
 
 class _Tap(torch.autograd.Function):
@@ -43,14 +43,13 @@ class _Tap(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, out, p):
-        ctx.meta = (p.shape, p.stride(), p.dtype, p.device)
+        ctx.meta = grad_meta(p)
         ctx.set_materialize_grads(False)
         return torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device=out.device)
 
     @staticmethod
     def backward(ctx, grad):
-        shape, stride, dtype, device = ctx.meta
-        return grad, torch.empty_strided(shape, stride, dtype=dtype, device=device)
+        return grad, grad_of(ctx.meta)
 
 
 def _ready_order(block, args, kwargs, params: list) -> list:
@@ -103,11 +102,12 @@ class ReplicatedReuse(ShardedReuse):
         self._order: dict = {}  # run -> its parameters' names, in their gradients' order
 
     def _warming(self, run, k, orig, args, kwargs):
-        if k != 2 or run.paths in self._order:
-            if k < 3 or run.paths not in self._order:
-                return super()._warming(run, k, orig, args, kwargs)
+        learnt = run.paths in self._order
+        if k >= 3 and learnt:
             return self._tapped(run, k, orig, args, kwargs)
         out = super()._warming(run, k, orig, args, kwargs)
+        if k != 2 or learnt:
+            return out
         params = [(n, p) for n, p in self.params(run.paths[k]) if p.requires_grad]
         order = _ready_order(self.modules[run.paths[k]], args, kwargs, params)
         if sorted(order) != sorted(n for n, _ in params):
@@ -119,11 +119,7 @@ class ReplicatedReuse(ShardedReuse):
         """A later block in the warm-up: :class:`~fxmem.trace.blocks.sharded._Warm`'s
         outputs, its parameters' gradients made one by one in the learnt order."""
         seen = self._warm.get(run.paths)
-        leaves = tree_flatten((args, kwargs))[0]
-        tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
-        key = (tree_flatten((args, kwargs))[1],
-               tuple(None if isinstance(v, torch.Tensor) else id(v) for v in leaves),
-               tuple((t.shape, t.stride(), t.dtype, t.requires_grad) for t in tensors))
+        key, tensors = _call_key(args, kwargs)
         if seen is None or seen[0] != key:  # traced for real, as ShardedReuse does
             return orig(*args, **kwargs)
         _, out_spec, metas = seen

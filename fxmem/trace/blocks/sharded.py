@@ -99,6 +99,15 @@ class _Warm(torch.autograd.Function):
         return (None, None, *(grad_of(m) for m in ctx.metas))
 
 
+def _call_key(args, kwargs) -> tuple:
+    """What a warm-up stand-in must be called with as the third block was (its arguments'
+    structure, their values but tensors', and the tensors' sizes), and those tensors."""
+    leaves, spec = tree_flatten((args, kwargs))
+    tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+    return (spec, tuple(None if isinstance(v, torch.Tensor) else id(v) for v in leaves),
+            tuple((t.shape, t.stride(), t.dtype, t.requires_grad) for t in tensors)), tensors
+
+
 def find_sharded_runs(model: torch.nn.Module) -> list:
     """:func:`fxmem.trace.blocks.reuse.find_runs` for a model under ``fully_shard``: blocks whose
     hooks are alike."""
@@ -131,10 +140,7 @@ class ShardedReuse(Reuse):
         three of a run for real, a later one called as the third was by a stand-in that
         only makes outputs and gradients of the right shapes (FSDP2's hooks, around the
         forward, run in every block; the recorded step's blocks are traced as always)."""
-        leaves, spec = tree_flatten((args, kwargs))
-        tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
-        key = (spec, tuple(None if isinstance(v, torch.Tensor) else id(v) for v in leaves),
-               tuple((t.shape, t.stride(), t.dtype, t.requires_grad) for t in tensors))
+        key, tensors = _call_key(args, kwargs)
         seen = self._warm.get(run.paths)
         if k < 3 or seen is None or seen[0] != key:
             out = orig(*args, **kwargs)
