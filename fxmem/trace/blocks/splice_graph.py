@@ -18,18 +18,14 @@ def first_desc(old, order, final, sid_in, outer=None) -> dict:
     ``old``, the recorded graph; ``order``, the spliced ops' sources; ``final``,
     ``sid_in`` and ``outer``, the storages' new numbers
     (:class:`fxmem.trace.blocks.splice.Numbering`)."""
-    outer = outer or {}
     from ..ledger.records import TensorDesc
 
+    outer = outer or {}
     by_index, first, later = {}, {}, []
-    # ops the spliced step has (a stand-in's own are gone, and so are the tensors that
-    # only they read: the Reducer's views of DDP's buckets, made as it went)
-    kept = {item[1] if item[0] == "r" else item[3] for item in order}
     for node in old.nodes:
         vals = node.meta.get("val")
         if node.op == "placeholder":  # one made before a later op: in the op's turn
-            if isinstance(vals, TensorDesc) and vals.sid in final and (not node.users or any(
-                    u.meta.get("index") in kept for u in node.users)):
+            if isinstance(vals, TensorDesc) and vals.sid in final:
                 (later.append(vals) if by_index else
                  first.setdefault(final[vals.sid], replace(vals, sid=final[vals.sid])))
             continue
