@@ -1,11 +1,8 @@
-"""Repeated blocks copied under FSDP2 (fxmem.trace.blocks.sharded) and DDP
-(fxmem.trace.blocks.replicated), TP and FSDP2 over TP: a rank's trace with blocks copied
-reads exactly as the same rank's trace block by block, FSDP2's all-gathers,
-reduce-scatters, side streams, reshards, DDP's buckets, TP's sharded gradients and
+"""Repeated blocks copied under FSDP2 (fxmem.trace.blocks.sharded; DDP and TP:
+test_reuse_ddp_tp.py): a rank's trace with blocks copied reads exactly as the same rank's
+trace block by block, FSDP2's all-gathers, reduce-scatters, side streams, reshards and
 checkpoint plans' re-runs included; blocks that do not behave alike, and
 the strategies whose blocks are not copied, are traced block by block."""
-
-import functools
 
 import pytest
 import torch
@@ -14,7 +11,6 @@ from torch.distributed.tensor.parallel import ColwiseParallel
 
 from fxmem.trace import trace
 from fxmem.trace.parallel import TP
-from fxmem.trace.parallel.tp import Parallel
 from fxmem.trace.parallel.fsdp import DDP, FSDP
 from fxmem.trace.plans.regions import Region
 from test_fsdp import _lm_loss
@@ -115,80 +111,6 @@ def test_checkpointed_blocks_under_fsdp_are_copied_exactly(kind, parallel, rank,
             "inner": [f"{stack}.{i}.mlp" for i in range(5)]}[plan]
     a, b = _both(model, ids, ids, parallel, rank, loss=_lm_loss, optimizer=torch.optim.AdamW,
                  device="cpu", checkpoint=plan)
-    assert a.reused == tuple(f"{stack}.{i}" for i in (2, 3, 4))
-    assert _full(a) == _full(b)
-    assert _flops(a) == _flops(b)
-
-
-REPLICATED = [
-    ("llama", DDP(2), {}),
-    ("gpt2", DDP(2), {}),
-    # buckets of 10 KB: they hold parameters of two blocks, other ones in each block
-    ("llama", DDP(4, bucket_cap_mb=0.01), {}),
-    ("gpt2", DDP(4, bucket_cap_mb=0.01), {}),
-    ("llama", DDP(2, static_graph=True), {}),
-    ("gpt2", DDP(2, zero1=True), {}),
-    ("llama", DDP(3), dict(device="cuda", amp=torch.bfloat16)),
-]
-
-
-@pytest.mark.parametrize("kind,parallel,step", REPLICATED,
-                         ids=[f"{k}-{p.name}-{s}" for k, p, s in REPLICATED])
-def test_copied_blocks_under_ddp_equal_a_block_by_block_trace(kind, parallel, step):
-    # the Reducer's copies into its buckets copied with each block, into the stand-in's
-    # own buckets; the buckets rebuilt in the order a real block's gradients come in
-    model, stack = _lm(kind, layers=5)
-    ids = torch.randint(0, 128, (2, 16))
-    step = {**dict(loss=_lm_loss, optimizer=torch.optim.AdamW, device="cpu"), **step}
-    a, b = _both(model, ids, ids, parallel, 0, **step)
-    assert a.reused == tuple(f"{stack}.{i}" for i in (2, 3, 4))
-    assert _full(a) == _full(b)
-    assert _flops(a) == _flops(b)
-
-
-def test_checkpointed_blocks_under_ddp_are_copied_exactly():
-    model, stack = _lm("llama", layers=5)
-    ids = torch.randint(0, 128, (2, 16))
-    plan = [Region((f"{stack}.{i}",), save=(("aten.mm.default", 1),)) for i in range(5)]
-    a, b = _both(model, ids, ids, DDP(2, bucket_cap_mb=0.01), 1, loss=_lm_loss,
-                 optimizer=torch.optim.AdamW, device="cpu", checkpoint=plan)
-    assert a.reused == tuple(f"{stack}.{i}" for i in (2, 3, 4))
-    assert _full(a) == _full(b)
-
-
-def test_gradients_in_another_order_than_the_warm_up_s_trace_every_block(monkeypatch):
-    # the stand-ins hand the Reducer their gradients in the order autograd gave for the
-    # warm-up's third block; the pattern block's own order is checked after the step
-    from fxmem.trace.blocks import replicated
-
-    monkeypatch.setattr(replicated, "_ready_order",
-                        lambda block, args, kwargs, params: [n for n, _ in params])
-    model, stack = _lm("llama", layers=5)
-    ids = torch.randint(0, 128, (2, 16))
-    a, b = _both(model, ids, ids, DDP(2), 0, loss=_lm_loss, optimizer=torch.optim.AdamW,
-                 device="cpu")
-    assert a.reused == ()
-    assert _full(a) == _full(b)
-
-
-SPLIT = [
-    (TP(2), 1, {}),
-    (TP(2), 0, dict(device="cuda", amp=torch.bfloat16,
-                    optimizer=functools.partial(torch.optim.AdamW, foreach=False))),
-    (Parallel(fsdp=FSDP(2), tp=TP(2)), 1, {}),
-    (Parallel(fsdp=FSDP(2), tp=TP(2)), 0, dict(device="cuda", amp=torch.bfloat16)),
-]
-
-
-@pytest.mark.parametrize("parallel,rank,step", SPLIT,
-                         ids=[f"{p.name}-{r}-{s.get('device', 'cpu')}" for p, r, s in SPLIT])
-def test_copied_blocks_under_tp_equal_a_block_by_block_trace(parallel, rank, step):
-    # the model's own plan: each block's projections sharded (DTensor parameters, their
-    # gradients DTensors of the same placements), TP's input and output hooks on each
-    model, stack = _lm("llama", layers=5)
-    ids = torch.randint(0, 128, (2, 16))
-    step = {**dict(loss=_lm_loss, optimizer=torch.optim.AdamW, device="cpu"), **step}
-    a, b = _both(model, ids, ids, parallel, rank, **step)
     assert a.reused == tuple(f"{stack}.{i}" for i in (2, 3, 4))
     assert _full(a) == _full(b)
     assert _flops(a) == _flops(b)

@@ -8,8 +8,8 @@
 - :mod:`~fxmem.trace.blocks.installed`: which of them a step gets, by its strategy.
 
 The result must be the trace a block-by-block run gives, op for op and byte for byte
-(``tests/test_reuse.py`` and ``test_reuse_parallel.py`` compare both): reuse only makes
-tracing faster.
+(``tests/test_reuse.py``, ``test_reuse_parallel.py`` and ``test_reuse_ddp_tp.py`` compare
+both): reuse only makes tracing faster.
 """
 
 from .reuse import NoReuse, traced_for_real

@@ -1,0 +1,95 @@
+"""Repeated blocks copied under DDP and ZeRO-1 (fxmem.trace.blocks.replicated), TP and FSDP2
+over TP (fxmem.trace.blocks.sharded): a rank's trace with blocks copied reads exactly as the
+same rank's trace block by block, DDP's buckets (rebuilt in the order a real block's
+gradients come in, and straddling blocks), TP's sharded gradients and a checkpoint plan's
+re-runs included. (A file of its own beside test_reuse_parallel.py: each file runs on one
+worker.)"""
+
+import functools
+
+import pytest
+import torch
+
+from fxmem.trace.parallel import TP
+from fxmem.trace.parallel.fsdp import DDP, FSDP
+from fxmem.trace.parallel.tp import Parallel
+from fxmem.trace.plans.regions import Region
+from test_fsdp import _lm_loss
+from test_reuse import _flops
+from test_reuse_parallel import _both, _full, _lm
+
+transformers = pytest.importorskip("transformers")
+
+
+REPLICATED = [
+    ("llama", DDP(2), {}),
+    ("gpt2", DDP(2), {}),
+    # buckets of 10 KB: they hold parameters of two blocks, other ones in each block
+    ("llama", DDP(4, bucket_cap_mb=0.01), {}),
+    ("gpt2", DDP(4, bucket_cap_mb=0.01), {}),
+    ("llama", DDP(2, static_graph=True), {}),
+    ("gpt2", DDP(2, zero1=True), {}),
+    ("llama", DDP(3), dict(device="cuda", amp=torch.bfloat16)),
+]
+
+
+@pytest.mark.parametrize("kind,parallel,step", REPLICATED,
+                         ids=[f"{k}-{p.name}-{s}" for k, p, s in REPLICATED])
+def test_copied_blocks_under_ddp_equal_a_block_by_block_trace(kind, parallel, step):
+    # the Reducer's copies into its buckets copied with each block, into the stand-in's
+    # own buckets; the buckets rebuilt in the order a real block's gradients come in
+    model, stack = _lm(kind, layers=5)
+    ids = torch.randint(0, 128, (2, 16))
+    step = {**dict(loss=_lm_loss, optimizer=torch.optim.AdamW, device="cpu"), **step}
+    a, b = _both(model, ids, ids, parallel, 0, **step)
+    assert a.reused == tuple(f"{stack}.{i}" for i in (2, 3, 4))
+    assert _full(a) == _full(b)
+    assert _flops(a) == _flops(b)
+
+
+def test_checkpointed_blocks_under_ddp_are_copied_exactly():
+    model, stack = _lm("llama", layers=5)
+    ids = torch.randint(0, 128, (2, 16))
+    plan = [Region((f"{stack}.{i}",), save=(("aten.mm.default", 1),)) for i in range(5)]
+    a, b = _both(model, ids, ids, DDP(2, bucket_cap_mb=0.01), 1, loss=_lm_loss,
+                 optimizer=torch.optim.AdamW, device="cpu", checkpoint=plan)
+    assert a.reused == tuple(f"{stack}.{i}" for i in (2, 3, 4))
+    assert _full(a) == _full(b)
+
+
+def test_gradients_in_another_order_than_the_warm_up_s_trace_every_block(monkeypatch):
+    # the stand-ins hand the Reducer their gradients in the order autograd gave for the
+    # warm-up's third block; the pattern block's own order is checked after the step
+    from fxmem.trace.blocks import replicated
+
+    monkeypatch.setattr(replicated, "_ready_order",
+                        lambda block, args, kwargs, params: [n for n, _ in params])
+    model, stack = _lm("llama", layers=5)
+    ids = torch.randint(0, 128, (2, 16))
+    a, b = _both(model, ids, ids, DDP(2), 0, loss=_lm_loss, optimizer=torch.optim.AdamW,
+                 device="cpu")
+    assert a.reused == ()
+    assert _full(a) == _full(b)
+
+
+SPLIT = [
+    (TP(2), 1, {}),
+    (TP(2), 0, dict(device="cuda", amp=torch.bfloat16,
+                    optimizer=functools.partial(torch.optim.AdamW, foreach=False))),
+    (Parallel(fsdp=FSDP(2), tp=TP(2)), 1, {}),
+    (Parallel(fsdp=FSDP(2), tp=TP(2)), 0, dict(device="cuda", amp=torch.bfloat16)),
+]
+
+
+@pytest.mark.parametrize("parallel,rank,step", SPLIT,
+                         ids=[f"{p.name}-{r}-{s.get('device', 'cpu')}" for p, r, s in SPLIT])
+def test_copied_blocks_under_tp_equal_a_block_by_block_trace(parallel, rank, step):
+    # the model's own plan: each block's projections sharded (DTensor parameters, their
+    # gradients DTensors of the same placements), TP's input and output hooks on each
+    model, stack = _lm("llama", layers=5)
+    ids = torch.randint(0, 128, (2, 16))
+    step = {**dict(loss=_lm_loss, optimizer=torch.optim.AdamW, device="cpu"), **step}
+    a, b = _both(model, ids, ids, parallel, rank, **step)
+    assert a.reused == tuple(f"{stack}.{i}" for i in (2, 3, 4))
+    assert _full(a) == _full(b)
+    assert _flops(a) == _flops(b)
