@@ -1,4 +1,4 @@
-"""Which block reuse a step gets: none, one GPU's, FSDP2's or DDP's, by the strategy its
+"""Which block reuse a step gets: none, one GPU's, FSDP2's and TP's, or DDP's, by the strategy its
 rank runs under, installed over the checkpoint plan's forwards for the step's length.
 
 >>> from fxmem.trace.parallel import DDP, FSDP
@@ -17,11 +17,11 @@ from .sharded import ShardedReuse, find_sharded_runs
 
 
 def reuses_under(parallel, train: bool = True) -> bool:
-    """Can the blocks of a step run under ``parallel`` be copied? Under FSDP2
-    (:class:`fxmem.FSDP`, HSDP and offload included), but not for inference with
+    """Can the blocks of a step run under ``parallel`` be copied? Under DDP and ZeRO-1
+    (:mod:`fxmem.trace.blocks.replicated`) and under TP; under FSDP2 (:class:`fxmem.FSDP`,
+    HSDP and offload included, alone or over TP), but not for inference with
     ``reshard_after_forward=False`` (the warm-up step leaves every block gathered, its
-    parameters first seen by the block's own ops), and so over TP; under DDP and ZeRO-1
-    (:mod:`fxmem.trace.blocks.replicated`) and TP; not under the user's own wrapping."""
+    parameters first seen by the block's own ops); not under the user's own wrapping."""
     from ..parallel.ddp import DDP
     from ..parallel.fsdp import FSDP
     from ..parallel.tp import TP, Parallel

@@ -147,7 +147,8 @@ class ShardedReuse(Reuse):
             if k == 2:
                 outs, out_spec = tree_flatten(out)
                 # (a DTensor out: every block runs, and the recorded step's raises NoReuse)
-                if all(type(v) is not DTensor and isinstance(v, torch.Tensor) for v in outs):
+                if all(isinstance(v, torch.Tensor) and not isinstance(v, DTensor)
+                       for v in outs):
                     self._warm[run.paths] = (key, out_spec, tuple(
                         (t.shape, t.stride(), t.dtype, t.requires_grad, t.device)
                         for t in outs))
