@@ -275,6 +275,43 @@ def test_fsdp_x_tp_uneven():
     assert [g.ranks for g in r.groups] == [(0, 1), (2, 3)]
 
 
+# FSDP2 pads a shard's storage to its data-parallel group's first shard: 20 rows over tp 2
+# are 10 and 10, over dp 3 4, 4 and 2; 17 over tp 2 are 9 and 8, over dp 4 3, 3, 3, 0 and
+# 2, 2, 2, 2
+GROUPED = [
+    (TP(4, UNEVEN_PLAN), 30),
+    (TP(3, MLP_PLAN), 64),
+    (Parallel(fsdp=FSDP(2), tp=TP(2, UNEVEN_PLAN)), 30),
+    (Parallel(fsdp=FSDP(3), tp=TP(2, UNEVEN_PLAN)), 20),
+    (Parallel(fsdp=FSDP(4), tp=TP(2, UNEVEN_PLAN)), 17),
+    (Parallel(fsdp=FSDP(4, replicate=2), tp=TP(2, UNEVEN_PLAN)), 30),
+]
+
+
+@pytest.mark.parametrize("parallel,hidden", GROUPED, ids=[f"{p.name}-{h}" for p, h in GROUPED])
+def test_rank_groups_are_those_of_every_rank_wrapped(parallel, hidden, monkeypatch):
+    # one copy wrapped, the other ranks' shapes by DTensor's arithmetic, each group's first
+    # and last rank wrapped to check it: the groups of wrapping a copy as every rank
+    from fxmem.trace.parallel import tp
+
+    model = MLP(hidden=hidden)
+    wrapped = []
+    real = tp._wrapped_key
+    monkeypatch.setattr(tp, "_wrapped_key", lambda p, m, r: wrapped.append(r) or real(p, m, r))
+    groups = parallel.rank_groups(model)
+    assert sorted(wrapped) == sorted({r for g in groups for r in (g[0], g[-1])})
+    assert groups == tp._wrapped_groups(parallel, model)
+    assert len(groups) > 1
+
+
+def test_rank_groups_the_arithmetic_got_wrong_are_found_by_wrapping_every_rank(monkeypatch):
+    from fxmem.trace.parallel import tp
+
+    parallel, model = Parallel(fsdp=FSDP(2), tp=TP(2, UNEVEN_PLAN)), MLP(hidden=30)
+    monkeypatch.setattr(tp, "_local_shapes", lambda layout, p: [()] * p.world_size)
+    assert parallel.rank_groups(model) == ((0, 1), (2, 3))
+
+
 LLAMA_CLI = ["hf:llama", "--config", "num_hidden_layers=2", "--config", "hidden_size=32",
              "--config", "intermediate_size=64", "--config", "num_attention_heads=4",
              "--config", "num_key_value_heads=2", "--config", "vocab_size=128",
