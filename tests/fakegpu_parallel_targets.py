@@ -53,6 +53,14 @@ CASES = {  # name: (model, strategy, input width, step options)
     # workspace's 32 MiB segment is cached
     "ddp-wide": (Wide, lambda: DDP(2), 1024, {}),
     "tp": (MLP, lambda: TP(2, MLP_PLAN), 64, {}),
+    # six identical blocks: the rank's trace copies the last three (fxmem.trace.blocks:
+    # under DDP its Reducer's copies into the buckets, under TP the DTensor gradients); with
+    # buckets of 20 KB, buckets straddle the blocks
+    "ddp-reused": (lambda: Stack(n=6), lambda: DDP(2), 64, {}),
+    "ddp-reused-buckets": (lambda: Stack(n=6), lambda: DDP(2, bucket_cap_mb=0.02), 64, {}),
+    "tp-reused": (lambda: _deep(6), lambda: TP(2, BLOCKS_PLAN_OWN), 256, {}),
+    "fsdp-tp-reused": (lambda: _deep(6), lambda: Parallel(
+        fsdp=FSDP(2), tp=TP(2, BLOCKS_PLAN_OWN)), 256, {}),
     # autocast around FSDP2's step, every block checkpointed: autocast's weight cache holds a
     # bf16 copy of each gathered weight until the forward ends (fxmem.report.precision; the
     # prediction without the cache is 10,576,896 B under it at B=4 on 2.14.1), and with
@@ -237,6 +245,15 @@ COMPILED = {"fsdp-compiled", "fsdp-compiled-in-place", "hsdp-compiled",
             "ddp-compiled-in-place", "ddp-compiled-zero1", "ddp-compiled-views",
             "fsdp-tp-compiled", "fsdp-tp-compiled-in-place", "hsdp-tp-compiled",
             "fsdp-tp-compiled-offload", *(n for n in CASES if "-checkpointed" in n)}
+
+
+def _deep(n: int):
+    """:class:`fakegpu_compile_targets.Blocks` with ``n`` blocks, uncompiled."""
+    from fakegpu_compile_targets import Blocks, Residual
+
+    model = Blocks()
+    model.layers = nn.ModuleList([Residual() for _ in range(n)])
+    return model
 
 
 def _checkpointed(model):

@@ -52,9 +52,12 @@ def _figures(name, B):  # noqa: N803
     return seen, want
 
 
+# the cases "-reused": a stack whose trace copies blocks (fxmem.trace.blocks) under DDP, TP
+# and FSDP2 x TP, against the real Reducer, DTensor and caching allocator
+REUSED = ("ddp-reused", "ddp-reused-buckets", "tp-reused", "fsdp-tp-reused")
 CASES = ("fsdp", "fsdp-keep", "fsdp-wide", "fsdp-wide-kept", "fsdp-offload", "hsdp", "ddp",
          "ddp-wide", "tp", "fsdp-tp", "hsdp-tp", "fsdp-tp-offload", "fsdp-amp",
-         "fsdp-amp-param-dtype")
+         "fsdp-amp-param-dtype", *REUSED)
 KNOWN_ALLOCATED: dict = {}
 KNOWN_RESERVED: dict = {}
 UNSTABLE_ALLOCATED: dict = {}
@@ -78,6 +81,14 @@ def test_the_rank_that_failed_is_named_not_one_killed_for_it():
                        r"result \(exit code 3\)(.|\n)*rank 1 crashes here"):
         call_ranks(sys.executable, "fakegpu_parallel_targets:fail_on_rank_1", 2,
                    sys_path=[HERE], timeout=60)
+
+
+@pytest.mark.parametrize("name", REUSED)
+def test_the_reused_cases_copy_blocks(name):
+    # what their figures check: every group's trace copies the last three of six blocks
+    report, _ = _report(name)
+    for group in report.groups:
+        assert group.report.trace.reused == ("layers.3", "layers.4", "layers.5")
 
 
 @pytest.mark.parametrize("name", _params(KNOWN_ALLOCATED, UNSTABLE_ALLOCATED))
