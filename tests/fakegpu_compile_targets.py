@@ -43,11 +43,11 @@ class Residual(nn.Module):
 
 
 class Blocks(nn.Module):
-    """Two :class:`Residual` blocks and a head."""
+    """``n`` :class:`Residual` blocks (two by default) and a head."""
 
-    def __init__(self):
+    def __init__(self, n: int = 2):
         super().__init__()
-        self.layers = nn.ModuleList([Residual() for _ in range(2)])
+        self.layers = nn.ModuleList([Residual() for _ in range(n)])
         self.head = nn.Linear(256, 10)
 
     def forward(self, x):

@@ -58,8 +58,8 @@ CASES = {  # name: (model, strategy, input width, step options)
     # buckets of 20 KB, buckets straddle the blocks
     "ddp-reused": (lambda: Stack(n=6), lambda: DDP(2), 64, {}),
     "ddp-reused-buckets": (lambda: Stack(n=6), lambda: DDP(2, bucket_cap_mb=0.02), 64, {}),
-    "tp-reused": (lambda: _deep(6), lambda: TP(2, BLOCKS_PLAN_OWN), 256, {}),
-    "fsdp-tp-reused": (lambda: _deep(6), lambda: Parallel(
+    "tp-reused": (lambda: _blocks_of(6), lambda: TP(2, BLOCKS_PLAN_OWN), 256, {}),
+    "fsdp-tp-reused": (lambda: _blocks_of(6), lambda: Parallel(
         fsdp=FSDP(2), tp=TP(2, BLOCKS_PLAN_OWN)), 256, {}),
     # autocast around FSDP2's step, every block checkpointed: autocast's weight cache holds a
     # bf16 copy of each gathered weight until the forward ends (fxmem.report.precision; the
@@ -247,15 +247,6 @@ COMPILED = {"fsdp-compiled", "fsdp-compiled-in-place", "hsdp-compiled",
             "fsdp-tp-compiled-offload", *(n for n in CASES if "-checkpointed" in n)}
 
 
-def _deep(n: int):
-    """:class:`fakegpu_compile_targets.Blocks` with ``n`` blocks, uncompiled."""
-    from fakegpu_compile_targets import Blocks, Residual
-
-    model = Blocks()
-    model.layers = nn.ModuleList([Residual() for _ in range(n)])
-    return model
-
-
 def _checkpointed(model):
     import fxmem
 
@@ -266,6 +257,13 @@ def _blocks(how):
     from fakegpu_compile_targets import blocks
 
     return blocks(how)
+
+
+def _blocks_of(n: int):
+    """:class:`fakegpu_compile_targets.Blocks` of ``n`` blocks, uncompiled."""
+    from fakegpu_compile_targets import Blocks
+
+    return Blocks(n)
 
 
 def case(name):
