@@ -241,6 +241,35 @@ def test_the_fewest_ranks_traces_one_world_size(monkeypatch):
     assert sorted(set(calls)) == [1, 2, 3, 4], calls
 
 
+def test_the_ways_trace_a_world_size_s_groups_where_it_may_be_the_answer(monkeypatch):
+    """The world-size searches of a step over a budget (Fit's FSDP2 ways, with and without
+    a plan) ask rank 0's step of each world size tried (derived); the other groups of ranks
+    are traced only where a world size may be the answer: every world size traced, after
+    the first (what the others are derived from), is a way's answer."""
+    from fxmem.trace.engine import Step
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(
+        torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+        for _ in range(4)])
+    step = Step(loss=lambda o: o.sum(), optimizer=torch.optim.Adam, device="cpu")
+    r = fxmem.analyze(model, torch.randn(4, 64), step=step)
+    calls, real = [], ANALYZE.trace
+    monkeypatch.setattr(ANALYZE, "trace", lambda *a, **k: calls.append(
+        k["parallel"].world_size if k.get("parallel") else 1) or real(*a, **k))
+    fit = r.fits(64, r.peak_bytes(64) // 2, jobs=1)
+    ways = {w.kind: w.value for w in fit.ways}
+    assert set(ways) == {"fsdp", "fsdp+checkpoint"}
+    assert calls and set(calls[1:]) <= set(ways.values()), (calls, ways)
+    # (each answer as the ways' other tests check it: it fits there, not one GPU fewer)
+    for kind, w in ways.items():
+        plan = fit.way(kind).plan
+        at = r.reanalyze(parallel=fxmem.FSDP(w), **({"checkpoint": plan} if plan else {}))
+        fewer = r.reanalyze(parallel=fxmem.FSDP(w - 1),
+                            **({"checkpoint": plan} if plan else {}))
+        assert at.peak_bytes(64) <= r.peak_bytes(64) // 2 < fewer.peak_bytes(64), kind
+
+
 def test_another_world_size_at_an_int_b_derived_from_rank_0_there(monkeypatch):
     # a way out asks FSDP2 over more GPUs at a B below where the formulas hold (the 70B at
     # B=1): rank 0 there is derived from rank 0 traced at that B, made already; and is what

@@ -50,7 +50,7 @@ def towards(seen: list, by: str) -> str:
 
 def fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None, budget: int | None = None,
            seen: list | None = None, floor=None, guess: int | None = None,
-           fork: bool = False) -> int | None:
+           fork: bool = False, every=None) -> int | None:
     """The smallest w in [lo, hi] with ``fits(w)``, or None, for a ``fits`` that holds from
     some w on. ``need(w)`` (bytes; with ``budget``): a rank's need, which FSDP2 makes about
     ``a + s / w`` (the shards, their gradients and optimizer state, and the optimizer's
@@ -75,23 +75,48 @@ def fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None, budget: int | Non
     does not, the answer in two analyses; when it does not, the lines through ``seen`` say
     where to go on, or that no w will fit. ``fork``: where a w and its neighbour below are
     both asked (a guess, and the w confirming it), the neighbour is searched in a forked
-    child while w's plan is traced (:func:`_and_below`)."""
+    child while w's plan is traced (:func:`_and_below`).
+
+    ``every(w)``: what must hold too at the answer, too costly to ask of every w tried (a
+    world size's other groups of ranks, each traced, where ``fits`` reads rank 0's,
+    derived): asked only of a w about to be answered (where its neighbour below is searched
+    too, while that is); where it does not hold, the answer is the next w up for which both
+    do (each w below it having failed one or the other).
+
+    >>> fewest(lambda w: w >= 3, 1, 10, every=lambda w: w >= 5)
+    5
+    """
     seen = [] if seen is None else seen
     known: dict = {}  # w -> fits(w): an answer the child gave is not searched again here
+    held: dict = {}  # w -> every(w)
     asked = fits
 
     def fits(w):
         if w not in known:
             known[w] = bool(asked(w))
         return known[w]
+
+    def holds(w):
+        if w not in held:
+            held[w] = every is None or bool(every(w))
+        return held[w]
+
+    def answer(w):  # w fits: it, or the first w above it that fits and holds every
+        while not holds(w):
+            w += 1
+            while w <= hi and not fits(w):
+                w += 1
+            if w > hi:
+                return None
+        return w
     if guess is None and seen:
         guess = 2 * seen[-1][0]
     guess = None if guess is None else min(guess, hi)
     if guess is not None and lo < guess:
-        ok, below = _and_below(fits, guess, True, known, fork)
+        ok, below = _and_below(fits, guess, True, known, fork, holds)
         if ok:
             if not below:
-                return guess
+                return answer(guess)
             hi = guess - 1
         else:
             if need is not None:
@@ -120,18 +145,18 @@ def fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None, budget: int | Non
         if budget is not None and seen and seen[-1][0] == bad:
             g = secant(through([seen[-1][::2], (w, (floor or need)(w))]), budget)
         g = (bad + w) // 2 if g is None else min(max(g, bad + 1), w - 1)
-        ok, below = _and_below(fits, g, g - 1 != bad, known, fork)
+        ok, below = _and_below(fits, g, g - 1 != bad, known, fork, holds)
         if not ok:
             bad = g
         elif g - 1 == bad or not below:
-            return g
+            return answer(g)
         else:
             w = g - 1
     lo = bad + 1
     while lo < w:  # fits(w); nothing below lo fits
         mid = (lo + w) // 2
         lo, w = (lo, mid) if fits(mid) else (mid + 1, w)
-    return w
+    return answer(w)
 
 
 def _aim(seen: list, budget: int | None, w: int) -> int:
@@ -162,12 +187,13 @@ def through(seen) -> tuple | None:
     return None if s <= 0 else (n2 - s / w2, s)
 
 
-def _and_below(fits, w: int, below: bool, known: dict, fork: bool) -> tuple:
+def _and_below(fits, w: int, below: bool, known: dict, fork: bool, holds=None) -> tuple:
     """``(fits(w), fits(w - 1))``, the second asked where the first holds and ``below``
-    (else None), and kept in ``known``. ``fork``: ``fits(w - 1)`` made in a child forked
-    as ``fits(w)``'s first foreground block begins (its plan traced:
-    :func:`fxmem.report.forked.meanwhile`), so the two searches share the machine's cores;
-    where no such block begins, after ``fits(w)`` here.
+    (else None), and kept in ``known``; where the first holds, ``holds(w)`` asked too
+    (:func:`fewest`'s ``every``: w may be the answer). ``fork``: ``fits(w - 1)`` made in
+    a child forked as the first foreground block of ``fits(w)`` or ``holds(w)`` begins (a
+    plan traced: :func:`fxmem.report.forked.meanwhile`), so the two searches share the
+    machine's cores; where no such block begins, after them here.
 
     >>> _and_below(lambda w: w >= 4, 4, True, {}, False)
     (True, False)
@@ -176,10 +202,15 @@ def _and_below(fits, w: int, below: bool, known: dict, fork: bool) -> tuple:
 
     if not below or w - 1 in known:
         ok = fits(w)
-        return ok, (fits(w - 1) if ok and below else None)
+        under = fits(w - 1) if ok and below else None
+        if ok and not under and holds is not None:
+            holds(w)
+        return ok, under
     with meanwhile(lambda: fits(w - 1), fork) as under:
         if not fits(w):
             return False, None
+        if holds is not None:
+            holds(w)
         known[w - 1] = bool(under.result())
         return True, known[w - 1]
 
@@ -258,10 +289,14 @@ class Asked:
 
 def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), jobs=1, **_):
     """FSDP2's fewest GPUs at ``b``, without a plan then with the cheapest one (``found``:
-    the ways found before, the plan on one GPU among them). A world size's groups of ranks
-    after the first are traced only where rank 0's step fits: where it does not, the step
-    on those GPUs does not. Under FSDP2 the world size asked (``report``'s, which does not
-    fit) is the searches' first point, and so twice it their first guess when the estimate
+    the ways found before, the plan on one GPU among them). The searches ask rank 0's step
+    of each world size tried (derived from one trace: its shards have the most rows); a
+    world size's groups of ranks after the first are traced only where it may be the
+    answer (:func:`fewest`'s ``every``): where rank 0's does not fit, the step on those
+    GPUs does not (Llama-3.2-3B at B=4, L=8192, 39 GPUs with a plan: 101 s when every
+    world size tried whose rank 0 fits had its groups traced, seven traces on 134 GPUs; 72
+    s). Under FSDP2 the world size asked (``report``'s, which does not fit) is the
+    searches' first point, and so twice it their first guess when the estimate
     from ``report``'s shards (:func:`_guess`) finds none (:func:`fewest`): Llama-3.1-70B over
     64 GPUs, whose need falls towards a limit over the budget, is told so from 64 and 128
     GPUs, one trace (65 and 130 had been traced). ``jobs=2``: a world size's neighbour
@@ -322,9 +357,10 @@ def search_ranks(check, asked: Asked, b, *, reanalyze, dims=None, jobs=1):
     least = asked.least
     try:
         w = None if least >= check.budget else fewest(
-            lambda w: check.fits(lead(w), b) and check.fits(at(w), b), start,
+            lambda w: check.fits(lead(w), b), start,
             need=lambda w: check.need(lead(w), b), budget=check.budget, seen=seen,
-            floor=lambda w: check.floor(lead(w), b), guess=asked.guess, fork=jobs > 1)
+            floor=lambda w: check.floor(lead(w), b), guess=asked.guess, fork=jobs > 1,
+            every=lambda w: check.fits(at(w), b))  # (the other groups: at the answer alone)
     except InputError as e:
         if not compiled:
             raise
@@ -369,11 +405,12 @@ def search_ranks(check, asked: Asked, b, *, reanalyze, dims=None, jobs=1):
         c = choice(w, part=part)  # (by the allocator, a plan of larger live peak can
         return not isinstance(c, str) and checked(check, c, b)  # fragment less)
 
-    def fits(w):  # rank 0's plans derived; where one runs and there are other groups, the
-        if not runs(w, lead):  # cheapest traced on every group (ParallelReport.plan_for:
-            return False  # chosen on rank 0, so the others are traced with it alone)
-        if len(at(w).groups) == 1:
-            return True
+    def fits(w):  # rank 0's plans derived (the search's question; the others at an answer)
+        return runs(w, lead)
+
+    def every(w):  # where a plan runs on rank 0 and there are other groups, the cheapest
+        if len(at(w).groups) == 1:  # traced on every group (ParallelReport.plan_for: chosen
+            return True  # on rank 0, so the others are traced with it alone)
         c = choice(w, True)
         return not isinstance(c, str) and checked(check, c, b)
 
@@ -399,7 +436,7 @@ def search_ranks(check, asked: Asked, b, *, reanalyze, dims=None, jobs=1):
     w2 = None if least >= check.budget else fewest(
         fits, start, top, need=need, budget=check.budget, seen=seen,
         floor=lambda w: live_peak(under(w, lead), b),  # no plan's peak is under it
-        guess=asked.plan_guess, fork=jobs > 1)
+        guess=asked.plan_guess, fork=jobs > 1, every=every)
     if w2 is None:
         yield ("FSDP2 with a checkpoint plan needs as many GPUs as without one" if w else
                f"no number of GPUs under FSDP2 fits B={b} with a checkpoint plan either "
