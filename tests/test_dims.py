@@ -53,6 +53,27 @@ def test_gpt2_attention_has_b_l_squared_terms_and_is_exact(lm):
         assert r.peak_bytes(b, L=n) == real == int(r.peak.subs({fxmem.B: b, L: n}))
 
 
+def test_each_storage_specialized_is_its_own_substitution(lm):
+    """specialize makes what does not hold L once per trace and each size expression once
+    per value: every storage as substituting L into it alone gives it, at several
+    lengths in turn."""
+    from fxmem.formula.symbols import Size
+    from fxmem.memory.dims import specialize
+
+    trace = lm[1].named.trace
+    assert any(L in s.size.expr.free_symbols for s in trace.storages)
+    for n in (8, 24, 16, 9):
+        got = specialize(trace, L=n).storages
+        assert len(got) == len(trace.storages)
+        for s, t in zip(trace.storages, got):
+            v = {L: sympy.Integer(n)}
+            assert t.size.expr == Size.of(sympy.expand(s.size.expr.xreplace(v))).expr
+            assert t.shape == tuple(d.xreplace(v) if isinstance(d, sympy.Basic) else d
+                                    for d in s.shape)
+            assert (t.sid, t.category, t.created_by, t.freed_after) == \
+                (s.sid, s.category, s.created_by, s.freed_after)
+
+
 def test_the_longest_length_is_searched_where_the_trace_holds(lm):
     """A condition over B and L together (a compiled step's ``4096*B*L >= 5242880``, where
     inductor chose a kernel by size) bounds L from below at a given B: the search for the

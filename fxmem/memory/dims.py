@@ -71,12 +71,22 @@ def specialize(trace, **values):
                              f"where the trace holds ({g})")
         if h is not sympy.true:
             guards.append(h)
-    sizes: dict = {}
+    fixed, made = _fixed(trace)
+    sizes: dict = dict(made)
+    by_expr: dict = {}  # a size expression -> its Size here (storages share a few hundred)
+    dims: dict = {}  # a shape's dim -> its value here
     storages = []
-    for s in trace.storages:
-        e = sympy.expand(s.size.expr.xreplace(vals))
-        size = sizes.get(e) or sizes.setdefault(e, Size.of(e))
-        storages.append(replace(s, size=size, shape=tuple(_subs(d, vals) for d in s.shape)))
+    for i, s in enumerate(trace.storages):
+        if i in fixed:  # no named dim in it: as every value makes it
+            storages.append(fixed[i])
+            continue
+        size = by_expr.get(s.size.expr)
+        if size is None:
+            e = sympy.expand(s.size.expr.xreplace(vals))
+            size = by_expr[s.size.expr] = sizes.get(e) or sizes.setdefault(e, Size.of(e))
+        shape = tuple(dims[d] if d in dims else dims.setdefault(d, _subs(d, vals))
+                      for d in s.shape)
+        storages.append(replace(s, size=size, shape=shape))
     lower = [g for g in guards if g.free_symbols <= {B}]
     rest = [g for g in guards if not g.free_symbols <= {B}]
     ops = tuple(op if op.reduce is None else replace(op, reduce=_tree_subs(op.reduce, vals))
@@ -84,6 +94,29 @@ def specialize(trace, **values):
     # (fxmem.trace.kernels.cuda.reduce_replay)
     return replace(trace, graph_source=Specialized(trace, vals), storages=tuple(storages),
                    ops=ops, guards=valid_when(lower) + tuple(rest), dims=())
+
+
+def _fixed(trace) -> tuple:
+    """What :func:`specialize` makes of ``trace``'s storages whose size and shape hold no
+    named dim, whatever the dims' values: ``({index: storage}, {size expression: Size})``,
+    made once per trace (the longest-length search specializes one trace at a dozen
+    lengths: Llama-3.1-8B's over 8 GPUs, 7,400 storages each time, most of them
+    parameters, gradients and optimizer state)."""
+    got = trace.__dict__.get("_fixed_storages")
+    if got is None:
+        syms = {dim_symbol(name) for name in trace.dims}
+
+        def free(e) -> bool:
+            return isinstance(e, sympy.Basic) and bool(e.free_symbols & syms)
+        fixed, sizes = {}, {}
+        for i, s in enumerate(trace.storages):
+            if free(s.size.expr) or any(free(d) for d in s.shape):
+                continue
+            e = sympy.expand(s.size.expr)
+            fixed[i] = replace(s, size=sizes.get(e) or sizes.setdefault(e, Size.of(e)))
+        got = fixed, sizes
+        object.__setattr__(trace, "_fixed_storages", got)  # (a frozen dataclass)
+    return got
 
 
 class Specialized:
