@@ -308,6 +308,29 @@ def test_fewest_ranks_search_guesses_by_the_floor_once_one_fits():
     assert got == 5 and tried == [2, 4, 8, 5]
 
 
+@pytest.mark.parametrize("first", [None, 300, 1024])
+def test_a_need_falling_towards_a_limit_over_the_budget_is_tried_at_the_search_s_end(first):
+    """Where the need's line through the world sizes that do not fit falls towards a limit
+    over the budget while the floor's falls under it (on CUDA: the replay with no limit
+    needs more than a step within the budget may), the search tries its end next, not
+    every doubling up to it: none fitting, three analyses (Qwen2.5-3B's with a plan had
+    been ten); a world size that does fit there, found from it as from any other."""
+    from fxmem.report.world_size import MAX_WORLD_SIZE, fewest
+
+    tried = []
+
+    def fits(w):
+        tried.append(w)
+        return first is not None and w >= first
+
+    got = fewest(fits, 2, need=lambda w: 100 + 40 / w, budget=90,
+                 floor=lambda w: 50 + 40 / w)
+    assert got == first
+    if first is None:
+        assert tried == [2, 4, MAX_WORLD_SIZE]
+    assert len(set(tried)) <= 14, tried
+
+
 def test_fewest_ranks_search_starts_from_the_world_size_asked():
     """Given the world size asked as a point that does not fit and twice it as the guess,
     the search goes on from the line through them: where it meets the budget (16 GPUs here,
