@@ -198,6 +198,36 @@ def test_a_copied_checkpointed_stack_matches_measure():
                                                 B=bs).peak_bytes
 
 
+class _Gelu(torch.nn.Module):
+    """A GELU holding a ``functools.partial`` of its own, as Hugging Face's ``GELUTanh``
+    (Gemma's ``gelu_pytorch_tanh``) does in every block."""
+
+    def __init__(self, approximate="tanh"):
+        super().__init__()
+        import functools
+
+        self.act = functools.partial(torch.nn.functional.gelu, approximate=approximate)
+
+    def forward(self, x):
+        return self.act(x)
+
+
+def test_blocks_holding_partials_of_their_own_are_copied_as_alike():
+    """Blocks whose attributes are ``functools.partial`` objects of their own, of the same
+    function and arguments, are alike (copied, the trace as a block-by-block one); of other
+    arguments, not."""
+    def stack(*approx):  # (a head after the blocks: the last one's gradient not sum()'s)
+        torch.manual_seed(0)
+        return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(8, 8), _Gelu(a))
+                                     for a in approx], torch.nn.Linear(8, 2))
+    assert [r.paths for r in find_runs(stack(*["tanh"] * 4))] == [("0", "1", "2", "3")]
+    assert find_runs(stack("tanh", "none", "tanh", "none")) == []
+    a, b = _both(stack(*["tanh"] * 4), torch.randn(4, 8), loss=lambda o: o.sum(),
+                 optimizer=torch.optim.Adam, device="cpu")
+    assert a.reused and not b.reused
+    assert _shape(a) == _shape(b)
+
+
 def test_find_runs_groups_identical_siblings_only():
     seq = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(3)], torch.nn.Linear(4, 8),
                               *[torch.nn.Linear(8, 8) for _ in range(2)])

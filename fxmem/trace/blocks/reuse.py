@@ -4,7 +4,8 @@ A transformer is a stack of identical blocks, and tracing each one on fake tenso
 same. When a ``ModuleList`` or ``Sequential`` holds a run of three or more blocks that are
 the same (:func:`find_runs`: same classes, parameter and buffer shapes, dtypes and
 attributes, no hooks; an int attribute may differ by the block's position, as a layer
-index does), the tracer runs the first two blocks for real and every later one as a
+index does; a ``functools.partial`` of each block's own is compared by its function and
+arguments), the tracer runs the first two blocks for real and every later one as a
 *stand-in*: one ``autograd.Function`` that makes outputs (and, in backward, gradients) of the
 right shapes. After the step, :func:`splice` replaces each stand-in's ops with a copy of the
 second block's ops, storages and saved tensors, renamed to the stand-in's inputs, outputs,
@@ -29,6 +30,7 @@ both.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from itertools import groupby
 
@@ -72,6 +74,11 @@ def _attr_same(a, b, offset: int) -> bool:
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
         return type(a) is type(b) and len(a) == len(b) and \
             all(_attr_same(x, y, offset) for x, y in zip(a, b))
+    if type(a) is functools.partial and type(b) is functools.partial:
+        # each block's own (Hugging Face's GELUTanh: partial(gelu, approximate="tanh"))
+        return a.func is b.func and _attr_same(a.args, b.args, 0) and \
+            a.keywords.keys() == b.keywords.keys() and \
+            all(_attr_same(v, b.keywords[k], 0) for k, v in a.keywords.items())
     return False
 
 
