@@ -315,7 +315,7 @@ def test_a_need_falling_towards_a_limit_over_the_budget_is_tried_at_the_search_s
     needs more than a step within the budget may), the search tries its end next, not
     every doubling up to it: none fitting, three analyses (Qwen2.5-3B's with a plan had
     been ten); a world size that does fit there, found from it as from any other."""
-    from fxmem.report.world_size import MAX_WORLD_SIZE, fewest
+    from fxmem.report.world_size import MAX_WORLD_SIZE, fewest, towards
 
     tried = []
 
@@ -323,11 +323,14 @@ def test_a_need_falling_towards_a_limit_over_the_budget_is_tried_at_the_search_s
         tried.append(w)
         return first is not None and w >= first
 
-    got = fewest(fits, 2, need=lambda w: 100 + 40 / w, budget=90,
-                 floor=lambda w: 50 + 40 / w)
+    seen = []
+    got = fewest(fits, 2, need=lambda w: 100 + 40 // w, budget=90,
+                 floor=lambda w: 50 + 40 // w, seen=seen)
     assert got == first
-    if first is None:
+    if first is None:  # (the end tried, and said so: its need stays over the budget)
         assert tried == [2, 4, MAX_WORLD_SIZE]
+        assert towards(seen, "live") == f"not even {MAX_WORLD_SIZE} GPUs do (a rank needs " \
+            "100 B there)"
     assert len(set(tried)) <= 14, tried
 
 

@@ -36,9 +36,15 @@ MAX_WORLD_SIZE = 1024  # the FSDP2 search stops here
 
 def towards(seen: list, by: str) -> str:
     """Why the world-size search stopped, from the (w, need, floor) points it saw, the floor
-    as ``fxmem.report.ways.Check.floor`` gives it ``by``."""
-    if not seen or seen[-1][0] >= MAX_WORLD_SIZE:
+    as ``fxmem.report.ways.Check.floor`` gives it ``by``.
+
+    >>> towards([(2, 100, 90), (1024, 95, 60)], "live")
+    'not even 1024 GPUs do (a rank needs 95 B there)'
+    """
+    if not seen:
         return f"not even {MAX_WORLD_SIZE} GPUs do"
+    if seen[-1][0] >= MAX_WORLD_SIZE:
+        return f"not even {MAX_WORLD_SIZE} GPUs do (a rank needs {fmt_bytes(seen[-1][1])} there)"
     line = through([seen[0][::2], seen[-1][::2]]) if len(seen) >= 2 else None
     what = "a rank's live bytes" if by == "live" else "a rank's max_memory_allocated()"
     if line is None:
@@ -131,6 +137,9 @@ def fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None, budget: int | Non
         w = min(max(_aim(seen, budget, bad), lo), hi)
     while not fits(w):
         if w >= hi:
+            if need is not None and w >= MAX_WORLD_SIZE:  # the search's end, tried: its
+                n = need(w)  # point kept, which says so (:func:`towards`)
+                seen.append((w, n, n if floor is None else floor(w)))
             return None
         bad = w
         if need is not None:
