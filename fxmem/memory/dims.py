@@ -73,7 +73,7 @@ def specialize(trace, **values):
             guards.append(h)
     fixed, made = _fixed(trace)
     sizes: dict = dict(made)
-    by_expr: dict = {}  # a size expression -> its Size here (storages share a few hundred)
+    by_expr: dict = {}  # a size expression -> its Size here (storages share a few dozen)
     dims: dict = {}  # a shape's dim -> its value here
     storages = []
     for i, s in enumerate(trace.storages):
@@ -100,8 +100,8 @@ def _fixed(trace) -> tuple:
     """What :func:`specialize` makes of ``trace``'s storages whose size and shape hold no
     named dim, whatever the dims' values: ``({index: storage}, {size expression: Size})``,
     made once per trace (the longest-length search specializes one trace at a dozen
-    lengths: Llama-3.1-8B's over 8 GPUs, 7,400 storages each time, most of them
-    parameters, gradients and optimizer state)."""
+    lengths: Llama-3.1-8B's over 8 GPUs, 7,162 storages each time, 3,207 of them holding no
+    L, the rest sized by some 50 expressions)."""
     got = trace.__dict__.get("_fixed_storages")
     if got is None:
         syms = {dim_symbol(name) for name in trace.dims}
