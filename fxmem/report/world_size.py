@@ -107,6 +107,10 @@ def fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None, budget: int | Non
             held[w] = every is None or bool(every(w))
         return held[w]
 
+    def point(w):  # (w, need, floor) of a w that does not fit: the lines' points
+        n = need(w)
+        return w, n, n if floor is None else floor(w)
+
     def answer(w):  # w fits: it, or the first w above it that fits and holds every
         while not holds(w):
             w += 1
@@ -126,7 +130,7 @@ def fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None, budget: int | Non
             hi = guess - 1
         else:
             if need is not None:
-                seen.append((guess, need(guess), (floor or need)(guess)))
+                seen.append(point(guess))
             lo = guess + 1
             if _beyond(seen, budget):
                 return None
@@ -138,13 +142,11 @@ def fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None, budget: int | Non
     while not fits(w):
         if w >= hi:
             if need is not None and w >= MAX_WORLD_SIZE:  # the search's end, tried: its
-                n = need(w)  # point kept, which says so (:func:`towards`)
-                seen.append((w, n, n if floor is None else floor(w)))
+                seen.append(point(w))  # point kept, which says so (:func:`towards`)
             return None
         bad = w
         if need is not None:
-            n = need(w)
-            seen.append((w, n, n if floor is None else floor(w)))
+            seen.append(point(w))
         if _beyond(seen, budget):
             return None
         w = min(max(_aim(seen, budget, w), w + 1), hi)
@@ -171,8 +173,9 @@ def fewest(fits, lo: int, hi: int = MAX_WORLD_SIZE, need=None, budget: int | Non
 def _aim(seen: list, budget: int | None, w: int) -> int:
     """The next world size to try after ``w`` did not fit: where the line through the needs
     of the last two ``seen`` meets the budget, or of the first and the last; where the need
-    falls towards a limit at or over the budget on both (the floor under it not: a step
-    within a budget may need less than its replay with none), the most the search tries
+    falls towards a limit at or over the budget on both (its floor's line does not: else
+    :func:`_beyond` has stopped the search, the need alone saying nothing, as a step within
+    a budget may need less than its replay with none), the most the search tries
     (:data:`MAX_WORLD_SIZE`: if even that does not fit, none does; Qwen2.5-3B at B=8,
     L=4,096 with a plan had been tried on 8, 16, ... 1,024 GPUs, a walk over its plans
     each), else ``2 * w``.
