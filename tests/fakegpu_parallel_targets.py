@@ -58,6 +58,9 @@ CASES = {  # name: (model, strategy, input width, step options)
     # buckets of 20 KB, buckets straddle the blocks
     "ddp-reused": (lambda: Stack(n=6), lambda: DDP(2), 64, {}),
     "ddp-reused-buckets": (lambda: Stack(n=6), lambda: DDP(2, bucket_cap_mb=0.02), 64, {}),
+    # the gradients views of those buckets
+    "ddp-reused-views": (lambda: Stack(n=6), lambda: DDP(
+        2, bucket_cap_mb=0.02, gradient_as_bucket_view=True), 64, {}),
     "tp-reused": (lambda: _blocks_of(6), lambda: TP(2, BLOCKS_PLAN_OWN), 256, {}),
     "fsdp-tp-reused": (lambda: _blocks_of(6), lambda: Parallel(
         fsdp=FSDP(2), tp=TP(2, BLOCKS_PLAN_OWN)), 256, {}),

@@ -54,7 +54,8 @@ def _figures(name, B):  # noqa: N803
 
 # the cases "-reused": a stack whose trace copies blocks (fxmem.trace.blocks) under DDP, TP
 # and FSDP2 x TP, against the real Reducer, DTensor and caching allocator
-REUSED = ("ddp-reused", "ddp-reused-buckets", "tp-reused", "fsdp-tp-reused")
+REUSED = ("ddp-reused", "ddp-reused-buckets", "ddp-reused-views", "tp-reused",
+          "fsdp-tp-reused")
 CASES = ("fsdp", "fsdp-keep", "fsdp-wide", "fsdp-wide-kept", "fsdp-offload", "hsdp", "ddp",
          "ddp-wide", "tp", "fsdp-tp", "hsdp-tp", "fsdp-tp-offload", "fsdp-amp",
          "fsdp-amp-param-dtype", *REUSED)

@@ -1,9 +1,9 @@
 """Repeated blocks copied under DDP and ZeRO-1 (fxmem.trace.blocks.replicated), TP and FSDP2
 over TP (fxmem.trace.blocks.sharded): a rank's trace with blocks copied reads exactly as the
 same rank's trace block by block, DDP's buckets (rebuilt in the order a real block's
-gradients come in, and straddling blocks), TP's sharded gradients and a checkpoint plan's
-re-runs included. (A file of its own beside test_reuse_parallel.py: each file runs on one
-worker.)"""
+gradients come in, straddling blocks, and with the gradients as their views), TP's
+sharded gradients and a checkpoint plan's re-runs included. (A file of its own beside
+test_reuse_parallel.py: each file runs on one worker.)"""
 
 import pytest
 import torch
@@ -32,7 +32,19 @@ REPLICATED = [
     ("llama", DDP(2, static_graph=True), {}),
     ("gpt2", DDP(2, zero1=True), {}),
     ("llama", DDP(3), dict(device="cuda", amp=torch.bfloat16)),
+    # the gradients views of the buckets: no storage of their own
+    ("llama", DDP(2, gradient_as_bucket_view=True), {}),
+    ("gpt2", DDP(4, bucket_cap_mb=0.01, gradient_as_bucket_view=True), {}),
+    ("llama", DDP(2, bucket_cap_mb=0.01, gradient_as_bucket_view=True),
+     dict(device="cuda", amp=torch.bfloat16)),
 ]
+
+
+def _named(t):
+    """Each op's storages by name: which of DDP's buckets (``<DDP reducer>[i]``) it reads
+    and writes, which :func:`test_reuse_parallel._full` sees only by their creator op."""
+    return [(o.op, o.module, sorted(t.storages[s].name for s in {*o.in_sids, *o.written_sids}))
+            for o in t.ops]
 
 
 @pytest.mark.parametrize("kind,parallel,step", REPLICATED,
@@ -46,6 +58,7 @@ def test_copied_blocks_under_ddp_equal_a_block_by_block_trace(kind, parallel, st
     a, b = _both(model, ids, ids, parallel, 0, **step)
     assert a.reused == tuple(f"{stack}.{i}" for i in COPIED)
     assert _full(a) == _full(b)
+    assert _named(a) == _named(b)
     assert _flops(a) == _flops(b)
 
 
@@ -59,7 +72,8 @@ def test_checkpointed_blocks_under_ddp_are_copied_exactly():
     assert _full(a) == _full(b)
 
 
-def test_gradients_in_another_order_than_the_warm_up_s_trace_every_block(monkeypatch):
+@pytest.mark.parametrize("views", [False, True], ids=["grads", "bucket-views"])
+def test_gradients_in_another_order_than_the_warm_up_s_trace_every_block(monkeypatch, views):
     # the stand-ins hand the Reducer their gradients in the order autograd gave for the
     # warm-up's third block; the pattern block's own order is checked after the step
     from fxmem.trace.blocks import replicated
@@ -68,8 +82,8 @@ def test_gradients_in_another_order_than_the_warm_up_s_trace_every_block(monkeyp
                         lambda block, args, kwargs, params: [n for n, _ in params])
     model, stack = _lm("llama", layers=3)  # the fewest blocks that copy one
     ids = torch.randint(0, 128, (2, 16))
-    a, b = _both(model, ids, ids, DDP(2), 0, loss=_lm_loss, optimizer=torch.optim.AdamW,
-                 device="cpu")
+    a, b = _both(model, ids, ids, DDP(2, gradient_as_bucket_view=views), 0, loss=_lm_loss,
+                 optimizer=torch.optim.AdamW, device="cpu")
     assert a.reused == ()
     assert _full(a) == _full(b)
 

@@ -6,7 +6,11 @@ hooks sit on each parameter's gradient accumulator and copy the gradient into it
 as soon as it is ready, inside the block's backward. A stand-in's window takes in those
 steps (:func:`fxmem.trace.blocks.splice_checks.check_run`), so the copy of the pattern's
 ops brings them, renamed to the stand-in's parameters and gradients, as the
-:class:`~fxmem.trace.blocks.sharded.ShardedReuse` it extends copies FSDP2's.
+:class:`~fxmem.trace.blocks.sharded.ShardedReuse` it extends copies FSDP2's. Under
+``gradient_as_bucket_view=True`` a gradient is a view of its bucket, with no storage of
+its own to rename: each step is known by its parameter (the recorder notes whose
+``AccumulateGrad`` ran it), and the bucket it writes is mapped to the stand-in's step on
+the same parameter's (:meth:`fxmem.trace.blocks.splice.Numbering._outer`).
 
 What the Reducer does differently from FSDP2 is remember an order: its buckets are
 rebuilt, in the forward after the first backward, in the order the gradients came in
@@ -143,13 +147,12 @@ class ReplicatedReuse(ShardedReuse):
             if order is None or len(calls) < 3:
                 continue
             pat = calls[1]
-            names = {s: n[1] for n, s in pat.roles.items() if n[0] == "g"}
+            names = {s: n[1] for n, s in pat.roles.items() if n[0] == "pb"}
             got: list = []
-            for i in range(*pat.bwd):
-                op = rec.ops[i]
-                if op.autograd_node == _ACC:
-                    got += [names[s] for s in op.in_sids
-                            if s in names and names[s] not in got]
+            for i in range(*pat.bwd):  # each parameter's AccumulateGrad steps, in order
+                name = names.get(rec.accumulated.get(i))
+                if rec.ops[i].autograd_node == _ACC and name is not None and name not in got:
+                    got.append(name)
             if got != order:
                 raise NoReuse(f"{pat.path}: its gradients came in another order than "
                               "its stand-ins gave them in the warm-up")

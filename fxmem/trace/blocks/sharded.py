@@ -82,6 +82,14 @@ def _hooks_alike(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     return True
 
 
+def _in_a_bucket(grad: torch.Tensor, created_by: int) -> bool:
+    """Is ``grad`` a view of a buffer made before the step (DDP's bucket, under
+    ``gradient_as_bucket_view=True``)? Such a gradient has no storage of its own to
+    rename: the splice maps the buckets step by step, as DDP writes into them
+    (:meth:`fxmem.trace.blocks.splice.Numbering._outer`)."""
+    return created_by < 0 and grad._is_view()
+
+
 class _Warm(torch.autograd.Function):
     """A block in the warm-up step: outputs of ``metas`` and gradients of its inputs'."""
 
@@ -250,7 +258,9 @@ class ShardedReuse(Reuse):
                     if p.grad is None:
                         raise NoReuse(f"{c.path}: a parameter's gradient comes after its "
                                       "input's")
-                    c.roles[("g", name)] = rec.register(p.grad)[0]
+                    sid = rec.register(p.grad)[0]
+                    if not _in_a_bucket(p.grad, rec.storages[sid].created_by):
+                        c.roles[("g", name)] = sid
         return hook
 
     def finish(self) -> None:

@@ -178,7 +178,8 @@ class Numbering:
 
     def _steps(self, wins, role_of: dict, own: set) -> dict:
         """(a gradient's role, n-th step on it) -> (op, the storages it uses outside
-        ``own``) of each ``AccumulateGrad`` step in ``wins``."""
+        ``own``) of each ``AccumulateGrad`` step in ``wins``. A gradient with no role (a
+        view of DDP's bucket) is known by its parameter's role."""
         got, seen = {}, {}
         for w in wins:
             for i in w:
@@ -186,6 +187,10 @@ class Numbering:
                 if op.autograd_node != _ACC:
                     continue
                 keys = {role_of[s] for s in op.in_sids if role_of.get(s, ("",))[0] == "g"}
+                if not keys:
+                    param = role_of.get(self.rec.accumulated.get(i), ("",))
+                    if param[0] in ("p", "pb"):
+                        keys = {("g", param[1])}
                 if len(keys) != 1:
                     continue
                 key = keys.pop()

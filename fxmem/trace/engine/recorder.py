@@ -36,6 +36,8 @@ from ..ledger.tracking import RESIZE_OP, StorageTracker
 from .eager_ops import EagerOps
 from .messages import causes, chained, live_frames, op_hint, user_frame
 
+_ACC = "torch::autograd::AccumulateGrad"  # the node that puts a gradient on its parameter
+
 
 class Recorder(EagerOps, StorageTracker):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -55,6 +57,8 @@ class Recorder(EagerOps, StorageTracker):
         self.phase = "setup"
         self.module_stack = [""]
         self.fn_module: dict[int, str] = {}  # autograd node sequence_nr -> forward module
+        # op position -> the storage of the parameter whose AccumulateGrad step ran it
+        self.accumulated: dict[int, int] = {}
         self._seq_next = 0  # autograd sequence numbers below this are in fn_module
         self.saved: set[int] = set()
         self.graph = torch.fx.Graph()
@@ -195,6 +199,8 @@ class Recorder(EagerOps, StorageTracker):
         if self.phase == "backward":
             n = torch._C._current_autograd_node()
             grad_node = n.name() if n is not None else None
+            if grad_node == _ACC:
+                self.accumulated[len(self.ops)] = self.sid(n.variable)
             if self.kernels is not None:
                 self.sums.note(n, index, func, args, kwargs, out_sids, self.sid)
         if isinstance(out, torch.Tensor):
