@@ -5,16 +5,18 @@ same. When a ``ModuleList`` or ``Sequential`` holds a run of three or more block
 the same (:func:`find_runs`: same classes, parameter and buffer shapes, dtypes and
 attributes, no hooks; an int attribute may differ by the block's position, as a layer
 index does; a ``functools.partial`` of each block's own is compared by its function and
-arguments), the tracer runs the first two blocks for real and every later one as a
-*stand-in*: one ``autograd.Function`` that makes outputs (and, in backward, gradients) of the
-right shapes. After the step, :func:`splice` replaces each stand-in's ops with a copy of the
-second block's ops, storages and saved tensors, renamed to the stand-in's inputs, outputs,
-parameters and gradients, so the trace reads as if every block had run.
+arguments; blocks with parameters need not be neighbours: two kinds of layer that take
+turns, as Gemma 2's, are two runs), the tracer runs the first two blocks for real and
+every later one as a *stand-in*: one ``autograd.Function`` that makes outputs (and, in
+backward, gradients) of the right shapes. After the step, :func:`splice` replaces each
+stand-in's ops with a copy of the second block's ops, storages and saved tensors, renamed
+to the stand-in's inputs, outputs, parameters and gradients, so the trace reads as if
+every block had run.
 
 What is reused is checked while tracing: each block is called once, in order, with inputs
 of the second block's shapes; the first two blocks produce the same ops and sizes, and
-free what outlives them at the same moment; a stand-in's output feeds only the next block.
-Anything else raises :class:`NoReuse` and the step is traced again block by block
+free what outlives them at the same moment; a stand-in's output feeds only the block after
+it. Anything else raises :class:`NoReuse` and the step is traced again block by block
 (``trace(..., reuse_blocks=False)`` does that from the start).
 
 Under a checkpoint plan the stand-ins are installed over the plan's forwards, on the runs
@@ -52,10 +54,14 @@ class NoReuse(Exception):
 
 @dataclass(frozen=True)
 class Run:
-    """Sibling blocks that are the same module: raw paths (``model.named_modules`` names)."""
+    """Sibling blocks that are the same module: raw paths (``model.named_modules`` names),
+    in the order of their container, and the raw path of the sibling after each (None for
+    the container's last): a run's blocks need not be neighbours (Gemma 2's layers
+    alternate sliding-window and full attention, two runs taking turns)."""
 
     paths: tuple
     modules: tuple = field(repr=False, compare=False)
+    nexts: tuple = field(default=(), repr=False, compare=False)
 
 
 # -- finding runs ------------------------------------------------------------------------
@@ -122,7 +128,15 @@ def _same(a: torch.nn.Module, b: torch.nn.Module, offset: int, hooks=None) -> bo
 def find_runs(model: torch.nn.Module, hooks=None) -> list:
     """Runs of at least :data:`MIN_RUN` identical blocks in the model's ``ModuleList`` and
     ``Sequential`` containers (outermost first; blocks inside a run's blocks are skipped).
-    ``hooks``: as for :func:`_same`."""
+    The blocks of a run may take turns with others' (layers that alternate between two
+    kinds: two runs) when each has parameters; blocks without (an activation, a pooling)
+    make runs only of neighbours. ``hooks``: as for :func:`_same`.
+
+    >>> m = torch.nn.Sequential(*[torch.nn.Linear(4, 4 + k % 2) if k % 2 else
+    ...                           torch.nn.Linear(5, 4) for k in range(8)])
+    >>> [r.paths for r in find_runs(m)]
+    [('0', '2', '4', '6'), ('1', '3', '5', '7')]
+    """
     runs, inside = [], []
     for name, mod in model.named_modules():
         if any(name.startswith(p + ".") for p in inside):
@@ -130,17 +144,45 @@ def find_runs(model: torch.nn.Module, hooks=None) -> list:
         if not isinstance(mod, (torch.nn.ModuleList, torch.nn.Sequential)):
             continue
         kids = list(mod.named_children())
-        i = 0
-        while i < len(kids):
-            j = i + 1
-            while j < len(kids) and _same(kids[i][1], kids[j][1], j - i, hooks):
-                j += 1
-            if j - i >= MIN_RUN:
-                paths = tuple(f"{name}.{n}" if name else n for n, _ in kids[i:j])
-                runs.append(Run(paths, tuple(m for _, m in kids[i:j])))
-                inside.extend(paths)
-            i = j
+        found = []
+        for members in _alike(kids, hooks):
+            found += [piece for piece in _pieces(members, kids) if len(piece) >= MIN_RUN]
+        for piece in sorted(found):
+            paths = tuple(f"{name}.{kids[j][0]}" if name else kids[j][0] for j in piece)
+            nexts = tuple((f"{name}.{kids[j + 1][0]}" if name else kids[j + 1][0])
+                          if j + 1 < len(kids) else None for j in piece)
+            runs.append(Run(paths, tuple(kids[j][1] for j in piece), nexts))
+            inside.extend(paths)
     return runs
+
+
+def _alike(kids: list, hooks) -> list:
+    """``kids`` (a container's named children) in classes of blocks that are the same, by
+    their positions: each compared with its class's first block."""
+    classes: list = []
+    for j, (_, m) in enumerate(kids):
+        for members in classes:
+            i = members[0]
+            if _same(kids[i][1], m, j - i, hooks):
+                members.append(j)
+                break
+        else:
+            classes.append([j])
+    return classes
+
+
+def _pieces(members: list, kids: list) -> list:
+    """A class of blocks as runs: whole when its blocks have parameters (copying a block
+    saves its trace), else cut where they are not neighbours."""
+    if all(next(kids[j][1].parameters(), None) is not None for j in members):
+        return [members]
+    out = [[members[0]]]
+    for a, b in zip(members, members[1:]):
+        if b == a + 1:
+            out[-1].append(b)
+        else:
+            out.append([b])
+    return out
 
 
 def by_plan(runs: list, plan) -> list:
@@ -157,7 +199,7 @@ def by_plan(runs: list, plan) -> list:
     """
     out = []
     for run in runs:
-        blocks = zip(run.paths, run.modules)
+        blocks = zip(run.paths, run.modules, run.nexts or [None] * len(run.paths))
         for key, piece in groupby(blocks, lambda b: _regions_inside(user_path(b[0]), plan)):
             piece = list(piece)
             if key is not None and len(piece) >= MIN_RUN:
@@ -262,6 +304,7 @@ class _Call:
     reuse: object = field(default=None, repr=False)
     tensors: list = field(default_factory=list, repr=False)  # during the call only
     pattern: object = field(default=None, repr=False)  # a stand-in's pattern block
+    after: str | None = None  # the user path of the sibling after it (Run.nexts)
 
 
 class _StandIn(torch.autograd.Function):
@@ -301,6 +344,7 @@ class Reuse:
         self.rec, self.runs = rec, runs
         self.fparams, self.fbufs = fparams, fbufs
         self.calls: dict = {r.paths: [] for r in runs}
+        self._after = {p: n for r in runs for p, n in zip(r.paths, r.nexts)}
         self.skip: dict = {}  # run -> 1 when its first block is fed the model's input
         self._saved: list = []
 
@@ -347,7 +391,9 @@ class Reuse:
         calls = self.calls[run.paths]
         if rec.phase != "forward" or not rec.recording or len(calls) != k:
             raise NoReuse(f"{user_path(path)} is not called once, in order, in the forward")
-        c = _Call(k, user_path(path), standin, rec=rec, reuse=self)
+        after = self._after.get(path)
+        c = _Call(k, user_path(path), standin, rec=rec, reuse=self,
+                  after=None if after is None else user_path(after))
         c.pre = rec.call_starts[-1] if rec.call_starts else rec.op_count
         leaves, c.spec = tree_flatten((args, kwargs))
         # non-tensor arguments by value, or by identity (holding them would keep, e.g., a

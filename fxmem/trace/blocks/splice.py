@@ -254,8 +254,9 @@ class _Splice:
 
     def apply(self) -> None:
         rec = self.rec
+        by_path = {c.path: c for calls in self.runs for c in calls}
         for calls in self.runs:
-            check_run(rec, calls)
+            check_run(rec, calls, by_path)
         num = Numbering(rec, self.runs)
         old_graph, new_ops = rec.graph, self._ops(num)
         packs = self._packs(num)
@@ -272,7 +273,8 @@ class _Splice:
         rec.fsdp_buffers = self._buffers(num)
         rec.events = []
         rec.op_count = num.n_new
-        rec.reused = tuple(c.path for calls in self.runs for c in calls[2:])
+        rec.reused = tuple(c.path for c in sorted(  # in the order they ran
+            (c for calls in self.runs for c in calls[2:]), key=lambda c: c.fwd[0]))
 
     def _ops(self, num: Numbering) -> list:
         """Every op in the new order: a recorded one renumbered, or a copy of a pattern op

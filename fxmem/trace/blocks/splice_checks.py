@@ -25,11 +25,13 @@ def final_size(rec, v):
     return sympy.expand(rec.shape_env.replace(v.node.expr))
 
 
-def check_run(rec, calls: list) -> None:
+def check_run(rec, calls: list, by_path: dict | None = None) -> None:
     """Raise :class:`NoReuse` unless the run's blocks (``calls``: the first, the pattern,
     then the stand-ins) behave alike: the same ops, sizes and lifetimes in the first two
     blocks, a stand-in's backward where a real block's would be, its outputs read by the
-    next block only, and gradients laid out as the pattern's (:func:`check_gradients`)."""
+    next block only (the sibling after it, of this run or another: ``by_path``, every
+    run's calls by path), and gradients laid out as the pattern's
+    (:func:`check_gradients`)."""
     ops, n = rec.ops, len(rec.ops)
     first, pat = calls[0], calls[1]
     if first.bwd[0] is not None and first.bwd[1] is None and pat.bwd[1] is not None:
@@ -80,8 +82,10 @@ def check_run(rec, calls: list) -> None:
     for i, op in enumerate(ops):
         for s in op.in_sids:
             used.setdefault(s, []).append(i)
-    for c, nxt in zip(calls[2:], [*calls[3:], None]):
-        if nxt is None:
+    by_path = by_path or {c.path: c for c in calls}
+    for c in calls[2:-1]:  # (the last one's output leaves the run)
+        nxt = by_path.get(c.after)
+        if nxt is None:  # (not a block of a run: as the last)
             continue
         for key, s in c.roles.items():
             # (from the start of its call: FSDP2's pre-hook wraps its inputs first)
