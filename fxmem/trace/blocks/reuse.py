@@ -158,16 +158,20 @@ def find_runs(model: torch.nn.Module, hooks=None) -> list:
 
 def _alike(kids: list, hooks) -> list:
     """``kids`` (a container's named children) in classes of blocks that are the same, by
-    their positions: each compared with its class's first block."""
+    their positions: each compared with the first block of the classes of its class and
+    number of modules (a container of many different blocks compares few pairs)."""
     classes: list = []
+    by_kind: dict = {}
     for j, (_, m) in enumerate(kids):
-        for members in classes:
+        kind = by_kind.setdefault((type(m), sum(1 for _ in m.modules())), [])
+        for members in kind:
             i = members[0]
             if _same(kids[i][1], m, j - i, hooks):
                 members.append(j)
                 break
         else:
-            classes.append([j])
+            kind.append([j])
+            classes.append(kind[-1])
     return classes
 
 
@@ -199,7 +203,7 @@ def by_plan(runs: list, plan) -> list:
     """
     out = []
     for run in runs:
-        blocks = zip(run.paths, run.modules, run.nexts or [None] * len(run.paths))
+        blocks = zip(run.paths, run.modules, run.nexts or (*run.paths[1:], None))
         for key, piece in groupby(blocks, lambda b: _regions_inside(user_path(b[0]), plan)):
             piece = list(piece)
             if key is not None and len(piece) >= MIN_RUN:
@@ -344,7 +348,9 @@ class Reuse:
         self.rec, self.runs = rec, runs
         self.fparams, self.fbufs = fparams, fbufs
         self.calls: dict = {r.paths: [] for r in runs}
-        self._after = {p: n for r in runs for p, n in zip(r.paths, r.nexts)}
+        # the sibling after each block (a run made without: the next of its run)
+        self._after = {p: n for r in runs
+                       for p, n in zip(r.paths, r.nexts or (*r.paths[1:], None))}
         self.skip: dict = {}  # run -> 1 when its first block is fed the model's input
         self._saved: list = []
 
