@@ -37,7 +37,7 @@ import contextlib
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from .reuse import _ACC, NoReuse, grad_meta, grad_of
+from .reuse import NoReuse, grad_meta, grad_of
 from .sharded import ShardedReuse, _call_key, _Warm
 
 
@@ -151,7 +151,7 @@ class ReplicatedReuse(ShardedReuse):
             got: list = []
             for i in range(*pat.bwd):  # each parameter's AccumulateGrad steps, in order
                 name = names.get(rec.accumulated.get(i))
-                if rec.ops[i].autograd_node == _ACC and name is not None and name not in got:
+                if name is not None and name not in got:
                     got.append(name)
             if got != order:
                 raise NoReuse(f"{pat.path}: its gradients came in another order than "

@@ -45,7 +45,6 @@ from ..plans.checkpointing import user_path
 from ..plans.regions import modules_of
 
 MIN_RUN = 3  # two traced blocks, then at least one stand-in
-_ACC = "torch::autograd::AccumulateGrad"
 
 
 class NoReuse(Exception):
@@ -62,6 +61,10 @@ class Run:
     paths: tuple
     modules: tuple = field(repr=False, compare=False)
     nexts: tuple = field(default=(), repr=False, compare=False)
+
+    def __post_init__(self):  # made without: each block's next is the next of its run
+        if not self.nexts:
+            object.__setattr__(self, "nexts", (*self.paths[1:], None))
 
 
 # -- finding runs ------------------------------------------------------------------------
@@ -147,10 +150,12 @@ def find_runs(model: torch.nn.Module, hooks=None) -> list:
         found = []
         for members in _alike(kids, hooks):
             found += [piece for piece in _pieces(members, kids) if len(piece) >= MIN_RUN]
+
+        def path(j):  # child j's raw path (None past the last)
+            return None if j >= len(kids) else f"{name}.{kids[j][0]}" if name else kids[j][0]
         for piece in sorted(found):
-            paths = tuple(f"{name}.{kids[j][0]}" if name else kids[j][0] for j in piece)
-            nexts = tuple((f"{name}.{kids[j + 1][0]}" if name else kids[j + 1][0])
-                          if j + 1 < len(kids) else None for j in piece)
+            paths = tuple(path(j) for j in piece)
+            nexts = tuple(path(j + 1) for j in piece)
             runs.append(Run(paths, tuple(kids[j][1] for j in piece), nexts))
             inside.extend(paths)
     return runs
@@ -203,7 +208,7 @@ def by_plan(runs: list, plan) -> list:
     """
     out = []
     for run in runs:
-        blocks = zip(run.paths, run.modules, run.nexts or (*run.paths[1:], None))
+        blocks = zip(run.paths, run.modules, run.nexts)
         for key, piece in groupby(blocks, lambda b: _regions_inside(user_path(b[0]), plan)):
             piece = list(piece)
             if key is not None and len(piece) >= MIN_RUN:
@@ -348,9 +353,7 @@ class Reuse:
         self.rec, self.runs = rec, runs
         self.fparams, self.fbufs = fparams, fbufs
         self.calls: dict = {r.paths: [] for r in runs}
-        # the sibling after each block (a run made without: the next of its run)
-        self._after = {p: n for r in runs
-                       for p, n in zip(r.paths, r.nexts or (*r.paths[1:], None))}
+        self._after = {p: n for r in runs for p, n in zip(r.paths, r.nexts)}
         self.skip: dict = {}  # run -> 1 when its first block is fed the model's input
         self._saved: list = []
 

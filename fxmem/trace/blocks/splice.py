@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..kernels.grad_sums import ACCUMULATE_GRAD
 from ..ledger.saved import _Record
 from ..ledger.tracking import TrackedStorage
-from .reuse import _ACC, NoReuse, Reuse
+from .reuse import NoReuse, Reuse
 from .splice_checks import check_run, windows
 from .splice_graph import Spliced, first_desc
 
@@ -184,7 +185,7 @@ class Numbering:
         for w in wins:
             for i in w:
                 op = self.rec.ops[i]
-                if op.autograd_node != _ACC:
+                if op.autograd_node != ACCUMULATE_GRAD:
                     continue
                 keys = {role_of[s] for s in op.in_sids if role_of.get(s, ("",))[0] == "g"}
                 if not keys:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import sympy
 
-from .reuse import _ACC, NoReuse
+from ..kernels.grad_sums import ACCUMULATE_GRAD
+from .reuse import NoReuse
 
 
 def windows(c) -> list:
@@ -45,7 +46,7 @@ def check_run(rec, calls: list, by_path: dict | None = None) -> None:
     for c in calls[2:]:  # a stand-in's backward: the AccumulateGrad steps right after it
         if c.bwd[0] is not None:
             j = c.bwd[1]
-            while j < n and ops[j].autograd_node == _ACC:
+            while j < n and ops[j].autograd_node == ACCUMULATE_GRAD:
                 j += 1
             c.bwd[1] = j
         if any(len(w) == 0 for w in windows(c)):

@@ -22,7 +22,7 @@ from ..kernels.datadep import (
     branch_origin,
     config_hint,
 )
-from ..kernels.grad_sums import GradSums
+from ..kernels.grad_sums import ACCUMULATE_GRAD, GradSums
 from ..kernels.rules import (
     CONSTANT_LIFT_OPS,
     METADATA_QUERIES,
@@ -35,8 +35,6 @@ from ..ledger.saved import SavedTensors
 from ..ledger.tracking import RESIZE_OP, StorageTracker
 from .eager_ops import EagerOps
 from .messages import causes, chained, live_frames, op_hint, user_frame
-
-_ACC = "torch::autograd::AccumulateGrad"  # the node that puts a gradient on its parameter
 
 
 class Recorder(EagerOps, StorageTracker):
@@ -199,7 +197,7 @@ class Recorder(EagerOps, StorageTracker):
         if self.phase == "backward":
             n = torch._C._current_autograd_node()
             grad_node = n.name() if n is not None else None
-            if grad_node == _ACC:
+            if grad_node == ACCUMULATE_GRAD:
                 self.accumulated[len(self.ops)] = self.sid(n.variable)
             if self.kernels is not None:
                 self.sums.note(n, index, func, args, kwargs, out_sids, self.sid)

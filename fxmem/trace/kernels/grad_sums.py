@@ -39,7 +39,8 @@ import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 ADD = torch.ops.aten.add.Tensor
-_ACC = "torch::autograd::AccumulateGrad"
+# the node that puts a gradient on its parameter, by the name autograd gives it
+ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
 # A node with a post hook runs on a copy of its incoming gradients that the engine keeps for
 # the hook (engine.cpp call_function); a compiled graph's backward frees them as it goes
 # (its wrapper's ``del tangents_1``, fxmem.trace.compiled.inductor), so it gets none: a sum right
@@ -90,7 +91,7 @@ class GradSums:
             if k in self._hooked:
                 continue
             self._hooked.add(k)
-            if n.name() == _ACC:
+            if n.name() == ACCUMULATE_GRAD:
                 continue
             if n.name().startswith(_COMPILED):  # hooked, its incoming gradients would stay
                 stack.extend(f for f, _ in n.next_functions if f is not None)
