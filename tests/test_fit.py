@@ -144,6 +144,39 @@ def test_longest_length_at_b():
     assert f.way("length").beyond == f"L={w.value + 1} does not fit"
 
 
+def test_the_longest_length_is_searched_from_below_the_live_bound(monkeypatch):
+    """The longest L that runs is searched from where the live peak fits the budget less the
+    allocator's overhead at the longest L whose live bytes fit (``_below_top``), bisecting
+    up from there, not stepping down from that bound: the same L in fewer replays."""
+    import fxmem.report.fit as fit_module
+
+    real, counts = fit_module._down, []
+
+    def spy(fits, top, floor, below=None):
+        seen, asked = {}, []
+
+        def replayed(n):
+            asked.append(n)
+            if n not in seen:
+                seen[n] = fits(n)
+            return seen[n]
+        got = real(replayed, top, floor, below)
+        counts.append(len(asked))
+        assert below is not None and real(replayed, top, floor) == got  # stepping down
+        counts.append(len(asked) - counts[-1])
+        return got
+    monkeypatch.setattr(fit_module, "_down", spy)
+    r = fxmem.analyze(_Embed(), torch.randint(0, 100, (4, 16)), loss=_sum, device="cuda",
+                      optimizer=torch.optim.SGD, dims={"L": [(0, 1)]})
+    b, length = 8, 2048
+    budget = (r.at(L=length // 2).cuda_memory(b).max_reserved
+              + r.at(L=length).cuda_memory(b).max_reserved) // 2
+    w = r.fits(b, budget, L=length).way("length")
+    assert w is not None and len(counts) == 2 and counts[0] < counts[1], counts
+    assert r.fits(b, budget, L=w.value, ways=False)
+    assert not r.fits(b, budget, L=w.value + 1, ways=False)
+
+
 def test_a_parallel_way_s_plan_is_traced_at_its_point_alone(monkeypatch):
     """A way is read at the asked B and L alone, so the trace that confirms its checkpoint
     plan under FSDP2 is made there, B and L plain ints (no size a symbol: a cheaper trace);
