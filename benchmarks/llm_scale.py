@@ -16,6 +16,12 @@ column is each command's wall over the peer's wall.
 The goals (issue 41): one GPU and ``--fsdp 8`` at most 0.5x the peer, ``--fsdp 8
 --checkpoint auto`` at most 1x, the 70B ``--fsdp 64 --checkpoint auto`` at most 2x; each
 at most 1.5 GB peak RSS.
+
+Each row's peer is run right before its command (``peer`` column), and the ratio is to
+that run: this machine's speed drifts within minutes (a fixed Python loop took 0.96 s and
+1.92 s in one session; the peer took 31.8 s at 14:41 UTC and 49.0 s at 15:13 UTC on
+2026-12-05), so a ratio to one peer run made at the start compares runs made at
+different speeds. ``--peer-once``: that one run at the start, for every row (quicker).
 """
 
 from __future__ import annotations
@@ -97,6 +103,8 @@ def main(argv=None):
     ap.add_argument("--only", nargs="*", choices=sorted(COMMANDS), help="rows to run")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per command")
     ap.add_argument("--skip-peer", action="store_true")
+    ap.add_argument("--peer-once", action="store_true",
+                    help="one peer run at the start for every row, not one before each")
     ap.add_argument("--log", help="write every command's whole output to this file")
     args = ap.parse_args(argv)
     import torch
@@ -105,16 +113,21 @@ def main(argv=None):
           f"CPUs, Python {platform.python_version()}, torch {torch.__version__}; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} -->")
     peer = None
-    if not args.skip_peer:
-        peer = timed([sys.executable, "-c", PEER, HERE], args.timeout)
-        print(f"peer: MemTracker, Llama-3.1-8B B=2 L=8192: wall {peer['wall']:.1f} s, "
-              f"max RSS {peer['rss'] / 1e9:.2f} GB, exit {peer['rc']}: "
-              f"{(peer['out'] or peer['err']).strip()[-300:]}", flush=True)
-    print("\n| command | wall | max RSS | exit | ratio to peer (goal) | answer |")
-    print("| --- | ---: | ---: | ---: | ---: | --- |", flush=True)
+
+    def run_peer():
+        got = timed([sys.executable, "-c", PEER, HERE], args.timeout)
+        print(f"peer: MemTracker, Llama-3.1-8B B=2 L=8192: wall {got['wall']:.1f} s, "
+              f"max RSS {got['rss'] / 1e9:.2f} GB, exit {got['rc']}: "
+              f"{(got['out'] or got['err']).strip()[-300:]}", flush=True)
+        return got
+    if not args.skip_peer and args.peer_once:
+        peer = run_peer()
+    rows = []
     log = open(args.log, "w") if args.log else None
     for name in args.only or COMMANDS:
         cmd = COMMANDS[name]
+        if not args.skip_peer and not args.peer_once:
+            peer = run_peer()  # just before the command: the machine at the same speed
         run = timed([*FXMEM, *cmd], args.timeout)
         if log:
             log.write(f"=== {' '.join(cmd)}\n--- stdout\n{run['out']}\n--- stderr\n"
@@ -124,10 +137,14 @@ def main(argv=None):
         goal = f" (≤ {GOALS[name]})" if name in GOALS and ratio else ""
         rss = f"{run['rss'] / 1e9:.2f} GB" if run["rss"] else "?"
         shown = " ".join(cmd[1:])
-        print(f"| `fxmem analyze {shown}` | {run['wall']:.1f} s | {rss} | {run['rc']} | "
-              f"{ratio}{goal} | {answer(run)} |", flush=True)
+        against = f"{peer['wall']:.1f} s" if peer is not None else ""
+        rows.append(f"| `fxmem analyze {shown}` | {run['wall']:.1f} s | {rss} | {run['rc']} | "
+                    f"{against} | {ratio}{goal} | {answer(run)} |")
     if log:
         log.close()
+    print("\n| command | wall | max RSS | exit | peer | ratio to peer (goal) | answer |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
+    print("\n".join(rows), flush=True)
 
 
 if __name__ == "__main__":
