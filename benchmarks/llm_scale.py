@@ -1,6 +1,7 @@
 """LLM scale (issue 41): the fxmem command on Llama-3.1-8B and 70B against PyTorch's MemTracker.
 
     python benchmarks/llm_scale.py [--only NAME ...] [--timeout 900] [--skip-peer]
+        [--peer-once] [--repeat N] [--log FILE]
 
 Each row is one ``fxmem analyze`` command run in a subprocess under ``/usr/bin/time -v``:
 its wall time, the child's peak resident memory ("Maximum resident set size") and its exit
@@ -22,6 +23,8 @@ that run: this machine's speed drifts within minutes (a fixed Python loop took 0
 1.92 s in one session; the peer took 31.8 s at 14:41 UTC and 49.0 s at 15:13 UTC on
 2026-12-05), so a ratio to one peer run made at the start compares runs made at
 different speeds. ``--peer-once``: that one run at the start, for every row (quicker).
+``--repeat N``: each row N times, each run after its own peer run; the row gives the median
+wall, the median peer and the median of the N ratios, with each pair (command/peer).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import re
 import subprocess
 import sys
 import time
+from statistics import median
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FXMEM = [sys.executable, "-m", "fxmem"]
@@ -105,6 +109,8 @@ def main(argv=None):
     ap.add_argument("--skip-peer", action="store_true")
     ap.add_argument("--peer-once", action="store_true",
                     help="one peer run at the start for every row, not one before each")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="runs of each row (each after its own peer run): the medians")
     ap.add_argument("--log", help="write every command's whole output to this file")
     args = ap.parse_args(argv)
     import torch
@@ -126,20 +132,30 @@ def main(argv=None):
     log = open(args.log, "w") if args.log else None
     for name in args.only or COMMANDS:
         cmd = COMMANDS[name]
-        if not args.skip_peer and not args.peer_once:
-            peer = run_peer()  # just before the command: the machine at the same speed
-        run = timed([*FXMEM, *cmd], args.timeout)
-        if log:
-            log.write(f"=== {' '.join(cmd)}\n--- stdout\n{run['out']}\n--- stderr\n"
-                      f"{run['err']}\n")
-            log.flush()
-        ratio = "" if peer is None or peer["rc"] != 0 else f"{run['wall'] / peer['wall']:.2f}"
+        pairs = []  # (the command's run, the peer's run before it)
+        for _ in range(args.repeat):
+            if not args.skip_peer and not args.peer_once:
+                peer = run_peer()  # just before the command: the machine at the same speed
+            run = timed([*FXMEM, *cmd], args.timeout)
+            pairs.append((run, peer))
+            if log:
+                log.write(f"=== {' '.join(cmd)}\n--- stdout\n{run['out']}\n--- stderr\n"
+                          f"{run['err']}\n")
+                log.flush()
+        run = pairs[0][0]
+        walls = [r["wall"] for r, _ in pairs]
+        ratios = [r["wall"] / p["wall"] for r, p in pairs if p is not None and p["rc"] == 0]
+        ratio = f"{median(ratios):.2f}" if ratios else ""
         goal = f" (≤ {GOALS[name]})" if name in GOALS and ratio else ""
-        rss = f"{run['rss'] / 1e9:.2f} GB" if run["rss"] else "?"
+        rss = max((r["rss"] for r, _ in pairs if r["rss"]), default=None)
+        rss = f"{rss / 1e9:.2f} GB" if rss else "?"
         shown = " ".join(cmd[1:])
-        against = f"{peer['wall']:.1f} s" if peer is not None else ""
-        rows.append(f"| `fxmem analyze {shown}` | {run['wall']:.1f} s | {rss} | {run['rc']} | "
-                    f"{against} | {ratio}{goal} | {answer(run)} |")
+        against = "" if pairs[0][1] is None else \
+            f"{median(p['wall'] for _, p in pairs if p is not None):.1f} s"
+        each = "" if len(pairs) == 1 else " (" + ", ".join(
+            f"{w:.1f}/{p['wall']:.1f}" for w, (_, p) in zip(walls, pairs) if p is not None) + ")"
+        rows.append(f"| `fxmem analyze {shown}` | {median(walls):.1f} s{each} | {rss} | "
+                    f"{run['rc']} | {against} | {ratio}{goal} | {answer(run)} |")
     if log:
         log.close()
     print("\n| command | wall | max RSS | exit | peer | ratio to peer (goal) | answer |")
