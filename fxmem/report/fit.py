@@ -293,9 +293,9 @@ def _down(fits, top: int, floor: int, below=None) -> int | None:
     """The largest n in [``floor``, ``top``] with ``fits(n)`` (monotone), stepping down
     from ``top`` by doubling steps; ``below()``: an n under ``top`` likely to fit (or None),
     asked where ``top`` does not fit: where it fits, the answer is bisected between them
-    (Llama-3.1-8B over 8 GPUs at B=2: L=2,460 found in 12 replays, 2,798, 1,843 and a
-    bisection, not 19 stepping down from 2,798); where it does not, the steps go down from
-    it.
+    (Llama-3.1-8B over 8 GPUs at B=2: L=2,460 found in 12 replays within the budget,
+    2,798, 1,843 and a bisection, and one with no limit for the guess, not 19 stepping down
+    from 2,798); where it does not, the steps go down from it.
 
     >>> _down(lambda n: n <= 37, 100, 1), _down(lambda n: n <= 37, 100, 1, lambda: 30)
     (37, 37)
