@@ -149,21 +149,22 @@ def test_the_longest_length_is_searched_from_below_the_live_bound(monkeypatch):
     allocator's overhead at the longest L whose live bytes fit (``_below_top``), bisecting
     up from there, not stepping down from that bound: the same L in fewer replays."""
     import fxmem.report.fit as fit_module
+    from fxmem.report.ways import Check, WayOut
 
     real, counts = fit_module._down, []
 
     def spy(fits, top, floor, below=None):
-        seen, asked = {}, []
+        asked, stepped = [], []
 
         def replayed(n):
             asked.append(n)
-            if n not in seen:
-                seen[n] = fits(n)
-            return seen[n]
+            return fits(n)
         got = real(replayed, top, floor, below)
-        counts.append(len(asked))
-        assert below is not None and real(replayed, top, floor) == got  # stepping down
-        counts.append(len(asked) - counts[-1])
+        assert below is not None and got is not None
+        # stepping down from the bound, the replays answered by the L found (the search
+        # is over a monotone fits: those up to it run, those above do not)
+        assert real(lambda n: stepped.append(n) or n <= got, top, floor) == got
+        counts.extend([len(asked), len(stepped)])
         return got
     monkeypatch.setattr(fit_module, "_down", spy)
     r = fxmem.analyze(_Embed(), torch.randint(0, 100, (4, 16)), loss=_sum, device="cuda",
@@ -171,8 +172,10 @@ def test_the_longest_length_is_searched_from_below_the_live_bound(monkeypatch):
     b, length = 8, 2048
     budget = (r.at(L=length // 2).cuda_memory(b).max_reserved
               + r.at(L=length).cuda_memory(b).max_reserved) // 2
-    w = r.fits(b, budget, L=length).way("length")
-    assert w is not None and len(counts) == 2 and counts[0] < counts[1], counts
+    check = Check("device", budget, 0)  # the length way alone (fit searches every way)
+    [w] = fit_module._longest(check, r.at(L=length), b, named=r, dims={"L": length})
+    assert isinstance(w, WayOut) and w.kind == "length"
+    assert len(counts) == 2 and counts[0] < counts[1], counts
     assert r.fits(b, budget, L=w.value, ways=False)
     assert not r.fits(b, budget, L=w.value + 1, ways=False)
 
