@@ -18,6 +18,7 @@ import traceback
 import sympy
 import torch
 from torch._dispatch.python import enable_python_dispatcher
+from torch.utils._mode_utils import no_dispatch
 from torch.utils._pytree import tree_leaves
 
 from ...errors import TraceError
@@ -87,7 +88,8 @@ class EagerOps:
                     return value
                 const = getattr(args[0], "constant", None)  # what the fake kernel returns
                 if func is torch.ops.aten._local_scalar_dense.default and const is not None:
-                    return const.item()  # e.g. Adam's step count, read per parameter
+                    with no_dispatch():  # a real tensor: read, not made fake again
+                        return const.item()  # e.g. Adam's step count, read per parameter
             if func in RETURNS_ITS_INPUT:
                 return args[0]
             if func in LAYOUT_ONLY_GUARD_OPS:
