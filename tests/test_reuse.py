@@ -4,6 +4,7 @@ and as a real step."""
 
 import copy
 import gc
+import inspect
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from fxmem.trace.plans.regions import Region
 from fxmem.trace.blocks.reuse import find_runs
 from fxmem.trace import trace
 from fxmem.trace.ledger.tracking import freeze_more, frozen_gc
+from test_optimizers import OPTIMIZERS
 from witness import witness_step
 from zoo import gpt2 as zoo_gpt2
 
@@ -397,3 +399,31 @@ def test_the_fake_cache_is_on_where_enough_blocks_are_traced_for_real(monkeypatc
               checkpoint=plan)
     assert t.reused == tuple(f"blocks.{i}" for i in ((2, 6) if plan else range(2, 7)))
     assert (torch.ops.aten.addmm.default in seen) == cached
+
+
+def _stack_of_blocks(n=4):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU())
+                                 for _ in range(n)], torch.nn.Linear(8, 2))
+
+
+@pytest.mark.parametrize("impl", ["for-loop", "foreach", "fused"])
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_the_optimizer_state_of_copied_blocks_is_the_state_of_a_full_step(name, impl):
+    """The optimizer's state step over the blocks traced for real, the stand-ins' state
+    copied from their pattern block's (fxmem.trace.blocks.optimizer_state): the trace is
+    the one where every parameter was stepped, for every torch.optim optimizer it copies,
+    foreach or not, fused where the optimizer has it."""
+    from fxmem.trace.blocks.optimizer_state import COPIED
+
+    flag = {"for-loop": dict(foreach=False), "foreach": dict(foreach=True),
+            "fused": dict(fused=True)}[impl]
+    make = OPTIMIZERS[name]
+    if impl == "fused" and "fused" not in inspect.signature(
+            type(make(torch.nn.Linear(1, 1).parameters())).__init__).parameters:
+        pytest.skip(f"{name} has no fused implementation")
+    assert type(make(torch.nn.Linear(1, 1).parameters())) in COPIED
+    a, b = _both(_stack_of_blocks(5), torch.randn(4, 8), loss=lambda o: o.sum(),
+                 optimizer=lambda p: make(p, **flag), device="cpu")
+    assert a.reused == ("3", "4") and not b.reused  # (block 0, fed the input, runs as is)
+    assert _shape(a) == _shape(b)

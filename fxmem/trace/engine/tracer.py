@@ -30,6 +30,7 @@ from torch.utils._pytree import tree_leaves
 from ...errors import FxmemError, InputError, SpecializationError
 from ..blocks.reuse import NoReuse, traced_for_real
 from ..blocks.installed import copied, reuses_under, runs_of
+from ..blocks.optimizer_state import copies_state, copy_state, standin_pairs, without_grads
 from ..blocks.splice import splice
 from ..compiled.inductor import check_compilable, inductor_on_fakes, is_compiled, modes_suspended
 from ..compiled.parts import check_parts, compiled_parts, parts_lowered
@@ -322,6 +323,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
             contextlib.nullcontext(), \
             parts_lowered(parts, taken, rec, hooked=prepared, planned=planned):
         phases.cached = reuse is None or traced_for_real(runs, reuse.runs) >= CACHED_FROM
+        phases.reuse = reuse
         run = functools.partial(run_step, forward, spec_run, fakes.inputs, fakes.targets,
                                 fakes.param_list)
         if warm:  # one unrecorded forward and backward, as fxmem.measure's warm-up step
@@ -391,7 +393,9 @@ class _Fakes:
 class _Phases:
     """What :func:`run_step` calls as each phase of the recorded step begins: the recorder
     told where it is, and before the optimizer's phase, the gradients named and the
-    optimizer's state made by one unrecorded step (the step then runs in steady state).
+    optimizer's state made by one unrecorded step (the step then runs in steady state;
+    with blocks copied, over the blocks traced for real, the stand-ins' state copied:
+    :mod:`fxmem.trace.blocks.optimizer_state`; ``reuse``, set once the stand-ins are in).
     ``cached``: whether FakeTensorMode's cache is on in forward and backward, set once the
     blocks' reuse is entered (no reuse, or :data:`CACHED_FROM` blocks traced for real)."""
 
@@ -399,6 +403,7 @@ class _Phases:
         self.rec, self.mode, self.fakes, self.opt = rec, mode, fakes, opt
         self.cache = mode.cache_enabled
         self.cached = True
+        self.reuse = None  # fxmem.trace.blocks.reuse.Reuse, when blocks are copied
 
     def __call__(self, name: str) -> None:
         rec = self.rec
@@ -430,10 +435,18 @@ class _Phases:
                     rec.names[sid] = ("grad", n)
         if opt is None or needs_closure(opt):
             return
+        local = local_optimizer(opt)  # ZeRO-1: this rank's partition's
+        params = self.fakes.params
+        # copied blocks: their state copied from their pattern block's (the stand-ins'
+        # parameters are not stepped: fxmem.trace.blocks.optimizer_state)
+        pairs = standin_pairs(self.reuse, params) \
+            if self.reuse is not None and copies_state(opt, local) else {}
         rec.recording = False  # state: one unrecorded step
-        opt.step()
+        with without_grads([params[n] for n in pairs]):
+            opt.step()
+        copy_state(local.state, params, pairs)
         rec.recording = True
-        state = local_optimizer(opt).state  # ZeRO-1: this rank's partition's
+        state = local.state
         for n, p in self.fakes.params.items():
             for k, t in state.get(p, {}).items():
                 if isinstance(t, torch.Tensor):
