@@ -243,3 +243,35 @@ def test_the_console_script_ends_without_the_interpreter_s_teardown(tmp_path, en
         assert "from .cli.entry import run" in f.read()
     with open(os.path.join(ROOT, "pyproject.toml")) as f:
         assert 'fxmem = "fxmem.cli.entry:run"' in f.read()
+
+
+def test_the_setup_rows_the_ways_out_do_not_need_are_made_with_the_summary(monkeypatch,
+                                                                          capsys):
+    """The setup's "peak in B, L" and longest-length rows are made when the summary is,
+    after the budget's check has begun (its ways out, searched by children, need neither:
+    on Llama-3.1-8B they had delayed what the one-GPU command's child waits for)."""
+    from fxmem.cli import command, targets
+    from fxmem.report import fit as fit_module
+
+    order, real_fit, real_rows = [], fit_module.fit, targets.longest_rows
+
+    def fit(*args, **kwargs):
+        order.append("fit")
+        return real_fit(*args, **kwargs)
+
+    def rows(*args, **kwargs):
+        order.append("rows")
+        return real_rows(*args, **kwargs)
+    monkeypatch.setattr(fit_module, "fit", fit)
+    monkeypatch.setattr(targets, "longest_rows", rows)
+    with pytest.raises(SystemExit) as done:
+        command.main(["analyze", "hf:gpt2", "--config", "n_layer=1", "--config", "n_embd=64",
+                      "--config", "n_head=2", "--seq", "32", "--optimizer", "adamw",
+                      "--batch", "4", "--budget", "10GiB", "--format", "json"])
+    out = capsys.readouterr()
+    assert done.value.code in (0, None), out.err
+    setup = json.loads(out.out)["setup"]
+    assert order == ["fit", "rows"]
+    assert "B*L" in setup["peak in B, L"] and "largest L within the budget at B=4" in setup
+    assert list(setup)[-3:] == ["peak in B, L", "largest L within the budget at B=4",
+                                "L limit (the model's positions)"]

@@ -17,6 +17,7 @@ import logging
 import sys
 import traceback
 import warnings
+from collections.abc import Mapping
 from dataclasses import replace
 
 import click
@@ -461,12 +462,14 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                              f"error: {one_line(str(e), 300)})") from e
         ahead = param_dtype_ahead(report, batch, budget_bytes, conv_ws, at_dims, jobs,
                                   first=checkpoint == "auto", early=sooner)  # or stops it
-        extra, named = {}, report
+        # the setup's rows in B and the named dims, made when the summary is (the ways out
+        # need none of them: a child may be searching one by then)
+        extra, named, key = [], report, f"peak in B, {', '.join(dims)}"
         if dims:  # the formula in B and the named dims; numbers at the --dim sizes
-            extra[f"peak in B, {', '.join(dims)}"] = str(report.peak)
+            extra.append(lambda: {key: str(named.peak)})
             if budget_bytes is not None and len(dims) == 1 and not auto_compiled:
-                extra.update(longest_rows(report, *dims, budget_bytes, batch,
-                                          position_limit(t.model)))
+                extra.append(lambda: longest_rows(named, *dims, budget_bytes, batch,
+                                                  position_limit(t.model)))
             report = at = report.at(**at_dims)
         # a data-parallel report stays whole: the summary shows the per-rank table and the
         # report of the ranks with the least room (fxmem.report.summary.summarize)
@@ -480,7 +483,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
             report, frontier = chosen.report, chosen.frontier
             compiled_as = chosen.setup_line(auto_compiled, parallel is not None) or compiled_as
             if dims and report is not at and not exact_formula:  # the step without the plan
-                extra[f"peak in B, {', '.join(dims)}"] = unplanned_peak(named, batch, at_dims)
+                extra[0] = lambda: {key: unplanned_peak(named, batch, at_dims)}
         if save_plan:
             from ..trace.plans import Plan
 
@@ -492,10 +495,10 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                  **({"compiled": compiled_as} if compiled_as else {}),
                  **({"GPU compute capability": f"{cc[0]}.{cc[1]}"} if device == "cuda"
                     else {}), **({"checkpoint": checkpoint} if checkpoint != "none" else {}),
-                 **{f"dim {n}": v for n, v in at_dims.items()}, **extra}
+                 **{f"dim {n}": v for n, v in at_dims.items()}}
         summary = functools.partial(
             summarize, report, B=batch, budget_bytes=None if card else budget_bytes, top=top,
-            setup=setup, title=f"fxmem report: {t.name}", frontier=frontier,
+            setup=_Setup(setup, extra), title=f"fxmem report: {t.name}", frontier=frontier,
             cudnn_workspace=conv_ws, gpu=card, context_bytes=context,
             **(dict(named=named, dims=at_dims) if dims and report is at else {}))
         fit, early = None, {}  # early: the summary made while a child searched ways
@@ -521,6 +524,32 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                            amp=torch.float16 if device == "cuda" else torch.bfloat16)
     s = replace(early["s"], fit=fit.as_dict()) if early else summary(whatifs=rows, fit=fit)
     return _render(s, fmt, exact_formula), fit
+
+
+class _Setup(Mapping):
+    """The setup's rows: ``rows``, then those each of ``extra`` gives (callables returning
+    rows), made when first read (the summary's, while a child may search a way out).
+
+    >>> s = _Setup({"model": "m"}, [lambda: {"dim L": 8}])
+    >>> dict(s)
+    {'model': 'm', 'dim L': 8}
+    """
+
+    def __init__(self, rows: dict, extra: list):
+        self._rows, self._extra = rows, extra
+
+    @functools.cached_property
+    def _made(self) -> dict:
+        return {**self._rows, **{k: v for f in self._extra for k, v in f().items()}}
+
+    def __getitem__(self, key):
+        return self._made[key]
+
+    def __iter__(self):
+        return iter(self._made)
+
+    def __len__(self) -> int:
+        return len(self._made)
 
 
 def _check_inference(optimizer, checkpoint, targets, loss, grad_accum, whatif) -> None:
