@@ -166,3 +166,30 @@ def test_the_command_on_one_gpu_traces_fsdp2_in_the_child_alone(capfd, tmp_path,
     assert texts[0] == texts[1] and '"kind": "fsdp+checkpoint"' in texts[0]
     assert not any(mine and w for mine, w in seen[0]) and (False, WORLD_SIZE) in seen[0]
     assert any(mine and w for mine, w in seen[1])  # --jobs 1: here
+
+
+@pytest.mark.parametrize("share", [0.85, 0.9])  # the checkpoint way's line; FSDP2 with a plan
+def test_the_checkpoint_way_given_later_is_read_once_the_search_needs_it(share):
+    """The child is given what its search reads before this process has walked the
+    one-GPU plans (fxmem.report.fit), the checkpoint way after: the search reads it only
+    once it has analysed a world size, and answers as given it first, whether the
+    checkpoint way ends the search with a plan (85 % of the peak) or not (90 %)."""
+    from fxmem.report.ways import Check
+    from fxmem.report.world_size import Asked, search_ranks
+
+    _, _, _, r, _, _ = _case()
+    b = 2048  # (the activations, not the optimizer's state, make the peak)
+    check = Check("live", int(r.peak_bytes(b) * share), 0)
+    one = [w for w in fit_module._plan_at(check, r, b) if not isinstance(w, str)]
+    assert one  # a plan fits on one GPU
+    want = list(search_ranks(check, Asked(check, r, b, one), b, reanalyze=r.reanalyze))
+    analysed, read_after = [], []
+
+    def again(**kw):
+        analysed.append(kw)
+        return r.reanalyze(**kw)
+    asked = pickle.loads(pickle.dumps(Asked(check, r, b).resolved()))
+    asked.later(lambda: read_after.append(len(analysed)) or one[0])
+    assert list(search_ranks(check, asked, b, reanalyze=again)) == want
+    assert len(read_after) == 1 and read_after[0] > 0
+    assert any("the checkpoint way" in w for w in want if isinstance(w, str)) == (share == 0.85)

@@ -113,7 +113,8 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
     answer taken where it searched this way, the child stopped otherwise; ``ranks_ahead``:
     likewise, FSDP2's fewest GPUs for a step on one GPU
     (:func:`fxmem.report.ranks_ahead.fewest_early`), given what it reads of the step once
-    the checkpoint way is found, while this process searches the others. ``meanwhile()``:
+    the largest B is found (the checkpoint way once it is), while this process searches
+    the others. ``meanwhile()``:
     work the caller needs next (the CLI: the report's summary), done once this process has
     searched its own ways, where a child's are not found yet (Llama-3.1-70B's command
     waited 9 s for the way searched ahead, then made its summary, 3.4 s)."""
@@ -167,10 +168,15 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
     mine = [k for k in range(len(searches)) if (child is None or k not in BESIDE)
             and (ahead is None or k != AHEAD) and (ranks_ahead is None or k != RANKS)]
     try:
-        got = run([k for k in mine if ranks_ahead is None or k < RANKS], progress)
-        before = [w for k in sorted(got) for w in got[k] if isinstance(w, WayOut)]
-        if ranks_ahead is not None:  # the child searches from the ways found so far
-            _give(ranks_ahead, check, report, B, before, jobs)
+        if ranks_ahead is None:
+            got = run(mine, progress)
+        else:  # what the child searches from given before the checkpoint way's walk; that
+            # way, which the child reads once its own search is done, after it
+            got = run([k for k in mine if k < PLAN], progress)
+            _give(ranks_ahead, check, report, B, jobs)
+            got.update(run([k for k in mine if PLAN <= k < RANKS], progress))
+            before = [w for k in sorted(got) for w in got[k] if isinstance(w, WayOut)]
+            ranks_ahead.give_one(next((w for w in before if w.kind == "checkpoint"), None))
             got.update(run([k for k in mine if k > RANKS], progress, before))
         if meanwhile is not None and any(c is not None and not c.ready()
                                          for c in (child, ahead, ranks_ahead)):
@@ -204,19 +210,21 @@ BESIDE = (1, 2)  # the ways fit's jobs=2 searches in a child, in order: the plan
 # the fewest GPUs (which reads it); none of the others reads another's
 AHEAD = 3  # FSDP2's mixed precision: the way fxmem.report.ahead searches
 RANKS = 2  # the fewest GPUs: the way fxmem.report.ranks_ahead searches, on one GPU
+PLAN = 1  # the checkpoint way
 
 
-def _give(ranks_ahead, check, report, b: int, found: list, jobs: int) -> None:
+def _give(ranks_ahead, check, report, b: int, jobs: int) -> None:
     """What the fewest GPUs' search reads of the step as asked given to the child searching
-    it (:mod:`fxmem.report.ranks_ahead`); where that fails, the child stopped (fit then
-    searches the way itself)."""
+    it (:mod:`fxmem.report.ranks_ahead`), the checkpoint way to come
+    (:meth:`~fxmem.report.ranks_ahead.RanksAhead.give_one`); where that fails, the child
+    stopped (fit then searches the way itself)."""
     from .world_size import Asked
 
     try:
-        asked = Asked(check, report, b, found).resolved()
+        asked = Asked(check, report, b).resolved()
     except FxmemError:
         asked = None
-    if asked is None or not ranks_ahead.give(asked, jobs):
+    if asked is None or not ranks_ahead.give(asked, jobs, later=True):
         ranks_ahead.cancel()
 
 

@@ -263,9 +263,28 @@ class Asked:
         self.compiled = rank_reports(report)[0].trace.compiled
         self.plan = report.plan
         self.changes = as_asked(report, b)  # (a B below the formulas' traced as an int there too)
-        self.one = next((f for f in found if f.kind == "checkpoint"), None)
+        self._one = next((f for f in found if f.kind == "checkpoint"), None)
+        self._later = None  # () -> the checkpoint way, where it comes after the rest
         self.start = self.strategy.world_size + 1 if self.strategy is not None else 2
         self.report, self._b, self._budget = report, b, check.budget
+
+    @property
+    def one(self):
+        """The checkpoint way (of ``found``, or given :meth:`later`), or None."""
+        if self._later is not None:
+            self._one, self._later = self._later(), None
+        return self._one
+
+    @property
+    def one_later(self) -> bool:
+        """Whether the checkpoint way is still to come (:meth:`later`)."""
+        return self._later is not None
+
+    def later(self, read) -> None:
+        """The checkpoint way read by ``read()`` when first asked for: what a process given
+        the rest before that way was found (:mod:`fxmem.report.ranks_ahead`) waits for only
+        once its search needs it."""
+        self._later = read
 
     @cached_property
     def least(self) -> int:
@@ -448,13 +467,19 @@ def search_ranks(check, asked: Asked, b, *, reanalyze, dims=None, jobs=1):
     # a plan fits the step as asked (the checkpoint way): one GPU more is a way where a plan
     # runs there re-running less. None that runs on every rank re-runs less than the
     # cheapest that runs on rank 0 (derived): when that one does not, the other ranks there
-    # are not traced
-    one = asked.one
-    first = None if one is None else choice(start, part=lead)
-    if first is not None and not isinstance(first, str) and \
-            one.recompute_share <= first.recompute_fraction:
-        yield (f"FSDP2 with a checkpoint plan: on {_n_gpus(start - 1)} a plan re-running no "
-               "more fits (the checkpoint way)")
+    # are not traced. A checkpoint way still to come is read once the search below is done
+    # (the process searching ahead is given it later: fxmem.report.ranks_ahead)
+    def as_asked_line(one):
+        first = None if one is None else choice(start, part=lead)
+        if first is not None and not isinstance(first, str) and \
+                one.recompute_share <= first.recompute_fraction:
+            return (f"FSDP2 with a checkpoint plan: on {_n_gpus(start - 1)} a plan re-running "
+                    "no more fits (the checkpoint way)")
+        return None
+    one = None if asked.one_later else asked.one
+    line = as_asked_line(one)
+    if line:
+        yield line
         return
     top = MAX_WORLD_SIZE if w is None else w - 1
     seen = [] if w0 is None or one is not None else \
@@ -464,6 +489,12 @@ def search_ranks(check, asked: Asked, b, *, reanalyze, dims=None, jobs=1):
         fits, start, top, need=need, budget=check.budget, seen=seen,
         floor=lambda w: live_peak(under(w, lead), b),  # no plan's peak is under it
         guess=asked.plan_guess, fork=jobs > 1, every=every)
+    if asked.one_later:  # (one GPU as asked: no world size of the search read it)
+        one = asked.one
+        line = as_asked_line(one)
+        if line:
+            yield line
+            return
     if w2 is None:
         yield ("FSDP2 with a checkpoint plan needs as many GPUs as without one" if w else
                f"no number of GPUs under FSDP2 fits B={b} with a checkpoint plan either "
