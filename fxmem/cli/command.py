@@ -17,7 +17,6 @@ import logging
 import sys
 import traceback
 import warnings
-from collections.abc import Mapping
 from dataclasses import replace
 
 import click
@@ -363,9 +362,9 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
     from ..trace.engine import Step
     from ..report.ahead import param_dtype_ahead, param_dtype_early, reanalyze_of
     from ..report.ranks_ahead import fewest_early
-    from .targets import (batch_dim_of, check_positions, load_target, longest_rows, named_dims,
-                          parse_capability, parse_config, parse_size, parse_tensor,
-                          position_limit)
+    from .targets import (SetupRows, batch_dim_of, check_positions, load_target, longest_rows,
+                          named_dims, parse_capability, parse_config, parse_size,
+                          parse_tensor, position_limit)
 
     budget_bytes = parse_size(budget) if budget is not None else None
     if budget_bytes is not None and budget_bytes < 1:
@@ -462,8 +461,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                              f"error: {one_line(str(e), 300)})") from e
         ahead = param_dtype_ahead(report, batch, budget_bytes, conv_ws, at_dims, jobs,
                                   first=checkpoint == "auto", early=sooner)  # or stops it
-        # the setup's rows in B and the named dims, made when the summary is (the ways out
-        # need none of them: a child may be searching one by then)
+        # the setup's rows in B and the dims, made with the summary (no way out reads them)
         extra, named, key = [], report, f"peak in B, {', '.join(dims)}"
         if dims:  # the formula in B and the named dims; numbers at the --dim sizes
             extra.append(lambda: {key: str(named.peak)})
@@ -498,7 +496,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                  **{f"dim {n}": v for n, v in at_dims.items()}}
         summary = functools.partial(
             summarize, report, B=batch, budget_bytes=None if card else budget_bytes, top=top,
-            setup=_Setup(setup, extra), title=f"fxmem report: {t.name}", frontier=frontier,
+            setup=SetupRows(setup, extra), title=f"fxmem report: {t.name}", frontier=frontier,
             cudnn_workspace=conv_ws, gpu=card, context_bytes=context,
             **(dict(named=named, dims=at_dims) if dims and report is at else {}))
         fit, early = None, {}  # early: the summary made while a child searched ways
@@ -524,32 +522,6 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                            amp=torch.float16 if device == "cuda" else torch.bfloat16)
     s = replace(early["s"], fit=fit.as_dict()) if early else summary(whatifs=rows, fit=fit)
     return _render(s, fmt, exact_formula), fit
-
-
-class _Setup(Mapping):
-    """The setup's rows: ``rows``, then those each of ``extra`` gives (callables returning
-    rows), made when first read (the summary's, while a child may search a way out).
-
-    >>> s = _Setup({"model": "m"}, [lambda: {"dim L": 8}])
-    >>> dict(s)
-    {'model': 'm', 'dim L': 8}
-    """
-
-    def __init__(self, rows: dict, extra: list):
-        self._rows, self._extra = rows, extra
-
-    @functools.cached_property
-    def _made(self) -> dict:
-        return {**self._rows, **{k: v for f in self._extra for k, v in f().items()}}
-
-    def __getitem__(self, key):
-        return self._made[key]
-
-    def __iter__(self):
-        return iter(self._made)
-
-    def __len__(self) -> int:
-        return len(self._made)
 
 
 def _check_inference(optimizer, checkpoint, targets, loss, grad_accum, whatif) -> None:

@@ -16,11 +16,13 @@ torch.int64
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -274,6 +276,32 @@ def longest_rows(report, name: str, budget_bytes: int, batch: int,
     if limit is not None:
         rows[f"{name} limit (the model's positions)"] = limit
     return rows
+
+
+class SetupRows(Mapping):
+    """The setup's rows: ``rows``, then those each of ``extra`` gives (callables returning
+    rows), made when first read (the summary's, while a child may search a way out).
+
+    >>> s = SetupRows({"model": "m"}, [lambda: {"dim L": 8}])
+    >>> dict(s)
+    {'model': 'm', 'dim L': 8}
+    """
+
+    def __init__(self, rows: dict, extra: list):
+        self._rows, self._extra = rows, extra
+
+    @functools.cached_property
+    def _made(self) -> dict:
+        return {**self._rows, **{k: v for f in self._extra for k, v in f().items()}}
+
+    def __getitem__(self, key):
+        return self._made[key]
+
+    def __iter__(self):
+        return iter(self._made)
+
+    def __len__(self) -> int:
+        return len(self._made)
 
 
 def _position_field(model: torch.nn.Module):

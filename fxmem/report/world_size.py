@@ -475,10 +475,8 @@ def search_ranks(check, asked: Asked, b, *, reanalyze, dims=None, jobs=1):
                 one.recompute_share <= first.recompute_fraction:
             return (f"FSDP2 with a checkpoint plan: on {_n_gpus(start - 1)} a plan re-running "
                     "no more fits (the checkpoint way)")
-        return None
     one = None if asked.one_later else asked.one
-    line = as_asked_line(one)
-    if line:
+    if line := as_asked_line(one):
         yield line
         return
     top = MAX_WORLD_SIZE if w is None else w - 1
@@ -490,9 +488,7 @@ def search_ranks(check, asked: Asked, b, *, reanalyze, dims=None, jobs=1):
         floor=lambda w: live_peak(under(w, lead), b),  # no plan's peak is under it
         guess=asked.plan_guess, fork=jobs > 1, every=every)
     if asked.one_later:  # (one GPU as asked: no world size of the search read it)
-        one = asked.one
-        line = as_asked_line(one)
-        if line:
+        if line := as_asked_line(one := asked.one):
             yield line
             return
     if w2 is None:
