@@ -189,20 +189,25 @@ def largest_running(runs, lo: int, top: int, guess: int) -> int | None:
         while good < top:
             nxt = min(top, good + step)
             if not runs(nxt):
-                return _bisect(runs, good, nxt)
+                return bisect_largest(runs, good, nxt)
             good, step = nxt, 2 * step
         return good
     bad, step = b, 1
     while bad > lo:
         nxt = max(lo, bad - step)
         if runs(nxt):
-            return _bisect(runs, nxt, bad)
+            return bisect_largest(runs, nxt, bad)
         bad, step = nxt, 2 * step
     return None
 
 
-def _bisect(runs, good: int, bad: int) -> int:
-    """runs(good), not runs(bad): the largest that runs."""
+def bisect_largest(runs, good: int, bad: int) -> int:
+    """``runs(good)``, not ``runs(bad)`` (``runs`` monotone between them): the largest that
+    runs, bisected (here and in :func:`fxmem.report.fit.fit`'s length search).
+
+    >>> bisect_largest(lambda n: n <= 37, 1, 100)
+    37
+    """
     while bad - good > 1:
         mid = (good + bad) // 2
         good, bad = (mid, bad) if runs(mid) else (good, mid)
@@ -214,7 +219,7 @@ def below(live, lo: int, top: int, room: int) -> int:
     with b; cheap), else ``lo``: where a search by the replay starts."""
     if live(lo) > room:
         return lo
-    return _bisect(lambda b: live(b) <= room, lo, top + 1) if live(top) > room else top
+    return bisect_largest(lambda b: live(b) <= room, lo, top + 1) if live(top) > room else top
 
 
 def no_plan_runs(b: int, budget_bytes: int, walked: Walked, where: str = "",
@@ -236,4 +241,4 @@ def no_plan_runs(b: int, budget_bytes: int, walked: Walked, where: str = "",
 
 
 __all__ = ["MAX_REPLAYS", "device_run", "oom_phrase", "Walked", "walk",
-           "largest_running", "below", "no_plan_runs"]
+           "largest_running", "bisect_largest", "below", "no_plan_runs"]

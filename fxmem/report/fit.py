@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from ..checkpoint.on_device import bisect_largest
 from ..errors import FxmemError, InfeasibleBudgetError, InputError
 from .ahead import NICENESS
 from .forked import forked
@@ -313,21 +314,13 @@ def _down(fits, top: int, floor: int, below=None) -> int | None:
     guess = below() if below is not None else None
     if guess is not None and floor <= guess < top:
         if fits(guess):
-            return _bisect(fits, guess, top)
+            return bisect_largest(fits, guess, top)
         top = guess
     step, hi = 1, top  # not fits(hi)
     while True:
         lo = top - step
         if lo <= floor:
-            return _bisect(fits, floor, hi) if fits(floor) else None
+            return bisect_largest(fits, floor, hi) if fits(floor) else None
         if fits(lo):
-            return _bisect(fits, lo, hi)
+            return bisect_largest(fits, lo, hi)
         hi, step = lo, 2 * step
-
-
-def _bisect(fits, lo: int, hi: int) -> int:
-    """fits(lo), not fits(hi): the largest that fits."""
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
