@@ -172,3 +172,49 @@ def test_costs_past_2_to_the_62_sort_by_their_value():
     costs = [rng.randrange(4) << 62 | rng.randrange(1 << 62) for _ in range(500)]
     order = np.lexsort(C._cost_keys(C._wide(costs)))
     assert [costs[i] for i in order] == sorted(costs)
+
+
+def _per_choice(layer, choices, boundary, cost, nR, pk, ids, budget, max_cost):  # noqa: N803
+    """The states a boundary's choices make, one part per choice (the solver's step before
+    it made them in one array operation per boundary ended before)."""
+    for c in choices:
+        v = np.maximum(pk, np.maximum(c.own + nR, boundary[c.last + 1] + nR - c.released))
+        ok = v <= budget
+        if max_cost is not None:
+            ok &= C._within(cost, max_cost - c.cost)
+        if ok.any():
+            layer[c.last + 1].append((C._plus(cost[ok], c.cost), nR[ok] - c.released, v[ok],
+                                      ids[ok], np.full(int(ok.sum()), c.name[-1])))
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("times", [1, (1 << 64) + (1 << 62) - 1])
+def test_each_boundary_makes_the_states_choice_by_choice(seed, times):
+    """:func:`fxmem.checkpoint.chain._extend` makes a boundary's new states as a part per
+    choice would, in the same order (which breaks ties between plans): each boundary's
+    arrays equal, within budgets and cost bounds, for costs past 2**62 too."""
+    rng = random.Random(900 + seed)
+    problem = random_problem(rng, 6 + seed % 4)
+    problem = C.ChainProblem(problem.n, tuple(
+        replace(c, cost=c.cost * times, name=(*c.name, i)) for i, c in enumerate(problem.choices)),
+        problem.boundary, problem.start)
+    cost = C._wide([rng.randrange(200) * times for _ in range(40)]) if times > 1 else \
+        np.array([rng.randrange(200) for _ in range(40)], np.int64)
+    nR = -np.array([rng.randrange(100) for _ in range(40)], float)  # noqa: N806
+    pk = np.array([rng.randrange(50, 400) for _ in range(40)], float)
+    ids = np.arange(100, 140)
+    for budget in (300, 450, 10**9):
+        for bound in (None, 150 * times, 10 * times, -1):
+            for k, choices in enumerate(C._by_first(problem)):
+                want = [[] for _ in range(problem.n + 1)]
+                _per_choice(want, choices, problem.boundary, cost, nR, pk, ids, budget, bound)
+                got = [[] for _ in range(problem.n + 1)]
+                for end, group in C._ends(problem)[k]:
+                    C._extend(got[end], group, problem.boundary[end], cost, nR, pk, ids,
+                              budget, bound)
+                for a, b in zip(want, got):
+                    a = [np.concatenate(col) for col in zip(*a)] if a else []
+                    b = [np.concatenate(col) for col in zip(*b)] if b else []
+                    assert len(a) == len(b)
+                    for x, y in zip(a, b):
+                        assert x.dtype == y.dtype and np.array_equal(x, y)
