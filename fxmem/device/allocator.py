@@ -243,15 +243,19 @@ def _flat(replay) -> list:
     a matmul's workspace, a reduction's staging, the optimizer state made at its phase's
     first op) and :meth:`_Replay._op` runs it. The frees before the first op are not in
     it (:meth:`_Replay.start` leaves them to the step's end)."""
-    out, ops, prev = [], replay.ops, None
-    for i, op in enumerate(ops):
-        if i in replay.calls or op.op in CUBLAS_OPS or op.reduce is not None or (
-                op.phase == "optimizer" and prev != "optimizer"):
-            out.append((i, None))
+    out, prev = [], None
+    calls, allocs, frees, add = replay.calls, replay.allocs, replay.frees, out.append
+    for i, op in enumerate(replay.ops):
+        phase = op.phase
+        if i in calls or op.op in CUBLAS_OPS or op.reduce is not None or (
+                phase == "optimizer" and prev != "optimizer"):
+            add((i, None))
         else:
-            out.extend((i, sid) for sid in replay.allocs[i])
-        out.extend((i, ~sid) for sid in replay.frees[i + 1])
-        prev = op.phase
+            for sid in allocs[i]:
+                add((i, sid))
+        for sid in frees[i + 1]:
+            add((i, ~sid))
+        prev = phase
     return out
 
 
@@ -294,8 +298,12 @@ class _Replay:
         self.allocs, self.frees = _per_graph(graph, "_events", lambda: _events(graph))
         self.calls = _per_graph(graph, "_call_orders", lambda: _call_orders(graph, self.allocs))
         self.events = _per_graph(graph, "_replay_events", lambda: _flat(self))
-        on_device = [not _host_resident(s) for s in self.storages]
-        self.size = [s.size(B) if on_device[s.sid] else 0 for s in self.storages]
+        self.size, at = [], {}  # at: Size -> its bytes at B (storages share them)
+        for s in self.storages:
+            v = 0 if _host_resident(s) else at.get(s.size)
+            if v is None:
+                v = at[s.size] = s.size(B)
+            self.size.append(v)
         self.stream = [s.stream for s in self.storages]  # each stream's blocks kept apart
         self.ws = cublas_workspace_bytes(compute_capability) if cublas_workspace is None \
             else cublas_workspace

@@ -188,15 +188,20 @@ def no_bytes(b: int) -> int:
 
 
 def _events(graph: StorageGraph):
-    """Per op: storages allocated by it, storages freed right after it (-1: before op 0)."""
+    """Per op: storages allocated by it, storages freed right after it (-1: before op 0):
+    lists, read only (a step graph's replays share them), the empty tuple where there are
+    none (two empty lists per op had been made for each plan a walk replays)."""
     n = len(graph.ops)
-    allocs = [[] for _ in range(n)]
-    frees = [[] for _ in range(n + 1)]  # frees[i + 1]: freed after op i
+    allocs: list = [()] * n
+    frees: list = [()] * (n + 1)  # frees[i + 1]: freed after op i
     for s in graph.storages:
-        if s.created_by >= 0:
-            allocs[s.created_by].append(s.sid)
-        if s.freed_after is not None:
-            frees[s.freed_after + 1].append(s.sid)
+        for lists, i in ((allocs, s.created_by), (frees, -1 if s.freed_after is None
+                                                   else s.freed_after + 1)):
+            if i >= 0:
+                if lists[i]:
+                    lists[i].append(s.sid)
+                else:
+                    lists[i] = [s.sid]
     return allocs, frees
 
 
