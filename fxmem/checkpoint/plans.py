@@ -80,7 +80,7 @@ def region_calls(trace: Trace, entry) -> list:
     mods = modules_of(entry)
     out = []
     for path in mods:
-        calls = [c for c in trace.calls if c.path == path]
+        calls = trace.calls_of(path)
         if len(calls) != 1:
             raise InputError(f"cannot derive a plan with {path!r} from one trace: it runs "
                              f"{len(calls)} times in one step (analyze(..., checkpoint=plan) "
@@ -133,7 +133,6 @@ def schedule(trace: Trace, entry) -> SegmentSchedule | None:
 def _schedule(trace: Trace, entry) -> SegmentSchedule | None:
     calls = region_calls(trace, entry)
     mods = modules_of(entry)
-    path = str(entry)
     first, last = calls[0].forward_op, calls[-1].last_op
     cached = frozenset()
     if getattr(entry, "save", ()):
@@ -143,11 +142,26 @@ def _schedule(trace: Trace, entry) -> SegmentSchedule | None:
             raise InputError(f"checkpoint region {entry}: its forward has no call {missing[0]} "
                              f"(ops are named (aten op, n), the n-th call from 0)")
         cached = frozenset(names[s] for s in entry.save)
+    region = _region(trace, mods, calls)
+    return None if region is None else SegmentSchedule(str(entry), *region, cached, mods)
+
+
+def _region(trace: Trace, mods: tuple, calls: list) -> tuple | None:
+    """What :class:`SegmentSchedule` says of the region of modules ``mods`` (``calls``,
+    their :func:`region_calls`) whatever op outputs a selective plan keeps: ``(first_op,
+    last_op, stop, recompute_at, order, done_after, inputs)``, or None where it saves
+    nothing. Kept on the trace: a block's candidates are a dozen entries over one region
+    (whole, and keeping each set of op outputs)."""
+    known = trace.__dict__.setdefault("_regions", {})
+    if mods in known:
+        return known[mods]
+    first, last = calls[0].forward_op, calls[-1].last_op
     within, prefixes = set(mods), _prefixes(trace)
     packs = [p for _, p in sorted(kp for m, ps in _packs_by_module(trace).items()
                                   if not within.isdisjoint(prefixes[m])
                                   for kp in ps)]  # in the trace's order
     if not packs:
+        known[mods] = None
         return None
     unpacked = [p for p in packs if p.unpacked_at is not None]
     first_unpack = min(unpacked, key=lambda p: p.unpack_order) if unpacked else None
@@ -157,11 +171,11 @@ def _schedule(trace: Trace, entry) -> SegmentSchedule | None:
             if storages[s].created_by < calls[0].first_op}
     given = {s for c in calls for s in c.arg_sids if storages[s].created_by < calls[0].forward_op}
     inputs = sorted(s for s in read | given if storages[s].category not in _STATIC)
-    return SegmentSchedule(path, first, last, max(p.at for p in packs),
-                           first_unpack.unpacked_at if first_unpack else None,
-                           first_unpack.unpack_order if first_unpack else 0,
-                           latest(*(p.released_after for p in packs)), tuple(inputs), cached,
-                           mods)
+    known[mods] = (first, last, max(p.at for p in packs),
+                   first_unpack.unpacked_at if first_unpack else None,
+                   first_unpack.unpack_order if first_unpack else 0,
+                   latest(*(p.released_after for p in packs)), tuple(inputs))
+    return known[mods]
 
 
 def derive(trace: Trace, plan) -> Trace:
@@ -377,8 +391,9 @@ def _remade(trace: Trace, sc: SegmentSchedule) -> tuple:
     the base op after which the last lets go (:data:`NEVER`: never); else dropped by
     Python in the re-run, or when it stops: after base op ``after`` of the re-run (kept on
     the trace)."""
-    known = trace.__dict__.setdefault("_remade", {})
-    if sc not in known:
+    known = trace.__dict__.setdefault("_remade", {})  # by region: what ``sc`` keeps aside
+    key = (sc.first_op, sc.stop, sc.modules)
+    if key not in known:
         packs_of, prefixes, ops = _packs_of(trace), _prefixes(trace), trace.ops
         mods, end, out = set(sc.modules), sc.stop - 1, []
         for j in range(sc.first_op, sc.stop):
@@ -392,9 +407,9 @@ def _remade(trace: Trace, sc: SegmentSchedule) -> tuple:
                     u = trace.storages[s].unref_after
                     out.append((j, s, False, u if u is not None and u <= end else end))
         columns = list(zip(*out)) or [(), (), (), ()]
-        known[sc] = (np.array(columns[0], np.int64), np.array(columns[1], np.int64),
-                     np.array(columns[2], bool), np.array(columns[3], np.int64))
-    return known[sc]
+        known[key] = (np.array(columns[0], np.int64), np.array(columns[1], np.int64),
+                      np.array(columns[2], bool), np.array(columns[3], np.int64))
+    return known[key]
 
 
 def _base(trace: Trace) -> tuple:

@@ -82,7 +82,16 @@ def uncached(trace: Trace, modules) -> Uncached:
 
 def _of_call(trace: Trace, call) -> Uncached | None:
     """:class:`Uncached` of one call of a layer; None when an empty tensor it makes is not
-    one the cache's concatenation starts from."""
+    one the cache's concatenation starts from. Kept on the trace (a layer is in many
+    regions: each group of blocks around it)."""
+    known = trace.__dict__.setdefault("_uncached_calls", {})
+    key = (call.path, call.first_op)
+    if key not in known:
+        known[key] = _found(trace, call)
+    return known[key]
+
+
+def _found(trace: Trace, call) -> Uncached | None:
     ops, storages = trace.ops, trace.storages
     lo, hi = call.forward_op, call.last_op
     empties = {s: i for i in range(lo, hi + 1) if ops[i].op == _EMPTY for s in ops[i].new_sids
@@ -122,9 +131,8 @@ def _of_call(trace: Trace, call) -> Uncached | None:
 
 def _end_of(trace: Trace, i: int) -> int:
     """The last op of the innermost module call that ran op ``i``."""
-    path = trace.ops[i].module
-    return min((c.last_op for c in trace.calls
-                if c.path == path and c.first_op <= i <= c.last_op), default=i)
+    return min((c.last_op for c in trace.calls_of(trace.ops[i].module)
+                if c.first_op <= i <= c.last_op), default=i)
 
 
 def held_by_locals(lost: Uncached, sc, sids, saved, free, where) -> np.ndarray:

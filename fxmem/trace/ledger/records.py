@@ -202,3 +202,17 @@ def _graph(self) -> torch.fx.Graph:
 
 
 Trace.graph = property(_graph)
+
+
+def _calls_of(self, path: str) -> list:
+    """The calls of the module at ``path``, in call order (an index kept on the trace: a
+    planner asks it of each region it derives, hundreds)."""
+    index = self.__dict__.get("_calls_by_path")
+    if index is None:
+        index = self.__dict__["_calls_by_path"] = {}
+        for c in self.calls:
+            index.setdefault(c.path, []).append(c)
+    return index.get(path, [])
+
+
+Trace.calls_of = _calls_of
