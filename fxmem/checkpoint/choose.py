@@ -39,7 +39,8 @@ from ..memory.liveness import start_bytes, timeline
 from ..memory.sizes import device_sizes
 from ..trace.plans import Plan
 from . import solve as S
-from .plans import derive, schedule
+from .plans import derive
+from .schedules import schedule
 
 MAX_TIGHTENINGS = 6  # re-solves with a smaller budget when the exact peak is over it
 LIMIT_B = 2**40  # a batch size past this fits: the peak does not grow with B

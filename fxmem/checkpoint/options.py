@@ -47,7 +47,8 @@ from . import chain as C
 from .choose import FrontierPoint, PlanChoice, default_candidates, tightened
 from .flops import ALIASES
 from .numbers import SizeValues
-from .plans import derive_numbers, region_calls, sac_calls, schedule
+from .plans import derive_numbers
+from .schedules import region_calls, sac_calls, schedule
 
 KINDS = ("module", "group", "selective")
 _ATTENTION = ("aten._scaled_dot_product_flash_attention.default",

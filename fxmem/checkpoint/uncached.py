@@ -137,7 +137,7 @@ def _end_of(trace: Trace, i: int) -> int:
 
 def held_by_locals(lost: Uncached, sc, sids, saved, free, where) -> np.ndarray:
     """``free`` (the derived "freed after" of each storage the re-run of ``sc``, a
-    :class:`~fxmem.checkpoint.plans.SegmentSchedule`, makes: base ``sids``, ``saved`` by an
+    :class:`~fxmem.checkpoint.schedules.SegmentSchedule`, makes: base ``sids``, ``saved`` by an
     op inside, ``where`` each re-run op's derived index) with each key or value tensor of
     a layer re-run without its cache (``lost``) held by the attention's locals until its
     forward ends, and as long as a dropped tensor it stands for was saved."""
