@@ -3,18 +3,10 @@
 code and report), times the stages it names, and lists them by process."""
 
 import json
-import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SEED = ["examples/seed_convnet.py:SimpleConvNet", "--input", "B,3,32,32", "--target",
-        "B:int64:10", "--optimizer", "adam", "--batch", "64"]
-
-
-def _fxmem(*args):
-    return subprocess.run([sys.executable, "-m", "fxmem", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+from test_cli import ROOT, SEED, run
 
 
 def test_the_command_runs_as_it_does_alone_with_its_stages_timed(tmp_path):
@@ -22,7 +14,7 @@ def test_the_command_runs_as_it_does_alone_with_its_stages_timed(tmp_path):
     args = ["analyze", *SEED, "--budget", "4MiB", "--format", "json"]  # over: ways searched
     r = subprocess.run([sys.executable, "benchmarks/timeline.py", "--out", str(out), "--",
                         *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    alone = _fxmem(*args)
+    alone = run(*args, module=True)
     assert r.returncode == alone.returncode == 4, r.stderr[-2000:]
     assert json.loads(r.stdout)["fit"] == json.loads(alone.stdout)["fit"]
     rows = [line.split() for line in out.read_text().splitlines()]
