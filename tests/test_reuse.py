@@ -169,7 +169,9 @@ PLANS = {  # plan -> the blocks copied: a run is cut where the plan treats block
     "selective": ([Region((f"{H}.{i}",), save=(("aten.mm.default", 0),)) for i in range(5)],
                   (2, 3, 4)),
     "group": ([Region((f"{H}.0", f"{H}.1")), *(f"{H}.{i}" for i in range(2, 5))], (4,)),
-    "mixed": ([f"{H}.0", f"{H}.1", f"{H}.2.mlp", f"{H}.3", f"{H}.4"], ()),
+    # blocks treated alike are one run wherever they are: 0, 1, 3 and 4 checkpointed whole
+    "mixed": ([f"{H}.0", f"{H}.1", f"{H}.2.mlp", f"{H}.3", f"{H}.4"], (3, 4)),
+    "apart": ([f"{H}.0", f"{H}.2", f"{H}.4"], (4,)),  # and 1 and 3, none: traced
 }
 
 
@@ -375,9 +377,10 @@ def test_copied_blocks_that_return_none_beside_a_tensor():
         assert r.peak_bytes(b) == fxmem.measure(m, (x,), **kw, B=b).peak_bytes
 
 
-@pytest.mark.parametrize("plan, real, cached", [((), 2, False), ((3,), 5, True)])
+@pytest.mark.parametrize("plan, real, cached, copied",
+                         [((), 2, False, range(2, 7)), ((2, 3), 4, True, (4, 5, 6))])
 def test_the_fake_cache_is_on_where_enough_blocks_are_traced_for_real(monkeypatch, plan,
-                                                                     real, cached):
+                                                                     real, cached, copied):
     # FakeTensorMode's dispatch cache costs more than it saves where a forward op repeats
     # about twice (two blocks traced, the others copied) and pays where a plan cuts the
     # runs into pieces whose blocks are traced for real (tracer.CACHED_FROM)
@@ -397,7 +400,7 @@ def test_the_fake_cache_is_on_where_enough_blocks_are_traced_for_real(monkeypatc
     assert traced_for_real(runs, by_plan(runs, plan)) == real
     t = trace(model, torch.randn(4, 16), loss=None, optimizer=torch.optim.SGD, device="cpu",
               checkpoint=plan)
-    assert t.reused == tuple(f"blocks.{i}" for i in ((2, 6) if plan else range(2, 7)))
+    assert t.reused == tuple(f"blocks.{i}" for i in copied)
     assert (torch.ops.aten.addmm.default in seen) == cached
 
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from itertools import groupby
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -198,21 +197,27 @@ def by_plan(runs: list, plan) -> list:
     """``runs`` cut where checkpoint ``plan`` treats their blocks differently: the blocks of
     a run must carry the same regions, read from inside each (every block checkpointed
     whole, or each one's MLP with the same op calls saved, or none), so that a copy of the
-    second block's ops, its re-run in backward included, is each later block's. A block
-    that a larger region holds (a group of blocks, a module around the run) is in no run;
-    pieces of fewer than :data:`MIN_RUN` blocks are traced block by block.
+    second block's ops, its re-run in backward included, is each later block's. The blocks
+    of a run the plan treats alike are one run wherever they are in it (as two kinds of
+    layer taking turns are two runs: :func:`find_runs`): a plan checkpointing a Llama's
+    first 12 blocks whole, the next 19 saving an op output each and the last whole traces
+    four blocks for real, not five. A block that a larger region holds (a group of blocks,
+    a module around the run) is in no run; fewer than :data:`MIN_RUN` blocks treated alike
+    are traced block by block.
 
     >>> m = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(7)])
     >>> [r.paths for r in by_plan(find_runs(m), ["0", "1", "2"])]
     [('0', '1', '2'), ('3', '4', '5', '6')]
+    >>> [r.paths for r in by_plan(find_runs(m), ["0", "1", "5", "6"])]
+    [('0', '1', '5', '6'), ('2', '3', '4')]
     """
     out = []
     for run in runs:
-        blocks = zip(run.paths, run.modules, run.nexts)
-        for key, piece in groupby(blocks, lambda b: _regions_inside(user_path(b[0]), plan)):
-            piece = list(piece)
-            if key is not None and len(piece) >= MIN_RUN:
-                out.append(Run(*(tuple(x) for x in zip(*piece))))
+        alike: dict = {}  # the blocks' regions -> those blocks, in the run's order
+        for b in zip(run.paths, run.modules, run.nexts):
+            alike.setdefault(_regions_inside(user_path(b[0]), plan), []).append(b)
+        out.extend(Run(*(tuple(x) for x in zip(*piece))) for key, piece in alike.items()
+                   if key is not None and len(piece) >= MIN_RUN)
     return out
 
 
@@ -224,7 +229,9 @@ def traced_for_real(runs: list, kept: list) -> int:
     >>> m = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(7)])
     >>> runs = find_runs(m)
     >>> traced_for_real(runs, by_plan(runs, [])), traced_for_real(runs, by_plan(runs, ["3"]))
-    (2, 5)
+    (2, 3)
+    >>> traced_for_real(runs, by_plan(runs, ["2", "3"]))  # 0, 1, then 2 and 3 on their own
+    4
     """
     return sum(len(r.paths) for r in runs) - sum(len(r.paths) - 2 for r in kept)
 
