@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fxmem.device.blocks import ADDR_BITS
 from fxmem.device.caching_allocator import (
     AllocatorConfig, CachingAllocator, OutOfMemory, get_allocation_size, replay, round_size)
 
@@ -452,8 +453,9 @@ def _check(a: CachingAllocator, live: dict):
         assert a.reserved <= a.config.capacity_bytes
     # every chain is address-contiguous and no two free mapped neighbours are left unmerged
     for pool in a._pools.values():
-        for _, addr in pool.keys:
-            b = pool.by_addr[addr]
+        assert pool.keys == sorted(pool.keys) and len(pool.keys) == len(pool.blocks)
+        for key, b in zip(pool.keys, pool.blocks):
+            assert key == b.size << ADDR_BITS | b.addr  # each key its block's (size, address)
             assert not b.allocated and b.mapped
             for nb in (b.prev, b.next):
                 assert nb is None or nb.allocated or not nb.mapped

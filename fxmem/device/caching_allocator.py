@@ -111,7 +111,7 @@ the interval after the last boundary. The generic templated ``CachingDeviceAlloc
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -127,7 +127,7 @@ from .allocator_config import (
     get_allocation_size,
     round_size,
 )
-from .blocks import ExpandableSegments, _Block, _Pool, _Segment, _Unmapped
+from .blocks import ADDR_BITS, ExpandableSegments, _Block, _Pool, _Segment, _Unmapped
 
 __all__ = [
     "KMIN_BLOCK_SIZE", "KSMALL_SIZE", "KSMALL_BUFFER", "KLARGE_BUFFER", "KMIN_LARGE_ALLOC",
@@ -247,9 +247,11 @@ class CachingAllocator(ExpandableSegments):
         else:
             rsize = round_size(size, self.config)
         small = rsize <= KSMALL_SIZE
-        block = self._get_free_block(small, stream, rsize)
+        pool = self._pools.get((small, stream))
+        block = None if pool is None else self._get_free_block(pool, rsize)
         if block is None:
             block = self._malloc_slow(size, rsize, small, stream)
+            pool = self._pools.get((small, stream))
         # should_split
         remaining = block.size - rsize
         if small or self._expandable:
@@ -267,7 +269,12 @@ class CachingAllocator(ExpandableSegments):
             block.prev = new
             block.addr += rsize
             block.size = remaining
-            self._pool_insert(block)
+            if pool is None:  # (the remainder goes back to the pool the block came from)
+                pool = self._pools[(small, stream)] = _Pool()
+            keys, k = pool.keys, remaining << ADDR_BITS | block.addr  # (_Pool.add inline)
+            i = bisect_left(keys, k)
+            keys.insert(i, k)
+            pool.blocks.insert(i, block)
             block = new
         block.allocated = True
         block.requested = size
@@ -325,7 +332,7 @@ class CachingAllocator(ExpandableSegments):
         """
         blocks: list[_Block] = [b for b in self._live.values() if b is not None]
         for pool in self._pools.values():
-            blocks.extend(pool.by_addr.values())
+            blocks.extend(pool.blocks)
         heads = sorted((b for b in blocks if b.prev is None or not b.prev.mapped),
                        key=lambda b: b.addr)
         out = []
@@ -349,17 +356,10 @@ class CachingAllocator(ExpandableSegments):
         pool = self._pools.get(key)
         if pool is None:
             pool = self._pools[key] = _Pool()
-        insort(pool.keys, (b.size, b.addr))
-        pool.by_addr[b.addr] = b
+        pool.add(b)
 
     def _pool_remove(self, b: _Block) -> None:
-        pool = self._pools[(b.small, b.stream)]
-        keys = pool.keys
-        k = (b.size, b.addr)
-        i = bisect_left(keys, k)
-        assert keys[i] == k
-        del keys[i]
-        del pool.by_addr[b.addr]
+        self._pools[(b.small, b.stream)].drop(b)
 
     def _grow_reserved(self, n: int) -> None:
         self.reserved += n
@@ -367,24 +367,21 @@ class CachingAllocator(ExpandableSegments):
             self.max_reserved = self.reserved
 
     # ------------------------------------------------------------------ malloc path
-    def _get_free_block(self, small: bool, stream: int, size: int) -> _Block | None:
-        """``get_free_block``: best fit in (pool, stream), with the oversize rules."""
-        pool = self._pools.get((small, stream))
-        if pool is None:
-            return None
+    def _get_free_block(self, pool: _Pool, size: int) -> _Block | None:
+        """``get_free_block``: best fit in ``pool`` (of a stream), with the oversize rules."""
         keys = pool.keys
-        i = bisect_left(keys, (size,))
+        i = bisect_left(keys, size << ADDR_BITS)
         n = len(keys)
         if i == n:
             return None
-        by_addr = pool.by_addr
-        block = by_addr[keys[i][1]]
+        blocks = pool.blocks
+        block = blocks[i]
         if block.seg.page:
             # expandable: compare the size each block could grow to
             nxt = block.next
             esize = block.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
             while block.seg.page and i + 1 < n:
-                cand = by_addr[keys[i + 1][1]]
+                cand = blocks[i + 1]
                 cn = cand.next
                 csize = cand.size + (cn.size if cn is not None and not cn.mapped else 0)
                 if csize < esize:
@@ -399,7 +396,7 @@ class CachingAllocator(ExpandableSegments):
         elif block.size >= size + self._non_split_rounding:
             return None
         del keys[i]
-        del by_addr[block.addr]
+        del blocks[i]
         return block
 
     def _malloc_slow(self, size: int, rsize: int, small: bool, stream: int) -> _Block:
@@ -445,15 +442,15 @@ class CachingAllocator(ExpandableSegments):
         if pool is None:
             return False
         key = max(size, limit)
-        keys = pool.keys
-        i = bisect_left(keys, (key,))
-        found = pool.by_addr[keys[i][1]] if i < len(keys) else None
+        keys, blocks = pool.keys, pool.blocks
+        i = bisect_left(keys, key << ADDR_BITS)
+        found = blocks[i] if i < len(keys) else None
         if found is None or found.seg.page:
             # no single block is large enough: free oversize blocks from the largest down
             released = 0
             j = i - 1
-            while released < key and j >= 0 and keys[j][0] >= limit:
-                b = pool.by_addr[keys[j][1]]
+            while released < key and j >= 0 and keys[j] >> ADDR_BITS >= limit:
+                b = blocks[j]
                 if not b.seg.page and b.prev is None and b.next is None:
                     released += b.size
                     self._release_block(b)
@@ -486,13 +483,44 @@ class CachingAllocator(ExpandableSegments):
         return src.size
 
     def _free_block(self, block: _Block) -> None:
-        """``free_block``: merge with free neighbours, return to the pool."""
+        """``free_block``: merge with free neighbours, return to the pool (its stream's, as
+        its neighbours'; :meth:`_try_merge` and :meth:`_pool_insert`, with the pool looked
+        up once: most of a replay's events end here)."""
         prev, nxt = block.prev, block.next
+        if not block.mapped or (prev is not None and not prev.mapped) or \
+                (nxt is not None and not nxt.mapped):  # (expandable segments' pages)
+            if prev is not None and not prev.allocated:
+                self._try_merge(block, prev)
+            if nxt is not None and not nxt.allocated:
+                self._try_merge(block, nxt)
+            self._pool_insert(block)
+            return
+        key = (block.small, block.stream)
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = self._pools[key] = _Pool()
+        keys, blocks = pool.keys, pool.blocks  # (_Pool.drop and add inline: replays sooner)
         if prev is not None and not prev.allocated:
-            self._try_merge(block, prev)
+            i = bisect_left(keys, prev.size << ADDR_BITS | prev.addr)
+            del keys[i]
+            del blocks[i]
+            block.addr = prev.addr
+            block.size += prev.size
+            block.prev = before = prev.prev
+            if before is not None:
+                before.next = block
         if nxt is not None and not nxt.allocated:
-            self._try_merge(block, nxt)
-        self._pool_insert(block)
+            i = bisect_left(keys, nxt.size << ADDR_BITS | nxt.addr)
+            del keys[i]
+            del blocks[i]
+            block.next = nxt.next
+            if nxt.next is not None:
+                nxt.next.prev = block
+            block.size += nxt.size
+        k = block.size << ADDR_BITS | block.addr
+        i = bisect_left(keys, k)
+        keys.insert(i, k)
+        blocks.insert(i, block)
 
     def _release_block(self, block: _Block) -> None:
         """``release_block``: cudaFree a whole free segment."""
@@ -507,8 +535,7 @@ class CachingAllocator(ExpandableSegments):
             to_unmap = []
             for key in sorted(k for k in self._pools if k[0] is small):
                 pool = self._pools[key]
-                for _, addr in list(pool.keys):
-                    b = pool.by_addr[addr]
+                for b in list(pool.blocks):
                     if b.seg.page:
                         to_unmap.append(b)
                     elif b.prev is None and b.next is None:
