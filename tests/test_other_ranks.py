@@ -316,3 +316,25 @@ def test_fsdp2_s_sites_are_put_back():
     with pytest.raises(fxmem.FxmemError):
         _over(fxmem.FSDP(2), model, inputs, device="cpu", loss=lambda out: out.no_such)
     assert sites() == before
+
+
+def test_a_plans_ops_are_made_once_for_the_rank_groups_that_share_them():
+    """A plan derived on each rank group (a walk over a world size's plans derives each
+    candidate on each group): the groups' traces share their ops, and so do the plan's
+    steps (fxmem.checkpoint.plans._derived_ops), each as a derivation of its own makes them;
+    rank 0 over another world size (the same ops, other storages) too."""
+    from fxmem.checkpoint import plans
+    from fxmem.trace.parallel import at_world_size
+
+    model, inputs = _llama()
+    r = fxmem.analyze(model, inputs, optimizer=torch.optim.AdamW, device="cpu",
+                      parallel=fxmem.FSDP(3))
+    first, other = (g.report.trace for g in r.groups)
+    assert first.ops is other.ops  # rank 2's derived from rank 0's
+    five = at_world_size(first, fxmem.FSDP(3), fxmem.FSDP(5), model)
+    for plan in (["model.model.layers.0"], ["model.model.layers.0", "model.model.layers.1"]):
+        derived = [plans.derive(t, plan) for t in (first, other, five)]
+        assert derived[0].ops is derived[1].ops
+        for t, d in zip((first, other, five), derived):
+            plans._OPS_MADE.clear()
+            assert plans.derive(t, plan).ops == d.ops
