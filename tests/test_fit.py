@@ -306,7 +306,7 @@ def test_cli_a_budget_nothing_fits(extra, capfd, tmp_path):
 def test_fewest_ranks_search_is_exact_and_short(a, s, budget):
     """The world-size search returns the smallest w that fits, exactly, and with a need of
     the FSDP2 shape (a + s / w, rounded up as blocks are) tries few world sizes."""
-    from fxmem.report.world_size import MAX_WORLD_SIZE, fewest
+    from fxmem.report.world_search import MAX_WORLD_SIZE, fewest
 
     def need(w):
         return a + -(-s // w) + (w % 3)  # not exactly on the line
@@ -331,7 +331,7 @@ def test_fewest_ranks_search_guesses_by_the_floor_once_one_fits():
     Here 2 and 4 do not fit, the need's line guesses 8 (it fits), and the floor's line
     through 4 and 8 points at 5, which fits where 4 does not: four analyses, not six (8's
     neighbours down to 5)."""
-    from fxmem.report.world_size import fewest
+    from fxmem.report.world_search import fewest
 
     tried = []
 
@@ -351,7 +351,7 @@ def test_a_need_falling_towards_a_limit_over_the_budget_is_tried_at_the_search_s
     needs more than a step within the budget may), the search tries its end next, not
     every doubling up to it: none fitting, three analyses (Qwen2.5-3B's with a plan had
     been ten); a world size that does fit there, found from it as from any other."""
-    from fxmem.report.world_size import MAX_WORLD_SIZE, fewest, towards
+    from fxmem.report.world_search import MAX_WORLD_SIZE, fewest, towards
 
     tried = []
 
@@ -375,7 +375,7 @@ def test_fewest_ranks_search_starts_from_the_world_size_asked():
     the search goes on from the line through them: where it meets the budget (16 GPUs here,
     then 15, which does not fit), or, when its limit is over the budget, nowhere (one world
     size analysed: Llama-3.1-70B over 64 GPUs had been analysed at 65 and 130)."""
-    from fxmem.report.world_size import fewest
+    from fxmem.report.world_search import fewest
 
     def need(w):
         return 80 + 160 / w

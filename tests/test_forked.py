@@ -504,7 +504,7 @@ def test_the_fewest_gpus_search_asks_a_guess_s_neighbour_while_the_guess_s_plan_
     below, which confirms it, is searched in a child forked as the guess's plan is traced
     (its foreground block), not after it; ``fork=False``: here, after it. The answer is the
     same, and a world size the child answered is not searched again here."""
-    from fxmem.report.world_size import fewest
+    from fxmem.report.world_search import fewest
 
     log = tmp_path / "asked"
 
