@@ -13,44 +13,27 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import sys
-import traceback
-import warnings
 from dataclasses import replace
 
 import click
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from ..errors import FxmemError, InfeasibleBudgetError, InputError, TraceError, one_line
+from ..errors import FxmemError, InputError, one_line
 from ..trace.kernels import AMP, accepted, dtype_of
 from .auto import compile_option, compiled_line
 from .collector import paced
+from .failing import EXIT_BUDGET, EXIT_INTERRUPTED, EXIT_USAGE, failing, silenced
 from .files import check_out, plain_text, write_file
 from .strategies import data_parallel, tensor_parallel
 
-EXIT_INTERNAL, EXIT_USAGE, EXIT_TRACE, EXIT_BUDGET, EXIT_INTERRUPTED = 1, 2, 3, 4, 130
 LOSSES = {"cross_entropy": F.cross_entropy, "mse": F.mse_loss, "none": None}
 OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "adagrad": "Adagrad",
               "rmsprop": "RMSprop", "adamax": "Adamax", "nadam": "NAdam", "radam": "RAdam",
               "adadelta": "Adadelta", "rprop": "Rprop", "asgd": "ASGD", "lbfgs": "LBFGS",
               "adafactor": "Adafactor", "none": None}
 FORMATS = ("table", "json", "md", "html")
-
-
-class _Exit(Exception):
-    def __init__(self, code: int, message: str):
-        super().__init__(message)
-        self.code = code
-
-
-def _code(e: BaseException) -> int:
-    if isinstance(e, InfeasibleBudgetError):
-        return EXIT_BUDGET
-    if isinstance(e, TraceError):
-        return EXIT_TRACE
-    return EXIT_USAGE
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=(
@@ -214,7 +197,7 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
     # the collector paced (fxmem.cli.collector) through the report's rendering too: its full
     # passes once the analysis ends walked every trace the command made
     with paced():
-        with _failing(debug):
+        with failing(debug):
             check_out(out)  # before any work: a report with nowhere to go is lost
             if save_plan:
                 check_out(save_plan, "--save-plan")
@@ -227,7 +210,7 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
                 from .auto import check
 
                 check(compile_budget)
-            with _silenced():
+            with silenced():
                 text, fit = _analyze(
                     target, inputs, targets, loss, optimizer, amp, device, inference,
                     grad_accum, batch, budget, checkpoint, config, seq, fmt, top, whatif,
@@ -273,7 +256,7 @@ def validate(device, scale, only, out_md, out_json, fake_gpu, debug):
     from ..validate.harness import to_json, to_markdown
     from ..validate.harness import validate as run_validation
 
-    with _failing(debug):
+    with failing(debug):
         for path in (out_md, out_json):
             check_out(path)
         if fake_gpu is not None:
@@ -290,64 +273,13 @@ def validate(device, scale, only, out_md, out_json, fake_gpu, debug):
             if code:
                 raise SystemExit(code)
             return
-        with _silenced():
+        with silenced():
             v = run_validation(device, scale, list(only) or None)
         md = to_markdown(v)
         for path, text in ((out_md, md), (out_json, to_json(v))):
             if path:
                 write_file(path, text)
     click.echo(md, nl=False)
-
-
-@contextlib.contextmanager
-def _failing(debug: bool):
-    """Every error of the block as one line on stderr and its exit code: fxmem's own (2, 3,
-    4), or a bug in fxmem (1, with --debug's traceback)."""
-    try:
-        yield
-    except (FxmemError, _Exit) as e:
-        _fail(e, debug)
-    except KeyboardInterrupt as e:  # before click, which would print a blank line first
-        _fail(_Exit(EXIT_INTERRUPTED, "interrupted"), debug, e)
-    except Exception as e:  # noqa: BLE001 - a bug in fxmem: still one line, exit 1
-        _fail(_Exit(EXIT_INTERNAL, f"internal error, {type(e).__name__}: {e} (--debug shows "
-                                   "the traceback; please report it)"), debug, e)
-
-
-@contextlib.contextmanager
-def _silenced():
-    """No log line nor warning of another library's on the command's output (the models'
-    libraries too: transformers, timm), restored after."""
-    disabled = logging.root.manager.disable
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        logging.disable(logging.CRITICAL)
-        try:
-            yield
-        finally:
-            logging.disable(disabled)
-
-
-# the library's words for what the command's options say
-_API_WORDS = (("loss=None needs the model", "--loss none needs the model"),
-              ("give a loss function (and its targets)",
-               "give --target (the loss is then cross_entropy; --loss picks another)"),
-              ("pass fxmem.TP(world_size, plan) with yours",
-               "give --tp-plan FILE.py:NAME, a dict of module path to a parallel style"),
-              ("pass fxmem.TP(world_size, plan) with your own", "give --tp-plan FILE.py:NAME"),
-              ("FSDP: replicate is the number", "--replicate is the number"))
-
-
-def _fail(e, debug: bool, cause: BaseException | None = None):
-    if debug:
-        traceback.print_exception(cause or e, file=sys.stderr)
-    msg = one_line(str(e), 2000) or type(e).__name__
-    for api, cli_words in _API_WORDS:
-        msg = msg.replace(api, cli_words)
-    if getattr(e, "cli_hint", None):
-        msg += f"; {e.cli_hint}"
-    click.echo(f"fxmem: error: {msg}", err=True)
-    sys.exit(e.code if isinstance(e, _Exit) else _code(e))
 
 
 def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, grad_accum,
