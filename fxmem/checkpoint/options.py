@@ -291,6 +291,7 @@ class Planner:
         least = [C.Choice(k, k, 0, 0, none[k], None) for k in range(n)]
         most = list(least)
         base, owner = np.asarray(base, np.int64), np.asarray(self.own)
+        costs = self._problems.setdefault(("costs", b), {})  # each entry's, for any ``keep``
         for i, j, e, d, (lo, hi) in self.entries:
             src, again = d.sources, d.recompute
             v, was = d.live(b, values), base[src]
@@ -298,7 +299,9 @@ class Planner:
             mine = again | (~window & (((i <= owner[src]) & (owner[src] <= j)) | (v != was)))
             own = int(v[mine].max()) if mine.any() else C._NONE
             drop = was[window] - v[window]
-            reg, other = self._costs(d, b)
+            if e not in costs:
+                costs[e] = self._costs(d, b)
+            reg, other = costs[e]
             for out, released in ((least, drop.min() if len(drop) else 0),
                                   (most, drop.max() if len(drop) else 0)):
                 out.append(C.Choice(i, j, max(0, int(released)), reg * weight + other, own, e))
