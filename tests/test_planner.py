@@ -274,6 +274,32 @@ def test_a_planners_costs_are_counted_once_per_batch_size(case, monkeypatch):
     assert len(counted) == len(fresh.entries)  # the fresh planner's alone
 
 
+def test_each_ops_flops_are_counted_once_per_batch_size(case):
+    """The chain model at a B counts each op's FLOPs at that B once for all the candidates
+    re-running it (Planner._op_costs), the same sums as counting them per candidate."""
+    from collections import Counter
+
+    name, build, batch, loss, b, r = case
+    ch = r._chooser()
+    asked = Counter()
+
+    def counting(i, f):
+        def count(at):
+            asked[i, at] += 1
+            return f(at)
+        return count
+    ch._flops = {i: (counting(i, f), reg) for i, (f, reg) in ch._flops.items()}
+    at = 5 * b
+    sums = [ch._costs(d, at) for *_, d, _ in ch.entries]
+    assert asked and max(asked.values()) == 1
+    for (*_, d, _), got in zip(ch.entries, sums):  # as counted per candidate
+        want = [0, 0]
+        for i in d.recomputed().tolist():
+            if i in ch._flops:
+                want[0 if ch._flops[i][1] else 1] += int(ch._flops[i][0](at))
+        assert got == tuple(want)
+
+
 def _same_numbers(report, plans, bs):
     """derive_numbers' arrays (what the planner's numbers are made of) against the trace
     derive makes, plan by plan: timelines, the bytes before the step, each op's source and
