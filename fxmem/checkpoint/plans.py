@@ -69,14 +69,14 @@ def derive(trace: Trace, plan) -> Trace:
                                   saved_by=()))
     for k in d.dropped.tolist():  # not made: a layer's cache (fxmem.checkpoint.uncached)
         new_storages[k] = _with(new_storages[k], size=ZERO)
-    return replace(trace, ops=_derived_ops(trace, plan, d), storages=tuple(new_storages),
+    return replace(trace, ops=_derived_ops(trace, d), storages=tuple(new_storages),
                    plan=plan, packs=())
 
 
 _OPS_MADE: list = []  # (base ops, what else they are made of, derived ops): the last two
 
 
-def _derived_ops(trace: Trace, plan, d) -> tuple:
+def _derived_ops(trace: Trace, d) -> tuple:
     """:func:`derive`'s ops, renumbered, the re-run ops pointing at the op they repeat: a
     function of the base ops, the module each re-run belongs to, the base op each derived
     op is (``d.sources``) and the storage each re-run makes for a base one (``d.copies``),
