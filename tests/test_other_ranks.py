@@ -322,7 +322,11 @@ def test_a_plans_ops_are_made_once_for_the_rank_groups_that_share_them():
     """A plan derived on each rank group (a walk over a world size's plans derives each
     candidate on each group): the groups' traces share their ops, and so do the plan's
     steps (fxmem.checkpoint.plans._derived_ops), each as a derivation of its own makes them;
-    rank 0 over another world size (the same ops, other storages) too."""
+    rank 0 over another world size (the same ops, other storages) too. The derivations are
+    held weakly."""
+    import gc
+    import weakref
+
     from fxmem.checkpoint import plans
     from fxmem.trace.parallel import at_world_size
 
@@ -338,3 +342,6 @@ def test_a_plans_ops_are_made_once_for_the_rank_groups_that_share_them():
         for t, d in zip((first, other, five), derived):
             plans._OPS_MADE.clear()
             assert plans.derive(t, plan).ops == d.ops
+    gone = weakref.ref(plans.derive(first, ["model.model.layers.1"]))
+    gc.collect()  # a derivation no longer used is not kept for the next one, nor its ops
+    assert gone() is None and plans._OPS_MADE[-1][2]() is None

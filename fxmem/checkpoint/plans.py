@@ -32,6 +32,7 @@ True
 from __future__ import annotations
 
 import functools
+import weakref
 from dataclasses import replace
 
 import numpy as np
@@ -69,27 +70,38 @@ def derive(trace: Trace, plan) -> Trace:
                                   saved_by=()))
     for k in d.dropped.tolist():  # not made: a layer's cache (fxmem.checkpoint.uncached)
         new_storages[k] = _with(new_storages[k], size=ZERO)
-    return replace(trace, ops=_derived_ops(trace, d), storages=tuple(new_storages),
-                   plan=plan, packs=())
+    made_of = _made_of(d)
+    out = replace(trace, ops=_derived_ops(trace, d, made_of), storages=tuple(new_storages),
+                  plan=plan, packs=())
+    _OPS_MADE[:] = [*_OPS_MADE[-1:], (weakref.ref(trace), made_of, weakref.ref(out))]
+    return out
 
 
-_OPS_MADE: list = []  # (base ops, what else they are made of, derived ops): the last two
+# the last two derivations: (base trace, what else their ops are made of, derived trace),
+# held weakly (a report no longer used takes its traces with it)
+_OPS_MADE: list = []
 
 
-def _derived_ops(trace: Trace, d) -> tuple:
+def _made_of(d) -> tuple:
+    """What :func:`_derived_ops` makes the ops of, besides the base ops."""
+    return (tuple((None if sc is None else sc.path, len(part)) for part, sc in d.parts),
+            d.sources.tobytes(), d.copies)
+
+
+def _derived_ops(trace: Trace, d, made_of: tuple) -> tuple:
     """:func:`derive`'s ops, renumbered, the re-run ops pointing at the op they repeat: a
     function of the base ops, the module each re-run belongs to, the base op each derived
     op is (``d.sources``) and the storage each re-run makes for a base one (``d.copies``),
     no size. The rank groups of a step over several GPUs share their ops (another rank's
     trace is rank 0's with other shard sizes: :mod:`fxmem.trace.parallel.other_ranks`), so
     a walk deriving a plan for each group makes them once (the second group's derivation
-    had made its 17,000 records again for each plan over 5 GPUs)."""
+    had made its 17,000 records again for each plan over 5 GPUs). ``made_of``:
+    :func:`_made_of` ``d``."""
     ops = trace.ops
-    made_of = (tuple((None if sc is None else sc.path, len(part)) for part, sc in d.parts),
-               d.sources.tobytes(), d.copies)
     for base, of, made in _OPS_MADE:
-        if base is ops and of == made_of:
-            return made
+        base, made = base(), made()
+        if base is not None and made is not None and base.ops is ops and of == made_of:
+            return made.ops
     new_ops = []
     runs = [sc for part, sc in d.parts for _ in range(len(part))]
     for k, (sc, i) in enumerate(zip(runs, d.sources.tolist())):
@@ -105,8 +117,7 @@ def _derived_ops(trace: Trace, d) -> tuple:
                              new_sids=m(op.new_sids), in_sids=m(op.in_sids),
                              written_sids=m(op.written_sids), autograd_node=None,
                              recompute=True, source=i))
-    _OPS_MADE[:] = [*_OPS_MADE[-1:], (ops, made_of, tuple(new_ops))]
-    return _OPS_MADE[-1][2]
+    return tuple(new_ops)
 
 
 def derive_numbers(trace: Trace, plan, sizes) -> Derived:
