@@ -301,7 +301,9 @@ class Planner:
             values = self._sizes.at(b) * np.asarray(keep, np.int64)
             base = timeline(lv.graph.storages, sizes, len(lv.graph.ops), b)
         n = len(self.blocks)
-        weight = 1 + sum(f(b) for f, r in self._flops.values() if not r)
+        per_op = self._op_costs(b)  # (the other FLOPs' sum, counted once per B)
+        weight = 1 + (sum(per_op[1].tolist()) if per_op is not None else
+                      sum(f(b) for f, r in self._flops.values() if not r))
         boundary = [C._NONE] * (n + 1)
         none = [C._NONE] * n
         for t, v in enumerate(base):
@@ -313,7 +315,6 @@ class Planner:
         least = [C.Choice(k, k, 0, 0, none[k], None) for k in range(n)]
         most = list(least)
         base, owner = np.asarray(base, np.int64), np.asarray(self.own)
-        costs = self._problems.setdefault(("costs", b), {})  # each entry's, for any ``keep``
         for i, j, e, d, (lo, hi) in self.entries:
             src, again = d.sources, d.recompute
             v, was = d.live(b, values), base[src]
@@ -321,9 +322,7 @@ class Planner:
             mine = again | (~window & (((i <= owner[src]) & (owner[src] <= j)) | (v != was)))
             own = int(v[mine].max()) if mine.any() else C._NONE
             drop = was[window] - v[window]
-            if e not in costs:
-                costs[e] = self._costs(d, b)
-            reg, other = costs[e]
+            reg, other = self._costs(d, b)
             for out, released in ((least, drop.min() if len(drop) else 0),
                                   (most, drop.max() if len(drop) else 0)):
                 out.append(C.Choice(i, j, max(0, int(released)), reg * weight + other, own, e))
