@@ -189,3 +189,169 @@ def test_a_shard_off_its_mesh_s_device_is_to_empty_s():
                 want = torch.empty_like(t, device=device)
             assert _made(got) == _made(want) and got._local_tensor.device.type == device
 
+
+
+# -- symbolic sizes: a contiguous view as the as_strided it is, a pointwise op's output ------
+def _sizes_env():
+    env = ShapeEnv()
+    b, n = (env.create_symintnode(env.create_symbol(
+        v, source=ConstantSource(name), dynamic_dim=DimDynamic.DYNAMIC), hint=v)
+        for v, name in ((4, "b"), (6, "n")))
+    return env, b, n
+
+
+def _expr(v):
+    return v.node.expr if isinstance(v, torch.SymInt) else v
+
+
+def _sym_meta(t):
+    """What a fake tensor is, its sizes and strides as expressions (comparing SymInts would
+    guard)."""
+    return ([_expr(v) for v in t.shape], [_expr(v) for v in t.stride()],
+            _expr(t.storage_offset()), t.dtype, t.device, type(t))
+
+
+VIEWS = [  # (input sizes, transposed?, the view's sizes), of b and n
+    (lambda b, n: (b, 16, 64), False, lambda b, n: [b * 16, 64]),
+    (lambda b, n: (b, 16, 64), False, lambda b, n: [b, 16, -1, 8]),
+    (lambda b, n: (b, 16, 64), False, lambda b, n: [-1, 64]),
+    (lambda b, n: (b, 16, 64), False, lambda b, n: [-1]),
+    (lambda b, n: (b, n, 64), False, lambda b, n: [b * n, 64]),
+    (lambda b, n: (b, n, 64), False, lambda b, n: [b, -1, 8, 8]),
+    (lambda b, n: (b, n, 64), False, lambda b, n: [-1, 64]),
+    (lambda b, n: (b, n, 64), True, lambda b, n: [b, n, 64]),  # the same sizes: an alias
+]
+
+
+@pytest.mark.parametrize("case", range(len(VIEWS)))
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_contiguous_view_of_symbolic_sizes_is_fake_tensor_mode_s(case, device):
+    from fxmem.trace.kernels.meta_kernels import contiguous_view
+
+    sizes, transposed, view = VIEWS[case]
+    env, b, n = _sizes_env()
+    mode = FakeTensorMode(shape_env=env)
+    with mode:
+        x = torch.empty(*sizes(b, n), dtype=torch.bfloat16, device=device)
+        if transposed:  # the same sizes, strides not contiguous
+            x = torch.empty(n, b, 64, dtype=torch.bfloat16, device=device).transpose(0, 1)
+        for op in (aten.view.default, aten._unsafe_view.default):
+            guards = len(env.guards)
+            got = contiguous_view(op, (x, view(b, n)), {})
+            assert got is not NOT_RUN and len(env.guards) == guards  # no guard added
+            want = op(x, view(b, n))
+            assert _sym_meta(got) == _sym_meta(want)
+            assert got.untyped_storage()._cdata == x.untyped_storage()._cdata
+            assert got.fake_mode is mode
+
+
+def test_a_view_it_cannot_tell_is_fake_tensor_mode_s():
+    from fxmem.trace.kernels.meta_kernels import contiguous_view
+
+    env, b, n = _sizes_env()
+    with FakeTensorMode(shape_env=env):
+        x = torch.empty(b, n, 64)
+        t = x.transpose(1, 2)  # not contiguous: the strides to compute are FakeTensorMode's
+        for args in [(t, [b, -1]), (x, [n, -1]),  # b * 64: no run of x's sizes
+                     (x, [b, n, 32]), (x, [-1, -1, 64]),  # fewer elements; two -1s
+                     (x, [b, n, 64.0])]:
+            assert contiguous_view(aten.view.default, args, {}) is NOT_RUN
+        assert contiguous_view(aten.view.default, (torch.empty(4, 6), [24]), {}) is NOT_RUN
+        assert contiguous_view(aten.reshape.default, (x, [-1]), {}) is NOT_RUN
+
+
+POINTWISE = [  # (op, the tensors' sizes and dtypes of b and n, other arguments, keywords)
+    (aten.mul.Tensor, lambda b, n: [((b, n, 64), torch.bfloat16), ((64,), torch.float32)], (),
+     {}),
+    (aten.mul.Tensor, lambda b, n: [((b, 1, 64), torch.float32), ((b, n, 64), torch.float32)],
+     (), {}),
+    (aten.add.Tensor, lambda b, n: [((b, n), torch.float16), ((b, n), torch.float16)], (),
+     {"alpha": 2}),
+    (aten.neg.default, lambda b, n: [((b, n, 8), torch.bfloat16)], (), {}),
+    (aten.pow.Tensor_Scalar, lambda b, n: [((b, n, 8), torch.float32)], (2,), {}),
+    (aten.rsqrt.default, lambda b, n: [((b, 8), torch.int64)], (), {}),  # int to float
+    (aten.div.Scalar, lambda b, n: [((b, 8), torch.int32)], (3,), {}),
+    (aten.silu_backward.default, lambda b, n: [((b, n), torch.bfloat16)] * 2, (), {}),
+    (aten.where.self, lambda b, n: [((b, 1, 8), torch.bool), ((b, n, 8), torch.float32),
+                                    ((8,), torch.float16)], (), {}),
+    (aten.eq.Tensor, lambda b, n: [((b, n), torch.float32), ((n,), torch.float32)], (), {}),
+    (aten._to_copy.default, lambda b, n: [((b, n, 8), torch.float32)], (),
+     {"dtype": torch.bfloat16}),
+    (aten.clone.default, lambda b, n: [((b, n, 8), torch.float32)], (),
+     {"memory_format": torch.contiguous_format}),
+    (aten.gelu.default, lambda b, n: [((n, b), torch.float32)], (), {"approximate": "tanh"}),
+]
+
+
+@pytest.mark.parametrize("case", range(len(POINTWISE)), ids=[str(c[0]) for c in POINTWISE])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_pointwise_op_of_symbolic_sizes_is_fake_tensor_mode_s(case, device):
+    from fxmem.trace.kernels.meta_kernels import pointwise
+
+    op, tensors, rest, kwargs = POINTWISE[case]
+    env, b, n = _sizes_env()
+    mode = FakeTensorMode(shape_env=env)
+    with mode:
+        args = [torch.empty(s, dtype=d, device=device) for s, d in tensors(b, n)]
+        guards = len(env.guards)
+        got = pointwise(op, (*args, *rest), dict(kwargs))
+        assert got is not NOT_RUN and len(env.guards) == guards
+        want = op(*args, *rest, **kwargs)
+    assert _sym_meta(got) == _sym_meta(want)
+    assert got.fake_mode is mode
+    assert all(got.untyped_storage()._cdata != a.untyped_storage()._cdata for a in args)
+
+
+def test_a_pointwise_op_it_cannot_tell_is_fake_tensor_mode_s():
+    from fxmem.trace.kernels.meta_kernels import pointwise
+
+    env, b, n = _sizes_env()
+    with FakeTensorMode(shape_env=env):
+        x, y = torch.empty(b, n, 8), torch.empty(n, b, 8)
+        for op, args, kwargs in [
+            (aten.neg.default, (x.transpose(0, 1),), {}),  # not contiguous
+            (aten.add.Tensor, (x, y), {}),  # b against n: FakeTensorMode says what holds
+            (aten.mul.Tensor, (x, torch.tensor(2.0)), {}),  # a tensor of no dimensions
+            (aten.add_.Tensor, (x, x), {}),  # in place
+            (aten.add.Tensor, (torch.empty(4, 8), torch.empty(4, 8)), {}),  # plain sizes
+            (aten.clone.default, (x,), {"memory_format": torch.channels_last}),
+            (aten._to_copy.default, (x,), {"device": torch.device("meta")}),
+            (aten.mm.default, (x[0], x[0].t()), {}),  # not pointwise
+        ]:
+            assert pointwise(op, args, kwargs) is NOT_RUN, op
+
+
+@pytest.mark.parametrize("device", [None, torch.device("cpu"), torch.device("cuda")])
+def test_an_empty_tensor_is_fake_tensor_mode_s(device):
+    from fxmem.trace.kernels.meta_kernels import empty
+
+    env, b, n = _sizes_env()
+    mode = FakeTensorMode(shape_env=env)
+    for op, args, kwargs in [
+        (aten.empty.memory_format, ([b, n, 8],), {}),
+        (aten.empty.memory_format, ([3, 5],), {"dtype": torch.bfloat16}),
+        (aten.empty.memory_format, ([b],), {"memory_format": torch.contiguous_format}),
+        (aten.empty_strided.default, ([b, n], [1, b]), {"dtype": torch.int64}),
+        (aten.empty_strided.default, ([0, 4], [4, 1]), {"pin_memory": False}),
+    ]:
+        kwargs = {**kwargs, "device": device} if device is not None else kwargs
+        with mode:
+            got = empty(op, args, kwargs)
+            want = op(*args, **kwargs)
+        assert got is not NOT_RUN and got.fake_mode is mode
+        assert _sym_meta(got) == _sym_meta(want)
+        assert _expr(got.untyped_storage().nbytes()) == _expr(want.untyped_storage().nbytes())
+
+
+def test_an_empty_tensor_it_does_not_make_is_fake_tensor_mode_s():
+    from fxmem.trace.kernels.meta_kernels import empty
+
+    with FakeTensorMode():
+        for op, args, kwargs in [
+            (aten.empty.memory_format, ([2, 3, 4, 5],), {"memory_format": torch.channels_last}),
+            (aten.empty.memory_format, ([4],), {"pin_memory": True}),
+            (aten.empty.memory_format, ([4],), {"layout": torch.sparse_coo}),
+            (aten.zeros.default, ([4],), {}),
+        ]:
+            assert empty(op, args, kwargs) is NOT_RUN
+    assert empty(aten.empty.memory_format, ([4],), {}) is NOT_RUN  # no fake mode

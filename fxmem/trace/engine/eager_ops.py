@@ -41,7 +41,8 @@ from ..kernels.rules import (
     window_storage_nbytes,
 )
 from ..kernels.values import passed, written_args
-from ..kernels.meta_kernels import NOT_RUN, meta_kernel
+from ..kernels.meta_kernels import (NOT_RUN, contiguous_view, empty, meta_kernel,
+                                     pointwise)
 from .messages import fails_in_eager, user_frame
 
 
@@ -211,7 +212,10 @@ class EagerOps:
         still run their C++ kernels, in eager order.
 
         Views of plain-int metadata are made by their C++ kernel instead, which gives the
-        same view sooner, and so are FSDP2's copies (:mod:`fxmem.trace.kernels.meta_kernels`).
+        same view sooner, and so are FSDP2's copies; views of contiguous tensors of symbolic
+        sizes, pointwise ops on such tensors and empty tensors are made as FakeTensorMode
+        makes them, without its checks on symbolic sizes
+        (:mod:`fxmem.trace.kernels.meta_kernels`).
 
         The exception: ops whose Meta kernel fxmem replaces while tracing
         (:data:`fxmem.trace.kernels.rules.OWN_META_OPS`; for CUDA,
@@ -221,6 +225,12 @@ class EagerOps:
         if func in OWN_META_OPS or self.kernels is not None and func in self.kernels.meta_ops:
             return func(*args, **kwargs)
         out = meta_kernel(func, args, kwargs)  # plain-int metadata: the op's own kernel
+        if out is NOT_RUN:  # a contiguous tensor of symbolic sizes viewed: as_strided
+            out = contiguous_view(func, args, kwargs)
+        if out is NOT_RUN:  # a pointwise op on contiguous tensors of symbolic sizes
+            out = pointwise(func, args, kwargs)
+        if out is NOT_RUN:  # an empty tensor: the mode's constructors' rule
+            out = empty(func, args, kwargs)
         if out is not NOT_RUN:
             return out
         with enable_python_dispatcher():
