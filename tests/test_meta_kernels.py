@@ -280,6 +280,10 @@ POINTWISE = [  # (op, the tensors' sizes and dtypes of b and n, other arguments,
     (aten.clone.default, lambda b, n: [((b, n, 8), torch.float32)], (),
      {"memory_format": torch.contiguous_format}),
     (aten.gelu.default, lambda b, n: [((n, b), torch.float32)], (), {"approximate": "tanh"}),
+    (aten.clone.default, lambda b, n: [((n, b, 8), torch.float32, (1, n, n * b))], (),
+     {"memory_format": torch.contiguous_format}),  # (any strides in: contiguous out)
+    (aten._to_copy.default, lambda b, n: [((b, 0, 8), torch.float32, (8, 8, 1))], (),
+     {"dtype": torch.float16, "memory_format": torch.contiguous_format}),  # a size 0
 ]
 
 
@@ -292,7 +296,8 @@ def test_a_pointwise_op_of_symbolic_sizes_is_fake_tensor_mode_s(case, device):
     env, b, n = _sizes_env()
     mode = FakeTensorMode(shape_env=env)
     with mode:
-        args = [torch.empty(s, dtype=d, device=device) for s, d in tensors(b, n)]
+        args = [torch.empty_strided(s, *strides, dtype=d, device=device) if strides else
+                torch.empty(s, dtype=d, device=device) for s, d, *strides in tensors(b, n)]
         guards = len(env.guards)
         got = pointwise(op, (*args, *rest), dict(kwargs))
         assert got is not NOT_RUN and len(env.guards) == guards
@@ -306,6 +311,7 @@ def test_a_pointwise_op_it_cannot_tell_is_fake_tensor_mode_s():
     from fxmem.trace.kernels.meta_kernels import pointwise
 
     env, b, n = _sizes_env()
+    u = env.create_unbacked_symint()
     with FakeTensorMode(shape_env=env):
         x, y = torch.empty(b, n, 8), torch.empty(n, b, 8)
         for op, args, kwargs in [
@@ -317,6 +323,8 @@ def test_a_pointwise_op_it_cannot_tell_is_fake_tensor_mode_s():
             (aten.clone.default, (x,), {"memory_format": torch.channels_last}),
             (aten._to_copy.default, (x,), {"device": torch.device("meta")}),
             (aten.mm.default, (x[0], x[0].t()), {}),  # not pointwise
+            (aten.mul.Tensor, (torch.empty_strided((1, u), (u, 1)), torch.empty(8, 1)),
+             {}),  # a count that may be 0: the output's stride Max(u, 1)
         ]:
             assert pointwise(op, args, kwargs) is NOT_RUN, op
 

@@ -130,11 +130,8 @@ def contiguous_view(func, args: tuple, kwargs: dict):
         shape[free[0]] = rest
     elif sympy.sympify(known) != sympy.sympify(numel):
         return NOT_RUN
-    strides, step = [], 1
-    for v in reversed(shape):
-        strides.append(step)
-        step = step * v
-    return a.as_strided(shape, strides[::-1])
+    strides = _contiguous_strides(shape)
+    return NOT_RUN if strides is None else a.as_strided(shape, strides)
 
 
 def _run_of(sizes, rest):
@@ -168,8 +165,9 @@ def pointwise(func, args: tuple, kwargs: dict):
     (about 0.45 s of each of Llama-3.1-8B's traces), against 0.3 ms. Taken only where the
     answer is plain: a functional op with one tensor out and no alias, every tensor a
     fake of one mode and device with at least one dimension and contiguous strides (as
-    expressions), each size equal to the others at its place or 1, keyword arguments that
-    keep the layout; :data:`NOT_RUN` otherwise (FakeTensorMode's own then).
+    expressions; any strides where the op is asked for a contiguous output, as a copy made
+    ``contiguous``), each size equal to the others at its place or 1 and positive, keyword
+    arguments that keep the layout; :data:`NOT_RUN` otherwise (FakeTensorMode's own then).
 
     >>> from torch._dynamo.source import ConstantSource
     >>> from torch._subclasses.fake_tensor import FakeTensorMode
@@ -201,7 +199,9 @@ def pointwise(func, args: tuple, kwargs: dict):
     if not symbolic or kwargs.get("device") not in (None, device):
         return NOT_RUN
     sizes = _broadcast([t.size() for t in tensors])
-    if sizes is None or not all(_contiguous(t) for t in tensors):
+    strides = None if sizes is None else _contiguous_strides(sizes)
+    if strides is None or not (kwargs.get("memory_format") is torch.contiguous_format
+                               or all(_contiguous(t) for t in tensors)):
         return NOT_RUN
     with in_kernel_invocation_manager(mode):
         try:
@@ -210,11 +210,7 @@ def pointwise(func, args: tuple, kwargs: dict):
                 for k, v in kwargs.items()})
         except Exception:  # noqa: BLE001 - the op refuses them: FakeTensorMode's error
             return NOT_RUN
-        strides, step = [], 1
-        for v in reversed(sizes):
-            strides.append(step)
-            step = step * v
-        out = torch.empty_strided(sizes, strides[::-1], dtype=probe.dtype, device="meta")
+        out = torch.empty_strided(sizes, strides, dtype=probe.dtype, device="meta")
     return mode.fake_tensor_converter.from_meta_and_device(mode, out, device)
 
 
@@ -296,6 +292,22 @@ def _broadcast(shapes: list):
                     return None
         out.append(1 if got is None else got)
     return out[::-1]
+
+
+def _contiguous_strides(sizes) -> list | None:
+    """The contiguous strides of ``sizes`` as ``make_contiguous_strides_for`` (torch/_prims_common)
+    gives them (each size taken as at least 1); None where a symbolic size may be below 1 (a
+    data-dependent count: its ``Max(u0, 1)`` is left to FakeTensorMode)."""
+    strides, step = [], 1
+    for v in reversed(sizes):
+        strides.append(step)
+        if type(v) is int:
+            step = step * max(v, 1)
+        elif v.node.expr.is_positive:
+            step = step * v
+        else:
+            return None
+    return strides[::-1]
 
 
 def _contiguous(t) -> bool:
