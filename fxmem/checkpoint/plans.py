@@ -39,7 +39,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..formula.symbols import ZERO
-from ..trace.ledger import Trace, latest
+from ..trace.ledger import Trace, latest, with_fields
 from ..trace.plans import Plan
 from .numbers import _INDEX, NEVER, Derived, SizeValues
 from .schedules import SegmentSchedule, _packs_by_module, _prefixes, schedule
@@ -62,14 +62,14 @@ def derive(trace: Trace, plan) -> Trace:
         c, f, u = created[k], freed[k], st.unref_after
         u = u if u is None or u < 0 else int(pos[u])
         new_storages.append(st if (c, f, u) == (st.created_by, st.freed_after, st.unref_after)
-                            else _with(st, created_by=c, freed_after=f, unref_after=u))
+                            else with_fields(st, created_by=c, freed_after=f, unref_after=u))
     for k, s in enumerate(d.copied.tolist(), len(storages)):
         st = storages[s]
-        new_storages.append(_with(st, sid=k, created_by=created[k], freed_after=freed[k],
+        new_storages.append(with_fields(st, sid=k, created_by=created[k], freed_after=freed[k],
                                   unref_after=freed[k], saved=False, category=_unsaved(st),
                                   saved_by=()))
     for k in d.dropped.tolist():  # not made: a layer's cache (fxmem.checkpoint.uncached)
-        new_storages[k] = _with(new_storages[k], size=ZERO)
+        new_storages[k] = with_fields(new_storages[k], size=ZERO)
     made_of = _made_of(d)
     out = replace(trace, ops=_derived_ops(trace, d, made_of), storages=tuple(new_storages),
                   plan=plan, packs=())
@@ -107,13 +107,13 @@ def _derived_ops(trace: Trace, d, made_of: tuple) -> tuple:
     for k, (sc, i) in enumerate(zip(runs, d.sources.tolist())):
         op = ops[i]
         if sc is None:
-            new_ops.append(_with(op, index=k, source=i))
+            new_ops.append(with_fields(op, index=k, source=i))
             continue
 
         def m(sids, path=sc.path):
             return tuple(d.copies.get((path, s), s) for s in sids)
 
-        new_ops.append(_with(op, index=k, phase="backward", out_sids=m(op.out_sids),
+        new_ops.append(with_fields(op, index=k, phase="backward", out_sids=m(op.out_sids),
                              new_sids=m(op.new_sids), in_sids=m(op.in_sids),
                              written_sids=m(op.written_sids), autograd_node=None,
                              recompute=True, source=i))
@@ -450,17 +450,8 @@ def _held_storages(trace: Trace, changes: dict) -> list:
     """The base storages as the plan's forward leaves them (:func:`_held_changes`)."""
     out = list(trace.storages)  # the others stay as they are
     for sid, (free, saved, category) in changes.items():
-        out[sid] = _with(out[sid], freed_after=free, saved=saved, category=category)
+        out[sid] = with_fields(out[sid], freed_after=free, saved=saved, category=category)
     return out
-
-
-def _with(record, **changes):
-    """``dataclasses.replace`` for a record whose fields need no checks (a tenth of the
-    time: a plan's derivation copies every op and storage of the step)."""
-    new = object.__new__(type(record))
-    new.__dict__.update(record.__dict__)
-    new.__dict__.update(changes)
-    return new
 
 
 def _held(st, ops) -> str:

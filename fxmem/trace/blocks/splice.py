@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..kernels.grad_sums import ACCUMULATE_GRAD
+from ..ledger.records import with_fields
 from ..ledger.saved import _Record
 from ..ledger.tracking import TrackedStorage
 from .reuse import NoReuse, Reuse
@@ -284,19 +285,20 @@ class _Splice:
         for j, item in enumerate(num.order):
             if item[0] == "r":
                 op = ops[item[1]]
-                new_ops.append(replace(op, index=j, out_sids=num.real_sids(op.out_sids),
-                                       new_sids=num.real_sids(op.new_sids),
-                                       in_sids=num.real_sids(op.in_sids),
-                                       written_sids=num.real_sids(op.written_sids)))
+                new_ops.append(with_fields(op, index=j, out_sids=num.real_sids(op.out_sids),
+                                           new_sids=num.real_sids(op.new_sids),
+                                           in_sids=num.real_sids(op.in_sids),
+                                           written_sids=num.real_sids(op.written_sids)))
             else:
                 _, c, pat, q, _ = item
                 op = ops[q]
 
                 def m(t, c=c, q=q):
                     return tuple(num.sid_in(c, s, q) for s in t)
-                new_ops.append(replace(op, index=j, module=num.rename(c, op.module),
-                                       out_sids=m(op.out_sids), new_sids=m(op.new_sids),
-                                       in_sids=m(op.in_sids), written_sids=m(op.written_sids)))
+                new_ops.append(with_fields(op, index=j, module=num.rename(c, op.module),
+                                           out_sids=m(op.out_sids), new_sids=m(op.new_sids),
+                                           in_sids=m(op.in_sids),
+                                           written_sids=m(op.written_sids)))
         return new_ops
 
     def _packs(self, num: Numbering) -> list:

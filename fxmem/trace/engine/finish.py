@@ -12,7 +12,7 @@ from ...errors import DataDependentError, TraceError
 from ...formula.guards import implied, lower_bounds, simplified, valid_when
 from ...formula.symbols import B, Size, dim_symbol, plain
 from ..kernels.datadep import data_symbols
-from ..ledger.records import B_RANGE_MAX, StorageInfo, TensorDesc, Trace
+from ..ledger.records import B_RANGE_MAX, StorageInfo, TensorDesc, Trace, with_fields
 from ..ledger.saved import latest
 from ..parallel.offload import host_storages
 from .recorder import Recorder
@@ -88,11 +88,12 @@ def finish(rec: Recorder, sym, hint, spec: StepSpec, n_ops: int) -> Trace:
                 if isinstance(v, TensorDesc) and v.sid not in first:
                     first[v.sid] = v
     storages = [s if s.sid not in first else
-                _with(s, dtype=first[s.sid].dtype, shape=first[s.sid].shape) for s in storages]
+                with_fields(s, dtype=first[s.sid].dtype, shape=first[s.sid].shape)
+                for s in storages]
     if spec.device == "cuda":  # constants made on the host take no device memory
         zero = Size.of(sympy.Integer(0))
         on_host = _host_constants(rec.ops, storages)
-        storages = [_with(s, size=zero) if s.sid in on_host else s for s in storages]
+        storages = [with_fields(s, size=zero) if s.sid in on_host else s for s in storages]
     rng = env.var_to_range.get(sym)
     all_guards = [g.expr.xreplace(rec.subs) for g in env.guards]
     guards = valid_when([g for g in all_guards if g.free_symbols <= {B}],
@@ -192,8 +193,3 @@ def _host_constants(ops, storages) -> set:
 
     return {sid for sid, used in uses.items() if all(host_only(op, sid) for op in used)}
 
-
-def _with(s: StorageInfo, **kw) -> StorageInfo:
-    from dataclasses import replace
-
-    return replace(s, **kw)

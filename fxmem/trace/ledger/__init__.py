@@ -12,9 +12,9 @@ truth (``fxmem.measure`` counts with it on CPU), so it must see the eager step's
 exactly as PyTorch allocates and frees them.
 """
 
-from .records import ModuleCall, OpInfo, StorageInfo, TensorDesc, Trace
+from .records import ModuleCall, OpInfo, StorageInfo, TensorDesc, Trace, with_fields
 from .saved import latest
 from .tracking import StorageTracker, freeze_more, frozen_gc, storage_resizes
 
 __all__ = ["ModuleCall", "OpInfo", "StorageInfo", "StorageTracker", "TensorDesc", "Trace",
-           "freeze_more", "frozen_gc", "latest", "storage_resizes"]
+           "freeze_more", "frozen_gc", "latest", "storage_resizes", "with_fields"]
