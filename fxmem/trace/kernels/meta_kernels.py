@@ -17,18 +17,31 @@ Most such ops are FSDP2's: each block's all-gathered parameters viewed out of th
 all-gather's output (about 640 views per step of Llama-3.1-8B), its copy-in and copy-out,
 and the gradients' copy into the reduce-scatter's input.
 
-Where sizes are symbolic, three kinds of op are made as FakeTensorMode makes them, without
-its checks on symbolic sizes (each 1 to 7 ms an op of a ``(B, L, 4096)`` tensor), where the
-answer is plain: views of contiguous tensors (:func:`contiguous_view`), pointwise ops on
-contiguous tensors (:func:`pointwise`) and empty tensors (:func:`empty`). Anything else
-stays FakeTensorMode's.
-
 >>> from torch._subclasses.fake_tensor import FakeTensorMode
 >>> with FakeTensorMode():
 ...     x = torch.empty(24)
 ...     y = meta_kernel(torch.ops.aten.view.default, (x, [4, 6]), {})
 >>> y.shape, y.stride(), y.untyped_storage()._cdata == x.untyped_storage()._cdata
 (torch.Size([4, 6]), (6, 1), True)
+
+Where sizes are symbolic, three kinds of op are made as FakeTensorMode makes them, without
+its checks on symbolic sizes (each 1 to 7 ms an op of a ``(B, L, 4096)`` tensor), where the
+answer is plain: views of contiguous tensors (:func:`contiguous_view`), pointwise ops on
+contiguous tensors (:func:`pointwise`) and empty tensors (:func:`empty`). Anything else
+stays FakeTensorMode's.
+
+>>> from torch._dynamo.source import ConstantSource
+>>> from torch.fx.experimental.symbolic_shapes import ShapeEnv
+>>> env = ShapeEnv()
+>>> b = env.create_symintnode(env.create_symbol(4, ConstantSource("B")), hint=4)
+>>> with FakeTensorMode(shape_env=env):
+...     x, w = torch.empty(b, 16, 64, dtype=torch.bfloat16), torch.empty(64)
+...     v = contiguous_view(torch.ops.aten.view.default, (x, [b * 16, -1, 8]), {})
+...     y = pointwise(torch.ops.aten.mul.Tensor, (x, w), {})
+>>> v.shape[1:], v.stride(), v.untyped_storage()._cdata == x.untyped_storage()._cdata
+(torch.Size([8, 8]), (64, 8, 1), True)
+>>> y.shape[1:], y.stride(), y.dtype
+(torch.Size([16, 64]), (1024, 64, 1), torch.float32)
 """
 
 from __future__ import annotations
@@ -92,19 +105,9 @@ def contiguous_view(func, args: tuple, kwargs: dict):
     checks on symbolic sizes cost about 2 ms a view (Llama's blocks view each activation
     several times: about 0.2 s of each trace), against 0.2 ms. Taken only where the answer is
     plain: the strides are exactly the contiguous ones of the sizes (as expressions), the new
-    sizes hold as many elements (as expressions, one ``-1`` standing for a plain int), every
-    size is an int or a SymInt; :data:`NOT_RUN` otherwise, FakeTensorMode's own view then.
-
-    >>> from torch._dynamo.source import ConstantSource
-    >>> from torch._subclasses.fake_tensor import FakeTensorMode
-    >>> from torch.fx.experimental.symbolic_shapes import ShapeEnv
-    >>> env = ShapeEnv()
-    >>> b = env.create_symintnode(env.create_symbol(4, ConstantSource("B")), hint=4)
-    >>> with FakeTensorMode(shape_env=env):
-    ...     x = torch.empty(b, 16, 64)
-    ...     y = contiguous_view(torch.ops.aten.view.default, (x, [b * 16, -1, 8]), {})
-    >>> y.shape[1:], y.stride(), y.untyped_storage()._cdata == x.untyped_storage()._cdata
-    (torch.Size([8, 8]), (64, 8, 1), True)
+    sizes hold as many elements (as expressions, one ``-1`` standing for a plain int or a run
+    of the input's sizes), every size is an int or a SymInt; :data:`NOT_RUN` otherwise, FakeTensorMode's own view then.
+    (The module's docstring has an example.)
     """
     if func not in CONTIGUOUS_VIEWS or kwargs or len(args) != 2:
         return NOT_RUN
@@ -174,17 +177,7 @@ def pointwise(func, args: tuple, kwargs: dict):
     expressions; any strides where the op is asked for a contiguous output, as a copy made
     ``contiguous``), each size equal to the others at its place or 1 and positive, keyword
     arguments that keep the layout; :data:`NOT_RUN` otherwise (FakeTensorMode's own then).
-
-    >>> from torch._dynamo.source import ConstantSource
-    >>> from torch._subclasses.fake_tensor import FakeTensorMode
-    >>> from torch.fx.experimental.symbolic_shapes import ShapeEnv
-    >>> env = ShapeEnv()
-    >>> b = env.create_symintnode(env.create_symbol(4, ConstantSource("B")), hint=4)
-    >>> with FakeTensorMode(shape_env=env):
-    ...     x, w = torch.empty(b, 16, 64, dtype=torch.bfloat16), torch.empty(64)
-    ...     y = pointwise(torch.ops.aten.mul.Tensor, (x, w), {})
-    >>> y.shape[1:], y.stride(), y.dtype
-    (torch.Size([16, 64]), (1024, 64, 1), torch.float32)
+    (The module's docstring has an example.)
     """
     if not _functional_pointwise(func):
         return NOT_RUN
