@@ -106,9 +106,8 @@ def contiguous_view(func, args: tuple, kwargs: dict):
     several times: about 0.2 s of each trace), against 0.2 ms. Taken only where the answer is
     plain: the strides are exactly the contiguous ones of the sizes (as expressions), the new
     sizes hold as many elements (as expressions, one ``-1`` standing for a plain int or a run
-    of the input's sizes), every size is an int or a SymInt; :data:`NOT_RUN` otherwise, FakeTensorMode's own view then.
-    (The module's docstring has an example.)
-    """
+    of the input's sizes), every size is an int or a SymInt; :data:`NOT_RUN` otherwise,
+    FakeTensorMode's own view then. (The module's docstring has an example.)"""
     if func not in CONTIGUOUS_VIEWS or kwargs or len(args) != 2:
         return NOT_RUN
     a, shape = args
@@ -177,8 +176,7 @@ def pointwise(func, args: tuple, kwargs: dict):
     expressions; any strides where the op is asked for a contiguous output, as a copy made
     ``contiguous``), each size equal to the others at its place or 1 and positive, keyword
     arguments that keep the layout; :data:`NOT_RUN` otherwise (FakeTensorMode's own then).
-    (The module's docstring has an example.)
-    """
+    (The module's docstring has an example.)"""
     if not _functional_pointwise(func):
         return NOT_RUN
     for k, v in kwargs.items():
