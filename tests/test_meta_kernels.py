@@ -363,3 +363,37 @@ def test_an_empty_tensor_it_does_not_make_is_fake_tensor_mode_s():
         ]:
             assert empty(op, args, kwargs) is NOT_RUN
     assert empty(aten.empty.memory_format, ([4],), {}) is NOT_RUN  # no fake mode
+
+
+@pytest.mark.parametrize("kind,step", [
+    ("llama", dict(optimizer=torch.optim.AdamW, amp=torch.bfloat16, device="cuda",
+                   dims={"L": [(0, 1), (1, 1)]})),
+    ("gpt2", dict(optimizer=torch.optim.Adam, device="cpu")),
+])
+def test_a_trace_made_with_the_symbolic_paths_is_the_one_made_without(kind, step,
+                                                                      monkeypatch):
+    # the tracer takes each path (EagerOps.fake_kernel), and what it records is what
+    # FakeTensorMode's own kernels give: every op, storage, size, saved tensor and FLOP
+    pytest.importorskip("transformers")
+    import fxmem.trace.engine.eager_ops as eager_ops
+    from fxmem.trace import trace
+    from test_fsdp import _lm_loss
+    from test_reuse import _flops, _shape
+    from test_reuse_parallel import _lm
+
+    model, _ = _lm(kind, layers=4)
+    ids = torch.randint(0, 128, (2, 16))
+    taken = {}
+    for name in ("contiguous_view", "pointwise", "empty"):
+        def counted(func, args, kwargs, _name=name, _path=getattr(eager_ops, name)):
+            out = _path(func, args, kwargs)
+            taken[_name] = taken.get(_name, 0) + (out is not NOT_RUN)
+            return out
+        monkeypatch.setattr(eager_ops, name, counted)
+    fast = trace(model, ids, ids, loss=_lm_loss, **step)
+    assert all(taken.get(n, 0) > 0 for n in ("contiguous_view", "pointwise", "empty")), taken
+    for name in ("contiguous_view", "pointwise", "empty"):
+        monkeypatch.setattr(eager_ops, name, lambda func, args, kwargs: NOT_RUN)
+    plain = trace(model, ids, ids, loss=_lm_loss, **step)
+    assert _shape(fast) == _shape(plain)
+    assert _flops(fast) == _flops(plain)
