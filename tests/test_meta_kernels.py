@@ -284,6 +284,7 @@ POINTWISE = [  # (op, the tensors' sizes and dtypes of b and n, other arguments,
      {"memory_format": torch.contiguous_format}),  # (any strides in: contiguous out)
     (aten._to_copy.default, lambda b, n: [((b, 0, 8), torch.float32, (8, 8, 1))], (),
      {"dtype": torch.float16, "memory_format": torch.contiguous_format}),  # a size 0
+    (aten.neg.default, lambda b, n: [((b, 0, 8), torch.float32)], (), {}),  # contiguous, 0
 ]
 
 

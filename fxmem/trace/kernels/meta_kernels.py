@@ -308,12 +308,14 @@ def _contiguous_strides(sizes) -> list | None:
 
 
 def _contiguous(t) -> bool:
-    """Whether ``t``'s strides are the contiguous ones of its sizes, as expressions."""
+    """Whether ``t``'s strides are the contiguous ones of its sizes, as expressions, by
+    :func:`_contiguous_strides`' rule (a plain size taken as at least 1; a symbolic size
+    whose stride would be ``Max(u0, 1)`` matches no product)."""
     step = 1
     for size, stride in zip(reversed(t.size()), reversed(t.stride())):
         if _expr(stride) != step:
             return False
-        step = step * _expr(size)
+        step = step * (max(size, 1) if type(size) is int else _expr(size))
     return True
 
 
