@@ -694,6 +694,34 @@ def test_a_batch_below_the_formulas_is_traced_once(monkeypatch):
     assert len(traced) == 1
 
 
+def test_fewest_gpus_of_a_one_gpu_step_trace_each_world_size_at_b_and_l_alone(monkeypatch):
+    """A step on one GPU: the FSDP2 search reads each number of GPUs it tries at the B and
+    length asked alone, so it traces them there (every size a number, the cheaper trace),
+    not for the formulas in B and L; its answer is checked by analyses of its own in B and
+    L: it fits and one GPU fewer does not."""
+    from test_fsdp import _hf, _lm_loss
+
+    ids = torch.randint(0, 128, (2, 16))
+    model, dims = _hf("llama"), {"L": [(0, 1), (1, 1)]}
+    step = dict(loss=_lm_loss, device="cpu", optimizer=torch.optim.AdamW, dims=dims)
+
+    def peak(w):
+        return fxmem.analyze(model, ids, ids, parallel=fxmem.FSDP(w), **step).peak_bytes(
+            2, L=16)
+    two, four = peak(2), peak(4)
+    budget = (two + four) // 2
+    r = fxmem.analyze(model, ids, ids, **step)
+    assert four < budget < two < r.peak_bytes(2, L=16)
+    traced = _counting(monkeypatch)
+    f = r.fits(2, budget, by="live", L=16)
+    way = f.way("fsdp")
+    assert not f and way is not None and 2 < way.value <= 4, f.none
+    searched = [t for t in traced if t.get("parallel") is not None]
+    assert searched and all((t.get("concrete_batch"), t.get("concrete_dims")) == (2, {"L": 16})
+                            for t in searched), searched
+    assert peak(way.value) <= budget < peak(way.value - 1)
+
+
 def test_fewest_gpus_at_a_batch_below_the_formulas_traces_that_batch_alone(monkeypatch):
     """At B=1, below where the Llama's formulas hold, each number of GPUs the FSDP2 search
     tries is traced at B=1 alone (one trace a rank group), not first for the formulas; its

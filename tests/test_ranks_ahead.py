@@ -47,23 +47,29 @@ def _early(case, budget=None, b=None):
 
 def _traces(monkeypatch, tmp_path):
     """Each step fxmem.analyze traces from now on, logged as (in this process, world size:
-    0 on one GPU); a function reading the log."""
+    0 on one GPU); a function reading the log (``batch=True``: each with the B it was
+    traced at as an int, or None)."""
     parent, log, real = os.getpid(), tmp_path / "traces", ANALYZE.trace
 
     def logged(*a, **k):
         with open(log, "a") as f:
-            f.write(f"{os.getpid()} {getattr(k.get('parallel'), 'world_size', 0)}\n")
+            f.write(f"{os.getpid()} {getattr(k.get('parallel'), 'world_size', 0)} "
+                    f"{k.get('concrete_batch')}\n")
         return real(*a, **k)
     monkeypatch.setattr(ANALYZE, "trace", logged)
-    return lambda: [(int(p) == parent, int(w)) for p, w in
-                    (line.split() for line in log.read_text().splitlines())] \
-        if log.exists() else []
+
+    def read(batch=False):
+        lines = [line.split() for line in log.read_text().splitlines()] \
+            if log.exists() else []
+        return [(int(p) == parent, int(w), *((None if b == "None" else int(b),) if batch
+                                             else ())) for p, w, b in lines]
+    return read
 
 
 def test_the_fewest_gpus_searched_ahead_are_the_ones_fit_finds(monkeypatch, tmp_path):
     """fit gives the child what the search reads of the step and takes its answer: the Fit
     one job finds, the way searched nowhere else, no FSDP2 step traced here, the child's
-    first over WORLD_SIZE GPUs."""
+    first over WORLD_SIZE GPUs, each at the B asked alone."""
     case = _case()
     _, _, _, r, b, budget = case
     alone = r.fits(b, budget, jobs=1)
@@ -76,6 +82,8 @@ def test_the_fewest_gpus_searched_ahead_are_the_ones_fit_finds(monkeypatch, tmp_
     assert here == [] and early.child is None
     got = traces()
     assert (False, WORLD_SIZE) in got and not any(mine and w for mine, w in got)
+    # the child's steps are read at b alone: traced there, not for the formulas in B
+    assert all(at == b for mine, w, at in traces(batch=True) if w), traces(batch=True)
 
 
 @pytest.mark.parametrize("guess", ["budget", "B"])

@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import torch
 
-from .ways import WayOut, as_asked, cheapest_plan, choice_way, rank_reports
+from .ways import WayOut, as_asked, at_point, cheapest_plan, choice_way, rank_reports
 
 
 def searched(report) -> bool:
@@ -50,9 +50,8 @@ def param_dtype_way(check, report, b, *, reanalyze=None, dims=None, **_):
         return
     # read at b and the dims' values alone: traced there, every size a number (Llama-3.1-
     # 70B's rank at B=1: 10.9 s, against 12.1 s in L)
-    again = reanalyze(parallel=policy_of(strategy, amp),
-                      **{**as_asked(report, b), "concrete_batch": b},
-                      **({"concrete_dims": dict(dims)} if dims else {}))
+    again = reanalyze(parallel=policy_of(strategy, amp), **{**as_asked(report, b),
+                                                             **at_point(b, dims)})
     yield from param_dtype_at(check, again.at(**dims) if dims else again, b, report.plan)
 
 

@@ -8,14 +8,16 @@ checkpoint way were made, while the machine's second core sat idle. Rank 0's ste
 world size is derived from its trace over another
 (:func:`fxmem.trace.parallel.other_ranks.at_world_size`), so which world size the child
 traces does not matter: it traces the step over :data:`WORLD_SIZE` GPUs while this process
-traces it on one, then waits for what the search reads of the step as asked
-(:class:`fxmem.report.world_size.Asked`, resolved here once the largest B is found:
-:meth:`RanksAhead.give`), and searches from it with the analyses its own trace makes
-cheaper; the checkpoint way, found here after that, follows (:meth:`RanksAhead.give_one`),
-read once the search has found its world size (on Llama-3.1-8B the child had waited 0.7 to
-1.2 s for this process's walk over the one-GPU plans). Where its trace cannot be derived
-from (a world size's rule not holding), the search traces each world size itself, as this
-process would have.
+traces it on one (at the B and dims' values asked alone, where the search reads it, as
+:func:`fxmem.report.world_size.search_ranks` traces each world size from a one-GPU step:
+2.5 s beside this process's trace, against 5.9 s in B and L), then waits for what the
+search reads of the step as asked (:class:`fxmem.report.world_size.Asked`, resolved here
+once the largest B is found: :meth:`RanksAhead.give`), and searches from it with the
+analyses its own trace makes cheaper; the checkpoint way, found here after that, follows
+(:meth:`RanksAhead.give_one`), read once the search has found its world size (on
+Llama-3.1-8B the child had waited 0.7 to 1.2 s for this process's walk over the one-GPU
+plans). Where its trace cannot be derived from (a world size's rule not holding), the
+search traces each world size itself, as this process would have.
 
 :func:`fxmem.report.fit.fit` takes the child's answer only where it asked what the child
 assumed (the same B, dims and check, and the step on one GPU); anything else stops the
@@ -39,7 +41,7 @@ import pickle
 from dataclasses import dataclass
 
 from .forked import ChildWay, forked
-from .ways import Check, default_by
+from .ways import Check, at_point, default_by
 
 WORLD_SIZE = 8  # the world size the child traces first (any other is derived from it)
 
@@ -116,7 +118,7 @@ def fewest_early(analyze_with, *, step, parallel, B: int, budget_bytes: int | No
 
     def way():
         os.close(w)
-        first = analyze_with(parallel=FSDP(WORLD_SIZE), defer=True)
+        first = analyze_with(parallel=FSDP(WORLD_SIZE), defer=True, **at_point(B, at_dims))
         with os.fdopen(r, "rb") as f:
             got = _read(f)
             if got is None:  # not wanted

@@ -177,6 +177,17 @@ def as_asked(report, b: int) -> dict:
     return changes
 
 
+def at_point(b: int, dims: dict | None = None) -> dict:
+    """The :func:`fxmem.analyze` options of a step traced at ``b`` and the named ``dims``'
+    values alone (B and those dims plain ints: no formula's trace, which costs more), for a
+    way that reads its step there and nowhere else.
+
+    >>> at_point(2, {"L": 8192})
+    {'concrete_batch': 2, 'concrete_dims': {'L': 8192}}
+    """
+    return {"concrete_batch": b, **({"concrete_dims": dict(dims)} if dims else {})}
+
+
 def rank_reports(report) -> tuple:
     """Each rank group's report of a :class:`fxmem.ParallelReport`, or ``(report,)``."""
     groups = getattr(report, "groups", None)

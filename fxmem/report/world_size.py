@@ -17,6 +17,7 @@ from .ways import (
     NoPlan,
     WayOut,
     as_asked,
+    at_point,
     batch_floor,
     cheapest_plan,
     checked,
@@ -159,7 +160,11 @@ def search_ranks(check, asked: Asked, b, *, reanalyze, dims=None, jobs=1):
     base = strategy or FSDP(1)
     plan = asked.plan
     memo = Recent()
-    changes = asked.changes
+    # one GPU as asked: every world size tried is read at b and the dims' values alone, so
+    # each is traced there (Llama-3.1-8B over 8 GPUs: 2.10 s against 2.61 s in B and L); a
+    # world size asked under FSDP2 is its report in B, which the others derive from
+    changes = asked.changes if strategy is not None or compiled else \
+        {**asked.changes, **at_point(b, dims)}
 
     def at(w):  # the other groups of ranks traced where the first fits (where it does not,
         if strategy is not None and w == base.world_size:  # the step on w GPUs does not:
