@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from .forked import ChildWay, forked
 from .precision import param_dtype_at, param_dtype_way, policy_of, searched
-from .ways import Check, as_asked, default_by, rank_reports
+from .ways import Check, as_asked, at_point, default_by, rank_reports
 
 
 # the child runs at a lower priority (os.nice) unless ``first``: where the command's own
@@ -98,8 +98,7 @@ def param_dtype_early(analyze_with, *, step, parallel, B: int,  # noqa: N803
     check = Check(default_by(step), budget_bytes, cudnn_workspace)  # (its device, as a report's)
 
     def way():  # as param_dtype_way, with the step's reanalyze at the same options
-        again = analyze_with(parallel=policy_of(parallel, step.amp), concrete_batch=B,
-                             concrete_dims=at_dims or None)
+        again = analyze_with(parallel=policy_of(parallel, step.amp), **at_point(B, at_dims))
         return list(param_dtype_at(check, again.at(**at_dims) if at_dims else again, B,
                                    again.plan))  # no plan: the trace's own empty one
     child = forked(way, niceness=0 if first else NICENESS)
