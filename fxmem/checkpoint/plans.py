@@ -66,8 +66,8 @@ def derive(trace: Trace, plan) -> Trace:
     for k, s in enumerate(d.copied.tolist(), len(storages)):
         st = storages[s]
         new_storages.append(with_fields(st, sid=k, created_by=created[k], freed_after=freed[k],
-                                  unref_after=freed[k], saved=False, category=_unsaved(st),
-                                  saved_by=()))
+                                        unref_after=freed[k], saved=False,
+                                        category=_unsaved(st), saved_by=()))
     for k in d.dropped.tolist():  # not made: a layer's cache (fxmem.checkpoint.uncached)
         new_storages[k] = with_fields(new_storages[k], size=ZERO)
     made_of = _made_of(d)
@@ -114,9 +114,9 @@ def _derived_ops(trace: Trace, d, made_of: tuple) -> tuple:
             return tuple(d.copies.get((path, s), s) for s in sids)
 
         new_ops.append(with_fields(op, index=k, phase="backward", out_sids=m(op.out_sids),
-                             new_sids=m(op.new_sids), in_sids=m(op.in_sids),
-                             written_sids=m(op.written_sids), autograd_node=None,
-                             recompute=True, source=i))
+                                   new_sids=m(op.new_sids), in_sids=m(op.in_sids),
+                                   written_sids=m(op.written_sids), autograd_node=None,
+                                   recompute=True, source=i))
     return tuple(new_ops)
 
 

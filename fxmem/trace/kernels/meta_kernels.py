@@ -118,19 +118,17 @@ def contiguous_view(func, args: tuple, kwargs: dict):
     sizes = a.size()
     if len(shape) == len(sizes) and all(_expr(v) == _expr(s) for v, s in zip(shape, sizes)):
         return a.as_strided(shape, a.stride())  # the same sizes: an alias, strides kept
-    if not _contiguous(a):
+    free = [i for i, v in enumerate(shape) if type(v) is int and v == -1]
+    if len(free) > 1 or not sizes or not _contiguous(a):
         return NOT_RUN
     numel = 1  # the elements, as an expression
     for size in sizes:
         numel = numel * _expr(size)
-    free = [i for i, v in enumerate(shape) if type(v) is int and v == -1]
     known = 1
     for v in shape:
         if not (type(v) is int and v == -1):
             known = known * _expr(v)
     shape = list(shape)
-    if len(free) > 1 or not sizes:
-        return NOT_RUN
     if free:
         rest = _run_of(sizes, sympy.sympify(numel) / known)
         if rest is None:
