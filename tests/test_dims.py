@@ -74,6 +74,31 @@ def test_each_storage_specialized_is_its_own_substitution(lm):
                 (s.sid, s.category, s.created_by, s.freed_after)
 
 
+def test_a_length_only_replayed_rounds_no_sizes():
+    """The longest-length search replays each length it tries through the caching allocator,
+    which takes each storage's own bytes: the device sizes (each rounded to the
+    allocator's blocks in sympy, a quarter of a specialization's time) are made only when
+    something reads them. The reductions' arguments, which the replay stages, are each
+    op's own with the length put in."""
+    from fxmem.memory.dims import _tree_subs
+
+    m = _seq_mlp()
+    r = fxmem.analyze(m, torch.randn(4, 10, 16), loss=lambda o: o.sum(),
+                      optimizer=torch.optim.SGD, device="cuda", dims={"L": [(0, 1)]})
+    at = r.at(L=24)
+    assert at.runs_on_device(4, 2**30).fits
+    assert "sizes" not in at.liveness.__dict__
+    assert at.peak_bytes(4) == fxmem.analyze(m, torch.randn(4, 24, 16), loss=lambda o: o.sum(),
+                                             optimizer=torch.optim.SGD,
+                                             device="cuda").peak_bytes(4)
+    assert "sizes" in at.liveness.__dict__
+    reduced = [(o, t) for o, t in zip(r.named.trace.ops, at.liveness.graph.trace.ops)
+               if o.reduce is not None]
+    assert reduced
+    for o, t in reduced:
+        assert t.reduce == _tree_subs(o.reduce, {L: sympy.Integer(24)})
+
+
 def test_the_longest_length_is_searched_where_the_trace_holds(lm):
     """A condition over B and L together (a compiled step's ``4096*B*L >= 5242880``, where
     inductor chose a kernel by size) bounds L from below at a given B: the search for the

@@ -30,6 +30,7 @@ from ..errors import InfeasibleBudgetError, InputError
 from ..formula.guards import lower_bounds, valid_when
 from ..formula.prune import prune_rows
 from ..formula.symbols import B, Size, dim_symbol
+from ..trace.ledger import with_fields
 from .sizes import device_sizes
 
 B_SYM = B
@@ -86,12 +87,20 @@ def specialize(trace, **values):
             size = by_expr[s.size.expr] = sizes.get(e) or sizes.setdefault(e, Size.of(e))
         shape = tuple(dims[d] if d in dims else dims.setdefault(d, _subs(d, vals))
                       for d in s.shape)
-        storages.append(replace(s, size=size, shape=shape))
+        storages.append(with_fields(s, size=size, shape=shape))
     lower = [g for g in guards if g.free_symbols <= {B}]
     rest = [g for g in guards if not g.free_symbols <= {B}]
-    ops = tuple(op if op.reduce is None else replace(op, reduce=_tree_subs(op.reduce, vals))
-                for op in trace.ops)  # the reductions' arguments
-    # (fxmem.trace.kernels.cuda.reduce_replay)
+    subbed: dict = {}  # the reductions' arguments (fxmem.trace.kernels.cuda.reduce_replay)
+    # with the values put in, once per object (Llama-3.1-8B: 195 ops share 15; the trace
+    # holds them, so their ids stay theirs)
+
+    def reduce_of(args):
+        got = subbed.get(id(args))
+        if got is None:
+            got = subbed[id(args)] = _tree_subs(args, vals)
+        return got
+    ops = tuple(op if op.reduce is None else with_fields(op, reduce=reduce_of(op.reduce))
+                for op in trace.ops)
     return replace(trace, graph_source=Specialized(trace, vals), storages=tuple(storages),
                    ops=ops, guards=valid_when(lower) + tuple(rest), dims=())
 
@@ -106,14 +115,27 @@ def _fixed(trace) -> tuple:
     if got is None:
         syms = {dim_symbol(name) for name in trace.dims}
 
+        held: dict = {}  # a shape, its dim or a size's expression -> whether it holds one
+
         def free(e) -> bool:
-            return isinstance(e, sympy.Basic) and bool(e.free_symbols & syms)
-        fixed, sizes = {}, {}
+            if not isinstance(e, sympy.Basic):
+                return False
+            got = held.get(e)
+            if got is None:
+                got = held[e] = bool(e.free_symbols & syms)
+            return got
+        fixed, sizes, own = {}, {}, {}  # own: id of a Size -> the Size it is without dims
         for i, s in enumerate(trace.storages):
-            if free(s.size.expr) or any(free(d) for d in s.shape):
+            shaped = held.get(s.shape)  # (a shape's tuple: as its dims')
+            if shaped is None:
+                shaped = held[s.shape] = any(free(d) for d in s.shape)
+            if shaped or free(s.size.expr):
                 continue
-            e = sympy.expand(s.size.expr)
-            fixed[i] = replace(s, size=sizes.get(e) or sizes.setdefault(e, Size.of(e)))
+            size = own.get(id(s.size))
+            if size is None:  # (storages share a few dozen Sizes, the trace holding them)
+                e = sympy.expand(s.size.expr)
+                size = own[id(s.size)] = sizes.get(e) or sizes.setdefault(e, Size.of(e))
+            fixed[i] = s if size is s.size else with_fields(s, size=size)  # (mostly itself)
         got = fixed, sizes
         object.__setattr__(trace, "_fixed_storages", got)  # (a frozen dataclass)
     return got

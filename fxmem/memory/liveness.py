@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
@@ -68,14 +68,24 @@ class Liveness:
     ``sizes[sid]``: bytes of each storage on the device; ``candidates``: the pruned peak
     candidates, in op order; ``regimes``: ``(B_from, candidate)`` pieces saying which
     candidate is the peak from that B on (exact on CPU; from lower bounds on CUDA). The
-    candidates are found when first asked for: a plan's step that is only replayed through
-    the caching allocator (:meth:`fxmem.Report.runs_on_device`, a planner's walk) needs
-    the sizes alone, and the candidates are most of a liveness pass's time.
+    sizes (unless ``given``) and the candidates are made when first asked for: a step only
+    replayed through the caching allocator (:meth:`fxmem.Report.runs_on_device`, a
+    planner's walk, the longest-length search) reads neither (the replay takes each
+    storage's own bytes), and the candidates are most of a liveness pass's time, the sizes
+    a quarter of a report's specialization at a length (each rounded to the allocator's
+    blocks in sympy).
     """
 
     graph: StorageGraph
     device: str
-    sizes: tuple
+    given: tuple | None = field(default=None, repr=False)  # the sizes, where made already
+
+    @functools.cached_property
+    def sizes(self) -> tuple:
+        """Each storage's bytes on the device (:func:`fxmem.memory.sizes.device_sizes`)."""
+        if self.given is not None:
+            return self.given
+        return tuple(device_sizes(self.graph.storages, self.device))
 
     @functools.cached_property
     def _pruned(self) -> tuple:
@@ -232,7 +242,7 @@ def sweep(graph: StorageGraph):
 
 def liveness(graph: StorageGraph, device: str | None = None) -> Liveness:
     device = device or graph.trace.device
-    return Liveness(graph, device, tuple(device_sizes(graph.storages, device)))
+    return Liveness(graph, device)
 
 
 def _candidates(graph: StorageGraph, sizes, only=None) -> list[Candidate]:
