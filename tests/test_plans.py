@@ -75,6 +75,29 @@ def test_a_plan_with_a_module_that_runs_three_times_is_traced_for_real():
     assert report.plan == ("block",) and any(o.recompute for o in report.trace.ops)
 
 
+def test_a_plan_derived_after_another_is_the_plan_derived_alone():
+    """A walk derives plan after plan from one trace, each differing from the last in a few
+    blocks: the runs of ops that land as far on in both (the base ops before a re-run, a
+    block's re-run itself) are the last derivation's records again, and every record is
+    the one a derivation with nothing before it makes."""
+    from fxmem.checkpoint import plans as P
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
+                                                      torch.nn.Linear(16, 8))
+                                  for _ in range(4)])
+    t = fxmem.analyze(model, torch.randn(4, 8), loss=lambda o: o.sum(),
+                      optimizer=torch.optim.Adam, device="cpu").trace
+    first = P.derive(t, ["2"]).ops
+    after = [P.derive(t, plan).ops for plan in (["2", "0"], ["1", "2"], ["2", "3"])]
+    assert any(x is y for x, y in zip(first, after[0]))  # the runs both share, made once
+    for plan, got in zip((["2", "0"], ["1", "2"], ["2", "3"]), after):
+        P._RUNS_MADE.clear()
+        P._OPS_MADE.clear()
+        alone = P.derive(t, plan).ops
+        assert [o.__dict__ for o in got] == [o.__dict__ for o in alone]
+
+
 def test_with_plan_checks_the_plan():
     model, x, y, loss = ZOO["mlp"]()
     base = fxmem.analyze(model, x, y, loss=loss, device="cpu")
