@@ -102,8 +102,12 @@ def _derived_ops(trace: Trace, d, made_of: tuple) -> tuple:
         base, made = base(), made()
         if base is not None and made is not None and base.ops is ops and of == made_of:
             return made.ops
-    last = _RUNS_MADE[0] if _RUNS_MADE else (None, {})
-    had = last[1] if (base := last[0] and last[0]()) is not None and base.ops is ops else {}
+    had: dict = {}  # the last derivation's runs, where it was of these ops
+    if _RUNS_MADE:
+        ref, before = _RUNS_MADE[0]
+        last = ref()
+        if last is not None and last.ops is ops:
+            had = before
     new_ops, runs, k = [], {}, 0
     firsts = {path: first for path, _, first in d._copied_runs}
     for part, sc in d.parts:
@@ -116,8 +120,9 @@ def _derived_ops(trace: Trace, d, made_of: tuple) -> tuple:
             k += n
             continue
 
-        # a re-run's records: its schedule's, from index k, its copies numbered from
-        key = sc, k, firsts.get(sc.path)  # the first of its own (the handed-over: sc's)
+        # a re-run: its schedule's ops from index k, its copies numbered from its first
+        # (those it is handed over are its schedule's own)
+        key = sc, k, firsts.get(sc.path)
         made = runs[key] = had.get(key) or _rerun(ops, part.tolist(), k, sc.path, d.copies)
         new_ops += made
         k += len(made)
