@@ -285,6 +285,28 @@ POINTWISE = [  # (op, the tensors' sizes and dtypes of b and n, other arguments,
     (aten._to_copy.default, lambda b, n: [((b, 0, 8), torch.float32, (8, 8, 1))], (),
      {"dtype": torch.float16, "memory_format": torch.contiguous_format}),  # a size 0
     (aten.neg.default, lambda b, n: [((b, 0, 8), torch.float32)], (), {}),  # contiguous, 0
+    # not contiguous: the first tensor's dense layout, where it orders every pair of dims
+    (aten.neg.default, lambda b, n: [((n, b, 8), torch.bfloat16, (8, n * 8, 1))], (), {}),
+    (aten.mul.Tensor, lambda b, n: [((b, 4, n, 8), torch.bfloat16, (n * 32, 8, 32, 1)),
+                                    ((b, 1, n, 8), torch.bfloat16)], (), {}),  # q * cos
+    (aten.add.Tensor, lambda b, n: [((b, 4, n, 8), torch.float32),
+                                    ((b, 4, n, 8), torch.float32, (n * 32, 8, 32, 1))], (),
+     {"alpha": 3}),  # the first contiguous, the second not: contiguous out
+    (aten.sub.Tensor, lambda b, n: [((b, 4, n, 8), torch.bfloat16, (n * 32, 8, 32, 1)),
+                                    ((b, 4, n, 8), torch.float32)], (), {}),  # promoted
+    (aten.div.Tensor, lambda b, n: [((n, b), torch.float32, (1, n)), ((b,), torch.float32)],
+     (), {}),
+    (aten._to_copy.default, lambda b, n: [((b, 4, n, 8), torch.float32, (n * 32, 8, 32, 1))],
+     (), {"dtype": torch.bfloat16}),
+    (aten.silu_backward.default, lambda b, n: [((n, b, 8), torch.bfloat16, (8, n * 8, 1))] * 2,
+     (), {}),
+    (aten.where.self, lambda b, n: [((n, b, 8), torch.bool, (8, n * 8, 1)),
+                                    ((n, b, 8), torch.float32, (8, n * 8, 1)),
+                                    ((8,), torch.float32)], (), {}),  # the others agree
+    # gaps (a slice, rotate_half's of a transposed q): dense in the first tensor's order
+    (aten.neg.default, lambda b, n: [((b, 4, n, 4), torch.bfloat16, (n * 32, 8, 32, 1))], (),
+     {}),
+    (aten.neg.default, lambda b, n: [((n, b), torch.float32, (1, n + 1))], (), {}),
 ]
 
 
@@ -315,8 +337,14 @@ def test_a_pointwise_op_it_cannot_tell_is_fake_tensor_mode_s():
     u = env.create_unbacked_symint()
     with FakeTensorMode(shape_env=env):
         x, y = torch.empty(b, n, 8), torch.empty(n, b, 8)
+        t = torch.empty(b, 4, n, 8).transpose(1, 2)  # (b, n, 4, 8), not contiguous
         for op, args, kwargs in [
-            (aten.neg.default, (x.transpose(0, 1),), {}),  # not contiguous
+            (aten.neg.default, (torch.empty(n, 1, b).transpose(0, 2),), {}),  # a size 1
+            (aten.mul.Tensor, (torch.empty(b, 1, 4, 8), t), {}),  # the first broadcast
+            (aten.where.self, (torch.empty(b, n, 4, 8, dtype=torch.bool), t, t), {}),  # the
+            # others' layout not the first's, for an op whose decomposition may reorder them
+            (aten.neg.default, (torch.empty(b, 8).expand(n, b, 8).transpose(0, 1),), {}),
+            (aten.neg.default, (torch.empty_strided((b, n), (n, b)),), {}),  # b or n first
             (aten.add.Tensor, (x, y), {}),  # b against n: FakeTensorMode says what holds
             (aten.mul.Tensor, (x, torch.tensor(2.0)), {}),  # a tensor of no dimensions
             (aten.add_.Tensor, (x, x), {}),  # in place
@@ -378,6 +406,7 @@ def test_a_trace_made_with_the_symbolic_paths_is_the_one_made_without(kind, step
     pytest.importorskip("transformers")
     import fxmem.trace.engine.eager_ops as eager_ops
     from fxmem.trace import trace
+    from fxmem.trace.kernels.meta_kernels import _contiguous
     from test_fsdp import _lm_loss
     from test_reuse import _flops, _shape
     from test_reuse_parallel import _lm
@@ -389,10 +418,14 @@ def test_a_trace_made_with_the_symbolic_paths_is_the_one_made_without(kind, step
         def counted(func, args, kwargs, _name=name, _path=getattr(eager_ops, name)):
             out = _path(func, args, kwargs)
             taken[_name] = taken.get(_name, 0) + (out is not NOT_RUN)
+            if _name == "pointwise" and out is not NOT_RUN and not _contiguous(out):
+                taken["led"] = taken.get("led", 0) + 1  # the first tensor's layout
             return out
         monkeypatch.setattr(eager_ops, name, counted)
     fast = trace(model, ids, ids, loss=_lm_loss, **step)
     assert all(taken.get(n, 0) > 0 for n in ("contiguous_view", "pointwise", "empty")), taken
+    if kind == "llama":  # its rotary embedding on the transposed queries and keys
+        assert taken.get("led", 0) > 0, taken
     for name in ("contiguous_view", "pointwise", "empty"):
         monkeypatch.setattr(eager_ops, name, lambda func, args, kwargs: NOT_RUN)
     plain = trace(model, ids, ids, loss=_lm_loss, **step)

@@ -27,8 +27,8 @@ and the gradients' copy into the reduce-scatter's input.
 Where sizes are symbolic, three kinds of op are made as FakeTensorMode makes them, without
 its checks on symbolic sizes (each 1 to 7 ms an op of a ``(B, L, 4096)`` tensor), where the
 answer is plain: views of contiguous tensors (:func:`contiguous_view`), pointwise ops on
-contiguous tensors (:func:`pointwise`) and empty tensors (:func:`empty`). Anything else
-stays FakeTensorMode's.
+contiguous tensors or led by a first tensor whose strides order every dim (:func:`pointwise`)
+and empty tensors (:func:`empty`). Anything else stays FakeTensorMode's.
 
 >>> from torch._dynamo.source import ConstantSource
 >>> from torch.fx.experimental.symbolic_shapes import ShapeEnv
@@ -170,11 +170,13 @@ def pointwise(func, args: tuple, kwargs: dict):
     (torch/_subclasses/fake_impls.py) whose checks on symbolic sizes cost 1 to 6 ms an op
     (about 0.45 s of each of Llama-3.1-8B's traces), against 0.3 ms. Taken only where the
     answer is plain: a functional op with one tensor out and no alias, every tensor a
-    fake of one mode and device with at least one dimension and contiguous strides (as
-    expressions; any strides where the op is asked for a contiguous output, as a copy made
-    ``contiguous``), each size equal to the others at its place or 1 and positive, keyword
-    arguments that keep the layout; :data:`NOT_RUN` otherwise (FakeTensorMode's own then).
-    (The module's docstring has an example.)"""
+    fake of one mode and device with at least one dimension, each size equal to the others
+    at its place or 1 and positive, keyword arguments that keep the layout, and either
+    every tensor's strides contiguous (as expressions; any strides where the op is asked
+    for a contiguous output, as a copy made ``contiguous``) or the first tensor's layout
+    the output's (:func:`_led_by`: a rotary embedding's ``q * cos`` on a transposed ``q``,
+    8 to 10 ms an op before); :data:`NOT_RUN` otherwise (FakeTensorMode's own then). (The
+    module's docstring has an example.)"""
     if not _functional_pointwise(func):
         return NOT_RUN
     for k, v in kwargs.items():
@@ -194,9 +196,14 @@ def pointwise(func, args: tuple, kwargs: dict):
     if not symbolic or kwargs.get("device") not in (None, device):
         return NOT_RUN
     sizes = _broadcast([t.size() for t in tensors])
-    strides = None if sizes is None else _contiguous_strides(sizes)
-    if strides is None or not (kwargs.get("memory_format") is torch.contiguous_format
-                               or all(_contiguous(t) for t in tensors)):
+    if sizes is None:
+        return NOT_RUN
+    if kwargs.get("memory_format") is torch.contiguous_format or \
+            all(_contiguous(t) for t in tensors):
+        strides = _contiguous_strides(sizes)
+    else:  # the first tensor's layout, where it alone orders every pair of dims
+        strides = _led_by(tensors, sizes, func in IN_ORDER)
+    if strides is None:
         return NOT_RUN
     with in_kernel_invocation_manager(mode):
         try:
@@ -238,6 +245,9 @@ def empty(func, args: tuple, kwargs: dict):
 
 
 EMPTY = frozenset({aten.empty.memory_format, aten.empty_strided.default})
+# binary ops whose references (torch/_refs) hand their operands to the prim in order (a type
+# promotion's cast keeps a dense layout), as TensorIterator takes them
+IN_ORDER = frozenset({aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor})
 _FUNCTIONAL: dict = {}  # op -> whether pointwise takes it
 
 
@@ -287,6 +297,114 @@ def _broadcast(shapes: list):
                     return None
         out.append(1 if got is None else got)
     return out[::-1]
+
+
+def _led_by(tensors, sizes, in_order: bool) -> list | None:
+    """The output's strides of a pointwise op on ``tensors`` whose first has the output's
+    ``sizes``, each at least 2, and strides none of which is 0 and each pair of which is
+    ordered the same way for every value the ShapeEnv's ranges allow: the contiguous strides
+    of ``sizes`` in the order of the first's (its own, where it is laid out densely).
+    TensorIterator orders each pair of dims by the first operand whose strides there differ
+    and neither is 0 (a broadcast dim's), and lays the output out densely in that order
+    (``reorder_dimensions`` in aten/src/ATen/TensorIterator.cpp;
+    ``compute_elementwise_output_logical_to_physical_perm`` in torch/_prims_common, which
+    FakeTensorMode's references follow): such a first tensor orders every pair, and no
+    guard is needed. ``in_order``: the op's reference keeps its operands in order
+    (:data:`IN_ORDER`); else every other tensor's dims that are neither of size 1 nor of
+    stride 0 must be ordered the same way, so that a decomposition putting another operand
+    first gives the same. None otherwise (a size that may be 1 or 0, the first broadcast,
+    strides whose order depends on the sizes' values, two tensors that disagree)."""
+    first = tensors[0]
+    n = len(sizes)
+    if first.dim() != n or not all(_expr(a) == _expr(b) and _at_least_two(a)
+                                   for a, b in zip(first.size(), sizes)):
+        return None
+    dense = _dense_order(first.size(), first.stride(), range(n))
+    order = dense or _stride_order(first.stride(), range(n))
+    if order is None:
+        return None
+    rank = {d: k for k, d in enumerate(order)}  # 0: the innermost dim
+    for t in () if in_order else tensors[1:]:
+        shift = n - t.dim()  # its dims, aligned to the output's from the right
+        shape = [1] * shift + list(t.size())
+        stride = [0] * shift + list(t.stride())
+        mine = _stride_order(stride, [d for d in range(n) if not (
+            type(shape[d]) is int and shape[d] == 1 or type(stride[d]) is int and stride[d] == 0)])
+        if mine is None or any(rank[a] > rank[b] for a, b in zip(mine, mine[1:])):
+            return None
+    if dense is not None:
+        return list(first.stride())
+    out, step = [None] * n, 1
+    for d in order:
+        out[d] = step
+        step = step * sizes[d]
+    return out
+
+
+def _dense_order(shape, strides, dims) -> list | None:
+    """``dims`` innermost first where their strides are the contiguous ones of their sizes
+    in some order (as expressions), else None."""
+    left, step, out = set(dims), 1, []
+    while left:
+        inner = next((i for i in left if _expr(strides[i]) == step), None)
+        if inner is None:
+            return None
+        left.discard(inner)
+        out.append(inner)
+        step = step * _expr(shape[inner])
+    return out
+
+
+def _stride_order(strides, dims) -> list | None:
+    """``dims`` by their strides, smallest first, where no stride is 0 and every pair is
+    ordered the same way for every value (:func:`_below`), else None."""
+    out: list = []
+    for d in dims:
+        if type(strides[d]) is int and strides[d] == 0:
+            return None
+        k = len(out)
+        while k:
+            below = _below(strides[d], strides[out[k - 1]])
+            if below is None:
+                return None
+            if not below:
+                break
+            k -= 1
+        out.insert(k, d)
+    return out
+
+
+def _below(a, b) -> bool | None:
+    """Whether stride ``a`` is below stride ``b`` (ints or SymInts) for every value their
+    ShapeEnv's ranges allow: True, False (above), or None (equal, or it depends). A
+    symbol's range only narrows, so an answer is kept on the ShapeEnv."""
+    if type(a) is int and type(b) is int:
+        return None if a == b else a < b
+    env = (a if type(a) is not int else b).node.shape_env
+    diff = sympy.sympify(_expr(b) - _expr(a))
+    known = env.__dict__.setdefault("_fxmem_signs", {})
+    if diff not in known:
+        if diff.is_number:
+            known[diff] = None if diff == 0 else bool(diff > 0)
+        else:
+            r = env.bound_sympy(diff)
+            known[diff] = True if r.lower > 0 else False if r.upper < 0 else None
+    return known[diff]
+
+
+def _at_least_two(v) -> bool:
+    """Whether size ``v`` (an int or a SymInt) is 2 or more wherever its ShapeEnv's ranges
+    hold (a symbol's range only narrows, so an answer of True is kept on the ShapeEnv)."""
+    if type(v) is int:
+        return v >= 2
+    env, expr = v.node.shape_env, v.node.expr
+    known = env.__dict__.setdefault("_fxmem_at_least_two", set())
+    if expr in known:
+        return True
+    if env.bound_sympy(expr).lower >= 2:
+        known.add(expr)
+        return True
+    return False
 
 
 def _contiguous_strides(sizes) -> list | None:
