@@ -86,6 +86,19 @@ def test_the_fewest_gpus_searched_ahead_are_the_ones_fit_finds(monkeypatch, tmp_
     assert all(at == b for mine, w, at in traces(batch=True) if w), traces(batch=True)
 
 
+def test_the_child_is_given_what_it_reads_before_any_way_is_searched_here(monkeypatch):
+    """The child waits for what its search reads (its search is the command's longest): fit
+    resolves it before its own ways (the largest B first)."""
+    case = _case()
+    _, _, _, r, b, budget = case
+    order, give, largest = [], fit_module._give, fit_module._largest_batch
+    monkeypatch.setattr(fit_module, "_give", lambda *a: order.append("give") or give(*a))
+    monkeypatch.setattr(fit_module, "_largest_batch",
+                        lambda *a, **k: order.append("largest B") or largest(*a, **k))
+    assert r.fits(b, budget, jobs=2, ranks_ahead=_early(case)) == r.fits(b, budget, jobs=1)
+    assert order[:2] == ["give", "largest B"], order
+
+
 @pytest.mark.parametrize("guess", ["budget", "B"])
 def test_a_way_started_on_a_guess_that_does_not_hold_is_stopped(guess):
     """Started for another budget or B than fit asks: the child is killed and fit searches

@@ -113,8 +113,8 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
     precision searched ahead in a child (:func:`fxmem.report.ahead.param_dtype_ahead`), its
     answer taken where it searched this way, the child stopped otherwise; ``ranks_ahead``:
     likewise, FSDP2's fewest GPUs for a step on one GPU
-    (:func:`fxmem.report.ranks_ahead.fewest_early`), given what it reads of the step once
-    the largest B is found (the checkpoint way once it is), while this process searches
+    (:func:`fxmem.report.ranks_ahead.fewest_early`), given what it reads of the step before
+    any way is searched here (the checkpoint way once it is), while this process searches
     the others. ``meanwhile()``:
     work the caller needs next (the CLI: the report's summary), done once this process has
     searched its own ways, where a child's are not found yet (Llama-3.1-70B's command
@@ -171,10 +171,13 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
     try:
         if ranks_ahead is None:
             got = run(mine, progress)
-        else:  # what the child searches from given before the checkpoint way's walk; that
-            # way, which the child reads once its own search is done, after it
-            got = run([k for k in mine if k < PLAN], progress)
+        else:  # what the child searches from given first (it waits for it: its search is
+            # the command's longest); the checkpoint way, which the child reads once its own
+            # search is done, after the largest B and that way's walk
+            if progress is not None:
+                progress(searches[RANKS][0])
             _give(ranks_ahead, check, report, B, jobs)
+            got = run([k for k in mine if k < PLAN], progress)
             got.update(run([k for k in mine if PLAN <= k < RANKS], progress))
             before = [w for k in sorted(got) for w in got[k] if isinstance(w, WayOut)]
             ranks_ahead.give_one(next((w for w in before if w.kind == "checkpoint"), None))

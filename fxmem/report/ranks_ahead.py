@@ -12,7 +12,7 @@ traces it on one (at the B and dims' values asked alone, where the search reads 
 :func:`fxmem.report.world_size.search_ranks` traces each world size from a one-GPU step:
 2.5 s beside this process's trace, against 5.9 s in B and L), then waits for what the
 search reads of the step as asked (:class:`fxmem.report.world_size.Asked`, resolved here
-once the largest B is found: :meth:`RanksAhead.give`), and searches from it with the
+before fit searches any way: :meth:`RanksAhead.give`), and searches from it with the
 analyses its own trace makes cheaper; the checkpoint way, found here after that, follows
 (:meth:`RanksAhead.give_one`), read once the search has found its world size (on
 Llama-3.1-8B the child had waited 0.7 to 1.2 s for this process's walk over the one-GPU
