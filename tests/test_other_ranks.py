@@ -345,3 +345,48 @@ def test_a_plans_ops_are_made_once_for_the_rank_groups_that_share_them():
     gone = weakref.ref(plans.derive(first, ["model.model.layers.1"]))
     gc.collect()  # a derivation no longer used is not kept for the next one, nor its ops
     assert gone() is None and plans._OPS_MADE[-1][2]() is None
+
+
+def test_a_planner_over_another_world_size_reads_the_numbers_derived_there(monkeypatch):
+    """A planner over a world size derived from rank 0's trace (the same ops, calls and saved
+    tensors, other sizes) takes each candidate's numbers from the planner built on that
+    trace, with its own sizes (fxmem.checkpoint.plans.derive_numbers): it derives none, and
+    its numbers and chain models are a planner's built with nothing before it. Both traces
+    read at one length share their ops (fxmem.memory.dims.specialize), as the search for
+    the fewest GPUs reads them."""
+    import numpy as np
+
+    from fxmem.analyze import _report
+    from fxmem.checkpoint import plans
+    from fxmem.checkpoint.options import Planner
+    from fxmem.trace.parallel import at_world_size
+
+    model, inputs = _llama()
+    r = fxmem.analyze(model, inputs, optimizer=torch.optim.AdamW, device="cpu",
+                      parallel=fxmem.FSDP(3), dims={"L": [(0, 1), (1, 1)]})
+    source = r.groups[0].report
+    three = source.at(L=16)
+    made, real = [], plans._numbers
+    monkeypatch.setattr(plans, "_numbers", lambda *a: made.append(1) or real(*a))
+
+    def five():
+        t = at_world_size(source.trace, fxmem.FSDP(3), fxmem.FSDP(5), model)
+        return _report(t, ("L",), "cpu").at(L=16)
+    plans._NUMBERS_MADE.clear()
+    Planner(three)
+    n = len(made)
+    at_five = five()
+    assert at_five.trace.ops is three.trace.ops and n > 0
+    warm = Planner(at_five)
+    assert len(made) == n  # every candidate's numbers read, none derived
+    plans._NUMBERS_MADE.clear()
+    cold = Planner(five())
+    assert len(made) == 2 * n
+    assert len(warm.entries) == len(cold.entries)
+    for a, b in zip(warm.entries, cold.entries):
+        assert a[:3] == b[:3] and a[4] == b[4]
+        for b_ in (2, 5):
+            assert np.array_equal(a[3].live(b_), b[3].live(b_))
+    for b_ in (2, 5):
+        assert warm.problem(b_) == cold.problem(b_)
+        assert warm.problem(b_, True) == cold.problem(b_, True)

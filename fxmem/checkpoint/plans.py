@@ -152,9 +152,63 @@ def derive_numbers(trace: Trace, plan, sizes) -> Derived:
     """:func:`derive`'s step under ``plan`` as a :class:`Derived`, ``sizes`` the device
     sizes of ``trace``'s storages (a :class:`SizeValues`, which a planner shares between
     its derivations, or a tuple) (a re-run's copy takes its original's): the same numbers
-    as the derived trace's, in a fraction of the time and memory."""
+    as the derived trace's, in a fraction of the time and memory. A plan of one entry (a
+    planner's candidate) derived from another trace of the same structure
+    (:func:`_numbers_made`) is that derivation with these sizes."""
     plan = _plan_of(trace, plan)
     sizes = sizes if isinstance(sizes, SizeValues) else SizeValues(sizes)
+    made = _numbers_made(trace) if len(plan) == 1 else None
+    got = None if made is None else made.get(plan)
+    if got is not None:
+        return replace(got, base=sizes)
+    got = _numbers(trace, plan, sizes)
+    if made is not None:
+        made[plan] = got
+    return got
+
+
+# the numbers of each one-entry plan derived from the last structure of trace seen, and that
+# structure: a rank's step derived at another world size (fxmem.trace.parallel.other_ranks
+# .at_world_size) keeps its ops, calls and saved tensors, and each storage's making, freeing
+# and letting go: only sizes differ (Llama-3.1-8B's planner over 5 GPUs derived 320
+# candidates the planner over 8 had derived from its trace)
+_NUMBERS_MADE: list = []
+
+
+def _numbers_made(trace: Trace) -> dict:
+    """One-entry plan -> its :class:`Derived` (any sizes) for ``trace``'s structure: what
+    :func:`_Derivation` reads of it, the same objects (ops, calls, saved tensors, cached
+    layers) and the same arrays (each storage's making, freeing, letting go and resizing
+    away, and which have a dim of size 0)."""
+    if _NUMBERS_MADE and _NUMBERS_MADE[0]() is trace:  # (the same trace: no check)
+        return _NUMBERS_MADE[2]
+    arrays = (*_base(trace), *_pack_arrays(trace)[5:], _empty_dims(trace))
+    if _NUMBERS_MADE:
+        _, (ops, calls, packs, layers, train, known), made = _NUMBERS_MADE
+        if ops is trace.ops and calls is trace.calls and packs is trace.packs and \
+                layers is trace.cache_layers and train == trace.train and \
+                all(np.array_equal(a, b) for a, b in zip(known, arrays)):
+            _NUMBERS_MADE[0] = weakref.ref(trace)
+            return made
+    made = {}
+    _NUMBERS_MADE[:] = [weakref.ref(trace), (trace.ops, trace.calls, trace.packs,
+                                             trace.cache_layers, trace.train, arrays), made]
+    return made
+
+
+def _empty_dims(trace: Trace) -> np.ndarray:
+    """Per storage: has its shape a dim of size 0 (:mod:`fxmem.checkpoint.uncached` reads
+    it)? A bool array kept on the trace."""
+    known = trace.__dict__.get("_empty_dims")
+    if known is None:
+        known = trace.__dict__["_empty_dims"] = np.fromiter(
+            (any(d == 0 for d in (s.shape or ())) for s in trace.storages), bool,
+            len(trace.storages))
+    return known
+
+
+def _numbers(trace: Trace, plan: Plan, sizes: SizeValues) -> Derived:
+    """:func:`derive_numbers` made (no earlier derivation read)."""
     created, freed = bases = _base(trace)
     n = len(trace.ops)
     none = np.zeros(0, _INDEX)

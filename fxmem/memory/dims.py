@@ -90,19 +90,36 @@ def specialize(trace, **values):
         storages.append(with_fields(s, size=size, shape=shape))
     lower = [g for g in guards if g.free_symbols <= {B}]
     rest = [g for g in guards if not g.free_symbols <= {B}]
-    subbed: dict = {}  # the reductions' arguments (fxmem.trace.kernels.cuda.reduce_replay)
-    # with the values put in, once per object (Llama-3.1-8B: 195 ops share 15; the trace
-    # holds them, so their ids stay theirs)
+    return replace(trace, graph_source=Specialized(trace, vals), storages=tuple(storages),
+                   ops=_ops_at(trace.ops, vals), guards=valid_when(lower) + tuple(rest),
+                   dims=())
+
+
+# the last ops specialized: (ops, values, ops with the values put in). The traces of a rank's
+# step at other world sizes share its ops (fxmem.trace.parallel.other_ranks), so each
+# specialized at the same values shares one tuple, which the planner's numbers are kept by
+# (fxmem.checkpoint.plans.derive_numbers)
+_OPS_AT: list = []
+
+
+def _ops_at(ops: tuple, vals: dict) -> tuple:
+    """``ops`` with the named dims' values ``vals`` put in the reductions' arguments
+    (:mod:`fxmem.trace.kernels.cuda.reduce_replay`), once per object (Llama-3.1-8B: 195 ops
+    share 15; the trace holds them, so their ids stay theirs); the same tuple again for the
+    same ``ops`` and values."""
+    if _OPS_AT and _OPS_AT[0] is ops and _OPS_AT[1] == vals:
+        return _OPS_AT[2]
+    subbed: dict = {}
 
     def reduce_of(args):
         got = subbed.get(id(args))
         if got is None:
             got = subbed[id(args)] = _tree_subs(args, vals)
         return got
-    ops = tuple(op if op.reduce is None else with_fields(op, reduce=reduce_of(op.reduce))
-                for op in trace.ops)
-    return replace(trace, graph_source=Specialized(trace, vals), storages=tuple(storages),
-                   ops=ops, guards=valid_when(lower) + tuple(rest), dims=())
+    out = tuple(op if op.reduce is None else with_fields(op, reduce=reduce_of(op.reduce))
+                for op in ops)
+    _OPS_AT[:] = [ops, dict(vals), out]
+    return out
 
 
 def _fixed(trace) -> tuple:
