@@ -99,6 +99,24 @@ def test_the_child_is_given_what_it_reads_before_any_way_is_searched_here(monkey
     assert order[:2] == ["give", "largest B"], order
 
 
+def test_the_child_builds_its_trace_s_planner_while_it_waits():
+    """While nothing has come from fit, the child builds the planner of its trace's rank 0
+    (the world sizes its search derives share its candidates' numbers); once something has,
+    it does not make fit wait."""
+    from fxmem.report.ranks_ahead import _meanwhile
+
+    m, x, step, *_ = _case()
+    for waiting in (True, False):
+        first = fxmem.analyze(m, x, step=step, parallel=fxmem.FSDP(2))
+        r, w = os.pipe()
+        if not waiting:
+            os.write(w, b"x")
+        _meanwhile(first, r)
+        assert ("_choosers" in first.groups[0].report.__dict__) is waiting
+        os.close(r)
+        os.close(w)
+
+
 @pytest.mark.parametrize("guess", ["budget", "B"])
 def test_a_way_started_on_a_guess_that_does_not_hold_is_stopped(guess):
     """Started for another budget or B than fit asks: the child is killed and fit searches
