@@ -358,6 +358,52 @@ def test_a_pointwise_op_it_cannot_tell_is_fake_tensor_mode_s():
             assert pointwise(op, args, kwargs) is NOT_RUN, op
 
 
+FOREACH = [  # (op, each list's tensors' sizes and dtypes, other arguments)
+    (aten._foreach_sqrt.default, [[((4, 6), torch.float32), ((3,), torch.bfloat16)]], ()),
+    (aten._foreach_add.Scalar, [[((4, 6), torch.bfloat16), ((2, 3, 5), torch.float32)]],
+     (2.0,)),
+    (aten._foreach_add.List, [[((4, 6), torch.float32), ((3,), torch.bfloat16)],
+                              [((4, 6), torch.bfloat16), ((3,), torch.bfloat16)]], ()),
+    (aten._foreach_lerp.Scalar, [[((4, 6), torch.float32)], [((4, 6), torch.float32)]],
+     (0.1,)),
+    (aten._foreach_abs.default, [[((4, 6), torch.int64)]], ()),
+]
+
+
+@pytest.mark.parametrize("case", range(len(FOREACH)), ids=[str(c[0]) for c in FOREACH])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_pointwise_foreach_op_is_fake_tensor_mode_s(case, device):
+    from fxmem.trace.kernels.meta_kernels import foreach
+
+    op, lists, rest = FOREACH[case]
+    with FakeTensorMode() as mode:
+        args = [[torch.empty(s, dtype=d, device=device) for s, d in xs] for xs in lists]
+        got = foreach(op, (*args, *rest), {})
+        assert got is not NOT_RUN
+        want = op(*args, *rest)
+    assert [_made(t) for t in got] == [_made(t) for t in want]
+    assert all(t.fake_mode is mode for t in got)
+
+
+def test_a_foreach_op_it_cannot_tell_is_fake_tensor_mode_s():
+    from fxmem.trace.kernels.meta_kernels import foreach
+
+    env, b, n = _sizes_env()
+    with FakeTensorMode(shape_env=env):
+        xs = [torch.empty(4, 6), torch.empty(3)]
+        for op, args in [
+            (aten._foreach_norm.Scalar, (xs, 2)),  # a reduction
+            (aten._foreach_max.default, (xs,)),
+            (aten._foreach_add_.Scalar, (xs, 1.0)),  # in place
+            (aten._foreach_sqrt.default, ([torch.empty(6, 4).t()],)),  # not contiguous
+            (aten._foreach_sqrt.default, ([torch.empty(b, 4)],)),  # a symbolic size
+            (aten._foreach_mul.Tensor, (xs, torch.tensor(2.0))),  # a tensor, not a list
+            (aten._foreach_add.List, (xs, [torch.empty(6), torch.empty(3)])),  # broadcast
+            (aten._foreach_div.ScalarList, (xs, [2.0, 3.0])),
+        ]:
+            assert foreach(op, args, {}) is NOT_RUN, op
+
+
 @pytest.mark.parametrize("device", [None, torch.device("cpu"), torch.device("cuda")])
 def test_an_empty_tensor_is_fake_tensor_mode_s(device):
     from fxmem.trace.kernels.meta_kernels import empty

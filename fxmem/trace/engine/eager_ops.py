@@ -41,7 +41,7 @@ from ..kernels.rules import (
     window_storage_nbytes,
 )
 from ..kernels.values import passed, written_args
-from ..kernels.meta_kernels import (NOT_RUN, contiguous_view, empty, meta_kernel,
+from ..kernels.meta_kernels import (NOT_RUN, contiguous_view, empty, foreach, meta_kernel,
                                      pointwise)
 from .messages import fails_in_eager, user_frame
 
@@ -214,8 +214,8 @@ class EagerOps:
         Views of plain-int metadata are made by their C++ kernel instead, which gives the
         same view sooner, and so are FSDP2's copies; views of contiguous tensors of symbolic
         sizes, pointwise ops on such tensors and empty tensors are made as FakeTensorMode
-        makes them, without its checks on symbolic sizes
-        (:mod:`fxmem.trace.kernels.meta_kernels`).
+        makes them, without its checks on symbolic sizes, and so are a pointwise
+        ``_foreach_`` op's new tensors (:mod:`fxmem.trace.kernels.meta_kernels`).
 
         The exception: ops whose Meta kernel fxmem replaces while tracing
         (:data:`fxmem.trace.kernels.rules.OWN_META_OPS`; for CUDA,
@@ -231,6 +231,8 @@ class EagerOps:
             out = pointwise(func, args, kwargs)
         if out is NOT_RUN:  # an empty tensor: the mode's constructors' rule
             out = empty(func, args, kwargs)
+        if out is NOT_RUN:  # a pointwise _foreach_ op's new tensors, of plain-int sizes
+            out = foreach(func, args, kwargs)
         if out is not NOT_RUN:
             return out
         with enable_python_dispatcher():

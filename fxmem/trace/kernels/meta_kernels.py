@@ -244,6 +244,76 @@ def empty(func, args: tuple, kwargs: dict):
     return FakeTensor(mode, out, torch.device("cpu") if device is None else device)
 
 
+def foreach(func, args: tuple, kwargs: dict):
+    """A pointwise ``_foreach_*`` op that makes new tensors (an optimizer's
+    ``_foreach_sqrt`` of its second moments: AdamW's over Llama-3.1-8B's 291 parameters took
+    31 to 33 ms, each tensor's op run in FakeTensorMode's dispatch) on contiguous fakes of
+    plain-int sizes: each output as FakeTensorMode's meta kernel makes it, a contiguous
+    tensor of its input's sizes, of the dtype the op gives one-element tensors of the
+    inputs' dtypes, on its input's device. Taken only for an op with one list of tensors
+    out and no alias, each input list as long as the first and of its sizes, every other
+    argument a number; :data:`NOT_RUN` otherwise.
+
+    >>> from torch._subclasses.fake_tensor import FakeTensorMode
+    >>> with FakeTensorMode() as mode:
+    ...     xs = [torch.empty(4, 6, dtype=torch.bfloat16), torch.empty(3)]
+    ...     ys = foreach(torch.ops.aten._foreach_sqrt.default, (xs,), {})
+    >>> [(y.shape, y.dtype, y.fake_mode is mode) for y in ys]
+    [(torch.Size([4, 6]), torch.bfloat16, True), (torch.Size([3]), torch.float32, True)]
+    """
+    if not _functional_foreach(func) or kwargs:
+        return NOT_RUN
+    lists = [a for a in args if isinstance(a, (list, tuple))]
+    if not lists or any(not (a is None or type(a) in (int, float, bool) or
+                             isinstance(a, (list, tuple))) for a in args):
+        return NOT_RUN
+    n, mode = len(lists[0]), None
+    for xs in lists:
+        if len(xs) != n or any(type(v) is FakeTensor and v.shape != x.shape
+                               for v, x in zip(xs, lists[0])):
+            return NOT_RUN
+        for v in xs:
+            if type(v) is not FakeTensor or v.constant is not None or \
+                    v.real_tensor is not None or v._has_symbolic_sizes_strides or \
+                    (mode is not None and v.fake_mode is not mode) or not _contiguous(v):
+                return NOT_RUN
+            mode = v.fake_mode
+    out, dtypes = [], {}
+    with in_kernel_invocation_manager(mode):
+        for i, first in enumerate(lists[0]):
+            key = tuple(xs[i].dtype for xs in lists)
+            if key not in dtypes:
+                try:
+                    probe = func(*[[_one(xs[i])] if isinstance(xs, (list, tuple)) else xs
+                                   for xs in args])
+                except Exception:  # noqa: BLE001 - the op refuses them: FakeTensorMode's
+                    return NOT_RUN
+                dtypes[key] = probe[0].dtype
+            out.append(torch.empty(first.shape, dtype=dtypes[key], device="meta"))
+    return [FakeTensor(mode, t, x.fake_device) for t, x in zip(out, lists[0])]
+
+
+_FOREACH: dict = {}  # op -> whether foreach takes it
+
+
+def _functional_foreach(func) -> bool:
+    """Whether ``func`` is a ``_foreach_*`` op making one new list of tensors whose op on
+    each tensor is pointwise: the same overload of the op without ``_foreach_`` (``List``:
+    its ``Tensor`` one), so ``_foreach_sqrt.default`` (``aten.sqrt.default``) is, and
+    neither ``_foreach_max.default`` nor ``_foreach_norm.Scalar`` (reductions) is."""
+    got = _FOREACH.get(func)
+    if got is None:
+        schema, name = func._schema, func._opname
+        overload = {"List": "Tensor"}.get(func._overloadname, func._overloadname)
+        one = getattr(getattr(aten, name[len("_foreach_"):], None), overload, None) \
+            if name.startswith("_foreach_") else None
+        got = _FOREACH[func] = isinstance(one, torch._ops.OpOverload) and \
+            torch.Tag.pointwise in one.tags and not schema.is_mutable and \
+            len(schema.returns) == 1 and schema.returns[0].alias_info is None and \
+            str(schema.returns[0].type) == "List[Tensor]"
+    return got
+
+
 EMPTY = frozenset({aten.empty.memory_format, aten.empty_strided.default})
 # binary ops whose references (torch/_refs) hand their operands to the prim in order (a type
 # promotion's cast keeps a dense layout), as TensorIterator takes them
