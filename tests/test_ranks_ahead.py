@@ -111,7 +111,7 @@ def test_the_child_builds_its_trace_s_planner_while_it_waits():
         r, w = os.pipe()
         if not waiting:
             os.write(w, b"x")
-        _meanwhile(first, r)
+        _meanwhile(first, {}, r)
         assert ("_choosers" in first.groups[0].report.__dict__) is waiting
         os.close(r)
         os.close(w)

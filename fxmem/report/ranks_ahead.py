@@ -121,7 +121,7 @@ def fewest_early(analyze_with, *, step, parallel, B: int, budget_bytes: int | No
     def way():
         os.close(w)
         first = analyze_with(parallel=FSDP(WORLD_SIZE), defer=True, **at_point(B, at_dims))
-        _meanwhile(first.at(**at_dims) if at_dims else first, r)
+        _meanwhile(first, at_dims, r)
         with os.fdopen(r, "rb") as f:
             got = _read(f)
             if got is None:  # not wanted
@@ -140,18 +140,18 @@ def fewest_early(analyze_with, *, step, parallel, B: int, budget_bytes: int | No
     return RanksAhead(child, w, B, at_dims, check)
 
 
-def _meanwhile(first, fd: int) -> None:
+def _meanwhile(first, at_dims: dict, fd: int) -> None:
     """While nothing has come on the pipe ``fd`` yet (this process's parent still making it),
     the planner of ``first``'s rank 0 built (``Report._chooser``; ``first`` at the dims'
-    values, as the search reads it): the world sizes the search derives from that trace
-    share its candidates' numbers
+    values ``at_dims``, as the search reads it): the world sizes the search derives from
+    that trace share its candidates' numbers
     (:func:`fxmem.checkpoint.plans.derive_numbers`), so each planner the search builds
     there costs a third (Llama-3.1-8B over 5 GPUs: 0.13 s against 0.43 s). A planner the
     step cannot have is left to the search, which says why."""
     if select.select([fd], [], [], 0)[0]:
         return
     try:
-        first.groups[0].report._chooser()
+        (first.at(**at_dims) if at_dims else first).groups[0].report._chooser()
     except FxmemError:
         pass
 
