@@ -81,9 +81,7 @@ def meta_kernel(func, args: tuple, kwargs: dict):
     mode = device = None
     for v in tree_leaves((args, kwargs)):
         if isinstance(v, torch.Tensor):
-            if type(v) is not FakeTensor or v.constant is not None or \
-                    v.real_tensor is not None or v._has_symbolic_sizes_strides or \
-                    mode is not None and v.fake_mode is not mode:
+            if not _fake_of(v, mode) or v._has_symbolic_sizes_strides:
                 return NOT_RUN
             mode, device = v.fake_mode, device or v.fake_device
         elif not (v is None or type(v) in (int, bool)):
@@ -95,6 +93,14 @@ def meta_kernel(func, args: tuple, kwargs: dict):
     wrap = mode.fake_tensor_converter.from_meta_and_device
     return tree_map(lambda t: wrap(mode, t, device)
                     if isinstance(t, torch.Tensor) and type(t) is not FakeTensor else t, out)
+
+
+def _fake_of(v, mode) -> bool:
+    """Whether ``v`` is a fake tensor of ``mode`` (of any, where None) whose value the mode
+    does not keep (no constant, no real tensor beside it): one the paths here may make the
+    outputs of."""
+    return type(v) is FakeTensor and v.constant is None and v.real_tensor is None and \
+        (mode is None or v.fake_mode is mode)
 
 
 def contiguous_view(func, args: tuple, kwargs: dict):
@@ -111,8 +117,8 @@ def contiguous_view(func, args: tuple, kwargs: dict):
     if func not in CONTIGUOUS_VIEWS or kwargs or len(args) != 2:
         return NOT_RUN
     a, shape = args
-    if type(a) is not FakeTensor or a.constant is not None or a.real_tensor is not None or \
-            not a._has_symbolic_sizes_strides or type(shape) not in (list, tuple) or \
+    if not _fake_of(a, None) or not a._has_symbolic_sizes_strides or \
+            type(shape) not in (list, tuple) or \
             any(type(v) not in (int, torch.SymInt) for v in shape):
         return NOT_RUN
     sizes = a.size()
@@ -186,9 +192,8 @@ def pointwise(func, args: tuple, kwargs: dict):
     tensors, symbolic = [], False
     for v in tree_leaves((args, kwargs)):
         if isinstance(v, torch.Tensor):
-            if type(v) is not FakeTensor or v.constant is not None or \
-                    v.real_tensor is not None or v.dim() == 0 or \
-                    mode is not None and (v.fake_mode is not mode or v.fake_device != device):
+            if not _fake_of(v, mode) or v.dim() == 0 or \
+                    mode is not None and v.fake_device != device:
                 return NOT_RUN
             mode, device = v.fake_mode, v.fake_device
             symbolic = symbolic or v._has_symbolic_sizes_strides
@@ -267,15 +272,13 @@ def foreach(func, args: tuple, kwargs: dict):
     if not lists or any(not (a is None or type(a) in (int, float, bool) or
                              isinstance(a, (list, tuple))) for a in args):
         return NOT_RUN
-    n, mode = len(lists[0]), None
+    mode = None
     for xs in lists:
-        if len(xs) != n or any(type(v) is FakeTensor and v.shape != x.shape
-                               for v, x in zip(xs, lists[0])):
+        if len(xs) != len(lists[0]):
             return NOT_RUN
-        for v in xs:
-            if type(v) is not FakeTensor or v.constant is not None or \
-                    v.real_tensor is not None or v._has_symbolic_sizes_strides or \
-                    (mode is not None and v.fake_mode is not mode) or not _contiguous(v):
+        for v, x in zip(xs, lists[0]):
+            if not _fake_of(v, mode) or v._has_symbolic_sizes_strides or \
+                    v.shape != x.shape or not _contiguous(v):
                 return NOT_RUN
             mode = v.fake_mode
     out, dtypes = [], {}
