@@ -9,7 +9,9 @@ import traceback
 
 import sympy
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from ...errors import DataDependentError, ModelError, SpecializationError, TraceError
@@ -25,7 +27,9 @@ from ..kernels.datadep import (
 from ..kernels.grad_sums import ACCUMULATE_GRAD, GradSums
 from ..kernels.rules import (
     CONSTANT_LIFT_OPS,
+    DEVICE_QUERY,
     METADATA_QUERIES,
+    PROFILER_MARKERS,
     SKIP_NAMESPACES,
     ValueOracle,
 )
@@ -36,9 +40,16 @@ from ..ledger.tracking import RESIZE_OP, StorageTracker
 from .eager_ops import EagerOps
 from .messages import causes, chained, live_frames, op_hint, user_frame
 
+_META = torch.device("meta")
+
 
 class Recorder(EagerOps, StorageTracker):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is DEVICE_QUERY and type(args[0]) is FakeTensor:  # (rules.py says why)
+            return _META if args[0].fake_mode.in_kernel_invocation else args[0].fake_device
+        if func in PROFILER_MARKERS:
+            with _disable_current_modes():
+                return func(*args, **(kwargs or {}))
         if func.namespace in SKIP_NAMESPACES:
             return func(*args, **(kwargs or {}))
         if func in METADATA_QUERIES:
