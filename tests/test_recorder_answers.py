@@ -31,10 +31,9 @@ class Marked(nn.Module):
         return self.head(x)
 
 
-CASES = {  # AdamW's foreach grouping asks each tensor's device on CUDA; FSDP2's hooks
-    "cuda-adamw": dict(device="cuda"),  # open markers of their own
-    "fsdp": dict(device="cpu", parallel=fxmem.FSDP(2)),
-}
+# AdamW's foreach grouping asks each tensor's device on CUDA; FSDP2's hooks open markers of
+# their own
+CASES = {"cuda-adamw": dict(device="cuda"), "fsdp": dict(device="cpu", parallel=fxmem.FSDP(2))}
 
 
 def _analyze(case):
@@ -45,8 +44,9 @@ def _analyze(case):
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_fake_mode_sees_no_device_query_nor_marker(case, monkeypatch):
-    asked, passed = collections.Counter(), collections.Counter()  # by the recorder, to the
-    within: list = []  # fake tensor mode while the recorder answers one of those ops
+    # asked of the recorder; passed to the fake tensor mode while the recorder answers one
+    asked, passed = collections.Counter(), collections.Counter()
+    within: list = []  # the op the recorder is answering
     answer, dispatch = recorder.Recorder.__torch_dispatch__, FakeTensorMode.__torch_dispatch__
 
     def recorder_spy(self, func, types, args=(), kwargs=None):
