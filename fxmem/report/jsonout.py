@@ -1,5 +1,6 @@
 """JSON rendering of a :class:`fxmem.report.summary.Summary`; the document's fields are
-described in ``docs/json-schema.md`` (schema ``fxmem.report/1``).
+described in ``docs/json-schema.md`` (schema ``fxmem.report/2``:
+:data:`fxmem.report.summary.SCHEMA`).
 
 >>> import json, torch, fxmem
 >>> from fxmem.report.summary import summarize
