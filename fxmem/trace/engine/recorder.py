@@ -45,12 +45,12 @@ _META = torch.device("meta")
 
 class Recorder(EagerOps, StorageTracker):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is DEVICE_QUERY and type(args[0]) is FakeTensor:  # (rules.py says why)
-            return _META if args[0].fake_mode.in_kernel_invocation else args[0].fake_device
-        if func in PROFILER_MARKERS:
-            with _disable_current_modes():
-                return func(*args, **(kwargs or {}))
-        if func.namespace in SKIP_NAMESPACES:
+        if func.namespace in SKIP_NAMESPACES:  # (two answered here: rules.py says why)
+            if func is DEVICE_QUERY and type(args[0]) is FakeTensor:
+                return _META if args[0].fake_mode.in_kernel_invocation else args[0].fake_device
+            if func in PROFILER_MARKERS:
+                with _disable_current_modes():
+                    return func(*args, **(kwargs or {}))
             return func(*args, **(kwargs or {}))
         if func in METADATA_QUERIES:
             return self.metadata(func, args, kwargs or {})
