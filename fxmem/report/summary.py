@@ -130,9 +130,9 @@ class Summary:
     def to_dict(self, timeline: bool = False) -> dict:
         """The JSON document (see ``docs/json-schema.md``); ``timeline=True`` adds the
         per-op live bytes, which can be long."""
-        # (the per-op timeline, one row an op, converted only when asked: asdict's copy of it
+        # (the per-op timeline, one row an op, left to the lines below: asdict's copy of it
         # was most of the JSON's rendering, 0.33 s of Llama-3.1-8B's over 8 GPUs)
-        d = {"schema": SCHEMA, **asdict(self if timeline else replace(self, timeline=()))}
+        d = {"schema": SCHEMA, **asdict(replace(self, timeline=()))}
         d["regimes"] = [asdict(r) for r in self.regimes]
         d["curve"] = [list(p) for p in self.curve]
         d["cuda_curve"] = [list(p) for p in self.cuda_curve]
