@@ -306,14 +306,12 @@ def _functional_foreach(func) -> bool:
     neither ``_foreach_max.default`` nor ``_foreach_norm.Scalar`` (reductions) is."""
     got = _FOREACH.get(func)
     if got is None:
-        schema, name = func._schema, func._opname
+        name = func._opname
         overload = {"List": "Tensor"}.get(func._overloadname, func._overloadname)
         one = getattr(getattr(aten, name[len("_foreach_"):], None), overload, None) \
             if name.startswith("_foreach_") else None
         got = _FOREACH[func] = isinstance(one, torch._ops.OpOverload) and \
-            torch.Tag.pointwise in one.tags and not schema.is_mutable and \
-            len(schema.returns) == 1 and schema.returns[0].alias_info is None and \
-            str(schema.returns[0].type) == "List[Tensor]"
+            torch.Tag.pointwise in one.tags and _one_new(func._schema, "List[Tensor]")
     return got
 
 
@@ -327,13 +325,17 @@ _FUNCTIONAL: dict = {}  # op -> whether pointwise takes it
 def _functional_pointwise(func) -> bool:
     got = _FUNCTIONAL.get(func)
     if got is None:
-        schema = func._schema
         got = _FUNCTIONAL[func] = (torch.Tag.pointwise in func.tags
                                    or func is aten._to_copy.default) \
-            and not schema.is_mutable and len(schema.returns) == 1 \
-            and schema.returns[0].alias_info is None \
-            and str(schema.returns[0].type) == "Tensor"
+            and _one_new(func._schema, "Tensor")
     return got
+
+
+def _one_new(schema, kind: str) -> bool:
+    """Whether an op of ``schema`` writes none of its arguments and returns one new value
+    of type ``kind`` (``"Tensor"``, ``"List[Tensor]"``), an alias of none."""
+    return not schema.is_mutable and len(schema.returns) == 1 and \
+        schema.returns[0].alias_info is None and str(schema.returns[0].type) == kind
 
 
 def _keeps_layout(key: str, value) -> bool:
