@@ -73,3 +73,11 @@ def test_no_plan_fitting_the_first_group_raises():
     first = Group({("a",): (90, 5)})
     with pytest.raises(InfeasibleBudgetError):
         choose([None, None], [first, Group({("a",): (10, 5)})], 80, 4)
+
+
+def test_a_first_group_with_no_answer_gives_none():
+    """A chooser may give no plan without raising (its tightening found none): no answer,
+    as when every group was asked."""
+    first = Group({("a",): (90, 5)})
+    first.choose = lambda *a, **k: None
+    assert choose([None, None], [first, Group({("a",): (10, 5)})], 80, 4) is None

@@ -6,10 +6,11 @@ ranks. A plan fits when it fits every group: its peak is the largest group's, it
 FLOPs the largest group's (equal under FSDP2 and DDP, whose ranks run the same ops).
 
 Each group's own cheapest fitting plan comes from its :class:`~fxmem.checkpoint.choose.Chooser`
-(derived from that group's trace without a plan, as for one GPU). The dearest of those is
-the answer when it fits every group: any plan fitting every group fits that group too, so it
-costs at least as much. Otherwise, the cheapest plan fitting every group among the groups'
-Pareto frontiers. Plain functions of the groups' reports and choosers; nothing is traced
+(derived from that group's trace without a plan, as for one GPU). The first group's is the
+answer when it fits every group (the others' are then not made); else the dearest of them
+that fits every group: any plan fitting every group fits that group too, so it costs at
+least as much. Otherwise, the cheapest plan fitting every group among the groups' Pareto
+frontiers. Plain functions of the groups' reports and choosers; nothing is traced
 here (:class:`fxmem.report.ranks.ParallelReport` confirms a chosen plan by tracing it).
 """
 
@@ -72,6 +73,8 @@ def choose(reports, choosers, budget_bytes: int, b: int,
     fitting every group fits the first."""
     if max_recompute is None and len(choosers) > 1:
         c = choosers[0].choose(budget_bytes, b, None, **_numbers(choosers[0]))  # raises
+        if c is None:
+            return None
         peak, cost, step = evaluate(reports, choosers, c.plan, b)
         if peak <= budget_bytes:
             return c.plan, peak, cost, step, c.exact
