@@ -49,9 +49,9 @@ def _call_node(graph: torch.fx.Graph, func, args: tuple, kwargs: dict | None = N
     without them: ``Graph.create_node`` walks a call's arguments with pytree to warn of a
     raw SymInt among them, and the recorder passes none (each size is its expression in B
     and the named dims). The same node (its name comes from ``func``; FX counts the uses
-    of arguments set later as of those given at once), 10 us a node against 18 us for a
-    view's (``/tmp/fxb2.py`` in session 61's notes), about 3,800 nodes a trace of
-    Llama-3.1-8B under FSDP2.
+    of arguments set later as of those given at once): 10 against 18 us a node for a
+    view's arguments (docs/benchmarks.md, session 61), 3,776 nodes a trace of
+    Llama-3.1-8B over 8 GPUs.
 
     >>> g = torch.fx.Graph(); x = g.placeholder("x")
     >>> n = _call_node(g, torch.ops.aten.add.Tensor, (x, x), {"alpha": 2})
