@@ -71,6 +71,7 @@ def choose(reports, choosers, budget_bytes: int, b: int,
     much at least (of equally dear ones the first group's comes first); proven the
     cheapest for the first group (``exact``), it is the cheapest for all, as any plan
     fitting every group fits the first."""
+    first = None  # the first group's own plan, made and found not to fit every group
     if max_recompute is None and len(choosers) > 1:
         c = choosers[0].choose(budget_bytes, b, None, **_numbers(choosers[0]))  # raises
         if c is None:
@@ -78,14 +79,17 @@ def choose(reports, choosers, budget_bytes: int, b: int,
         peak, cost, step = evaluate(reports, choosers, c.plan, b)
         if peak <= budget_bytes:
             return c.plan, peak, cost, step, c.exact
-    own = []
-    for ch in choosers:
+        first = c
+    own = [] if first is None else [first]
+    for ch in choosers[len(own):]:
         limit = None if max_recompute is None else int(max_recompute * ch.step_flops(b))
         c = ch.choose(budget_bytes, b, limit, **_numbers(ch))  # raises: none fits this group
         if c is None:
             return None
         own.append(c)
     for k, c in enumerate(sorted(own, key=lambda c: -c.recompute_flops)):
+        if c is first:
+            continue  # (evaluated above)
         peak, cost, step = evaluate(reports, choosers, c.plan, b)
         if peak <= budget_bytes:
             return c.plan, peak, cost, step, c.exact and k == 0
