@@ -43,7 +43,6 @@ from .messages import causes, chained, live_frames, op_hint, user_frame
 _META = torch.device("meta")
 
 
-
 def _call_node(graph: torch.fx.Graph, func, args: tuple, kwargs: dict | None = None):
     """``graph.call_function(func, args, kwargs)``, the arguments set on the node made
     without them: ``Graph.create_node`` walks a call's arguments with pytree to warn of a
@@ -63,6 +62,7 @@ def _call_node(graph: torch.fx.Graph, func, args: tuple, kwargs: dict | None = N
     if kwargs:
         node.kwargs = kwargs
     return node
+
 
 class Recorder(EagerOps, StorageTracker):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -267,7 +267,7 @@ class Recorder(EagerOps, StorageTracker):
         storage ``sid`` (:data:`fxmem.trace.ledger.tracking.RESIZE_OP`)."""
         nbytes = self.storages[sid].nbytes
         module = self.module()
-        node = self.graph.call_function(RESIZE_OP, (None, nbytes))
+        node = _call_node(self.graph, RESIZE_OP, (None, nbytes))
         node.meta.update(phase=self.phase, module=module, index=index,
                          val=TensorDesc((nbytes,), torch.uint8, sid))
         self.ops.append(OpInfo(index, str(RESIZE_OP), self.phase, module, (sid,), (sid,), (),
