@@ -404,6 +404,26 @@ def test_the_fake_cache_is_on_where_enough_blocks_are_traced_for_real(monkeypatc
     assert (torch.ops.aten.addmm.default in seen) == cached
 
 
+def test_views_are_made_without_the_fake_cache_where_it_is_on(monkeypatch):
+    # a view found in FakeTensorMode's cache is rebuilt from the entry's size expressions,
+    # dearer than making it (fxmem.trace.engine.eager_ops._cache_off_for): with the cache
+    # on (four blocks traced for real), the step's other ops use it and its views do not
+    # (the weights' transposes; a view inside another op's kernel is that op's)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    seen = []
+    orig = FakeTensorMode._cached_dispatch_impl
+
+    def spy(self, func, *args):
+        seen.append(func)
+        return orig(self, func, *args)
+    monkeypatch.setattr(FakeTensorMode, "_cached_dispatch_impl", spy)
+    t = trace(_Stack(7), torch.randn(4, 16), loss=None, optimizer=torch.optim.SGD,
+              device="cpu", checkpoint=["blocks.2", "blocks.3"])
+    assert "aten.t.default" in {op.op for op in t.ops}
+    assert torch.ops.aten.addmm.default in seen and torch.ops.aten.t.default not in seen
+
+
 def _stack_of_blocks(n=4):
     torch.manual_seed(0)
     return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU())

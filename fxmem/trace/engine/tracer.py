@@ -414,7 +414,8 @@ class _Phases:
         # (GPT-2 small, B and L symbolic: 1.19 s with it off there, 1.67 s on;
         # benchmarks/speed.py). A plan that cuts the runs has more blocks traced for real
         # (Llama-3.1-8B's chosen plan over 8 ranks, 9: its trace took 10.4 and 10.8 s with
-        # the cache, 12.7 and 15.2 s without; at 4, about even)
+        # the cache, 12.7 and 15.2 s without; at 4, about even). Views skip it wherever it
+        # is on (fxmem.trace.engine.eager_ops._cache_off_for)
         self.mode.cache_enabled = self.cache and (self.cached or name == "optimizer")
         if name == "forward":
             rec.module_stack[:] = [""]
