@@ -108,3 +108,46 @@ def test_with_plan_checks_the_plan():
         fxmem.analyze(model, x, y, loss=loss, device="cpu").with_plan(["layer1", "layer1.0"])
     with pytest.raises(fxmem.InputError, match="without one"):
         base.with_plan(["layers.0"]).with_plan(["layers.1"])
+
+
+@pytest.mark.parametrize("name", ["transformer_train_mode", "gpt2"])
+def test_what_a_re_run_makes_again_is_read_as_op_by_op(name):
+    # fxmem.checkpoint.plans._remade (array operations over the trace's storages made and
+    # their packs) against its definition read op by op, for every region a planner asks
+    # (blocks whole, selective policies, groups of blocks)
+    import numpy as np
+
+    from fxmem.checkpoint.numbers import NEVER
+    from fxmem.checkpoint.options import Planner
+    from fxmem.checkpoint.plans import _packs_of, _remade
+    from fxmem.checkpoint.schedules import _prefixes, schedule
+    from fxmem.trace.ledger import latest
+
+    if name == "gpt2":  # four blocks: groups of them too, and the model's own cache
+        ids = torch.randint(0, 128, (4, 16))
+        report = fxmem.analyze(zoo_gpt2(n_layer=4, n_embd=64, n_head=4, vocab_size=128,
+                                        n_positions=64, bos_token_id=0, eos_token_id=0),
+                               (ids, ids), optimizer=torch.optim.AdamW, device="cpu")
+    else:
+        model, x, y, loss = ZOO[name]()
+        report = fxmem.analyze(model, x, y, loss=loss, optimizer=OPTIMIZERS["adam"],
+                               device="cpu")
+    trace = report.trace
+    packs_of, prefixes = _packs_of(trace), _prefixes(trace)
+    regions = [sc for sc in (schedule(trace, e) for *_, e, _, _ in Planner(report).entries)
+               if sc is not None]
+    assert len({(sc.first_op, sc.stop) for sc in regions}) >= 3  # a group among them
+    for sc in regions:
+        rows, mods, end = [], set(sc.modules), sc.stop - 1
+        for j in range(sc.first_op, sc.stop):
+            for s in trace.ops[j].new_sids:
+                held = [p.dropped_after if p.unpacked_at is not None else p.released_after
+                        for p in packs_of.get(s, ()) if not mods.isdisjoint(prefixes[p.module])]
+                u = trace.storages[s].unref_after
+                rows.append((j, s, True, NEVER if latest(*held) is None else latest(*held))
+                            if held else
+                            (j, s, False, u if u is not None and u <= end else end))
+        want = [np.array(c, t) for c, t in zip(list(zip(*rows)) or [(), (), (), ()],
+                                               (np.int64, np.int64, bool, np.int64))]
+        got = _remade(trace, sc)
+        assert all(g.dtype == w.dtype and np.array_equal(g, w) for g, w in zip(got, want))

@@ -39,7 +39,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..formula.symbols import ZERO
-from ..trace.ledger import Trace, latest, with_fields
+from ..trace.ledger import Trace, with_fields
 from ..trace.plans import Plan
 from .numbers import _INDEX, NEVER, Derived, SizeValues
 from .schedules import SegmentSchedule, _packs_by_module, _prefixes, schedule
@@ -370,26 +370,76 @@ def _remade(trace: Trace, sc: SegmentSchedule) -> tuple:
     makes: ``saved``, kept until each saver inside it is done with it, then ``after`` is
     the base op after which the last lets go (:data:`NEVER`: never); else dropped by
     Python in the re-run, or when it stops: after base op ``after`` of the re-run (kept on
-    the trace)."""
+    the trace). Array operations over the trace's storages made and their packs
+    (:func:`_made`), whatever the region: a planner asks for hundreds of regions (Llama-3.1-8B
+    on one GPU: 606, its groups of up to 12 blocks; 0.18 to 0.20 s of its planner's 1.0 s
+    op by op)."""
     known = trace.__dict__.setdefault("_remade", {})  # by region: what ``sc`` keeps aside
     key = (sc.first_op, sc.stop, sc.modules)
     if key not in known:
-        packs_of, prefixes, ops = _packs_of(trace), _prefixes(trace), trace.ops
-        mods, end, out = set(sc.modules), sc.stop - 1, []
-        for j in range(sc.first_op, sc.stop):
-            for s in ops[j].new_sids:
-                inner = [p.dropped_after if p.unpacked_at is not None else p.released_after
-                         for p in packs_of.get(s, ()) if not mods.isdisjoint(prefixes[p.module])]
-                if inner:
-                    last = latest(*inner)
-                    out.append((j, s, True, NEVER if last is None else last))
-                else:
-                    u = trace.storages[s].unref_after
-                    out.append((j, s, False, u if u is not None and u <= end else end))
-        columns = list(zip(*out)) or [(), (), (), ()]
-        known[key] = (np.array(columns[0], np.int64), np.array(columns[1], np.int64),
-                      np.array(columns[2], bool), np.array(columns[3], np.int64))
+        m = _made(trace)
+        lo, hi = np.searchsorted(m.op, [sc.first_op, max(sc.stop, sc.first_op)])
+        first, last = m.ptr[lo], m.ptr[hi]  # their packs
+        mods = set(sc.modules)
+        prefixes = _prefixes(trace)
+        modules = np.unique(m.module[first:last])
+        inside = np.zeros(len(m.modules), bool)  # each module saving: inside the region?
+        inside[modules] = [not mods.isdisjoint(prefixes[m.modules[i]]) for i in modules]
+        held = inside[m.module[first:last]]  # each pack: by a module inside
+        starts = m.ptr[lo:hi + 1] - first
+
+        def per_storage(flags):  # how many of each storage's packs have ``flags``
+            total = np.concatenate(([0], np.cumsum(flags, dtype=np.int64)))
+            return total[starts[1:]] - total[starts[:-1]]
+        saved = per_storage(held) > 0
+        never = per_storage(held & (m.after[first:last] == NEVER)) > 0
+        latest_held = np.full(hi - lo, -1, np.int64)
+        with_packs = np.flatnonzero(starts[1:] > starts[:-1])
+        if len(with_packs):  # the last release of the packs held inside, each storage's
+            times = np.where(held, m.after[first:last], -1)
+            latest_held[with_packs] = np.maximum.reduceat(times, starts[with_packs])
+        end = sc.stop - 1
+        unref = m.unref[lo:hi]
+        after = np.where(saved, np.where(never, NEVER, latest_held),
+                         np.where((unref == NEVER) | (unref > end), end, unref))
+        known[key] = (m.op[lo:hi].astype(np.int64), m.sid[lo:hi].astype(np.int64), saved,
+                      after.astype(np.int64))
     return known[key]
+
+
+class _Made:
+    """Each storage an op makes, in op order (``op``, ``sid``, ``unref``: its last
+    reference's op, :data:`NEVER` for none), and its packs after ``ptr[i]`` (``module``:
+    an index in ``modules``; ``after``: the op after which the pack lets go, its
+    ``dropped_after`` where it was unpacked, else its ``released_after``; :data:`NEVER`:
+    never)."""
+
+    def __init__(self, trace: Trace):
+        packs_of, storages = _packs_of(trace), trace.storages
+        ops, sids, unref, ptr, module, after, index = [], [], [], [0], [], [], {}
+        for j, o in enumerate(trace.ops):
+            for s in o.new_sids:
+                ops.append(j)
+                sids.append(s)
+                u = storages[s].unref_after
+                unref.append(NEVER if u is None else u)
+                for p in packs_of.get(s, ()):
+                    module.append(index.setdefault(p.module, len(index)))
+                    a = p.dropped_after if p.unpacked_at is not None else p.released_after
+                    after.append(NEVER if a is None else a)
+                ptr.append(len(module))
+        self.op, self.sid = np.array(ops, np.int64), np.array(sids, np.int64)
+        self.unref, self.ptr = np.array(unref, np.int64), np.array(ptr, np.int64)
+        self.module, self.after = np.array(module, np.int64), np.array(after, np.int64)
+        self.modules = list(index)
+
+
+def _made(trace: Trace) -> _Made:
+    """:class:`_Made` of ``trace`` (kept on it)."""
+    known = trace.__dict__.get("_made")
+    if known is None:
+        known = trace.__dict__["_made"] = _Made(trace)
+    return known
 
 
 def _base(trace: Trace) -> tuple:
