@@ -50,8 +50,9 @@ def _cache_off_for(func, args):
     """The fake tensor mode whose dispatch cache view op ``func`` is made without (its cache
     on), else None. A view of a tensor of symbolic sizes found in the cache is rebuilt from
     the entry's size expressions, SymInt by SymInt: 1.5 ms an ``as_strided`` and 0.55 ms a
-    ``detach`` where making the view costs a fraction of that (Llama-3.1-8B's plan over 5
-    GPUs, four blocks traced for real: 1.26 s of its 5.8 s trace in such rebuilds). Other
+    ``detach``, dearer than making it (Llama-3.1-8B's plan over 5 GPUs, four blocks traced
+    for real: 1.26 s of its 5.8 s trace in such rebuilds; 5.26 to 5.87 s a trace before,
+    4.71 to 5.13 s with views made without the cache). Other
     ops keep the cache, which pays where an op repeats with the same sizes (GPT-2 small,
     every block traced: 4.0 to 4.5 s a trace with it on, 4.9 to 5.3 s off, 3.2 to 3.3 s
     with views made without it).
