@@ -377,16 +377,9 @@ def test_copied_blocks_that_return_none_beside_a_tensor():
         assert r.peak_bytes(b) == fxmem.measure(m, (x,), **kw, B=b).peak_bytes
 
 
-@pytest.mark.parametrize("plan, real, cached, copied",
-                         [((), 2, False, range(2, 7)), ((2, 3), 4, True, (4, 5, 6))])
-def test_the_fake_cache_is_on_where_enough_blocks_are_traced_for_real(monkeypatch, plan,
-                                                                     real, cached, copied):
-    # FakeTensorMode's dispatch cache costs more than it saves where a forward op repeats
-    # about twice (two blocks traced, the others copied) and pays where a plan cuts the
-    # runs into pieces whose blocks are traced for real (tracer.CACHED_FROM)
+def _through_the_fake_cache(monkeypatch) -> list:
+    """The ops FakeTensorMode's dispatch cache is asked for from now on, in order."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from fxmem.trace.blocks.reuse import by_plan, traced_for_real
 
     seen = []
     orig = FakeTensorMode._cached_dispatch_impl
@@ -395,6 +388,19 @@ def test_the_fake_cache_is_on_where_enough_blocks_are_traced_for_real(monkeypatc
         seen.append(func)
         return orig(self, func, *args)
     monkeypatch.setattr(FakeTensorMode, "_cached_dispatch_impl", spy)
+    return seen
+
+
+@pytest.mark.parametrize("plan, real, cached, copied",
+                         [((), 2, False, range(2, 7)), ((2, 3), 4, True, (4, 5, 6))])
+def test_the_fake_cache_is_on_where_enough_blocks_are_traced_for_real(monkeypatch, plan,
+                                                                     real, cached, copied):
+    # FakeTensorMode's dispatch cache costs more than it saves where a forward op repeats
+    # about twice (two blocks traced, the others copied) and pays where a plan cuts the
+    # runs into pieces whose blocks are traced for real (tracer.CACHED_FROM)
+    from fxmem.trace.blocks.reuse import by_plan, traced_for_real
+
+    seen = _through_the_fake_cache(monkeypatch)
     model, plan = _Stack(7), [f"blocks.{i}" for i in plan]
     runs = find_runs(model)
     assert traced_for_real(runs, by_plan(runs, plan)) == real
@@ -409,15 +415,7 @@ def test_views_are_made_without_the_fake_cache_where_it_is_on(monkeypatch):
     # dearer than making it (fxmem.trace.engine.eager_ops._cache_off_for): with the cache
     # on (four blocks traced for real), the step's other ops use it and its views do not
     # (the weights' transposes; a view inside another op's kernel is that op's)
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    seen = []
-    orig = FakeTensorMode._cached_dispatch_impl
-
-    def spy(self, func, *args):
-        seen.append(func)
-        return orig(self, func, *args)
-    monkeypatch.setattr(FakeTensorMode, "_cached_dispatch_impl", spy)
+    seen = _through_the_fake_cache(monkeypatch)
     t = trace(_Stack(7), torch.randn(4, 16), loss=None, optimizer=torch.optim.SGD,
               device="cpu", checkpoint=["blocks.2", "blocks.3"])
     assert "aten.t.default" in {op.op for op in t.ops}
