@@ -386,25 +386,26 @@ def _remade(trace: Trace, sc: SegmentSchedule) -> tuple:
         inside = np.zeros(len(m.modules), bool)  # each module saving: inside the region?
         inside[modules] = [not mods.isdisjoint(prefixes[m.modules[i]]) for i in modules]
         held = inside[m.module[first:last]]  # each pack: by a module inside
+        # each storage's last release of the packs held inside (never: after every op; no
+        # such pack: _NO_PACK), one maximum over its packs
+        times = m.after[first:last]
+        times = np.where(held, np.where(times == NEVER, _ENDLESS, times), _NO_PACK)
         starts = m.ptr[lo:hi + 1] - first
-
-        def per_storage(flags):  # how many of each storage's packs have ``flags``
-            total = np.concatenate(([0], np.cumsum(flags, dtype=np.int64)))
-            return total[starts[1:]] - total[starts[:-1]]
-        saved = per_storage(held) > 0
-        never = per_storage(held & (m.after[first:last] == NEVER)) > 0
-        latest_held = np.full(hi - lo, -1, np.int64)
+        last_held = np.full(hi - lo, _NO_PACK, np.int64)
         with_packs = np.flatnonzero(starts[1:] > starts[:-1])
-        if len(with_packs):  # the last release of the packs held inside, each storage's
-            times = np.where(held, m.after[first:last], -1)
-            latest_held[with_packs] = np.maximum.reduceat(times, starts[with_packs])
+        if len(with_packs):
+            last_held[with_packs] = np.maximum.reduceat(times, starts[with_packs])
+        saved = last_held != _NO_PACK
         end = sc.stop - 1
         unref = m.unref[lo:hi]
-        after = np.where(saved, np.where(never, NEVER, latest_held),
+        after = np.where(saved, np.where(last_held == _ENDLESS, NEVER, last_held),
                          np.where((unref == NEVER) | (unref > end), end, unref))
         known[key] = (m.op[lo:hi].astype(np.int64), m.sid[lo:hi].astype(np.int64), saved,
                       after.astype(np.int64))
     return known[key]
+
+
+_NO_PACK, _ENDLESS = np.iinfo(np.int64).min, np.iinfo(np.int64).max  # (_remade's bounds)
 
 
 class _Made:
