@@ -52,10 +52,9 @@ def _cache_off_for(func, args):
     the entry's size expressions, SymInt by SymInt: 1.5 ms an ``as_strided`` and 0.55 ms a
     ``detach``, dearer than making it (Llama-3.1-8B's plan over 5 GPUs, four blocks traced
     for real: 1.26 s of its 5.8 s trace in such rebuilds; 5.26 to 5.87 s a trace before,
-    4.71 to 5.13 s with views made without the cache). Other
-    ops keep the cache, which pays where an op repeats with the same sizes (GPT-2 small,
-    every block traced: 4.0 to 4.5 s a trace with it on, 4.9 to 5.3 s off, 3.2 to 3.3 s
-    with views made without it).
+    4.71 to 5.13 s with views made without the cache). Other ops keep the cache, which
+    pays where an op repeats with the same sizes (GPT-2 small, every block traced: 4.0 to
+    4.5 s a trace with it on, 4.9 to 5.3 s off, 3.2 to 3.3 s with views made without it).
 
     >>> from torch._subclasses.fake_tensor import FakeTensorMode
     >>> with FakeTensorMode() as mode:
