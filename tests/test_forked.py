@@ -526,3 +526,129 @@ def test_the_fewest_gpus_search_asks_a_guess_s_neighbour_while_the_guess_s_plan_
     assert fewest(lambda w: fits(w) or w == 4, 2, guess=5, fork=fork) == 4
     assert sorted(int(line.split()[1]) for line in log.read_text().splitlines()) == \
         [2, 3, 4, 5]
+
+
+def _guessing(guesses, found, then=lambda guess: guess):
+    """A forked child's search, as a walk going ahead is: each of ``guesses`` (each better
+    than the last) given to a copy going ahead, the search ending on ``found``; what the
+    process that goes on answers: ``(then(answer), its pid)``."""
+    from fxmem.report.forked import Ahead
+
+    ahead = Ahead()
+    for guess in guesses:
+        if ahead.guess(guess):
+            break  # the copy: on with this guess
+    else:
+        warnings.warn("the search's end")
+        ahead.hand_over(found)
+        guess = found
+    ahead.wait()
+    return then(guess), os.getpid()
+
+
+@pytest.fixture
+def going_ahead(monkeypatch):
+    import sys
+
+    from fxmem.report import forked as forked_module
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("a copy goes ahead on Linux alone")
+    monkeypatch.setattr(forked_module, "GO_AHEAD", True)
+
+
+def test_the_copy_gone_ahead_on_the_answer_answers(going_ahead):
+    """A child whose search ends on its last guess hands over to the copy that went on with
+    it: the answer is the copy's, the same as the child's own; the warnings come in the
+    order one process raises them (the child's before and after the copy was forked, then
+    the copy's)."""
+    def then(guess):
+        warnings.warn(f"went on with {guess}")
+        return guess * 10
+
+    def search():
+        warnings.warn("the search's start")
+        return _guessing([3, 5, 4], 4, then)
+
+    child = forked(search)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        answer, pid = child.collect()
+    assert answer == 40 and pid != child.pid  # the copy's
+    assert [str(w.message) for w in seen] == ["the search's start", "the search's end",
+                                              "went on with 4"]
+    # ending elsewhere (a guess no copy went on with): the child goes on, the copy is gone
+    child = forked(lambda: _guessing([3, 5], 4, then))
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        answer, pid = child.collect()
+    assert answer == 40 and pid == child.pid
+
+
+def test_a_copy_gone_ahead_ends_with_its_child(going_ahead, tmp_path):
+    """The copy on a guess the search did not end on is killed; so are copies whose child
+    ends (a way out cancelled), and what a copy forks meanwhile ends with it."""
+    from fxmem.report.forked import Ahead, meanwhile
+
+    pids = tmp_path / "pids"
+
+    def search(found):
+        ahead = Ahead()
+        with meanwhile(lambda: time.sleep(60)) as work:
+            if ahead.guess(1):
+                with foreground():  # (the copy's block: its meanwhile work forked)
+                    (tmp_path / "new").write_text(f"{os.getpid()} {work.child.pid}")
+                    (tmp_path / "new").rename(pids)
+                    time.sleep(60)
+            while not pids.exists():
+                time.sleep(0.01)
+            ahead.hand_over(found)
+        return "on"
+
+    assert forked(lambda: search(2)).collect() == "on"  # ended on 2: the copy on 1 killed
+    copy, work = map(int, pids.read_text().split())
+    _gone(copy, work)
+    pids.unlink()
+    child = forked(lambda: search(1))
+    while not pids.exists():
+        time.sleep(0.01)
+    time.sleep(0.1)
+    child.cancel()
+    copy, work = map(int, pids.read_text().split())
+    _gone(copy, work)
+
+
+def _gone(*pids, within: float = 5.0):
+    """Each of ``pids`` ends (or is a zombie) within ``within`` seconds."""
+    end = time.monotonic() + within
+    while any(_alive(p) for p in pids):
+        assert time.monotonic() < end, [p for p in pids if _alive(p)]
+        time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return _state(pid) != "Z"
+
+
+def test_work_a_copy_forks_meanwhile_is_niced_and_becomes_the_child_s(going_ahead):
+    """Work given meanwhile is forked as a copy's foreground block begins (before the search
+    ends: its child's own block would have begun then), at a lower priority than the copy's
+    block, and is the copy's once the child hands over: its answer collected there."""
+    from fxmem.report.forked import Ahead, meanwhile
+
+    def search():
+        ahead = Ahead()
+        with meanwhile(lambda: (os.getpid(), os.nice(0))) as work:
+            if not ahead.guess(1):
+                ahead.hand_over(1)
+            with foreground():
+                pass
+            ahead.wait()
+            return work.result(), os.getpid(), os.nice(0)
+
+    (pid, nice), copy, mine = forked(search).collect()
+    assert pid != copy and nice == mine + 10

@@ -278,3 +278,35 @@ def test_a_walk_over_every_group_replays_no_plan_twice(monkeypatch):
     ran = {plan for (step, plan), *_, fits in planned if step == id(four.groups[0].report)
            and fits}  # on rank 0's group; the other's derived for those alone
     assert {p for step, p in of.values() if step == id(two.groups[0].report)} <= ran
+
+
+def test_a_copy_traces_the_plan_the_walk_found_while_the_walk_ends(monkeypatch):
+    """In a forked child (a way out searched beside the command), the plan the walk's way
+    back accepts is traced by a copy of the child while the walk searches on
+    (fxmem.report.forked.Ahead, fxmem.checkpoint.confirm._walked); the walk ending on it,
+    the copy's answer is the child's: the same plan, peak and replay as the child's own
+    (FSDP2 over 2 GPUs; budgets where the walk jumps and comes back)."""
+    import sys
+
+    import pytest
+
+    from fxmem.report import forked as forked_module
+
+    if not (forked_module.can_fork() and sys.platform.startswith("linux")):
+        pytest.skip("a copy goes ahead in a forked child on Linux alone")
+    r = _analyze(parallel=fxmem.FSDP(2))
+    lo, hi = _need(r, B // 4), _need(r, B)
+    for k in (4, 6):
+        budget = lo + (hi - lo) * k // 10
+
+        def plan():
+            got = r.plan_for(budget, B)
+            return got.plan, got.peak_bytes, got.run.max_reserved, got.exact, os.getpid()
+        answers = []
+        for go in (False, True):
+            monkeypatch.setattr(forked_module, "GO_AHEAD", go)
+            child = forked_module.forked(plan)
+            *answer, pid = child.collect()
+            answers.append(answer)
+            assert (pid != child.pid) == go  # the copy answered where one went ahead
+        assert answers[0] == answers[1] and answers[0][2] <= budget

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from ..errors import InfeasibleBudgetError, InputError, TraceError
 from .choose import MAX_TIGHTENINGS, PlanChoice
-from .on_device import below, device_run, largest_running, no_plan_runs, walk
+from .on_device import Walked, below, device_run, largest_running, no_plan_runs, walk
 
 
 class NotReplayable(Exception):
@@ -151,7 +151,7 @@ def accepting(b: int, budget_bytes: int, derived_of, retrace=None, traced=None,
 
 def on_device(choose, smallest, b: int, budget_bytes: int, derived_of, *, retrace=None,
               traced=None, cudnn_workspace: int = 0, where: str = "", raises: bool = True,
-              walks: dict | None = None):
+              walks: dict | None = None, ahead=None):
     """The cheapest plan at ``b`` whose steps run within ``budget_bytes`` in the caching
     allocator's replay (:func:`fxmem.checkpoint.on_device.walk` over ``choose(live)`` ->
     a derived :class:`PlanChoice` or None, ``smallest()`` likewise; :func:`accepting`), as
@@ -164,21 +164,28 @@ def on_device(choose, smallest, b: int, budget_bytes: int, derived_of, *, retrac
     would have found it too (each plan it accepts is the derived one, traced); else that
     walk is made (the plans a derivation cannot see, e.g. a forward that changes state).
     ``walks``: the walks on derived steps made already over the same planners, by ``(b,
-    budget_bytes, cudnn_workspace)`` (a search asks rank 0's plan derived, then traced)."""
+    budget_bytes, cudnn_workspace)`` (a search asks rank 0's plan derived, then traced).
+    ``ahead``: makes an :class:`fxmem.report.forked.Ahead` (the report layer's), with which
+    a copy of this process traces a plan the walk found while it searches on (:func:`_walked`)."""
     traced = {} if traced is None else traced
 
     def need(c):
         return reserved_need(derived_of(c), b, cudnn_workspace)
     key = (b, budget_bytes, cudnn_workspace)
     walked = None if walks is None else walks.get(key)
+    ahead = ahead() if ahead is not None and walked is None and retrace is not None else None
     if walked is None:
-        walked = walk(choose, accepting(b, budget_bytes, derived_of, None, None,
-                                        cudnn_workspace), budget_bytes, smallest, need)
+        walked = _walked(ahead, choose, accepting(b, budget_bytes, derived_of, None, None,
+                                                  cudnn_workspace), budget_bytes, smallest,
+                         need)
         if walks is not None:  # what ran out kept only where nothing ran (the error's)
             walks[key] = walked if walked.choice is None else replace(walked, ran_out=())
     c = walked.choice
+    if ahead is not None and not ahead.is_copy:  # the copy on c answers, where one went on
+        ahead.hand_over(None if c is None else c.plan)
     if retrace is not None and c is not None and c.plan:
-        got, _ = accepting(b, budget_bytes, derived_of, retrace, traced, cudnn_workspace)(c)
+        got, _ = _then_wait(ahead, lambda: accepting(b, budget_bytes, derived_of, retrace,
+                                                      traced, cudnn_workspace)(c))
         walked = replace(walked, choice=got) if got is not None and \
             got.peak_bytes == c.peak_bytes else \
             walk(choose, accepting(b, budget_bytes, derived_of, retrace, traced,
@@ -191,6 +198,54 @@ def on_device(choose, smallest, b: int, budget_bytes: int, derived_of, *, retrac
     if walked.ran_out:
         need = reserved_need(derived_of(walked.ran_out[-1][0]), b, cudnn_workspace)
     raise no_plan_runs(b, budget_bytes, walked, where, need)
+
+
+class _Guessed(BaseException):  # noqa: N818 - not an error: a copy going ahead
+    """Raised in the copy :class:`fxmem.report.forked.Ahead` forked as the walk accepted
+    ``choice``, to go on from there as if the walk had ended on it."""
+
+    def __init__(self, choice):
+        super().__init__()
+        self.choice = choice
+
+
+def _walked(ahead, choose, accept, budget_bytes: int, smallest, need) -> Walked:
+    """:func:`fxmem.checkpoint.on_device.walk`; with ``ahead`` (an
+    :class:`fxmem.report.forked.Ahead`: a plan to trace once found), each plan the walk's
+    way back accepts while it searches on for a cheaper one is a guess a copy of this
+    process goes on with (where one can: :func:`fxmem.report.forked.can_go_ahead`), tracing
+    it while the walk ends (Llama-3.1-8B's one-GPU command, its fewest GPUs' walk over 5
+    GPUs' plans: the last plan found 2.6 s into a 4.1 s walk). The walk ends on the last
+    plan it accepted (:func:`fxmem.checkpoint.on_device.walk`), so the copy on it is the one
+    :func:`on_device` hands over to; in the copy the walk ends on its guess (``exact``
+    False: the way back follows a jump)."""
+    def guess(c):
+        if ahead.guess(c.plan):
+            raise _Guessed(c)
+    try:
+        return walk(choose, accept, budget_bytes, smallest, need,
+                    ahead=None if ahead is None else guess)
+    except _Guessed as g:
+        return Walked(g.choice, False, 0, ())
+    except BaseException:
+        if ahead is not None:
+            ahead.stop()
+        raise
+
+
+def _then_wait(ahead, work):
+    """``work()``; in a copy gone ahead (:class:`fxmem.report.forked.Ahead`), returned or
+    raised once the walk it went ahead of has ended on its guess."""
+    if ahead is None or not ahead.is_copy:
+        return work()
+    try:
+        got, failed = work(), None
+    except Exception as e:  # noqa: BLE001 - raised once told to go on
+        got, failed = None, e
+    ahead.wait()
+    if failed is not None:
+        raise failed
+    return got
 
 
 def reserved_need(report, b: int, cudnn_workspace: int = 0) -> int:

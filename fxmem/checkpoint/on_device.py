@@ -82,7 +82,7 @@ class Walked:
     ran_out: tuple
 
 
-def walk(choose, accept, budget_bytes: int, smallest, need) -> Walked:
+def walk(choose, accept, budget_bytes: int, smallest, need, ahead=None) -> Walked:
     """The cheapest plan that runs, searched as the module docstring says.
 
     ``choose(live)``: the cheapest plan whose live peak is at most ``live`` bytes, an object
@@ -92,7 +92,8 @@ def walk(choose, accept, budget_bytes: int, smallest, need) -> Walked:
     replay, the plan traced), ``choice`` None when it runs out; ``smallest()``: the plan of
     the smallest live peak (or None), tried when the walk ends without one (``smallest``
     itself may be None: none is); ``need(c)``: what ``c``'s step needs replayed with no
-    limit (asked of the first that runs out)."""
+    limit (asked of the first that runs out); ``ahead(choice)``: told of each plan the way
+    back accepts while it searches on for a cheaper one (the walk ends on the last)."""
     ran_out: list = []
     seen: dict = {}  # plan -> its choice, accepted or None
 
@@ -122,15 +123,16 @@ def walk(choose, accept, budget_bytes: int, smallest, need) -> Walked:
             jumped = jumped or bool(ran_out) and c.peak_bytes < ran_out[-1][0].peak_bytes - 1
             found, at = attempt(c), c.peak_bytes
     if jumped and found is not None:
-        found = _back(choose, attempt, found, at, ran_out, seen)
+        found = _back(choose, attempt, found, at, ran_out, seen, ahead=ahead)
     elif jumped and ran_out:  # the jump went past every plan that runs: back above the lowest
         low = min((c for c, _ in ran_out), key=lambda c: c.peak_bytes)
-        found = _back(choose, attempt, None, low.peak_bytes, ran_out, seen, low.plan)
+        found = _back(choose, attempt, None, low.peak_bytes, ran_out, seen, low.plan, ahead)
     exact = found is not None and not jumped and bool(getattr(found, "exact", False))
     return Walked(found, exact, len(seen), tuple(ran_out))
 
 
-def _back(choose, attempt, found, lo: int, ran_out: list, seen: dict, floor=None):
+def _back(choose, attempt, found, lo: int, ran_out: list, seen: dict, floor=None,
+          ahead=None):
     """After a jump: bisect the live budgets between ``lo`` (where ``found`` was chosen) and
     the lowest live peak that ran out above it for a cheaper plan that runs. With none found
     (``found`` None), from the live peak ``lo`` of ``floor``, the lowest plan that ran out:
@@ -163,6 +165,8 @@ def _back(choose, attempt, found, lo: int, ran_out: list, seen: dict, floor=None
         ok = attempt(c)
         if ok is not None:
             found, lo, floor = ok, mid, ok.plan
+            if ahead is not None:
+                ahead(ok)
         else:
             hi = c.peak_bytes
     return found

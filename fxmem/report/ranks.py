@@ -392,6 +392,7 @@ class ParallelReport:
         ranks of this report's other groups, whose steps are replayed too."""
         from ..checkpoint.confirm import on_device
         from ..checkpoint.ranks import choice_at, smallest_choice
+        from .forked import Ahead
 
         walks = choosers[0].__dict__.setdefault("walks", {}).setdefault(
             (tuple(choosers[1:]), max_recompute, also), {})  # one walk, derived then traced
@@ -400,7 +401,7 @@ class ParallelReport:
             lambda: smallest_choice(reports, choosers, b, max_recompute), b, budget_bytes,
             lambda c: self.with_plan(c.plan) if c.plan else self, retrace=self.retrace,
             traced=traced, cudnn_workspace=cudnn_workspace, where=" on every rank",
-            raises=raises, walks=walks)
+            raises=raises, walks=walks, ahead=Ahead)
 
     def _confirmed(self, got, b: int, budget_bytes: int, again, traced_plans: dict):
         """The :class:`fxmem.PlanChoice` of ``got`` (plan, peak, cost, step FLOPs, exact),
