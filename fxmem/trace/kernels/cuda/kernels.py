@@ -55,6 +55,12 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from ....errors import InputError
 from ..compat import TORCH, register
+from . import cudnn as cuda_cudnn
+from . import rnn as cuda_rnn
+from . import sdpa_memory
+from . import workspaces as cuda_workspaces
+from .call_order import EMBEDDING_INDEX_COPY
+from .sizing import _contiguous
 
 aten = torch.ops.aten
 
@@ -137,7 +143,6 @@ def _routes(capability, cudnn_version, on_choice) -> dict[str, Callable]:
     """aten op name -> the Python kernel that replaces its CompositeImplicitAutograd one."""
     from functools import partial
 
-    from . import rnn as cuda_rnn
     from . import sdpa
 
     return {
@@ -301,8 +306,7 @@ class CudaKernels:
     backend)."""
 
     def __init__(self, capability=(9, 0), cudnn_version: int | None = None):
-        from . import rnn as cuda_rnn
-        from . import sdpa, sdpa_memory
+        from . import sdpa
 
         self.capability = check_capability(capability)
         self.cudnn_version = sdpa.CUDNN_VERSION if cudnn_version is None else cudnn_version
@@ -320,8 +324,6 @@ class CudaKernels:
         self._choices.setdefault(("aten.scaled_dot_product_attention", what), None)
 
     def __enter__(self):
-        from . import rnn as cuda_rnn
-
         kernels = {"CompositeImplicitAutograd": _routes(self.capability, self.cudnn_version,
                                                         self._on_attention),
                    "CPU": {name: _stub(name) for name in STUBS},
@@ -333,9 +335,6 @@ class CudaKernels:
         return self._stack.__exit__(*exc)
 
     def outputs(self, func, args, kwargs, out):
-        from . import rnn as cuda_rnn
-        from . import sdpa_memory
-
         rule = OUTPUT_RULES.get(func)
         if rule is not None:
             out = rule(args, out)
@@ -353,11 +352,6 @@ class CudaKernels:
         return positions
 
     def workspaces(self, func, args, kwargs, out) -> list:
-        from . import cudnn as cuda_cudnn
-        from . import rnn as cuda_rnn
-        from . import sdpa_memory
-        from . import workspaces as cuda_workspaces
-
         return (sdpa_memory.workspace_bytes(func, args, out, kwargs,
                                              capability=self.capability)
                 + cuda_rnn.workspace_bytes(func, args, kwargs, out)
@@ -369,9 +363,6 @@ class CudaKernels:
 
     def unmodelled(self, func, args, kwargs, out) -> str | None:
         """What the CUDA kernel of ``func`` allocates that no formula sizes, or None."""
-        from . import rnn as cuda_rnn
-        from . import workspaces as cuda_workspaces
-
         rule = UNMODELLED.get(func)
         what = None if rule is None else rule(args, kwargs, out)
         return (what or cuda_rnn.unmodelled(func, args, kwargs, out)
@@ -408,9 +399,6 @@ def _embedding_index_copy(func, args) -> list:
     flat (an expanded ``token_type_ids``: strides 0), before the output, freed as the op
     returns (seen on 2.14.1's binary on the fake GPU: BERT's token-type embedding, 16,384 B
     at B=4, L=512)."""
-    from .call_order import EMBEDDING_INDEX_COPY
-    from .sizing import _contiguous
-
     if func is not aten.embedding.default or len(args) < 2:
         return []
     idx = args[1]

@@ -506,13 +506,20 @@ def _sms(capability, num_sms):
     return (sms, False) if sms else (_DEFAULT_SMS[(9, 0)], True)
 
 
+_NAMED: dict = {}  # op -> its rule in _NAMED_RULES, or None: read by name once
+
+
 def workspace_bytes(func, args, kwargs, out, *, capability=(9, 0), num_sms=None) -> list:
     """``[(what, nbytes)]``: the temporaries the CUDA kernel of ``func`` has alive together at
     its peak (their sum is its peak extra bytes); ``[]`` for ops not in :data:`OPS`.
     ``num_sms`` defaults to the usual part of ``capability`` (A100, H100, B200)."""
-    rule = _RULES.get(func) or _NAMED_RULES.get(str(func))
+    rule = _RULES.get(func)
     if rule is None:
-        return []
+        rule = _NAMED.get(func, False)
+        if rule is False:  # (an op's name made once: str() of an op costs per call)
+            rule = _NAMED[func] = _NAMED_RULES.get(str(func))
+        if rule is None:
+            return []
     return rule(_by_name(func, args, kwargs), tuple(capability), _sms(capability, num_sms)[0])
 
 
