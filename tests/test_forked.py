@@ -585,6 +585,25 @@ def test_the_copy_gone_ahead_on_the_answer_answers(going_ahead):
     assert answer == 40 and pid == child.pid
 
 
+def test_a_copy_that_ends_without_answering_leaves_the_work_to_its_child(going_ahead):
+    """A copy told to go on that ends before it answers (killed, say): the child goes on
+    with the work itself, and answers."""
+    def search():
+        child = os.getpid()
+
+        def then(guess):
+            if os.getpid() != child:
+                os._exit(1)  # the copy: gone without a word
+            return guess * 10
+        return _guessing([3, 5, 4], 4, then)
+
+    child = forked(search)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        answer, pid = child.collect()
+    assert answer == 40 and pid == child.pid
+
+
 def test_a_copy_gone_ahead_ends_with_its_child(going_ahead, tmp_path):
     """The copy on a guess the search did not end on is killed; so are copies whose child
     ends (a way out cancelled), and what a copy forks meanwhile ends with it."""

@@ -331,19 +331,25 @@ class Ahead:
     def hand_over(self, key) -> None:
         """The search ended on ``key``: where the copy went ahead with it, raise the copy's
         answer as this child's (:class:`_Handed`, which :func:`forked`'s child sends on);
-        else stop the copy."""
+        else stop the copy. A copy that ended without answering (killed) leaves the work to
+        this child: it returns."""
         if self.pid is None:
             return
         if key != self.key:
             self.stop()
             return
-        os.write(self._go, b"1")
+        try:
+            os.write(self._go, b"1")
+        except OSError:  # the copy is gone
+            self.stop()
+            return
         os.close(self._go)
         with os.fdopen(self._out, "rb") as f:
             data = f.read()
         os.waitpid(self.pid, 0)
         self.pid = None
-        raise _Handed(_merged(data, self._seen, _told(_answer[1][self._seen:])))
+        if data:
+            raise _Handed(_merged(data, self._seen, _told(_answer[1][self._seen:])))
 
     def stop(self) -> None:
         """Kill the copy gone ahead (none: nothing)."""
@@ -354,8 +360,11 @@ class Ahead:
             os.waitpid(self.pid, 0)
         except OSError:
             pass
-        os.close(self._go)
-        os.close(self._out)
+        for fd in (self._go, self._out):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
         self.pid = None
 
 
