@@ -190,6 +190,8 @@ def on_device(choose, smallest, b: int, budget_bytes: int, derived_of, *, retrac
             got.peak_bytes == c.peak_bytes else \
             walk(choose, accepting(b, budget_bytes, derived_of, retrace, traced,
                                    cudnn_workspace), budget_bytes, smallest, need)
+    if ahead is not None:  # (a copy whose guess had nothing to trace waits here)
+        ahead.wait()
     if walked.choice is not None:
         return replace(walked.choice, exact=walked.exact)
     if not raises:
