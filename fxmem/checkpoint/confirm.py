@@ -217,7 +217,7 @@ def _walked(ahead, choose, accept, budget_bytes: int, smallest, need) -> Walked:
     way back accepts while it searches on for a cheaper one is a guess a copy of this
     process goes on with (where one can: :func:`fxmem.report.forked.can_go_ahead`), tracing
     it while the walk ends (Llama-3.1-8B's one-GPU command, its fewest GPUs' walk over 5
-    GPUs' plans: the last plan found 2.6 s into a 4.1 s walk). The walk ends on the last
+    GPUs' plans: the last plan found at the 6th of 9 replays). The walk ends on the last
     plan it accepted (:func:`fxmem.checkpoint.on_device.walk`), so the copy on it is the one
     :func:`on_device` hands over to; in the copy the walk ends on its guess (``exact``
     False: the way back follows a jump)."""
