@@ -165,7 +165,7 @@ def test_nothing_is_started_on_one_cpu(monkeypatch):
     import fxmem.report.ranks_ahead as ranks_ahead
 
     m, x, step = _case()[:3]
-    monkeypatch.setattr(ranks_ahead, "_cpus", lambda: 1)
+    monkeypatch.setattr(ranks_ahead, "cpus", lambda: 1)
     assert fewest_early(ANALYZE.analyzer(m, x, step=step), step=step, parallel=None, B=64,
                         budget_bytes=10**6) is None
 

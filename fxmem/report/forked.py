@@ -378,16 +378,23 @@ def can_go_ahead() -> bool:
         and not any(owner == me and work.child for owner, work in _meanwhile)
 
 
+def cpus() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # (not on every platform)
+        return os.cpu_count() or 1
+
+
 def _idle_cpu() -> bool:
     """Whether fewer tasks are running now than this process may use CPUs (Linux's
     ``/proc/loadavg``: running over all, this process among the running)."""
     try:
         with open("/proc/loadavg") as f:
             running = int(f.read().split()[3].split("/")[0])
-        cpus = len(os.sched_getaffinity(0))
-    except (OSError, ValueError, IndexError, AttributeError):
+    except (OSError, ValueError, IndexError):
         return False
-    return running < cpus
+    return running < cpus()
 
 
 def _die_with(parent: int) -> None:

@@ -42,7 +42,7 @@ import select
 from dataclasses import dataclass
 
 from ..errors import FxmemError
-from .forked import ChildWay, forked
+from .forked import ChildWay, cpus, forked
 from .ways import Check, at_point, default_by
 
 WORLD_SIZE = 8  # the world size the child traces first (any other is derived from it)
@@ -109,7 +109,7 @@ def fewest_early(analyze_with, *, step, parallel, B: int, budget_bytes: int | No
     None where the way is not searched so, where this process has one CPU (the child would
     slow its trace, for a way not wanted where the step fits), or nothing can be forked."""
     if budget_bytes is None or jobs < 2 or parallel is not None or not step.train \
-            or step.compile is not None or _cpus() < 2:
+            or step.compile is not None or cpus() < 2:
         return None
     from ..trace.parallel import FSDP
     from .world_size import search_ranks
@@ -169,9 +169,3 @@ def _read(f, missing=None):
     return pickle.loads(data)
 
 
-def _cpus() -> int:
-    """The CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # (not on every platform)
-        return os.cpu_count() or 1
