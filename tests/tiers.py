@@ -19,6 +19,7 @@ that no longer exists is reported at the end of a whole-suite run.
 from __future__ import annotations
 
 import argparse
+import ast
 import collections
 import sys
 import xml.etree.ElementTree as ET
@@ -110,15 +111,30 @@ def slow_tests(junits: list[Path], threshold: float,
 
 
 def _exists(nid: str, root: Path = ROOT) -> bool:
-    """Whether the test ``nid`` names is still defined: its file, and a ``def`` of its
-    function there (a doctest: its file)."""
+    r"""Whether the test ``nid`` names is still defined: its file, and a ``def`` of its
+    function there (a doctest: its file); an id without parameters (no ``[...]``) names no
+    test of a function its own ``parametrize`` decorator splits into cases.
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp()); (d / "tests").mkdir()
+    >>> _ = (d / "tests" / "test_a.py").write_text(
+    ...     "import pytest\n@pytest.mark.parametrize('x', [1])\ndef test_p(x): pass\n"
+    ...     "def test_q(): pass\n")
+    >>> [_exists(f"tests/test_a.py::{n}", d) for n in ("test_p", "test_p[1]", "test_q",
+    ...                                                  "test_r")]
+    [False, True, True, False]
+    """
     path, _, rest = nid.partition("::")
     if not (root / path).is_file():
         return False
     if not path.startswith("tests/"):
         return True
-    name = rest.split("::")[-1].split("[")[0]
-    return f"def {name}(" in (root / path).read_text(encoding="utf-8")
+    name, bracket, _ = rest.split("::")[-1].partition("[")
+    tree = ast.parse((root / path).read_text(encoding="utf-8"))
+    defs = [f for f in ast.walk(tree)
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name == name]
+    return any(bracket or not any("parametrize" in ast.unparse(d) for d in f.decorator_list)
+               for f in defs)
 
 
 def main(argv=None) -> int:
