@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import ast
 import collections
+import functools
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -130,11 +131,19 @@ def _exists(nid: str, root: Path = ROOT) -> bool:
     if not path.startswith("tests/"):
         return True
     name, bracket, _ = rest.split("::")[-1].partition("[")
-    tree = ast.parse((root / path).read_text(encoding="utf-8"))
-    defs = [f for f in ast.walk(tree)
-            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name == name]
-    return any(bracket or not any("parametrize" in ast.unparse(d) for d in f.decorator_list)
-               for f in defs)
+    return any(bracket or not split for split in _defs(root / path).get(name, ()))
+
+
+@functools.lru_cache(maxsize=None)
+def _defs(path: Path) -> dict:
+    """Each function name defined in the file ``path`` -> whether a ``parametrize``
+    decorator splits it into cases, for each of its definitions there."""
+    out: dict = {}
+    for f in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.setdefault(f.name, []).append(
+                any("parametrize" in ast.unparse(d) for d in f.decorator_list))
+    return out
 
 
 def main(argv=None) -> int:
