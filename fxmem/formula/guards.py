@@ -58,6 +58,8 @@ def valid_when(guards, lower: int = 1, upper: int | None = None, symbol=B) -> tu
 
     >>> valid_when([sympy.Ne(B, 1), B < 16])
     (B >= 2, B <= 15)
+    >>> valid_when([B**2 > 1, B**2 - B >= 0, B**2 >= 2])  # over sizes, B >= 1: one bound
+    (B >= 2,)
     """
     return _folded(tuple(guards), lower, upper, symbol)
 
@@ -82,6 +84,8 @@ def _folded(guards: tuple, lower: int, upper: int | None, symbol) -> tuple:
                 s = sympy.solve_univariate_inequality(g, B, relational=False)
             except (NotImplementedError, ValueError):
                 s = None  # sympy cannot solve it: the guard is reported as it is (below)
+            if s is not None:  # over the sizes a shape takes (``L**2 > 1``: its negative
+                s = s.intersect(sympy.Interval(1, sympy.oo))  # half too, else a union)
             if isinstance(s, sympy.Interval):
                 if s.left.is_finite:
                     lower = max(lower, int(sympy.ceiling(s.left + (1 if s.left_open else 0)
