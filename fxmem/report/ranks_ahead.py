@@ -167,5 +167,3 @@ def _read(f, missing=None):
             raise missing("the search's checkpoint way never came")
         return None
     return pickle.loads(data)
-
-
