@@ -73,7 +73,8 @@ from .whatif import WhatIf, whatif
 DimsReport = Report  # deprecated alias: analyze(..., dims=...) returns a Report in B and the dims
 
 __all__ = ["analyze", "Step", "Report", "Breakdown", "B", "L", "measure", "Measurement",
-           "plan_checkpoints", "apply_checkpoints", "Plan", "Region", "load_plan", "PlanChoice", "FrontierPoint", "whatif",
+           "plan_checkpoints", "apply_checkpoints", "Plan", "Region", "load_plan", "PlanChoice",
+           "FrontierPoint", "whatif",
            "WhatIf", "FSDP", "DDP", "TP", "Parallel", "ParallelReport", "min_world_size",
            "FxmemError", "InputError", "TraceError", "SpecializationError", "DataDependentError",
            "ModelError",

@@ -38,7 +38,8 @@ class TraceError(FxmemError):
 
     def __init__(self, reason: str, *, op: str | None = None, module: str | None = None,
                  source: str | None = None, phase: str | None = None):
-        self.reason, self.op, self.module, self.source, self.phase = reason, op, module, source, phase
+        self.reason, self.op, self.module = reason, op, module
+        self.source, self.phase = source, phase
         where = []
         if op:
             where.append(f"op {op}")

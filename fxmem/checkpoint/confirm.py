@@ -33,7 +33,8 @@ def not_replayable(error, plan) -> bool:
     """Whether tracing ``plan`` failed because selective checkpointing found, in the re-run,
     an op call it had not kept in the forward: PyTorch raises it for real too, as for a
     forward that appends to a key/value cache each time it runs."""
-    return "not found in storage" in str(error) and any(r.save for r in getattr(plan, "regions", ()))
+    return "not found in storage" in str(error) and any(
+        r.save for r in getattr(plan, "regions", ()))
 
 
 def without_selective(pick, kinds):

@@ -150,7 +150,8 @@ def policies(report, path: str, b: int, flops: dict | None = None) -> dict:
         out[f"knapsack:{k}"] = tuple(sorted(index[i] for i in reg[:k]))
     out["pointwise"] = tuple(sorted(index[i] for i in cands if not _pointwise(ops[i].op)))
     out["torchtitan"] = tuple(sorted(
-        k for k in names if k[0] in TORCHTITAN_SAVE and (k[0] != "aten.mm.default" or k[1] % 2 == 0)))
+        k for k in names
+        if k[0] in TORCHTITAN_SAVE and (k[0] != "aten.mm.default" or k[1] % 2 == 0)))
     seen, uniq = set(), {}
     for n, save in out.items():
         if save and save not in seen:

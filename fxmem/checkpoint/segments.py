@@ -3,8 +3,9 @@
 A module call is a forward range of ops (``Trace.calls``). It is a *valid segment* when
 exactly one activation tensor enters it and exactly one leaves it in the forward graph
 (parameters and buffers do not count, nor masks and indices: bool or integer tensors such
-as the attention mask every Hugging Face layer receives), and the module runs once per step — the blocks of an
-``nn.Sequential`` / ``nn.ModuleList`` stack or a Hugging Face layer list. The crossings are
+as the attention mask every Hugging Face layer receives), and the module runs once per step
+— the blocks of an ``nn.Sequential`` / ``nn.ModuleList`` stack or a Hugging Face layer list.
+The crossings are
 the edge boundary of the call's ops in the storage graph (``networkx.edge_boundary``), plus
 tensors that existed before the step (the batch) read inside it.
 

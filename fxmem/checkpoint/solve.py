@@ -6,8 +6,8 @@ window of the step and costs ``cost[i]`` FLOPs of recomputation. The step's live
 summarised by :class:`Point` s: ``bytes`` live there with no checkpoint, lowered by
 ``released[j]`` for every checkpointed ``j`` in ``covered``; a point with ``only_if = i``
 exists only when ``i`` is checkpointed (its recomputation spike), one with ``unless = i``
-only when ``i`` is not (what a checkpoint of ``i`` changes in its own backward). The peak of a plan is the
-largest value over the points that exist (:func:`peak`).
+only when ``i`` is not (what a checkpoint of ``i`` changes in its own backward). The peak of
+a plan is the largest value over the points that exist (:func:`peak`).
 
 **Objective.** :func:`solve` returns, among plans whose peak fits the budget, the one of
 least cost; among those, the lowest peak; among those, the lexicographically smallest

@@ -290,13 +290,23 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
 
     from ..analyze import analyze as run_analysis
     from ..analyze import analyzer
-    from ..report.summary import summarize
-    from ..trace.engine import Step
     from ..report.ahead import param_dtype_ahead, param_dtype_early, reanalyze_of
     from ..report.ranks_ahead import fewest_early
-    from .targets import (SetupRows, batch_dim_of, check_positions, load_target, longest_rows,
-                          named_dims, parse_capability, parse_config, parse_size,
-                          parse_tensor, position_limit)
+    from ..report.summary import summarize
+    from ..trace.engine import Step
+    from .targets import (
+        SetupRows,
+        batch_dim_of,
+        check_positions,
+        load_target,
+        longest_rows,
+        named_dims,
+        parse_capability,
+        parse_config,
+        parse_size,
+        parse_tensor,
+        position_limit,
+    )
 
     budget_bytes = parse_size(budget) if budget is not None else None
     if budget_bytes is not None and budget_bytes < 1:

@@ -69,8 +69,9 @@ def parse_capability(text: str) -> tuple:
 def parse_tensor(spec: str, batch: int, named: dict | None = None) -> torch.Tensor:
     """A meta tensor from ``DIMS[:DTYPE[:HIGH]]``: DIMS are comma-separated sizes, ``B`` the
     batch (at most once, at any position: :func:`batch_dim_of`), or other names whose sizes
-    ``named`` gives (``{"L": 512}``: a named dim, a symbol like B); DTYPE defaults to float32; HIGH (integer tensors: values in
-    [0, HIGH)) is accepted for documentation, values are never read."""
+    ``named`` gives (``{"L": 512}``: a named dim, a symbol like B); DTYPE defaults to
+    float32; HIGH (integer tensors: values in [0, HIGH)) is accepted for documentation,
+    values are never read."""
     named = named or {}
     if spec.count(":") > 2:
         raise InputError(f"bad tensor spec {spec!r}: too many ':' (write DIMS[:DTYPE[:HIGH]], "

@@ -10,6 +10,7 @@ imports none of them, nor the framework they need):
   ``TrainingArguments`` run, the largest ``per_device_train_batch_size`` for a budget
   (:func:`fxmem.integrations.hf.batch_size_for`), and a ``TrainerCallback`` logging the
   prediction beside the peak the real steps reach (:class:`fxmem.integrations.hf.FxmemCallback`);
-- :mod:`fxmem.integrations.accelerate`  a drop-in for ``accelerate.utils.find_executable_batch_size``
-  that starts at fxmem's answer and keeps accelerate's fallback on a real out-of-memory.
+- :mod:`fxmem.integrations.accelerate`  a drop-in for
+  ``accelerate.utils.find_executable_batch_size`` that starts at fxmem's answer and keeps
+  accelerate's fallback on a real out-of-memory.
 """

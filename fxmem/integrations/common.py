@@ -157,5 +157,5 @@ def tracked_peak(tracker: StorageTracker) -> int:
     return peak
 
 
-__all__ = ["clipping", "largest", "live_budget", "device_budget", "confirmed_plan", "StepMemory", "tensors_in",
-           "cpu_tracker", "tracked_peak"]
+__all__ = ["clipping", "largest", "live_budget", "device_budget", "confirmed_plan", "StepMemory",
+           "tensors_in", "cpu_tracker", "tracked_peak"]

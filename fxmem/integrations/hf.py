@@ -223,8 +223,9 @@ def _batch(example_batch) -> tuple:
 class TrainerStep:
     """The Trainer's training step as fxmem runs it: ``module`` (the model called as the
     Trainer calls it, :class:`TrainerBatch`), its example ``inputs`` (one micro-batch:
-    :meth:`batch` gives a step's), the :class:`fxmem.Step` and ``batch_dim``. :meth:`analyze` and :meth:`measure` run it with the model in train
-    mode and the Trainer's checkpointing applied, both undone afterwards."""
+    :meth:`batch` gives a step's), the :class:`fxmem.Step` and ``batch_dim``.
+    :meth:`analyze` and :meth:`measure` run it with the model in train mode and the
+    Trainer's checkpointing applied, both undone afterwards."""
 
     module: torch.nn.Module
     inputs: tuple

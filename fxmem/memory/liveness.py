@@ -133,7 +133,8 @@ class Liveness:
     def live_sids(self, op_index: int) -> list[int]:
         """Storages alive right after op ``op_index``'s allocations."""
         return [s.sid for s in self.graph.storages
-                if s.created_by <= op_index and (s.freed_after is None or s.freed_after >= op_index)]
+                if s.created_by <= op_index
+                and (s.freed_after is None or s.freed_after >= op_index)]
 
     def timeline(self, b: int) -> list[int]:
         """Live bytes right after each op's allocations, at batch size b."""

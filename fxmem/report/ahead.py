@@ -31,7 +31,6 @@ from .forked import ChildWay, forked
 from .precision import param_dtype_at, param_dtype_way, policy_of, searched
 from .ways import Check, as_asked, at_point, default_by, rank_reports
 
-
 # the child runs at a lower priority (os.nice) unless ``first``: where the command's own
 # searches are the longer (Llama-3.1-8B over 8 GPUs), three processes sharing two cores at
 # one priority slowed this process's plan search 13.6 s to 25.8 s while the child's way was

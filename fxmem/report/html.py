@@ -82,8 +82,9 @@ LONG_BRANCH = 160  # characters: a longer Max branch (a Piecewise) is too wide t
 
 def _formula(text: str) -> tuple[str, Markup | None]:
     """The peak formula laid out one ``Max`` branch a line, as text and as MathML (``None``
-    when sympy cannot parse the text, or a branch is longer than :data:`LONG_BRANCH`). A ``Max`` is ``max`` beside a bracketed column of its
-    branches, one ``<math>`` each, so a long formula grows down the page, not across it."""
+    when sympy cannot parse the text, or a branch is longer than :data:`LONG_BRANCH`). A
+    ``Max`` is ``max`` beside a bracketed column of its branches, one ``<math>`` each, so a
+    long formula grows down the page, not across it."""
     try:
         expr = sympy.sympify(text)
     except (sympy.SympifyError, SyntaxError, TypeError):

@@ -185,10 +185,10 @@ class Report:
         (:mod:`fxmem.checkpoint.compiled`). ``by``: how it fits, as :meth:`max_batch_size`
         answers: ``"device"`` (the default for a CUDA step) the plan's steps run within the
         budget in the caching allocator's replay (:mod:`fxmem.checkpoint.on_device`;
-        ``cudnn_workspace`` as for :meth:`runs_on_device`), ``"live"`` its peak fits. For a report made by
-        :func:`fxmem.analyze`, the plan is traced (unless ``confirm=False``): ``peak_bytes``
-        and ``report`` are the traced ones (:mod:`fxmem.checkpoint.confirm`). Raises
-        :class:`fxmem.InfeasibleBudgetError` (with the smallest reachable need) when none fits."""
+        ``cudnn_workspace`` as for :meth:`runs_on_device`), ``"live"`` its peak fits. For a
+        report made by :func:`fxmem.analyze`, the plan is traced (unless ``confirm=False``):
+        ``peak_bytes`` and ``report`` are the traced ones (:mod:`fxmem.checkpoint.confirm`).
+        Raises :class:`fxmem.InfeasibleBudgetError` (with the least need) when none fits."""
         from ..checkpoint.compiled import plan_for
         from .capacity import plan_by
 
@@ -306,8 +306,8 @@ class Report:
         ``AllocatorConfig.from_string("expandable_segments:True")``) with the cuBLAS
         workspaces PyTorch keeps (32 MiB per thread on compute capability 9.x). A
         :class:`fxmem.device.allocator.DeviceMemory`; see
-        :func:`fxmem.device.allocator.cuda_memory`. ``cudnn_workspace``: bytes each cuDNN convolution call holds while it runs (a bound
-        when the job sets ``CUDNN_CONV_WSCAP_DBG``, in MiB); 0 leaves them out.
+        :func:`fxmem.device.allocator.cuda_memory`. ``cudnn_workspace``: bytes each cuDNN
+        convolution holds while it runs (a bound under ``CUDNN_CONV_WSCAP_DBG``); 0 leaves them out.
         ``compute_capability``: the GPU's, for the workspace sizes (default: the one the step
         was traced for, ``analyze(..., compute_capability=)``).
 
@@ -413,7 +413,7 @@ class Report:
 
     def max_batch_size(self, budget_bytes: int | None = None,
                        max_recompute: float | None = None, candidates=None, *,
-                       kinds=None, by: str | None = None, gpu=None, context_bytes: int | None = None,
+                       kinds=None, by: str | None = None, gpu=None, context_bytes=None,
                        config=None, cudnn_workspace: int = 0, confirm: bool = True, **dims):
         """The largest integer B that fits, as a :class:`fxmem.report.capacity.MaxBatchSize`
         (an ``int`` whose ``.by`` and ``.explain`` say what it answers):

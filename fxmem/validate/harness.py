@@ -273,8 +273,9 @@ def to_markdown(v: Validation) -> str:
                    f"{_goal(r, v.fake_gpu)} |")
     missed = [r for r in v.rows if r.diverges]
     if missed:
-        out += ["", "Where each missed (fake GPU: differing) row's step first allocated something else than "
-                "predicted (`torch.cuda.memory._record_memory_history`):", ""]
+        out += ["", "Where each missed (fake GPU: differing) row's step first allocated "
+                "something else than predicted (`torch.cuda.memory._record_memory_history`):",
+                ""]
         out += [f"- {r.case}, B={r.B}: {r.diverges}" for r in missed]
     if v.budget_checks:
         out += ["", "| model | budget | predicted largest B | measured at B | measured at B+1 "

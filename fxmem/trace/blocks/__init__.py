@@ -12,8 +12,8 @@ The result must be the trace a block-by-block run gives, op for op and byte for 
 both): reuse only makes tracing faster.
 """
 
-from .reuse import NoReuse, traced_for_real
 from .installed import copied, reuses_under, runs_of
+from .reuse import NoReuse, traced_for_real
 from .splice import splice
 from .splice_graph import Spliced
 

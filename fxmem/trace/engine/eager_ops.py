@@ -23,6 +23,7 @@ from torch.utils._pytree import tree_leaves
 
 from ...errors import TraceError
 from ..kernels.datadep import DataSymbol, count_of, data_symbols, drawn_at_random
+from ..kernels.meta_kernels import NOT_RUN, contiguous_view, empty, foreach, meta_kernel, pointwise
 from ..kernels.rules import (
     DATA_DEPENDENT_OPS,
     EAGER_CPU_OUTPUT_LAYOUTS,
@@ -41,8 +42,6 @@ from ..kernels.rules import (
     window_storage_nbytes,
 )
 from ..kernels.values import passed, written_args
-from ..kernels.meta_kernels import (NOT_RUN, contiguous_view, empty, foreach, meta_kernel,
-                                     pointwise)
 from .messages import fails_in_eager, user_frame
 
 

@@ -413,7 +413,8 @@ def scaler_tensors(scaler) -> dict:
     """The tensors a GradScaler keeps between steps, by name."""
     if scaler is None:
         return {}
-    return {"grad_scaler.scale": scaler._scale, "grad_scaler.growth_tracker": scaler._growth_tracker}
+    return {"grad_scaler.scale": scaler._scale,
+            "grad_scaler.growth_tracker": scaler._growth_tracker}
 
 
 def needs_closure(optimizer) -> bool:
@@ -496,7 +497,8 @@ def run_step(forward: Callable, spec: StepSpec, inputs: Sequence, targets: Seque
     ``scaler``: the GradScaler of a ``grad_scaler`` step (see :func:`make_grad_scaler`)."""
     if not spec.train:
         on_phase("forward")
-        with torch.inference_mode() if spec.inference_mode else torch.no_grad(), _autocast(spec, inputs):
+        no_grad = torch.inference_mode() if spec.inference_mode else torch.no_grad()
+        with no_grad, _autocast(spec, inputs):
             out = forward(*inputs)
         return out
     if needs_closure(optimizer):

@@ -1,9 +1,10 @@
 """Stage 1: trace one whole step on fake tensors, with the batch size as a symbol.
 
-The step (:mod:`fxmem.trace.engine.step`) runs for real, in eager order, under ``FakeTensorMode``
-with a ``ShapeEnv``: the batch dim of every input and target (dim 0, or where ``batch_dim`` says) is
-the symbol :data:`fxmem.B`, parameters and all other dims are static, and nothing the size of the model or the batch is allocated. A
-recorder (:class:`fxmem.trace.ledger.tracking.StorageTracker`) sees every aten op, builds a
+The step (:mod:`fxmem.trace.engine.step`) runs for real, in eager order, under
+``FakeTensorMode`` with a ``ShapeEnv``: the batch dim of every input and target (dim 0, or
+where ``batch_dim`` says) is the symbol :data:`fxmem.B`, parameters and all other dims are
+static, and nothing the size of the model or the batch is allocated. A recorder
+(:class:`fxmem.trace.ledger.tracking.StorageTracker`) sees every aten op, builds a
 ``torch.fx.Graph`` of the step, and records when eager PyTorch frees each storage.
 
 The optimizer runs in steady state: before the recorded ``optimizer.step()``, one
@@ -28,9 +29,9 @@ from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._pytree import tree_leaves
 
 from ...errors import FxmemError, InputError, SpecializationError
-from ..blocks.reuse import NoReuse, traced_for_real
 from ..blocks.installed import copied, reuses_under, runs_of
 from ..blocks.optimizer_state import copies_state, copy_state, standin_pairs, without_grads
+from ..blocks.reuse import NoReuse, traced_for_real
 from ..blocks.splice import splice
 from ..compiled.inductor import check_compilable, inductor_on_fakes, is_compiled, modes_suspended
 from ..compiled.parts import check_parts, compiled_parts, parts_lowered
@@ -55,9 +56,9 @@ from ..plans import cache_layers
 from ..plans.checkpointing import checkpointed_call, checkpointing, normalize_plan, user_path
 from ..plans.regions import modules_of
 from .calls import CallHooks, held, loss_wrapper, region
+from .dims import symbols
 from .finish import finish
 from .lift import lift, parity_checked
-from .dims import symbols
 from .messages import caused_by, named_symbols, quiet
 from .modstate import (
     BufferAssigned,

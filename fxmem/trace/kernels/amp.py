@@ -130,7 +130,7 @@ RULES: dict[str, dict[str, Policy]] = {
             _lu_with_info qr svd triangular_solve fractional_max_pool2d fractional_max_pool3d
             adaptive_max_pool3d multilabel_margin_loss_forward linalg_qr linalg_cholesky_ex
             linalg_svd linalg_eig linalg_eigh linalg_lstsq linalg_inv_ex
-            linalg_matrix_sqrth""",  # linalg_matrix_sqrth: 2.15 (a bfloat16 input comes out float32)
+            linalg_matrix_sqrth""",  # linalg_matrix_sqrth: 2.15 (bfloat16 in, float32 out)
         PROMOTE="stack cat index_copy index_copy.dimname",
     ),
 }

@@ -27,7 +27,6 @@ from dataclasses import astuple, dataclass
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-
 _STAND_IN = [0]  # > 0 while SavedTensors.unpack makes a saved tensor's stand-in
 
 

@@ -24,6 +24,6 @@ from .other_ranks import at_world_size, other_rank
 from .tp import TP, Parallel
 from .wrapped import AsWrapped, as_wrapped, refuse_wrapped
 
-__all__ = ["AsWrapped", "at_world_size", "DDP", "FSDP", "Kept", "Parallel", "TP", "as_wrapped", "check_parallel",
-           "host_storages", "local_optimizer", "offloaded",
+__all__ = ["AsWrapped", "at_world_size", "DDP", "FSDP", "Kept", "Parallel", "TP", "as_wrapped",
+           "check_parallel", "host_storages", "local_optimizer", "offloaded",
            "on_local_shards", "other_rank", "refuse_wrapped"]

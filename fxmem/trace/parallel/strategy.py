@@ -13,7 +13,8 @@ from ...errors import InputError
 class Strategy:
     """What every parallel strategy fxmem wraps a model with has: ``world_size`` ranks on a
     device mesh of ``mesh_shape`` (named ``mesh_dim_names``), ``apply(model, mesh)``,
-    ``rank_groups(model)``, ``name`` (:class:`fxmem.FSDP`, :class:`fxmem.DDP`, :class:`fxmem.TP`, ...)."""
+    ``rank_groups(model)``, ``name`` (:class:`fxmem.FSDP`, :class:`fxmem.DDP`,
+    :class:`fxmem.TP`, ...)."""
 
     @property
     def mesh_shape(self) -> tuple:

@@ -7,8 +7,8 @@ internal headers that ``cuda_runtime_api.h`` includes; they are then taken from 
 bundled copy or, last, from a CUDA toolkit.  When the environment's cuDNN wheel has its
 headers (``nvidia/cudnn/include``), ``cudnn_stub.c`` is compiled into the same library, so
 the one preloaded object also answers cuDNN; likewise ``nccl_stub.c`` when its NCCL wheel
-has ``nccl.h`` (``nvidia/nccl/include``), for ProcessGroupNCCL.  Results are cached under ``out_dir`` by a hash
-of the sources, the headers used and the compiler command.
+has ``nccl.h`` (``nvidia/nccl/include``), for ProcessGroupNCCL.  Results are cached under
+``out_dir`` by a hash of the sources, the headers used and the compiler command.
 """
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ def find_include_dirs(python_exe: str | os.PathLike | None = None) -> list[Path]
         for pattern in ("nvidia/cu1*/include", "nvidia/cuda_runtime/include", "nvidia/*/include"):
             for d in sorted(glob.glob(str(sp / pattern))):
                 p = Path(d)
-                if (p / "cuda.h").is_file() and (p / "cuda_runtime_api.h").is_file() and p not in main:
+                has = (p / "cuda.h").is_file() and (p / "cuda_runtime_api.h").is_file()
+                if has and p not in main:
                     main.append(p)
     if not main:
         main = _toolkit_include_dirs()[:1]
@@ -99,8 +100,9 @@ def find_include_dirs(python_exe: str | os.PathLike | None = None) -> list[Path]
         crt = [Path(sp) / "triton/backends/nvidia/include" for sp in sites]
         crt += _toolkit_include_dirs()
         # any venv's triton copy will do: crt/ holds only compiler macros
-        crt += [Path(p).parent.parent for p in glob.glob(
-            str(Path(sys.prefix).parent / "*/lib/python3*/site-packages/triton/backends/nvidia/include/crt/host_defines.h"))]
+        crt += [Path(p).parent.parent for p in glob.glob(str(
+            Path(sys.prefix).parent / "*/lib/python3*/site-packages"
+            / "triton/backends/nvidia/include/crt/host_defines.h"))]
         for c in crt:
             if (c / "crt" / "host_defines.h").is_file():
                 dirs.append(c)

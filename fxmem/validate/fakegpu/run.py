@@ -28,8 +28,8 @@ TOTAL_BYTES = 85520809984  # the stub's device (stub.c FAKE_TOTAL_MEM: an H100 8
 MARK = "FXMEM_FAKE_GPU"
 
 # variables that would change what the child's PyTorch sees or does
-_DROP_ENV = ("CUDA_VISIBLE_DEVICES", "PYTORCH_NO_CUDA_MEMORY_CACHING", "PYTORCH_NVML_BASED_CUDA_CHECK",
-             "CUDA_LAUNCH_BLOCKING")
+_DROP_ENV = ("CUDA_VISIBLE_DEVICES", "PYTORCH_NO_CUDA_MEMORY_CACHING",
+             "PYTORCH_NVML_BASED_CUDA_CHECK", "CUDA_LAUNCH_BLOCKING")
 
 
 class FakeGPUError(RuntimeError):

@@ -299,9 +299,10 @@ class CudaKernels:
     """What the tracer consults for ``device="cuda"`` (enter it around the step).
 
     ``outputs(func, args, kwargs, out)``: the op's outputs as the CUDA kernel allocates them;
-    ``host_outputs(func, args, kwargs)``: positions of outputs that the CUDA kernel keeps in host memory
-    (they count 0 device bytes); ``workspaces(func, args, kwargs, out)``: ``(what, nbytes)``
-    of the temporaries the CUDA kernel allocates while it runs; ``choices``: what the routed
+    ``host_outputs(func, args, kwargs)``: positions of outputs that the CUDA kernel keeps in
+    host memory (they count 0 device bytes); ``workspaces(func, args, kwargs, out)``:
+    ``(what, nbytes)`` of the temporaries the CUDA kernel allocates while it runs;
+    ``choices``: what the routed
     kernels chose, ``(op, description)`` in the order first seen (e.g. the attention
     backend)."""
 

@@ -107,7 +107,8 @@ class _Iter:
     offset from its storage (vector alignment), after reorder and coalesce."""
 
     def __init__(self, shape, strides, in_offset, noutputs):
-        self.shape, self.strides, self.in_offset, self.noutputs = shape, strides, in_offset, noutputs
+        self.shape, self.strides = shape, strides
+        self.in_offset, self.noutputs = in_offset, noutputs
 
     @property
     def ndim(self):

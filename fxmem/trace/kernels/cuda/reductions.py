@@ -75,7 +75,7 @@ _SEMAPHORES, _STAGING = "Reduce.cuh semaphores", "Reduce.cuh global reduce stagi
 
 from .reduce_config import _can_use_32bit, _config_bytes, _iterator, _split_32bit  # noqa: F401
 
-# --- the ops ---------------------------------------------------------------------------------------
+# --- the ops ------------------------------------------------------------------------------
 
 class _Kernel:
     """One gpu_reduce_kernel launch: ``arg`` = sizeof(arg_t), the kernel's input dtype,

@@ -77,7 +77,8 @@ RULES: tuple = (
                "aten/src/ATen/native/transformers/cuda/sdp_utils.cpp: select_sdp_backend "
                "(fxmem/trace/kernels/cuda/sdpa.py)",
                checked=SDPA_CHECKED_ON,
-               ran=FAKE_GPU, cases=("test_every_case_picks_the_backend_pytorch_picks", "test_attention_step_memory_is_exact")),
+               ran=FAKE_GPU, cases=("test_every_case_picks_the_backend_pytorch_picks",
+                                    "test_attention_step_memory_is_exact")),
     KernelRule("softmax.int, log_softmax.int", "route",
                "a float16 input asked for float32 runs _softmax(half_to_float=True): no float32 "
                "copy of the input first, a float16 gradient (CUDA autocast asks this of every "
@@ -98,7 +99,9 @@ RULES: tuple = (
                "aten/src/ATen/native/cuda/Normalization.cu: batch_norm_cuda; "
                "aten/src/ATen/native/cudnn/BatchNorm.cpp: cudnn_batch_norm",
                checked=BOTH,
-               ran=FAKE_GPU, cases=("batch_norm 2-d (native kernel)", "batch_norm bf16 (native kernel)", "batch_norm 2-d eval-mode grads", "test_cnn_is_exact")),
+               ran=FAKE_GPU, cases=("batch_norm 2-d (native kernel)",
+                                    "batch_norm bf16 (native kernel)",
+                                    "batch_norm 2-d eval-mode grads", "test_cnn_is_exact")),
     KernelRule("native_batch_norm", "unmodelled",
                "cuDNN's reserve space (kept for backward) and workspaces, when cuDNN runs",
                "aten/src/ATen/native/Normalization.cpp: _select_batch_norm_backend"),
@@ -189,14 +192,17 @@ RULES: tuple = (
                "channels-last kernels keep a channels_last X's format",
                "aten/src/ATen/native/group_norm.cpp: native_group_norm, "
                "native_group_norm_backward",
-               ran=FAKE_GPU, cases=("group_norm", "group_norm channels_last", "group_norm channels_last bf16")),
+               ran=FAKE_GPU, cases=("group_norm", "group_norm channels_last",
+                                    "group_norm channels_last bf16")),
     KernelRule("native_group_norm, native_group_norm_backward", "workspace",
                "{N, C} and {N, G} temporaries in the accumulate type; copies of a "
                "non-contiguous X and dY (2.15, a channels_last X: none of X, dY made "
                "channels_last, no {N, G, D} c1)",
                "aten/src/ATen/native/cuda/group_norm_kernel.cu; "
                "aten/src/ATen/native/group_norm.cpp",
-               ran=FAKE_GPU, cases=("group_norm", "group_norm channels_last", "group_norm channels_last, no affine", "group_norm channels_last, a contiguous gradient")),
+               ran=FAKE_GPU, cases=("group_norm", "group_norm channels_last",
+                                    "group_norm channels_last, no affine",
+                                    "group_norm channels_last, a contiguous gradient")),
     KernelRule("_softmax_backward_data", "workspace",
                "tmp = grad_output * output, the size of the gradient (float32 in the "
                "half_to_float backward), while the kernel runs; copies of non-contiguous "
@@ -206,7 +212,8 @@ RULES: tuple = (
                "host_softmax_backward (the calls also read off the 2.11 and 2.14 cu130 "
                "binaries)",
                checked=("2.11", "2.13", "2.14"),
-               ran=FAKE_GPU, cases=("softmax of a transpose", "log_softmax fp32", "softmax fp16 to fp32")),
+               ran=FAKE_GPU, cases=("softmax of a transpose", "log_softmax fp32",
+                                    "softmax fp16 to fp32")),
     KernelRule("native_layer_norm_backward, _fused_rms_norm_backward", "workspace",
                "above 65,536 rows with few columns, per-block partial sums for the weight "
                "gradients; dY made contiguous",
