@@ -18,6 +18,7 @@ from fxmem.report.html import render_html
 from fxmem.report.markdown import render_markdown
 from fxmem.report.summary import summarize
 from fxmem.report.terminal import render_terminal
+from fxmem.report.text import exact_when_of
 
 
 def _check(exact, r, points):
@@ -69,6 +70,21 @@ def test_the_gpt2_peak_of_the_issue_reads_as_one_polynomial():
     points += [(b, n) for b in (3, 4, 9, 16) for n in range(128, 4097, 128)]
     assert _check(lambda b, n: int(GPT2.xreplace({B: b, L: n})), r, points) > 40
     assert GPT2.xreplace({B: 2, L: 128}) != r.formula.xreplace({B: 2, L: 128})  # B*L < 464
+
+
+def test_a_peak_read_at_its_point_alone_is_exact_there():
+    """Where no range around the point is proved (the other branch overtakes it as L grows,
+    whatever B), the formula is the peak's branch there with its roundings as they are at
+    the point: exact there, its conditions the point itself, no "a multiple of" beside it
+    (Gemma-2-9B's report at B=2, L=4096 said "exact when B is a multiple of 64, L is a
+    multiple of 128, B = 2 and L = 4096", which no point meets; the formula was 496 bytes
+    under the peak at its own point)."""
+    exact = sympy.Max(512 * sympy.ceiling(3 * B * L / 64) + 10**9, 3 * B * L**2)
+    r = readable(exact, {B: 2, L: 100}, {B: 2, L: 1})
+    assert not r.proved and r.exact_when == ("B = 2", "L = 100") and r.error == (0, 0)
+    points = [(b, n) for b in (2, 3, 64) for n in (4, 99, 100, 128, 10**5)]
+    assert _check(lambda b, n: int(exact.xreplace({B: b, L: n})), r, points) == 1
+    assert exact_when_of(r.exact_when, r.error) == "exact at B = 2 and L = 100"
 
 
 def test_a_b_only_peak_with_a_crossing_is_read_within_its_range():

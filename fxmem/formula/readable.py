@@ -45,7 +45,8 @@ class Readable:
     with whole coefficients where a rounding is scaled by a symbol, as in
     ``B*ceiling(L/32)``; :meth:`error_at` reads them at a point). ``point``: where it was
     read (the asked B and dims); ``proved``: False when no range beyond the point could be
-    proved (``where`` is then the point itself)."""
+    proved (``where`` is then the point itself, and ``formula`` the peak's branch there with
+    its roundings as they are at the point, exact there: no ``multiples``)."""
 
     formula: sympy.Expr
     multiples: tuple
@@ -133,6 +134,10 @@ def readable(expr, point: dict, lows: dict) -> Readable | None:
                 region, proved = tuple(picked) + again[0], True
     except (_Unreadable, TypeError, ValueError, NotImplementedError, sympy.PolynomialError):
         return None  # sympy could not read or prove it: the exact expression is all there is
+    if not proved:  # read at the point alone: exact there (its roundings as they are there,
+        # in the constant), no multiples ("B a multiple of 64 ... and B = 2" never holds)
+        formula += int(expr.xreplace(at)) - int(formula.xreplace(at))
+        return Readable(formula, (), tuple(region), (0, 0), dict(point), False)
     multiples = tuple((str(x), k) for x, k in sorted(divs.items(), key=lambda kv: str(kv[0]))
                       if k > 1)
     where: list = []

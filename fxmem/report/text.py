@@ -33,10 +33,14 @@ def exact_when_of(when, error) -> str:
     'exact wherever the trace holds'
     >>> exact_when_of(("L a multiple of 32",), (0, "496*B")).endswith("0 to 496*B bytes above it)")
     True
+    >>> exact_when_of(("B = 2", "L = 4096"), (0, 0))  # read at its point alone
+    'exact at B = 2 and L = 4096'
     """
     conds = [c.replace(" a multiple of ", " is a multiple of ") for c in when]
     if not conds:
         return "exact wherever the trace holds"
+    if all(re.fullmatch(r"\w+ = -?\d+", c) for c in conds):
+        return "exact at " + " and ".join(conds)
     text = "exact when " + (", ".join(conds[:-1]) + " and " if len(conds) > 1 else "") + conds[-1]
     lo, hi = error or (0, 0)
     if any(" a multiple of " in c for c in when) and (lo, hi) != (0, 0):
