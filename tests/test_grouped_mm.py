@@ -9,8 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 import fxmem
+from fxmem.checkpoint.options import counted_flops
 from fxmem.trace.kernels.datadep import EAGER_EXPERTS
 from fxmem.trace.kernels.rules import grouped_mm_meta
 
@@ -109,6 +111,24 @@ def test_a_grouped_mm_moe_step_is_exact(dtype):
     assert "aten._grouped_mm.default" in {op.op for op in r.trace.ops}
     for b in BATCHES:
         assert r.peak_bytes(b) == fxmem.measure(model, x, B=b, **KW).peak_bytes, b
+
+
+def test_grouped_experts_cost_the_flops_of_the_looped_experts_matmuls():
+    """PyTorch's FLOP registry has no formula for ``aten._grouped_mm``: fxmem counted the
+    experts' matmuls as nothing, so re-running them was free to the planner (Qwen3-30B-A3B
+    over 8 GPUs: "re-running 0.0%"). fxmem's count (fxmem.checkpoint.flops.grouped_mm_flop)
+    against PyTorch's FlopCounterMode over the same layers run for real as a loop over
+    their experts (``torch.mm`` on the routing's own batch sizes), forward and backward."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), GroupedExperts(), GroupedExperts())
+    x = torch.randn(4, 6, 16)
+    r = fxmem.analyze(model, x, device="cpu", **KW)
+    assert "aten._grouped_mm.default" not in dict(r.flop_count.uncounted)
+    looped = nn.Sequential(nn.Linear(16, 16), LoopedExperts(), LoopedExperts())
+    looped.load_state_dict(model.state_dict())
+    with FlopCounterMode(display=False) as seen:
+        KW["loss"](looped(x)).backward()
+    assert counted_flops(r, 4) == seen.get_total_flops() > 0
 
 
 def test_experts_sized_by_the_routing_are_refused_with_what_to_do():

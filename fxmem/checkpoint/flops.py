@@ -2,11 +2,13 @@
 
 PyTorch's own formulas (``torch.utils.flop_counter.flop_registry``: matmuls, convolutions,
 attention) are applied to the shapes recorded in the traced graph, so they come out symbolic.
-Two extensions, in one place here:
+Three extensions, in one place here:
 
 - ``ALIASES``: kernels that have a registered twin with the same leading arguments
   (the CPU flash-attention kernels PyTorch picks for SDPA on CPU, which have formulas of
   their own from torch 2.15 on: then those are used).
+- ``OWN_FORMULAS``: ops PyTorch's registry has no formula for, where a release's own is then
+  used: ``aten._grouped_mm`` (transformers' MoE experts, :func:`grouped_mm_flop`).
 - Pointwise ops (``torch.Tag.pointwise``): one FLOP per output element.
 
 Ops that create no storage and write none (views, metadata) cost nothing. Every other op
@@ -40,6 +42,31 @@ ALIASES = {
     aten._scaled_dot_product_flash_attention_for_cpu_backward:
         aten._scaled_dot_product_flash_attention_backward,
 }
+
+
+def grouped_mm_flop(a_shape, b_shape, offs=None, *args, out_val=None, **kwargs):
+    """FLOPs of ``aten._grouped_mm`` (``F.grouped_mm``): ``2 * M * K * N`` over its groups,
+    every row of the dim the offsets split in some group (``offs[-1]`` that dim's size, as
+    transformers' experts without expert parallelism route every token; a row past it is
+    not computed). The four layouts (torch/_meta_registrations.py ``_meta_grouped_mm_common``):
+
+    >>> grouped_mm_flop((64, 8), (4, 8, 16), (4,))       # (M, K) @ (G, K, N): rows split
+    16384
+    >>> grouped_mm_flop((8, 64), (64, 16), (4,))         # (K, M) @ (M, N): the sum split
+    16384
+    >>> grouped_mm_flop((4, 64, 8), (8, 16), (4,))       # (G, M, K) @ (K, N): columns split
+    16384
+    >>> grouped_mm_flop((4, 64, 8), (4, 8, 16))          # (G, M, K) @ (G, K, N): batched
+    65536
+    """
+    if len(a_shape) == 2:
+        return 2 * a_shape[0] * a_shape[1] * b_shape[-1]
+    if len(b_shape) == 2:
+        return 2 * a_shape[1] * a_shape[2] * b_shape[1]
+    return 2 * a_shape[0] * a_shape[1] * a_shape[2] * b_shape[2]
+
+
+OWN_FORMULAS = {aten._grouped_mm: grouped_mm_flop}
 
 
 @dataclass(frozen=True)
@@ -77,7 +104,7 @@ def _node_flops(node, values: dict, reshaped: dict | None = None) -> tuple[sympy
     func = node.target
     own = getattr(func, "overloadpacket", None)
     packet = own if own in flop_registry else ALIASES.get(own, own)  # torch 2.15 has its own
-    formula = flop_registry.get(packet)
+    formula = flop_registry.get(packet) or OWN_FORMULAS.get(packet)
     reshaped = reshaped or {}
 
     def arg(a):
@@ -89,8 +116,9 @@ def _node_flops(node, values: dict, reshaped: dict | None = None) -> tuple[sympy
         args = tuple(torch.fx.node.map_arg(a, arg) for a in args_in(node.args, values))
         kwargs = {k: torch.fx.node.map_arg(v, arg)
                   for k, v in args_in(node.kwargs, values).items()}
-        try:  # FlopCounterMode counts an op of the registry, not its twin
-            return sympy.sympify(formula(*args, out_val=out, **kwargs)), packet is own
+        try:  # FlopCounterMode counts an op of the registry, not its twin nor our own
+            return (sympy.sympify(formula(*args, out_val=out, **kwargs)),
+                    packet is own and packet in flop_registry)
         except Exception:  # noqa: BLE001 - a formula that cannot take these args
             return None, False
     if isinstance(func, torch._ops.OpOverload) and torch.Tag.pointwise in func.tags:

@@ -45,7 +45,7 @@ from ..memory.liveness import no_bytes, start_bytes, timeline
 from ..trace.plans import Plan, Region
 from . import chain as C
 from .choose import FrontierPoint, PlanChoice, default_candidates, tightened
-from .flops import ALIASES
+from .flops import ALIASES, OWN_FORMULAS
 from .numbers import SizeValues
 from .plans import derive_numbers
 from .schedules import region_calls, sac_calls, schedule
@@ -64,8 +64,9 @@ TORCHTITAN_SAVE = ("aten.mm.default", *_ATTENTION, "aten.max.default",
 
 def primary_flops(report) -> dict:
     """``{op index: (FLOPs as a function of B, primary)}``: primary FLOPs are those of
-    PyTorch's formulas (the CPU attention kernels' twins too), the rest pointwise."""
-    twins = {str(k) for k in ALIASES}
+    PyTorch's formulas (the CPU attention kernels' twins too, and the grouped matmuls of
+    fxmem's own formula), the rest pointwise."""
+    twins = {str(k) for k in (*ALIASES, *OWN_FORMULAS)}
     ops = report.trace.ops
     return {i: (Size.of(f), reg or ops[i].op.rsplit(".", 1)[0] in twins)
             for i, (f, reg) in report._op_flops.items()}
@@ -75,9 +76,10 @@ def counted_flops(report, b: int, *, recompute: bool = False, twins: bool = True
     """FLOPs of the step at batch size ``b`` by PyTorch's formulas (what ``FlopCounterMode``
     counts: matmuls, convolutions, attention; not the pointwise ops fxmem counts too), of its
     re-run ops only with ``recompute``. ``twins``: the CPU attention kernels counted as their
-    CUDA twins, as on a GPU (the planner's measure); False: as ``FlopCounterMode`` counts on
-    this CPU. The planner minimises this count first; a plan's ``recompute_flops`` is the
-    total, pointwise included (docs/checkpointing.md)."""
+    CUDA twins, as on a GPU, and the grouped matmuls PyTorch has no formula for (the planner's
+    measure); False: as ``FlopCounterMode`` counts on this CPU. The planner minimises this
+    count first; a plan's ``recompute_flops`` is the total, pointwise included
+    (docs/checkpointing.md)."""
     per_op = primary_flops(report) if twins else \
         {i: (Size.of(f), reg) for i, (f, reg) in report._op_flops.items()}
     return sum(int(per_op[key][0](b)) for o in report.trace.ops
