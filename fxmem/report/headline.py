@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .text import fmt_bytes
+from .text import fmt_bytes, fmt_share
 
 _OTHER = {"allocated": "by max_memory_allocated()", "live": "by live tensors (the formula)",
           "device": "running through the caching allocator"}
@@ -94,6 +94,6 @@ def way_rows(s) -> list:
     """The ways out of ``s.fit`` as rows: (the way, what it needs, the share of FLOPs it
     re-runs or "", what one step beyond gives, its whole plan or "")."""
     return [(w["line"], fmt_bytes(w["need_bytes"]),
-             f"{w['recompute_share']:.1%}" if w["plan"] else "", w["beyond"],
+             fmt_share(w["recompute_share"]) if w["plan"] else "", w["beyond"],
              ", ".join(w["plan"]))
             for w in (s.fit or {}).get("ways", ())]

@@ -13,6 +13,16 @@ def fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def fmt_share(x: float) -> str:
+    """A share of the FLOPs as a percentage; one above 0 that would print as 0.0% is
+    ``'<0.1%'`` (a plan that re-runs only pointwise ops still re-runs something).
+
+    >>> fmt_share(0.133), fmt_share(0.0004), fmt_share(0.0)
+    ('13.3%', '<0.1%', '0.0%')
+    """
+    return "<0.1%" if 0 < x < 0.0005 else f"{x:.1%}"
+
+
 def exact_when(s) -> str:
     """Where summary ``s``'s readable peak is exact, as a phrase, with what the exact peak is
     where only its "a multiple of" conditions fail.

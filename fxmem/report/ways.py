@@ -13,7 +13,7 @@ from ..checkpoint.on_device import oom_phrase
 from ..errors import FxmemError, InfeasibleBudgetError
 from ..formula.symbols import B as SYM_B
 from .retrace import retracing
-from .text import fmt_bytes, plan_text
+from .text import fmt_bytes, fmt_share, plan_text
 
 KINDS = ("batch", "checkpoint", "fsdp", "fsdp+checkpoint", "param_dtype",
          "param_dtype+checkpoint", "length")
@@ -118,7 +118,7 @@ def choice_way(check, choice, b: int, kind: str, value: int, line: str) -> WayOu
     need = choice.run.max_reserved if choice.run is not None and check.by == "device" \
         else check.need(choice.report, b, True)
     budget, exact = getattr(choice, "compiled", None), getattr(choice, "exact", True)
-    text = line.format(doing=doing(choice.plan, budget), share=f"{share:.1%}")
+    text = line.format(doing=doing(choice.plan, budget), share=fmt_share(share))
     return WayOut(kind, value, need, text, plan=choice.plan, recompute_share=share,
                   compiled=budget, beyond="the cheapest such plan" if exact else
                   "a plan found by a heuristic: a cheaper one may fit")

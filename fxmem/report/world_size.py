@@ -12,7 +12,7 @@ from functools import cached_property
 from ..errors import FxmemError, InputError
 from ..formula.symbols import B as SYM_B
 from .recent import Recent
-from .text import plan_text
+from .text import fmt_share, plan_text
 from .ways import (
     NoPlan,
     WayOut,
@@ -299,7 +299,7 @@ def search_ranks(check, asked: Asked, b, *, reanalyze, dims=None, jobs=1):
         redo = int(flops.recompute.subs(SYM_B, b))
         share = redo / (int(flops.total.subs(SYM_B, b)) - redo)
         way = WayOut("fsdp+checkpoint", w2, check.need(r, b, True), line.format(
-            doing=doing(r.plan), share=f"{share:.1%}"), plan=r.plan, recompute_share=share)
+            doing=doing(r.plan), share=fmt_share(share)), plan=r.plan, recompute_share=share)
     else:
         way = choice_way(check, picked, b, "fsdp+checkpoint", w2, line)
     if one is None:
@@ -309,7 +309,7 @@ def search_ranks(check, asked: Asked, b, *, reanalyze, dims=None, jobs=1):
                "(the checkpoint way)")
     else:
         yield replace(way, beyond=f"on {n} the cheapest plan re-runs "
-                                  f"{one.recompute_share:.1%} (the checkpoint way)")
+                                  f"{fmt_share(one.recompute_share)} (the checkpoint way)")
 
 
 
