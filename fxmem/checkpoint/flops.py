@@ -7,8 +7,8 @@ Three extensions, in one place here:
 - ``ALIASES``: kernels that have a registered twin with the same leading arguments
   (the CPU flash-attention kernels PyTorch picks for SDPA on CPU, which have formulas of
   their own from torch 2.15 on: then those are used).
-- ``OWN_FORMULAS``: ops PyTorch's registry has no formula for, where a release's own is then
-  used: ``aten._grouped_mm`` (transformers' MoE experts, :func:`grouped_mm_flop`).
+- ``OWN_FORMULAS``: formulas of ops PyTorch's registry lacks (a release that has one uses its
+  own): ``aten._grouped_mm`` (transformers' MoE experts, :func:`grouped_mm_flop`).
 - Pointwise ops (``torch.Tag.pointwise``): one FLOP per output element.
 
 Ops that create no storage and write none (views, metadata) cost nothing. Every other op

@@ -5,9 +5,9 @@ exactly one activation tensor enters it and exactly one leaves it in the forward
 (parameters and buffers do not count, nor masks and indices: bool or integer tensors such
 as the attention mask every Hugging Face layer receives), and the module runs once per step
 — the blocks of an ``nn.Sequential`` / ``nn.ModuleList`` stack or a Hugging Face layer list.
-The crossings are
-the edge boundary of the call's ops in the storage graph (``networkx.edge_boundary``), plus
-tensors that existed before the step (the batch) read inside it.
+The crossings are the edge boundary of the call's ops in the storage graph
+(``networkx.edge_boundary``), plus tensors that existed before the step (the batch) read
+inside it.
 
 >>> import torch, fxmem
 >>> m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))

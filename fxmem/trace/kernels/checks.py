@@ -8,8 +8,8 @@ either the check passes and the step goes on, or the step raises and there is no
 predict. So where the undecidable condition is the test of an ``assert`` statement, or of an
 ``if`` whose body only raises, or the condition of ``torch._assert``,
 :class:`CheckingShapeEnv` takes the outcome under which the step goes on, and records the
-line (the report lists it in ``Report.unmodelled``). Any
-other branch on data is still refused (:mod:`fxmem.trace.kernels.datadep`).
+line (the report lists it in ``Report.unmodelled``). Any other branch on data is still
+refused (:mod:`fxmem.trace.kernels.datadep`).
 
 The outcome is read from the statement's syntax (Python's :mod:`ast` of the source file):
 an ``assert`` needs its test true, an ``if ...: raise`` needs it false; ``not`` flips that,

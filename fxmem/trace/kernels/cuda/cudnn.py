@@ -6,11 +6,11 @@ ends).
 The step is traced on CPU fake tensors, whose ops are the CPU's: a batch norm is
 ``native_batch_norm`` there and its backward ``native_batch_norm_backward``, where CUDA runs
 ``cudnn_batch_norm`` and ``cudnn_batch_norm_backward`` (chosen by
-:func:`fxmem.trace.kernels.cuda.kernels._cudnn_batch_norm`); ``convolution_backward`` is the same op
-on both, but CUDA's goes to ``cudnn_convolution_backward``, which may copy its gradient.
-What cuDNN itself sizes (workspaces, reserve spaces) is not here (``Report.unmodelled``, and
-``cuda_memory(cudnn_workspace=)`` for
-the convolutions' workspaces). Seen on 2.14.1's and 2.15's binaries on the fake GPU
+:func:`fxmem.trace.kernels.cuda.kernels._cudnn_batch_norm`); ``convolution_backward`` is the
+same op on both, but CUDA's goes to ``cudnn_convolution_backward``, which may copy its
+gradient. What cuDNN itself sizes (workspaces, reserve spaces) is not here
+(``Report.unmodelled``, and ``cuda_memory(cudnn_workspace=)`` for the convolutions'
+workspaces). Seen on 2.14.1's and 2.15's binaries on the fake GPU
 (``tests/test_fake_gpu_cudnn.py``).
 """
 

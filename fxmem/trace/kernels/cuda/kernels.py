@@ -302,9 +302,8 @@ class CudaKernels:
     ``host_outputs(func, args, kwargs)``: positions of outputs that the CUDA kernel keeps in
     host memory (they count 0 device bytes); ``workspaces(func, args, kwargs, out)``:
     ``(what, nbytes)`` of the temporaries the CUDA kernel allocates while it runs;
-    ``choices``: what the routed
-    kernels chose, ``(op, description)`` in the order first seen (e.g. the attention
-    backend)."""
+    ``choices``: what the routed kernels chose, ``(op, description)`` in the order first
+    seen (e.g. the attention backend)."""
 
     def __init__(self, capability=(9, 0), cudnn_version: int | None = None):
         from . import sdpa
