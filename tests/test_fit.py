@@ -94,6 +94,40 @@ def test_the_ways_on_one_gpu_build_one_planner_of_its_step(monkeypatch):
     assert sum(t is r.trace for t in built) == 1, len(built)
 
 
+def test_a_way_s_plan_follows_whole_only_where_its_line_summarised_it():
+    """After the ways' table, a way's plan is given in full only where its line summarised
+    it (more than three runs of blocks), its runs as ranges; a plan the line gives whole is
+    not repeated (each was, entry by entry: Llama-3.1-8B's 32 blocks one by one, under a
+    line that had them as ranges)."""
+    import dataclasses
+    import io
+
+    from rich.console import Console
+
+    from fxmem.report.markdown import render_markdown
+    from fxmem.report.summary import summarize
+    from fxmem.report.terminal import render_terminal
+
+    r = _analyze(_stack())
+    s = summarize(r, B=512, budget_bytes=4_000_000, fit=r.fits(512, 4_000_000))
+    planned = [w for w in s.fit["ways"] if w["plan"]]
+    assert planned and all(len(w["plan"]) <= 3 for w in planned)
+
+    def rendered(summary):
+        out = io.StringIO()
+        Console(file=out, width=400).print(render_terminal(summary))
+        return render_markdown(summary), out.getvalue()
+
+    assert all("plan, whole" not in text for text in rendered(s))
+    long = [f"{i}" + (" (saving 1 op output)" if i % 2 else "") for i in range(4)]
+    ways = [dict(w, plan=long) if w is planned[0] else w for w in s.fit["ways"]]
+    s = dataclasses.replace(s, fit=dict(s.fit, ways=ways))
+    whole = f"the {planned[0]['kind']} way's plan, whole: 0, 1 (saving 1 op output), 2, " \
+            "3 (saving 1 op output)"
+    for text in rendered(s):
+        assert text.count("plan, whole") == 1 and whole in text
+
+
 def test_fits_has_no_ways():
     r = _analyze(_stack())
     f = r.fits(8, r.peak_bytes(8))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .text import fmt_bytes, fmt_share
+from .text import compact_plan, fmt_bytes, fmt_share, plan_text
 
 _OTHER = {"allocated": "by max_memory_allocated()", "live": "by live tensors (the formula)",
           "device": "running through the caching allocator"}
@@ -92,8 +92,24 @@ def not_fitting(s) -> Headline | None:
 
 def way_rows(s) -> list:
     """The ways out of ``s.fit`` as rows: (the way, what it needs, the share of FLOPs it
-    re-runs or "", what one step beyond gives, its whole plan or "")."""
+    re-runs or "", what one step beyond gives, its whole plan where the way's line gave
+    less, else "": :func:`whole_plan`)."""
     return [(w["line"], fmt_bytes(w["need_bytes"]),
              fmt_share(w["recompute_share"]) if w["plan"] else "", w["beyond"],
-             ", ".join(w["plan"]))
+             whole_plan(w["plan"]))
             for w in (s.fit or {}).get("ways", ())]
+
+
+def whole_plan(plan) -> str:
+    """A way's plan in full, runs of blocks checkpointed alike as ranges
+    (:func:`fxmem.report.text.compact_plan`), where its line summarised it
+    (:func:`fxmem.report.text.plan_text`); "" where the line gave it whole already.
+
+    >>> whole_plan([f"layers.{i}" for i in range(32)])  # the line says 'layers.0-31'
+    ''
+    >>> whole_plan([f"layers.{i}" + (" (saving 1 op output)" if i > 5 else "")
+    ...             for i in range(8)] + ["norm", "lm_head"])
+    'layers.0-5, layers.6-7 (saving 1 op output each), norm, lm_head'
+    """
+    whole = compact_plan(plan)
+    return "" if not plan or whole == plan_text(plan) else whole

@@ -141,7 +141,7 @@ def _ways(s) -> list[str]:
         out += ["", "Ways it fits, each checked (it fits there, and not one step beyond):", ""]
         out += _rows("| way | needs | recompute | one step beyond |", "|---|---:|---:|---|",
                      (f"| {w} | {n} | {r} | {b} |" for w, n, r, b, _ in rows))
-        plans = [(w["kind"], ", ".join(w["plan"])) for w in s.fit["ways"] if w["plan"]]
+        plans = [(w["kind"], whole) for w, (*_, whole) in zip(s.fit["ways"], rows) if whole]
         if plans:
             out += ["", *(f"- the {k} way's plan, whole: {p}" for k, p in plans)]
     if s.fit["none"]:

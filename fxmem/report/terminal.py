@@ -224,7 +224,7 @@ def _ways(s) -> list:
         for way, need, share, beyond, _ in rows:
             t.add_row(way, need, share, beyond)
         out.append(t)
-        out += [Text(f"the {w['kind']} way's plan, whole: {', '.join(w['plan'])}", style="dim")
-                for w in s.fit["ways"] if w["plan"]]
+        out += [Text(f"the {w['kind']} way's plan, whole: {whole}", style="dim")
+                for w, (*_, whole) in zip(s.fit["ways"], rows) if whole]
     out += [Text(f"searched, none found: {line}", style="yellow") for line in s.fit["none"]]
     return out
