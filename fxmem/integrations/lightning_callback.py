@@ -20,6 +20,7 @@ import logging
 import torch
 
 from ..errors import FxmemError, InputError
+from ..report.text import fmt_share
 from .common import StepMemory, cpu_tracker, device_budget, tensors_in, tracked_peak
 from .lightning_step import batch_size_for, lightning_package, lightning_step
 
@@ -100,7 +101,7 @@ class BatchSizeFromFxmem:
                      fit.batch_size, f"{fit.peak_bytes:,}", f"{fit.budget_bytes:,}", fit.by,
                      "" if fit.checkpoint is None else
                      f", a checkpoint plan of {len(fit.checkpoint.plan)} regions re-running "
-                     f"{fit.checkpoint.recompute_fraction:.1%} of its FLOPs")
+                     f"{fmt_share(fit.checkpoint.recompute_fraction)} of its FLOPs")
             for logger in trainer.loggers:
                 logger.log_metrics({"fxmem/batch_size": fit.batch_size,
                                     "fxmem/predicted_peak_bytes": fit.peak_bytes,
