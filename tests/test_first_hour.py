@@ -16,6 +16,7 @@ import fxmem
 from fxmem.cli.families import torchvision_release
 from fxmem.report.capacity import MaxBatchSize
 from fxmem.report.summary import summarize
+from fxmem.report.text import fmt_share
 from test_mistakes import run_in_process
 
 TINY_GPT2 = ["--config", "n_layer=1", "--config", "n_embd=64", "--config", "n_head=2",
@@ -260,6 +261,8 @@ def test_max_batch_size_has_one_return_type():
     assert int(planned) > int(plain) and planned.plan and planned.B == int(planned)
     assert planned.peak_bytes <= budget and 0 < planned.recompute_fraction <= 0.5
     assert "with checkpoint plan" in planned.explain
+    # the share as every other line gives it (report.text.fmt_share: a tenth of a per cent)
+    assert f"re-running {fmt_share(planned.recompute_fraction)} of" in planned.explain
     with pytest.raises(AttributeError, match="no checkpoint plan"):
         plain.peak_bytes
 

@@ -109,13 +109,13 @@ class MaxBatchSize(int):
     @property
     def explain(self) -> str:
         """One sentence: what this number answers."""
-        from .text import fmt_bytes
+        from .text import fmt_bytes, fmt_share
 
         where = f"{fmt_bytes(self.budget_bytes)}" + (f" ({self.gpu})" if self.gpu else "")
         text = _WHAT[self.by].format(budget=where)
         if self.choice is not None:
             text += (f" with checkpoint plan {self.plan}, re-running "
-                     f"{self.recompute_fraction:.0%} of the step's FLOPs")
+                     f"{fmt_share(self.recompute_fraction)} of the step's FLOPs")
         return text + (" (B stops at the formula's upper limit)" if self.limit else "")
 
 
