@@ -5,6 +5,9 @@ gathers bf16 weights and autocast casts none. The way is the step analysed again
 policy, checked against a budget; the policy's step is exact against real ranks (and on the
 fake GPU: tests/test_fake_gpu_parallel.py's ``fsdp-amp`` cases)."""
 
+import io
+import json
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -136,3 +139,74 @@ def test_the_policy_s_step_is_traced_at_b_alone():
     (way,) = param_dtype_way(Check("live", budget, 0), amp, b, reanalyze=reanalyze)
     assert asked[0]["concrete_batch"] == b and "concrete_dims" not in asked[0]
     assert way.need_bytes == policy.peak_bytes(b)
+
+
+class Wide(Blocks):
+    """Blocks under a 4,096-way head: the peak is at the start of the backward (the loss's
+    gradient), where the casts autograd saved are live and autocast's cache is gone."""
+
+    def __init__(self):
+        super().__init__(d=64, n=4)
+        self.head = nn.Linear(64, 4096)
+
+
+def _saved_casts(model, x, y) -> int:
+    """Bytes of the bf16 casts of ``model``'s weights that a real CPU step's forward under
+    autocast saves for the backward, each storage once (PyTorch's own saved-tensor hooks, no
+    fxmem): what of them is live when the backward starts."""
+    weights = [p.detach().to(torch.bfloat16) for p in model.parameters()]
+    saved: dict = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", torch.bfloat16):
+            out = model(x)
+        F.cross_entropy(out, y)
+    total = 0
+    for st in saved.values():
+        t = torch.empty(0, dtype=torch.bfloat16).set_(st) if st.nbytes() % 2 == 0 else None
+        if t is not None and any(t.numel() == w.numel() and torch.equal(t.view(w.shape), w)
+                                 for w in weights):
+            total += st.nbytes()
+    return total
+
+
+def test_the_weights_casts_at_the_peak():
+    """The breakdown says what of the peak are the forward's casts of the weights: on one
+    GPU what a real step saved (PyTorch's hooks), under FSDP2 the same bytes whatever the
+    number of GPUs (casts of the gathered weights), none with FSDP2's param_dtype or in
+    fp32; every format gives it."""
+    from rich.console import Console
+
+    from fxmem.report.html import render_html
+    from fxmem.report.jsonout import render_json
+    from fxmem.report.markdown import render_markdown
+    from fxmem.report.summary import summarize
+    from fxmem.report.terminal import render_terminal
+
+    torch.manual_seed(0)
+    model, b = Wide(), 64
+    x, y = torch.randn(4, 64), torch.randint(0, 4096, (4,))
+    expected = _saved_casts(model, torch.randn(b, 64), torch.randint(0, 4096, (b,)))
+    one = fxmem.analyze(model, x, y, **STEP).breakdown(b)
+    assert (one.phase, one.op) == ("backward", "aten._log_softmax_backward_data.default")
+    assert one.weight_casts.nbytes == expected > 0
+    assert one.weight_casts.dtypes == ("bfloat16",) and not one.weight_casts.gathered
+    fp32 = {**STEP, "amp": None}
+    assert fxmem.analyze(model, x, y, **fp32).breakdown(b).weight_casts is None
+    sharded = {w: fxmem.analyze(model, x, y, parallel=FSDP(w), **STEP) for w in (2, 4)}
+    for r in sharded.values():
+        bd = r.rank(0).breakdown(b)
+        assert bd.weight_casts.nbytes == expected and bd.weight_casts.gathered
+    policy = fxmem.analyze(model, x, y, parallel=POLICY, **STEP)
+    assert policy.rank(0).breakdown(b).weight_casts is None
+    s = summarize(sharded[2], B=b)
+    assert json.loads(render_json(s))["weight_casts"] == {
+        "nbytes": expected, "dtypes": ["bfloat16"], "gathered": True}
+    terminal = io.StringIO()
+    Console(file=terminal, width=400).print(render_terminal(s))
+    for text in (render_markdown(s), render_html(s), terminal.getvalue()):
+        assert text.count("casts of the weights that the forward made") == 1
+        assert "whatever the number of GPUs" in text

@@ -23,7 +23,7 @@ from sympy.printing.mathml import mathml
 
 from . import plots
 from .headline import largest_b, not_fitting, way_rows
-from .text import at_dims, exact_when, fmt_bytes, frontier_plan, readable_in
+from .text import at_dims, exact_when, fmt_bytes, frontier_plan, readable_in, weight_casts_line
 
 
 @dataclass(frozen=True)
@@ -163,6 +163,7 @@ def _context(s) -> dict:
                 budget_others=largest_b(s).others if s.budget_bytes is not None else "",
                 parts_total=sum(s.parts_bytes.values()), no_fit=not_fitting(s),
                 ways=way_rows(s),
+                weight_casts=weight_casts_line(s.weight_casts) if s.weight_casts else "",
                 frontier=[dict(n=i + 1, peak=p, flops=f, used=set(plan) == set(s.plan),
                                plan=plan if c is None else (frontier_plan(plan, c),))
                           for i, (p, f, plan, c) in enumerate(plots.frontier_points(s))])

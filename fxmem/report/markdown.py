@@ -12,7 +12,15 @@
 from __future__ import annotations
 
 from .headline import largest_b, not_fitting, way_rows
-from .text import at_dims, compact_plan, exact_when, fmt_bytes, frontier_plan, readable_in
+from .text import (
+    at_dims,
+    compact_plan,
+    exact_when,
+    fmt_bytes,
+    frontier_plan,
+    readable_in,
+    weight_casts_line,
+)
 from .whatif import table as whatif_table
 
 
@@ -109,6 +117,8 @@ def render_markdown(s) -> str:
     out += ["", "## Live at the peak", "", "By category:", ""]
     out += _rows("| category | bytes |", "|---|---:|",
                  (f"| {k} | {fmt_bytes(v)} |" for k, v in s.by_category.items()))
+    if s.weight_casts:
+        out += ["", weight_casts_line(s.weight_casts)]
     out += ["", "By module (top level):", ""]
     out += _rows("| module | bytes |", "|---|---:|",
                  (f"| {_module(k)} | {fmt_bytes(v)} |" for k, v in s.by_module.items()))

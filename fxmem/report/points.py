@@ -30,6 +30,21 @@ class TimelinePoint:
 
 
 @dataclass(frozen=True)
+class WeightCasts:
+    """Of the bytes live at the peak, ``nbytes`` are casts of the weights that the forward
+    made (``aten._to_copy`` of a parameter: autocast's, which autograd saves for the backward
+    and autocast's weight cache holds until the forward's outermost ``autocast`` exits), in
+    ``dtypes`` (names, e.g. ``("bfloat16",)``). ``gathered``: some are casts of FSDP2's
+    gathered weights, each the whole weight on every rank whatever the number of GPUs
+    (FSDP2's ``param_dtype`` gathers the weights in that dtype, and autocast casts none:
+    :mod:`fxmem.report.precision`)."""
+
+    nbytes: int
+    dtypes: tuple
+    gathered: bool = False
+
+
+@dataclass(frozen=True)
 class Breakdown:
     """What is live at the peak for one batch size, in bytes.
 
@@ -38,7 +53,8 @@ class Breakdown:
     ``op``/``phase``/``module``: where the peak happens (``op_index`` -1: before the step).
     A storage counts for the module of the op that made it; in backward that is the module
     whose forward made the autograd node running the op (``fc``'s weight gradient counts for
-    ``fc``).
+    ``fc``). ``weight_casts``: what of it are the forward's casts of the weights (a
+    :class:`WeightCasts`; None: none is live at the peak).
     """
 
     B: int
@@ -49,6 +65,7 @@ class Breakdown:
     module: str
     by_category: dict
     by_module: dict
+    weight_casts: WeightCasts | None = None
 
 
 @dataclass(frozen=True)
@@ -97,8 +114,8 @@ def breakdown_of(report, b: int, top: int | None) -> Breakdown:
     lv = report.liveness
     cand = lv.peak_candidate(b)
     by_cat, by_mod = {}, {}
-    storages = lv.graph.storages
-    for sid in lv.live_sids(cand.op_index):
+    storages, live = lv.graph.storages, lv.live_sids(cand.op_index)
+    for sid in live:
         s, v = storages[sid], lv.sizes[sid](b)
         by_cat[s.category] = by_cat.get(s.category, 0) + v
         m = _top_module(s)
@@ -107,4 +124,33 @@ def breakdown_of(report, b: int, top: int | None) -> Breakdown:
     by_cat = dict(sorted(by_cat.items(), key=lambda kv: -kv[1]))
     op = report.trace.ops[cand.op_index] if cand.op_index >= 0 else None
     return Breakdown(b, cand(b), cand.op_index, op.op if op else "(start)",
-                     op.phase if op else "start", op.module if op else "", by_cat, by_mod)
+                     op.phase if op else "start", op.module if op else "", by_cat, by_mod,
+                     weight_casts(lv, live, b))
+
+
+def weight_casts(lv, sids, b: int) -> WeightCasts | None:
+    """Of storages ``sids`` (of liveness ``lv``), those a forward ``aten._to_copy`` made
+    from a parameter's storage (on one GPU its own; under FSDP2 the gathered one,
+    :mod:`fxmem.trace.parallel.fsdp_buffers`' ``unsharded``), as a :class:`WeightCasts`
+    at ``b``; None when there are none. A checkpoint plan's recomputed casts are not the
+    forward's."""
+    storages, ops = lv.graph.storages, lv.graph.ops
+
+    def gathered(sid) -> bool:
+        buffer = storages[sid].fsdp_buffer
+        return buffer is not None and buffer.kind == "unsharded"
+
+    total, dtypes, whole = 0, set(), False
+    for sid in sids:
+        s = storages[sid]
+        op = ops[s.created_by] if s.created_by >= 0 else None
+        if op is None or op.op != "aten._to_copy.default" or op.phase != "forward" \
+                or op.recompute:
+            continue
+        sources = [i for i in op.in_sids if storages[i].category == "param" or gathered(i)]
+        if not sources:
+            continue
+        total += lv.sizes[sid](b)
+        dtypes.add(str(s.dtype).removeprefix("torch."))
+        whole = whole or any(gathered(i) for i in sources)
+    return WeightCasts(total, tuple(sorted(dtypes)), whole) if total else None

@@ -58,7 +58,9 @@ class Summary:
     answers); ``gpu``: the card the budget came from (name, ``total_bytes``,
     ``context_bytes``, ``usable_bytes``, ``source``) or None. ``caveats``: what the figures
     leave out, shown beside them. ``by_category``/``by_module``: what is live at
-    the peak at ``B``. ``curve``: (B, peak bytes) samples; ``cuda_curve`` (a CUDA step):
+    the peak at ``B``; ``weight_casts``: what of it are the forward's casts of the weights
+    (``nbytes``, ``dtypes``, ``gathered``: :class:`fxmem.report.points.WeightCasts`), or
+    None. ``curve``: (B, peak bytes) samples; ``cuda_curve`` (a CUDA step):
     (B, max_allocated, max_reserved) at the same B's, the replayed allocator's figures that
     the ``"device"`` and ``"allocated"`` answers are read from; ``timeline``: live bytes after
     every op at ``B`` (index, op, phase, module, bytes). ``plan``/``frontier``: the
@@ -120,6 +122,7 @@ class Summary:
     readable_point: dict = field(default_factory=dict)
     peak_exact: str = ""
     fit: dict | None = None
+    weight_casts: dict | None = None
 
     @property
     def leads_readable(self) -> bool:
@@ -254,7 +257,7 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
         cuda=_cuda(report, B, answers.get("allocated"), cudnn_workspace),
         max_batch_size_by=by, answers=answers, next_oom=next_oom, gpu=card, caveats=caveats,
         ranks=ranks, cuda_curve=cuda_curve, fit=fit.as_dict() if fit is not None else None,
-        **read)
+        weight_casts=None if bd.weight_casts is None else asdict(bd.weight_casts), **read)
 
 
 def _readable(report, b: int, dims: dict) -> dict:

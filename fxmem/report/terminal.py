@@ -18,7 +18,15 @@ from rich.table import Table
 from rich.text import Text
 
 from .headline import largest_b, not_fitting, way_rows
-from .text import at_dims, compact_plan, exact_when, fmt_bytes, frontier_plan, readable_in
+from .text import (
+    at_dims,
+    compact_plan,
+    exact_when,
+    fmt_bytes,
+    frontier_plan,
+    readable_in,
+    weight_casts_line,
+)
 
 FRONTIER_ROWS = 16  # the most frontier points a terminal table shows
 
@@ -151,6 +159,8 @@ def render_terminal(s, exact: bool = False) -> Group:
         live.add_row(c[0], fmt_bytes(c[1]) if c[1] is not None else "",
                      m[0], fmt_bytes(m[1]) if m[1] is not None else "")
     items.append(live)
+    if s.weight_casts:
+        items.append(Text(weight_casts_line(s.weight_casts)))
     if s.plan:
         items.append(Text(f"Checkpoint plan: {compact_plan(s.plan)} "
                           f"({s.recompute_flops:,} recompute FLOPs at B = {s.B})"))

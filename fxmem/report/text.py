@@ -23,6 +23,24 @@ def fmt_share(x: float) -> str:
     return "<0.1%" if 0 < x < 0.0005 else f"{x:.1%}"
 
 
+def weight_casts_line(casts: dict) -> str:
+    """A summary's ``weight_casts`` (:class:`fxmem.report.points.WeightCasts` as a dict) as
+    the sentence under the bytes live at the peak.
+
+    >>> c = {"nbytes": 3 * 2**30, "dtypes": ("bfloat16",), "gathered": False}
+    >>> weight_casts_line(c).split(" (")[0]
+    'Of these, 3.00 GiB are bfloat16 casts of the weights that the forward made'
+    """
+    line = (f"Of these, {fmt_bytes(casts['nbytes'])} are {' and '.join(casts['dtypes'])} "
+            "casts of the weights that the forward made (autocast's: saved for the backward, "
+            "and held by autocast's weight cache until the forward ends)")
+    if casts["gathered"]:
+        line += ("; under FSDP2 each is a cast of a whole gathered weight, as many bytes on "
+                 "every rank whatever the number of GPUs (FSDP2's param_dtype gathers the "
+                 "weights in that dtype, and autocast casts none)")
+    return line + "."
+
+
 def exact_when(s) -> str:
     """Where summary ``s``'s readable peak is exact, as a phrase, with what the exact peak is
     where only its "a multiple of" conditions fail.
