@@ -87,6 +87,21 @@ def test_a_peak_read_at_its_point_alone_is_exact_there():
     assert exact_when_of(r.exact_when, r.error) == "exact at B = 2 and L = 100"
 
 
+def test_a_branch_past_bounding_leaves_the_peak_readable_at_its_point():
+    """Another branch with a product of roundings (a MoE model's routed rows: Mixtral-8x7B
+    over 16 GPUs, ``floor(L/134217216 + ...)*Min(1, floor(L/128 - 1/256))/64``) cannot be
+    bounded by a polynomial: the peak's own branch is still read, at the point alone
+    (before, nothing was readable and every format printed the exact expression, hundreds
+    of lines)."""
+    other = 3 * L + 512 * sympy.floor(L / 7 + sympy.Rational(1, 2)) * sympy.Min(
+        1, sympy.floor(L / 128 - sympy.Rational(1, 256))) / 64
+    exact = sympy.Max(660480 * L + 512 * sympy.ceiling(L / 128) + 41186596864, other)
+    r = readable(exact, {B: 1, L: 4096}, {B: 1, L: 2})
+    assert r is not None and not r.proved and r.exact_when == ("B = 1", "L = 4096")
+    assert r.formula.xreplace({L: 4096}) == exact.xreplace({L: 4096})
+    assert r.formula.free_symbols == {L} and r.formula.is_polynomial(L)
+
+
 def test_a_b_only_peak_with_a_crossing_is_read_within_its_range():
     r = fxmem.analyze(nn.Linear(1000, 8), torch.randn(4, 1000), loss=torch.sum)
     low, high = r.readable_peak(64), r.readable_peak(5000)
@@ -245,3 +260,53 @@ def test_a_parallel_step_in_b_and_l_leads_with_the_readable_peak_of_every_rank()
                   dims={"L": 256})
     assert s.leads_readable and s.peak_exact == str(r.peak) and s.ranks
     assert s.peak_readable == str(rd.formula)
+    # each group's formula in B at L = 256, and the one in B at L = 256 of the ranks shown,
+    # read too: polynomials in B, exact at B = 8 where their conditions say so
+    for row in s.to_dict()["ranks"]:
+        f = sympy.sympify(row["peak_readable"], locals={"B": B})
+        assert f.is_polynomial(B) and f.free_symbols <= {B} and row["readable_when"] != ""
+        assert f.xreplace({B: 8}) == row["peak_bytes"]
+    at = sympy.sympify(s.at_readable or s.peak_formula, locals={"B": B})
+    assert at.is_polynomial(B) and at.xreplace({B: 8}) == s.peak_bytes
+
+
+def test_the_rank_rows_and_the_formula_at_the_dims_lead_with_their_readable_form():
+    """The per-rank table's formulas and the formula in B at the named dims' sizes lead with
+    their readable polynomials in every format, the exact expressions behind the flag, in
+    ``<details>`` and in JSON (Mixtral-8x7B over 16 GPUs printed both exact: hundreds of
+    lines of ``floor``, ``Min`` and ``ceiling`` from its routed rows)."""
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    m = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 16))
+    r = fxmem.analyze(m, torch.randn(4, 16), loss=lambda o: o.sum(), device="cpu",
+                      parallel=fxmem.FSDP(2))
+    s = summarize(r, B=8)
+    long = "Max(" + " + ".join(f"{k}*ceiling(B/{k + 1})" for k in range(1, 40)) + ")"
+    ranks = tuple({**row, "peak_formula": long, "peak_readable": f"{7 + i}*B + 99",
+                   "readable_when": ["B >= 2"]} for i, row in enumerate(s.ranks))
+    s = replace(s, ranks=ranks, peak_readable="5*B*L + 3", readable_when=("B*L >= 8",),
+                readable_point={"B": 8, "L": 64}, peak_exact="Max(5*B*L + 3, B)",
+                peak_formula=long, at_readable="320*B + 3", at_readable_when=("B >= 2",),
+                setup={**s.setup, "dim L": 64})
+    md = render_markdown(s)
+    assert "`7*B + 99`, exact when B >= 2" in md and "At L = 64: `320*B + 3` bytes" in md
+    head = md.split("<details>")[0]
+    assert long not in head and md.count(long) == len(ranks) + 1  # each row's, the At line's
+    page = render_html(s)
+    lead = page.split('<details id="rank-exact">')[0]
+    assert "7*B + 99" in lead and "exact when B &gt;= 2" in lead and long not in lead
+    assert page.count(f"peak bytes = {long}") == len(ranks) + 1
+
+    def text(exact):
+        c = Console(width=2000, record=True)
+        c.print(render_terminal(s, exact=exact))
+        return c.export_text()
+
+    short, full = text(False), text(True)
+    assert "peak bytes = 7*B + 99   exact when B >= 2" in short and long not in short
+    assert "At L = 64: 320*B + 3   exact when B >= 2" in short
+    assert full.count(long) == len(ranks) + 1 and "7*B + 99" not in full
+    doc = json.loads(json.dumps(s.to_dict()))
+    assert doc["at_readable"] == "320*B + 3" and doc["ranks"][0]["peak_formula"] == long

@@ -108,12 +108,16 @@ def readable_around(peak, valid_when, B: int, **dims) -> Readable | None:  # noq
 
 def readable(expr, point: dict, lows: dict) -> Readable | None:
     """The readable form of the exact peak ``expr`` around ``point`` (symbol -> int) on the
-    domain where each symbol is an integer at or above its ``lows`` bound; None when
-    ``expr`` holds a function it cannot read (the exact expression is then all there is)."""
+    domain where each symbol is an integer at or above its ``lows`` bound; None when the
+    peak's own branch holds a function it cannot read (the exact expression is then all
+    there is). Another branch past bounding leaves no range proved: the branch is read at
+    the point alone."""
     expr = sympy.sympify(expr)
     at = {x: sympy.Integer(v) for x, v in point.items()}
     terms = list(expr.args) if isinstance(expr, sympy.Max) else [expr]
     lows = {x: max(int(lows.get(x, 1)), 1) for x in expr.free_symbols | set(point)}
+    unreadable = (_Unreadable, TypeError, ValueError, NotImplementedError,
+                  sympy.PolynomialError)
     try:
         best = max(terms, key=lambda t: int(t.xreplace(at)))
         conds: list = []
@@ -121,8 +125,11 @@ def readable(expr, point: dict, lows: dict) -> Readable | None:
         divs: dict = {}
         formula, lo_err, hi_err = _unround(chosen, divs, at)
         formula = sympy.expand(formula)
-        low_bound = sympy.expand(formula + lo_err)  # the branch, each rounding at its least
-        rest = [t for t in terms if t is not best]
+    except unreadable:
+        return None  # sympy could not read the peak's branch: the exact expression is all
+    low_bound = sympy.expand(formula + lo_err)  # the branch, each rounding at its least
+    rest = [t for t in terms if t is not best]
+    try:
         region, proved = _region([sympy.expand(low_bound - _upper(t, at)) for t in rest],
                                  lows, point)
         if not proved:  # the other branches' choices taken as at the point, as conditions
@@ -132,8 +139,8 @@ def readable(expr, point: dict, lows: dict) -> Readable | None:
                             point)
             if again[1]:
                 region, proved = tuple(picked) + again[0], True
-    except (_Unreadable, TypeError, ValueError, NotImplementedError, sympy.PolynomialError):
-        return None  # sympy could not read or prove it: the exact expression is all there is
+    except unreadable:  # another branch past bounding (a product of roundings): no range
+        region, proved = _at_point(point), False  # is proved, the branch is read at the point
     if not proved:  # read at the point alone: exact there (its roundings as they are there,
         # in the constant), no multiples ("B a multiple of 64 ... and B = 2" never holds)
         formula += int(expr.xreplace(at)) - int(formula.xreplace(at))
@@ -405,8 +412,12 @@ def _region(diffs: list, lows: dict, point: dict) -> tuple:
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if ok(mid) else (mid, hi)
         return (x >= (lo if ok(lo) else hi),), True
-    return tuple(sympy.Eq(x, v) for x, v in sorted(point.items(), key=lambda kv: str(kv[0]))
-                 ), False
+    return _at_point(point), False
+
+
+def _at_point(point: dict) -> tuple:
+    """The conditions of a formula read at ``point`` alone: each symbol equal to its value."""
+    return tuple(sympy.Eq(x, v) for x, v in sorted(point.items(), key=lambda kv: str(kv[0])))
 
 
 def _needs(diffs, prod, lows: dict, at: int) -> int | None:
