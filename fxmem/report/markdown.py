@@ -18,6 +18,7 @@ from .text import (
     exact_when,
     fmt_bytes,
     frontier_plan,
+    read_as,
     readable_in,
     weight_casts_line,
 )
@@ -49,13 +50,21 @@ def rank_table(s) -> list[str]:
             "peak (bytes, formula in B)"]
     out = ["| " + " | ".join(head) + " |",
            "|---|" + "---:|" * (len(head) - 2) + "---|"]
+    read = False
     for r in s.ranks:
         most = [("none fits" if r["max_batch_size"] is None else f"{r['max_batch_size']:,}")
                 ] if budget else []
         label = f"**{r['label']}** (least room)" if r["tightest"] else r["label"]
+        formula, when = read_as(r.get("peak_readable", ""), r.get("readable_when", ()),
+                                r["peak_formula"])
+        read = read or bool(when)
         out.append("| " + " | ".join([label, fmt_bytes(r["peak_bytes"]), *most,
                                       *(fmt_bytes(r["parts_bytes"].get(p, 0)) for p in parts),
-                                      f"`{r['peak_formula']}`"]) + " |")
+                                      f"`{formula}`" + (f", {when}" if when else "")]) + " |")
+    if read:  # the exact expressions a click away
+        out += ["", "<details><summary>Exact expressions (in B)</summary>", "",
+                *(f"- ranks {r['label']}: `{r['peak_formula']}`" for r in s.ranks), "",
+                "</details>"]
     return out
 
 
@@ -75,11 +84,14 @@ def render_markdown(s) -> str:
     if s.leads_readable:  # the readable formula first, the exact one a click away
         named = at_dims(s)
         out += [f"`{s.peak_readable}` bytes, {exact_when(s)}.", ""]
+        at, when = read_as(s.at_readable, s.at_readable_when, s.peak_formula)
         if named:
-            out += [f"At {named}: `{s.peak_formula}` bytes, {valid}.", ""]
+            out += [f"At {named}: `{at}` bytes, {when or valid}.", ""]
         what = f"in {readable_in(s)}" if named else valid
         out += [f"<details><summary>Exact expression ({what})</summary>", "",
-                f"`{s.peak_exact}`", "", "</details>", ""]
+                f"`{s.peak_exact}`", "",
+                *([f"At {named} (in B): `{s.peak_formula}`, {valid}.", ""] if when else []),
+                "</details>", ""]
     else:
         out += [f"`{s.peak_formula}` bytes, {valid}.", ""]
     if s.lifted:

@@ -83,7 +83,9 @@ class RankRow:
     """One row of the per-rank table (:meth:`ParallelReport.per_rank`): a group of alike
     ranks, read from its :class:`fxmem.Report` at micro-batch ``B``.
 
-    ``peak``: its peak, a formula in B, and ``peak_bytes`` at ``B``; ``max_batch_size``:
+    ``peak``: its peak, a formula in B, and ``peak_bytes`` at ``B``; ``readable``: the peak
+    as one polynomial around ``B`` (or the least B its formulas hold for), a
+    :class:`fxmem.formula.readable.Readable` (None: past reading); ``max_batch_size``:
     the largest B within the budget, as its report's ``max_batch_size`` answers (``None``
     without a budget or when none fits); ``tightest``: the group with the least room
     (:meth:`ParallelReport.tightest`); ``parts``/``parts_bytes``: its nonzero parts
@@ -99,10 +101,14 @@ class RankRow:
     tightest: bool
     parts: dict
     parts_bytes: dict
+    readable: object = None
 
     def as_dict(self) -> dict:
         """The row as the JSON report's ``ranks`` entries carry it (formulas as text)."""
+        read = self.readable
         return dict(ranks=list(self.ranks), label=self.label, peak_formula=str(self.peak),
+                    peak_readable=str(read.formula) if read is not None else "",
+                    readable_when=list(read.exact_when) if read is not None else [],
                     B=self.B, peak_bytes=self.peak_bytes, max_batch_size=self.max_batch_size,
                     tightest=self.tightest,
                     parts_formulas={k: str(v) for k, v in self.parts.items()},
@@ -550,7 +556,8 @@ class ParallelReport:
             parts = {p: r.parts[p] for p in PARTS if r.parts[p] != 0}
             rows.append(RankRow(g.ranks, g.label, r.peak, B, r.peak_bytes(B), most,
                                 g is chosen, parts,
-                                {p: int(e.subs(SYM_B, B)) for p, e in parts.items()}))
+                                {p: int(e.subs(SYM_B, B)) for p, e in parts.items()},
+                                r.readable_peak(max(B, r.min_batch_size))))
         return tuple(rows)
 
     def __str__(self) -> str:

@@ -80,6 +80,9 @@ class Summary:
     is ``peak_readable`` plus ``readable_error[0]`` to ``readable_error[1]`` bytes (ints,
     or formulas as text where a rounding is scaled by B or L: ``"496*B"``)
     (:meth:`fxmem.Report.readable_peak`); ``""`` when the peak is past reading.
+    ``at_readable``/``at_readable_when``: ``peak_formula`` (in B at the named dims' values)
+    as one polynomial around ``B`` (or the least B it holds for) and where it is exact, when
+    that reads otherwise than ``peak_formula``; ``""`` and ``()`` when not.
     """
 
     title: str
@@ -123,6 +126,8 @@ class Summary:
     peak_exact: str = ""
     fit: dict | None = None
     weight_casts: dict | None = None
+    at_readable: str = ""
+    at_readable_when: tuple = ()
 
     @property
     def leads_readable(self) -> bool:
@@ -257,7 +262,8 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
         cuda=_cuda(report, B, answers.get("allocated"), cudnn_workspace),
         max_batch_size_by=by, answers=answers, next_oom=next_oom, gpu=card, caveats=caveats,
         ranks=ranks, cuda_curve=cuda_curve, fit=fit.as_dict() if fit is not None else None,
-        weight_casts=None if bd.weight_casts is None else asdict(bd.weight_casts), **read)
+        weight_casts=None if bd.weight_casts is None else asdict(bd.weight_casts),
+        **(_in_b(report, B) if dims else {}), **read)
 
 
 def _readable(report, b: int, dims: dict) -> dict:
@@ -268,6 +274,17 @@ def _readable(report, b: int, dims: dict) -> dict:
     return dict(peak_readable=str(r.formula), readable_when=r.exact_when,
                 readable_error=tuple(e if isinstance(e, int) else str(e) for e in r.error),
                 readable_point={"B": b, **dims}, peak_exact=exact)
+
+
+def _in_b(report, b: int) -> dict:
+    """The summary's ``at_readable`` fields: ``report`` (in B alone, at the named dims'
+    values) read around ``b``, or the least B its formulas hold for."""
+    groups = getattr(report, "groups", None)
+    least = max(r.min_batch_size for r in ([g.report for g in groups] if groups else [report]))
+    r = report.readable_peak(max(b, least))
+    if r is None or str(r.formula) == str(report.peak):
+        return {}
+    return dict(at_readable=str(r.formula), at_readable_when=r.exact_when)
 
 
 def _by(device: str) -> str:

@@ -24,6 +24,7 @@ from .text import (
     exact_when,
     fmt_bytes,
     frontier_plan,
+    read_as,
     readable_in,
     weight_casts_line,
 )
@@ -38,11 +39,17 @@ def _table(title: str, *columns: str, right=()) -> Table:
     return t
 
 
-def _ranks(s) -> list:
+def _ranks(s, exact: bool = False) -> list:
     """The per-rank table of a data-parallel summary (the ranks with the least room bold,
-    ``*``), numbers unbroken, and each group's peak formula under it."""
-    return [_RankTable(s), *(Text.assemble(f"ranks {r['label']}: peak bytes = ",
-                                           (r["peak_formula"], "cyan")) for r in s.ranks)]
+    ``*``), numbers unbroken, and each group's peak formula under it: the readable one with
+    where it is exact (``exact``: the exact expression)."""
+    out: list = [_RankTable(s)]
+    for r in s.ranks:
+        formula, when = (r["peak_formula"], "") if exact else \
+            read_as(r.get("peak_readable", ""), r.get("readable_when", ()), r["peak_formula"])
+        out.append(Text.assemble(f"ranks {r['label']}: peak bytes = ", (formula, "cyan"),
+                                 f"   {when}" if when else ""))
+    return out
 
 
 class _RankTable:
@@ -115,7 +122,7 @@ def render_terminal(s, exact: bool = False) -> Group:
             setup.add_row(k, str(v))
     items.append(setup)
     if s.ranks:
-        items += _ranks(s)
+        items += _ranks(s, exact)
     items += _formula(s, exact)
     if s.lifted:  # how the formula was obtained, beside it
         items.append(Text(s.lifted, style="yellow"))
@@ -212,7 +219,10 @@ def _formula(s, exact: bool) -> list:
     out = [Text.assemble((f"Peak memory (bytes, in {readable_in(s)}): ", "bold"),
                          (s.peak_readable, "cyan"), f"   {exact_when(s)}")]
     if named:
-        out.append(Text.assemble((f"At {named}: ", "bold"), (s.peak_formula, "cyan"), valid))
+        formula, when = (s.peak_formula, "") if exact else \
+            read_as(s.at_readable, s.at_readable_when, s.peak_formula)
+        out.append(Text.assemble((f"At {named}: ", "bold"), (formula, "cyan"),
+                                 f"   {when}" if when else valid))
     out.append(Text.assemble(("Exact expression: ", "bold"), (s.peak_exact, "cyan"),
                              "" if named else valid) if exact else
                Text("(--exact-formula shows the exact expression)", style="dim"))

@@ -81,6 +81,21 @@ def exact_when_of(when, error) -> str:
     return text
 
 
+def read_as(readable: str, when, exact: str) -> tuple:
+    """A formula as the reports lead with it: ``(formula, where it is exact)``, the readable
+    polynomial with its conditions (:func:`exact_when_of`) where there is one that reads
+    otherwise than ``exact``, else ``(exact, "")``.
+
+    >>> read_as("24*B + 4096", ("B >= 2",), "Max(24*B + 4096, ...)")
+    ('24*B + 4096', 'exact when B >= 2')
+    >>> read_as("", (), "24*B + 4096")
+    ('24*B + 4096', '')
+    """
+    if not readable or readable == exact:
+        return exact, ""
+    return readable, exact_when_of(tuple(when), (0, 0))
+
+
 def readable_in(s, sep: str = ", ") -> str:
     """What summary ``s``'s readable peak is a formula of: ``"B, L"``; ``"L at B = 1"``
     where B is below where the formulas hold (its peak traced at that B: no B in it).
