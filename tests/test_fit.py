@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+import torch.nn as nn
 
 import fxmem
 from fxmem.report.fit import Fit
@@ -783,3 +784,25 @@ def test_fewest_gpus_at_a_batch_below_the_formulas_traces_that_batch_alone(monke
     fits, fewer = (fxmem.analyze(model, ids, ids, parallel=fxmem.FSDP(w), **step).peak_bytes(1)
                    for w in (way.value, way.value - 1))
     assert fits <= budget < fewer
+
+
+def test_an_inference_step_searches_no_checkpoint_plan():
+    """No backward, so a checkpoint plan keeps nothing less: the ways say they were not
+    searched for an inference step (Mistral-7B's --inference command had said "no
+    checkpoint plan fits at B=32: the smallest peak is 90.40 GiB"), FSDP2's own
+    mixed precision included, and none carries a plan."""
+    m = nn.Sequential(*[nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256))
+                        for _ in range(4)])
+    x = torch.randn(4, 256)
+    for parallel in (None, fxmem.FSDP(2)):
+        r = fxmem.analyze(m, x, train=False, device="cuda", amp=torch.bfloat16,
+                          parallel=parallel)
+        b = 4096
+        f = r.fits(b, r.peak_bytes(b) // 2)
+        assert not f.fits and not any(w.plan for w in f.ways)
+        said = [n for n in f.none if "not searched for an inference step" in n]
+        assert any(n.startswith(f"the cheapest checkpoint plan at B={b}") for n in said)
+        assert any(n.startswith("the fewest GPUs under FSDP2 with a checkpoint plan")
+                   for n in said)
+        if parallel is not None:  # its param_dtype way does not fit without a plan either
+            assert any(n.startswith("FSDP2's param_dtype") for n in said), f.none

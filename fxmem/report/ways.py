@@ -17,6 +17,8 @@ from .text import fmt_bytes, fmt_share, plan_text
 
 KINDS = ("batch", "checkpoint", "fsdp", "fsdp+checkpoint", "param_dtype",
          "param_dtype+checkpoint", "length")
+# why no checkpoint plan is searched for an inference step (the ways with one say so)
+INFERENCE = "not searched for an inference step (no backward: a plan keeps nothing less)"
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from ..formula.symbols import B as SYM_B
 from .recent import Recent
 from .text import fmt_share, plan_text
 from .ways import (
+    INFERENCE,
     NoPlan,
     WayOut,
     as_asked,
@@ -41,6 +42,7 @@ class Asked:
     def __init__(self, check, report, b: int, found=()):
         self.strategy = getattr(report, "strategy", None)
         self.compiled = rank_reports(report)[0].trace.compiled
+        self.train = rank_reports(report)[0].trace.train
         self.plan = report.plan
         self.changes = as_asked(report, b)  # (a B below the formulas' traced as an int there too)
         self._one = next((f for f in found if f.kind == "checkpoint"), None)
@@ -105,7 +107,7 @@ class Asked:
         """
         out = copy.copy(self)  # (with the figures made so far)
         names = ["least", "guess"]
-        if not self.plan and not self.compiled and out.smallest is not None:
+        if not self.plan and not self.compiled and self.train and out.smallest is not None:
             names += ["plan_least", "plan_guess"]
         for name in names:  # each made, and kept in ``out`` (cached_property)
             getattr(out, name)
@@ -208,6 +210,9 @@ def search_ranks(check, asked: Asked, b, *, reanalyze, dims=None, jobs=1):
         yield ("the fewest GPUs under FSDP2 with a checkpoint plan: not searched for a "
                "compiled step (a plan over its compiled blocks is traced when given, not "
                "chosen)")
+        return
+    if not asked.train:
+        yield f"the fewest GPUs under FSDP2 with a checkpoint plan: {INFERENCE}"
         return
     smallest = asked.smallest
     if smallest is None:
