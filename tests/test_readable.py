@@ -102,6 +102,29 @@ def test_a_branch_past_bounding_leaves_the_peak_readable_at_its_point():
     assert r.formula.free_symbols == {L} and r.formula.is_polynomial(L)
 
 
+def test_a_remainder_reads_as_the_rounding_it_is():
+    """Memory-efficient attention pads L to a multiple of 8, which sympy writes with
+    ``Mod(L, 8)`` (Phi-3-mini's peak, ``16384*ceiling(B*L**2/256 - B*L*Mod(L, 8)/256 +
+    B*L/32)``): read as ``L - 8*floor(L/8)``, exact where L is a multiple of 8 (before,
+    nothing was readable and the report led with the exact ``Max``)."""
+    from torch.utils._sympy.functions import Mod  # what the trace's sizes hold
+
+    for rem in (sympy.Mod(L, 8), Mod(L, 8)):
+        mod = 16384 * sympy.ceiling(B * L**2 / 256 - B * L * rem / 256 + B * L / 32)
+        exact = sympy.Max(5672960 * B * L + mod + 23096006656, 4790272 * B * L + 22532125696)
+        _a_remainder_reads(exact)
+
+
+def _a_remainder_reads(exact):
+    r = readable(exact, {B: 8, L: 4096}, {B: 2, L: 1})
+    assert r is not None and r.formula.is_polynomial(B, L) and not r.formula.has(sympy.Mod)
+    assert ("L", 8) in r.multiples or any(x == "L" and k % 8 == 0 for x, k in r.multiples)
+    assert r.holds(B=8, L=4096) and r.formula.xreplace({B: 8, L: 4096}) == \
+        exact.xreplace({B: 8, L: 4096})
+    points = [(b, n) for b in (2, 3, 8, 16) for n in (8, 100, 512, 4096, 4100, 8192)]
+    assert _check(lambda b, n: int(exact.xreplace({B: b, L: n})), r, points) >= 4
+
+
 def test_a_b_only_peak_with_a_crossing_is_read_within_its_range():
     r = fxmem.analyze(nn.Linear(1000, 8), torch.randn(4, 1000), loss=torch.sum)
     low, high = r.readable_peak(64), r.readable_peak(5000)

@@ -112,7 +112,7 @@ def readable(expr, point: dict, lows: dict) -> Readable | None:
     peak's own branch holds a function it cannot read (the exact expression is then all
     there is). Another branch past bounding leaves no range proved: the branch is read at
     the point alone."""
-    expr = sympy.sympify(expr)
+    expr = _no_remainders(sympy.sympify(expr))
     at = {x: sympy.Integer(v) for x, v in point.items()}
     terms = list(expr.args) if isinstance(expr, sympy.Max) else [expr]
     lows = {x: max(int(lows.get(x, 1)), 1) for x in expr.free_symbols | set(point)}
@@ -153,6 +153,22 @@ def readable(expr, point: dict, lows: dict) -> Readable | None:
             where.append(c)
     err = (_whole(lo_err, up=False), _whole(hi_err, up=True))
     return Readable(formula, multiples, tuple(where), err, dict(point), proved)
+
+
+def _no_remainders(expr):
+    """``expr`` with each remainder by a positive integer, ``Mod(x, k)`` (sympy's or
+    PyTorch's), written as the rounding it is, ``x - k*floor(x/k)`` (the same integers): a
+    length padded to a multiple (memory-efficient attention's L up to a multiple of 8).
+
+    >>> from fxmem import L
+    >>> _no_remainders(sympy.Mod(L, 8) + 1)
+    L - 8*floor(L/8) + 1
+    """
+    from torch.utils._sympy.functions import Mod, PythonMod  # (torch's, of sizes >= 0)
+
+    return expr.replace(lambda t: isinstance(t, (sympy.Mod, Mod, PythonMod))
+                        and t.args[1].is_Integer and t.args[1] > 0,
+                        lambda t: t.args[0] - t.args[1] * sympy.floor(t.args[0] / t.args[1]))
 
 
 def _folded(conds: list, lows: dict) -> list:
