@@ -347,6 +347,52 @@ def test_command_line(extra, strategy):
     assert doc["peak_bytes"] == report.peak_bytes(3)
 
 
+@pytest.mark.slow  # three traces on CUDA (17 s); the flag's refusal is in the fast tier
+def test_command_line_no_foreach():
+    """On CUDA the foreach step over TP's shards and whole norms fails as eager PyTorch's
+    does; its error's first way out is a flag, ``--no-foreach``, with the library's figures
+    for ``optimizer=lambda p: torch.optim.AdamW(p, foreach=False)``; an optimizer with no
+    ``foreach=`` is told so."""
+    import json
+
+    from click.testing import CliRunner
+
+    from fxmem.cli.command import cli
+    from fxmem.cli.targets import load_target, named_dims, parse_tensor
+
+    cuda = [a for a in LLAMA_CLI if a != "cpu"]  # on CUDA at B = 4 (its trace: B even)
+    cuda[cuda.index("--device") + 1:cuda.index("--device") + 1] = ["cuda"]
+    cuda[cuda.index("--batch") + 1] = "4"
+    failed = CliRunner().invoke(cli, ["analyze", *cuda, "--tp", "2"])
+    assert failed.exit_code == 3 and "--no-foreach" in failed.output, failed.output
+    r = CliRunner().invoke(cli, ["analyze", *cuda, "--tp", "2", "--no-foreach"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    t = load_target("hf:llama", {"num_hidden_layers": 2, "hidden_size": 32,
+                                 "intermediate_size": 64, "num_attention_heads": 4,
+                                 "num_key_value_heads": 2, "vocab_size": 128}, seq=16)
+    ids = parse_tensor(t.inputs[0], 8, t.dims)
+    report = fxmem.analyze(t.model, (ids, ids.clone()), parallel=TP(2), loss=None,
+                           optimizer=lambda p: torch.optim.AdamW(p, foreach=False),
+                           device="cuda", dims=named_dims(t.inputs)).at(L=16)
+    assert doc["setup"]["optimizer"] == "adamw (foreach=False)"
+    assert doc["peak_bytes"] == report.peak_bytes(4)
+
+
+def test_command_line_foreach_needs_an_optimizer_that_has_one():
+    from click.testing import CliRunner
+
+    from fxmem.cli.command import cli
+
+    lbfgs = [*LLAMA_CLI[:LLAMA_CLI.index("--optimizer")], "--optimizer", "lbfgs",
+             *LLAMA_CLI[LLAMA_CLI.index("--optimizer") + 2:], "--no-foreach"]
+    refused = CliRunner().invoke(cli, ["analyze", *lbfgs])
+    assert refused.exit_code == 2 and "has no foreach implementation" in refused.output
+    none = [a for a in LLAMA_CLI if a not in ("--optimizer", "adamw")] + ["--foreach"]
+    refused = CliRunner().invoke(cli, ["analyze", *none])
+    assert refused.exit_code == 2 and "--foreach sets the optimizer's foreach=" in refused.output
+
+
 def test_command_line_with_a_plan_file():
     """``--tp-plan FILE.py:NAME``: the user's plan, the same figures as the library's."""
     import json

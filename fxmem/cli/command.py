@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import sys
 from dataclasses import replace
 
@@ -66,6 +67,9 @@ def cli():
                    "Default: cross_entropy with --target, else none.")
 @click.option("--optimizer", type=click.Choice(sorted(OPTIMIZERS)), default="none",
               show_default=True, help="torch.optim optimizer stepped after backward.")
+@click.option("--foreach/--no-foreach", default=None,
+              help="The optimizer's foreach= (default: PyTorch's choice, foreach on CUDA); "
+                   "--no-foreach steps each parameter alone.")
 @click.option("--amp", default="none", show_default=True, metavar="DTYPE",
               help="Forward and loss under autocast with the device's rules (fp16 training "
                    f"steps through a GradScaler): {accepted(AMP)}, or none.")
@@ -180,7 +184,8 @@ def cli():
 @click.option("--jobs", type=click.IntRange(1, 2), default=2, show_default=True, help="2: a "
               "forked child finds some ways out of a B that does not fit, beside; 1: none.")
 @click.option("--debug", is_flag=True, help="Show the traceback of an error.")
-def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, inference,
+def analyze(target, inputs, targets, loss, optimizer, foreach, amp, device, capability,
+            inference,
             grad_accum, compiled, compile_budget, batch, budget, gpu, cuda_context, checkpoint,
             save_plan, config, dim_sizes, seq, cudnn_workspace, fsdp, ddp, tp, tp_plan, zero1,
             reshard, replicate, offload, param_dtype, reduce_dtype, fmt, out, whatif, top,
@@ -217,7 +222,8 @@ def analyze(target, inputs, targets, loss, optimizer, amp, device, capability, i
                     dim_sizes, cudnn_workspace=cudnn_workspace, capability=capability,
                     gpu=gpu, cuda_context=cuda_context, parallel=parallel,
                     save_plan=save_plan, exact_formula=exact_formula,
-                    compile=compile_option(compiled, compile_budget), jobs=jobs)
+                    compile=compile_option(compiled, compile_budget), jobs=jobs,
+                    foreach=foreach)
             if out:
                 write_file(out, text if isinstance(text, str) else plain_text(text))
         if save_plan:
@@ -285,7 +291,8 @@ def validate(device, scale, only, out_md, out_json, fake_gpu, debug):
 def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, grad_accum,
              batch, budget, checkpoint, config, seq, fmt, top, whatif=False, dim_sizes=(),
              cudnn_workspace=None, capability=None, gpu=None, cuda_context=None,
-             parallel=None, save_plan=None, exact_formula=False, compile=None, jobs=1):
+             parallel=None, save_plan=None, exact_formula=False, compile=None, jobs=1,
+             foreach=None):
     from rich.console import Console
 
     from ..analyze import analyze as run_analysis
@@ -367,6 +374,8 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                          "(B,3,32,32, or L,B,64 for a sequence-first model)")
     opt_name = OPTIMIZERS[optimizer]
     opt = getattr(torch.optim, opt_name) if opt_name else None
+    if foreach is not None:
+        opt = with_foreach(opt, optimizer, foreach)
     if whatif and (inference or budget_bytes is None):
         raise InputError("--whatif compares training setups within a budget: give --budget "
                          "(and no --inference)")
@@ -431,7 +440,8 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
         setup = {"model": target, "inputs": " ".join(specs),
                  **({"targets": " ".join(tgt_specs)} if ys else {}),
                  "loss": loss_name if not inference else "(inference)",
-                 "optimizer": optimizer, "amp": amp,
+                 "optimizer": optimizer + ("" if foreach is None else
+                                           f" (foreach={foreach})"), "amp": amp,
                  **({"compiled": compiled_as} if compiled_as else {}),
                  **({"GPU compute capability": f"{cc[0]}.{cc[1]}"} if device == "cuda"
                     else {}), **({"checkpoint": checkpoint} if checkpoint != "none" else {}),
@@ -464,6 +474,22 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                            amp=torch.float16 if device == "cuda" else torch.bfloat16)
     s = replace(early["s"], fit=fit.as_dict()) if early else summary(whatifs=rows, fit=fit)
     return _render(s, fmt, exact_formula), fit
+
+
+def with_foreach(cls, name: str, foreach: bool):
+    """The optimizer class ``cls`` (``--optimizer name``) with ``foreach=`` set, for
+    ``--foreach``/``--no-foreach``.
+
+    >>> with_foreach(torch.optim.AdamW, "adamw", False).keywords
+    {'foreach': False}
+    """
+    flag = "--foreach" if foreach else "--no-foreach"
+    if cls is None:
+        raise InputError(f"{flag} sets the optimizer's foreach=: give --optimizer")
+    if "foreach" not in inspect.signature(cls).parameters:
+        raise InputError(f"--optimizer {name} has no foreach implementation (torch.optim."
+                         f"{cls.__name__} takes no foreach=): drop {flag}")
+    return functools.partial(cls, foreach=foreach)
 
 
 def _check_inference(optimizer, checkpoint, targets, loss, grad_accum, whatif) -> None:

@@ -241,7 +241,8 @@ def mixed_foreach(reason: str) -> str:
             "(its lists hold DTensor parameters, a plan's shards, beside plain ones the plan "
             "leaves whole, e.g. the norms: PyTorch's foreach ops refuse the mix, and on CUDA "
             "torch.optim steps foreach by default); step each parameter alone "
-            "(optimizer=lambda p: torch.optim.AdamW(p, foreach=False)), or give every "
+            "(--no-foreach; in Python optimizer=lambda p: torch.optim.AdamW(p, "
+            "foreach=False)), or give every "
             "parameter a placement (SequenceParallel() for the norms, or FSDP2 over the TP "
             "plan: --fsdp with --tp)")
 
