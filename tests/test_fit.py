@@ -3,6 +3,7 @@ each checked here by running fxmem again at it (it fits) and one step beyond it 
 not), on the CPU (live bytes) and on CUDA (the caching allocator's replay). Budgets are
 read from the reports, never written in."""
 
+import dataclasses
 import json
 
 import pytest
@@ -806,3 +807,31 @@ def test_an_inference_step_searches_no_checkpoint_plan():
                    for n in said)
         if parallel is not None:  # its param_dtype way does not fit without a plan either
             assert any(n.startswith("FSDP2's param_dtype") for n in said), f.none
+
+
+def test_a_b_below_the_asked_one_is_the_batch_way_where_a_larger_one_runs(monkeypatch):
+    """Whether a step runs within the budget need not be monotone in B (the caching
+    allocator's blocks): where the asked B runs out and a larger B runs, the batch way is
+    the largest B below the asked one that runs, one more not, and says the larger runs too
+    (Qwen3-8B with 2 layers, --inference over 2 GPUs at B=8 on an L40S: B=8 ran out, B=10
+    ran, and the command failed with "the largest B within the budget is 10, yet B=8 does
+    not fit")."""
+    from fxmem.report.result import Report
+    from fxmem.report.ways import Check
+
+    r = _analyze(_stack(), device="cuda")
+    budget = r.runs_on_device(12, 2**40).max_reserved + 2**20  # B = 12 and below run
+    real = Report.runs_on_device
+
+    def runs(self, b, *args, **kwargs):  # B = 5 and 8 run out; the rest as replayed
+        got = real(self, b, *args, **kwargs)
+        return dataclasses.replace(got, fits=False, oom=(1, 0, "aten.mm.default", "forward",
+                                                        "0")) if b in (5, 8) else got
+    monkeypatch.setattr(Report, "runs_on_device", runs)
+    f = r.fits(8, budget)
+    assert not f.fits
+    (way,) = [w for w in f.ways if w.kind == "batch"]
+    assert way.value < 8 and way.value != 5 and (way.value + 1 == 5 or way.value == 7)
+    check = Check("device", budget, 0)
+    assert check.fits(r, way.value) and not check.fits(r, way.value + 1)
+    assert "below B=8" in way.line and "runs too" in way.line

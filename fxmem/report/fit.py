@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ..checkpoint.on_device import bisect_largest
+from ..checkpoint.on_device import bisect_largest, largest_running
 from ..errors import FxmemError, InfeasibleBudgetError, InputError
 from .ahead import NICENESS
 from .forked import forked
@@ -240,10 +240,17 @@ def _largest_batch(check, report, b, **_):
     except InfeasibleBudgetError:
         yield "no batch size fits, not even B=1"
         return
-    if most >= b:  # the asked B fits by the search yet not by the check: a defect
-        raise FxmemError(f"the largest B within the budget is {most}, yet B={b} does not fit")
-    yield WayOut("batch", most, check.need(report, most, True),
-                 f"B={most} (the largest B that fits)", beyond=f"B={most + 1} does not fit")
+    what = "the largest B that fits"
+    if (larger := most) >= b:  # not monotone in B (the allocator's blocks): b runs out
+        what = (f"the largest B below B={b} that fits; B={larger} runs too: the caching "
+                "allocator's blocks are not monotone in B")
+        most = largest_running(lambda n: check.fits(report, n), 1, b - 1, b - 1)
+        if most is None:
+            yield (f"no batch size below B={b} fits (B={larger} runs: the caching "
+                   "allocator's blocks are not monotone in B)")
+            return
+    yield WayOut("batch", most, check.need(report, most, True), f"B={most} ({what})",
+                 beyond=f"B={most + 1} does not fit")
 
 
 def _plan_at(check, report, b, **_):
