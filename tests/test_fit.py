@@ -835,3 +835,21 @@ def test_a_b_below_the_asked_one_is_the_batch_way_where_a_larger_one_runs(monkey
     check = Check("device", budget, 0)
     assert check.fits(r, way.value) and not check.fits(r, way.value + 1)
     assert "below B=8" in way.line and "runs too" in way.line
+
+
+def test_no_b_fits_gives_b_1_s_peak():
+    """Where no B fits, the headline says what B = 1 needs: its live peak, from the step
+    traced at B = 1 (the formulas hold from B = 2 on CUDA); it had given the peak at the
+    least B of the formulas as "the smallest B" (Gemma-2-27B over 8 GPUs: 1,992 GiB at B =
+    2 for a step whose ways searched B = 1)."""
+    from fxmem.report.headline import largest_b
+    from fxmem.report.summary import summarize
+    from fxmem.report.text import fmt_bytes
+
+    m = _stack(hidden=65536, depth=2)  # no optimizer: its activations are the peak
+    r = fxmem.analyze(m, torch.randn(4, 64), loss=_sum, device="cuda")
+    assert r.min_batch_size == 2 and r.peak_bytes(1) < r.peak_bytes(2)
+    s = summarize(r, B=4, budget_bytes=2**20)
+    assert s.max_batch_size is None and s.min_peak_bytes == r.peak_bytes(1)
+    assert f"B = 1 runs out of memory (its live tensors alone peak at " \
+           f"{fmt_bytes(r.peak_bytes(1))})" in largest_b(s).lead

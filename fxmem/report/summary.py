@@ -50,7 +50,8 @@ class Summary:
     chosen batch size and its peak; ``parts_bytes``: the seed-style parts at ``B`` (and
     ``parts_formulas`` in B). ``budget_bytes``/``max_batch_size``: the largest B within the
     budget (``None`` when no budget was given or none fits; ``min_peak_bytes`` is then the
-    smallest peak, at the smallest valid B), answered as ``max_batch_size_by`` says
+    smallest peak, B = 1's where none fits, else at the least B the formulas hold for),
+    answered as ``max_batch_size_by`` says
     (:meth:`fxmem.Report.max_batch_size`: ``"device"`` for a CUDA step, the steps replayed
     through the caching allocator within ``budget_bytes``, the bytes it can get;
     ``"live"`` on the CPU); ``answers``: every answer for the same budget (``device``,
@@ -250,7 +251,9 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
         B=B, peak_bytes=bd.peak_bytes, peak_op=bd.op, peak_phase=bd.phase,
         peak_module=bd.module, parts_formulas={k: str(v) for k, v in parts.items()},
         parts_bytes={k: _at(v, B) for k, v in parts.items()}, budget_bytes=budget_bytes,
-        max_batch_size=most, min_peak_bytes=report.peak_bytes(b_min),
+        max_batch_size=most,  # (no B fits: B = 1 was traced to say so, its peak)
+        min_peak_bytes=report.peak_bytes(1 if budget_bytes is not None and most is None
+                                          else b_min),
         by_category=dict(bd.by_category), by_module=dict(bd.by_module), curve=curve,
         timeline=tuple((t.index, t.op, t.phase, t.module, t.live_bytes)
                        for t in report.timeline(B)),
