@@ -25,7 +25,7 @@ from fxmem.report.jsonout import render_json
 from fxmem.report.markdown import render_markdown
 from fxmem.report.summary import summarize
 from fxmem.report.terminal import render_terminal
-from fxmem.report.text import fmt_bytes, render_ranks
+from fxmem.report.text import fmt_bytes, read_as, render_ranks
 from test_fsdp import STEP, Stack, _batch
 
 B = 16
@@ -61,7 +61,10 @@ def _expected(report, budget, b=B):
     for g in report.groups:
         r = g.report
         parts = {p: r.parts[p] for p in PARTS if r.parts[p] != 0}
-        rows.append(dict(ranks=list(g.ranks), label=g.label, peak_formula=str(r.peak), B=b,
+        read = r.readable_peak(max(b, r.min_batch_size))  # its peak read around b
+        rows.append(dict(ranks=list(g.ranks), label=g.label, peak_formula=str(r.peak),
+                         peak_readable=str(read.formula) if read is not None else "",
+                         readable_when=list(read.exact_when) if read is not None else [], B=b,
                          peak_bytes=r.peak_bytes(b),
                          max_batch_size=None if budget is None else _most(r, budget),
                          parts_formulas={p: str(e) for p, e in parts.items()},
@@ -154,18 +157,28 @@ def test_every_format_shows_each_groups_numbers(report):
     expected = {r["label"]: r for r in s.ranks}
     tight = next(r["label"] for r in s.ranks if r["tightest"])
 
-    md = _md_rows(render_markdown(s))
+    # each group's formula: its readable polynomial and where it is exact, the exact
+    # expression a click or a flag away
+    read = {label: read_as(r["peak_readable"], r["readable_when"], r["peak_formula"])
+            for label, r in expected.items()}
+    assert all(when for _, when in read.values())  # (these groups' peaks read otherwise)
+    markdown = render_markdown(s)
+    md = _md_rows(markdown)
     assert set(md) == {f"**{tight}** (least room)", *(k for k in expected if k != tight)}
     for label, r in expected.items():
         cells = md[f"**{label}** (least room)" if label == tight else label]
-        assert cells == [*_cells(r), f"`{r['peak_formula']}`"]
+        formula, when = read[label]
+        assert cells == [*_cells(r), f"`{formula}`, {when}"]
+        assert f"- ranks {label}: `{r['peak_formula']}`" in markdown.split("<details>")[1]
 
     page = render_html(s)
     html = _html_rows(page)
     assert set(html) == {f"{tight} least room", *(k for k in expected if k != tight)}
     for label, r in expected.items():
         cells = html[f"{label} least room" if label == tight else label]
-        assert cells == [*_cells(r), str(escape(r["peak_formula"]))]
+        formula, when = read[label]
+        assert cells == [*_cells(r), str(escape(formula)) + str(escape(when))]
+        assert f"ranks {label}: peak bytes = {escape(r['peak_formula'])}" in page
     assert page.count('class="used"><td>') == 1
 
     console = Console(record=True, width=200, file=open("/dev/null", "w"))
@@ -175,7 +188,7 @@ def test_every_format_shows_each_groups_numbers(report):
         line = next(ln for ln in text.splitlines() if ln.startswith(
             label + (" *" if label == tight else " ")))
         assert line.split()[2 if label == tight else 1:] == " ".join(_cells(r)).split()
-        assert f"ranks {label}: peak bytes = {r['peak_formula']}" in text
+        assert f"ranks {label}: peak bytes = {read[label][0]}   {read[label][1]}" in text
 
     lines = render_ranks(report, B, BUDGET).splitlines()
     for label, r in expected.items():
@@ -210,8 +223,9 @@ def test_the_command_line_shows_the_table(name):
     page = _run([*args, "--format", "html"])
     assert len(_html_rows(page)) == len(report.groups)
     table = _run(args)
-    assert "Per rank" in table and all(f"ranks {g.label}: peak bytes = {g.report.peak}"
-                                       in table for g in report.groups)
+    assert "Per rank" in table and all(  # each group's readable formula (the exact: JSON)
+        f"ranks {r['label']}: peak bytes = {r['peak_readable'] or r['peak_formula']}" in table
+        for r in doc["ranks"])
 
 
 @pytest.mark.parametrize("name", list(STRATEGIES))
