@@ -319,6 +319,16 @@ LLAMA_CLI = ["hf:llama", "--config", "num_hidden_layers=2", "--config", "hidden_
              "--format", "json"]
 
 
+def _llama_cli_target():
+    """The model ``LLAMA_CLI`` names, as the command line loads it, and its input."""
+    from fxmem.cli.targets import load_target, parse_tensor
+
+    t = load_target("hf:llama", {"num_hidden_layers": 2, "hidden_size": 32,
+                                 "intermediate_size": 64, "num_attention_heads": 4,
+                                 "num_key_value_heads": 2, "vocab_size": 128}, seq=16)
+    return t, parse_tensor(t.inputs[0], 8, t.dims)
+
+
 @pytest.mark.parametrize("extra,strategy", [
     (["--tp", "2"], lambda: TP(2)),
     (["--tp", "2", "--fsdp", "2"], lambda: Parallel(fsdp=FSDP(2), tp=TP(2))),
@@ -331,15 +341,12 @@ def test_command_line(extra, strategy):
     from click.testing import CliRunner
 
     from fxmem.cli.command import cli
-    from fxmem.cli.targets import load_target, named_dims, parse_tensor
+    from fxmem.cli.targets import named_dims
 
     r = CliRunner().invoke(cli, ["analyze", *LLAMA_CLI, *extra])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    t = load_target("hf:llama", {"num_hidden_layers": 2, "hidden_size": 32,
-                                 "intermediate_size": 64, "num_attention_heads": 4,
-                                 "num_key_value_heads": 2, "vocab_size": 128}, seq=16)
-    ids = parse_tensor(t.inputs[0], 8, t.dims)
+    t, ids = _llama_cli_target()
     report = fxmem.analyze(t.model, (ids, ids.clone()), parallel=strategy(), loss=None,
                            optimizer=torch.optim.AdamW, device="cpu",
                            dims=named_dims(t.inputs)).at(L=16)
@@ -358,7 +365,7 @@ def test_command_line_no_foreach():
     from click.testing import CliRunner
 
     from fxmem.cli.command import cli
-    from fxmem.cli.targets import load_target, named_dims, parse_tensor
+    from fxmem.cli.targets import named_dims
 
     cuda = [a for a in LLAMA_CLI if a != "cpu"]  # on CUDA at B = 4 (its trace: B even)
     cuda[cuda.index("--device") + 1:cuda.index("--device") + 1] = ["cuda"]
@@ -368,10 +375,7 @@ def test_command_line_no_foreach():
     r = CliRunner().invoke(cli, ["analyze", *cuda, "--tp", "2", "--no-foreach"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    t = load_target("hf:llama", {"num_hidden_layers": 2, "hidden_size": 32,
-                                 "intermediate_size": 64, "num_attention_heads": 4,
-                                 "num_key_value_heads": 2, "vocab_size": 128}, seq=16)
-    ids = parse_tensor(t.inputs[0], 8, t.dims)
+    t, ids = _llama_cli_target()
     report = fxmem.analyze(t.model, (ids, ids.clone()), parallel=TP(2), loss=None,
                            optimizer=lambda p: torch.optim.AdamW(p, foreach=False),
                            device="cuda", dims=named_dims(t.inputs)).at(L=16)
