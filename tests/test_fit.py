@@ -838,18 +838,24 @@ def test_a_b_below_the_asked_one_is_the_batch_way_where_a_larger_one_runs(monkey
 
 
 def test_no_b_fits_gives_b_1_s_peak():
-    """Where no B fits, the headline says what B = 1 needs: its live peak, from the step
-    traced at B = 1 (the formulas hold from B = 2 on CUDA); it had given the peak at the
-    least B of the formulas as "the smallest B" (Gemma-2-27B over 8 GPUs: 1,992 GiB at B =
-    2 for a step whose ways searched B = 1)."""
+    """Where no B fits, the headline says what B = 1 needs where a search traced the step at
+    B = 1 (the formulas hold from B = 2 on CUDA), else what the formulas' least B needs, and
+    says which B: it had given the peak at the least B as "the smallest B" (Gemma-2-27B over
+    8 GPUs: 1,992.48 GiB, B = 2's). No trace is made for the sentence alone (the one-GPU
+    Llama-3.1-8B command took 1.5 s longer when B = 1 was traced for it)."""
     from fxmem.report.headline import largest_b
     from fxmem.report.summary import summarize
     from fxmem.report.text import fmt_bytes
 
     m = _stack(hidden=65536, depth=2)  # no optimizer: its activations are the peak
     r = fxmem.analyze(m, torch.randn(4, 64), loss=_sum, device="cuda")
-    assert r.min_batch_size == 2 and r.peak_bytes(1) < r.peak_bytes(2)
+    s = summarize(r, B=4, budget_bytes=2**20)  # the weights alone are over it: B = 1 untraced
+    assert s.max_batch_size is None and r._traced_at(1, make=False) is None
+    assert (s.min_peak_b, s.min_peak_bytes) == (2, r.peak_bytes(2))
+    assert f"B = 2 runs out of memory (its live tensors alone peak at " \
+           f"{fmt_bytes(r.peak_bytes(2))})" in largest_b(s).lead
+    assert r.min_batch_size == 2 and r.peak_bytes(1) < r.peak_bytes(2)  # B = 1 traced now
     s = summarize(r, B=4, budget_bytes=2**20)
-    assert s.max_batch_size is None and s.min_peak_bytes == r.peak_bytes(1)
+    assert (s.min_peak_b, s.min_peak_bytes) == (1, r.peak_bytes(1))
     assert f"B = 1 runs out of memory (its live tensors alone peak at " \
            f"{fmt_bytes(r.peak_bytes(1))})" in largest_b(s).lead

@@ -50,8 +50,8 @@ class Summary:
     chosen batch size and its peak; ``parts_bytes``: the seed-style parts at ``B`` (and
     ``parts_formulas`` in B). ``budget_bytes``/``max_batch_size``: the largest B within the
     budget (``None`` when no budget was given or none fits; ``min_peak_bytes`` is then the
-    smallest peak, B = 1's where none fits, else at the least B the formulas hold for),
-    answered as ``max_batch_size_by`` says
+    peak at ``min_peak_b``: B = 1 where none fits and a search traced it, else the least B
+    the formulas hold for), answered as ``max_batch_size_by`` says
     (:meth:`fxmem.Report.max_batch_size`: ``"device"`` for a CUDA step, the steps replayed
     through the caching allocator within ``budget_bytes``, the bytes it can get;
     ``"live"`` on the CPU); ``answers``: every answer for the same budget (``device``,
@@ -127,6 +127,7 @@ class Summary:
     peak_exact: str = ""
     fit: dict | None = None
     weight_casts: dict | None = None
+    min_peak_b: int = 1
     at_readable: str = ""
     at_readable_when: tuple = ()
 
@@ -217,6 +218,9 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
             _, _, op, phase, module = run.oom
             next_oom = f"{op} in {module or '(root)'} ({phase})"
     b_min = report.min_batch_size
+    # where no B fits, B = 1's peak when a search traced it (none is traced for this alone)
+    least = 1 if most is None and budget_bytes is not None and b_min > 1 and \
+        report._traced_at(1, make=False) is not None else b_min
     hi = max(2 * B, 2 * most if most else 0, b_min + 1)
     step = max(1, (hi - b_min) // (CURVE_POINTS - 1))
     bs = sorted({*range(b_min, hi + 1, step), B, *((most, most + 1) if most else ())})
@@ -251,9 +255,8 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
         B=B, peak_bytes=bd.peak_bytes, peak_op=bd.op, peak_phase=bd.phase,
         peak_module=bd.module, parts_formulas={k: str(v) for k, v in parts.items()},
         parts_bytes={k: _at(v, B) for k, v in parts.items()}, budget_bytes=budget_bytes,
-        max_batch_size=most,  # (no B fits: B = 1 was traced to say so, its peak)
-        min_peak_bytes=report.peak_bytes(1 if budget_bytes is not None and most is None
-                                          else b_min),
+        max_batch_size=most, min_peak_bytes=report.peak_bytes(least),
+        min_peak_b=least,
         by_category=dict(bd.by_category), by_module=dict(bd.by_module), curve=curve,
         timeline=tuple((t.index, t.op, t.phase, t.module, t.live_bytes)
                        for t in report.timeline(B)),
