@@ -204,9 +204,36 @@ def test_the_weights_casts_at_the_peak():
     assert policy.rank(0).breakdown(b).weight_casts is None
     s = summarize(sharded[2], B=b)
     assert json.loads(render_json(s))["weight_casts"] == {
-        "nbytes": expected, "dtypes": ["bfloat16"], "gathered": True}
+        "nbytes": expected, "dtypes": ["bfloat16"], "gathered": True, "autocast": True}
     terminal = io.StringIO()
     Console(file=terminal, width=400).print(render_terminal(s))
     for text in (render_markdown(s), render_html(s), terminal.getvalue()):
         assert text.count("casts of the weights that the forward made") == 1
         assert "whatever the number of GPUs" in text
+
+
+class CastsItself(nn.Module):
+    """A linear that casts its own fp32 weight to bf16 in its forward (no autocast), after
+    one whose output needs a gradient: autograd saves the cast for it."""
+
+    def __init__(self):
+        super().__init__()
+        self.pre = nn.Linear(64, 64)
+        self.weight = nn.Parameter(torch.randn(4096, 64))
+
+    def forward(self, x):
+        return (self.pre(x).bfloat16() @ self.weight.bfloat16().t()).float()
+
+
+def test_a_model_s_own_casts_of_its_weights_are_not_called_autocast_s():
+    """Without autocast the forward's casts of the weights are the model's own, and the
+    report says so, not "autocast's"."""
+    from fxmem.report.summary import summarize
+    from fxmem.report.text import weight_casts_line
+
+    r = fxmem.analyze(CastsItself(), torch.randn(4, 64), torch.randint(0, 4096, (4,)),
+                      loss=F.cross_entropy, optimizer=torch.optim.SGD, device="cpu")
+    casts = r.breakdown(64).weight_casts
+    assert casts is not None and not casts.autocast and casts.nbytes == 4096 * 64 * 2
+    line = weight_casts_line(summarize(r, B=64).weight_casts)
+    assert "the model's own" in line and "autocast" not in line

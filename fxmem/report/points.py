@@ -37,11 +37,13 @@ class WeightCasts:
     ``dtypes`` (names, e.g. ``("bfloat16",)``). ``gathered``: some are casts of FSDP2's
     gathered weights, each the whole weight on every rank whatever the number of GPUs
     (FSDP2's ``param_dtype`` gathers the weights in that dtype, and autocast casts none:
-    :mod:`fxmem.report.precision`)."""
+    :mod:`fxmem.report.precision`). ``autocast``: the step ran under autocast (else the
+    casts are the model's own, ``weight.half()`` in its forward)."""
 
     nbytes: int
     dtypes: tuple
     gathered: bool = False
+    autocast: bool = True
 
 
 @dataclass(frozen=True)
@@ -125,15 +127,15 @@ def breakdown_of(report, b: int, top: int | None) -> Breakdown:
     op = report.trace.ops[cand.op_index] if cand.op_index >= 0 else None
     return Breakdown(b, cand(b), cand.op_index, op.op if op else "(start)",
                      op.phase if op else "start", op.module if op else "", by_cat, by_mod,
-                     weight_casts(lv, live, b))
+                     weight_casts(lv, live, b, report.trace.amp is not None))
 
 
-def weight_casts(lv, sids, b: int) -> WeightCasts | None:
+def weight_casts(lv, sids, b: int, autocast: bool = True) -> WeightCasts | None:
     """Of storages ``sids`` (of liveness ``lv``), those a forward ``aten._to_copy`` made
     from a parameter's storage (on one GPU its own; under FSDP2 the gathered one,
     :mod:`fxmem.trace.parallel.fsdp_buffers`' ``unsharded``), as a :class:`WeightCasts`
-    at ``b``; None when there are none. A checkpoint plan's recomputed casts are not the
-    forward's."""
+    at ``b`` (``autocast``: the step's forward ran under it); None when there are none. A
+    checkpoint plan's recomputed casts are not the forward's."""
     storages, ops = lv.graph.storages, lv.graph.ops
 
     def gathered(sid) -> bool:
@@ -153,4 +155,4 @@ def weight_casts(lv, sids, b: int) -> WeightCasts | None:
         total += lv.sizes[sid](b)
         dtypes.add(str(s.dtype).removeprefix("torch."))
         whole = whole or any(gathered(i) for i in sources)
-    return WeightCasts(total, tuple(sorted(dtypes)), whole) if total else None
+    return WeightCasts(total, tuple(sorted(dtypes)), whole, autocast) if total else None

@@ -31,9 +31,11 @@ def weight_casts_line(casts: dict) -> str:
     >>> weight_casts_line(c).split(" (")[0]
     'Of these, 3.00 GiB are bfloat16 casts of the weights that the forward made'
     """
+    why = ("autocast's: saved for the backward, and held by autocast's weight cache until "
+           "the forward ends" if casts.get("autocast", True) else
+           "the model's own, kept while the forward or autograd holds them")
     line = (f"Of these, {fmt_bytes(casts['nbytes'])} are {' and '.join(casts['dtypes'])} "
-            "casts of the weights that the forward made (autocast's: saved for the backward, "
-            "and held by autocast's weight cache until the forward ends)")
+            f"casts of the weights that the forward made ({why})")
     if casts["gathered"]:
         line += ("; under FSDP2 each is a cast of a whole gathered weight, as many bytes on "
                  "every rank whatever the number of GPUs (FSDP2's param_dtype gathers the "
