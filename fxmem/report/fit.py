@@ -28,7 +28,6 @@ from .forked import forked
 from .precision import param_dtype_way
 from .text import fmt_bytes
 from .ways import (
-    INFERENCE,
     KINDS,
     Check,
     WayOut,
@@ -254,9 +253,6 @@ def _largest_batch(check, report, b, **_):
 
 
 def _plan_at(check, report, b, **_):
-    if not rank_reports(report)[0].trace.train:
-        yield f"the cheapest checkpoint plan at B={b}: {INFERENCE}"
-        return
     choice = cheapest_plan(check, report, b)
     if isinstance(choice, str):
         yield choice

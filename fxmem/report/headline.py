@@ -53,10 +53,9 @@ def largest_b(s) -> Headline:
                        for k, v in (s.answers or {}).items() if k != s.max_batch_size_by)
     others = f"Other answers for the same bytes: {others}." if others else ""
     if s.max_batch_size is None:
-        b = getattr(s, "min_peak_b", 1)
-        least = (f"the smallest peak, B = {b}'s, is {fmt_bytes(s.min_peak_bytes)}"
+        least = (f"the smallest peak, B = {s.min_peak_b}'s, is {fmt_bytes(s.min_peak_bytes)}"
                  if s.max_batch_size_by == "live" else
-                 f"B = {b} runs out of memory (its live tensors alone peak at "
+                 f"B = {s.min_peak_b} runs out of memory (its live tensors alone peak at "
                  f"{fmt_bytes(s.min_peak_bytes)})")
         return Headline(f"No B fits {where}: {least}", "", "", others, fails=True)
     if s.max_batch_size_by == "device":

@@ -21,15 +21,7 @@ from dataclasses import replace
 
 import torch
 
-from .ways import (
-    INFERENCE,
-    WayOut,
-    as_asked,
-    at_point,
-    cheapest_plan,
-    choice_way,
-    rank_reports,
-)
+from .ways import WayOut, as_asked, at_point, cheapest_plan, choice_way, rank_reports
 
 
 def searched(report) -> bool:
@@ -80,9 +72,6 @@ def param_dtype_at(check, again, b, plan):
         return
     if plan:
         yield f"{what}: does not fit B={b} under the step's plan either"
-        return
-    if not rank_reports(again)[0].trace.train:
-        yield f"{what}: does not fit B={b} either; a checkpoint plan: {INFERENCE}"
         return
     choice = cheapest_plan(check, again, b)
     if isinstance(choice, str):

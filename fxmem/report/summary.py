@@ -285,8 +285,9 @@ def _readable(report, b: int, dims: dict) -> dict:
 def _in_b(report, b: int) -> dict:
     """The summary's ``at_readable`` fields: ``report`` (in B alone, at the named dims'
     values) read around ``b``, or the least B its formulas hold for."""
-    groups = getattr(report, "groups", None)
-    least = max(r.min_batch_size for r in ([g.report for g in groups] if groups else [report]))
+    from .ways import rank_reports
+
+    least = max(r.min_batch_size for r in rank_reports(report))
     r = report.readable_peak(max(b, least))
     if r is None or str(r.formula) == str(report.peak):
         return {}

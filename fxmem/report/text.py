@@ -27,12 +27,12 @@ def weight_casts_line(casts: dict) -> str:
     """A summary's ``weight_casts`` (:class:`fxmem.report.points.WeightCasts` as a dict) as
     the sentence under the bytes live at the peak.
 
-    >>> c = {"nbytes": 3 * 2**30, "dtypes": ("bfloat16",), "gathered": False}
+    >>> c = {"nbytes": 3 * 2**30, "dtypes": ("bfloat16",), "gathered": False, "autocast": True}
     >>> weight_casts_line(c).split(" (")[0]
     'Of these, 3.00 GiB are bfloat16 casts of the weights that the forward made'
     """
     why = ("autocast's: saved for the backward, and held by autocast's weight cache until "
-           "the forward ends" if casts.get("autocast", True) else
+           "the forward ends" if casts["autocast"] else
            "the model's own, kept while the forward or autograd holds them")
     line = (f"Of these, {fmt_bytes(casts['nbytes'])} are {' and '.join(casts['dtypes'])} "
             f"casts of the weights that the forward made ({why})")

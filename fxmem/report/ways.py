@@ -152,6 +152,8 @@ def cheapest_plan(check, report, b: int, confirm: bool = True):
     costs less than one in symbols."""
     if report.plan:
         return "the step has a checkpoint plan already"
+    if not rank_reports(report)[0].trace.train:
+        return f"the cheapest checkpoint plan at B={b}: {INFERENCE}"
     if getattr(report, "groups", None) is not None and rank_reports(report)[0].trace.compiled:
         return (f"no checkpoint plan at B={b}: not searched for a compiled step under "
                 f"{report.strategy.name} (a plan over its compiled blocks is traced when "
