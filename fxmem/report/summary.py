@@ -24,6 +24,7 @@ import sympy
 from ..errors import InfeasibleBudgetError
 from ..formula.symbols import B as SYM_B
 from .inductor import graph_estimates, summary_line
+from .ways import rank_reports
 from .whatif import as_dict
 
 SCHEMA = "fxmem.report/2"
@@ -285,8 +286,6 @@ def _readable(report, b: int, dims: dict) -> dict:
 def _in_b(report, b: int) -> dict:
     """The summary's ``at_readable`` fields: ``report`` (in B alone, at the named dims'
     values) read around ``b``, or the least B its formulas hold for."""
-    from .ways import rank_reports
-
     least = max(r.min_batch_size for r in rank_reports(report))
     r = report.readable_peak(max(b, least))
     if r is None or str(r.formula) == str(report.peak):
