@@ -152,6 +152,46 @@ def test_a_constant_made_in_the_step_is_the_step_s():
                     if s.created_by < 0 and s.category in ("activation", "temporary")]
 
 
+class _CausalMath(nn.Module):
+    """Attention whose CUDA kernel on a V100 is the math one (grouped-query heads), which
+    makes its causal mask, a bool tensor of L x L, from no tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.kv = nn.Linear(32, 32), nn.Linear(32, 16)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q = self.q(x).view(b, n, 4, 8).transpose(1, 2)
+        k = self.kv(x).view(b, n, 2, 8).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, k, k, is_causal=True,
+                                              enable_gqa=True).square().mean()
+
+
+def test_a_mask_made_from_no_tensor_is_the_step_s_not_the_reducer_s():
+    """A bool mask made from no tensor (the math attention's causal mask, at a symbolic L) is
+    a fake tensor of the step as on one GPU, not run for real as the Reducer's bookkeeping
+    (Mistral on a V100 under DDP failed to trace: "SymIntArrayRef expected to contain only
+    concrete integers"); at a plain L it had been real, its bytes uncounted."""
+    from fxmem.trace import trace
+
+    x = torch.randn(2, 64, 32)
+    peaks = {}
+    for parallel in (None, DDP(2)):
+        r = fxmem.analyze(_CausalMath(), x, loss=None, optimizer=torch.optim.SGD,
+                          device="cuda", amp=torch.float16, compute_capability=(7, 0),
+                          dims={"L": [(0, 1)]}, parallel=parallel)
+        peaks[parallel] = r
+        t = trace(_CausalMath(), x, loss=None, optimizer=torch.optim.SGD, device="cuda",
+                  amp=torch.float16, compute_capability=(7, 0), parallel=parallel,
+                  concrete_batch=2)
+        masks = [s for s in t.storages if s.created_by >= 0
+                 and t.ops[s.created_by].op == "aten.ones.default"]
+        assert [int(s.size.expr) for s in masks] == [64 * 64], parallel
+    one, two = peaks[None], peaks[DDP(2)]
+    assert "L" in str(two.groups[0].report.peak) and "L" in str(one.peak)
+
+
 def test_nothing_changes_outside():
     """The user's model keeps its parameters and class; no process group is left."""
     m = Stack()

@@ -307,8 +307,11 @@ _LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.defa
 
 
 def _bookkeeping(func, args, kwargs) -> bool:
-    """Does an op run on real tensors only, or make an integer tensor from none (not a saved
-    tensor's stand-in: :func:`fxmem.trace.ledger.saved.making_stand_in`)?"""
+    """Does an op run on real tensors only, or make an integer tensor (not a bool one) of
+    plain sizes from none (not a saved tensor's stand-in:
+    :func:`fxmem.trace.ledger.saved.making_stand_in`)? A bool mask from no tensor is the
+    step's (math attention's causal mask on a V100: at a symbolic L no real kernel takes
+    its sizes, at a plain one it had been real, its bytes uncounted)."""
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.utils._pytree import tree_leaves
 
@@ -316,8 +319,11 @@ def _bookkeeping(func, args, kwargs) -> bool:
 
     if making_stand_in() or func in _LIFTS:  # a constant of the model's, lifted as on one GPU
         return False
-    tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    leaves = tree_leaves((args, kwargs))
+    tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
     if tensors:
         return not any(isinstance(t, FakeTensor) for t in tensors)
     dtype = kwargs.get("dtype")
-    return dtype is not None and not dtype.is_floating_point and not dtype.is_complex
+    return dtype is not None and not dtype.is_floating_point and not dtype.is_complex \
+        and dtype is not torch.bool \
+        and not any(isinstance(v, (torch.SymInt, torch.SymFloat)) for v in leaves)
