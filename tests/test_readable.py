@@ -312,7 +312,7 @@ def test_the_rank_rows_and_the_formula_at_the_dims_lead_with_their_readable_form
     s = replace(s, ranks=ranks, peak_readable="5*B*L + 3", readable_when=("B*L >= 8",),
                 readable_point={"B": 8, "L": 64}, peak_exact="Max(5*B*L + 3, B)",
                 peak_formula=long, at_readable="320*B + 3", at_readable_when=("B >= 2",),
-                setup={**s.setup, "dim L": 64})
+                at_values={"L": 64}, setup={**s.setup, "dim L": 64})
     md = render_markdown(s)
     assert "`7*B + 99`, exact when B >= 2" in md and "At L = 64: `320*B + 3` bytes" in md
     head = md.split("<details>")[0]
@@ -333,3 +333,77 @@ def test_the_rank_rows_and_the_formula_at_the_dims_lead_with_their_readable_form
     assert full.count(long) == len(ranks) + 1 and "7*B + 99" not in full
     doc = json.loads(json.dumps(s.to_dict()))
     assert doc["at_readable"] == "320*B + 3" and doc["ranks"][0]["peak_formula"] == long
+
+
+def _terminal(s, exact: bool = False) -> str:
+    from rich.console import Console
+
+    c = Console(width=2000, record=True)
+    c.print(render_terminal(s, exact=exact))
+    return c.export_text()
+
+
+def test_a_peak_exact_in_b_and_the_dims_leads_as_that_formula_in_every_format():
+    """A peak in B and L that is a polynomial as it is (nothing to read: the readable form
+    is the exact expression) still leads as the formula in B and L, then the one at the
+    dims' sizes; the reports had led with ``98304*B + 33280`` alone, the formula at L = 128,
+    under the plain "Peak memory (bytes)" label, and a "show the exact expression" line or
+    block with nothing more to show would be noise."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(64, 64), nn.Linear(64, 64)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x))).sum()
+
+    r = fxmem.analyze(Net(), torch.randn(4, 128, 64), device="cpu", train=False,
+                      dims={"L": [(0, 1)]})
+    s = summarize(r.at(L=128), B=4, setup={"peak in B, L": str(r.peak)}, named=r,
+                  dims={"L": 128})
+    exact = str(r.peak)
+    assert s.peak_readable == s.peak_exact == exact and "L" in exact and not s.hides_exact
+    at = s.peak_formula
+    text = _terminal(s)
+    assert f"Peak memory (bytes, in B, L): {exact}" in text
+    assert f"At L = 128: {at}" in text and "--exact-formula" not in text
+    assert "peak in B, L" not in text  # (the setup row is the line above)
+    md = render_markdown(s)
+    assert f"`{exact}` bytes" in md and f"At L = 128: `{at}` bytes" in md
+    assert "<details>" not in md and "| peak in B, L |" not in md
+    page = render_html(s)
+    assert f"peak bytes = {exact}" in page and "<h3>At L = 128</h3>" in page
+    assert 'id="exact-formula"' not in page
+    assert json.loads(json.dumps(s.to_dict()))["at_values"] == {"L": 128}
+
+
+def test_a_peak_past_reading_in_the_dims_leads_with_the_formula_read_at_their_sizes():
+    """Where the peak in B and the dims reads as no polynomial, the formula in B at the
+    dims' sizes leads, read (``at_readable``) where it reads, and says where it is: the
+    exact one at those sizes and the exact one in B and the dims behind the flag and the
+    click (the reports had printed the exact formula at the sizes under "Peak memory
+    (bytes)", and the setup's exact expression in B and L whole)."""
+    from dataclasses import replace
+
+    m = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 16))
+    s = summarize(fxmem.analyze(m, torch.randn(4, 16), loss=lambda o: o.sum(),
+                                device="cpu"), B=8)
+    huge = "Max(" + " + ".join(f"{k}*ceiling(B*L/{k + 1})" for k in range(1, 30)) + ")"
+    long = "Max(" + " + ".join(f"{k}*ceiling(B/{k + 1})" for k in range(1, 30)) + ")"
+    s = replace(s, peak_readable="", readable_when=(), readable_point={}, peak_exact=huge,
+                peak_formula=long, at_readable="320*B + 3", at_readable_when=("B >= 2",),
+                at_values={"L": 64}, setup={**s.setup, "dim L": 64, "peak in B, L": huge})
+    assert not s.leads_readable and s.hides_exact
+    short, full = _terminal(s), _terminal(s, exact=True)
+    assert "Peak memory (bytes, in B at L = 64): 320*B + 3   exact when B >= 2" in short
+    assert "--exact-formula" in short and long not in short and huge not in short
+    assert f"Peak memory (bytes, in B at L = 64): {long}" in full and huge in full
+    md = render_markdown(s)
+    head, rest = md.split("<details>", 1)
+    assert "At L = 64, in B: `320*B + 3` bytes, exact when B >= 2." in head
+    assert huge not in head and long not in head and huge in rest and long in rest
+    page = render_html(s)
+    lead, tail = page.split('<details id="exact-formula">', 1)
+    assert "<h3>At L = 64, in B</h3>" in lead and "peak bytes = 320*B + 3" in lead
+    assert huge not in lead and long not in lead
+    assert f"peak bytes = {huge}" in tail and f"peak bytes = {long}" in tail

@@ -25,6 +25,7 @@ from . import plots
 from .headline import largest_b, not_fitting, way_rows
 from .text import (
     at_dims,
+    exact_in_setup,
     exact_when,
     fmt_bytes,
     frontier_plan,
@@ -155,16 +156,20 @@ def _budget_line(s) -> Markup:
 def _context(s) -> dict:
     text, math = _formula(s.peak_formula)
     setup_short, setup_long = _setup({k: v for k, v in s.setup.items()
-                                      if not (s.leads_readable and v == s.peak_exact)})
-    readable, at_when, at_exact = None, "", ""
+                                      if not exact_in_setup(s, v)})
+    readable, at_exact, in_dims = None, "", None
+    at, at_when = read_as(s.at_readable, s.at_readable_when, s.peak_formula)
+    if at_when:  # the formula at the named dims read too; its exact one with the other
+        at_exact, (text, math) = text, _formula(at)
     if s.leads_readable:  # lead with the readable formula; the exact one behind a click
         exact_text, exact_math = _formula(s.peak_exact)
         readable = dict(text=s.peak_readable, math=_formula(s.peak_readable)[1],
                         when=exact_when(s), at=at_dims(s), dims=readable_in(s),
-                        exact_text=exact_text, exact_math=exact_math)
-        at, at_when = read_as(s.at_readable, s.at_readable_when, s.peak_formula)
-        if at_when:  # the formula at the named dims read too; its exact one with the other
-            at_exact, (text, math) = text, _formula(at)
+                        exact_text=exact_text, exact_math=exact_math, hides=s.hides_exact)
+    elif at_dims(s):  # past reading in B and the dims: the formula at their values leads
+        exact_text, exact_math = _formula(s.peak_exact)
+        in_dims = dict(at=at_dims(s), dims=", ".join(["B", *s.at_values]), text=exact_text,
+                       math=exact_math)
     from .text import rank_columns
 
     return dict(s=s, plots=_plots(s), rank_parts=rank_columns(s.ranks),
@@ -173,7 +178,7 @@ def _context(s) -> dict:
                 setup_short=setup_short, setup_long=setup_long, budget_line=_budget_line(s),
                 budget_others=largest_b(s).others if s.budget_bytes is not None else "",
                 parts_total=sum(s.parts_bytes.values()), no_fit=not_fitting(s),
-                ways=way_rows(s), at_when=at_when, at_exact=at_exact,
+                ways=way_rows(s), at_when=at_when, at_exact=at_exact, in_dims=in_dims,
                 rank_formulas=[read_as(r.get("peak_readable", ""), r.get("readable_when", ()),
                                        r["peak_formula"]) for r in s.ranks],
                 weight_casts=weight_casts_line(s.weight_casts) if s.weight_casts else "",

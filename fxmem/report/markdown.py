@@ -15,6 +15,7 @@ from .headline import largest_b, not_fitting, way_rows
 from .text import (
     at_dims,
     compact_plan,
+    exact_in_setup,
     exact_when,
     fmt_bytes,
     frontier_plan,
@@ -32,11 +33,6 @@ def _module(m: str) -> str:
 
 def _rows(header: str, align: str, rows) -> list[str]:
     return [header, align, *rows]
-
-
-def _exact(s, value) -> bool:
-    """A setup value that is the exact peak the report leads with a readable form of."""
-    return s.leads_readable and value == s.peak_exact
 
 
 def rank_table(s) -> list[str]:
@@ -73,7 +69,7 @@ def render_markdown(s) -> str:
     the budget, parts, what is live at the peak, checkpointing and what-ifs when present."""
     out = [f"# {s.title}", ""]
     out += _rows("| setup | |", "|---|---|", (f"| {k} | {v} |" for k, v in s.setup.items()
-                                              if not _exact(s, v)))
+                                              if not exact_in_setup(s, v)))
     if s.ranks:
         out += ["", f"## Per rank ({s.setup.get('parallel', 'data parallel')})", "",
                 "B is each rank's micro-batch; one row per group of ranks with alike shards. "
@@ -81,15 +77,22 @@ def render_markdown(s) -> str:
                 *rank_table(s)]
     out += ["", f"## Peak memory as a formula of {readable_in(s, ' and ') or 'B'}", ""]
     valid = f"valid when {', '.join(s.valid_when) or 'B >= 1'}"
+    named = at_dims(s)
+    at, when = read_as(s.at_readable, s.at_readable_when, s.peak_formula)
     if s.leads_readable:  # the readable formula first, the exact one a click away
-        named = at_dims(s)
         out += [f"`{s.peak_readable}` bytes, {exact_when(s)}.", ""]
-        at, when = read_as(s.at_readable, s.at_readable_when, s.peak_formula)
         if named:
             out += [f"At {named}: `{at}` bytes, {when or valid}.", ""]
         what = f"in {readable_in(s)}" if named else valid
-        out += [f"<details><summary>Exact expression ({what})</summary>", "",
-                f"`{s.peak_exact}`", "",
+        if s.hides_exact:
+            out += [f"<details><summary>Exact expression ({what})</summary>", "",
+                    f"`{s.peak_exact}`", "",
+                    *([f"At {named} (in B): `{s.peak_formula}`, {valid}.", ""] if when
+                      else []), "</details>", ""]
+    elif named:  # past reading in B and the dims: the formula in B at their values leads
+        out += [f"At {named}, in B: `{at}` bytes, {when or valid}.", "",
+                f"<details><summary>Exact expression (in {', '.join(['B', *s.at_values])})"
+                "</summary>", "", f"`{s.peak_exact}`", "",
                 *([f"At {named} (in B): `{s.peak_formula}`, {valid}.", ""] if when else []),
                 "</details>", ""]
     else:

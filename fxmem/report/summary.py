@@ -84,7 +84,9 @@ class Summary:
     (:meth:`fxmem.Report.readable_peak`); ``""`` when the peak is past reading.
     ``at_readable``/``at_readable_when``: ``peak_formula`` (in B at the named dims' values)
     as one polynomial around ``B`` (or the least B it holds for) and where it is exact, when
-    that reads otherwise than ``peak_formula``; ``""`` and ``()`` when not.
+    that reads otherwise than ``peak_formula``; ``""`` and ``()`` when not. ``at_values``:
+    the named dims' values the numbers (and ``peak_formula``) are at, e.g. ``{"L": 8192}``
+    (``{}`` for a report in B alone).
     """
 
     title: str
@@ -131,12 +133,32 @@ class Summary:
     min_peak_b: int = 1
     at_readable: str = ""
     at_readable_when: tuple = ()
+    at_values: dict = field(default_factory=dict)
 
     @property
     def leads_readable(self) -> bool:
         """Whether the renderers lead with ``peak_readable`` (and keep ``peak_exact`` a click
-        or a flag away): when it differs from the exact expression."""
-        return bool(self.peak_readable) and self.peak_readable != self.peak_exact
+        or a flag away): when it differs from the exact expression, or when it is in B and
+        named dims (``peak_formula`` is then the formula at their values alone, not the one
+        asked for).
+
+        >>> from types import SimpleNamespace as S
+        >>> lead = Summary.leads_readable.fget
+        >>> lead(S(peak_readable="768*B*L + 3", peak_exact="768*B*L + 3", at_values={"L": 8}))
+        True
+        >>> lead(S(peak_readable="24*B + 3", peak_exact="24*B + 3", at_values={}))
+        False
+        """
+        return bool(self.peak_readable) and (self.peak_readable != self.peak_exact
+                                             or bool(self.at_values))
+
+    @property
+    def hides_exact(self) -> bool:
+        """Whether a formula the renderers lead with stands for an exact expression they
+        keep a click or a flag away (``peak_readable`` for ``peak_exact``, ``at_readable``
+        for ``peak_formula``): else there is nothing more to show."""
+        return (self.leads_readable and self.peak_readable != self.peak_exact) or \
+            bool(self.at_readable)
 
     def to_dict(self, timeline: bool = False) -> dict:
         """The JSON document (see ``docs/json-schema.md``); ``timeline=True`` adds the
@@ -270,7 +292,7 @@ def summarize(report, *, B: int, budget_bytes: int | None = None, top: int = 10,
         max_batch_size_by=by, answers=answers, next_oom=next_oom, gpu=card, caveats=caveats,
         ranks=ranks, cuda_curve=cuda_curve, fit=fit.as_dict() if fit is not None else None,
         weight_casts=None if bd.weight_casts is None else asdict(bd.weight_casts),
-        **(_in_b(report, B) if dims else {}), **read)
+        **(_in_b(report, B) if dims else {}), at_values=dict(dims or {}), **read)
 
 
 def _readable(report, b: int, dims: dict) -> dict:

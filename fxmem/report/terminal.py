@@ -21,6 +21,7 @@ from .headline import largest_b, not_fitting, way_rows
 from .text import (
     at_dims,
     compact_plan,
+    exact_in_setup,
     exact_when,
     fmt_bytes,
     frontier_plan,
@@ -118,7 +119,7 @@ def render_terminal(s, exact: bool = False) -> Group:
     items = []
     setup = _table(s.title, "setup", "")
     for k, v in s.setup.items():
-        if exact or not (s.leads_readable and v == s.peak_exact):
+        if exact or not exact_in_setup(s, v):
             setup.add_row(k, str(v))
     items.append(setup)
     if s.ranks:
@@ -212,20 +213,25 @@ def _formula(s, exact: bool) -> list:
     """The peak formula lines: the readable polynomial and where it is exact, the formula in
     B at the named dims' values, and the exact expression (or the flag that shows it)."""
     valid = f"   valid when {', '.join(s.valid_when) or 'B >= 1'}"
-    if not s.leads_readable:
-        return [Text.assemble(("Peak memory (bytes): ", "bold"), (s.peak_formula, "cyan"),
-                              valid)]
     named = at_dims(s)
+    formula, when = (s.peak_formula, "") if exact else \
+        read_as(s.at_readable, s.at_readable_when, s.peak_formula)
+    if not s.leads_readable:  # (in named dims: past reading in them; in B at their values)
+        out = [Text.assemble((f"Peak memory (bytes, in B at {named}): " if named else
+                              "Peak memory (bytes): ", "bold"), (formula, "cyan"),
+                             f"   {when}" if when else valid)]
+        return out + ([Text("(--exact-formula shows the exact expression)", style="dim")]
+                      if named and not exact else [])
     out = [Text.assemble((f"Peak memory (bytes, in {readable_in(s)}): ", "bold"),
                          (s.peak_readable, "cyan"), f"   {exact_when(s)}")]
     if named:
-        formula, when = (s.peak_formula, "") if exact else \
-            read_as(s.at_readable, s.at_readable_when, s.peak_formula)
         out.append(Text.assemble((f"At {named}: ", "bold"), (formula, "cyan"),
                                  f"   {when}" if when else valid))
-    out.append(Text.assemble(("Exact expression: ", "bold"), (s.peak_exact, "cyan"),
-                             "" if named else valid) if exact else
-               Text("(--exact-formula shows the exact expression)", style="dim"))
+    if exact and s.peak_exact != s.peak_readable:
+        out.append(Text.assemble(("Exact expression: ", "bold"), (s.peak_exact, "cyan"),
+                                 "" if named else valid))
+    elif s.hides_exact and not exact:
+        out.append(Text("(--exact-formula shows the exact expression)", style="dim"))
     return out
 
 

@@ -114,9 +114,30 @@ def readable_in(s, sep: str = ", ") -> str:
     return sep.join(point)
 
 
+def exact_in_setup(s, value) -> bool:
+    """Whether a setup value of summary ``s`` is the exact peak in B and the named dims
+    (the CLI's "peak in B, L") that the renderers keep a click or a flag away: they lead
+    with a readable form of it, or with the formula at the dims' values where it has none.
+
+    >>> from types import SimpleNamespace as S
+    >>> exact_in_setup(S(peak_exact="Max(8*B*L, 9)", leads_readable=False,
+    ...                  at_values={"L": 64}), "Max(8*B*L, 9)")
+    True
+    >>> exact_in_setup(S(peak_exact="Max(8*B, 9)", leads_readable=False, at_values={}),
+    ...                "Max(8*B, 9)")
+    False
+    """
+    return value == s.peak_exact and (s.leads_readable or bool(s.at_values))
+
+
 def at_dims(s) -> str:
-    """``"L = 1024"``: the named dims' values the summary's numbers are at ("" in B alone)."""
-    return ", ".join(f"{k} = {v}" for k, v in s.readable_point.items() if k != "B")
+    """``"L = 1024"``: the named dims' values the summary's numbers are at ("" in B alone).
+
+    >>> from types import SimpleNamespace as S
+    >>> at_dims(S(at_values={"L": 1024})), at_dims(S(at_values={}))
+    ('L = 1024', '')
+    """
+    return ", ".join(f"{k} = {v}" for k, v in s.at_values.items())
 
 
 def render_text(report, B: int | None = None) -> str:  # noqa: N803
