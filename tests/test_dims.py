@@ -304,3 +304,67 @@ def test_a_fixed_length_counts_flops_without_copying_the_graph(lm):
     assert len(built.nodes) == len(r.trace.graph.nodes)
     assert op_flops(at.trace) == counted  # now from the built graph's own nodes
     assert counted != op_flops(r.trace)  # in B and L there
+
+
+def test_where_the_trace_holds_at_multiples_of_l_the_longest_is_one(lm):
+    """A trace that holds where L is a multiple of 16 alone (T5's, ``Eq(Mod(L, 16), 0)``)
+    is searched over those: the longest length is the largest multiple within the budget
+    (the search had asked L=3: "B=4, L=3 is outside where the trace holds"), and says so."""
+    from dataclasses import replace
+
+    from torch.utils._sympy.functions import Mod
+
+    from fxmem.memory.dims import DimsFormula
+
+    _, r = lm
+    held = DimsFormula(replace(r.named.trace, guards=(*r.named.trace.guards,
+                                                      sympy.Eq(Mod(L, 16), 0))),
+                       r.named.device)
+    budget = r.peak_bytes(2, L=700)
+    every = r.max_length(budget, B=2)
+    n = held.max_length(budget, B=2)
+    assert (n, n.multiple, every.multiple) == (every - every % 16, 16, 1) and n % 16 == 0
+    with pytest.raises(fxmem.InputError, match="outside where the trace holds"):
+        held.peak_bytes(2, L=n + 1)
+
+
+class _Sixteens(nn.Module):
+    """A view of L as (L // 16, 16): its trace holds where L is a multiple of 16 and
+    ``L // 16`` is neither 0 nor 1 (from L = 32), though no guard reads ``L >= 32``."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(32, 32)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        y = self.a(x).view(b, -1, 16, c)
+        return (y.softmax(-2) * y).sum()
+
+
+def test_a_length_held_to_multiples_by_a_view_is_searched_from_where_it_holds():
+    """The longest length, the formula's pruning and the length way start from the least
+    L where every guard holds (L = 32 here): they had evaluated the sizes at L = 2, where
+    ``Mod(L, L//16)`` divides by zero (an internal error), or asked the step at L = 16
+    ("L=16 is outside where the trace holds"). Its trace had failed before them: sympy's
+    inequality solver, given a guard of the view's (``32*(L//(L//16)) == 32*Max(1,
+    L//(L//16))``), recursed past Python's limit; such a guard is now kept as it is (as
+    T5's, over L padded to a multiple of 8 by memory-efficient attention's mask)."""
+    x = torch.randn(4, 128, 32)
+    r = fxmem.analyze(_Sixteens(), x, device="cpu", optimizer=torch.optim.SGD,
+                      dims={"L": [(0, 1)]})
+    assert r.named.least_values[L] == 32 and r.peak.free_symbols == {fxmem.B, L}
+    n = r.max_length(10**6, 4)
+    assert n % 16 == 0 and n.multiple == 16
+    assert r.peak_bytes(4, L=n) <= 10**6 < r.peak_bytes(4, L=n + 16)
+    c = fxmem.analyze(_Sixteens(), x, device="cuda", optimizer=torch.optim.SGD,
+                      dims={"L": [(0, 1)]})
+    budget = c.at(L=144).cuda_memory(64).max_reserved - 1
+    f = c.fits(64, budget, L=4096)
+    w = f.way("length")
+    assert w is not None and w.value % 16 == 0
+    assert c.fits(64, budget, L=w.value, ways=False)
+    assert not c.fits(64, budget, L=w.value + 16, ways=False)
+    assert w.beyond == (f"L={w.value + 16} does not fit (the trace holds where L is a "
+                        "multiple of 16)")
+

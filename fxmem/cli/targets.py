@@ -272,6 +272,8 @@ def longest_rows(report, name: str, budget_bytes: int, batch: int,
     try:
         n = report.max_length(budget_bytes, batch, limit=limit)
         rows = {key: f"{n} or more (the trace ends there)" if n.beyond else n}
+        if getattr(n, "multiple", 1) > 1:  # (the trace holds there alone)
+            rows[key] = f"{rows[key]} ({name} a multiple of {n.multiple})"
     except InfeasibleBudgetError:
         rows = {key: "none fits"}
     if limit is not None:

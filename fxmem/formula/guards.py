@@ -82,8 +82,10 @@ def _folded(guards: tuple, lower: int, upper: int | None, symbol) -> tuple:
         if isinstance(g, sympy.core.relational.Relational) and g.free_symbols == {B}:
             try:
                 s = sympy.solve_univariate_inequality(g, B, relational=False)
-            except (NotImplementedError, ValueError):
-                s = None  # sympy cannot solve it: the guard is reported as it is (below)
+            except (NotImplementedError, ValueError, RecursionError):
+                # sympy cannot solve it (T5's relative buckets at B, L: a Max over L padded
+                # to a multiple of 8 recursed past Python's limit): reported as it is (below)
+                s = None
             if s is not None:  # over the sizes a shape takes (``L**2 > 1``: its negative
                 s = s.intersect(sympy.Interval(1, sympy.oo))  # half too, else a union)
             if isinstance(s, sympy.Interval):

@@ -221,21 +221,50 @@ def _tree_subs(x, vals):
     return _subs(x, vals)
 
 
+MAX_SKIPPED = 4096  # values of a named dim tried above its least for one the trace holds at
+
+
+def _multiple_of(guards, x) -> int:
+    """The k the guards hold ``x`` to a multiple of (``Eq(Mod(c*x, m), 0)`` for integers
+    ``c`` and ``m``: k = m / gcd(c, m); sympy's ``Mod`` or PyTorch's ``Mod``/``PythonMod``),
+    the least common multiple of all such; 1 where none.
+
+    >>> L = sympy.Symbol("L", positive=True, integer=True)
+    >>> _multiple_of([sympy.Eq(sympy.Mod(L, 16), 0), L >= 2], L), _multiple_of([L >= 2], L)
+    (16, 1)
+    >>> from torch.utils._sympy.functions import Mod
+    >>> _multiple_of([sympy.Eq(Mod(128 * L, 2048), 0)], L)  # a view of 4*L*32 as (-1, 16, 32)
+    16
+    """
+    k = 1
+    for g in guards:
+        if not (isinstance(g, sympy.Eq) and g.rhs == 0 and len(g.lhs.args) == 2
+                and type(g.lhs).__name__ in ("Mod", "PythonMod")):
+            continue
+        a, m = g.lhs.args
+        c = sympy.simplify(a / x)
+        if m.is_Integer and c.is_Integer and c != 0:
+            k = sympy.ilcm(k, int(m) // sympy.igcd(int(c), int(m)))
+    return int(k)
+
+
 class Length(int):
     """:meth:`DimsFormula.max_length`'s answer, an ``int``; ``beyond``: it fits and the
     trace ends there (``valid_when``: e.g. a compiled kernel's 32-bit indices), so a longer
-    one may fit too, unseen by this trace.
+    one may fit too, unseen by this trace; ``multiple``: the trace holds for multiples of it
+    alone, the answer among them (a longer one that is none may fit, unseen by this trace).
 
     >>> n = Length(4096, beyond=True)
-    >>> n + 1, n.beyond
-    (4097, True)
+    >>> n + 1, n.beyond, n.multiple
+    (4097, True, 1)
     """
 
     beyond: bool = False
+    multiple: int = 1
 
-    def __new__(cls, value: int, beyond: bool = False):
+    def __new__(cls, value: int, beyond: bool = False, multiple: int = 1):
         self = super().__new__(cls, value)
-        self.beyond = beyond
+        self.beyond, self.multiple = beyond, multiple
         return self
 
 
@@ -271,12 +300,23 @@ class DimsFormula:
         if set(values) != set(self.dims):
             raise InputError(f"give a value for every named dim {list(self.dims)}")
         _positive(**values)
+        g = self._broken(b, values)
+        if g is not None:
+            where = ", ".join(f"{k}={v}" for k, v in {"B": b, **values}.items())
+            raise InputError(f"{where} is outside where the trace holds ({g})")
+        return (b, *(values[n] for n in self.dims))
+
+    def _broken(self, b: int, values: dict):
+        """The first guard that does not hold at B = ``b`` and the dims' ``values``, or
+        None. A guard that divides by zero there does not (``Mod(L, L//16)`` at L < 16)."""
         subs = _at(b, values)
         for g in self.valid_when:
-            if g.xreplace(subs) is sympy.false:
-                where = ", ".join(f"{k}={v}" for k, v in {"B": b, **values}.items())
-                raise InputError(f"{where} is outside where the trace holds ({g})")
-        return (b, *(values[n] for n in self.dims))
+            try:
+                if g.xreplace(subs) is sympy.false:
+                    return g
+            except ZeroDivisionError:
+                return g
+        return None
 
     @functools.cached_property
     def _candidates(self) -> tuple:
@@ -304,19 +344,32 @@ class DimsFormula:
         lo, hi = self._range(name, B, values)
         ends = hi is not None and (limit is None or hi < limit)  # the trace, before limit
         limit = hi if ends else limit
+        # where the trace holds for multiples of k alone (T5's L a multiple of 16), the
+        # search is over them: k*m for m from the least where every guard holds (L//16
+        # neither 0 nor 1 for a view of L as (L//16, 16): from L = 32) to the most
+        subs = _at(B, values)
+        k = _multiple_of([g.xreplace(subs) for g in self.valid_when], dim_symbol(name))
+        lo, limit = -(-lo // k), None if limit is None else limit // k
+        for _ in range(MAX_SKIPPED):
+            if self._broken(B, {**values, name: k * lo}) is None:
+                break
+            lo += 1
+        else:
+            raise InputError(f"the trace holds at no {name} from {k * (lo - MAX_SKIPPED)} "
+                             f"to {k * lo} at B={B}")
 
-        def fits(n):  # (never past limit: past the trace's end there is no formula)
-            return (limit is None or n <= limit) and \
-                self.peak_bytes(B, **values, **{name: n}) <= budget_bytes
+        def fits(m):  # (never past limit: past the trace's end there is no formula)
+            return (limit is None or m <= limit) and \
+                self.peak_bytes(B, **values, **{name: k * m}) <= budget_bytes
 
         if not fits(lo):
-            least = self.peak_bytes(B, **values, **{name: lo})
+            least = self.peak_bytes(B, **values, **{name: k * lo})
             raise InfeasibleBudgetError(
                 f"budget {budget_bytes:,} B is below the peak {least:,} B at B={B}, "
-                f"{name}={lo}", minimum_bytes=least)
+                f"{name}={k * lo}", minimum_bytes=least)
         if limit is not None and fits(limit):
-            return Length(max(limit, lo), beyond=ends)
-        return Length(largest(fits, lo, limit=2**40))
+            return Length(k * max(limit, lo), beyond=ends, multiple=k)
+        return Length(k * largest(fits, lo, limit=2**40), multiple=k)
 
     def _range(self, name: str, B: int, values: dict) -> tuple:  # noqa: N803
         """``(least, most)`` values of the named dim ``name`` where the trace holds at batch
@@ -332,7 +385,7 @@ class DimsFormula:
         folded = valid_when(left, symbol=x)
         most = [int(g.rhs) for g in folded
                 if isinstance(g, sympy.LessThan) and g.lhs == x and g.rhs.is_Integer]
-        return (max(self._lower_bounds[x], lower_bounds(folded, [x])[x]),
+        return (max(self.least_values[x], lower_bounds(folded, [x])[x]),
                 min(most) if most else None)
 
     @functools.cached_property
@@ -346,15 +399,26 @@ class DimsFormula:
         those proved at most one other, or a convex combination of two others, wherever the
         trace holds (:func:`fxmem.formula.prune.prune_rows`)."""
         sizes, counts = self._candidates
-        keep = prune_rows(sizes, counts, self._lower_bounds)
+        keep = prune_rows(sizes, counts, self.least_values)
         exprs = [sympy.Add(*[int(n) * e for e, n in zip(sizes, counts[i]) if n])
                  for i in keep]
         return exprs[0] if len(exprs) == 1 else sympy.Max(*exprs, evaluate=False)
 
-    @property
-    def _lower_bounds(self) -> dict:
-        """Each symbol's least value where the trace holds (``B >= 2`` in ``valid_when``)."""
-        return lower_bounds(self.valid_when, [B_SYM, *map(dim_symbol, self.dims)])
+    @functools.cached_property
+    def least_values(self) -> dict:
+        """Each symbol's least value where the trace holds: its bound in ``valid_when``
+        (``B >= 2``), or above it the least where every guard holds with the others at
+        theirs (a view of L as ``(L//16, 16)`` holds from L = 32, ``L//16`` neither 0 nor
+        1, though no guard reads ``L >= 32``: the sizes divide by zero below)."""
+        lows = lower_bounds(self.valid_when, [B_SYM, *map(dim_symbol, self.dims)])
+        names = {B_SYM: "B", **{dim_symbol(n): n for n in self.dims}}
+        for x in lows:
+            for v in range(lows[x], lows[x] + MAX_SKIPPED):
+                at = {names[y]: v if y == x else lows[y] for y in lows}
+                if self._broken(at.pop("B"), at) is None:
+                    lows[x] = v
+                    break
+        return lows
 
     @functools.cached_property
     def parts(self) -> dict:
@@ -371,7 +435,7 @@ class DimsFormula:
         # the most bytes held for backward at once, as liveness.parts_of says
         sizes, counts = _candidates(self.trace, self._sizes,
                                     held_for_backward(self.trace))
-        keep = prune_rows(sizes, counts, self._lower_bounds) if len(sizes) else []
+        keep = prune_rows(sizes, counts, self.least_values) if len(sizes) else []
         exprs = list(dict.fromkeys(
             sympy.Add(*[int(n) * e for e, n in zip(sizes, counts[i]) if n]) for i in keep))
         out["activations"] = (sympy.Integer(0) if not exprs else exprs[0] if len(exprs) == 1

@@ -274,22 +274,33 @@ def _longest(check, report, b, *, named=None, dims=None, limit=None, **_):
     except InfeasibleBudgetError:
         yield f"no {name} fits at B={b}"
         return
+    k = getattr(most, "multiple", 1)  # the trace holds at multiples of k alone (T5's 16)
     if check.by == "device":  # live bytes are at most what the allocator holds
         from ..formula.guards import lower_bounds
         from ..formula.symbols import dim_symbol
 
         x = dim_symbol(name)
-        floor = max(lower_bounds(r.valid_when, [x])[x] for r in rank_reports(named))
-        most = _down(lambda n: check.fits(named.at(**{name: n}), b), most, floor,
-                     lambda: _below_top(check, named, b, name, most, limit))
-        if most is None:
+        floor = max(r.named.least_values[x] if r.named is not None else
+                    lower_bounds(r.valid_when, [x])[x] for r in rank_reports(named))
+        top = int(most) // k
+        m = _down(lambda m: check.fits(named.at(**{name: k * m}), b), top, -(-floor // k),
+                  lambda: _scaled(_below_top(check, named, b, name, most, limit), k))
+        if m is None:
             yield f"no {name} runs at B={b}"
             return
+        most = most if m == top else k * m
     at = named.at(**{name: most})
     yield WayOut("length", most, check.need(at, b, True), f"{name}={most} at B={b}",
                  beyond=f"{name}={most} is the model's limit" if most == limit
                  else f"the trace ends at {name}={most}" if getattr(most, "beyond", False)
-                 else f"{name}={most + 1} does not fit")
+                 else f"{name}={most + k} does not fit" + (
+                     f" (the trace holds where {name} is a multiple of {k})" if k > 1
+                     else ""))
+
+
+def _scaled(n: int | None, k: int) -> int | None:
+    """``n`` as a count of ``k``'s (rounded down), or None."""
+    return None if n is None else n // k
 
 
 def _below_top(check, named, b: int, name: str, top: int, limit) -> int | None:
