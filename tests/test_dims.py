@@ -368,3 +368,22 @@ def test_a_length_held_to_multiples_by_a_view_is_searched_from_where_it_holds():
     assert w.beyond == (f"L={w.value + 16} does not fit (the trace holds where L is a "
                         "multiple of 16)")
 
+
+
+def test_a_length_of_one_says_to_give_two_or_more():
+    """A named dim traced from a size of 1 is fixed by PyTorch's broadcasting, not by the
+    model: the error says to give 2 or more (it had said to compute sizes from the
+    tensor's shape, as for a model that fixes the length itself)."""
+    from click.testing import CliRunner
+
+    from fxmem.cli.command import cli
+
+    r = CliRunner().invoke(cli, ["analyze", "tests/zoo.py:KeepsLocals", "--input", "B,L,32",
+                                 "--target", "B,L,8", "--loss", "mse", "--device", "cpu",
+                                 "--dim", "L=1"])
+    assert r.exit_code == 3 and "dim L was specialized to 1" in r.output, r.output
+    assert "give L = 2 or more (--seq 2, --dim L=2)" in r.output
+    ok = CliRunner().invoke(cli, ["analyze", "tests/zoo.py:KeepsLocals", "--input", "B,L,32",
+                                  "--target", "B,L,8", "--loss", "mse", "--device", "cpu",
+                                  "--dim", "L=2"])
+    assert ok.exit_code == 0, ok.output

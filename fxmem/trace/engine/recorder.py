@@ -303,6 +303,11 @@ class Recorder(EagerOps, StorageTracker):
             hint = hint or config_hint(live_frames()) or (
                 "compute sizes from x.shape[0] instead of constants, int() or len(x)"
                 if name == "B" else
+                # (a dim traced from a size of 1: PyTorch's broadcasting fixes such a size,
+                # whatever the model does; B is traced from 2 or more for that reason)
+                f"a size of 1 is one PyTorch's broadcasting fixes: give {name} = 2 or more "
+                f"(--seq 2, --dim {name}=2); the formula then holds from {name} = 2"
+                if value == 1 else
                 "compute sizes from the tensor's shape instead of constants, int() or len()")
             raise SpecializationError(
                 f"{what} was specialized to {value}, so memory is not a formula in {name} "
