@@ -387,3 +387,43 @@ def test_a_length_of_one_says_to_give_two_or_more():
                                   "--target", "B,L,8", "--loss", "mse", "--device", "cpu",
                                   "--dim", "L=2"])
     assert ok.exit_code == 0, ok.output
+
+
+class _Windowed(nn.Module):
+    """Past 64 positions only the last 64 go on (a window, as Gemma 2's past 4,096): the
+    trace from L = 128 holds from L = 65."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(32, 32)
+
+    def forward(self, x):
+        y = self.a(x)
+        if x.shape[1] > 64:
+            y = y[:, -64:]
+        return y.square().mean()
+
+
+def test_no_length_fits_where_the_trace_holds_says_where_that_is():
+    """Where no length fits from the least one the trace holds at (L = 65 here; Gemma 2's
+    4,095), the way and the setup's row say so, not that no length fits at all: a shorter
+    one runs other code, which the trace did not see."""
+    from click.testing import CliRunner
+
+    from fxmem.cli.command import cli
+
+    r = fxmem.analyze(_Windowed(), torch.randn(4, 128, 32), device="cpu",
+                      optimizer=torch.optim.SGD, dims={"L": [(0, 1)]})
+    budget = r.peak_bytes(64, L=65) - 1
+    f = r.fits(64, budget, L=128)
+    assert not f and f.way("length") is None
+    assert ("no L fits at B=64 from L=65 on, where the trace holds (a shorter L is a step "
+            "to analyse apart)") in f.none
+    run = CliRunner().invoke(cli, [
+        "analyze", "tests/test_dims.py:_Windowed", "--input", "B,L,32", "--dim", "L=128",
+        "--device", "cpu", "--optimizer", "sgd", "--batch", "64", "--budget", str(budget),
+        "--format", "json"])
+    assert run.exit_code == 4, run.output
+    doc = json.loads(run.stdout)
+    assert doc["setup"]["largest L within the budget at B=64"] == \
+        "none from 65 on (where the trace holds)"

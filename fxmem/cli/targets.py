@@ -275,7 +275,11 @@ def longest_rows(report, name: str, budget_bytes: int, batch: int,
         if getattr(n, "multiple", 1) > 1:  # (the trace holds there alone)
             rows[key] = f"{rows[key]} ({name} a multiple of {n.multiple})"
     except InfeasibleBudgetError:
-        rows = {key: "none fits"}
+        from ..report.fit import least_length
+
+        least = least_length(report, name)  # (shorter ones run other code: not traced)
+        rows = {key: f"none from {least} on (where the trace holds)" if least > 2
+                else "none fits"}
     if limit is not None:
         rows[f"{name} limit (the model's positions)"] = limit
     return rows

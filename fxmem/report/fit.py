@@ -269,24 +269,23 @@ def _longest(check, report, b, *, named=None, dims=None, limit=None, **_):
     if rank_reports(report)[0].trace.compiled != rank_reports(named)[0].trace.compiled:
         yield f"the longest {name}: not searched (the step is compiled, its analysis in {name} not)"
         return
+    floor = least_length(named, name)
+    # (a trace that holds from a longer L, Gemma 2's past its sliding window: shorter ones
+    # run other code, which the search cannot see)
+    where = f" from {name}={floor} on, where the trace holds (a shorter {name} is a step " \
+        "to analyse apart)" if floor > 2 else ""
     try:
         most = named.max_length(check.budget, b, limit=limit)
     except InfeasibleBudgetError:
-        yield f"no {name} fits at B={b}"
+        yield f"no {name} fits at B={b}{where}"
         return
     k = getattr(most, "multiple", 1)  # the trace holds at multiples of k alone (T5's 16)
     if check.by == "device":  # live bytes are at most what the allocator holds
-        from ..formula.guards import lower_bounds
-        from ..formula.symbols import dim_symbol
-
-        x = dim_symbol(name)
-        floor = max(r.named.least_values[x] if r.named is not None else
-                    lower_bounds(r.valid_when, [x])[x] for r in rank_reports(named))
         top = int(most) // k
         m = _down(lambda m: check.fits(named.at(**{name: k * m}), b), top, -(-floor // k),
                   lambda: _scaled(_below_top(check, named, b, name, most, limit), k))
         if m is None:
-            yield f"no {name} runs at B={b}"
+            yield f"no {name} runs at B={b}{where}"
             return
         most = most if m == top else k * m
     at = named.at(**{name: most})
@@ -296,6 +295,17 @@ def _longest(check, report, b, *, named=None, dims=None, limit=None, **_):
                  else f"{name}={most + k} does not fit" + (
                      f" (the trace holds where {name} is a multiple of {k})" if k > 1
                      else ""))
+
+
+def least_length(named, name: str) -> int:
+    """The least value of the named dim ``name`` where the trace of ``named`` (a report in
+    named dims, or a :class:`fxmem.ParallelReport` of such) holds, every rank's."""
+    from ..formula.guards import lower_bounds
+    from ..formula.symbols import dim_symbol
+
+    x = dim_symbol(name)
+    return max(r.named.least_values[x] if r.named is not None else
+               lower_bounds(r.valid_when, [x])[x] for r in rank_reports(named))
 
 
 def _scaled(n: int | None, k: int) -> int | None:
