@@ -426,4 +426,33 @@ def test_no_length_fits_where_the_trace_holds_says_where_that_is():
     assert run.exit_code == 4, run.output
     doc = json.loads(run.stdout)
     assert doc["setup"]["largest L within the budget at B=64"] == \
-        "none from 65 on (where the trace holds)"
+        "none fits from 65 on (where the trace holds)"
+
+
+@pytest.mark.parametrize("batch", [64, 2])
+def test_the_setup_s_longest_length_on_cuda_is_the_allocator_s(batch):
+    """On CUDA the setup's longest length is answered as the largest B is, by the caching
+    allocator's replay (the length way's own answer where B does not fit: one search), the
+    length whose live bytes fit beside it where it differs; the row had given the live
+    bytes' answer alone (Llama-3.1-8B over 8 GPUs at B=2: L=2,798, the way L=2,460)."""
+    from click.testing import CliRunner
+
+    from fxmem.cli.command import cli
+
+    c = fxmem.analyze(_Sixteens(), torch.randn(4, 128, 32), device="cuda",
+                      optimizer=torch.optim.SGD, dims={"L": [(0, 1)]})
+    budget = c.at(L=144).cuda_memory(64).max_reserved - 1
+    run = CliRunner().invoke(cli, [
+        "analyze", "tests/test_dims.py:_Sixteens", "--input", "B,L,32", "--dim", "L=4096",
+        "--optimizer", "sgd", "--batch", str(batch), "--budget", str(budget),
+        "--format", "json"])
+    doc = json.loads(run.stdout)
+    row = doc["setup"][f"largest L within the budget at B={batch}"]
+    n = int(row.split()[0])
+    assert row == f"{n} (L a multiple of 16)" and n % 16 == 0
+    assert c.fits(batch, budget, L=n, ways=False)
+    assert not c.fits(batch, budget, L=n + 16, ways=False)
+    live = doc["setup"]["largest L whose live tensors fit (the formula)"]
+    assert int(live.split()[0]) == c.max_length(budget, batch) > n
+    ways = [w for w in (doc["fit"] or {}).get("ways", []) if w["kind"] == "length"]
+    assert [w["value"] for w in ways] == ([n] if batch == 64 else [])

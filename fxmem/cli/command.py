@@ -418,7 +418,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
             extra.append(lambda: {key: str(named.peak)})
             if budget_bytes is not None and len(dims) == 1 and not auto_compiled:
                 extra.append(lambda: longest_rows(named, *dims, budget_bytes, batch,
-                                                  position_limit(t.model)))
+                                                  position_limit(t.model), conv_ws))
             report = at = report.at(**at_dims)
         # a data-parallel report stays whole: the summary shows the per-rank table and the
         # report of the ranks with the least room (fxmem.report.summary.summarize)

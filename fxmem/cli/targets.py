@@ -262,27 +262,38 @@ def position_limit(model: torch.nn.Module) -> int | None:
 
 
 def longest_rows(report, name: str, budget_bytes: int, batch: int,
-                 limit: int | None) -> dict:
+                 limit: int | None, cudnn_workspace: int = 0) -> dict:
     """The report's rows for ``--budget`` with one named dim ``name``: the largest value
-    within the budget at ``batch`` ("none fits"; where the trace ends first and it fits
-    there, that value "or more"), and the model's own ``limit`` of positions."""
-    from ..errors import InfeasibleBudgetError
+    within the budget at ``batch``, answered as the report's largest B is (on CUDA, its
+    steps replayed through the caching allocator: the length way's own answer; "none
+    fits"; where the trace ends first and it fits there, that value "or more"), then on
+    CUDA where it differs the largest whose live bytes fit, and the model's own ``limit``
+    of positions."""
+    from ..report.fit import longest
+    from ..report.ways import Check, default_by
 
+    by = default_by(report)
     key = f"largest {name} within the budget at B={batch}"
-    try:
-        n = report.max_length(budget_bytes, batch, limit=limit)
-        rows = {key: f"{n} or more (the trace ends there)" if n.beyond else n}
-        if getattr(n, "multiple", 1) > 1:  # (the trace holds there alone)
-            rows[key] = f"{rows[key]} ({name} a multiple of {n.multiple})"
-    except InfeasibleBudgetError:
-        from ..report.fit import least_length
-
-        least = least_length(report, name)  # (shorter ones run other code: not traced)
-        rows = {key: f"none from {least} on (where the trace holds)" if least > 2
-                else "none fits"}
+    rows = {key: _length(longest(Check(by, budget_bytes, cudnn_workspace), report, batch,
+                                 limit), name)}
+    if by == "device":
+        live = _length(longest(Check("live", budget_bytes, 0), report, batch, limit), name)
+        if live != rows[key]:
+            rows[f"largest {name} whose live tensors fit (the formula)"] = live
     if limit is not None:
         rows[f"{name} limit (the model's positions)"] = limit
     return rows
+
+
+def _length(n, name: str):
+    """A row's value of :func:`fxmem.report.fit.longest`'s answer ``n``."""
+    from ..report.fit import NoLength
+
+    if isinstance(n, NoLength):  # (shorter ones run other code: not traced)
+        none = "none runs" if n.runs else "none fits"
+        return f"{none} from {n.floor} on (where the trace holds)" if n.floor > 2 else none
+    value = f"{n} or more (the trace ends there)" if n.beyond else int(n)
+    return f"{value} ({name} a multiple of {n.multiple})" if n.multiple > 1 else value
 
 
 class SetupRows(Mapping):

@@ -269,32 +269,69 @@ def _longest(check, report, b, *, named=None, dims=None, limit=None, **_):
     if rank_reports(report)[0].trace.compiled != rank_reports(named)[0].trace.compiled:
         yield f"the longest {name}: not searched (the step is compiled, its analysis in {name} not)"
         return
+    most = longest(check, named, b, limit)
+    if isinstance(most, NoLength):
+        yield most.line
+        return
+    k = most.multiple
+    at = named.at(**{name: most})
+    yield WayOut("length", most, check.need(at, b, True), f"{name}={most} at B={b}",
+                 beyond=f"{name}={most} is the model's limit" if most == limit
+                 else f"the trace ends at {name}={most}" if most.beyond
+                 else f"{name}={most + k} does not fit" + (
+                     f" (the trace holds where {name} is a multiple of {k})" if k > 1
+                     else ""))
+
+
+@dataclass(frozen=True)
+class NoLength:
+    """:func:`longest`'s answer where no length fits (``runs``: by the live bytes, none
+    fits; by the allocator's replay, some fits and none runs) from ``floor``, the least
+    where the trace holds; ``line``: that said, as a way out's line."""
+
+    name: str
+    b: int
+    floor: int
+    runs: bool = False
+
+    @property
+    def line(self) -> str:
+        # (a trace that holds from a longer L, Gemma 2's past its sliding window: shorter
+        # ones run other code, which the search cannot see)
+        where = f" from {self.name}={self.floor} on, where the trace holds (a shorter " \
+            f"{self.name} is a step to analyse apart)" if self.floor > 2 else ""
+        return f"no {self.name} {'runs' if self.runs else 'fits'} at B={self.b}{where}"
+
+
+def longest(check, named, b: int, limit: int | None = None):
+    """The longest value of ``named``'s one named dim at ``b`` within ``check``'s budget, as
+    ``check`` answers (by the allocator's replay, from below the longest whose live bytes
+    fit), a :class:`fxmem.memory.dims.Length`; a :class:`NoLength` where none does. Made
+    once per question of ``named`` (the length way and the setup's row ask it alike)."""
+    from ..memory.dims import Length
+
+    (name,) = named.dims
+    memo = named.__dict__.setdefault("_longest", {})
+    key = (check, b, limit)
+    if key in memo:
+        return memo[key]
     floor = least_length(named, name)
-    # (a trace that holds from a longer L, Gemma 2's past its sliding window: shorter ones
-    # run other code, which the search cannot see)
-    where = f" from {name}={floor} on, where the trace holds (a shorter {name} is a step " \
-        "to analyse apart)" if floor > 2 else ""
     try:
         most = named.max_length(check.budget, b, limit=limit)
     except InfeasibleBudgetError:
-        yield f"no {name} fits at B={b}{where}"
-        return
+        memo[key] = NoLength(name, b, floor)
+        return memo[key]
     k = getattr(most, "multiple", 1)  # the trace holds at multiples of k alone (T5's 16)
     if check.by == "device":  # live bytes are at most what the allocator holds
         top = int(most) // k
         m = _down(lambda m: check.fits(named.at(**{name: k * m}), b), top, -(-floor // k),
                   lambda: _scaled(_below_top(check, named, b, name, most, limit), k))
         if m is None:
-            yield f"no {name} runs at B={b}{where}"
-            return
-        most = most if m == top else k * m
-    at = named.at(**{name: most})
-    yield WayOut("length", most, check.need(at, b, True), f"{name}={most} at B={b}",
-                 beyond=f"{name}={most} is the model's limit" if most == limit
-                 else f"the trace ends at {name}={most}" if getattr(most, "beyond", False)
-                 else f"{name}={most + k} does not fit" + (
-                     f" (the trace holds where {name} is a multiple of {k})" if k > 1
-                     else ""))
+            memo[key] = NoLength(name, b, floor, runs=True)
+            return memo[key]
+        most = most if m == top else Length(k * m, multiple=k)
+    memo[key] = most
+    return most
 
 
 def least_length(named, name: str) -> int:
