@@ -859,3 +859,22 @@ def test_no_b_fits_gives_b_1_s_peak():
     assert (s.min_peak_b, s.min_peak_bytes) == (1, r.peak_bytes(1))
     assert f"B = 1 runs out of memory (its live tensors alone peak at " \
            f"{fmt_bytes(r.peak_bytes(1))})" in largest_b(s).lead
+
+
+def test_the_headline_says_the_asked_b_runs_out_where_a_larger_one_runs():
+    """Where the largest B the headline gives is above the asked B, which runs out (the
+    caching allocator's blocks are not monotone in B), the headline says so beside it: it
+    had said "Largest B ...: 10" over a report whose B=8 does not fit, with no word why."""
+    from fxmem.report.headline import largest_b
+    from fxmem.report.summary import summarize
+
+    r = _analyze(_stack(), device="cuda")
+    budget = r.runs_on_device(12, 2**40).max_reserved + 2**20
+    s = summarize(r, B=8, budget_bytes=budget)
+    assert s.max_batch_size_by == "device" and s.max_batch_size >= 12
+    fit = {**r.fits(8, budget).as_dict(), "fits": False}
+    h = largest_b(dataclasses.replace(s, fit=fit))
+    assert h.tail.endswith("; B = 8, asked, runs out: the caching allocator's blocks are not "
+                           "monotone in B")
+    assert "asked" not in largest_b(s).tail and "asked" not in largest_b(
+        dataclasses.replace(s, fit={**fit, "B": s.max_batch_size + 1})).tail

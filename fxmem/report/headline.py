@@ -59,11 +59,15 @@ def largest_b(s) -> Headline:
                  f"{fmt_bytes(s.min_peak_bytes)})")
         return Headline(f"No B fits {where}: {least}", "", "", others, fails=True)
     if s.max_batch_size_by == "device":
+        f = s.fit  # the asked B, below the largest, runs out: say so beside it
+        asked = f["B"] if f and not f["fits"] and f["B"] < s.max_batch_size else None
         tail = (f" — its {s.setup.get('step', 'training')} steps, replayed through the CUDA "
                 "caching allocator (with "
                 "its free-and-retry on out-of-memory), run"
                 + (f"; B = {s.max_batch_size + 1:,} runs out at {s.next_oom}"
-                   if s.next_oom else ""))
+                   if s.next_oom else "")
+                + (f"; B = {asked:,}, asked, runs out: the caching allocator's blocks are "
+                   "not monotone in B" if asked is not None else ""))
     elif s.max_batch_size_by == "allocated":
         tail = " — by max_memory_allocated()"
     else:
