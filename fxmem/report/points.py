@@ -38,7 +38,16 @@ class WeightCasts:
     gathered weights, each the whole weight on every rank whatever the number of GPUs
     (FSDP2's ``param_dtype`` gathers the weights in that dtype, and autocast casts none:
     :mod:`fxmem.report.precision`). ``autocast``: the step ran under autocast (else the
-    casts are the model's own, ``weight.half()`` in its forward)."""
+    casts are the model's own, ``weight.half()`` in its forward).
+
+    >>> import torch, fxmem
+    >>> m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 4096))
+    >>> r = fxmem.analyze(m, torch.randn(64, 64), loss=lambda o: o.float().pow(2).sum(),
+    ...                   device="cpu", amp=torch.bfloat16)
+    >>> casts = r.breakdown(64).weight_casts  # the 4096 x 64 weight's bf16 copy, saved
+    >>> casts.nbytes == 4096 * 64 * 2, casts.dtypes, casts.autocast
+    (True, ('bfloat16',), True)
+    """
 
     nbytes: int
     dtypes: tuple
