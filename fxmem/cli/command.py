@@ -433,6 +433,9 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
             compiled_as = chosen.setup_line(auto_compiled, parallel is not None) or compiled_as
             if dims and report is not at and not exact_formula:  # the step without the plan
                 extra[0] = lambda: {key: unplanned_peak(named, batch, at_dims)}
+            if dims and report is not at and len(extra) > 1:  # its longest L, said so
+                extra[1] = lambda: longest_rows(named, *dims, budget_bytes, batch,
+                                                position_limit(t.model), conv_ws, True)
         if save_plan:
             from ..trace.plans import Plan
 
