@@ -115,6 +115,8 @@ def test_the_longest_length_is_searched_where_the_trace_holds(lm):
                        r.named.device)
     budget = r.peak_bytes(2, L=700)
     assert held.max_length(budget, B=2) == r.max_length(budget, B=2) >= 700
+    # (a condition over B and L together bounds neither alone: B from 2 at a longer L)
+    assert held.least_values == r.named.least_values
     with pytest.raises(fxmem.InfeasibleBudgetError, match=r"at B=2, L=640$"):
         held.max_length(r.peak_bytes(2, L=639), B=2)  # L >= 640 at B=2
     with pytest.raises(fxmem.InputError, match="outside where the trace holds"):

@@ -224,6 +224,24 @@ def _tree_subs(x, vals):
 MAX_SKIPPED = 4096  # values of a named dim tried above its least for one the trace holds at
 
 
+def _holds(guards, subs: dict) -> bool:
+    """Whether none of ``guards`` is false at ``subs`` (one that divides by zero there is).
+
+    >>> L = sympy.Symbol("L", positive=True, integer=True)
+    >>> from torch.utils._sympy.functions import FloorDiv, Mod
+    >>> _holds([sympy.Eq(Mod(L, FloorDiv(L, 16)), 0)], {L: 32}), _holds(
+    ...     [sympy.Eq(Mod(L, FloorDiv(L, 16)), 0)], {L: 8})
+    (True, False)
+    """
+    for g in guards:
+        try:
+            if g.xreplace(subs) is sympy.false:
+                return False
+        except ZeroDivisionError:
+            return False
+    return True
+
+
 def _multiple_of(guards, x) -> int:
     """The k the guards hold ``x`` to a multiple of (``Eq(Mod(c*x, m), 0)`` for integers
     ``c`` and ``m``: k = m / gcd(c, m); sympy's ``Mod`` or PyTorch's ``Mod``/``PythonMod``),
@@ -310,13 +328,7 @@ class DimsFormula:
         """The first guard that does not hold at B = ``b`` and the dims' ``values``, or
         None. A guard that divides by zero there does not (``Mod(L, L//16)`` at L < 16)."""
         subs = _at(b, values)
-        for g in self.valid_when:
-            try:
-                if g.xreplace(subs) is sympy.false:
-                    return g
-            except ZeroDivisionError:
-                return g
-        return None
+        return next((g for g in self.valid_when if not _holds([g], subs)), None)
 
     @functools.cached_property
     def _candidates(self) -> tuple:
@@ -407,15 +419,15 @@ class DimsFormula:
     @functools.cached_property
     def least_values(self) -> dict:
         """Each symbol's least value where the trace holds: its bound in ``valid_when``
-        (``B >= 2``), or above it the least where every guard holds with the others at
-        theirs (a view of L as ``(L//16, 16)`` holds from L = 32, ``L//16`` neither 0 nor
-        1, though no guard reads ``L >= 32``: the sizes divide by zero below)."""
+        (``B >= 2``), or above it the least where every guard on it alone holds (a view of
+        L as ``(L//16, 16)`` holds from L = 32, ``L//16`` neither 0 nor 1, though no guard
+        reads ``L >= 32``: the sizes divide by zero below). A guard over several symbols
+        (a compiled step's ``4096*B*L >= 5242880``) bounds none of them alone."""
         lows = lower_bounds(self.valid_when, [B_SYM, *map(dim_symbol, self.dims)])
-        names = {B_SYM: "B", **{dim_symbol(n): n for n in self.dims}}
         for x in lows:
+            own = [g for g in self.valid_when if g.free_symbols == {x}]
             for v in range(lows[x], lows[x] + MAX_SKIPPED):
-                at = {names[y]: v if y == x else lows[y] for y in lows}
-                if self._broken(at.pop("B"), at) is None:
+                if _holds(own, {x: v}):
                     lows[x] = v
                     break
         return lows
