@@ -407,3 +407,28 @@ def test_a_peak_past_reading_in_the_dims_leads_with_the_formula_read_at_their_si
     assert "<h3>At L = 64, in B</h3>" in lead and "peak bytes = 320*B + 3" in lead
     assert huge not in lead and long not in lead
     assert f"peak bytes = {huge}" in tail and f"peak bytes = {long}" in tail
+
+
+def test_the_formula_at_the_dims_says_how_far_off_it_is_where_only_its_multiple_fails():
+    """The formula in B at the dims' sizes, read, says how far the exact peak is from it
+    where only its "a multiple of" conditions fail, as the one in B and L does (Llama-3.1-8B
+    over 8 GPUs: "At L = 8192: 76510691336*B + 32138289152, exact when B is a multiple of
+    64", with no word of the other B); in every format and in JSON."""
+    from dataclasses import replace
+
+    from fxmem.report.summary import summarize as summary_of
+
+    m = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 16))
+    s = summary_of(fxmem.analyze(m, torch.randn(4, 16), loss=lambda o: o.sum(),
+                                 device="cpu"), B=8)
+    s = replace(s, peak_readable="5*B*L + 3", readable_when=("B*L >= 8",),
+                readable_point={"B": 8, "L": 64}, peak_exact="Max(5*B*L + 3, B)",
+                peak_formula="320*B + 512*ceiling(B/64) + 3", at_readable="328*B + 3",
+                at_readable_when=("B a multiple of 64",), at_readable_error=(0, 504),
+                at_values={"L": 64})
+    span = "(where only the multiple fails, the exact peak is 0 to 504 bytes above it)"
+    assert f"At L = 64: 328*B + 3   exact when B is a multiple of 64 {span}" in _terminal(s)
+    assert f"At L = 64: `328*B + 3` bytes, exact when B is a multiple of 64 {span}" in \
+        render_markdown(s)
+    assert span in render_html(s)
+    assert json.loads(json.dumps(s.to_dict()))["at_readable_error"] == [0, 504]

@@ -158,7 +158,8 @@ def _context(s) -> dict:
     setup_short, setup_long = _setup({k: v for k, v in s.setup.items()
                                       if not exact_in_setup(s, v)})
     readable, at_exact, in_dims = None, "", None
-    at, at_when = read_as(s.at_readable, s.at_readable_when, s.peak_formula)
+    at, at_when = read_as(s.at_readable, s.at_readable_when, s.peak_formula,
+                          s.at_readable_error)
     if at_when:  # the formula at the named dims read too; its exact one with the other
         at_exact, (text, math) = text, _formula(at)
     if s.leads_readable:  # lead with the readable formula; the exact one behind a click

@@ -78,7 +78,8 @@ def render_markdown(s) -> str:
     out += ["", f"## Peak memory as a formula of {readable_in(s, ' and ') or 'B'}", ""]
     valid = f"valid when {', '.join(s.valid_when) or 'B >= 1'}"
     named = at_dims(s)
-    at, when = read_as(s.at_readable, s.at_readable_when, s.peak_formula)
+    at, when = read_as(s.at_readable, s.at_readable_when, s.peak_formula,
+                       s.at_readable_error)
     if s.leads_readable:  # the readable formula first, the exact one a click away
         out += [f"`{s.peak_readable}` bytes, {exact_when(s)}.", ""]
         if named:

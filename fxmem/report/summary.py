@@ -84,7 +84,8 @@ class Summary:
     (:meth:`fxmem.Report.readable_peak`); ``""`` when the peak is past reading.
     ``at_readable``/``at_readable_when``: ``peak_formula`` (in B at the named dims' values)
     as one polynomial around ``B`` (or the least B it holds for) and where it is exact, when
-    that reads otherwise than ``peak_formula``; ``""`` and ``()`` when not. ``at_values``:
+    that reads otherwise than ``peak_formula``; ``""`` and ``()`` when not;
+    ``at_readable_error``: as ``readable_error``, of ``at_readable``. ``at_values``:
     the named dims' values the numbers (and ``peak_formula``) are at, e.g. ``{"L": 8192}``
     (``{}`` for a report in B alone).
     """
@@ -133,6 +134,7 @@ class Summary:
     min_peak_b: int = 1
     at_readable: str = ""
     at_readable_when: tuple = ()
+    at_readable_error: tuple = ()
     at_values: dict = field(default_factory=dict)
 
     @property
@@ -312,7 +314,8 @@ def _in_b(report, b: int) -> dict:
     r = report.readable_peak(max(b, least))
     if r is None or str(r.formula) == str(report.peak):
         return {}
-    return dict(at_readable=str(r.formula), at_readable_when=r.exact_when)
+    return dict(at_readable=str(r.formula), at_readable_when=r.exact_when,
+                at_readable_error=tuple(e if isinstance(e, int) else str(e) for e in r.error))
 
 
 def _by(device: str) -> str:

@@ -215,7 +215,8 @@ def _formula(s, exact: bool) -> list:
     valid = f"   valid when {', '.join(s.valid_when) or 'B >= 1'}"
     named = at_dims(s)
     formula, when = (s.peak_formula, "") if exact else \
-        read_as(s.at_readable, s.at_readable_when, s.peak_formula)
+        read_as(s.at_readable, s.at_readable_when, s.peak_formula,
+                s.at_readable_error)
     if not s.leads_readable:  # (in named dims: past reading in them; in B at their values)
         out = [Text.assemble((f"Peak memory (bytes, in B at {named}): " if named else
                               "Peak memory (bytes): ", "bold"), (formula, "cyan"),

@@ -83,19 +83,23 @@ def exact_when_of(when, error) -> str:
     return text
 
 
-def read_as(readable: str, when, exact: str) -> tuple:
+def read_as(readable: str, when, exact: str, error=(0, 0)) -> tuple:
     """A formula as the reports lead with it: ``(formula, where it is exact)``, the readable
-    polynomial with its conditions (:func:`exact_when_of`) where there is one that reads
-    otherwise than ``exact``, else ``(exact, "")``.
+    polynomial with its conditions and, where only its "a multiple of" ones fail, how far
+    the exact peak is from it (``error``: :func:`exact_when_of`) where there is one that
+    reads otherwise than ``exact``, else ``(exact, "")``.
 
     >>> read_as("24*B + 4096", ("B >= 2",), "Max(24*B + 4096, ...)")
     ('24*B + 4096', 'exact when B >= 2')
     >>> read_as("", (), "24*B + 4096")
     ('24*B + 4096', '')
+    >>> read_as("24*B", ("B a multiple of 64",), "24*B + 512*ceiling(B/64)",
+    ...         (0, 512))[1].endswith("the exact peak is 0 to 512 bytes above it)")
+    True
     """
     if not readable or readable == exact:
         return exact, ""
-    return readable, exact_when_of(tuple(when), (0, 0))
+    return readable, exact_when_of(tuple(when), tuple(error) or (0, 0))
 
 
 def readable_in(s, sep: str = ", ") -> str:
