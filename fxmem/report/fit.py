@@ -308,41 +308,41 @@ def longest(check, named, b: int, limit: int | None = None):
     ``check`` answers (by the allocator's replay, from below the longest whose live bytes
     fit), a :class:`fxmem.memory.dims.Length`; a :class:`NoLength` where none does. Made
     once per question of ``named`` (the length way and the setup's row ask it alike)."""
+    memo = named.__dict__.setdefault("_longest", {})
+    key = (check, b, limit)
+    if key not in memo:
+        memo[key] = _searched(check, named, b, limit)
+    return memo[key]
+
+
+def _searched(check, named, b: int, limit: int | None):
+    """:func:`longest`'s search."""
     from ..memory.dims import Length
 
     (name,) = named.dims
-    memo = named.__dict__.setdefault("_longest", {})
-    key = (check, b, limit)
-    if key in memo:
-        return memo[key]
     floor = least_length(named, name)
     try:
         most = named.max_length(check.budget, b, limit=limit)
     except InfeasibleBudgetError:
-        memo[key] = NoLength(name, b, floor)
-        return memo[key]
-    k = getattr(most, "multiple", 1)  # the trace holds at multiples of k alone (T5's 16)
-    if check.by == "device":  # live bytes are at most what the allocator holds
-        top = int(most) // k
-        m = _down(lambda m: check.fits(named.at(**{name: k * m}), b), top, -(-floor // k),
-                  lambda: _scaled(_below_top(check, named, b, name, most, limit), k))
-        if m is None:
-            memo[key] = NoLength(name, b, floor, runs=True)
-            return memo[key]
-        most = most if m == top else Length(k * m, multiple=k)
-    memo[key] = most
-    return most
+        return NoLength(name, b, floor)
+    if check.by != "device":
+        return most
+    k = most.multiple  # the trace holds at multiples of k alone (T5's 16)
+    top = int(most) // k  # live bytes are at most what the allocator holds: from below
+    m = _down(lambda m: check.fits(named.at(**{name: k * m}), b), top, -(-floor // k),
+              lambda: _scaled(_below_top(check, named, b, name, most, limit), k))
+    if m is None:
+        return NoLength(name, b, floor, runs=True)
+    return most if m == top else Length(k * m, multiple=k)
 
 
 def least_length(named, name: str) -> int:
     """The least value of the named dim ``name`` where the trace of ``named`` (a report in
     named dims, or a :class:`fxmem.ParallelReport` of such) holds, every rank's."""
-    from ..formula.guards import lower_bounds
     from ..formula.symbols import dim_symbol
 
     x = dim_symbol(name)
-    return max(r.named.least_values[x] if r.named is not None else
-               lower_bounds(r.valid_when, [x])[x] for r in rank_reports(named))
+    return max(r.named.least_values[x] for r in rank_reports(named))
 
 
 def _scaled(n: int | None, k: int) -> int | None:

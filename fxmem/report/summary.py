@@ -303,7 +303,7 @@ def _readable(report, b: int, dims: dict) -> dict:
     if r is None:
         return dict(peak_exact=exact)
     return dict(peak_readable=str(r.formula), readable_when=r.exact_when,
-                readable_error=tuple(e if isinstance(e, int) else str(e) for e in r.error),
+                readable_error=_error(r),
                 readable_point={"B": b, **dims}, peak_exact=exact)
 
 
@@ -315,7 +315,13 @@ def _in_b(report, b: int) -> dict:
     if r is None or str(r.formula) == str(report.peak):
         return {}
     return dict(at_readable=str(r.formula), at_readable_when=r.exact_when,
-                at_readable_error=tuple(e if isinstance(e, int) else str(e) for e in r.error))
+                at_readable_error=_error(r))
+
+
+def _error(r) -> tuple:
+    """A :class:`fxmem.formula.readable.Readable`'s ``error`` as the summary keeps it: ints,
+    or formulas as text."""
+    return tuple(e if isinstance(e, int) else str(e) for e in r.error)
 
 
 def _by(device: str) -> str:
