@@ -267,13 +267,16 @@ def _trace(request: TraceRequest):
 
 
 def _below(as_here, request: TraceRequest, guards=()):
-    """``b -> Report``: ``request`` traced with B the int ``b``, for a B below where the
-    formulas hold, the modules in the modes ``as_here`` restores."""
-    def below(b):
+    """``(b, values=None) -> Report``: ``request`` traced with B the int ``b``, for a B below
+    where the formulas hold, the modules in the modes ``as_here`` restores; ``values``
+    (``{dim: size}``, every named dim): traced there alone, a report in B only (a point's
+    trace costs less than one in symbols: :meth:`fxmem.Report.at`'s reports ask so)."""
+    def below(b, values=None):
         _own_world_free(request.parallel, b, guards)
+        point = {"concrete_dims": dict(values)} if values else {}
         with as_here():
-            t = _trace(request.but(concrete_batch=b))
-        return _report(t, request.dims, request.step.device)
+            t = _trace(request.but(concrete_batch=b, **point))
+        return _report(t, None if values else request.dims, request.step.device)
     return below
 
 

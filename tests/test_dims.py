@@ -148,6 +148,30 @@ def test_a_step_traced_at_one_point_is_the_formula_there(lm):
         assert _report(t, None, "cpu").peak_bytes(b) == r.peak_bytes(b, L=n)
 
 
+def test_a_b_below_the_formulas_at_fixed_dims_is_traced_at_that_point(lm, monkeypatch):
+    """A report at fixed dims (``at(L=n)``) asked at B=1, below where its formulas hold,
+    traces the step at B=1 and L=n alone (both plain ints: a trace in symbols costs more),
+    not at B=1 in L; once the step at B=1 in L is traced, each length reads it."""
+    import importlib
+
+    analyze = importlib.import_module("fxmem.analyze")  # (fxmem.analyze: the function)
+    m, _ = lm
+    ids = torch.randint(0, 128, (4, 16))  # a report of its own: nothing traced at B=1 yet
+    r = fxmem.analyze(m, (ids, ids), optimizer=torch.optim.AdamW, device="cpu",
+                      dims={"L": [(0, 1), (1, 1)]})
+    made = []
+    real = analyze.trace
+    monkeypatch.setattr(analyze, "trace", lambda *a, **k: made.append(k) or real(*a, **k))
+    at_9 = r.at(L=9)._small(1)
+    assert [(k["concrete_batch"], k["concrete_dims"]) for k in made] == [(1, {"L": 9})]
+    assert r._traced_at(1, make=False) is None  # the step at B=1 in L: not traced
+    in_l = r._traced_at(1)
+    assert at_9.peak_bytes(1) == in_l.at(L=9).peak_bytes(1)
+    made.clear()
+    assert r.at(L=11)._small(1).peak_bytes(1) == in_l.at(L=11).peak_bytes(1)
+    assert made == []  # read from the trace in L
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_the_formula_keeps_the_terms_that_can_be_the_peak(lm, device):
     m, r = lm

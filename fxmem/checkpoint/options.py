@@ -507,6 +507,36 @@ class Planner:
         return PlanChoice(b, Plan.of(plan), peak, cost, self.step_flops(b), rep, exact)
 
 
+def chooser(report, candidates=None, kinds=None):
+    """The planner of ``report`` (a :class:`fxmem.Report` in B alone) for ``kinds`` (default
+    all) over ``candidates``: every granularity on a chain of blocks (:class:`Planner`), else
+    whole modules (:class:`fxmem.checkpoint.choose.Chooser`); made once per question and
+    kept on the report (its walks and frontiers ask again).
+
+    >>> import torch, fxmem
+    >>> m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    >>> r = fxmem.analyze(m, torch.randn(4, 8), loss=lambda o: o.sum(), device="cpu")
+    >>> chooser(r, kinds=["module"]) is chooser(r, kinds=("module",))
+    True
+    """
+    from .choose import Chooser
+
+    kinds = KINDS if kinds is None else tuple(dict.fromkeys(kinds))
+    key = (None if candidates is None else tuple(candidates), kinds)
+    cache = report.__dict__.setdefault("_choosers", {})
+    if key not in cache:
+        if kinds == ("module",):
+            cache[key] = Chooser(report, candidates)
+        else:
+            try:
+                cache[key] = Planner(report, candidates, kinds)
+            except NotAChain:
+                if "module" not in kinds:
+                    raise
+                cache[key] = Chooser(report, candidates)
+    return cache[key]
+
+
 def _owners(ops, blocks) -> list:
     """Per op, the index of the block (a module path) whose forward or backward op it is (its
     module the block or inside it; the last such block), else -1."""

@@ -77,11 +77,20 @@ class Report:
         if key not in self._at:
             t = specialize(self.named.trace, **values)
             lv = liveness(build_graph(t), self.device)
-            below = self.below and (lambda b: self._traced_at(b).at(**values))
+            below = self.below and functools.partial(self._small_at, values)
             again = self.reanalyze and (lambda f=self.reanalyze, **kw: f(**kw).at(**values))
             self._at[key] = Report(lv, parts_of(lv), t.guards, below=below, reanalyze=again,
                                    retrace=retrace_at(self.retrace, values))
         return self._at[key]
+
+    def _small_at(self, values: dict, b: int) -> "Report":
+        """The step at ``b`` below the formulas with the dims at ``values`` (:meth:`at`'s):
+        read from the trace at ``b`` in the dims where made, else traced at that point alone
+        (Llama-3.1-8B over 8 GPUs at L=8192, serial: 2.45 s in L, 2.03 s at the point)."""
+        made = self._traced_at(b, make=False)
+        if made is None and set(values) == set(self.dims):
+            return self.below(b, values)
+        return (made or self._traced_at(b)).at(**values)
 
     def _small(self, B) -> "Report | None":  # noqa: N803
         """The step traced at B (cached) below min_batch_size (no formula there), else None."""
@@ -217,26 +226,11 @@ class Report:
         return frontier(self, _check_b(B), candidates, kinds)
 
     def _chooser(self, candidates=None, kinds=None):
-        """The planner for ``kinds`` (default all) over ``candidates``: every granularity on
-        a chain of blocks (:class:`fxmem.checkpoint.options.Planner`), else whole modules
-        (:class:`fxmem.checkpoint.choose.Chooser`)."""
-        from ..checkpoint.choose import Chooser
-        from ..checkpoint.options import KINDS, NotAChain, Planner
+        """The planner for ``kinds`` over ``candidates`` (:func:`fxmem.checkpoint.options.
+        chooser`), made once per question."""
+        from ..checkpoint.options import chooser
 
-        kinds = KINDS if kinds is None else tuple(dict.fromkeys(kinds))
-        key = (None if candidates is None else tuple(candidates), kinds)
-        cache = self.__dict__.setdefault("_choosers", {})
-        if key not in cache:
-            if kinds == ("module",):
-                cache[key] = Chooser(self, candidates)
-            else:
-                try:
-                    cache[key] = Planner(self, candidates, kinds)
-                except NotAChain:
-                    if "module" not in kinds:
-                        raise
-                    cache[key] = Chooser(self, candidates)
-        return cache[key]
+        return chooser(self, candidates, kinds)
 
     @property
     def recompute_flops(self) -> sympy.Expr:
