@@ -35,6 +35,23 @@ class MLP(nn.Module):
 
 MLP_PLAN = {"up": ColwiseParallel(), "down": RowwiseParallel()}
 
+
+class CausalMath(nn.Module):
+    """Causal attention whose CUDA kernel is the math one on every PyTorch (a head dim of 6,
+    which no fused kernel takes: tests/test_ddp.py's ``_CausalMath``), which makes its
+    causal mask, a bool tensor of L x L, from no tensor; then a head over the mean token."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.q = nn.Linear(d, 24)
+        self.head = nn.Linear(24, 10)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q = self.q(x).view(b, n, 4, 6).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        return self.head(a.transpose(1, 2).reshape(b, n, 24).mean(1))
+
 # at width 1,024 every gathered block, reduce-scatter input and output is a large-pool block
 # (4,198,400 B gathered, 2,099,200 B each rank's gradients of a block): each FSDP2 stream
 # reserves large segments of its own; "kept": gradients kept across steps
@@ -59,6 +76,10 @@ CASES = {  # name: (model, strategy, input width, step options)
     "ddp-reused": (lambda: Stack(n=6), lambda: DDP(2), 64, {}),
     "ddp-reused-buckets": (lambda: Stack(n=6), lambda: DDP(2, bucket_cap_mb=0.02), 64, {}),
     # the gradients views of those buckets
+    # the math attention's causal mask, made from no tensor, is the step's under DDP too
+    # (not run for real as the Reducer's bookkeeping, its bytes uncounted): inputs of
+    # 128 tokens of width 32, a mask of 16 KiB
+    "ddp-causal-mask": (CausalMath, lambda: DDP(2), (2048, 32), {}),
     "ddp-reused-views": (lambda: Stack(n=6), lambda: DDP(
         2, bucket_cap_mb=0.02, gradient_as_bucket_view=True), 64, {}),
     "tp-reused": (lambda: _blocks_of(6), lambda: TP(2, BLOCKS_PLAN_OWN), 256, {}),
@@ -271,10 +292,11 @@ def _blocks_of(n: int):
 
 def case(name):
     """``(model, x, y, parallel, step options)`` of the case ``name``."""
-    make, strategy, width, options = CASES[name]
+    make, strategy, width, options = CASES[name]  # width: an int, or a sample's shape
     torch.manual_seed(0)
     model = make()
-    x, y = torch.randn(4, width), torch.randint(0, 10, (4,))
+    x, y = torch.randn(4, *(width if isinstance(width, tuple) else (width,))), \
+        torch.randint(0, 10, (4,))
     return model, x, y, strategy(), {"loss": F.cross_entropy, "optimizer": torch.optim.Adam,
                                      **options}
 

@@ -57,7 +57,7 @@ def _figures(name, B):  # noqa: N803
 REUSED = ("ddp-reused", "ddp-reused-buckets", "ddp-reused-views", "tp-reused",
           "fsdp-tp-reused")
 CASES = ("fsdp", "fsdp-keep", "fsdp-wide", "fsdp-wide-kept", "fsdp-offload", "hsdp", "ddp",
-         "ddp-wide", "tp", "fsdp-tp", "hsdp-tp", "fsdp-tp-offload", "fsdp-amp",
+         "ddp-wide", "ddp-causal-mask", "tp", "fsdp-tp", "hsdp-tp", "fsdp-tp-offload", "fsdp-amp",
          "fsdp-amp-param-dtype", *REUSED)
 KNOWN_ALLOCATED: dict = {}
 KNOWN_RESERVED: dict = {}
