@@ -43,9 +43,12 @@ import sys
 from dataclasses import dataclass
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from ...errors import InputError
+from ..ledger.saved import making_stand_in
 from ..ledger.tracking import StorageTracker
 from .strategy import Strategy
 
@@ -306,19 +309,25 @@ class RealInts(TorchDispatchMode):
 _LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
 
 
+def _fake_arg(args) -> bool:
+    """Is a positional argument, or an item of a list or tuple of them, a fake tensor? Most
+    of a step's ops: :func:`_bookkeeping` answers those at once (walking every op's
+    arguments took a tenth of a DDP trace: Llama-3.1-8B over 8 ranks with ZeRO-1)."""
+    for a in args:
+        if isinstance(a, FakeTensor) or isinstance(a, (list, tuple)) and any(
+                isinstance(t, FakeTensor) for t in a):
+            return True
+    return False
+
+
 def _bookkeeping(func, args, kwargs) -> bool:
     """Does an op run on real tensors only, or make an integer tensor (not a bool one) of
     plain sizes from none (not a saved tensor's stand-in:
     :func:`fxmem.trace.ledger.saved.making_stand_in`)? A bool mask from no tensor is the
     step's (math attention's causal mask on a V100: at a symbolic L no real kernel takes
     its sizes, at a plain one it had been real, its bytes uncounted)."""
-    from torch._subclasses.fake_tensor import FakeTensor
-    from torch.utils._pytree import tree_leaves
-
-    from ..ledger.saved import making_stand_in
-
-    if making_stand_in() or func in _LIFTS:  # a constant of the model's, lifted as on one GPU
-        return False
+    if _fake_arg(args) or making_stand_in() or func in _LIFTS:  # (a lifted constant of
+        return False  # the model's, as on one GPU)
     leaves = tree_leaves((args, kwargs))
     tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
     if tensors:
