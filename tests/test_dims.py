@@ -172,6 +172,31 @@ def test_a_b_below_the_formulas_at_fixed_dims_is_traced_at_that_point(lm, monkey
     assert made == []  # read from the trace in L
 
 
+def test_a_b_whose_length_is_searched_is_traced_in_the_dims_alone(lm, monkeypatch):
+    """Where the step at B=1 in L is wanted (the longest L at B=1: fit's length way, the
+    CLI's setup rows; ``in_dims_at``), a report at fixed dims reads that trace at B=1 rather
+    than tracing B=1 at its point too: one trace, not two."""
+    import importlib
+
+    from fxmem.report.fit import in_dims_at
+
+    analyze = importlib.import_module("fxmem.analyze")
+    m, _ = lm
+    ids = torch.randint(0, 128, (4, 16))
+    r = fxmem.analyze(m, (ids, ids), optimizer=torch.optim.AdamW, device="cpu",
+                      dims={"L": [(0, 1), (1, 1)]})
+    made = []
+    real = analyze.trace
+    monkeypatch.setattr(analyze, "trace", lambda *a, **k: made.append(k) or real(*a, **k))
+    in_dims_at(r, 1)
+    in_dims_at(r, 3)  # (B=3 is where the formulas hold: nothing to trace)
+    assert made == []
+    at_9 = r.at(L=9)._small(1)
+    r.max_length(10**9, 1)
+    assert [(k["concrete_batch"], k["concrete_dims"]) for k in made] == [(1, None)]
+    assert at_9.peak_bytes(1) == r._traced_at(1).at(L=9).peak_bytes(1)
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_the_formula_keeps_the_terms_that_can_be_the_peak(lm, device):
     m, r = lm

@@ -298,6 +298,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
     from ..analyze import analyze as run_analysis
     from ..analyze import analyzer
     from ..report.ahead import param_dtype_ahead, param_dtype_early, reanalyze_of
+    from ..report.fit import in_dims_at
     from ..report.ranks_ahead import fewest_early
     from ..report.summary import summarize
     from ..trace.engine import Step
@@ -419,6 +420,7 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
             if budget_bytes is not None and len(dims) == 1 and not auto_compiled:
                 extra.append(lambda: longest_rows(named, *dims, budget_bytes, batch,
                                                   position_limit(t.model), conv_ws))
+                in_dims_at(named, batch)  # (the rows read B in the dims: so does the report)
             report = at = report.at(**at_dims)
         # a data-parallel report stays whole: the summary shows the per-rank table and the
         # report of the ranks with the least room (fxmem.report.summary.summarize)
