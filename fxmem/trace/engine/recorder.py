@@ -306,7 +306,8 @@ class Recorder(EagerOps, StorageTracker):
                 # (a dim traced from a size of 1: PyTorch's broadcasting fixes such a size,
                 # whatever the model does; B is traced from 2 or more for that reason)
                 f"a size of 1 is one PyTorch's broadcasting fixes: give {name} = 2 or more "
-                f"(--seq 2, --dim {name}=2); the formula then holds from {name} = 2"
+                f"(an example input that long; on the command line --seq 2 or --dim "
+                f"{name}=2); the formula then holds from {name} = 2"
                 if value == 1 else
                 "compute sizes from the tensor's shape instead of constants, int() or len()")
             raise SpecializationError(
