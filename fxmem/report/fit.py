@@ -241,7 +241,7 @@ def in_dims_at(named, b: int) -> None:
     at ``b`` reads it too (Llama-3.1-70B over 64 GPUs asked at B=1 had traced both, 4.3 s
     at L=4096 and 5.5 s in L). Nothing is traced here."""
     for r in rank_reports(named):
-        r.__dict__.setdefault("_in_dims", set()).add(b)
+        r._in_dims_at(b)
 
 
 def _largest_batch(check, report, b, **_):

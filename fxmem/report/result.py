@@ -85,14 +85,17 @@ class Report:
 
     def _small_at(self, values: dict, b: int) -> "Report":
         """The step at ``b`` below the formulas with the dims at ``values`` (:meth:`at`'s):
-        read from the trace at ``b`` in the dims where made or wanted (``_in_dims``, by
-        :func:`fxmem.report.fit.in_dims_at`), else traced at that point alone (Llama-3.1-8B
-        over 8 GPUs at L=8192, serial: 2.45 s in L, 2.03 s at the point)."""
+        read from the trace at ``b`` in the dims where made or :meth:`_in_dims_at`, else
+        traced at that point alone (Llama-3.1-8B over 8 GPUs, L=8192: 2.45 s, 2.03 s)."""
         made = self._traced_at(b, make=False)
         if made is None and set(values) == set(self.dims) and \
                 b not in self.__dict__.get("_in_dims", ()):
             return self.below(b, values)
         return (made or self._traced_at(b)).at(**values)
+
+    def _in_dims_at(self, b: int) -> None:  # (fxmem.report.fit.in_dims_at; nothing traced)
+        """The step at ``b`` is read in the dims by this report's at fixed values."""
+        self.__dict__.setdefault("_in_dims", set()).add(b)
 
     def _small(self, B) -> "Report | None":  # noqa: N803
         """The step traced at B (cached) below min_batch_size (no formula there), else None."""
