@@ -414,12 +414,12 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
         ahead = param_dtype_ahead(report, batch, budget_bytes, conv_ws, at_dims, jobs,
                                   first=checkpoint == "auto", early=sooner)  # or stops it
         # the setup's rows in B and the dims, made with the summary (no way out reads them)
-        extra, named, key = [], report, f"peak in B, {', '.join(dims)}"
+        extra, named, key = {}, report, f"peak in B, {', '.join(dims)}"
         if dims:  # the formula in B and the named dims; numbers at the --dim sizes
-            extra.append(lambda: {key: str(named.peak)})
+            extra["peak"] = lambda: {key: str(named.peak)}
             if budget_bytes is not None and len(dims) == 1 and not auto_compiled:
-                extra.append(lambda: longest_rows(named, *dims, budget_bytes, batch,
-                                                  position_limit(t.model), conv_ws))
+                extra["longest"] = lambda: longest_rows(named, *dims, budget_bytes, batch,
+                                                        position_limit(t.model), conv_ws)
                 in_dims_at(named, batch)  # (the rows read B in the dims: so does the report)
             report = at = report.at(**at_dims)
         # a data-parallel report stays whole: the summary shows the per-rank table and the
@@ -434,10 +434,10 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
             report, frontier = chosen.report, chosen.frontier
             compiled_as = chosen.setup_line(auto_compiled, parallel is not None) or compiled_as
             if dims and report is not at and not exact_formula:  # the step without the plan
-                extra[0] = lambda: {key: unplanned_peak(named, batch, at_dims)}
-            if dims and report is not at and len(extra) > 1:  # its longest L, said so
-                extra[1] = lambda: longest_rows(named, *dims, budget_bytes, batch,
-                                                position_limit(t.model), conv_ws, True)
+                extra["peak"] = lambda: {key: unplanned_peak(named, batch, at_dims)}
+            if dims and report is not at and "longest" in extra:  # its longest L, said so
+                extra["longest"] = lambda: longest_rows(named, *dims, budget_bytes, batch,
+                                                        position_limit(t.model), conv_ws, True)
         if save_plan:
             from ..trace.plans import Plan
 
@@ -453,8 +453,8 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                  **{f"dim {n}": v for n, v in at_dims.items()}}
         summary = functools.partial(
             summarize, report, B=batch, budget_bytes=None if card else budget_bytes, top=top,
-            setup=SetupRows(setup, extra), title=f"fxmem report: {t.name}", frontier=frontier,
-            cudnn_workspace=conv_ws, gpu=card, context_bytes=context,
+            setup=SetupRows(setup, list(extra.values())), title=f"fxmem report: {t.name}",
+            frontier=frontier, cudnn_workspace=conv_ws, gpu=card, context_bytes=context,
             **(dict(named=named, dims=at_dims) if dims and report is at else {}))
         fit, early = None, {}  # early: the summary made while a child searched ways
         if budget_bytes is not None:  # when B does not fit: the report, its ways out, exit 4
