@@ -326,8 +326,10 @@ def _bookkeeping(func, args, kwargs) -> bool:
     :func:`fxmem.trace.ledger.saved.making_stand_in`)? A bool mask from no tensor is the
     step's (math attention's causal mask on a V100: at a symbolic L no real kernel takes
     its sizes, at a plain one it had been real, its bytes uncounted)."""
-    if _fake_arg(args) or making_stand_in() or func in _LIFTS:  # (a lifted constant of
-        return False  # the model's, as on one GPU)
+    if _fake_arg(args):  # the step's (most ops: answered before walking their arguments)
+        return False
+    if making_stand_in() or func in _LIFTS:  # a constant of the model's, lifted as on one GPU
+        return False
     leaves = tree_leaves((args, kwargs))
     tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
     if tensors:
