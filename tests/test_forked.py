@@ -87,6 +87,16 @@ def test_a_child_stopped_in_the_foreground_is_still_collected_or_cancelled():
         os.kill(child.pid, 0)
 
 
+def test_a_child_wanted_again_runs_on_in_the_foreground():
+    """A way searched ahead whose answer fit awaits (:meth:`Child.wanted`) runs on while
+    this process traces a plan: under FSDP2 fit's fewest GPUs trace theirs here."""
+    child = forked(lambda: _longest_pause(0.8)).background().wanted()
+    with foreground():
+        time.sleep(0.3)
+        assert _state(child.pid) != "T"
+    assert child.collect() < 0.2
+
+
 def test_a_plan_is_traced_in_the_foreground(monkeypatch):
     """The step traced under a plan (the one --checkpoint auto chose, confirmed) runs with
     the way searched ahead stopped; the step without one does not."""
@@ -147,16 +157,71 @@ def _fits(jobs, **options):
 
 
 def test_two_jobs_find_the_ways_one_finds(monkeypatch, tmp_path):
-    """Under FSDP2 the plan and the fewest GPUs are searched in the child, the largest B,
-    FSDP2's mixed precision and the longest length here (where the largest B's traces stay
-    for the per-rank table): the same Fit as one job's."""
+    """Under FSDP2 the plan and the longest length are searched in the child, the largest
+    B, FSDP2's mixed precision and the fewest GPUs here (where the largest B's traces stay
+    for the per-rank table), the fewest GPUs last: the same Fit as one job's."""
     alone = _fits(1)
     assert not alone and alone.ways
     where = _where(monkeypatch, tmp_path)
     assert _fits(2) == alone
     assert sorted(where()) == sorted([("_largest_batch", True), ("_plan_at", False),
-                                      ("fewest_ranks", False), ("param_dtype_way", True),
-                                      ("_longest", True)])
+                                      ("fewest_ranks", True), ("param_dtype_way", True),
+                                      ("_longest", False)])
+    assert [n for n, here in where() if here][-1] == "fewest_ranks"
+
+
+def test_the_fewest_gpus_walk_before_the_child_s_plan_is_read(monkeypatch):
+    """The fewest GPUs' search makes the walk the checkpoint way's line reads (rank 0's
+    cheapest plan on one GPU more) before it waits for that way from the child: the two
+    had been one chain in the child (Llama-3.1-8B over 8 GPUs: 12.8 s, this process idle
+    for its last 7 s)."""
+    from fxmem.report import forked as forked_module
+    from fxmem.report import world_size
+
+    seen, here = [], os.getpid()
+    walk, collect = world_size.cheapest_plan, forked_module.Child.collect
+
+    def walked(*a, **k):
+        seen.append(("walk", os.getpid() == here))
+        return walk(*a, **k)
+
+    def collected(self):
+        seen.append(("read", os.getpid() == here))
+        return collect(self)
+    monkeypatch.setattr(world_size, "cheapest_plan", walked)
+    monkeypatch.setattr(forked_module.Child, "collect", collected)
+    got = _fits(2)
+    assert "FSDP2 with a checkpoint plan: on 2 GPUs a plan re-running no more fits " \
+        "(the checkpoint way)" in got.none
+    assert seen == [("walk", True), ("read", True)]
+
+
+def test_the_longest_length_found_in_the_child_is_not_searched_again(monkeypatch):
+    """The longest length's answer comes back with the child's ways (``longest``'s memo):
+    the setup's row, which asks the same, reads it here, as one job's would."""
+    from test_fit import _Embed, _sum
+
+    from fxmem.report.ways import Check
+
+    r = fxmem.analyze(_Embed(), torch.randint(0, 100, (4, 16)), loss=_sum, device="cpu",
+                      optimizer=torch.optim.SGD, dims={"L": [(0, 1)]},
+                      parallel=fxmem.FSDP(2))
+    b, length = 256, 64
+    points = r.at(L=length).frontier(b)
+    budget = (points[0].peak_bytes + points[-1].peak_bytes) // 2
+    alone = r.fits(b, budget, L=length, jobs=1)
+    assert alone.way("length") is not None
+    again = fxmem.analyze(_Embed(), torch.randint(0, 100, (4, 16)), loss=_sum, device="cpu",
+                          optimizer=torch.optim.SGD, dims={"L": [(0, 1)]},
+                          parallel=fxmem.FSDP(2))
+    parent, searched = os.getpid(), fit_module._searched
+
+    def here_never(*a, **k):
+        assert os.getpid() != parent, "the longest length searched again here"
+        return searched(*a, **k)
+    monkeypatch.setattr(fit_module, "_searched", here_never)
+    assert again.fits(b, budget, L=length, jobs=2) == alone
+    assert fit_module.longest(Check("live", budget, 0), again, b) == alone.way("length").value
 
 
 def test_a_failing_child_s_ways_are_found_here(monkeypatch, tmp_path):
@@ -185,9 +250,9 @@ def test_the_command_s_report_is_the_same_with_one_job(capfd, tmp_path):
     assert texts[0] == texts[1] and '"ways": [' in texts[0]
 
 
-def _json_reports(capfd, tmp_path) -> list:
-    """The JSON reports of ``fxmem analyze --fsdp 2`` over a budget B does not fit, with
-    ``--jobs 2`` then ``--jobs 1``."""
+def _json_reports(capfd, tmp_path, *options) -> list:
+    """The JSON reports of ``fxmem analyze --fsdp 2`` (and ``options``) over a budget B
+    does not fit, with ``--jobs 2`` then ``--jobs 1``."""
     from test_fit import SEED
     from test_mistakes import run_in_process
 
@@ -196,47 +261,69 @@ def _json_reports(capfd, tmp_path) -> list:
         out = tmp_path / f"r{jobs}.json"
         code, _, err = run_in_process([*SEED, "--fsdp", "2", "--batch", "256", "--budget",
                                        "200MiB", "--format", "json", "--out", str(out),
-                                       "--jobs", jobs], capfd)
+                                       "--jobs", jobs, *options], capfd)
         assert code == 4 and "does not fit 200.00 MiB" in err
         texts.append(out.read_text())
     return texts
 
 
-def _slow_in_child(monkeypatch, seconds=1.0):
-    """The fewest GPUs' way (searched in the child) made ``seconds`` slower there."""
-    parent, real = os.getpid(), fit_module.fewest_ranks
+def _slow_in_child(monkeypatch, module, name, seconds=1.0):
+    """``module.name`` (a way, or what a child searching one runs) made ``seconds`` slower
+    in a forked child."""
+    parent, real = os.getpid(), getattr(module, name)
 
     def slow(*a, **k):
         if os.getpid() != parent:
             time.sleep(seconds)
         yield from real(*a, **k)
-    monkeypatch.setattr(fit_module, "fewest_ranks", slow)
+    monkeypatch.setattr(module, name, slow)
 
 
-def test_work_meanwhile_is_done_while_the_child_searches(monkeypatch):
-    """fit's ``meanwhile``: called once, in this process, after its own ways, while the
-    child's are not found yet; not called where nothing is waited for."""
+def test_work_meanwhile_is_done_while_a_way_searched_ahead_goes_on(monkeypatch, tmp_path):
+    """fit's ``meanwhile``: called once, in this process, after its own ways, where a way
+    searched ahead is not found yet; not while it waits for its own child's ways (the CLI's
+    summary reads the longest length, which that child searches), nor where nothing is
+    waited for."""
+    import fxmem.report.ahead as ahead_module
+    from fxmem.report.ahead import param_dtype_ahead
+
     alone = _fits(1)
-    _slow_in_child(monkeypatch)
+    _slow_in_child(monkeypatch, fit_module, "_plan_at")
     calls = []
     assert _fits(2, meanwhile=lambda: calls.append(os.getpid())) == alone
-    assert calls == [os.getpid()]
-    calls.clear()
+    assert calls == []  # fit's own child waited for
     assert _fits(1, meanwhile=lambda: calls.append(1)) == alone
     assert calls == []  # one job: no child to wait for
+    amp, _, b, budget = _ahead_case()
+    alone = amp.fits(b, budget, jobs=1)
+    flag = tmp_path / "meanwhile"
+    parent, real = os.getpid(), ahead_module.param_dtype_way
+
+    def after_meanwhile(*a, **k):  # (the child searching ahead answers once it is called)
+        for _ in range(2000):
+            if os.getpid() == parent or flag.exists():
+                break
+            time.sleep(0.01)
+        yield from real(*a, **k)
+    monkeypatch.setattr(ahead_module, "param_dtype_way", after_meanwhile)
+    ahead = param_dtype_ahead(amp, b, budget)
+    assert amp.fits(b, budget, jobs=2, ahead=ahead,
+                    meanwhile=lambda: calls.append(os.getpid()) or flag.touch()) == alone
+    assert calls == [os.getpid()]
 
 
 def test_the_command_s_summary_made_while_waiting_is_the_one_made_after(capfd, tmp_path,
                                                                          monkeypatch):
-    """The CLI makes its summary while the child searches (fit's ``meanwhile``), once: the
-    report is the one --jobs 1 gives."""
+    """The CLI makes its summary while a way searched ahead goes on (fit's ``meanwhile``),
+    once: the report is the one --jobs 1 gives."""
+    import fxmem.report.ahead as ahead_module
     import fxmem.report.summary as summary_module
 
-    _slow_in_child(monkeypatch)
+    _slow_in_child(monkeypatch, ahead_module, "param_dtype_at")
     made, real = [], summary_module.summarize
     monkeypatch.setattr(summary_module, "summarize",
                         lambda *a, **k: made.append(k.get("fit")) or real(*a, **k))
-    texts = _json_reports(capfd, tmp_path)
+    texts = _json_reports(capfd, tmp_path, "--amp", "bf16")
     assert texts[0] == texts[1] and '"ways": [' in texts[0]
     assert made[0] is None and made[1] is not None  # early (no fit yet), then after fit
 
@@ -290,18 +377,26 @@ def test_the_longer_search_runs_at_this_process_s_priority(monkeypatch, first):
     --checkpoint auto, where that way is the longer search) the other way round. The same
     Fit either way."""
     import fxmem.report.ahead as ahead_module
+    import fxmem.report.beside as beside_module
+    import fxmem.report.forked as forked_module
     from fxmem.report.ahead import NICENESS, param_dtype_ahead
 
     amp, _, b, budget = _ahead_case()
     alone = amp.fits(b, budget, jobs=1)
     nice = []
-    for module in (ahead_module, fit_module):
+    for module in (ahead_module, beside_module):
         monkeypatch.setattr(module, "forked", lambda run, niceness=0, real=module.forked:
                             nice.append(niceness) or real(run, niceness))
+    wanted = []
+    real = forked_module.Child.wanted
+    monkeypatch.setattr(forked_module.Child, "wanted",
+                        lambda self: wanted.append(self.pid) or real(self))
     ahead = param_dtype_ahead(amp, b, budget, first=first)
     assert ahead.first is first
+    pid = ahead.child.pid
     assert amp.fits(b, budget, jobs=2, ahead=ahead) == alone
     assert nice == ([0, NICENESS] if first else [NICENESS, 0])
+    assert wanted == [pid]  # taken by fit: not stopped while it traces a plan
 
 
 def _early(budget, b, model=None):

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from ..checkpoint.on_device import bisect_largest, largest_running
 from ..errors import FxmemError, InfeasibleBudgetError, InputError
 from .ahead import NICENESS
-from .forked import forked
+from .beside import Beside
 from .precision import param_dtype_way
 from .text import fmt_bytes
 from .ways import (
@@ -107,18 +107,20 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
     traced at that B alone), for the FSDP2 ways; :func:`fxmem.analyze` gives reports one
     (``Report.reanalyze``). ``ways=False``: only whether it fits. ``progress(what)``: called
     with what is being searched as each search starts (the CLI's status line). ``jobs=2``:
-    under FSDP2, the plan and the fewest GPUs searched in a forked child while this process
-    searches the largest B, FSDP2's mixed precision and the longest length
-    (:mod:`fxmem.report.forked`; the same ways, in the same order). ``ahead``: FSDP2's mixed
+    under FSDP2, the plan and then the longest length searched in a forked child (the
+    plan's way sent back first: :mod:`fxmem.report.beside`) while this process searches the
+    largest B, FSDP2's mixed precision and then the fewest GPUs, which reads the child's
+    plan once its own walk is made (the same ways, in the same order). ``ahead``: FSDP2's mixed
     precision searched ahead in a child (:func:`fxmem.report.ahead.param_dtype_ahead`), its
     answer taken where it searched this way, the child stopped otherwise; ``ranks_ahead``:
     likewise, FSDP2's fewest GPUs for a step on one GPU
     (:func:`fxmem.report.ranks_ahead.fewest_early`), given what it reads of the step before
     any way is searched here (the checkpoint way once it is), while this process searches
     the others. ``meanwhile()``:
-    work the caller needs next (the CLI: the report's summary), done once this process has
-    searched its own ways, where a child's are not found yet (Llama-3.1-70B's command
-    waited 9 s for the way searched ahead, then made its summary, 3.4 s)."""
+    work the caller needs next (the CLI: the report's summary), done once, where this
+    process would wait for a child's way (the fewest GPUs reading the checkpoint way, or
+    after its own ways; Llama-3.1-70B's command waited 9 s for the way searched ahead,
+    then made its summary, 3.4 s)."""
     if isinstance(B, bool) or not isinstance(B, int) or B < 1:
         raise InputError(f"B must be a positive int, got {B!r}")
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 1:
@@ -135,6 +137,8 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
             report, B, dims or {}, check, reanalyze)):
         ahead.cancel()
         ahead = None
+    elif ahead is not None:  # its way wanted: not stopped while a plan is traced here
+        ahead.wanted()
     if ranks_ahead is not None and (ok or not ways or reanalyze is None or not ranks_ahead
                                     .matches(report, B, dims or {}, check)):
         ranks_ahead.cancel()
@@ -147,32 +151,55 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
                 ("FSDP2's own mixed precision", param_dtype_way),
                 (f"the longest sequence at B={B}", _longest))
 
-    def run(indices, tell=None, found=()) -> dict:  # way index -> what it yielded
+    def run(indices, tell=None, found=(), later=None) -> dict:  # way index -> its yield
         got, found = {}, list(found)
         for k in indices:
             what, way = searches[k]
             if tell is not None:
                 tell(what)
             got[k] = list(way(check, report, B, named=named, dims=dims or {}, limit=limit,
-                              reanalyze=reanalyze, found=tuple(found), jobs=jobs))
+                              reanalyze=reanalyze, found=tuple(found), jobs=jobs,
+                              **({"later": later} if k == RANKS and later else {})))
             found += [w for w in got[k] if isinstance(w, WayOut)]
         return got
-    # the plan and the fewest GPUs (which reads the plan's way: found) in the child, the
-    # others here, where the largest B's traces and replays (a rank at a B below where the
-    # formulas hold) stay for the report's per-rank table, which reads them again. On one
-    # GPU no such child: the other ways are searches of formulas (Llama-3.1-8B's command
-    # took 2.7 s longer with one); its fewest GPUs are searched by the child ranks_ahead
-    # started before the first trace, where the CLI started one
+    # the plan and then the longest length in the child (the plan's way sent back as soon
+    # as it is found), the others here, where the largest B's traces and replays (a rank at
+    # a B below where the formulas hold) stay for the report's per-rank table, which reads
+    # them again; the fewest GPUs last, reading the plan's way once its own walk is made
+    # (the two searches had been one chain in the child, 12.8 s of Llama-3.1-8B's command
+    # over 8 GPUs, this process idle for its last 7 s). On one GPU no such child: the other
+    # ways are searches of formulas (Llama-3.1-8B's command took 2.7 s longer with one);
+    # its fewest GPUs are searched by the child ranks_ahead started before the first
+    # trace, where the CLI started one
     from ..trace.parallel import FSDP
 
-    beside = jobs > 1 and isinstance(getattr(report, "strategy", None), FSDP)
-    nice = NICENESS if ahead is not None and ahead.first else 0  # the way ahead the longer
-    child = forked(lambda: run(BESIDE), nice) if beside else None
-    mine = [k for k in range(len(searches)) if (child is None or k not in BESIDE)
+    beside = None
+    if jobs > 1 and isinstance(getattr(report, "strategy", None), FSDP):
+        nice = NICENESS if ahead is not None and ahead.first else 0  # the way ahead longer
+        beside = Beside(run, (PLAN,), (LONGEST,), niceness=nice,
+                        kept=lambda: named.__dict__.get("_longest") if named is not None
+                        else None)  # (the longest length's answer, read again here)
+        beside = beside if beside.child is not None else None
+    mine = [k for k in range(len(searches)) if (beside is None or k not in BESIDE)
             and (ahead is None or k != AHEAD) and (ranks_ahead is None or k != RANKS)]
+    if beside is not None and RANKS in mine:  # the fewest GPUs last (it waits for the plan)
+        mine = [k for k in mine if k != RANKS] + [RANKS]
+    theirs: dict = {}  # the child's ways, once read
+
+    def plan_way(then=None):  # the checkpoint way, the child's (found here where it
+        if beside is not None and PLAN not in theirs:  # failed); ``then``: the search told
+            if progress is not None:  # again after it
+                progress(f"{searches[PLAN][0]} (searched beside)")
+            answer = beside.first()
+            theirs.update(answer if answer is not None else run((PLAN,), progress))
+            if progress is not None and then is not None:
+                progress(then)
+        return next((w for w in theirs.get(PLAN, ()) if isinstance(w, WayOut)
+                     and w.kind == "checkpoint"), None)
     try:
         if ranks_ahead is None:
-            got = run(mine, progress)
+            got = run(mine, progress, later=None if beside is None else
+                      lambda: plan_way(searches[RANKS][0]))
         else:  # what the child searches from given first (it waits for it: its search is
             # the command's longest); the checkpoint way, which the child reads once its own
             # search is done, after the largest B and that way's walk
@@ -184,19 +211,23 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
             before = [w for k in sorted(got) for w in got[k] if isinstance(w, WayOut)]
             ranks_ahead.give_one(next((w for w in before if w.kind == "checkpoint"), None))
             got.update(run([k for k in mine if k > RANKS], progress, before))
+        if beside is not None:  # (before meanwhile: the summary reads the longest length)
+            plan_way()
+            if progress is not None:
+                progress(f"{searches[LONGEST][0]} (searched beside)")
+            answer = beside.rest()
+            if answer is not None and answer[1] is not None:  # its answer, as if found here
+                named.__dict__.setdefault("_longest", {}).update(answer[1])
+            theirs.update(answer[0] if answer is not None else run(BESIDE[1:], progress))
+            got.update(theirs)
         if meanwhile is not None and any(c is not None and not c.ready()
-                                         for c in (child, ahead, ranks_ahead)):
+                                         for c in (ahead, ranks_ahead)):
             meanwhile()
     except BaseException:
-        for c in (child, ahead, ranks_ahead):
+        for c in (beside, ahead, ranks_ahead):
             if c is not None:
                 c.cancel()
         raise
-    if child is not None:
-        if progress is not None:
-            progress(" and ".join(searches[k][0] for k in BESIDE) + " (searched beside)")
-        theirs = child.collect()
-        got.update(theirs if theirs is not None else run(BESIDE, progress))
     if ahead is not None:
         if progress is not None:
             progress(f"{searches[AHEAD][0]} (searched ahead)")
@@ -212,8 +243,10 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
                    none=tuple(str(w) for w in ways if not isinstance(w, WayOut)))
 
 
-BESIDE = (1, 2)  # the ways fit's jobs=2 searches in a child, in order: the plan's, then
-# the fewest GPUs (which reads it); none of the others reads another's
+BESIDE = (1, 4)  # the ways fit's jobs=2 searches in a child, in order: the plan's (sent
+# first: the fewest GPUs, searched here, reads it), the longest length; none of the others
+# reads another's
+LONGEST = 4  # the longest length
 AHEAD = 3  # FSDP2's mixed precision: the way fxmem.report.ahead searches
 RANKS = 2  # the fewest GPUs: the way fxmem.report.ranks_ahead searches, on one GPU
 PLAN = 1  # the checkpoint way

@@ -99,6 +99,38 @@ def forked(run, niceness: int = 0):
     return Child(pid, r)
 
 
+def send(fd: int, value) -> bool:
+    """``value`` pickled down the pipe ``fd``, its length first (:func:`receive` reads it);
+    False where no process reads it any more."""
+    data = pickle.dumps(value)
+    try:
+        with os.fdopen(fd, "wb", closefd=False) as f:
+            f.write(len(data).to_bytes(8, "little") + data)
+    except OSError:  # the reader ended
+        return False
+    return True
+
+
+def receive(f, missing=None):
+    """The next value :func:`send` wrote to the pipe ``f`` (a file): its length first (a
+    process forked later may hold the pipe too, so its end is not the sign); None where
+    there is none (``missing``: raised instead)."""
+    n = int.from_bytes(f.read(8) or bytes(8), "little")
+    data = f.read(n) if n else b""
+    if len(data) < n or not n:
+        if missing is not None:
+            raise missing("the value sent never came")
+        return None
+    return pickle.loads(data)
+
+
+def readable(fd: int) -> bool:
+    """Whether reading ``fd`` would not wait."""
+    import select
+
+    return bool(select.select([fd], [], [], 0)[0])
+
+
 class Child:
     """A forked child running a function: :meth:`collect` its result, or :meth:`cancel`."""
 
@@ -111,11 +143,16 @@ class Child:
         _background[self.pid] = os.getpid()
         return self
 
+    def wanted(self) -> Child:
+        """This child no longer :meth:`background`: its answer is awaited now (a way fit
+        searches), so this process's :func:`foreground` blocks leave it running; returned."""
+        if _background.pop(self.pid, None) is not None:
+            _signal(self.pid, signal.SIGCONT)  # (stopped only inside such a block)
+        return self
+
     def ready(self) -> bool:
         """Whether the child has answered (or ended): :meth:`collect` would not wait."""
-        import select
-
-        return bool(select.select([self.fd], [], [], 0)[0])
+        return readable(self.fd)
 
     def collect(self):
         """The child's result, its warnings raised here; None when it failed."""
@@ -154,6 +191,11 @@ class ChildWay:
     def ready(self) -> bool:
         """Whether :meth:`take` would not wait (the child answered, or there is none)."""
         return self.child is None or self.child.ready()
+
+    def wanted(self) -> None:
+        """The child's answer is awaited now (:meth:`Child.wanted`)."""
+        if self.child is not None:
+            self.child.wanted()
 
     def take(self):
         """What the way yielded, or None (the child failed, or there is none)."""

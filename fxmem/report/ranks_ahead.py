@@ -37,12 +37,10 @@ True
 from __future__ import annotations
 
 import os
-import pickle
-import select
 from dataclasses import dataclass
 
 from ..errors import FxmemError
-from .forked import ChildWay, cpus, forked
+from .forked import ChildWay, cpus, forked, readable, receive, send
 from .ways import Check, at_point, default_by
 
 WORLD_SIZE = 8  # the world size the child traces first (any other is derived from it)
@@ -85,13 +83,7 @@ class RanksAhead(ChildWay):
             self._release()
 
     def _send(self, value) -> bool:
-        data = pickle.dumps(value)
-        try:
-            with os.fdopen(self.fd, "wb", closefd=False) as f:
-                f.write(len(data).to_bytes(8, "little") + data)
-        except OSError:  # the child ended (its trace failed)
-            return False
-        return True
+        return send(self.fd, value)  # (False: the child ended, its trace failed)
 
     def _release(self) -> None:
         fd, self.fd = self.fd, None
@@ -123,12 +115,12 @@ def fewest_early(analyze_with, *, step, parallel, B: int, budget_bytes: int | No
         first = analyze_with(parallel=FSDP(WORLD_SIZE), defer=True, **at_point(B, at_dims))
         _meanwhile(first, at_dims, r)
         with os.fdopen(r, "rb") as f:
-            got = _read(f)
+            got = receive(f)
             if got is None:  # not wanted
                 return None
             asked, fit_jobs, later = got
             if later:  # the checkpoint way, read when the search needs it
-                asked.later(lambda: _read(f, EOFError))
+                asked.later(lambda: receive(f, EOFError))
             again = first.groups[0].report.reanalyze  # its step kept: ranks derived from it
             return list(search_ranks(check, asked, B, reanalyze=again, dims=at_dims,
                                      jobs=fit_jobs))
@@ -148,7 +140,7 @@ def _meanwhile(first, at_dims: dict, fd: int) -> None:
     (:func:`fxmem.checkpoint.plans.derive_numbers`), so each planner the search builds
     there costs a third (Llama-3.1-8B over 5 GPUs: 0.13 s against 0.43 s). A planner the
     step cannot have is left to the search, which says why."""
-    if select.select([fd], [], [], 0)[0]:
+    if readable(fd):
         return
     try:
         (first.at(**at_dims) if at_dims else first).groups[0].report._chooser()
@@ -156,14 +148,3 @@ def _meanwhile(first, at_dims: dict, fd: int) -> None:
         pass
 
 
-def _read(f, missing=None):
-    """The next value :meth:`RanksAhead._send` wrote to the pipe ``f``: its length first
-    (a process forked here later holds the pipe too, so its end is not the sign); None
-    where there is none (``missing``: raised instead)."""
-    n = int.from_bytes(f.read(8) or bytes(8), "little")
-    data = f.read(n) if n else b""
-    if len(data) < n or not n:
-        if missing is not None:
-            raise missing("the search's checkpoint way never came")
-        return None
-    return pickle.loads(data)

@@ -115,7 +115,8 @@ class Asked:
         return out
 
 
-def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), jobs=1, **_):
+def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), jobs=1,
+                 later=None, **_):
     """FSDP2's fewest GPUs at ``b``, without a plan then with the cheapest one (``found``:
     the ways found before, the plan on one GPU among them). The searches ask rank 0's step
     of each world size tried (derived from one trace: its shards have the most rows); a
@@ -129,13 +130,16 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), jobs=
     64 GPUs, whose need falls towards a limit over the budget, is told so from 64 and 128
     GPUs, one trace (65 and 130 had been traced). ``jobs=2``: a world size's neighbour
     below, where both are asked, searched in a child while the world size's plan is traced
-    (:func:`fewest`'s ``fork``)."""
+    (:func:`fewest`'s ``fork``). ``later()``: the checkpoint way, where it is still being
+    searched (beside, by fit's child): read once the search needs it (:meth:`Asked.later`)."""
     line = not_searched(report, reanalyze)
     if line:
         yield line
         return
-    yield from search_ranks(check, Asked(check, report, b, found), b, reanalyze=reanalyze,
-                            dims=dims, jobs=jobs)
+    asked = Asked(check, report, b, found)
+    if later is not None:
+        asked.later(later)
+    yield from search_ranks(check, asked, b, reanalyze=reanalyze, dims=dims, jobs=jobs)
 
 
 def not_searched(report, reanalyze) -> str:
@@ -257,14 +261,20 @@ def search_ranks(check, asked: Asked, b, *, reanalyze, dims=None, jobs=1):
     # runs there re-running less. None that runs on every rank re-runs less than the
     # cheapest that runs on rank 0 (derived): when that one does not, the other ranks there
     # are not traced. A checkpoint way still to come is read once the search below is done
-    # (the process searching ahead is given it later: fxmem.report.ranks_ahead)
+    # (one GPU as asked: the process searching ahead is given it later, fxmem.report.
+    # ranks_ahead), or under FSDP2 once the walk its line reads is made (fit's child
+    # searches it beside: the walk here while that search goes on, then the way waited for)
     def as_asked_line(one):
         first = None if one is None else choice(start, part=lead)
         if first is not None and not isinstance(first, str) and \
                 one.recompute_share <= first.recompute_fraction:
             return (f"FSDP2 with a checkpoint plan: on {_n_gpus(start - 1)} a plan re-running "
                     "no more fits (the checkpoint way)")
-    one = None if asked.one_later else asked.one
+    if asked.one_later and w0 is not None:
+        choice(start, part=lead)
+        one = asked.one
+    else:
+        one = None if asked.one_later else asked.one
     if line := as_asked_line(one):
         yield line
         return
