@@ -168,12 +168,15 @@ def test_the_walk_traces_only_the_plan_it_finds():
     assert seen > 1
 
 
-def _frontier(points):
-    """Plans ``p0``, ``p1``, ... of (live peak, need with no limit) in MB, cheapest first."""
+def _frontier(points, shares=None):
+    """Plans ``p0``, ``p1``, ... of (live peak, need with no limit) in MB, cheapest first;
+    ``shares``: each one's ``recompute_fraction`` (else it has none)."""
     from types import SimpleNamespace
 
     return [SimpleNamespace(plan=f"p{k}", peak_bytes=int(live * 1e6), need=int(need * 1e6),
-                            exact=True) for k, (live, need) in enumerate(points)]
+                            exact=True, **({} if shares is None else
+                                           {"recompute_fraction": shares[k]}))
+            for k, (live, need) in enumerate(points)]
 
 
 def _walk(plans, budget: int):
@@ -237,6 +240,23 @@ def test_the_bisection_back_ends_when_nothing_cheaper_is_left():
     assert walked.choice is plans[3] and accepted == ["p0", "p3", "p1", "p2"]
     back = solves[2:]  # after the two that chose p0 and p3
     assert len(back) == 6 and back[-1] == plans[2].peak_bytes - 1, back
+
+
+def test_the_bisection_back_ends_where_no_plan_between_re_runs_a_part_less():
+    """Once no plan between the one found and the lowest that ran out above it can re-run
+    1 % less than the one found (``CLOSE``), the bisection ends. Cheapest first (live
+    peak, need, MB; share): p0 runs out, the jump by its need lands on p4 (13.00 %), which
+    runs; back up, p2 (12.96 %) runs out, so p3 between them (12.98 %, which runs) is not
+    sought. Plans with no share: the walk bisects on to p3."""
+    from fxmem.checkpoint.on_device import CLOSE
+
+    points = [(240, 300), (230, 280), (210, 255), (195, 245), (180, 230), (100, 150)]
+    shares = [0.100, 0.110, 0.1296, 0.1298, 0.1300, 0.200]
+    assert 0.1300 - 0.1296 <= CLOSE * 0.1300 < 0.1300 - 0.100
+    walked, _, accepted = _walk(_frontier(points, shares), int(250e6))
+    assert walked.choice.plan == "p4" and accepted == ["p0", "p4", "p2"]
+    walked, _, accepted = _walk(_frontier(points), int(250e6))
+    assert walked.choice.plan == "p3" and accepted == ["p0", "p4", "p2", "p3"]
 
 
 def test_a_walk_over_every_group_replays_no_plan_twice(monkeypatch):
