@@ -190,30 +190,61 @@ def test_the_fewest_gpus_walk_before_the_child_s_plan_is_read(monkeypatch):
         return collect(self)
     monkeypatch.setattr(world_size, "cheapest_plan", walked)
     monkeypatch.setattr(forked_module.Child, "collect", collected)
+    _slow_in_child(monkeypatch, fit_module, "_plan_at")  # (still to come when it is asked)
     got = _fits(2)
     assert "FSDP2 with a checkpoint plan: on 2 GPUs a plan re-running no more fits " \
         "(the checkpoint way)" in got.none
     assert seen == [("walk", True), ("read", True)]
 
 
-def test_the_longest_length_found_in_the_child_is_not_searched_again(monkeypatch):
-    """The longest length's answer comes back with the child's ways (``longest``'s memo):
-    the setup's row, which asks the same, reads it here, as one job's would."""
+@pytest.mark.parametrize("come", [False, True])
+def test_the_walk_is_made_first_only_while_the_checkpoint_way_is_to_come(monkeypatch, come):
+    """Given the checkpoint way to come (``later``, fit's child searching it), the fewest
+    GPUs' search makes the walk the way's line reads first while it has not come
+    (``ready()`` False); where it has, it is read first (where no plan fits as asked that
+    walk is not needed: Llama-3.1-70B over 64 GPUs had made a 5 s walk in vain). The same
+    lines either way as with the way found before."""
+    from fxmem.report import world_size
+    from fxmem.report.ways import Check, default_by
+
+    m = _stack()
+    r = fxmem.analyze(m, torch.randn(4, 64), loss=lambda o: o.sum(), device="cpu",
+                      optimizer=torch.optim.Adam, parallel=fxmem.FSDP(2))
+    b = 512
+    budget = (r.peak_bytes(b // 2) + r.peak_bytes(b)) // 2
+    one = r.fits(b, budget).way("checkpoint")
+    check, again = Check(default_by(r), budget, 0), r.groups[0].report.reanalyze
+    found = list(world_size.fewest_ranks(check, r, b, reanalyze=again, found=(one,)))
+    seen, walk = [], world_size.cheapest_plan
+    monkeypatch.setattr(world_size, "cheapest_plan",
+                        lambda *a, **k: seen.append("walk") or walk(*a, **k))
+    got = list(world_size.fewest_ranks(check, r, b, reanalyze=again,
+                                       later=lambda: seen.append("read") or one,
+                                       ready=lambda: come))
+    assert got == found and one is not None
+    assert seen[:2] == (["read", "walk"] if come else ["walk", "read"])
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_longest_length_found_in_the_child_is_not_searched_again(monkeypatch, device):
+    """The longest length's answers come back with the child's ways (``longest``'s memo;
+    on CUDA by live bytes too): the setup's rows, which ask the same, read them here, as
+    one job's would."""
     from test_fit import _Embed, _sum
 
-    from fxmem.report.ways import Check
+    from fxmem.report.ways import Check, default_by
 
-    r = fxmem.analyze(_Embed(), torch.randint(0, 100, (4, 16)), loss=_sum, device="cpu",
-                      optimizer=torch.optim.SGD, dims={"L": [(0, 1)]},
-                      parallel=fxmem.FSDP(2))
-    b, length = 256, 64
+    def analyzed():
+        return fxmem.analyze(_Embed(), torch.randint(0, 100, (4, 16)), loss=_sum,
+                             device=device, optimizer=torch.optim.SGD,
+                             dims={"L": [(0, 1)]}, parallel=fxmem.FSDP(2))
+    r, b, length = analyzed(), 256, 64
     points = r.at(L=length).frontier(b)
     budget = (points[0].peak_bytes + points[-1].peak_bytes) // 2
     alone = r.fits(b, budget, L=length, jobs=1)
-    assert alone.way("length") is not None
-    again = fxmem.analyze(_Embed(), torch.randint(0, 100, (4, 16)), loss=_sum, device="cpu",
-                          optimizer=torch.optim.SGD, dims={"L": [(0, 1)]},
-                          parallel=fxmem.FSDP(2))
+    assert alone.way("length") is not None and alone.by == default_by(r)
+    lengths = {by: fit_module.longest(Check(by, budget, 0), r, b) for by in {alone.by, "live"}}
+    again = analyzed()
     parent, searched = os.getpid(), fit_module._searched
 
     def here_never(*a, **k):
@@ -221,7 +252,8 @@ def test_the_longest_length_found_in_the_child_is_not_searched_again(monkeypatch
         return searched(*a, **k)
     monkeypatch.setattr(fit_module, "_searched", here_never)
     assert again.fits(b, budget, L=length, jobs=2) == alone
-    assert fit_module.longest(Check("live", budget, 0), again, b) == alone.way("length").value
+    for by, length in lengths.items():
+        assert fit_module.longest(Check(by, budget, 0), again, b) == length
 
 
 def test_a_failing_child_s_ways_are_found_here(monkeypatch, tmp_path):

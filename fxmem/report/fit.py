@@ -152,6 +152,7 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
                 (f"the longest sequence at B={B}", _longest))
 
     def run(indices, tell=None, found=(), later=None) -> dict:  # way index -> its yield
+        # (``later``: the fewest GPUs' later= and ready=, the checkpoint way to come)
         got, found = {}, list(found)
         for k in indices:
             what, way = searches[k]
@@ -159,7 +160,7 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
                 tell(what)
             got[k] = list(way(check, report, B, named=named, dims=dims or {}, limit=limit,
                               reanalyze=reanalyze, found=tuple(found), jobs=jobs,
-                              **({"later": later} if k == RANKS and later else {})))
+                              **(later if k == RANKS and later else {})))
             found += [w for w in got[k] if isinstance(w, WayOut)]
         return got
     # the plan and then the longest length in the child (the plan's way sent back as soon
@@ -176,9 +177,8 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
     beside = None
     if jobs > 1 and isinstance(getattr(report, "strategy", None), FSDP):
         nice = NICENESS if ahead is not None and ahead.first else 0  # the way ahead longer
-        beside = Beside(run, (PLAN,), (LONGEST,), niceness=nice,
-                        kept=lambda: named.__dict__.get("_longest") if named is not None
-                        else None)  # (the longest length's answer, read again here)
+        beside = Beside(run, (PLAN,), (LONGEST,), niceness=nice, kept=lambda: _lengths(
+            named, check, B, limit))  # (the longest length's answers, read again here)
         beside = beside if beside.child is not None else None
     mine = [k for k in range(len(searches)) if (beside is None or k not in BESIDE)
             and (ahead is None or k != AHEAD) and (ranks_ahead is None or k != RANKS)]
@@ -198,8 +198,9 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
                      and w.kind == "checkpoint"), None)
     try:
         if ranks_ahead is None:
-            got = run(mine, progress, later=None if beside is None else
-                      lambda: plan_way(searches[RANKS][0]))
+            got = run(mine, progress, later=None if beside is None else dict(
+                later=lambda: plan_way(searches[RANKS][0]),
+                ready=lambda: PLAN in theirs or beside.first_ready()))
         else:  # what the child searches from given first (it waits for it: its search is
             # the command's longest); the checkpoint way, which the child reads once its own
             # search is done, after the largest B and that way's walk
@@ -265,6 +266,18 @@ def _give(ranks_ahead, check, report, b: int, jobs: int) -> None:
         asked = None
     if asked is None or not ranks_ahead.give(asked, jobs, later=True):
         ranks_ahead.cancel()
+
+
+def _lengths(named, check, b: int, limit) -> dict | None:
+    """What :func:`longest` answered of ``named`` (its memo), for a process that searched
+    the length way in a child: by the allocator's replay, the answer by live bytes too (the
+    CLI's setup rows read both: ``fxmem.cli.targets.longest_rows``), cheap where the
+    search made its formula's answers."""
+    if named is None:
+        return None
+    if check.by == "device" and len(named.dims) == 1:
+        longest(Check("live", check.budget, 0), named, b, limit)
+    return named.__dict__.get("_longest")
 
 
 def in_dims_at(named, b: int) -> None:

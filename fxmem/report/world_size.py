@@ -47,6 +47,7 @@ class Asked:
         self.changes = as_asked(report, b)  # (a B below the formulas' traced as an int there too)
         self._one = next((f for f in found if f.kind == "checkpoint"), None)
         self._later = None  # () -> the checkpoint way, where it comes after the rest
+        self._ready = None  # () -> whether reading it would not wait (None: it would)
         self.start = self.strategy.world_size + 1 if self.strategy is not None else 2
         self.report, self._b, self._budget = report, b, check.budget
 
@@ -62,11 +63,16 @@ class Asked:
         """Whether the checkpoint way is still to come (:meth:`later`)."""
         return self._later is not None
 
-    def later(self, read) -> None:
+    @property
+    def one_ready(self) -> bool:
+        """Whether reading :attr:`one` would not wait (it is not to come, or has come)."""
+        return self._later is None or self._ready is not None and self._ready()
+
+    def later(self, read, ready=None) -> None:
         """The checkpoint way read by ``read()`` when first asked for: what a process given
         the rest before that way was found (:mod:`fxmem.report.ranks_ahead`) waits for only
-        once its search needs it."""
-        self._later = read
+        once its search needs it. ``ready()``: whether ``read()`` would not wait."""
+        self._later, self._ready = read, ready
 
     @cached_property
     def least(self) -> int:
@@ -116,7 +122,7 @@ class Asked:
 
 
 def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), jobs=1,
-                 later=None, **_):
+                 later=None, ready=None, **_):
     """FSDP2's fewest GPUs at ``b``, without a plan then with the cheapest one (``found``:
     the ways found before, the plan on one GPU among them). The searches ask rank 0's step
     of each world size tried (derived from one trace: its shards have the most rows); a
@@ -131,14 +137,15 @@ def fewest_ranks(check, report, b, *, reanalyze=None, dims=None, found=(), jobs=
     GPUs, one trace (65 and 130 had been traced). ``jobs=2``: a world size's neighbour
     below, where both are asked, searched in a child while the world size's plan is traced
     (:func:`fewest`'s ``fork``). ``later()``: the checkpoint way, where it is still being
-    searched (beside, by fit's child): read once the search needs it (:meth:`Asked.later`)."""
+    searched (beside, by fit's child): read once the search needs it (:meth:`Asked.later`;
+    ``ready()``: whether it has come)."""
     line = not_searched(report, reanalyze)
     if line:
         yield line
         return
     asked = Asked(check, report, b, found)
     if later is not None:
-        asked.later(later)
+        asked.later(later, ready)
     yield from search_ranks(check, asked, b, reanalyze=reanalyze, dims=dims, jobs=jobs)
 
 
@@ -271,7 +278,8 @@ def search_ranks(check, asked: Asked, b, *, reanalyze, dims=None, jobs=1):
             return (f"FSDP2 with a checkpoint plan: on {_n_gpus(start - 1)} a plan re-running "
                     "no more fits (the checkpoint way)")
     if asked.one_later and w0 is not None:
-        choice(start, part=lead)
+        if not asked.one_ready:  # (where it is there, read: a walk that may be in vain not made)
+            choice(start, part=lead)
         one = asked.one
     else:
         one = None if asked.one_later else asked.one
