@@ -117,10 +117,10 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
     (:func:`fxmem.report.ranks_ahead.fewest_early`), given what it reads of the step before
     any way is searched here (the checkpoint way once it is), while this process searches
     the others. ``meanwhile()``:
-    work the caller needs next (the CLI: the report's summary), done once, where this
-    process would wait for a child's way (the fewest GPUs reading the checkpoint way, or
-    after its own ways; Llama-3.1-70B's command waited 9 s for the way searched ahead,
-    then made its summary, 3.4 s)."""
+    work the caller needs next (the CLI: the report's summary), done once this process has
+    searched its own ways and read its child's, where a way searched ahead is not found yet
+    (Llama-3.1-70B's command waited 9 s for the way searched ahead, then made its summary,
+    3.4 s); not while it waits for its own child, whose longest length the summary reads."""
     if isinstance(B, bool) or not isinstance(B, int) or B < 1:
         raise InputError(f"B must be a positive int, got {B!r}")
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 1:
@@ -186,9 +186,11 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
         mine = [k for k in mine if k != RANKS] + [RANKS]
     theirs: dict = {}  # the child's ways, once read
 
-    def plan_way(then=None):  # the checkpoint way, the child's (found here where it
-        if beside is not None and PLAN not in theirs:  # failed); ``then``: the search told
-            if progress is not None:  # again after it
+    # the checkpoint way, the child's (searched here where the child failed); ``then``:
+    # what the status line says again after it
+    def plan_way(then=None):
+        if beside is not None and PLAN not in theirs:
+            if progress is not None:
                 progress(f"{searches[PLAN][0]} (searched beside)")
             answer = beside.first()
             theirs.update(answer if answer is not None else run((PLAN,), progress))
