@@ -42,10 +42,6 @@ class Beside:
         """Whether :meth:`first` would not wait (sent, or the child ended, or none)."""
         return self.fd is None or readable(self.fd)
 
-    def ready(self) -> bool:
-        """Whether :meth:`rest` would not wait."""
-        return self.child is None or self.child.ready()
-
     def first(self):
         """The first part's dict, or None (the child failed before it, or there is none,
         or it was read already)."""

@@ -151,8 +151,8 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
                 ("FSDP2's own mixed precision", param_dtype_way),
                 (f"the longest sequence at B={B}", _longest))
 
-    def run(indices, tell=None, found=(), later=None) -> dict:  # way index -> its yield
-        # (``later``: the fewest GPUs' later= and ready=, the checkpoint way to come)
+    def run(indices, tell=None, found=(), to_come=None) -> dict:  # way index -> its yield
+        # (``to_come``: the fewest GPUs' later= and ready=, the checkpoint way to come)
         got, found = {}, list(found)
         for k in indices:
             what, way = searches[k]
@@ -160,7 +160,7 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
                 tell(what)
             got[k] = list(way(check, report, B, named=named, dims=dims or {}, limit=limit,
                               reanalyze=reanalyze, found=tuple(found), jobs=jobs,
-                              **(later if k == RANKS and later else {})))
+                              **(to_come if k == RANKS and to_come else {})))
             found += [w for w in got[k] if isinstance(w, WayOut)]
         return got
     # the plan and then the longest length in the child (the plan's way sent back as soon
@@ -200,9 +200,8 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
                      and w.kind == "checkpoint"), None)
     try:
         if ranks_ahead is None:
-            got = run(mine, progress, later=None if beside is None else dict(
-                later=lambda: plan_way(searches[RANKS][0]),
-                ready=lambda: PLAN in theirs or beside.first_ready()))
+            got = run(mine, progress, to_come=None if beside is None else dict(
+                later=lambda: plan_way(searches[RANKS][0]), ready=beside.first_ready))
         else:  # what the child searches from given first (it waits for it: its search is
             # the command's longest); the checkpoint way, which the child reads once its own
             # search is done, after the largest B and that way's walk

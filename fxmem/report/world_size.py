@@ -277,12 +277,9 @@ def search_ranks(check, asked: Asked, b, *, reanalyze, dims=None, jobs=1):
                 one.recompute_share <= first.recompute_fraction:
             return (f"FSDP2 with a checkpoint plan: on {_n_gpus(start - 1)} a plan re-running "
                     "no more fits (the checkpoint way)")
-    if asked.one_later and w0 is not None:
-        if not asked.one_ready:  # (where it is there, read: a walk that may be in vain not made)
-            choice(start, part=lead)
-        one = asked.one
-    else:
-        one = None if asked.one_later else asked.one
+    if asked.one_later and w0 is not None and not asked.one_ready:
+        choice(start, part=lead)  # (where the way is there, read first: no walk in vain)
+    one = None if asked.one_later and w0 is None else asked.one
     if line := as_asked_line(one):
         yield line
         return
