@@ -231,4 +231,6 @@ def test_the_checkpoint_way_given_later_is_read_once_the_search_needs_it(share):
     asked.later(lambda: read_after.append(len(analysed)) or one[0])
     assert list(search_ranks(check, asked, b, reanalyze=again)) == want
     assert len(read_after) == 1 and read_after[0] > 0
-    assert any("the checkpoint way" in w for w in want if isinstance(w, str)) == (share == 0.85)
+    # (at 90 %, one GPU more's plan re-runs less: under a point, a line saying so)
+    assert any("a plan re-running no more fits (the checkpoint way)" in w
+               for w in want if isinstance(w, str)) == (share == 0.85)
