@@ -556,9 +556,9 @@ def test_the_plan_on_one_gpu_more_traces_no_other_rank_without_it(monkeypatch):
 
 
 def test_one_gpu_more_saving_under_a_point_is_said_not_traced(monkeypatch):
-    """The same budget with one GPU more worth a point of the FLOPs (WORTH): the stack's
-    plan on 3 GPUs re-runs under a point less than the checkpoint way's on 2, so it is no
-    way out, a line in the ways not found saying by how much, and its plan is not traced
+    """The same budget, WORTH as it is (a point of the FLOPs): the stack's plan on 3 GPUs
+    re-runs under a point less than the checkpoint way's on 2, so it is no way out, a line
+    in the ways not found saying so with both shares, and its plan is not traced
     (its trace had confirmed a way a GPU more for a fraction of a point: Llama-3.1-8B over
     8 GPUs, 13.3 % and 13.1 % on 9)."""
     m, b = _stack(), 512

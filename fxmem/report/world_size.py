@@ -339,8 +339,8 @@ def search_ranks(check, asked: Asked, b, *, reanalyze, dims=None, jobs=1):
 
 def _not_worth(asked: float, more: float, w: int) -> str | None:
     """The line saying one GPU more is no way out, where its cheapest plan (re-running
-    ``more`` of the FLOPs on ``w`` GPUs) saves under :data:`WORTH` of what the checkpoint
-    way's re-runs (``asked``, on ``w - 1``); else None.
+    ``more`` of the FLOPs on ``w`` GPUs) re-runs under :data:`WORTH` (a point of the step's
+    FLOPs) less than the checkpoint way's (``asked``, on ``w - 1``); else None.
 
     >>> _not_worth(0.133, 0.131, 9)
     'FSDP2 with a checkpoint plan: on 9 GPUs the cheapest plan re-runs 13.1%, under a point \
