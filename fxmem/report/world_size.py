@@ -316,16 +316,16 @@ def search_ranks(check, asked: Asked, b, *, reanalyze, dims=None, jobs=1):
                                                  or not checked(check, picked, b)):
         w2 += 1  # traced, it runs out (a forward that changes state when it re-runs)
         picked = choice(w2, True)
-    line = f"FSDP2 over {w2} GPUs {{doing}} (re-running {{share}})"
+    template = f"FSDP2 over {w2} GPUs {{doing}} (re-running {{share}})"
     if isinstance(picked, str) or not checked(check, picked, b):
         r = under(w2)
         flops = rank_reports(r)[0].flop_count
         redo = int(flops.recompute.subs(SYM_B, b))
         share = redo / (int(flops.total.subs(SYM_B, b)) - redo)
-        way = WayOut("fsdp+checkpoint", w2, check.need(r, b, True), line.format(
+        way = WayOut("fsdp+checkpoint", w2, check.need(r, b, True), template.format(
             doing=doing(r.plan), share=fmt_share(share)), plan=r.plan, recompute_share=share)
     else:
-        way = choice_way(check, picked, b, "fsdp+checkpoint", w2, line)
+        way = choice_way(check, picked, b, "fsdp+checkpoint", w2, template)
     if one is None:
         yield replace(way, beyond=_gpus(w2 - 1) + " not fit with any plan")
     elif line := _not_worth(one.recompute_share, way.recompute_share, w2):
