@@ -10,6 +10,7 @@ from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel
 
 from fxmem.trace import trace
+from fxmem.trace.ledger.records import TensorDesc
 from fxmem.trace.parallel import TP
 from fxmem.trace.parallel.fsdp import DDP, FSDP
 from fxmem.trace.plans.regions import Region
@@ -60,6 +61,15 @@ CASES = [
 ]
 
 
+def _copied(parallel) -> tuple:
+    """The blocks of a 5-block run copied under ``parallel``: from the third, or (FSDP2's
+    defaults: the interior blocks copied with their hooks, the third traced) from the
+    fourth."""
+    from fxmem.trace.engine.tracer import _hookless
+
+    return (3, 4) if _hookless(parallel) else (2, 3, 4)
+
+
 @pytest.mark.parametrize("kind,parallel,ranks,step", CASES,
                          ids=[f"{k}-{p.name}-{s}" for k, p, _, s in CASES])
 def test_copied_blocks_under_fsdp_equal_a_block_by_block_trace(kind, parallel, ranks, step):
@@ -68,9 +78,46 @@ def test_copied_blocks_under_fsdp_equal_a_block_by_block_trace(kind, parallel, r
     step = {**dict(loss=_lm_loss, optimizer=torch.optim.AdamW, device="cpu"), **step}
     for rank in ranks:  # ranks with padded (uneven) shards among them
         a, b = _both(model, ids, ids, parallel, rank, **step)
-        assert a.reused == tuple(f"{stack}.{i}" for i in (2, 3, 4))
+        assert a.reused == tuple(f"{stack}.{i}" for i in _copied(parallel)), a.reused
         assert _full(a) == _full(b)
         assert _flops(a) == _flops(b)
+
+
+def _graph_reads(t) -> list:
+    """Each op's node in the trace's graph (what named dims read), with the ops that made
+    the storages its inputs are on."""
+    out = []
+    for node in t.graph.nodes:
+        if "index" not in node.meta:
+            continue
+        made = []
+        for a in node.all_input_nodes:
+            v = a.meta.get("val")
+            made += [t.storages[x.sid].created_by for x in (v if isinstance(v, tuple) else (v,))
+                     if isinstance(x, TensorDesc) and x.sid >= 0]
+        out.append((node.meta["index"], tuple(sorted(made))))
+    return sorted(out)
+
+
+@pytest.mark.parametrize("layers,parallel,rank,step", [
+    (8, FSDP(4), 1, dict(device="cuda", amp=torch.bfloat16)),
+    (7, FSDP(3), 2, dict(device="cpu", checkpoint="whole")),
+], ids=["cuda-bf16", "cpu-checkpointed"])
+def test_interior_blocks_copied_with_their_hooks_equal_a_block_by_block_trace(
+        layers, parallel, rank, step):
+    # the interior blocks (the 4th to the one before last) run without FSDP2's hooks: each
+    # is a copy of the third block's hooks' ops and its own, the all-gathers, prefetches and
+    # reduce-scatter states passed between copies relinked, on FSDP2's streams (cuda)
+    model, stack = _lm("llama", layers=layers)
+    ids = torch.randint(0, 128, (2, 16))
+    if step.get("checkpoint") == "whole":
+        step = {**step, "checkpoint": [f"{stack}.{i}" for i in range(layers)]}
+    a, b = _both(model, ids, ids, parallel, rank, loss=_lm_loss, optimizer=torch.optim.AdamW,
+                 **step)
+    assert a.reused == tuple(f"{stack}.{i}" for i in range(3, layers))
+    assert _full(a) == _full(b)
+    assert _flops(a) == _flops(b)
+    assert _graph_reads(a) == _graph_reads(b)
 
 
 @pytest.mark.parametrize("kind", DIFFERING)
@@ -79,7 +126,10 @@ def test_blocks_that_differ_under_fsdp_fall_back_and_stay_exact(kind):
     x = torch.randn(4, 16)
     a, b = _both(model, (x,), (), FSDP(2), 1, loss=None, optimizer=torch.optim.SGD,
                  device="cpu")
-    assert a.reused == copied
+    # (a first block fed the model's input: the run's interior blocks copied with their
+    # hooks fail, and it is copied with every block's hooks run, from its third block)
+    assert a.reused == (copied[1:] if kind == "plain" and _copied(FSDP(2)) == (3, 4)
+                        else copied)
     assert _full(a) == _full(b)
 
 
@@ -116,7 +166,7 @@ def test_checkpointed_blocks_under_fsdp_are_copied_exactly(kind, parallel, rank,
     a, b = _both(model, ids, ids, parallel, rank, loss=_lm_loss, optimizer=torch.optim.AdamW,
                  device="cpu", checkpoint=plan)
     assert a.reused == tuple(f"{stack}.{i}" for i in ((4,) if name in ("ends", "apart")
-                                                      else (2, 3, 4)))
+                                                      else _copied(parallel))), a.reused
     assert _full(a) == _full(b)
     assert _flops(a) == _flops(b)
 

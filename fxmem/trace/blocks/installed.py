@@ -42,7 +42,7 @@ def runs_of(model, sharded: bool) -> list:
 
 @contextlib.contextmanager
 def copied(rec, runs: list, plan, sharded: bool, fparams: dict, fbufs: dict,
-           replicated: bool = False):
+           replicated: bool = False, hookless: bool = False):
     """The block reuse of ``runs`` as checkpoint ``plan`` leaves them
     (:func:`fxmem.trace.blocks.reuse.by_plan`), installed over the plan's forwards until
     the block exits; None when no run is left. ``sharded``: a rank's wrapped model,
@@ -53,8 +53,10 @@ def copied(rec, runs: list, plan, sharded: bool, fparams: dict, fbufs: dict,
     if not runs:
         yield None
         return
-    got = (ReplicatedReuse if replicated else ShardedReuse)(rec, runs) if sharded else \
-        Reuse(rec, runs, fparams, fbufs)
+    if not sharded:
+        got = Reuse(rec, runs, fparams, fbufs)
+    else:
+        got = ReplicatedReuse(rec, runs) if replicated else ShardedReuse(rec, runs, hookless)
     got.install()
     try:
         yield got

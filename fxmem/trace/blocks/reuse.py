@@ -321,6 +321,11 @@ class _Call:
     tensors: list = field(default_factory=list, repr=False)  # during the call only
     pattern: object = field(default=None, repr=False)  # a stand-in's pattern block
     after: str | None = None  # the user path of the sibling after it (Run.nexts)
+    # a copy whose windows are the block's spans, its FSDP2 hooks' ops included
+    # (fxmem.trace.blocks.sharded.ShardedReuse.splice_runs), and for the pattern of such a
+    # run, the block after the run's last copy in the step, as spans too
+    spans: bool = False
+    next_unit: object = None
 
 
 class _StandIn(torch.autograd.Function):
@@ -362,6 +367,7 @@ class Reuse:
         self.calls: dict = {r.paths: [] for r in runs}
         self._after = {p: n for r in runs for p, n in zip(r.paths, r.nexts)}
         self.skip: dict = {}  # run -> 1 when its first block is fed the model's input
+        self.real: dict = {}  # run -> its blocks traced for real, when not the first two
         self._saved: list = []
 
     def install(self) -> None:
@@ -379,11 +385,13 @@ class Reuse:
                 # the model's input, no gradient: the first block's backward differs from
                 # the others' (no input gradient); the run starts at the second block
                 self.skip[run.paths] = 1
+                if self.real.get(run.paths, 2) > 2:  # (its interior blocks are by position)
+                    raise NoReuse(f"{user_path(path)} is fed the model's input")
                 return orig(*args, **kwargs)
             i = k - self.skip.get(run.paths, 0)
             if i < 0:
                 raise NoReuse(f"{user_path(path)} is called more than once")
-            return (traced if i < 2 else standin)(i, *args, **kwargs)
+            return (traced if i < self.real.get(run.paths, 2) else standin)(i, *args, **kwargs)
         return forward
 
     def _fed_input(self, path, args, kwargs) -> bool:
@@ -528,6 +536,18 @@ class Reuse:
             self._end(c, out)
             return out
         return forward
+
+    def splice_runs(self) -> list:
+        """Each run's calls as :func:`splice` takes them: the first block, the pattern, then
+        the stand-ins (raises :class:`NoReuse` where a block of a run was not called)."""
+        out = []
+        for run in self.runs:
+            calls = self.calls[run.paths]
+            if len(calls) != len(run.paths) - self.skip.get(run.paths, 0):
+                raise NoReuse(f"{calls[-1].path if calls else run.paths[0]}: not every block "
+                              "of the run was called")
+            out.append(calls)
+        return out
 
     def finish(self) -> None:
         """After the step: each block's parameters' ``.grad`` storages."""

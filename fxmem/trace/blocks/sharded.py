@@ -6,8 +6,18 @@ in ``RegisterPostBackwardFunction`` (its backward reduce-scatters the block's gr
 its forward hook reshards and puts a pre-backward hook on the outputs (all-gather again,
 prefetch the previous block). None of that runs inside the block's ``forward``, which is
 what :class:`fxmem.trace.blocks.reuse.Reuse` replaces by a stand-in: those ops stay recorded for
-real in every block, and only the block's own ops, between them, are copied
-(:mod:`fxmem.trace.blocks.splice`). So :class:`ShardedReuse` differs from the one-GPU case in
+real in the blocks traced for real and the run's last, and only the block's own ops, between
+them, are copied (:mod:`fxmem.trace.blocks.splice`). Under FSDP2's defaults in training
+(``hookless``: resharded after forward, no CPU offload, no HSDP), a run of five blocks or more
+traces its first three for real, and the blocks between the third and the last run without
+FSDP2's hooks at all (their forward hooks removed, not gathered by FSDP2's initialisation): each
+is replaced by a copy of the third block's spans, its hooks' ops and its own, the storages
+passed between neighbours (all-gather outputs freed by the next copy-out, the backward
+prefetch, the reduce-scatter state freed by the next post-backward) relinked
+(:func:`fxmem.trace.blocks.splice_links.relink`); such a stand-in makes FSDP2's sharded
+gradients itself, laid out as the last block's. Where that fails (:class:`NoReuse`), the step is
+traced again with every block's hooks run. So :class:`ShardedReuse` differs from the one-GPU
+case in
 
 - the runs it finds (:func:`find_sharded_runs`): blocks whose hooks are the same functions
   (FSDP2's own, bound to each block's state, and fxmem's), instead of blocks with none;
@@ -125,7 +135,7 @@ def find_sharded_runs(model: torch.nn.Module) -> list:
 class ShardedReuse(Reuse):
     """:class:`fxmem.trace.blocks.reuse.Reuse` for blocks under FSDP2 (see the module docstring)."""
 
-    def __init__(self, rec, runs):
+    def __init__(self, rec, runs, hookless: bool = False):
         super().__init__(rec, runs, {}, {})
         self.modules = {p: m for r in runs for p, m in zip(r.paths, r.modules)}
         self._pending: dict = {}  # path -> (call, outputs) until its forward hooks ran
@@ -133,6 +143,19 @@ class ShardedReuse(Reuse):
         self._node_names: dict = {}  # a stand-in's path -> its pattern's output node's name
         self._handles: list = []
         self._warm: dict = {}  # run -> its third block's call in the warm-up: key, outputs
+        # ``hookless``: a run's blocks between its third and its last run without
+        # FSDP2's hooks, copied whole from the third (its hooks and its ops) by the splice
+        self.interior: dict = {}  # raw path -> its run
+        for r in runs:
+            if hookless and len(r.paths) >= 5:
+                self.real[r.paths] = 3
+                self.interior.update((p, r) for p in r.paths[3:-1])
+
+    @property
+    def hookless(self) -> list:
+        """The modules whose FSDP2 hooks the step does not run (not gathered either by
+        :func:`fxmem.trace.parallel.fsdp.initialise`)."""
+        return [self.modules[p] for p in self.interior]
 
     def _block(self, run, k, path, orig):
         recorded = super()._block(run, k, path, orig)
@@ -171,6 +194,10 @@ class ShardedReuse(Reuse):
         super().install()
         for mod in self.modules.values():  # after FSDP2's post-forward hook
             self._handles.append(mod.register_forward_hook(self._outputs_hooked))
+        for mod in self.hookless:
+            state = mod._get_fsdp_state()
+            state._pre_forward_hook_handle.remove()
+            state._post_forward_hook_handle.remove()
 
     def remove(self) -> None:
         for h in self._handles:
@@ -184,10 +211,31 @@ class ShardedReuse(Reuse):
         if self.rec.recording and any(self.rec.sid(t) is None for _, t in
                                       [*self.params(path), *self.buffers(path)]):
             raise NoReuse(f"{path}: its parameters were gathered before the step")
-        return super()._begin(run, k, path, args, kwargs, standin)
+        c = super()._begin(run, k, path, args, kwargs, standin)
+        if path in self.interior or (self.real.get(run.paths) == 3 and k == 2):
+            for name, shard, _ in self.sharded(path):  # read by FSDP2's all-gather
+                c.roles[("sp", name)] = self.rec.register(shard)[0]
+        return c
 
     def params(self, path) -> list:
+        if path in self.interior:  # no op reads its parameters, nor makes their gradients
+            return []
         return [(n, p) for n, p in self.modules[path].named_parameters()]
+
+    def sharded(self, path) -> list:
+        """The local shards of block ``path``'s parameters (FSDP2's, whichever the module
+        holds now) and their gradients' (None where none), by name inside the block."""
+        mod = self.modules[path]
+        where = {id(m): n for n, m in mod.named_modules()}
+        out = []
+        for fp in mod._get_fsdp_state()._fsdp_param_group.fsdp_params:
+            info, p = fp._module_info, fp.sharded_param
+            pre = where.get(id(info.module))
+            name = info.param_name if not pre else f"{pre}.{info.param_name}"
+            g = p.grad
+            out.append((name, p._local_tensor, None if g is None else
+                        g._local_tensor if isinstance(g, DTensor) else g))
+        return out
 
     def buffers(self, path) -> list:
         return [(n, b) for n, b in self.modules[path].named_buffers() if b is not None]
@@ -240,8 +288,40 @@ class ShardedReuse(Reuse):
 
     def backward_began(self, c) -> None:
         rec = self.rec
-        for name, p in self.params(self._raw(c)):
+        raw = self._raw(c)
+        if raw in self.interior:
+            self._sharded_grads(c, raw)
+            return
+        for name, p in self.params(raw):
             c.roles[("pb", name)] = rec.register(p)[0]
+
+    def _sharded_grads(self, c, raw: str) -> None:
+        """An interior block's gradients as FSDP2's post-backward leaves them (views of one
+        reduce-scatter output, on its stream), laid out as the last block's, whose
+        post-backward ran before: the splice makes the copy's reduce-scatter output them."""
+        from ..parallel.strategy import dtensor_of
+
+        run = self.interior[raw]
+        last = self.modules[run.paths[-1]]
+        got = [(n, p.grad) for n, p in last.named_parameters()]
+        if any(g is None or not isinstance(g, DTensor) for _, g in got):
+            raise NoReuse(f"{c.path}: the last block's gradients are not FSDP2's shards")
+        bases = {id(g._local_tensor.untyped_storage()) for _, g in got}
+        if len(bases) != 1:
+            raise NoReuse(f"{c.path}: the last block's gradients are not one buffer's views")
+        first = got[0][1]._local_tensor
+        base = first.untyped_storage()
+        state = last._get_fsdp_state()
+        handle, stream = state._device_handle, state._comm_ctx.reduce_scatter_stream
+        with handle.stream(stream):
+            flat = torch.empty(base.nbytes() // first.element_size(), dtype=first.dtype,
+                               device=first.device)
+        mine = dict(self.modules[raw].named_parameters())
+        for n, g in got:
+            loc = g._local_tensor
+            view = flat.as_strided(loc.size(), loc.stride(), loc.storage_offset())
+            mine[n].grad = dtensor_of(view, g.device_mesh, g.placements, g.shape, g.stride())
+        c.roles[("rs",)] = self.rec.register(flat)[0]
 
     def _raw(self, c) -> str:
         run = next(r for r in self.runs if any(x is c for x in self.calls[r.paths]))
@@ -263,12 +343,63 @@ class ShardedReuse(Reuse):
                         c.roles[("g", name)] = sid
         return hook
 
+    def splice_runs(self) -> list:
+        """A run whose interior blocks ran without FSDP2's hooks as two: its first two
+        blocks and its last (the last's ops copied from the second's, as always), and the
+        second and third blocks' spans (their hooks' ops and their own, as copies of the
+        calls whose windows are the spans) then the interior blocks, each replaced by a copy
+        of the third's spans (:func:`fxmem.trace.blocks.splice_links.relink`: the
+        storages passed between neighbours)."""
+        out = []
+        for calls in super().splice_runs():
+            if len(calls) < 5 or not any(c.standin and self._raw(c) in self.interior
+                                         for c in calls):
+                out.append(calls)
+                continue
+            u0, u1, u2, *inner, last = calls
+            u2s = self._spanned(u2)
+            u2s.next_unit = self._spanned(last)  # (its spans: hooks real, body a copy)
+            out += [[u0, u1, last], [self._spanned(u1), u2s, *inner]]
+        return out
+
+    _SPAN_ROLES = ("x", "o", "gy", "gx", "sp", "rs")
+
+    def _spanned(self, c):
+        """A copy of call ``c`` (a block traced for real, hooks and all) whose windows are
+        its spans: forward from its pre-hooks' first op to its own last (FSDP2's post-forward
+        records none), backward from FSDP2's pre-backward ops (its module's, right before its
+        own) to its post-backward's (RegisterPostBackwardFunction's, right after)."""
+        from dataclasses import replace
+
+        ops = self.rec.ops
+        b0, b1 = c.bwd
+        if b0 is not None:
+            while b0 > 0 and ops[b0 - 1].module == c.path and ops[b0 - 1].phase == "backward":
+                b0 -= 1
+            from ..kernels.grad_sums import ACCUMULATE_GRAD
+
+            while b1 < len(ops) and ops[b1].autograd_node == ACCUMULATE_GRAD:
+                b1 += 1  # (a stand-in's parameters' steps, after it)
+            while b1 < len(ops) and ops[b1].module == c.path and \
+                    ops[b1].autograd_node == "RegisterPostBackwardFunctionBackward":
+                b1 += 1
+        return replace(c, fwd=[c.pre, c.fwd[1]], bwd=[b0, b1], spans=True,
+                       roles={k: v for k, v in c.roles.items() if k[0] in self._SPAN_ROLES})
+
     def finish(self) -> None:
         """After the step: the ops FSDP2's hooks on a stand-in's outputs ran (outside its
         window) read as run by its pattern's node. (The gradients were taken in backward:
         FSDP2 has freed them since.)"""
         from dataclasses import replace
 
+        for run in self.runs:  # the third block's reduce-scatter output: its gradients'
+            calls = self.calls[run.paths]
+            if self.real.get(run.paths) == 3 and len(calls) > 2:
+                grads = {id(g.untyped_storage()): g for _, _, g in self.sharded(run.paths[2])
+                         if g is not None}
+                if len(grads) != 1:
+                    raise NoReuse(f"{calls[2].path}: its gradients are not one buffer's views")
+                calls[2].roles[("rs",)] = self.rec.register(next(iter(grads.values())))[0]
         rec, node = self.rec, _StandIn.__name__ + "Backward"
         standins = [c for calls in self.calls.values() for c in calls if c.standin]
         for j, op in enumerate(rec.ops):

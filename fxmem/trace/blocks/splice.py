@@ -19,19 +19,13 @@ from ..ledger.tracking import TrackedStorage
 from .reuse import NoReuse, Reuse
 from .splice_checks import check_run, windows
 from .splice_graph import Spliced, first_desc
+from .splice_links import relink
 
 
 def splice(rec, reuse: Reuse) -> None:
     """Rewrite ``rec`` (ops, storages, saved tensors, module calls, graph) so that each
     stand-in's ops become a copy of its run's second block. Raises :class:`NoReuse`."""
-    runs = []
-    for run in reuse.runs:
-        calls = reuse.calls[run.paths]
-        if len(calls) != len(run.paths) - reuse.skip.get(run.paths, 0):
-            raise NoReuse(f"{calls[-1].path if calls else run.paths[0]}: not every block "
-                          "of the run was called")
-        if len(calls) > 2:
-            runs.append(calls)
+    runs = [calls for calls in reuse.splice_runs() if len(calls) > 2]
     if not runs:
         return
     _Splice(rec, runs).apply()
@@ -153,6 +147,10 @@ class Numbering:
                     self.storages.append(TrackedStorage(
                         len(self.storages), p.nbytes, self.copy_index(c, inside[p.created_by]),
                         fa, p.stream))
+        self.links, self.op_renames = {}, {}  # (fxmem.trace.blocks.splice_links)
+        for calls in self.runs:
+            if calls[1].spans and calls[1].next_unit is not None:
+                relink(self, calls)
         self._outer()
 
     def _outer(self) -> None:
@@ -230,6 +228,9 @@ class Numbering:
 
     def sid_in(self, c, ps: int, q: int | None = None) -> int:
         """A pattern storage, in stand-in ``c``'s copy (of pattern op ``q``)."""
+        got = self.links.get((id(c), ps))
+        if got is not None:
+            return got
         got = self.outer.get((id(c), q), {}).get(ps)
         if got is not None:
             return self.final[got]
@@ -243,11 +244,13 @@ class Numbering:
             raise NoReuse(f"{c.path} reads a stand-in's storage")
         return self.final[ps]
 
-    def real_sids(self, sids: tuple) -> tuple:
-        """Recorded storages outside the blocks, renumbered."""
-        if any(s in self.dropped for s in sids):
+    def real_sids(self, sids: tuple, renames: dict | None = None) -> tuple:
+        """Recorded storages outside the blocks, renumbered; ``renames``, a recorded op's
+        storages passed between neighbours (``op_renames``: :mod:`.splice_links`), first."""
+        renames = renames or {}
+        if any(s in self.dropped and s not in renames for s in sids):
             raise NoReuse("an op outside the blocks reads a stand-in's storage")
-        return tuple(self.final[s] for s in sids)
+        return tuple(renames[s] if s in renames else self.final[s] for s in sids)
 
 
 class _Splice:
@@ -264,16 +267,23 @@ class _Splice:
         packs = self._packs(num)
         calls_new = self._calls(num)
         saved, names, unmodelled = self._rest(num)
-        rec.first_desc = first_desc(old_graph, num.order, num.final, num.sid_in, num.outer)
+        rec.first_desc = first_desc(old_graph, num.order, num.final, num.sid_in, num.outer,
+                                    num.op_renames)
         rec.sums.candidates = self._sums(num)
 
         # the graph is built when first asked for (named dims): a sixth of a splice
-        built = Spliced(old_graph, num.order, num.final, num.sid_in, num.rename)
+        built = Spliced(old_graph, num.order, num.final, num.sid_in, num.rename,
+                        num.op_renames)
         rec.ops, rec.storages, rec.calls = new_ops, num.storages, calls_new
         rec.saved_tensors._packs = packs
         rec.saved, rec.names, rec.unmodelled, rec.graph = saved, names, unmodelled, built
         rec.fsdp_buffers = self._buffers(num)
         rec.events = []
+        # storages freed by a resize to 0 (FSDP2's reshard), in the new numbering: a copy's
+        # as its pattern's (FSDP2's reshard copied)
+        away = rec.resized_away
+        rec.resized_away = {num.final[s] for s in away if s not in num.dropped} | {
+            sid for (_, ps), sid in num.copies.items() if ps in away}
         rec.op_count = num.n_new
         rec.reused = tuple(c.path for c in sorted(  # in the order they ran
             (c for calls in self.runs for c in calls[2:]), key=lambda c: c.fwd[0]))
@@ -285,10 +295,12 @@ class _Splice:
         for j, item in enumerate(num.order):
             if item[0] == "r":
                 op = ops[item[1]]
-                new_ops.append(with_fields(op, index=j, out_sids=num.real_sids(op.out_sids),
-                                           new_sids=num.real_sids(op.new_sids),
-                                           in_sids=num.real_sids(op.in_sids),
-                                           written_sids=num.real_sids(op.written_sids)))
+                ren = num.op_renames.get(item[1])
+                new_ops.append(with_fields(op, index=j,
+                                           out_sids=num.real_sids(op.out_sids, ren),
+                                           new_sids=num.real_sids(op.new_sids, ren),
+                                           in_sids=num.real_sids(op.in_sids, ren),
+                                           written_sids=num.real_sids(op.written_sids, ren)))
             else:
                 _, c, pat, q, _ = item
                 op = ops[q]

@@ -13,14 +13,14 @@ from ..ledger.records import TensorDesc
 from .reuse import NoReuse
 
 
-def first_desc(old, order, final, sid_in, outer=None) -> dict:
+def first_desc(old, order, final, sid_in, outer=None, renames=None) -> dict:
     """sid -> the first TensorDesc seen on it, in the new order (what the graph holds):
     ``old``, the recorded graph; ``order``, the spliced ops' sources; ``final``,
-    ``sid_in`` and ``outer``, the storages' new numbers
-    (:class:`fxmem.trace.blocks.splice.Numbering`)."""
+    ``sid_in``, ``outer`` and ``renames``, the storages' new numbers
+    (:class:`fxmem.trace.blocks.splice.Numbering`, its ``op_renames``)."""
     from ..ledger.records import TensorDesc
 
-    outer = outer or {}
+    outer, renames = outer or {}, renames or {}
     by_index, first, later = {}, {}, []
     for node in old.nodes:
         vals = node.meta.get("val")
@@ -39,8 +39,8 @@ def first_desc(old, order, final, sid_in, outer=None) -> dict:
             by_index.setdefault(idx, []).append((vals, False))
     for item in order:
         if item[0] == "r":
-            def fs(s):
-                return final.get(s)
+            def fs(s, ren=renames.get(item[1], {})):
+                return ren[s] if s in ren else final.get(s)
             vals_list = by_index.get(item[1], ())
         else:
             c, q = item[1], item[3]
@@ -73,8 +73,8 @@ class Spliced:
     is): what reads one op's shapes alone (its FLOPs: :func:`fxmem.checkpoint.flops.op_flops`)
     reads that node, a copied op having its pattern op's shapes."""
 
-    def __init__(self, old, order, final, sid_in, rename):
-        self.old, self._args = old, (order, final, sid_in, rename)
+    def __init__(self, old, order, final, sid_in, rename, renames=None):
+        self.old, self._args = old, (order, final, sid_in, rename, renames)
         self.source_of = tuple(item[1] if item[0] == "r" else item[3] for item in order)
 
     def __call__(self) -> torch.fx.Graph:
@@ -83,10 +83,12 @@ class Spliced:
         return g
 
 
-def graph(old, order, final, sid_in, rename) -> torch.fx.Graph:
+def graph(old, order, final, sid_in, rename, renames=None) -> torch.fx.Graph:
     """The spliced step's fx graph: ``old``'s nodes in the new ``order``, each copy's
-    reading the copy's own tensors, its module paths renamed (``rename``); built only when
-    asked for (named dims; the FLOPs read the recorded graph, :class:`Spliced`)."""
+    reading the copy's own tensors, its module paths renamed (``rename``), a recorded op
+    reading a copy's storage where ``renames`` (``Numbering.op_renames``) says so; built
+    only when asked for (named dims; the FLOPs read the recorded graph, :class:`Spliced`)."""
+    renames = renames or {}
     groups, placeholders = {}, []
     for node in old.nodes:
         if node.op == "placeholder":
@@ -99,6 +101,7 @@ def graph(old, order, final, sid_in, rename) -> torch.fx.Graph:
                 groups[src.meta["index"]].append(node)
     g = torch.fx.Graph()
     env, by_sid, copies = {}, {}, {}  # by_sid: sid -> nodes whose value is on it
+    ordinal = _standins_tensors(groups, order)
 
     def desc(v, fs):
         if isinstance(v, TensorDesc):
@@ -127,8 +130,12 @@ def graph(old, order, final, sid_in, rename) -> torch.fx.Graph:
         if target is not None:
             got = by_sid.get(target)
             if got is not None:  # the last tensor on that storage of the same shape
-                same = [x for x in got if _same_desc(x.meta.get("val"), v)]
-                return (same or got)[-1]
+                same = [x for x in got if _same_desc(x.meta.get("val"), v)] or got
+                if n in ordinal:  # a stand-in's k-th of n such: the copy's k-th
+                    k, count = ordinal[n]
+                    if len(same) >= count:
+                        return same[len(same) - count + k]
+                return same[-1]
             if target == real_fs(v.sid) and n in env:
                 return env[n]
         elif n in env:
@@ -144,7 +151,10 @@ def graph(old, order, final, sid_in, rename) -> torch.fx.Graph:
     for j, item in enumerate(order):
         if item[0] == "r":
             nodes, local, fs = groups.get(item[1], []), env, real_fs
-            mod_of = None
+            mod_of, ren = None, renames.get(item[1])
+            if ren:  # (what it reads on a renamed storage is looked up there)
+                def fs(s, ren=ren):
+                    return ren[s] if s in ren else real_fs(s)
         else:
             _, c, _, q, _ = item
             # a copy's ops read the copy's own earlier tensors (not whatever tensor was
@@ -156,9 +166,10 @@ def graph(old, order, final, sid_in, rename) -> torch.fx.Graph:
                     return sid_in(c, s, q)
                 except NoReuse:
                     return -1
-            mod_of = c
+            mod_of, ren = c, None
         for node in nodes:
-            new = g.node_copy(node, lambda n, local=local, fs=fs: local[n] if n in local
+            new = g.node_copy(node, lambda n, local=local, fs=fs, ren=ren:
+                              local[n] if n in local and not (ren and _on(n, ren))
                               else lookup(n, fs))
             new.meta = dict(node.meta)
             new.meta["val"] = desc(node.meta.get("val"), fs)
@@ -172,6 +183,30 @@ def graph(old, order, final, sid_in, rename) -> torch.fx.Graph:
                 if isinstance(v, TensorDesc):
                     by_sid.setdefault(v.sid, []).append(new)
     return g
+
+
+def _standins_tensors(groups: dict, order) -> dict:
+    """A stand-in's own tensors (its window's nodes, not in the spliced step) -> (k, n):
+    the k-th of the n it made on one storage with one shape, in the order it made them (a
+    recorded op reading several, as the optimizer reads an FSDP2 stand-in's gradients, reads
+    the copy's k-th such tensor)."""
+    kept = {item[1] for item in order if item[0] == "r"} | {item[3] for item in order
+                                                             if item[0] == "c"}
+    by_key = {}
+    for index, nodes in groups.items():
+        if index in kept:
+            continue
+        for node in nodes:
+            v = node.meta.get("val")
+            if isinstance(v, TensorDesc):
+                by_key.setdefault((v.sid, v.shape, v.dtype), []).append(node)
+    return {node: (k, len(nodes)) for nodes in by_key.values() for k, node in enumerate(nodes)}
+
+
+def _on(node, sids: dict) -> bool:
+    """Whether ``node``'s value is a tensor on one of ``sids``."""
+    v = node.meta.get("val")
+    return isinstance(v, TensorDesc) and v.sid in sids
 
 
 def _same_desc(a, b) -> bool:

@@ -155,7 +155,7 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
     check_parts(model, checkpoint, parallel, spec)  # fxmem.trace.compiled.parts
     plain_backward_first()  # forks stay usable on a CUDA build (fxmem.trace.kernels.compat)
     if parallel is not None:  # blocks are copied under FSDP2 only (fxmem.trace.blocks.sharded)
-        reuse_blocks = reuse_blocks and reuses_under(parallel, spec.train)
+        reuse_blocks = reuse_blocks if reuses_under(parallel, spec.train) else False
         spec = _replace_optimizer(spec, parallel.optimizer(spec.optimizer))  # ZeRO-1
     plan = normalize_plan(model, checkpoint, parallel, spec.compile)
     if batch_hint is not None and (isinstance(batch_hint, bool) or not isinstance(batch_hint, int)
@@ -186,7 +186,8 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
                     _as_rank(model, parallel, rank, mode, rec, spec.compile) as (ranked, kept):
                 traced = _run(ranked, spec, mode, rec, sym, batch, hint, handles, plan, named,
                               reuse_blocks, warm_up, prepared=parallel is not None,
-                              kept=kept, warm_steps=getattr(parallel, "warmup_steps", 1))
+                              kept=kept, warm_steps=getattr(parallel, "warmup_steps", 1),
+                              parallel=parallel)
             if rec.assigned is None:
                 if concrete_batch is not None or not check_parity:
                     return traced
@@ -221,7 +222,9 @@ def trace(model: torch.nn.Module, inputs, targets=(), loss=UNSET, optimizer=UNSE
             return lift(lambda b: again(batch_hint=None, concrete_batch=b),
                         fixed[0], guards, hint=hint, cause=fixed[1])
         if retry:  # the blocks did not behave alike (trace each one), or a buffer is assigned
-            return again(reuse_blocks=False)
+            # (FSDP2's interior blocks copied with their hooks failed: they run them)
+            return again(reuse_blocks="hooks" if reuse_blocks is True and parallel is not None
+                         and not warm_up else False)
 
 
 @contextlib.contextmanager
@@ -257,7 +260,7 @@ def _fixed(shape_env, sym) -> bool:
 
 def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
          plan=(), named=None, reuse_blocks=False, warm_up=False, prepared=False, kept=None,
-         warm_steps=1) -> Trace:
+         warm_steps=1, parallel=None) -> Trace:
     """The step run once on fakes of ``mode``, recorded by ``rec``, and its trace: the fakes
     made and named, the module hooks installed (their ``handles`` removed by :func:`trace`),
     the optimizer made, the warm-up steps run unrecorded, the recorded step run, and the
@@ -317,7 +320,9 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
     with checkpointing(model, plan, region(rec), held(rec), compiled and not parts) \
             as rec.plan, \
             copied(rec, runs, rec.plan, prepared, fakes.params, fakes.buffers,
-                   replicated=kept is not None) as reuse, \
+                   replicated=kept is not None,
+                   hookless=reuse_blocks is True and spec.train and _hookless(parallel)) \
+            as reuse, \
             _entered(inside), \
             kept.real if kept is not None else contextlib.nullcontext(), \
             inductor_on_fakes(taken, spec.compile, rec) if compiled else \
@@ -329,7 +334,7 @@ def _run(model, spec: StepSpec, mode, rec: Recorder, sym, batch, hint, handles,
                                 fakes.param_list)
         if warm:  # one unrecorded forward and backward, as fxmem.measure's warm-up step
             _warm_up(rec, run, model, wrapper, fakes, kept, kept_grads, prepared, warm_steps,
-                     only_init)
+                     only_init, getattr(reuse, "hookless", ()))
         if needs_closure(opt):
             _closure_warm_up(rec, run, opt, fakes.param_list)
         out = run(opt, phases, micro_steps=min(spec.grad_accum, 2), scaler=scaler)
@@ -490,8 +495,15 @@ def _entered(contexts: list):
         yield
 
 
+def _hookless(parallel) -> bool:
+    """FSDP2 as the interior blocks' hooks are copied for (its defaults: resharded
+    after forward, no CPU offload, no HSDP, no TP)."""
+    return type(parallel) is FSDP and parallel.reshard_after_forward is True and \
+        not parallel.offload and parallel.replicate == 1
+
+
 def _warm_up(rec: Recorder, run, model, wrapper, fakes: _Fakes, kept, kept_grads: bool,
-             prepared: bool, steps: int, only_init: bool = False) -> None:
+             prepared: bool, steps: int, only_init: bool = False, hookless=()) -> None:
     """``steps`` unrecorded forwards and backwards (DDP: until its buckets are rebuilt;
     ``only_init``: FSDP2's initialisation instead), then the storages they leave named: a
     rank's shards, the gradients the recorded step starts with, the buffers, the wrapper's
@@ -499,7 +511,7 @@ def _warm_up(rec: Recorder, run, model, wrapper, fakes: _Fakes, kept, kept_grads
     rec.recording = False
     with kept if kept is not None else contextlib.nullcontext():
         if only_init:
-            initialise(wrapper)
+            initialise(wrapper, hookless)
         else:
             for _ in range(steps):
                 run(None, lambda name: None, micro_steps=1)

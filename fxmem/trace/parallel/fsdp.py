@@ -257,7 +257,7 @@ def fully_sharded(module: torch.nn.Module) -> bool:
     return isinstance(module, FSDPModule)
 
 
-def initialise(root: torch.nn.Module) -> None:
+def initialise(root: torch.nn.Module, skip=()) -> None:
     """FSDP2's state as a training step leaves it, made without running one: the root's
     lazy initialisation (``FSDPState._lazy_init``: the root, the shared streams, each
     parameter's padded shard), then every ``fully_shard``-ed module's parameters gathered
@@ -265,10 +265,12 @@ def initialise(root: torch.nn.Module) -> None:
     their storages resized to 0, as a step's reshard leaves them). A step after this one
     allocates and frees what a step after a real step does, op for op (checked against
     the warm-up step it replaces: ``tests/test_fsdp.py``). ``root``: the outermost
-    module :func:`fully_sharded`."""
+    module :func:`fully_sharded`. ``skip``: modules whose FSDP2 hooks the step does not run
+    (copied whole: :class:`fxmem.trace.blocks.sharded.ShardedReuse`), not gathered."""
     root._get_fsdp_state()._lazy_init()
+    skip = {id(m) for m in skip}
     for m in root.modules():
-        if fully_sharded(m):
+        if fully_sharded(m) and id(m) not in skip:
             m.unshard()
             m.reshard()
 
