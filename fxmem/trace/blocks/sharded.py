@@ -6,8 +6,8 @@ in ``RegisterPostBackwardFunction`` (its backward reduce-scatters the block's gr
 its forward hook reshards and puts a pre-backward hook on the outputs (all-gather again,
 prefetch the previous block). None of that runs inside the block's ``forward``, which is
 what :class:`fxmem.trace.blocks.reuse.Reuse` replaces by a stand-in: those ops stay recorded for
-real in the blocks traced for real and the run's last, and only the block's own ops, between
-them, are copied (:mod:`fxmem.trace.blocks.splice`). Under FSDP2's defaults in training
+real (in every block, or as below in the blocks traced for real and the run's last), and only
+the block's own ops, between them, are copied (:mod:`fxmem.trace.blocks.splice`). Under FSDP2's defaults in training
 (``hookless``: resharded after forward, no CPU offload, no HSDP), a run of five blocks or more
 traces its first three for real, and the blocks between the third and the last run without
 FSDP2's hooks at all (their forward hooks removed, not gathered by FSDP2's initialisation): each
