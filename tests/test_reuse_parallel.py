@@ -21,11 +21,15 @@ transformers = pytest.importorskip("transformers")
 
 
 def _full(t):
-    """:func:`test_reuse._shape` with each storage's stream and unref time too."""
+    """:func:`test_reuse._shape` with each storage's stream, unref time and FSDP2 buffer
+    kind too, and each module call's pre-hooks' ops and arguments (where a checkpoint of it
+    starts)."""
     def n(v):
         return -1 if v is None else v
+    calls = sorted((c.path, c.first_op, c.hook_ops, c.last_op,
+                    tuple(t.storages[s].created_by for s in c.arg_sids)) for c in t.calls)
     return _shape(t), sorted((s.created_by, s.stream, n(s.unref_after), s.resized_away,
-                              s.data_bound) for s in t.storages)
+                              s.data_bound, repr(s.fsdp_buffer)) for s in t.storages), calls
 
 
 def _both(model, inputs, targets, parallel, rank, **kw):
@@ -99,12 +103,15 @@ def _graph_reads(t) -> list:
     return sorted(out)
 
 
-@pytest.mark.parametrize("layers,parallel,rank,step", [
-    (8, FSDP(4), 1, dict(device="cuda", amp=torch.bfloat16)),
-    (7, FSDP(3), 2, dict(device="cpu", checkpoint="whole")),
-], ids=["cuda-bf16", "cpu-checkpointed"])
+@pytest.mark.parametrize("layers,parallel,rank,step,copied", [
+    (8, FSDP(4), 1, dict(device="cuda", amp=torch.bfloat16), range(3, 8)),
+    (7, FSDP(3), 2, dict(device="cpu", checkpoint="whole"), range(3, 7)),
+    # the plan splits the blocks in two runs, 0-4 with 6 and 5 alone: the first run's blocks
+    # are not neighbours (FSDP2 passes its storages to block 5), so their hooks run
+    (7, FSDP(5), 0, dict(device="cpu", checkpoint="apart"), (2, 3, 4, 6)),
+], ids=["cuda-bf16", "cpu-checkpointed", "cpu-run-apart"])
 def test_interior_blocks_copied_with_their_hooks_equal_a_block_by_block_trace(
-        layers, parallel, rank, step):
+        layers, parallel, rank, step, copied):
     # the interior blocks (the 4th to the one before last) run without FSDP2's hooks: each
     # is a copy of the third block's hooks' ops and its own, the all-gathers, prefetches and
     # reduce-scatter states passed between copies relinked, on FSDP2's streams (cuda)
@@ -112,9 +119,12 @@ def test_interior_blocks_copied_with_their_hooks_equal_a_block_by_block_trace(
     ids = torch.randint(0, 128, (2, 16))
     if step.get("checkpoint") == "whole":
         step = {**step, "checkpoint": [f"{stack}.{i}" for i in range(layers)]}
+    elif step.get("checkpoint") == "apart":
+        step = {**step, "checkpoint": [f"{stack}.{i}" for i in (0, 1, 2, 3, 4, 6)] + [
+            Region((f"{stack}.5",), save=(("aten.mm.default", 1),))]}
     a, b = _both(model, ids, ids, parallel, rank, loss=_lm_loss, optimizer=torch.optim.AdamW,
                  **step)
-    assert a.reused == tuple(f"{stack}.{i}" for i in range(3, layers))
+    assert a.reused == tuple(f"{stack}.{i}" for i in copied)
     assert _full(a) == _full(b)
     assert _flops(a) == _flops(b)
     assert _graph_reads(a) == _graph_reads(b)

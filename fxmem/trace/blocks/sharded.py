@@ -4,20 +4,20 @@ Under ``fully_shard`` each block has FSDP2's hooks: its forward pre-hook all-gat
 block's parameters (setting the unsharded ones on the module) and wraps the block's inputs
 in ``RegisterPostBackwardFunction`` (its backward reduce-scatters the block's gradients);
 its forward hook reshards and puts a pre-backward hook on the outputs (all-gather again,
-prefetch the previous block). None of that runs inside the block's ``forward``, which is
-what :class:`fxmem.trace.blocks.reuse.Reuse` replaces by a stand-in: those ops stay recorded for
-real (in every block, or as below in the blocks traced for real and the run's last), and only
-the block's own ops, between them, are copied (:mod:`fxmem.trace.blocks.splice`). Under FSDP2's defaults in training
-(``hookless``: resharded after forward, no CPU offload, no HSDP), a run of five blocks or more
-traces its first three for real, and the blocks between the third and the last run without
-FSDP2's hooks at all (their forward hooks removed, not gathered by FSDP2's initialisation): each
-is replaced by a copy of the third block's spans, its hooks' ops and its own, the storages
-passed between neighbours (all-gather outputs freed by the next copy-out, the backward
-prefetch, the reduce-scatter state freed by the next post-backward) relinked
-(:func:`fxmem.trace.blocks.splice_links.relink`); such a stand-in makes FSDP2's sharded
-gradients itself, laid out as the last block's. Where that fails (:class:`NoReuse`), the step is
-traced again with every block's hooks run. So :class:`ShardedReuse` differs from the one-GPU
-case in
+prefetch the previous block). None of that runs inside the block's ``forward``, which is what
+:class:`fxmem.trace.blocks.reuse.Reuse` replaces by a stand-in: those ops stay recorded for real
+(in every block, or as below in the blocks traced for real and the run's last), and only the
+block's own ops, between them, are copied (:mod:`fxmem.trace.blocks.splice`). Under FSDP2's
+defaults in training (``hookless``: resharded after forward, no CPU offload, no HSDP), a run of
+five blocks or more, neighbours in the step, traces its first three for real, and the blocks
+between the third and the last run without FSDP2's hooks at all (their forward hooks removed,
+not gathered by FSDP2's initialisation): each is replaced by a copy of the third block's spans,
+its hooks' ops and its own, the storages passed between neighbours (all-gather outputs freed by
+the next copy-out, the backward prefetch, the reduce-scatter state freed by the next
+post-backward) relinked (:func:`fxmem.trace.blocks.splice_links.relink`); such a stand-in makes
+FSDP2's sharded gradients itself, laid out as the last block's. Where that fails
+(:class:`NoReuse`), the step is traced again with every block's hooks run. So
+:class:`ShardedReuse` differs from the one-GPU case in
 
 - the runs it finds (:func:`find_sharded_runs`): blocks whose hooks are the same functions
   (FSDP2's own, bound to each block's state, and fxmem's), instead of blocks with none;
@@ -144,10 +144,12 @@ class ShardedReuse(Reuse):
         self._handles: list = []
         self._warm: dict = {}  # run -> its third block's call in the warm-up: key, outputs
         # ``hookless``: a run's blocks between its third and its last run without
-        # FSDP2's hooks, copied whole from the third (its hooks and its ops) by the splice
+        # FSDP2's hooks, copied whole from the third (its hooks and its ops) by the splice;
+        # only where the run's blocks are neighbours (FSDP2 passes storages to the next
+        # block that runs: a run split by a plan, whose blocks another run's separate, not)
         self.interior: dict = {}  # raw path -> its run
         for r in runs:
-            if hookless and len(r.paths) >= 5:
+            if hookless and len(r.paths) >= 5 and r.nexts[:-1] == r.paths[1:]:
                 self.real[r.paths] = 3
                 self.interior.update((p, r) for p in r.paths[3:-1])
 

@@ -366,11 +366,16 @@ class _Splice:
         ops are real ones), the calls inside it are its pattern's, renamed."""
         rec, calls_new = self.rec, []
         standin_paths = {c.path for calls in self.runs for c in calls[2:]}
+        # a stand-in copied with its pattern's FSDP2 hooks (spans): their ops are its own
+        # pre-hooks' ops, as the pattern's own call counts them
+        hook_ops = {c.path: pc.hook_ops for calls in self.runs if calls[1].spans
+                    for pc in rec.calls if pc.path == calls[1].path for c in calls[2:]}
         for mc in rec.calls:
             if any(mc.path.startswith(p + ".") for p in standin_paths):
                 continue
             calls_new.append(replace(mc, first_op=num.before(mc.first_op),
                                      last_op=num.after(mc.last_op),
+                                     hook_ops=hook_ops.get(mc.path, mc.hook_ops),
                                      arg_sids=tuple(num.final[s] for s in mc.arg_sids
                                                     if s not in num.dropped)))
         for calls in self.runs:
@@ -417,6 +422,10 @@ class _Splice:
         had = self.rec.fsdp_buffers
         out = {num.final[s]: b for s, b in had.items() if s not in num.dropped}
         out.update((sid, had[ps]) for (_, ps), sid in num.copies.items() if ps in had)
+        for calls in self.runs:  # a stand-in's own, its pattern's one (FSDP2's gradients)
+            for c in calls[2:]:
+                out.update((num.final[c.roles[key]], had[ps]) for key, ps
+                           in calls[1].roles.items() if ps in had and key in c.roles)
         return out
 
     def _sums(self, num: Numbering) -> list:
