@@ -4,6 +4,9 @@ trace block by block, FSDP2's all-gathers, reduce-scatters, side streams, reshar
 checkpoint plans' re-runs included; blocks that do not behave alike, and
 the strategies whose blocks are not copied, are traced block by block."""
 
+from collections import Counter
+from dataclasses import fields, replace
+
 import pytest
 import torch
 from torch.distributed.tensor import Replicate
@@ -22,14 +25,19 @@ transformers = pytest.importorskip("transformers")
 
 def _full(t):
     """:func:`test_reuse._shape` with each storage's stream, unref time and FSDP2 buffer
-    kind too, and each module call's pre-hooks' ops and arguments (where a checkpoint of it
-    starts)."""
+    kind too, each module call's pre-hooks' ops and arguments (where a checkpoint of it
+    starts), and the storages made before the step each op reads."""
     def n(v):
         return -1 if v is None else v
     calls = sorted((c.path, c.first_op, c.hook_ops, c.last_op,
                     tuple(t.storages[s].created_by for s in c.arg_sids)) for c in t.calls)
+    # the storages made before the step each op reads, by name (a rank's shards: FSDP2's
+    # all-gathers read the block's own)
+    named = [tuple(sorted(t.storages[s].name for s in o.in_sids if t.storages[s].created_by < 0))
+             for o in t.ops]
     return _shape(t), sorted((s.created_by, s.stream, n(s.unref_after), s.resized_away,
-                              s.data_bound, repr(s.fsdp_buffer)) for s in t.storages), calls
+                              s.data_bound, repr(s.fsdp_buffer)) for s in t.storages), calls, \
+        named
 
 
 def _both(model, inputs, targets, parallel, rank, **kw):
@@ -87,6 +95,34 @@ def test_copied_blocks_under_fsdp_equal_a_block_by_block_trace(kind, parallel, r
         assert _flops(a) == _flops(b)
 
 
+def _every_field(t) -> dict:
+    """Every field of trace ``t``, each storage named by the op that made it (and which of its
+    new storages it is) or, made before the step, by its name, category, size and occurrence:
+    two traces of one step, however their storages are numbered, compare equal. (The
+    unmodelled allocations as a set: a copy's are listed after the recorded blocks'.)"""
+    key, seen = {}, Counter()
+    for o in t.ops:
+        for k, s in enumerate(o.new_sids):
+            key.setdefault(s, (o.index, k))
+    for s in t.storages:
+        if s.sid not in key:
+            made = (s.name, s.category, str(s.size.expr))
+            key[s.sid], seen[made] = (*made, seen[made]), seen[made] + 1
+
+    def named(sids):
+        return tuple(key[s] for s in sids)
+    out = {f.name: getattr(t, f.name) for f in fields(t)
+           if f.name not in ("graph_source", "reused", "unmodelled")}
+    out["unmodelled"] = sorted(t.unmodelled)
+    out["ops"] = [replace(o, out_sids=named(o.out_sids), new_sids=named(o.new_sids),
+                          in_sids=named(o.in_sids), written_sids=named(o.written_sids))
+                  for o in t.ops]
+    out["storages"] = sorted(repr(replace(s, sid=0)) + repr(key[s.sid]) for s in t.storages)
+    out["packs"] = sorted(repr(replace(p, sid=0)) + repr(key[p.sid]) for p in t.packs)
+    out["calls"] = sorted(repr(replace(c, arg_sids=named(c.arg_sids))) for c in t.calls)
+    return out
+
+
 def _graph_reads(t) -> list:
     """Each op's node in the trace's graph (what named dims read), with the ops that made
     the storages its inputs are on."""
@@ -126,6 +162,7 @@ def test_interior_blocks_copied_with_their_hooks_equal_a_block_by_block_trace(
                  **step)
     assert a.reused == tuple(f"{stack}.{i}" for i in copied)
     assert _full(a) == _full(b)
+    assert _every_field(a) == _every_field(b)
     assert _flops(a) == _flops(b)
     assert _graph_reads(a) == _graph_reads(b)
 

@@ -214,7 +214,7 @@ class ShardedReuse(Reuse):
                                       [*self.params(path), *self.buffers(path)]):
             raise NoReuse(f"{path}: its parameters were gathered before the step")
         c = super()._begin(run, k, path, args, kwargs, standin)
-        if path in self.interior or (self.real.get(run.paths) == 3 and k == 2):
+        if path in self.interior or (self.real.get(run.paths) == 3 and k in (1, 2)):
             for name, shard, _ in self.sharded(path):  # read by FSDP2's all-gather
                 c.roles[("sp", name)] = self.rec.register(shard)[0]
         return c
