@@ -138,21 +138,26 @@ def relink(num, calls: list) -> None:
                     num.storages[num.final[s]].freed_after = \
                         new_spans[len(units) - 2][fr[1]][fr[2]]
                 _rename_in(num, pat, s, made_at(1, *wm[1:]))
-    # the sharded parameters of the block before, which the backward's prefetch gathers
-    # (FSDP2's all-gather reads them): each copy's block before's; the last block's
-    # prefetch, recorded reading the pattern's, reads the last copy's
+    _shards(num, prev, units)
+
+
+def _shards(num, prev, units: list) -> None:
+    """The sharded parameters of the block before, which the backward's prefetch gathers
+    (FSDP2's all-gather reads them, roles ``("sp", name)``): a copy's, its block before's;
+    the last block's, recorded reading the pattern's, the last copy's. ``prev``: the block
+    before the pattern; ``units``: the pattern, the copies and the last block."""
+    ops, pat, last = num.rec.ops, units[0], units[-1]
     prev_sp = {s: key for key, s in prev.roles.items() if key[0] == "sp"}
-    for i in (i for w in pw for i in w):
+    for i in (i for w in windows(pat) for i in w):
         for s in ops[i].in_sids:
             if s in prev_sp:
                 for u in range(1, len(units) - 1):
                     num.links[(id(units[u]), s)] = num.final[units[u - 1].roles[prev_sp[s]]]
     pat_sp = {s: key for key, s in pat.roles.items() if key[0] == "sp"}
-    for w in windows(last):
-        for i in w:
-            for s in ops[i].in_sids:
-                if s in pat_sp:
-                    num.op_renames.setdefault(i, {})[s] = num.final[inner[-1].roles[pat_sp[s]]]
+    for i in (i for w in windows(last) for i in w):
+        for s in ops[i].in_sids:
+            if s in pat_sp:
+                num.op_renames.setdefault(i, {})[s] = num.final[units[-2].roles[pat_sp[s]]]
 
 
 def _rename_in(num, c, sid: int, new: int | None) -> None:
