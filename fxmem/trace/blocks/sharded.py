@@ -44,11 +44,13 @@ style and mesh (:func:`_key`). DDP's blocks are copied by
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import torch
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
+from ..kernels.grad_sums import ACCUMULATE_GRAD
 from .reuse import NoReuse, Reuse, _StandIn, find_runs, grad_meta, grad_of
 
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
@@ -371,15 +373,11 @@ class ShardedReuse(Reuse):
         its spans: forward from its pre-hooks' first op to its own last (FSDP2's post-forward
         records none), backward from FSDP2's pre-backward ops (its module's, right before its
         own) to its post-backward's (RegisterPostBackwardFunction's, right after)."""
-        from dataclasses import replace
-
         ops = self.rec.ops
         b0, b1 = c.bwd
         if b0 is not None:
             while b0 > 0 and ops[b0 - 1].module == c.path and ops[b0 - 1].phase == "backward":
                 b0 -= 1
-            from ..kernels.grad_sums import ACCUMULATE_GRAD
-
             while b1 < len(ops) and ops[b1].autograd_node == ACCUMULATE_GRAD:
                 b1 += 1  # (a stand-in's parameters' steps, after it)
             while b1 < len(ops) and ops[b1].module == c.path and \
@@ -392,8 +390,6 @@ class ShardedReuse(Reuse):
         """After the step: the ops FSDP2's hooks on a stand-in's outputs ran (outside its
         window) read as run by its pattern's node. (The gradients were taken in backward:
         FSDP2 has freed them since.)"""
-        from dataclasses import replace
-
         for run in self.runs:  # the third block's reduce-scatter output: its gradients'
             calls = self.calls[run.paths]
             if self.real.get(run.paths) == 3 and len(calls) > 2:
