@@ -52,6 +52,26 @@ class CausalMath(nn.Module):
         a = F.scaled_dot_product_attention(q, q, q, is_causal=True)
         return self.head(a.transpose(1, 2).reshape(b, n, 24).mean(1))
 
+class Stemmed(nn.Module):
+    """A stem, seven identical blocks of Linear + ReLU and a head: the first block is given
+    the stem's output (which needs a gradient), so under FSDP2's defaults the blocks between
+    the third and the last run without FSDP2's hooks, copies of the third's
+    (fxmem.trace.blocks.sharded)."""
+
+    def __init__(self, d=64, n=7, out=10):
+        super().__init__()
+        self.stem = nn.Linear(d, d)
+        self.layers = nn.ModuleList([nn.Sequential(nn.Linear(d, d), nn.ReLU())
+                                     for _ in range(n)])
+        self.head = nn.Linear(d, out)
+
+    def forward(self, x):
+        x = self.stem(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
 # at width 1,024 every gathered block, reduce-scatter input and output is a large-pool block
 # (4,198,400 B gathered, 2,099,200 B each rank's gradients of a block): each FSDP2 stream
 # reserves large segments of its own; "kept": gradients kept across steps
@@ -83,6 +103,7 @@ CASES = {  # name: (model, strategy, input width, step options)
     "ddp-reused-views": (lambda: Stack(n=6), lambda: DDP(
         2, bucket_cap_mb=0.02, gradient_as_bucket_view=True), 64, {}),
     "tp-reused": (lambda: _blocks_of(6), lambda: TP(2, BLOCKS_PLAN_OWN), 256, {}),
+    "fsdp-interior": (Stemmed, lambda: FSDP(2), 64, {}),
     "fsdp-tp-reused": (lambda: _blocks_of(6), lambda: Parallel(
         fsdp=FSDP(2), tp=TP(2, BLOCKS_PLAN_OWN)), 256, {}),
     # autocast around FSDP2's step, every block checkpointed: autocast's weight cache holds a

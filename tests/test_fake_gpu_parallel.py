@@ -58,7 +58,7 @@ REUSED = ("ddp-reused", "ddp-reused-buckets", "ddp-reused-views", "tp-reused",
           "fsdp-tp-reused")
 CASES = ("fsdp", "fsdp-keep", "fsdp-wide", "fsdp-wide-kept", "fsdp-offload", "hsdp", "ddp",
          "ddp-wide", "ddp-causal-mask", "tp", "fsdp-tp", "hsdp-tp", "fsdp-tp-offload", "fsdp-amp",
-         "fsdp-amp-param-dtype", *REUSED)
+         "fsdp-amp-param-dtype", "fsdp-interior", *REUSED)
 KNOWN_ALLOCATED: dict = {}
 KNOWN_RESERVED: dict = {}
 UNSTABLE_ALLOCATED: dict = {}
@@ -90,6 +90,14 @@ def test_the_reused_cases_copy_blocks(name):
     report, _ = _report(name)
     for group in report.groups:
         assert group.report.trace.reused == ("layers.3", "layers.4", "layers.5")
+
+
+def test_the_interior_blocks_run_without_fsdp2_s_hooks():
+    # what fsdp-interior's figures check: the 4th to 6th of seven blocks copies of the 3rd,
+    # hooks and all (with every block's hooks run, the blocks from the 3rd are copied)
+    report, _ = _report("fsdp-interior")
+    for group in report.groups:
+        assert group.report.trace.reused == tuple(f"layers.{i}" for i in range(3, 7))
 
 
 @pytest.mark.parametrize("name", _params(KNOWN_ALLOCATED, UNSTABLE_ALLOCATED))
