@@ -40,6 +40,7 @@ STAGES = {
     "fxmem.report.ahead": ["param_dtype_ahead"],
     "fxmem.report.ranks_ahead": ["fewest_early"],
     "fxmem.cli.targets": ["longest_rows"],
+    "fxmem.report.summary": ["summarize"],
 }
 # "module:Class" -> methods timed
 METHODS = {

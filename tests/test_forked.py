@@ -344,10 +344,61 @@ def test_work_meanwhile_is_done_while_a_way_searched_ahead_goes_on(monkeypatch, 
     assert calls == [os.getpid()]
 
 
+def test_work_while_idle_is_done_while_fit_s_child_searches(monkeypatch, tmp_path):
+    """fit's ``idle``: called once, in this process, once its own ways are searched and
+    while its child still searches (the longest length, made slower there); not with one
+    job, where nothing is waited for."""
+    alone = _fits(1)
+    parent, real, done = os.getpid(), fit_module._longest, tmp_path / "longest"
+
+    def slow(*a, **k):
+        if os.getpid() != parent:
+            time.sleep(1.0)
+        yield from real(*a, **k)
+        if os.getpid() != parent:
+            done.touch()
+    monkeypatch.setattr(fit_module, "_longest", slow)
+    calls = []
+    assert _fits(2, idle=lambda: calls.append((os.getpid(), done.exists()))) == alone
+    assert calls == [(os.getpid(), False)] and done.exists()
+    assert _fits(1, idle=lambda: calls.append(1)) == alone
+    assert len(calls) == 1
+
+
+@pytest.mark.slow
+def test_the_summary_made_while_the_child_searches_reads_no_longest_length(capfd, tmp_path,
+                                                                            monkeypatch):
+    """The CLI makes its summary without the longest length's rows while fit's child
+    searches (fit's ``idle``): no length is searched in this process (those rows read the
+    child's answer), and the report is the one --jobs 1 gives."""
+    from test_mistakes import run_in_process
+
+    texts, parent, searched = [], os.getpid(), fit_module._searched
+
+    def here_never(*a, **k):
+        assert os.getpid() != parent, "the longest length searched here"
+        return searched(*a, **k)
+    for jobs in ("2", "1"):
+        if jobs == "2":
+            monkeypatch.setattr(fit_module, "_searched", here_never)
+        else:
+            monkeypatch.undo()
+        out = tmp_path / f"r{jobs}.json"
+        code, _, err = run_in_process([
+            "analyze", "hf:gpt2", "--config", "n_layer=2", "--config", "n_embd=64",
+            "--config", "n_head=2", "--seq", "256", "--optimizer", "adamw", "--batch", "8",
+            "--device", "cpu", "--fsdp", "2", "--budget", "1GiB", "--format", "json",
+            "--out", str(out), "--jobs", jobs], capfd)
+        assert code == 4, err
+        texts.append(out.read_text())
+    assert texts[0] == texts[1] and '"kind": "length"' in texts[0]
+
+
 def test_the_command_s_summary_made_while_waiting_is_the_one_made_after(capfd, tmp_path,
                                                                          monkeypatch):
     """The CLI makes its summary while a way searched ahead goes on (fit's ``meanwhile``),
-    once: the report is the one --jobs 1 gives."""
+    once, after the one it makes while fit's child searches (``idle``): the report is the
+    one --jobs 1 gives, which makes its summary once, after fit."""
     import fxmem.report.ahead as ahead_module
     import fxmem.report.summary as summary_module
 
@@ -357,7 +408,9 @@ def test_the_command_s_summary_made_while_waiting_is_the_one_made_after(capfd, t
                         lambda *a, **k: made.append(k.get("fit")) or real(*a, **k))
     texts = _json_reports(capfd, tmp_path, "--amp", "bf16")
     assert texts[0] == texts[1] and '"ways": [' in texts[0]
-    assert made[0] is None and made[1] is not None  # early (no fit yet), then after fit
+    assert made[:2] == [None, None] and made[2] is not None and len(made) == 3  # early
+    # (no fit yet: while fit's child searches, then while the way ahead goes on), then --jobs
+    # 1's after fit
 
 
 def _ahead_case():

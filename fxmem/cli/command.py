@@ -451,11 +451,16 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                  **({"GPU compute capability": f"{cc[0]}.{cc[1]}"} if device == "cuda"
                     else {}), **({"checkpoint": checkpoint} if checkpoint != "none" else {}),
                  **{f"dim {n}": v for n, v in at_dims.items()}}
-        summary = functools.partial(
+        summary_of = functools.partial(
             summarize, report, B=batch, budget_bytes=None if card else budget_bytes, top=top,
-            setup=SetupRows(setup, list(extra.values())), title=f"fxmem report: {t.name}",
-            frontier=frontier, cudnn_workspace=conv_ws, gpu=card, context_bytes=context,
+            title=f"fxmem report: {t.name}", frontier=frontier, cudnn_workspace=conv_ws,
+            gpu=card, context_bytes=context,
             **(dict(named=named, dims=at_dims) if dims and report is at else {}))
+        summary = functools.partial(summary_of, setup=SetupRows(setup, list(extra.values())))
+        # made while fit's child searches the longest length: the summary without that row,
+        # whose formulas and replays the reports keep for the summary made after it
+        early_parts = functools.partial(summary_of, setup=SetupRows(
+            setup, [f for k, f in extra.items() if k != "longest"]))
         fit, early = None, {}  # early: the summary made while a child searched ways
         if budget_bytes is not None:  # when B does not fit: the report, its ways out, exit 4
             from ..report.fit import fit as fit_of
@@ -468,7 +473,8 @@ def _analyze(target, inputs, targets, loss, optimizer, amp, device, inference, g
                          reanalyze=reanalyze_of(whole), jobs=jobs, ahead=ahead,
                          progress=lambda what:
                          status.update(f"B={batch} does not fit; finding {what} ..."),
-                         meanwhile=None if whatif else lambda: early.update(s=summary()))
+                         meanwhile=None if whatif else lambda: early.update(s=summary()),
+                         idle=None if whatif else early_parts)
         rows = ()
         if whatif:
             from ..whatif import whatif as whatifs

@@ -97,7 +97,7 @@ class Fit:
 def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N803
         cudnn_workspace: int = 0, named=None, dims=None, limit: int | None = None,
         ways: bool = True, reanalyze=None, progress=None, jobs: int = 1,
-        ahead=None, meanwhile=None, ranks_ahead=None) -> Fit:
+        ahead=None, meanwhile=None, ranks_ahead=None, idle=None) -> Fit:
     """The :class:`Fit` of ``report`` (a :class:`fxmem.Report` in B alone or a
     :class:`fxmem.ParallelReport`) at batch size ``B`` within ``budget_bytes``.
     ``named``: the report in named dims that ``report`` is at ``dims`` (the longest-length
@@ -120,7 +120,11 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
     work the caller needs next (the CLI: the report's summary), done once this process has
     searched its own ways and read its child's, where a way searched ahead is not found yet
     (Llama-3.1-70B's command waited 9 s for the way searched ahead, then made its summary,
-    3.4 s); not while it waits for its own child, whose longest length the summary reads."""
+    3.4 s); not while it waits for its own child, whose longest length the summary reads.
+    ``idle()``: work the caller needs later that reads no way (the CLI: the summary without
+    the longest length's rows, whose formulas and replays the reports keep), done as this
+    process, its own ways searched, begins to wait for its child's (Llama-3.1-8B over 8
+    GPUs: the summary made after the ways in 0.09 s, not 1.09 s)."""
     if isinstance(B, bool) or not isinstance(B, int) or B < 1:
         raise InputError(f"B must be a positive int, got {B!r}")
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 1:
@@ -214,6 +218,8 @@ def fit(report, B: int, budget_bytes: int, *, by: str | None = None,  # noqa: N8
             ranks_ahead.give_one(next((w for w in before if w.kind == "checkpoint"), None))
             got.update(run([k for k in mine if k > RANKS], progress, before))
         if beside is not None:  # (before meanwhile: the summary reads the longest length)
+            if idle is not None:
+                idle()
             plan_way()
             if progress is not None:
                 progress(f"{searches[LONGEST][0]} (searched beside)")
