@@ -481,6 +481,36 @@ def test_no_length_fits_where_the_trace_holds_says_where_that_is():
         "none fits from 65 on (where the trace holds)"
 
 
+@pytest.mark.parametrize("parallel", [None, 2])
+@pytest.mark.parametrize("model", ["sixteens", "mlp"])
+def test_a_replay_at_a_length_is_the_report_s_there(model, parallel):
+    """``runs_on_device(b, capacity, L=n)`` of a report in L replays the trace in L at that
+    point, its sizes computed there (DimsFormula.point), not a report specialized at it (a
+    third of a length's replay in the longest length's search over Llama-3.1-8B): the run
+    the report at L=n gives, whether it runs or not, where it runs out, every field; on one
+    GPU and over FSDP2's two ranks. The reductions' staging is sized with the length put in
+    their arguments (without it the MLP's run at B=7, L=2048 in half its need differs).
+    Below where the trace holds (B=1), the report there answers, as it did."""
+    kw = {} if parallel is None else {"parallel": fxmem.FSDP(parallel)}
+    m, x = (_Sixteens(), torch.randn(4, 128, 32)) if model == "sixteens" else \
+        (_seq_mlp(), torch.randn(4, 10, 16))
+    c = fxmem.analyze(m, x, loss=lambda o: o.sum(), device="cuda",
+                      optimizer=torch.optim.SGD, dims={"L": [(0, 1)]}, **kw)
+    groups = getattr(c, "groups", None)
+    reports = [g.report for g in groups] if groups is not None else [c]
+    seen = set()
+    for r in reports:
+        for b, n in ((64, 144), (64, 512), (7, 2048), (2, 4096)):
+            need = r.at(L=n).cuda_memory(b).max_reserved
+            for capacity in (need, need - 2**20, need // 2, 2**40):
+                assert r.named.point(b, {"L": n}) is not None
+                got = r.runs_on_device(b, capacity, L=n)
+                assert got == r.at(L=n).runs_on_device(b, capacity), (b, n, capacity)
+                seen.add(got.fits)
+        assert r.named.point(1, {"L": 8}) is None
+    assert seen == {True, False}
+
+
 @pytest.mark.parametrize("batch", [64, 2])
 def test_the_setup_s_longest_length_on_cuda_is_the_allocator_s(batch):
     """On CUDA the setup's longest length is answered as the largest B is, by the caching

@@ -196,11 +196,50 @@ def run_on_device(liveness, B: int, capacity_bytes: int, config=None,  # noqa: N
 
 def _run(liveness, B, config, compute_capability, cublas_workspace,  # noqa: N803
          cudnn_workspace) -> DeviceRun:
+    return _steps(_Replay(liveness, B, config, compute_capability, cublas_workspace,
+                          cudnn_workspace), B, config.capacity_bytes)
+
+
+def run_at_dims(named, B: int, values: dict, capacity_bytes, config=None,  # noqa: N803
+                compute_capability=None, cudnn_workspace: int = 0) -> DeviceRun | None:
+    """:meth:`fxmem.Report.runs_on_device` of a report in named dims (``named``: its
+    :class:`fxmem.memory.dims.DimsFormula`) at ``B`` and the dims' ``values``, replayed
+    from its trace at that point (:meth:`~fxmem.memory.dims.DimsFormula.point`), or None:
+    not on CUDA, a capacity that is no positive int, or no such point (the report at the
+    values answers then: it says why, or traces ``B``)."""
+    if named.device != "cuda" or isinstance(capacity_bytes, bool) or \
+            not isinstance(capacity_bytes, int) or capacity_bytes <= 0:
+        return None
+    point = named.point(B, values)
+    if point is None:
+        return None
+    graph, sizes, ops = point
+    return run_at_point(graph, B, sizes, ops, capacity_bytes, config,
+                        compute_capability or named.trace.compute_capability, cudnn_workspace)
+
+
+def run_at_point(graph, B: int, sizes: list, ops: tuple, capacity_bytes: int,  # noqa: N803
+                 config=None, compute_capability=(9, 0), cudnn_workspace: int = 0) -> DeviceRun:
+    """:func:`run_on_device` of a step whose storages' bytes at ``B`` are given: ``sizes``
+    (one per storage of ``graph``, by sid) and ``ops`` (``graph``'s, with the named dims'
+    values in: :func:`fxmem.memory.dims._ops_at`), for a trace in named dims replayed at a
+    point without its report there (the longest length's search,
+    :meth:`fxmem.memory.dims.DimsFormula.point`); ``graph`` keeps what the replays at
+    every point share (each op's allocations and frees, its call order). Not kept: each
+    call replays."""
+    import dataclasses
+
+    from .allocator_config import DEFAULT_CONFIG
+
+    config = dataclasses.replace(config or DEFAULT_CONFIG, capacity_bytes=capacity_bytes)
+    return _steps(_Replay(graph, B, config, compute_capability, None, cudnn_workspace,
+                          sizes=sizes, ops=ops), B, capacity_bytes)
+
+
+def _steps(r, B, capacity_bytes) -> DeviceRun:  # noqa: N803
+    """:func:`_run`'s steps over the replay ``r`` made at ``B``."""
     from .caching_allocator import OutOfMemory
 
-    capacity_bytes = config.capacity_bytes
-
-    r = _Replay(liveness, B, config, compute_capability, cublas_workspace, cudnn_workspace)
     a, steps = r.allocator, 0
     try:
         r.start()
@@ -289,21 +328,25 @@ class _Replay:
     :class:`fxmem.device.caching_allocator.CachingAllocator`."""
 
     def __init__(self, liveness, B, config, compute_capability, cublas_workspace,  # noqa: N803
-                 cudnn_workspace):
+                 cudnn_workspace, sizes=None, ops=None):
+        # (``liveness``: a step's liveness, or its graph; ``sizes``, ``ops``: run_at_point's)
         from ..memory.liveness import _events
         from .caching_allocator import CachingAllocator
 
-        graph = liveness.graph
-        self.storages, self.ops = graph.storages, graph.ops
+        graph = getattr(liveness, "graph", liveness)
+        self.storages, self.ops = graph.storages, graph.ops if ops is None else ops
         self.allocs, self.frees = _per_graph(graph, "_events", lambda: _events(graph))
         self.calls = _per_graph(graph, "_call_orders", lambda: _call_orders(graph, self.allocs))
         self.events = _per_graph(graph, "_replay_events", lambda: _flat(self))
-        self.size, at = [], {}  # at: Size -> its bytes at B (storages share them)
-        for s in self.storages:
-            v = 0 if _host_resident(s) else at.get(s.size)
-            if v is None:
-                v = at[s.size] = s.size(B)
-            self.size.append(v)
+        if sizes is not None:
+            self.size = [0 if _host_resident(s) else n for s, n in zip(self.storages, sizes)]
+        else:
+            self.size, at = [], {}  # at: Size -> its bytes at B (storages share them)
+            for s in self.storages:
+                v = 0 if _host_resident(s) else at.get(s.size)
+                if v is None:
+                    v = at[s.size] = s.size(B)
+                self.size.append(v)
         self.stream = [s.stream for s in self.storages]  # each stream's blocks kept apart
         self.ws = cublas_workspace_bytes(compute_capability) if cublas_workspace is None \
             else cublas_workspace

@@ -313,6 +313,43 @@ class DimsFormula:
         sizes = np.array([self._compiled[e](*point) for e in exprs], dtype=object)
         return int(max(counts.dot(sizes)))
 
+    def point(self, b: int, values: dict) -> tuple | None:
+        """The step at batch size ``b`` and the named dims' ``values`` for the allocator's
+        replay (:func:`fxmem.device.allocator.run_at_point`), without its report there
+        (:meth:`fxmem.Report.at` specializes every size's formula, 0.06 s a length on
+        Llama-3.1-8B over 8 GPUs, where the longest length's search replays a dozen):
+        ``(graph, sizes, ops)``, the trace's graph (kept: what the replays at every point
+        share), each storage's bytes there and the ops with the values put in. None where
+        the point is outside where the trace holds (the report there says so) or a size is
+        no expression :func:`compile_size` writes."""
+        made = self._points
+        try:
+            point = self._point(b, values)
+        except InputError:
+            return None
+        if made is None:
+            return None
+        graph, sized = made
+        vals = {dim_symbol(n): sympy.Integer(v) for n, v in values.items()}
+        return (graph, [sized[s.size.expr](*point) for s in graph.storages],
+                _ops_at(self.trace.ops, vals))
+
+    @functools.cached_property
+    def _points(self) -> tuple | None:
+        """:meth:`point`'s graph and each distinct storage size as a function of (B, *dims);
+        None where some size is not one :func:`compile_size` writes."""
+        from .graph import build_graph
+
+        args = (B, *(dim_symbol(n) for n in self.dims))
+        graph, sized = build_graph(self.trace), {}
+        try:
+            for s in graph.storages:
+                if s.size.expr not in sized:
+                    sized[s.size.expr] = compile_size(s.size.expr, args)
+        except ValueError:
+            return None
+        return graph, sized
+
     def _point(self, b, values) -> tuple:
         _positive(B=b)
         if set(values) != set(self.dims):

@@ -394,7 +394,7 @@ def _searched(check, named, b: int, limit: int | None):
         return most
     k = most.multiple  # the trace holds at multiples of k alone (T5's 16)
     top = int(most) // k  # live bytes are at most what the allocator holds: from below
-    m = _down(lambda m: check.fits(named.at(**{name: k * m}), b), top, -(-floor // k),
+    m = _down(lambda m: check.fits(named, b, {name: k * m}), top, -(-floor // k),
               lambda: _scaled(_below_top(check, named, b, name, most, limit), k))
     if m is None:
         return NoLength(name, b, floor, runs=True)

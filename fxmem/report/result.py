@@ -513,11 +513,12 @@ class Report:
         they need no new device memory. A :class:`fxmem.device.allocator.DeviceRun`
         (``.fits``, ``.oom``: where it ran out); see
         :func:`fxmem.device.allocator.run_on_device`."""
-        from ..device.allocator import run_on_device
+        from ..device.allocator import run_at_dims, run_on_device
 
-        if self.named is not None:
-            return self.at(**dims).runs_on_device(B, capacity_bytes, config,
-                                                  compute_capability, cudnn_workspace)
+        if self.named is not None:  # at the dims' values (a run, or None: the report there)
+            return run_at_dims(self.named, B, dims, capacity_bytes, config, compute_capability,
+                               cudnn_workspace) or self.at(**dims).runs_on_device(
+                B, capacity_bytes, config, compute_capability, cudnn_workspace)
         self._no_dims(dims)
         if self.device != "cuda":
             raise InputError("runs_on_device replays the CUDA caching allocator: analyse the "

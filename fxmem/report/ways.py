@@ -67,20 +67,24 @@ class Check:
     budget: int
     cudnn: int
 
-    def runs(self, report, b: int) -> tuple:
-        """(whether the step at ``b`` fits, where it runs out or ``""``)."""
+    def runs(self, report, b: int, dims: dict | None = None) -> tuple:
+        """(whether the step at ``b`` fits, where it runs out or ``""``); ``dims``: the
+        named dims' values of a report in them (by the allocator's replay, each rank's step
+        replayed there from its trace in them: :meth:`fxmem.Report.runs_on_device`)."""
+        if dims and self.by == "live":
+            report, dims = report.at(**dims), None
         for r in rank_reports(report):
             if self.by == "live":
                 if r.peak_bytes(b) > self.budget:
                     return False, ""
                 continue
-            run = r.runs_on_device(b, self.budget, cudnn_workspace=self.cudnn)
+            run = r.runs_on_device(b, self.budget, cudnn_workspace=self.cudnn, **(dims or {}))
             if not run.fits:
                 return False, oom_phrase(run)
         return True, ""
 
-    def fits(self, report, b: int) -> bool:
-        return self.runs(report, b)[0]
+    def fits(self, report, b: int, dims: dict | None = None) -> bool:
+        return self.runs(report, b, dims)[0]
 
     def need(self, report, b: int, within: bool = False) -> int:
         """What the step at ``b`` needs, the largest rank's: live bytes, or for ``"device"``
