@@ -185,11 +185,7 @@ def run_on_device(liveness, B: int, capacity_bytes: int, config=None,  # noqa: N
     >>> r.runs_on_device(64, 40 * 2**20).fits  # cuBLAS's 32 MiB beside the weight's segment
     False
     """
-    import dataclasses
-
-    from .allocator_config import DEFAULT_CONFIG
-
-    config = dataclasses.replace(config or DEFAULT_CONFIG, capacity_bytes=capacity_bytes)
+    config = _capped(config, capacity_bytes)
     return _replayed(_run, liveness, B, config, compute_capability, cublas_workspace,
                      cudnn_workspace)
 
@@ -227,13 +223,18 @@ def run_at_point(graph, B: int, sizes: list, ops: tuple, capacity_bytes: int,  #
     :meth:`fxmem.memory.dims.DimsFormula.point`); ``graph`` keeps what the replays at
     every point share (each op's allocations and frees, its call order). Not kept: each
     call replays."""
+    return _steps(_Replay(graph, B, _capped(config, capacity_bytes), compute_capability, None,
+                          cudnn_workspace, sizes=sizes, ops=ops), B, capacity_bytes)
+
+
+def _capped(config, capacity_bytes: int):
+    """``config`` (default: :data:`~fxmem.device.allocator_config.DEFAULT_CONFIG`) with the
+    device's ``capacity_bytes``."""
     import dataclasses
 
     from .allocator_config import DEFAULT_CONFIG
 
-    config = dataclasses.replace(config or DEFAULT_CONFIG, capacity_bytes=capacity_bytes)
-    return _steps(_Replay(graph, B, config, compute_capability, None, cudnn_workspace,
-                          sizes=sizes, ops=ops), B, capacity_bytes)
+    return dataclasses.replace(config or DEFAULT_CONFIG, capacity_bytes=capacity_bytes)
 
 
 def _steps(r, B, capacity_bytes) -> DeviceRun:  # noqa: N803

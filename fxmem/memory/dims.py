@@ -322,11 +322,11 @@ class DimsFormula:
         share), each storage's bytes there and the ops with the values put in. None where
         the point is outside where the trace holds (the report there says so) or a size is
         no expression :func:`compile_size` writes."""
-        made = self._points
         try:
             point = self._point(b, values)
         except InputError:
             return None
+        made = self._points
         if made is None:
             return None
         graph, sized = made
